@@ -1,0 +1,114 @@
+// `xserv compile`: config (and safetensors headers) -> IR -> passes -> plan directory.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "compiler/pass_manager.h"
+#include "models/config.h"
+#include "models/gpt_oss.h"
+
+namespace xserv::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+/// FNV-1a over the config text: identifies the model a plan was built for.
+std::string digest_of(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return fmt::format("fnv1a64:{:016x}", h);
+}
+
+} // namespace
+
+int cmd_compile(const ParsedArgs& args) {
+  const fs::path model = args.positional()[0];
+  if (!fs::exists(model))
+    throw UsageError(fmt::format("model directory '{}' does not exist", model.string()));
+  const fs::path config_file = fs::is_directory(model) ? model / "config.json" : model;
+  if (!fs::exists(config_file))
+    throw UsageError(fmt::format("'{}' holds no config.json", model.string()));
+  const std::string emit = args.get("--emit", "plan");
+  if (emit != "ir" && emit != "plan")
+    throw UsageError(fmt::format("--emit must be 'ir' or 'plan', got '{}'", emit));
+  if (emit == "plan" && !args.has("-o"))
+    throw UsageError("missing -o PLAN_DIR (or use --emit ir to print the IR)");
+  const int64_t max_batch = args.get_int("--max-batch", 64, 1, 4096);
+  const int64_t max_seq = args.get_int("--max-seq", 8192, 1, int64_t{1} << 24);
+
+  Progress progress("compile");
+  progress.step(fmt::format("reading {}", config_file.string()));
+  models::ModelConfig cfg = models::ModelConfig::load(config_file);
+  if (max_seq > cfg.max_position_embeddings)
+    throw UsageError(fmt::format("--max-seq {} exceeds the model's max_position_embeddings {}",
+                                 max_seq, cfg.max_position_embeddings));
+  progress.finish(fmt::format("{} layers, {} experts", cfg.num_hidden_layers,
+                              cfg.num_local_experts));
+
+  progress.step("building the graph");
+  models::BuildOptions bopts;
+  bopts.last_logits_only = !args.has("--all-logits");
+  ir::Graph g = models::build_gpt_oss(cfg, bopts);
+  progress.finish(fmt::format("{} nodes", g.size()));
+
+  compiler::PipelineOptions popts;
+  popts.dump_after = args.list("--dump-after");
+  popts.verify_after_all = args.has("--verify-after-all");
+  popts.stop_after = static_cast<int>(args.get_int("--stop-after", -1, 0, 1000));
+  popts.debug = compiler::debug_level_from_env();
+  if (args.has("--dump-dir"))
+    popts.dump_dir = args.get("--dump-dir");
+  compiler::PassOptions pass_opts;
+  pass_opts.pipeline_stages = static_cast<int>(args.get_int("--pp", 1, 1, 64));
+  compiler::PassManager pm(popts, pass_opts);
+  pm.add_pipeline(args.get("--passes", compiler::kDefaultPipeline));
+  progress.step(fmt::format("running {} passes", pm.passes().size()));
+  if (!popts.dump_dir.empty()) {
+    fs::create_directories(popts.dump_dir);
+    std::ofstream(popts.dump_dir / "00_input.ir") << ir::print(g);
+  }
+  g = pm.run(std::move(g));
+  ir::verify_or_throw(g, "after the pass pipeline");
+  progress.finish(fmt::format("{} nodes", g.size()));
+
+  if (emit == "ir") {
+    std::cout << ir::print(g);
+    return 0;
+  }
+  const fs::path plan = args.get("-o");
+  progress.step(fmt::format("writing {}", plan.string()));
+  fs::create_directories(plan);
+  std::ofstream(plan / "graph.ir") << ir::print(g);
+  nlohmann::json pj = {
+      {"format", "xserv-plan"},
+      {"version", 1},
+      {"model_dir", fs::absolute(fs::is_directory(model) ? model : model.parent_path()).string()},
+      {"model_digest", digest_of(config_file)},
+      {"config", cfg.to_json()},
+      {"options",
+       {{"max_batch", max_batch},
+        {"max_seq", max_seq},
+        {"pp", pass_opts.pipeline_stages},
+        {"last_logits_only", bopts.last_logits_only},
+        {"arch", args.get("--arch", "sm_90")}}},
+      {"graph", "graph.ir"},
+      {"passes", nlohmann::json::array()},
+  };
+  for (const auto& t : pm.timings())
+    pj["passes"].push_back({{"name", t.name}, {"ms", t.ms}, {"changed", t.changed}});
+  std::ofstream(plan / "plan.json") << pj.dump(2) << "\n";
+  progress.finish();
+  std::fprintf(stderr, "[compile] done in %.1f ms\n", progress.total_ms());
+  return 0;
+}
+
+} // namespace xserv::cli

@@ -1,0 +1,36 @@
+// The xserv subcommands: each takes its arguments (after the command name) and returns an exit code.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+
+namespace xserv::cli {
+
+struct Command {
+  CommandSpec spec;
+  int (*run)(const ParsedArgs& args);
+};
+
+/// Every command, in the order `xserv --help` lists them.
+const std::vector<Command>& commands();
+
+int cmd_compile(const ParsedArgs& args);
+
+/// Progress lines on stderr ("[compile] building graph ... 12.3 ms").
+class Progress {
+public:
+  explicit Progress(std::string tag);
+  /// Prints "[tag] what" and starts timing; finish() ends the line with the elapsed time.
+  void step(const std::string& what);
+  void finish(const std::string& detail = "");
+  double total_ms() const;
+
+private:
+  std::string tag_;
+  double start_ = 0, step_start_ = 0;
+  bool open_ = false;
+};
+
+} // namespace xserv::cli

@@ -1,0 +1,37 @@
+// The pass interface: a pass maps a graph to a new graph and says whether anything changed.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace xserv::compiler {
+
+/// Options every pass may read. Later passes (partitioning, kernel selection) add fields.
+struct PassOptions {
+  int pipeline_stages = 1; ///< --pp N
+};
+
+struct PassResult {
+  ir::Graph graph;
+  bool changed = false;
+};
+
+using PassFn = PassResult (*)(const ir::Graph&, const PassOptions&);
+
+struct PassInfo {
+  const char* name;
+  const char* summary;
+  PassFn run;
+};
+
+/// Every pass the pipeline string may name, in a stable order.
+const std::vector<PassInfo>& registered_passes();
+/// The pass named `name`, or nullptr.
+const PassInfo* find_pass(std::string_view name);
+
+/// The default pipeline of `xserv compile`.
+inline constexpr const char* kDefaultPipeline = "cse,dce";
+
+} // namespace xserv::compiler

@@ -1,0 +1,58 @@
+// PassManager: runs a named pipeline of passes with dumps, verification and timings.
+#pragma once
+
+#include <filesystem>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "compiler/pass.h"
+
+namespace xserv::compiler {
+
+/// Debugging switches, as `xserv compile` exposes them.
+struct PipelineOptions {
+  std::vector<std::string> dump_after; ///< pass names whose output IR is printed ("all" too)
+  bool verify_after_all = false;       ///< run ir::verify after every pass
+  int stop_after = -1;                 ///< run only the first N passes (bisecting); -1: all
+  std::filesystem::path dump_dir;      ///< when set, write NN_pass.ir after each pass
+  /// 0 quiet; 1 pass names and timings; 2 also the IR after each pass. XSERV_DEBUG sets it.
+  int debug = 0;
+  std::ostream* log = nullptr; ///< where dumps and timings go (stderr when null)
+};
+
+/// Reads XSERV_DEBUG (0 when unset or not a number).
+int debug_level_from_env();
+
+struct PassTiming {
+  std::string name;
+  double ms = 0;
+  bool changed = false;
+  size_t nodes_after = 0;
+};
+
+class PassManager {
+public:
+  explicit PassManager(PipelineOptions opts = {}, PassOptions pass_opts = {});
+
+  /// Appends the passes of a comma-separated pipeline ("cse,dce"). Throws xserv::Error naming
+  /// an unknown pass and listing the known ones.
+  void add_pipeline(std::string_view pipeline);
+  void add(std::string_view pass_name);
+
+  /// Runs the pipeline. The input is verified first; with verify_after_all, after each pass
+  /// too (a failure names the pass). Returns the final graph.
+  ir::Graph run(ir::Graph g);
+
+  const std::vector<PassTiming>& timings() const { return timings_; }
+  const std::vector<const PassInfo*>& passes() const { return passes_; }
+
+private:
+  std::ostream& log() const;
+  PipelineOptions opts_;
+  PassOptions pass_opts_;
+  std::vector<const PassInfo*> passes_;
+  std::vector<PassTiming> timings_;
+};
+
+} // namespace xserv::compiler

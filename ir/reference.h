@@ -1,0 +1,55 @@
+// The fp32 reference math of every op, on host tensors: the executable definition of the IR.
+#pragma once
+
+#include "ir/tensor.h"
+
+namespace xserv::ir::ref {
+
+/// YaRN parameters of rope_yarn (MODEL.md, "YaRN RoPE").
+struct Yarn {
+  double theta = 150000.0;
+  double factor = 32.0;
+  double original_max = 4096.0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = false;
+};
+
+/// Per-pair inverse frequencies (head_dim/2 of them) and the attention factor, in float64.
+std::vector<double> yarn_inv_freq(const Yarn& y, int64_t head_dim);
+double yarn_attention_factor(const Yarn& y);
+
+/// Sequence bookkeeping shared by attention and kv_write: tokens of the step are flattened;
+/// token t belongs to sequence token_seq[t] at position positions[t]; sequence b owns cache row
+/// cache_rows[b] and had ctx_lens[b] tokens cached before this step.
+struct Batch {
+  const Tensor& positions;
+  const Tensor& token_seq;
+  const Tensor& ctx_lens;
+  const Tensor& cache_rows;
+};
+
+Tensor embedding(const Tensor& table, const Tensor& ids);
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
+/// y = x W^T (+ b): x [..,K], w [N,K], b [N] or null.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor* b);
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor rope_yarn(const Tensor& x, const Tensor& positions, const Yarn& y);
+/// Attention with sinks over the cache (positions before the step) and this step's k/v.
+/// window = 0: causal over all positions; else keys j with p - window < j <= p.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                 const Tensor& v_cache, const Tensor& sinks, const Batch& batch, int64_t window,
+                 double scale);
+/// Writes x [T,G,D] into cache [N,S,G,D] at row cache_rows[token_seq[t]], slot positions[t] % S.
+void kv_write(Tensor& cache, const Tensor& x, const Batch& batch);
+/// Top-k of each row (ties: lower index first) and the softmax over the k selected values.
+void router_topk(const Tensor& logits, int64_t k, Tensor& weights, Tensor& ids);
+/// Mixture of experts with the clamped SwiGLU (MODEL.md, "MoE"); gate_up rows interleave
+/// gate (even) and up (odd).
+Tensor moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
+                   const Tensor& gate_up, const Tensor& gate_up_bias, const Tensor& down,
+                   const Tensor& down_bias, double limit, double alpha);
+Tensor select_rows(const Tensor& x, const Tensor& rows);
+Tensor argmax(const Tensor& x);
+
+} // namespace xserv::ir::ref

@@ -1,0 +1,327 @@
+// Reading and validating gpt-oss config.json files: every problem is collected, then reported once.
+#include "models/config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "ir/error.h"
+
+namespace xserv::models {
+namespace {
+
+using nlohmann::json;
+
+/// Collects problems with one config document so the user sees all of them at once.
+class Reader {
+public:
+  Reader(const json& doc, const std::string& source) : doc_(doc), source_(source) {}
+
+  void problem(const std::string& msg) { problems_.push_back(msg); }
+
+  int64_t positive_int(const char* key) {
+    auto it = doc_.find(key);
+    if (it == doc_.end()) {
+      problem(fmt::format("missing field '{}'", key));
+      return 0;
+    }
+    if (!it->is_number_integer()) {
+      problem(fmt::format("field '{}' must be an integer, found {}", key, it->dump()));
+      return 0;
+    }
+    int64_t v = it->get<int64_t>();
+    if (v <= 0 || v > (int64_t{1} << 31)) {
+      problem(fmt::format("field '{}' must be in [1, 2^31], found {}", key, v));
+      return 0;
+    }
+    return v;
+  }
+
+  double number(const json& obj, const char* key, const std::string& where, double fallback,
+                bool required) {
+    auto it = obj.find(key);
+    if (it == obj.end()) {
+      if (required)
+        problem(fmt::format("missing field '{}{}'", where, key));
+      return fallback;
+    }
+    if (!it->is_number()) {
+      problem(fmt::format("field '{}{}' must be a number, found {}", where, key, it->dump()));
+      return fallback;
+    }
+    return it->get<double>();
+  }
+
+  bool boolean(const char* key, bool fallback) {
+    auto it = doc_.find(key);
+    if (it == doc_.end())
+      return fallback;
+    if (!it->is_boolean()) {
+      problem(fmt::format("field '{}' must be true or false, found {}", key, it->dump()));
+      return fallback;
+    }
+    return it->get<bool>();
+  }
+
+  [[noreturn]] void fail() const {
+    std::string msg = fmt::format("{}: not a valid gpt-oss config ({} problem{}):", source_,
+                                  problems_.size(), problems_.size() == 1 ? "" : "s");
+    for (const auto& p : problems_)
+      msg += "\n  - " + p;
+    throw Error(msg);
+  }
+
+  bool ok() const { return problems_.empty(); }
+  const json& doc() const { return doc_; }
+
+private:
+  const json& doc_;
+  std::string source_;
+  std::vector<std::string> problems_;
+};
+
+void read_rope(Reader& r, ModelConfig& c) {
+  const json& doc = r.doc();
+  auto it = doc.find("rope_scaling");
+  if (it == doc.end() || it->is_null()) {
+    r.problem("missing field 'rope_scaling' (gpt-oss uses YaRN rope scaling)");
+    return;
+  }
+  if (!it->is_object()) {
+    r.problem("field 'rope_scaling' must be an object");
+    return;
+  }
+  const json& rs = *it;
+  std::string type = rs.value("rope_type", rs.value("type", std::string()));
+  if (type != "yarn")
+    r.problem(fmt::format("unknown rope type '{}' in 'rope_scaling.rope_type' (expected 'yarn')",
+                          type));
+  c.rope_scaling.factor = r.number(rs, "factor", "rope_scaling.", 32.0, true);
+  c.rope_scaling.beta_fast = r.number(rs, "beta_fast", "rope_scaling.", 32.0, false);
+  c.rope_scaling.beta_slow = r.number(rs, "beta_slow", "rope_scaling.", 1.0, false);
+  double orig = r.number(rs, "original_max_position_embeddings", "rope_scaling.", 4096, true);
+  c.rope_scaling.original_max_position_embeddings = static_cast<int64_t>(orig);
+  if (auto t = rs.find("truncate"); t != rs.end()) {
+    if (t->is_boolean())
+      c.rope_scaling.truncate = t->get<bool>();
+    else
+      r.problem("field 'rope_scaling.truncate' must be true or false");
+  }
+  if (c.rope_scaling.factor <= 0)
+    r.problem("field 'rope_scaling.factor' must be positive");
+  if (c.rope_scaling.beta_fast <= c.rope_scaling.beta_slow)
+    r.problem("'rope_scaling.beta_fast' must exceed 'rope_scaling.beta_slow'");
+  if (c.rope_scaling.original_max_position_embeddings <= 0)
+    r.problem("field 'rope_scaling.original_max_position_embeddings' must be positive");
+}
+
+void read_layer_types(Reader& r, ModelConfig& c) {
+  const json& doc = r.doc();
+  auto it = doc.find("layer_types");
+  if (it == doc.end()) {
+    // Older exports omit layer_types; gpt-oss alternates sliding (even) and full (odd) layers.
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+      c.sliding.push_back(l % 2 == 0);
+    return;
+  }
+  if (!it->is_array()) {
+    r.problem("field 'layer_types' must be a list");
+    return;
+  }
+  if (static_cast<int64_t>(it->size()) != c.num_hidden_layers)
+    r.problem(fmt::format("'layer_types' has {} entries but num_hidden_layers is {}", it->size(),
+                          c.num_hidden_layers));
+  for (size_t l = 0; l < it->size(); ++l) {
+    const json& t = (*it)[l];
+    if (t == "sliding_attention") {
+      c.sliding.push_back(true);
+    } else if (t == "full_attention") {
+      c.sliding.push_back(false);
+    } else {
+      r.problem(fmt::format("'layer_types[{}]' is {}; expected \"sliding_attention\" or "
+                            "\"full_attention\"",
+                            l, t.dump()));
+      c.sliding.push_back(false);
+    }
+  }
+}
+
+} // namespace
+
+ModelConfig ModelConfig::from_json(const json& doc, const std::string& source) {
+  if (!doc.is_object())
+    throw Error(fmt::format("{}: config must be a JSON object", source));
+  Reader r(doc, source);
+  ModelConfig c;
+  auto mt = doc.find("model_type");
+  if (mt == doc.end())
+    r.problem("missing field 'model_type' (expected \"gpt_oss\")");
+  else if (*mt != "gpt_oss") {
+    r.problem(fmt::format("model_type is {}, not \"gpt_oss\": xserv runs gpt-oss models only",
+                          mt->dump()));
+    r.fail(); // the other fields would only add noise
+  }
+  c.num_hidden_layers = r.positive_int("num_hidden_layers");
+  c.hidden_size = r.positive_int("hidden_size");
+  c.num_attention_heads = r.positive_int("num_attention_heads");
+  c.num_key_value_heads = r.positive_int("num_key_value_heads");
+  c.head_dim = r.positive_int("head_dim");
+  c.num_local_experts = r.positive_int("num_local_experts");
+  c.intermediate_size = r.positive_int("intermediate_size");
+  c.vocab_size = r.positive_int("vocab_size");
+  c.sliding_window = r.positive_int("sliding_window");
+  c.max_position_embeddings = r.positive_int("max_position_embeddings");
+
+  // num_experts_per_tok and its duplicate experts_per_token must agree when both are present.
+  bool has_k = doc.contains("num_experts_per_tok"), has_dup = doc.contains("experts_per_token");
+  if (has_k || !has_dup)
+    c.num_experts_per_tok = r.positive_int("num_experts_per_tok");
+  if (has_dup) {
+    int64_t dup = r.positive_int("experts_per_token");
+    if (!has_k)
+      c.num_experts_per_tok = dup;
+    else if (dup != c.num_experts_per_tok && dup != 0)
+      r.problem(fmt::format("'experts_per_token' ({}) contradicts 'num_experts_per_tok' ({})", dup,
+                            c.num_experts_per_tok));
+  }
+
+  c.rms_norm_eps = r.number(doc, "rms_norm_eps", "", 1e-5, true);
+  c.swiglu_limit = r.number(doc, "swiglu_limit", "", 7.0, true);
+  c.rope_theta = r.number(doc, "rope_theta", "", 150000.0, true);
+  c.attention_bias = r.boolean("attention_bias", true);
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  read_rope(r, c);
+  if (c.num_hidden_layers > 0)
+    read_layer_types(r, c);
+
+  if (c.rms_norm_eps <= 0 || c.rms_norm_eps > 1)
+    r.problem(fmt::format("'rms_norm_eps' must be in (0, 1], found {}", c.rms_norm_eps));
+  if (c.swiglu_limit <= 0)
+    r.problem("'swiglu_limit' must be positive");
+  if (c.rope_theta <= 1)
+    r.problem("'rope_theta' must be greater than 1");
+  if (!c.attention_bias)
+    r.problem("'attention_bias' is false; gpt-oss attention projections carry biases");
+  if (c.tie_word_embeddings)
+    r.problem("'tie_word_embeddings' is true; gpt-oss keeps a separate lm_head");
+  if (c.head_dim > 0 && c.head_dim % 2 != 0)
+    r.problem(fmt::format("'head_dim' ({}) must be even for rotary embeddings", c.head_dim));
+  if (c.num_attention_heads > 0 && c.num_key_value_heads > 0 &&
+      c.num_attention_heads % c.num_key_value_heads != 0)
+    r.problem(fmt::format("num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
+                          c.num_attention_heads, c.num_key_value_heads));
+  if (c.num_experts_per_tok > 0 && c.num_local_experts > 0 &&
+      c.num_experts_per_tok > c.num_local_experts)
+    r.problem(fmt::format("num_experts_per_tok ({}) exceeds num_local_experts ({})",
+                          c.num_experts_per_tok, c.num_local_experts));
+  // MXFP4 packs 32 input values per block: both expert input widths must be multiples of 32.
+  if (c.hidden_size > 0 && c.hidden_size % 32 != 0)
+    r.problem(fmt::format("hidden_size ({}) must be a multiple of 32 (MXFP4 block size)",
+                          c.hidden_size));
+  if (c.intermediate_size > 0 && c.intermediate_size % 32 != 0)
+    r.problem(fmt::format("intermediate_size ({}) must be a multiple of 32 (MXFP4 block size)",
+                          c.intermediate_size));
+  if (auto it = doc.find("head_dim"), nh = doc.find("num_attention_heads");
+      it != doc.end() && nh != doc.end() && c.head_dim > 0 && c.num_attention_heads > 0) {
+    // head_dim is explicit in gpt-oss (q width 4096 != hidden 2880); nothing to cross-check
+    // beyond positivity, but an explicit q width field must agree if present.
+    if (auto qw = doc.find("q_width"); qw != doc.end() && qw->is_number_integer() &&
+                                       qw->get<int64_t>() != c.q_width())
+      r.problem(fmt::format("'q_width' ({}) != num_attention_heads * head_dim ({})",
+                            qw->get<int64_t>(), c.q_width()));
+  }
+  if (auto q = doc.find("quantization_config"); q != doc.end() && !q->is_null()) {
+    if (!q->is_object() || !q->contains("quant_method") || !(*q)["quant_method"].is_string())
+      r.problem("'quantization_config' must be an object with a string 'quant_method'");
+    else {
+      c.quant_method = (*q)["quant_method"].get<std::string>();
+      if (c.quant_method != "mxfp4")
+        r.problem(fmt::format("unsupported quantization_config.quant_method '{}' (expected "
+                              "'mxfp4')",
+                              c.quant_method));
+    }
+  }
+  if (auto e = doc.find("eos_token_id"); e != doc.end()) {
+    if (e->is_number_integer())
+      c.eos_token_ids.push_back(e->get<int64_t>());
+    else if (e->is_array())
+      for (const auto& x : *e)
+        if (x.is_number_integer())
+          c.eos_token_ids.push_back(x.get<int64_t>());
+  }
+  if (!r.ok())
+    r.fail();
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  fs::path file = fs::is_directory(path) ? path / "config.json" : path;
+  std::ifstream in(file);
+  if (!in)
+    throw Error(fmt::format("{}: cannot open config (expected a checkpoint directory holding "
+                            "config.json, or the file itself)",
+                            file.string()));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json doc = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded())
+    throw Error(fmt::format("{}: not valid JSON", file.string()));
+  return from_json(doc, file.string());
+}
+
+json ModelConfig::to_json() const {
+  json layer_types = json::array();
+  for (bool s : sliding)
+    layer_types.push_back(s ? "sliding_attention" : "full_attention");
+  json doc = {
+      {"architectures", {"GptOssForCausalLM"}},
+      {"attention_bias", attention_bias},
+      {"attention_dropout", 0.0},
+      {"eos_token_id", eos_token_ids.size() == 1 ? json(eos_token_ids[0]) : json(eos_token_ids)},
+      {"experts_per_token", num_experts_per_tok},
+      {"head_dim", head_dim},
+      {"hidden_act", "silu"},
+      {"hidden_size", hidden_size},
+      {"initial_context_length", rope_scaling.original_max_position_embeddings},
+      {"initializer_range", 0.02},
+      {"intermediate_size", intermediate_size},
+      {"layer_types", layer_types},
+      {"max_position_embeddings", max_position_embeddings},
+      {"model_type", "gpt_oss"},
+      {"num_attention_heads", num_attention_heads},
+      {"num_experts_per_tok", num_experts_per_tok},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_key_value_heads", num_key_value_heads},
+      {"num_local_experts", num_local_experts},
+      {"output_router_logits", false},
+      {"pad_token_id", 199999},
+      {"rms_norm_eps", rms_norm_eps},
+      {"rope_scaling",
+       {{"beta_fast", rope_scaling.beta_fast},
+        {"beta_slow", rope_scaling.beta_slow},
+        {"factor", rope_scaling.factor},
+        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings},
+        {"rope_type", "yarn"},
+        {"truncate", rope_scaling.truncate}}},
+      {"rope_theta", rope_theta},
+      {"router_aux_loss_coef", 0.9},
+      {"sliding_window", sliding_window},
+      {"swiglu_limit", swiglu_limit},
+      {"tie_word_embeddings", tie_word_embeddings},
+      {"use_cache", true},
+      {"vocab_size", vocab_size},
+  };
+  if (eos_token_ids.empty())
+    doc.erase("eos_token_id");
+  if (!quant_method.empty())
+    doc["quantization_config"] = {{"modules_to_not_convert",
+                                   {"model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                    "model.embed_tokens", "lm_head"}},
+                                  {"quant_method", quant_method}};
+  return doc;
+}
+
+} // namespace xserv::models

@@ -1,0 +1,95 @@
+// The xserv binary as a user meets it: help, exit codes, clear messages, compile --emit ir.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <fstream>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <sys/wait.h>
+
+#include "tests/test_util.h"
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out; ///< stdout and stderr together
+};
+
+Result run_xserv(const std::string& args) {
+  const std::string cmd = std::string(XSERV_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
+    r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string tiny() { return (xserv::testing::source_dir() / "examples/tiny").string(); }
+
+} // namespace
+
+TEST_CASE("--help lists the commands and exits 0") {
+  Result r = run_xserv("--help");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("compile") != std::string::npos);
+  Result c = run_xserv("compile --help");
+  CHECK(c.code == 0);
+  CHECK(c.out.find("--emit") != std::string::npos);
+}
+
+TEST_CASE("usage mistakes: one clear message, exit code 2") {
+  Result r = run_xserv("frobnicate");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("unknown command 'frobnicate'") != std::string::npos);
+  r = run_xserv("compile " + tiny() + " --emit ir --bogus");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("unknown option '--bogus'") != std::string::npos);
+  r = run_xserv("compile /no/such/model --emit ir");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("model directory '/no/such/model' does not exist") != std::string::npos);
+  r = run_xserv("compile " + tiny());
+  CHECK(r.code == 2);
+  CHECK(r.out.find("missing -o PLAN_DIR") != std::string::npos);
+  r = run_xserv("compile " + tiny() + " --emit ir --max-seq 0");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("--max-seq must be in") != std::string::npos);
+  r = run_xserv("compile " + tiny() + " --emit ir --passes cse,nope");
+  CHECK(r.code == 1);
+  CHECK(r.out.find("unknown pass 'nope'") != std::string::npos);
+}
+
+TEST_CASE("a config of another model fails with exit 1 and names the field") {
+  auto dir = std::filesystem::temp_directory_path() / "xserv_cli_llama";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"model_type": "llama"})";
+  Result r = run_xserv("compile " + dir.string() + " --emit ir");
+  CHECK(r.code == 1);
+  CHECK(r.out.find("model_type is \"llama\", not \"gpt_oss\"") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("compile --emit ir prints a verified graph; -o writes a plan directory") {
+  Result r = run_xserv("compile " + tiny() + " --emit ir");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("= attention(") != std::string::npos);
+  CHECK(r.out.find("return %") != std::string::npos);
+  auto plan = std::filesystem::temp_directory_path() / "xserv_cli_plan";
+  auto dump = std::filesystem::temp_directory_path() / "xserv_cli_dump";
+  std::filesystem::remove_all(plan);
+  std::filesystem::remove_all(dump);
+  r = run_xserv("compile " + tiny() + " -o " + plan.string() + " --dump-dir " + dump.string());
+  CHECK(r.code == 0);
+  CHECK(std::filesystem::exists(plan / "graph.ir"));
+  CHECK(std::filesystem::exists(plan / "plan.json"));
+  CHECK(std::filesystem::exists(dump / "00_input.ir"));
+  CHECK(std::filesystem::exists(dump / "01_cse.ir"));
+  std::filesystem::remove_all(plan);
+  std::filesystem::remove_all(dump);
+}

@@ -1,0 +1,117 @@
+// ModelConfig parsing: the real 20b file, the 120b and tiny examples, and every kind of bad config.
+#include <doctest/doctest.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ir/error.h"
+#include "models/config.h"
+#include "tests/test_util.h"
+
+using xserv::models::ModelConfig;
+using nlohmann::json;
+
+namespace {
+json tiny_doc() {
+  std::ifstream in(xserv::testing::source_dir() / "examples/tiny/config.json");
+  return json::parse(in);
+}
+std::string error_of(const json& doc) {
+  try {
+    ModelConfig::from_json(doc, "config.json");
+  } catch (const xserv::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+} // namespace
+
+TEST_CASE("the real gpt-oss-20b config") {
+  XSERV_REQUIRE_DATA(data);
+  ModelConfig c = ModelConfig::load(data / "gpt-oss-20b");
+  CHECK(c.num_hidden_layers == 24);
+  CHECK(c.hidden_size == 2880);
+  CHECK(c.q_width() == 4096);
+  CHECK(c.kv_width() == 512);
+  CHECK(c.num_local_experts == 32);
+  CHECK(c.num_experts_per_tok == 4);
+  CHECK(c.vocab_size == 201088);
+  CHECK(c.sliding_window == 128);
+  CHECK(c.rope_scaling.factor == 32.0);
+  CHECK(c.rope_scaling.original_max_position_embeddings == 4096);
+  CHECK(c.quant_method == "mxfp4");
+  CHECK(c.is_sliding(0));
+  CHECK(!c.is_sliding(1));
+  CHECK(c.eos_token_ids == std::vector<int64_t>{200002});
+  // to_json round-trips through from_json.
+  ModelConfig back = ModelConfig::from_json(c.to_json(), "round trip");
+  CHECK(back.to_json() == c.to_json());
+}
+
+TEST_CASE("the 120b and tiny example configs") {
+  ModelConfig big = ModelConfig::load(xserv::testing::source_dir() / "examples/gpt-oss-120b");
+  CHECK(big.num_hidden_layers == 36);
+  CHECK(big.num_local_experts == 128);
+  ModelConfig tiny = ModelConfig::load(xserv::testing::source_dir() / "examples/tiny");
+  CHECK(tiny.num_hidden_layers == 2);
+  CHECK(tiny.hidden_size % 32 == 0);
+}
+
+TEST_CASE("a config of another model is refused with one clear line") {
+  json doc = tiny_doc();
+  doc["model_type"] = "llama";
+  CHECK(error_of(doc) == "config.json: not a valid gpt-oss config (1 problem):\n"
+                         "  - model_type is \"llama\", not \"gpt_oss\": xserv runs gpt-oss "
+                         "models only");
+}
+
+TEST_CASE("every problem is listed, each naming its field") {
+  json doc = tiny_doc();
+  doc.erase("hidden_size");
+  doc["num_key_value_heads"] = 3;               // 4 heads not a multiple of 3
+  doc["layer_types"] = {"sliding_attention"};   // 1 entry for 2 layers
+  doc["rope_scaling"]["rope_type"] = "linear";  // not yarn
+  doc["experts_per_token"] = 3;                 // contradicts num_experts_per_tok = 2
+  const std::string e = error_of(doc);
+  CHECK(e.find("(5 problems)") != std::string::npos);
+  CHECK(e.find("missing field 'hidden_size'") != std::string::npos);
+  CHECK(e.find("num_attention_heads (4) is not a multiple of num_key_value_heads (3)") !=
+        std::string::npos);
+  CHECK(e.find("'layer_types' has 1 entries but num_hidden_layers is 2") != std::string::npos);
+  CHECK(e.find("unknown rope type 'linear'") != std::string::npos);
+  CHECK(e.find("'experts_per_token' (3) contradicts 'num_experts_per_tok' (2)") !=
+        std::string::npos);
+}
+
+TEST_CASE("bad values") {
+  json doc = tiny_doc();
+  doc["hidden_size"] = 70;
+  CHECK(error_of(doc).find("hidden_size (70) must be a multiple of 32") != std::string::npos);
+  doc = tiny_doc();
+  doc["head_dim"] = "sixteen";
+  CHECK(error_of(doc).find("field 'head_dim' must be an integer, found \"sixteen\"") !=
+        std::string::npos);
+  doc = tiny_doc();
+  doc["layer_types"][1] = "global";
+  CHECK(error_of(doc).find("'layer_types[1]' is \"global\"") != std::string::npos);
+  doc = tiny_doc();
+  doc["num_experts_per_tok"] = 9;
+  doc["experts_per_token"] = 9;
+  CHECK(error_of(doc).find("num_experts_per_tok (9) exceeds num_local_experts (8)") !=
+        std::string::npos);
+  doc = tiny_doc();
+  doc["quantization_config"]["quant_method"] = "gptq";
+  CHECK(error_of(doc).find("unsupported quantization_config.quant_method 'gptq'") !=
+        std::string::npos);
+}
+
+TEST_CASE("unreadable files") {
+  CHECK_THROWS_WITH_AS(ModelConfig::load("/nonexistent/dir"),
+                       doctest::Contains("/nonexistent/dir: cannot open config"),
+                       xserv::Error);
+  auto tmp = std::filesystem::temp_directory_path() / "xserv_config_test.json";
+  std::ofstream(tmp) << "{ not json";
+  CHECK_THROWS_WITH_AS(ModelConfig::load(tmp), doctest::Contains("not valid JSON"), xserv::Error);
+  std::filesystem::remove(tmp);
+}

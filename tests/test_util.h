@@ -1,0 +1,36 @@
+// Helpers shared by tests: locating ../shared/data and the source tree.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace xserv::testing {
+
+/// The shared data directory: $XSERV_DATA, else ../shared/data beside the source tree.
+/// Empty when neither exists; callers skip with a message then.
+inline std::optional<std::filesystem::path> data_dir() {
+  if (const char* env = std::getenv("XSERV_DATA"); env && *env) {
+    if (std::filesystem::is_directory(env))
+      return std::filesystem::path(env);
+    return std::nullopt;
+  }
+  std::filesystem::path p = XSERV_DATA_DEFAULT;
+  if (std::filesystem::is_directory(p))
+    return p;
+  return std::nullopt;
+}
+
+inline std::filesystem::path source_dir() { return XSERV_SOURCE_DIR; }
+
+} // namespace xserv::testing
+
+/// Skips the rest of a test case when the shared data directory is absent, saying why.
+#define XSERV_REQUIRE_DATA(var)                                                                    \
+  auto var##_opt = ::xserv::testing::data_dir();                                                   \
+  if (!var##_opt) {                                                                                \
+    MESSAGE("skipped: shared data directory not found (set XSERV_DATA)");                          \
+    return;                                                                                        \
+  }                                                                                                \
+  const std::filesystem::path var = *var##_opt
