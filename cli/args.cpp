@@ -87,8 +87,7 @@ ParsedArgs parse_args(const CommandSpec& spec, const std::vector<std::string>& a
     }
     const OptSpec* o = find(name);
     if (!o)
-      throw UsageError(fmt::format("unknown option '{}' (see xserv {} --help)", name,
-                                   spec.name));
+      throw UsageError(fmt::format("unknown option '{}' (see xserv {} --help)", name, spec.name));
     if (o->meta.empty()) {
       if (inline_value)
         throw UsageError(fmt::format("option {} takes no value", name));
@@ -115,8 +114,8 @@ std::string command_help(const CommandSpec& spec) {
   if (!spec.options.empty())
     out += "\noptions:\n";
   for (const auto& o : spec.options) {
-    std::string left = o.name + (o.alias.empty() ? "" : ", " + o.alias) +
-                       (o.meta.empty() ? "" : " " + o.meta);
+    std::string left =
+        o.name + (o.alias.empty() ? "" : ", " + o.alias) + (o.meta.empty() ? "" : " " + o.meta);
     out += fmt::format("  {:<28} {}\n", left, o.help);
   }
   return out;

@@ -19,8 +19,8 @@ public:
 struct OptSpec {
   OptSpec(std::string n, std::string m, std::string h, std::string a = "")
       : name(std::move(n)), meta(std::move(m)), help(std::move(h)), alias(std::move(a)) {}
-  std::string name;  ///< "--max-seq" or "-o"
-  std::string meta;  ///< value placeholder ("N"); empty for a flag without a value
+  std::string name; ///< "--max-seq" or "-o"
+  std::string meta; ///< value placeholder ("N"); empty for a flag without a value
   std::string help;
   std::string alias; ///< optional second spelling ("--output")
 };

@@ -51,8 +51,8 @@ int cmd_compile(const ParsedArgs& args) {
   if (max_seq > cfg.max_position_embeddings)
     throw UsageError(fmt::format("--max-seq {} exceeds the model's max_position_embeddings {}",
                                  max_seq, cfg.max_position_embeddings));
-  progress.finish(fmt::format("{} layers, {} experts", cfg.num_hidden_layers,
-                              cfg.num_local_experts));
+  progress.finish(
+      fmt::format("{} layers, {} experts", cfg.num_hidden_layers, cfg.num_local_experts));
 
   progress.step("building the graph");
   models::BuildOptions bopts;

@@ -1,4 +1,5 @@
-// The xserv subcommands: each takes its arguments (after the command name) and returns an exit code.
+// The xserv subcommands: each takes its arguments (after the command name) and returns an exit
+// code.
 #pragma once
 
 #include <string>
@@ -17,6 +18,9 @@ struct Command {
 const std::vector<Command>& commands();
 
 int cmd_compile(const ParsedArgs& args);
+int cmd_run(const ParsedArgs& args);
+int cmd_synth(const ParsedArgs& args);
+int cmd_tokenize(const ParsedArgs& args);
 
 /// Progress lines on stderr ("[compile] building graph ... 12.3 ms").
 class Progress {

@@ -29,12 +29,14 @@ void Progress::step(const std::string& what) {
 void Progress::finish(const std::string& detail) {
   if (!open_)
     return;
-  std::string tail = fmt::format(" {}{:.1f} ms\n", detail.empty() ? "" : detail + ", ",
-                                 now_ms() - step_start_);
+  std::string tail =
+      fmt::format(" {}{:.1f} ms\n", detail.empty() ? "" : detail + ", ", now_ms() - step_start_);
   std::fputs(tail.c_str(), stderr);
   open_ = false;
 }
 
-double Progress::total_ms() const { return now_ms() - start_; }
+double Progress::total_ms() const {
+  return now_ms() - start_;
+}
 
 } // namespace xserv::cli

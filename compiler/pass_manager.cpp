@@ -24,7 +24,9 @@ int debug_level_from_env() {
 PassManager::PassManager(PipelineOptions opts, PassOptions pass_opts)
     : opts_(std::move(opts)), pass_opts_(pass_opts) {}
 
-std::ostream& PassManager::log() const { return opts_.log ? *opts_.log : std::cerr; }
+std::ostream& PassManager::log() const {
+  return opts_.log ? *opts_.log : std::cerr;
+}
 
 void PassManager::add(std::string_view name) {
   const PassInfo* p = find_pass(name);
@@ -71,8 +73,8 @@ ir::Graph PassManager::run(ir::Graph g) {
     const PassInfo& p = *passes_[i];
     auto t0 = std::chrono::steady_clock::now();
     PassResult r = p.run(g, pass_opts_);
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     timings_.push_back({p.name, ms, r.changed, r.graph.size()});
     if (opts_.verify_after_all)
       ir::verify_or_throw(r.graph, fmt::format("after pass {}", p.name));

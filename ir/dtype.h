@@ -19,7 +19,9 @@ std::optional<DType> parse_dtype(std::string_view s);
 inline bool is_float(DType t) {
   return t == DType::BF16 || t == DType::F16 || t == DType::F32 || t == DType::MXFP4;
 }
-inline bool is_int(DType t) { return t == DType::I32 || t == DType::I64 || t == DType::U8; }
+inline bool is_int(DType t) {
+  return t == DType::I32 || t == DType::I64 || t == DType::U8;
+}
 
 /// Bytes needed to store `numel` elements. For MXFP4, numel must be a multiple of 32:
 /// 17 bytes per 32 values (16 code bytes + 1 scale byte).

@@ -15,12 +15,13 @@ public:
 };
 
 /// Aborts with a message when an internal invariant does not hold (a bug, never user input).
-[[noreturn]] void check_failed(const char* expr, const char* file, int line, const std::string& msg);
+[[noreturn]] void check_failed(const char* expr, const char* file, int line,
+                               const std::string& msg);
 
 #define XSERV_CHECK(cond, msg)                                                                     \
   do {                                                                                             \
     if (!(cond))                                                                                   \
-      ::xserv::check_failed(#cond, __FILE__, __LINE__, (msg));                                    \
+      ::xserv::check_failed(#cond, __FILE__, __LINE__, (msg));                                     \
   } while (0)
 
 } // namespace xserv

@@ -14,7 +14,9 @@ constexpr OpInfo kOps[] = {
 };
 } // namespace
 
-const OpInfo& op_info(Op op) { return kOps[static_cast<size_t>(op)]; }
+const OpInfo& op_info(Op op) {
+  return kOps[static_cast<size_t>(op)];
+}
 
 bool parse_op(std::string_view name, Op& out) {
   for (size_t i = 0; i < std::size(kOps); ++i)
@@ -32,7 +34,9 @@ const Attr* Node::find_attr(std::string_view name) const {
   return nullptr;
 }
 
-bool Node::has_attr(std::string_view name) const { return find_attr(name) != nullptr; }
+bool Node::has_attr(std::string_view name) const {
+  return find_attr(name) != nullptr;
+}
 
 int64_t Node::attr_int(std::string_view name) const {
   const Attr* a = find_attr(name);

@@ -34,8 +34,12 @@ struct OpInfo {
 };
 
 const OpInfo& op_info(Op op);
-inline std::string_view op_name(Op op) { return op_info(op).name; }
-inline bool has_trait(Op op, Trait t) { return (op_info(op).traits & t) != 0; }
+inline std::string_view op_name(Op op) {
+  return op_info(op).name;
+}
+inline bool has_trait(Op op, Trait t) {
+  return (op_info(op).traits & t) != 0;
+}
 /// Looks an op up by printed name; false when unknown.
 bool parse_op(std::string_view name, Op& out);
 
@@ -56,8 +60,8 @@ struct Node {
   const Type& type() const { return types.front(); }
   bool has_attr(std::string_view name) const;
   const Attr* find_attr(std::string_view name) const;
-  int64_t attr_int(std::string_view name) const;        ///< asserts presence and kind
-  double attr_float(std::string_view name) const;       ///< accepts int attrs too
+  int64_t attr_int(std::string_view name) const;  ///< asserts presence and kind
+  double attr_float(std::string_view name) const; ///< accepts int attrs too
   const std::string& attr_str(std::string_view name) const;
   int64_t attr_int_or(std::string_view name, int64_t fallback) const;
   /// Sets (or replaces) an attribute, keeping the list sorted.

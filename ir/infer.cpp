@@ -70,7 +70,9 @@ private:
   std::string err_;
 };
 
-Type f32(Shape s) { return Type{DType::F32, std::move(s)}; }
+Type f32(Shape s) {
+  return Type{DType::F32, std::move(s)};
+}
 
 bool infer_source(Checker& c, const Node& n, std::vector<Type>& out) {
   const Attr* name = n.find_attr("name");
@@ -82,8 +84,8 @@ bool infer_source(Checker& c, const Node& n, std::vector<Type>& out) {
   for (const auto& d : t.shape)
     if (d.is_static() && d.size < 0)
       return c.fail("negative dimension");
-  if (t.dtype == DType::MXFP4 && (t.shape.empty() || !t.shape.back().is_static() ||
-                                  t.shape.back().size % 32 != 0))
+  if (t.dtype == DType::MXFP4 &&
+      (t.shape.empty() || !t.shape.back().is_static() || t.shape.back().size % 32 != 0))
     return c.fail("an mxfp4 tensor's last dimension must be a static multiple of 32");
   if (n.op == Op::Cache && t.shape.size() != 4)
     return c.fail("a cache is [rows, slots, kv_heads, head_dim]");
@@ -117,8 +119,8 @@ bool infer_attention(Checker& c, const Node& n, std::vector<Type>& out) {
     return false;
   int64_t window = n.attr_int("window");
   if (window > 0 && kc[1].is_static() && kc[1].size < window)
-    return c.fail(fmt::format("a sliding cache needs >= window ({}) slots, has {}", window,
-                              kc[1].size));
+    return c.fail(
+        fmt::format("a sliding cache needs >= window ({}) slots, has {}", window, kc[1].size));
   out = {f32(q)};
   return true;
 }
@@ -132,16 +134,15 @@ bool infer_moe(Checker& c, std::vector<Type>& out) {
   const Shape &x = c.in(0).shape, &gu = c.in(3).shape, &dn = c.in(5).shape;
   if (!(c.in(1).shape == c.in(2).shape && c.same_dim(c.in(1).shape[0], x[0], "routing tokens") &&
         c.same_dim(gu[2], x[1], "gate_up input width") &&
-        c.same_dim(dn[1], x[1], "down output width") &&
-        c.same_dim(gu[0], dn[0], "expert count") &&
+        c.same_dim(dn[1], x[1], "down output width") && c.same_dim(gu[0], dn[0], "expert count") &&
         c.same_dim(c.in(4).shape[0], gu[0], "gate_up bias experts") &&
         c.same_dim(c.in(4).shape[1], gu[1], "gate_up bias width") &&
         c.same_dim(c.in(6).shape[0], dn[0], "down bias experts") &&
         c.same_dim(c.in(6).shape[1], dn[1], "down bias width")))
     return c.fail(c.error().empty() ? "routing weights and ids differ in shape" : c.error());
   if (gu[1].is_static() && dn[2].is_static() && gu[1].size != 2 * dn[2].size)
-    return c.fail(fmt::format("gate_up rows ({}) must be twice down's input width ({})",
-                              gu[1].size, dn[2].size));
+    return c.fail(fmt::format("gate_up rows ({}) must be twice down's input width ({})", gu[1].size,
+                              dn[2].size));
   if (!c.has_float_attr("limit", true) || !c.has_float_attr("alpha", true))
     return false;
   out = {f32(x)};
@@ -160,14 +161,12 @@ std::string infer_types(const Graph& g, const Node& n, std::vector<Type>& out) {
     infer_source(c, n, out);
     break;
   case Op::Embedding:
-    if (c.rank(0, 2, "table") && c.floaty(0, "table") && c.rank(1, 1, "ids") &&
-        c.integer(1, "ids"))
+    if (c.rank(0, 2, "table") && c.floaty(0, "table") && c.rank(1, 1, "ids") && c.integer(1, "ids"))
       out = {f32({c.in(1).shape[0], c.in(0).shape[1]})};
     break;
   case Op::RmsNorm:
     if (c.min_rank(0, 1, "x") && c.rank(1, 1, "weight") && c.floaty(0, "x") &&
-        c.floaty(1, "weight") &&
-        c.same_dim(c.in(0).shape.back(), c.in(1).shape[0], "norm width") &&
+        c.floaty(1, "weight") && c.same_dim(c.in(0).shape.back(), c.in(1).shape[0], "norm width") &&
         c.has_float_attr("eps", true))
       out = {f32(c.in(0).shape)};
     break;
@@ -186,8 +185,8 @@ std::string infer_types(const Graph& g, const Node& n, std::vector<Type>& out) {
   case Op::Add:
     if (c.floaty(0, "lhs") && c.floaty(1, "rhs")) {
       if (c.in(0).shape != c.in(1).shape)
-        c.fail(fmt::format("add of different shapes {} and {}", type_str(c.in(0)),
-                           type_str(c.in(1))));
+        c.fail(
+            fmt::format("add of different shapes {} and {}", type_str(c.in(0)), type_str(c.in(1))));
       else
         out = {f32(c.in(0).shape)};
     }

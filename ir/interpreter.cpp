@@ -45,7 +45,9 @@ ref::Yarn yarn_of(const Node& n) {
   return y;
 }
 
-TensorPtr make(Tensor t) { return std::make_shared<const Tensor>(std::move(t)); }
+TensorPtr make(Tensor t) {
+  return std::make_shared<const Tensor>(std::move(t));
+}
 
 Tensor cast(const Tensor& x, DType to) {
   Tensor t = x;
@@ -104,8 +106,8 @@ Results eval_node(const Graph& g, size_t i, const std::vector<Results>& val, Int
     return {make(ref::rope_yarn(in(0), in(1), yarn_of(n)))};
   case Op::Attention: {
     ref::Batch b{in(6), in(7), in(8), in(9)};
-    return {make(ref::attention(in(0), in(1), in(2), in(3), in(4), in(5), b,
-                                n.attr_int("window"), n.attr_float("scale")))};
+    return {make(ref::attention(in(0), in(1), in(2), in(3), in(4), in(5), b, n.attr_int("window"),
+                                n.attr_float("scale")))};
   }
   case Op::KvWrite: {
     // The cache node's value is the live state tensor; kv_write mutates it in place, so every
@@ -182,8 +184,8 @@ WeightProvider random_weights(uint64_t seed, float stddev) {
   };
 }
 
-std::map<std::string, Tensor> random_params(const Graph& g, const DimBindings& dims,
-                                            uint64_t seed, int32_t int_hi) {
+std::map<std::string, Tensor> random_params(const Graph& g, const DimBindings& dims, uint64_t seed,
+                                            int32_t int_hi) {
   std::map<std::string, Tensor> out;
   std::mt19937_64 rng(seed);
   for (const Node& n : g.nodes) {

@@ -38,8 +38,8 @@ WeightProvider random_weights(uint64_t seed, float std = 0.05f);
 
 /// Random params for every param node of `g`, with dims from `dims` (T, B, ...): float params
 /// normal, integer params uniform in [0, int_hi).
-std::map<std::string, Tensor> random_params(const Graph& g, const DimBindings& dims,
-                                            uint64_t seed, int32_t int_hi = 8);
+std::map<std::string, Tensor> random_params(const Graph& g, const DimBindings& dims, uint64_t seed,
+                                            int32_t int_hi = 8);
 
 /// Relative L2 distance ||a - b|| / ||b|| over float tensors (0 when both are zero).
 double rel_l2(const Tensor& a, const Tensor& b);

@@ -268,6 +268,8 @@ private:
 
 } // namespace
 
-Graph parse(std::string_view text) { return Parser(text).run(); }
+Graph parse(std::string_view text) {
+  return Parser(text).run();
+}
 
 } // namespace xserv::ir

@@ -47,9 +47,13 @@ int64_t Tensor::numel() const {
 namespace ref {
 namespace {
 
-size_t idx(int64_t v) { return static_cast<size_t>(v); }
+size_t idx(int64_t v) {
+  return static_cast<size_t>(v);
+}
 
-int64_t rows_of(const Tensor& x) { return x.numel() / x.shape.back(); }
+int64_t rows_of(const Tensor& x) {
+  return x.numel() / x.shape.back();
+}
 
 } // namespace
 
@@ -87,8 +91,8 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
   for (int64_t i = 0; i < t; ++i) {
     int64_t id = ids.i[idx(i)];
     if (id < 0 || id >= v)
-      throw Error(fmt::format("token id {} at index {} is outside the vocabulary [0, {})", id, i,
-                              v));
+      throw Error(
+          fmt::format("token id {} at index {} is outside the vocabulary [0, {})", id, i, v));
     std::copy_n(table.f.begin() + id * d, d, out.f.begin() + i * d);
   }
   return out;
@@ -165,12 +169,12 @@ struct SeqInfo {
 SeqInfo seq_info(const Batch& batch, int64_t t, int64_t rows) {
   const int64_t b = batch.token_seq.i[idx(t)], nseq = batch.ctx_lens.numel();
   if (b < 0 || b >= nseq)
-    throw Error(fmt::format("token {} names sequence {}, but the step has {} sequences", t, b,
-                            nseq));
+    throw Error(
+        fmt::format("token {} names sequence {}, but the step has {} sequences", t, b, nseq));
   const int64_t row = batch.cache_rows.i[idx(b)];
   if (row < 0 || row >= rows)
-    throw Error(fmt::format("sequence {} uses cache row {}, but the cache has {} rows", b, row,
-                            rows));
+    throw Error(
+        fmt::format("sequence {} uses cache row {}, but the cache has {} rows", b, row, rows));
   return {row, batch.ctx_lens.i[idx(b)]};
 }
 
@@ -271,9 +275,9 @@ void router_topk(const Tensor& logits, int64_t k, Tensor& weights, Tensor& ids) 
   }
 }
 
-Tensor moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
-                   const Tensor& gate_up, const Tensor& gate_up_bias, const Tensor& down,
-                   const Tensor& down_bias, double limit, double alpha) {
+Tensor moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, const Tensor& gate_up,
+                   const Tensor& gate_up_bias, const Tensor& down, const Tensor& down_bias,
+                   double limit, double alpha) {
   const int64_t t_count = x.dim(0), dm = x.dim(1), k = ids.dim(1), experts = gate_up.dim(0);
   const int64_t inter = down.dim(2);
   Tensor out = Tensor::zeros(DType::F32, x.shape);

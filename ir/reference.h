@@ -46,9 +46,9 @@ void kv_write(Tensor& cache, const Tensor& x, const Batch& batch);
 void router_topk(const Tensor& logits, int64_t k, Tensor& weights, Tensor& ids);
 /// Mixture of experts with the clamped SwiGLU (MODEL.md, "MoE"); gate_up rows interleave
 /// gate (even) and up (odd).
-Tensor moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids,
-                   const Tensor& gate_up, const Tensor& gate_up_bias, const Tensor& down,
-                   const Tensor& down_bias, double limit, double alpha);
+Tensor moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, const Tensor& gate_up,
+                   const Tensor& gate_up_bias, const Tensor& down, const Tensor& down_bias,
+                   double limit, double alpha);
 Tensor select_rows(const Tensor& x, const Tensor& rows);
 Tensor argmax(const Tensor& x);
 

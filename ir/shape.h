@@ -14,8 +14,8 @@ namespace xserv::ir {
 /// identifiers: T (tokens in a step), B (sequences in a step), N (cache rows = max batch),
 /// S (cache positions = max sequence).
 struct Dim {
-  int64_t size = 0;  ///< meaningful when name is empty
-  std::string name;  ///< non-empty for a dynamic dimension
+  int64_t size = 0; ///< meaningful when name is empty
+  std::string name; ///< non-empty for a dynamic dimension
 
   Dim() = default;
   Dim(int64_t s) : size(s) {} // NOLINT: implicit so shapes read like {T, 64}

@@ -15,8 +15,8 @@ struct DTypeRow {
   uint64_t bytes; // per element; 0 for MXFP4 (see storage_bytes)
 };
 constexpr DTypeRow kDTypes[] = {
-    {DType::BF16, "bf16", 2}, {DType::F16, "f16", 2}, {DType::F32, "f32", 4},
-    {DType::I32, "i32", 4},   {DType::I64, "i64", 8}, {DType::U8, "u8", 1},
+    {DType::BF16, "bf16", 2},   {DType::F16, "f16", 2}, {DType::F32, "f32", 4},
+    {DType::I32, "i32", 4},     {DType::I64, "i64", 8}, {DType::U8, "u8", 1},
     {DType::MXFP4, "mxfp4", 0},
 };
 } // namespace

@@ -11,10 +11,9 @@ namespace xserv::ir {
 std::string verify(const Graph& g) {
   std::string out;
   auto problem = [&](ValueId v, const std::string& msg) {
-    out += fmt::format("%{} = {}: {}\n", v, v >= 0 && static_cast<size_t>(v) < g.size()
-                                                ? op_name(g.node(v).op)
-                                                : "?",
-                       msg);
+    out +=
+        fmt::format("%{} = {}: {}\n", v,
+                    v >= 0 && static_cast<size_t>(v) < g.size() ? op_name(g.node(v).op) : "?", msg);
   };
   std::map<std::string, std::pair<Op, Type>> sources;
   for (size_t i = 0; i < g.size(); ++i) {

@@ -96,8 +96,8 @@ void read_rope(Reader& r, ModelConfig& c) {
   const json& rs = *it;
   std::string type = rs.value("rope_type", rs.value("type", std::string()));
   if (type != "yarn")
-    r.problem(fmt::format("unknown rope type '{}' in 'rope_scaling.rope_type' (expected 'yarn')",
-                          type));
+    r.problem(
+        fmt::format("unknown rope type '{}' in 'rope_scaling.rope_type' (expected 'yarn')", type));
   c.rope_scaling.factor = r.number(rs, "factor", "rope_scaling.", 32.0, true);
   c.rope_scaling.beta_fast = r.number(rs, "beta_fast", "rope_scaling.", 32.0, false);
   c.rope_scaling.beta_slow = r.number(rs, "beta_slow", "rope_scaling.", 1.0, false);
@@ -218,8 +218,8 @@ ModelConfig ModelConfig::from_json(const json& doc, const std::string& source) {
                           c.num_experts_per_tok, c.num_local_experts));
   // MXFP4 packs 32 input values per block: both expert input widths must be multiples of 32.
   if (c.hidden_size > 0 && c.hidden_size % 32 != 0)
-    r.problem(fmt::format("hidden_size ({}) must be a multiple of 32 (MXFP4 block size)",
-                          c.hidden_size));
+    r.problem(
+        fmt::format("hidden_size ({}) must be a multiple of 32 (MXFP4 block size)", c.hidden_size));
   if (c.intermediate_size > 0 && c.intermediate_size % 32 != 0)
     r.problem(fmt::format("intermediate_size ({}) must be a multiple of 32 (MXFP4 block size)",
                           c.intermediate_size));
@@ -227,8 +227,8 @@ ModelConfig ModelConfig::from_json(const json& doc, const std::string& source) {
       it != doc.end() && nh != doc.end() && c.head_dim > 0 && c.num_attention_heads > 0) {
     // head_dim is explicit in gpt-oss (q width 4096 != hidden 2880); nothing to cross-check
     // beyond positivity, but an explicit q width field must agree if present.
-    if (auto qw = doc.find("q_width"); qw != doc.end() && qw->is_number_integer() &&
-                                       qw->get<int64_t>() != c.q_width())
+    if (auto qw = doc.find("q_width");
+        qw != doc.end() && qw->is_number_integer() && qw->get<int64_t>() != c.q_width())
       r.problem(fmt::format("'q_width' ({}) != num_attention_heads * head_dim ({})",
                             qw->get<int64_t>(), c.q_width()));
   }

@@ -42,8 +42,8 @@ public:
     const double eps = c_.rms_norm_eps;
 
     // Attention block.
-    ValueId x = b_.add_node(Op::RmsNorm, {h, w(p + "input_layernorm.weight", bf16({d}))},
-                            {{"eps", eps}});
+    ValueId x =
+        b_.add_node(Op::RmsNorm, {h, w(p + "input_layernorm.weight", bf16({d}))}, {{"eps", eps}});
     auto proj = [&](const char* name, int64_t out) {
       return b_.add_node(Op::Linear, {x, w(p + "self_attn." + name + ".weight", bf16({out, d})),
                                       w(p + "self_attn." + name + ".bias", bf16({out}))});
@@ -68,11 +68,11 @@ public:
     const Type cache_t{DType::BF16, {Dim::dynamic(dims::kCacheRows), slots, nkv, hd}};
     ValueId kc = b_.cache(p + "k_cache", cache_t), vc = b_.cache(p + "v_cache", cache_t);
     ValueId sinks = w(p + "self_attn.sinks", bf16({nh}));
-    ValueId attn = b_.add_node(Op::Attention,
-                               {qr, kr, vh, kc, vc, sinks, in.positions, in.token_seq,
-                                in.ctx_lens, in.cache_rows},
-                               {{"scale", 1.0 / std::sqrt(static_cast<double>(hd))},
-                                {"window", sliding ? c_.sliding_window : int64_t{0}}});
+    ValueId attn = b_.add_node(
+        Op::Attention,
+        {qr, kr, vh, kc, vc, sinks, in.positions, in.token_seq, in.ctx_lens, in.cache_rows},
+        {{"scale", 1.0 / std::sqrt(static_cast<double>(hd))},
+         {"window", sliding ? c_.sliding_window : int64_t{0}}});
     // The step's keys go into the cache only after attention has read the earlier ones: a
     // ring cache would otherwise lose positions this step still needs.
     b_.add_node(Op::KvWrite, {kc, kr, in.positions, in.token_seq, in.cache_rows});
@@ -91,13 +91,13 @@ public:
     ValueId tw = b_.add_node(Op::Extract, {top}, {{"index", int64_t{0}}});
     ValueId ti = b_.add_node(Op::Extract, {top}, {{"index", int64_t{1}}});
     const std::string ex = p + "mlp.experts.";
-    ValueId moe = b_.add_node(
-        Op::MoeExperts,
-        {x, tw, ti, w(ex + "gate_up_proj", Type{DType::MXFP4, {e, 2 * inter, d}}),
-         w(ex + "gate_up_proj_bias", bf16({e, 2 * inter})),
-         w(ex + "down_proj", Type{DType::MXFP4, {e, d, inter}}),
-         w(ex + "down_proj_bias", bf16({e, d}))},
-        {{"alpha", c_.swiglu_alpha}, {"limit", c_.swiglu_limit}});
+    ValueId moe =
+        b_.add_node(Op::MoeExperts,
+                    {x, tw, ti, w(ex + "gate_up_proj", Type{DType::MXFP4, {e, 2 * inter, d}}),
+                     w(ex + "gate_up_proj_bias", bf16({e, 2 * inter})),
+                     w(ex + "down_proj", Type{DType::MXFP4, {e, d, inter}}),
+                     w(ex + "down_proj_bias", bf16({e, d}))},
+                    {{"alpha", c_.swiglu_alpha}, {"limit", c_.swiglu_limit}});
     return b_.add_node(Op::Add, {h, moe});
   }
 
@@ -107,8 +107,7 @@ public:
               b_.param(params::kTokenSeq, tok), b_.param(params::kCtxLens, seq),
               b_.param(params::kCacheRows, seq)};
     const int64_t d = c_.hidden_size, v = c_.vocab_size;
-    ValueId h = b_.add_node(
-        Op::Embedding, {w("model.embed_tokens.weight", bf16({v, d})), in.ids});
+    ValueId h = b_.add_node(Op::Embedding, {w("model.embed_tokens.weight", bf16({v, d})), in.ids});
     for (int64_t l = 0; l < c_.num_hidden_layers; ++l)
       h = layer(l, h, in);
     ValueId x = b_.add_node(Op::RmsNorm, {h, w("model.norm.weight", bf16({d}))},

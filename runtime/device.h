@@ -9,7 +9,7 @@ struct DeviceInfo {
   bool available = false;
   std::string reason; ///< why no GPU is usable, when !available
   int count = 0;
-  std::string name;   ///< device 0
+  std::string name; ///< device 0
   int sm_major = 0, sm_minor = 0;
   int multiprocessors = 0;
   size_t memory_bytes = 0;

@@ -2,9 +2,9 @@
 #include <doctest/doctest.h>
 
 #include <array>
-#include <fstream>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <sys/wait.h>
 
@@ -31,7 +31,9 @@ Result run_xserv(const std::string& args) {
   return r;
 }
 
-std::string tiny() { return (xserv::testing::source_dir() / "examples/tiny").string(); }
+std::string tiny() {
+  return (xserv::testing::source_dir() / "examples/tiny").string();
+}
 
 } // namespace
 
@@ -75,7 +77,7 @@ TEST_CASE("a config of another model fails with exit 1 and names the field") {
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("compile --emit ir prints a verified graph; -o writes a plan directory") {
+TEST_CASE("compile --emit ir prints a verified graph, -o writes a plan directory") {
   Result r = run_xserv("compile " + tiny() + " --emit ir");
   CHECK(r.code == 0);
   CHECK(r.out.find("= attention(") != std::string::npos);

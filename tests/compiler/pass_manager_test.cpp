@@ -48,7 +48,7 @@ TEST_CASE("unknown passes are named with the known ones") {
                        "unknown pass 'fuse_everything' (known passes: cse, dce)", Error);
 }
 
-TEST_CASE("stop-after runs only the first N passes; dump-after prints the IR") {
+TEST_CASE("stop-after runs only the first N passes, dump-after prints the IR") {
   std::ostringstream log;
   compiler::PipelineOptions opts;
   opts.log = &log;

@@ -72,8 +72,8 @@ struct Case {
 } // namespace
 
 TEST_CASE("attention matches the naive loop (one sequence, one step)") {
-  for (Case c : {Case{9, 4, 2, 16, 0}, Case{9, 4, 2, 16, 4}, Case{20, 8, 1, 8, 3},
-                 Case{5, 2, 2, 32, 128}}) {
+  for (Case c :
+       {Case{9, 4, 2, 16, 0}, Case{9, 4, 2, 16, 4}, Case{20, 8, 1, 8, 3}, Case{5, 2, 2, 32, 128}}) {
     CAPTURE(c.T);
     CAPTURE(c.window);
     std::mt19937 rng(static_cast<unsigned>(c.T * 31 + c.window));

@@ -97,7 +97,8 @@ TEST_CASE("rope_yarn rotates halves: [x1 c - x2 s, x2 c + x1 s]") {
     for (int64_t i = 0; i < 4; ++i) {
       const double ang = 5 * std::pow(10000.0, -2.0 * static_cast<double>(i) / 8);
       const size_t base = static_cast<size_t>((3 + h) * 8);
-      const double x1 = x.f[base + static_cast<size_t>(i)], x2 = x.f[base + static_cast<size_t>(i) + 4];
+      const double x1 = x.f[base + static_cast<size_t>(i)],
+                   x2 = x.f[base + static_cast<size_t>(i) + 4];
       CHECK(out.f[base + static_cast<size_t>(i)] ==
             doctest::Approx(x1 * std::cos(ang) - x2 * std::sin(ang)));
       CHECK(out.f[base + static_cast<size_t>(i) + 4] ==

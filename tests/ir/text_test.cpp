@@ -85,7 +85,7 @@ TEST_CASE("parse errors name line and column") {
         "2:1: value %0 is defined twice");
   CHECK(parse_error("%0 = param() {name=\"x} : f32[4]").find("unterminated string") !=
         std::string::npos);
-  CHECK(parse_error("%0 = param() : f32[4,\n") .find("2:1: expected a dimension") !=
+  CHECK(parse_error("%0 = param() : f32[4,\n").find("2:1: expected a dimension") !=
         std::string::npos);
   CHECK(parse_error("return %0").find("undefined value %0") != std::string::npos);
 }

@@ -6,7 +6,9 @@
 using namespace xserv::ir;
 
 namespace {
-std::string verify_text(const std::string& text) { return verify(parse(text)); }
+std::string verify_text(const std::string& text) {
+  return verify(parse(text));
+}
 } // namespace
 
 TEST_CASE("a well-typed graph verifies") {

@@ -9,8 +9,8 @@
 #include "models/config.h"
 #include "tests/test_util.h"
 
-using xserv::models::ModelConfig;
 using nlohmann::json;
+using xserv::models::ModelConfig;
 
 namespace {
 json tiny_doc() {
@@ -69,10 +69,10 @@ TEST_CASE("a config of another model is refused with one clear line") {
 TEST_CASE("every problem is listed, each naming its field") {
   json doc = tiny_doc();
   doc.erase("hidden_size");
-  doc["num_key_value_heads"] = 3;               // 4 heads not a multiple of 3
-  doc["layer_types"] = {"sliding_attention"};   // 1 entry for 2 layers
-  doc["rope_scaling"]["rope_type"] = "linear";  // not yarn
-  doc["experts_per_token"] = 3;                 // contradicts num_experts_per_tok = 2
+  doc["num_key_value_heads"] = 3;              // 4 heads not a multiple of 3
+  doc["layer_types"] = {"sliding_attention"};  // 1 entry for 2 layers
+  doc["rope_scaling"]["rope_type"] = "linear"; // not yarn
+  doc["experts_per_token"] = 3;                // contradicts num_experts_per_tok = 2
   const std::string e = error_of(doc);
   CHECK(e.find("(5 problems)") != std::string::npos);
   CHECK(e.find("missing field 'hidden_size'") != std::string::npos);
@@ -108,8 +108,7 @@ TEST_CASE("bad values") {
 
 TEST_CASE("unreadable files") {
   CHECK_THROWS_WITH_AS(ModelConfig::load("/nonexistent/dir"),
-                       doctest::Contains("/nonexistent/dir: cannot open config"),
-                       xserv::Error);
+                       doctest::Contains("/nonexistent/dir: cannot open config"), xserv::Error);
   auto tmp = std::filesystem::temp_directory_path() / "xserv_config_test.json";
   std::ofstream(tmp) << "{ not json";
   CHECK_THROWS_WITH_AS(ModelConfig::load(tmp), doctest::Contains("not valid JSON"), xserv::Error);

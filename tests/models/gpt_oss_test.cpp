@@ -29,7 +29,9 @@ int count_sliding(const ir::Graph& g) {
   return n;
 }
 
-ModelConfig tiny() { return ModelConfig::load(testing::source_dir() / "examples/tiny"); }
+ModelConfig tiny() {
+  return ModelConfig::load(testing::source_dir() / "examples/tiny");
+}
 
 } // namespace
 

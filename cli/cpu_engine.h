@@ -1,0 +1,38 @@
+// The CPU reference engine: the IR interpreter over a checkpoint's weights, with a KV cache.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+
+#include "cli/engine.h"
+#include "ir/graph.h"
+#include "ir/interpreter.h"
+#include "models/checkpoint.h"
+
+namespace xserv::cli {
+
+/// Runs build_gpt_oss()'s graph (or a compiled plan's graph.ir) on the interpreter in fp32.
+/// Slow by design; it is the reference the GPU path is checked against and the fallback when
+/// there is no GPU.
+class CpuEngine : public Engine {
+public:
+  /// Opens and validates the checkpoint in `model_dir` (weights are memory-mapped and decoded
+  /// lazily, each once). `graph` defaults to build_gpt_oss(config) with last-token logits.
+  CpuEngine(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
+            const ir::Graph* graph = nullptr);
+
+  const models::ModelConfig& config() const override { return ckpt_.config(); }
+  int64_t max_batch() const override { return max_batch_; }
+  int64_t max_seq() const override { return max_seq_; }
+  std::string backend() const override { return "cpu"; }
+  std::vector<std::vector<float>> step(const models::StepInput& in) override;
+  void reset() override { env_.state.clear(); }
+
+private:
+  models::Checkpoint ckpt_;
+  ir::Graph graph_;
+  int64_t max_batch_, max_seq_;
+  ir::InterpretEnv env_;
+};
+
+} // namespace xserv::cli

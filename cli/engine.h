@@ -1,0 +1,55 @@
+// Engines run forward steps of a model; generate() drives one over batched requests.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "models/config.h"
+#include "models/step.h"
+#include "runtime/sampler.h"
+
+namespace xserv::cli {
+
+/// Runs forward steps of one model over up to max_batch sequences of up to max_seq tokens.
+class Engine {
+public:
+  virtual ~Engine() = default;
+  virtual const models::ModelConfig& config() const = 0;
+  virtual int64_t max_batch() const = 0;
+  virtual int64_t max_seq() const = 0;
+  virtual std::string backend() const = 0;
+  /// One step: returns the logits of each sequence's last new token, one row per sequence.
+  virtual std::vector<std::vector<float>> step(const models::StepInput& in) = 0;
+  /// Forgets every cached sequence.
+  virtual void reset() = 0;
+};
+
+struct GenRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 128;
+  runtime::SamplerOptions sampling;
+  std::vector<int32_t> stop_ids; ///< generation ends after emitting one of these
+};
+
+struct GenResult {
+  std::vector<int32_t> tokens; ///< generated ids (a stop id included when one ended it)
+  bool stopped = false;        ///< ended on a stop id (else max_tokens or max_seq)
+};
+
+struct GenStats {
+  double prefill_ms = 0, decode_ms = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+};
+
+/// Called for each token as it is produced: (request index, token). Returning false ends
+/// that request early.
+using TokenCallback = std::function<bool(size_t, int32_t)>;
+
+/// Generates for every request, batched up to the engine's max_batch at a time: one prefill
+/// step over the prompts, then one decode step per token over the sequences still running.
+/// Throws xserv::Error naming the limit when a prompt does not fit max_seq.
+std::vector<GenResult> generate(Engine& engine, const std::vector<GenRequest>& requests,
+                                const TokenCallback& on_token = {}, GenStats* stats = nullptr);
+
+} // namespace xserv::cli

@@ -1,0 +1,100 @@
+// generate(): prefill then decode over batches of sequences, with sampling and stop ids.
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "cli/engine.h"
+#include "ir/error.h"
+
+namespace xserv::cli {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void run_batch(Engine& engine, const std::vector<GenRequest>& reqs, size_t first, size_t count,
+               const TokenCallback& on_token, std::vector<GenResult>& results, GenStats& stats) {
+  engine.reset();
+  std::vector<runtime::Sampler> samplers;
+  models::StepInput step;
+  for (size_t i = 0; i < count; ++i) {
+    const GenRequest& r = reqs[first + i];
+    samplers.emplace_back(r.sampling);
+    step.tokens.push_back(r.prompt);
+    step.ctx_lens.push_back(0);
+    step.cache_rows.push_back(static_cast<int32_t>(i));
+    stats.prompt_tokens += static_cast<int64_t>(r.prompt.size());
+  }
+  std::vector<size_t> active(count); // request offsets still generating, in step order
+  for (size_t i = 0; i < count; ++i)
+    active[i] = i;
+  std::vector<int32_t> ctx(count);
+  for (size_t i = 0; i < count; ++i)
+    ctx[i] = static_cast<int32_t>(reqs[first + i].prompt.size());
+
+  bool prefill = true;
+  while (!active.empty()) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::vector<float>> logits = engine.step(step);
+    (prefill ? stats.prefill_ms : stats.decode_ms) += ms_since(t0);
+    prefill = false;
+    models::StepInput next;
+    std::vector<size_t> still;
+    for (size_t a = 0; a < active.size(); ++a) {
+      const size_t i = active[a];
+      const GenRequest& r = reqs[first + i];
+      GenResult& out = results[first + i];
+      const int32_t tok = samplers[i].sample(logits[a]);
+      out.tokens.push_back(tok);
+      ++stats.generated_tokens;
+      bool go_on = !on_token || on_token(first + i, tok);
+      if (std::find(r.stop_ids.begin(), r.stop_ids.end(), tok) != r.stop_ids.end()) {
+        out.stopped = true;
+        go_on = false;
+      }
+      if (static_cast<int64_t>(out.tokens.size()) >= r.max_tokens || ctx[i] + 1 > engine.max_seq())
+        go_on = false;
+      if (!go_on)
+        continue;
+      still.push_back(i);
+      next.tokens.push_back({tok});
+      next.ctx_lens.push_back(ctx[i]);
+      next.cache_rows.push_back(static_cast<int32_t>(i));
+      ctx[i] += 1;
+    }
+    active = std::move(still);
+    step = std::move(next);
+  }
+}
+
+} // namespace
+
+std::vector<GenResult> generate(Engine& engine, const std::vector<GenRequest>& requests,
+                                const TokenCallback& on_token, GenStats* stats) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& r = requests[i];
+    if (r.prompt.empty())
+      throw Error(fmt::format("request {}: the prompt is empty", i));
+    if (static_cast<int64_t>(r.prompt.size()) > engine.max_seq())
+      throw Error(fmt::format("the prompt has {} tokens, more than the maximum sequence length "
+                              "of {} (compile with a larger --max-seq)",
+                              r.prompt.size(), engine.max_seq()));
+    for (int32_t id : r.prompt)
+      if (id < 0 || id >= engine.config().vocab_size)
+        throw Error(fmt::format("prompt token {} is outside the vocabulary [0, {})", id,
+                                engine.config().vocab_size));
+  }
+  std::vector<GenResult> results(requests.size());
+  GenStats local;
+  const size_t batch = static_cast<size_t>(std::max<int64_t>(engine.max_batch(), 1));
+  for (size_t first = 0; first < requests.size(); first += batch)
+    run_batch(engine, requests, first, std::min(batch, requests.size() - first), on_token, results,
+              local);
+  if (stats)
+    *stats = local;
+  return results;
+}
+
+} // namespace xserv::cli

@@ -1,0 +1,81 @@
+// Plan-or-checkpoint resolution, engine construction and tokenizer lookup shared by commands.
+#include "cli/model_source.h"
+
+#include <cstdlib>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cpu_engine.h"
+#include "ir/graph.h"
+
+namespace xserv::cli {
+namespace fs = std::filesystem;
+
+ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
+  ModelSource src;
+  if (!fs::is_directory(path))
+    throw UsageError(fmt::format("'{}' is not a plan or checkpoint directory", path));
+  if (fs::exists(fs::path(path) / "plan.json")) {
+    src.plan_dir = path;
+    std::ifstream in(src.plan_dir / "plan.json");
+    auto pj = nlohmann::json::parse(in, nullptr, false);
+    if (pj.is_discarded() || !pj.contains("options") || !pj.contains("model_dir"))
+      throw Error(fmt::format("{}: not a valid xserv plan", (src.plan_dir / "plan.json").string()));
+    src.model_dir = pj["model_dir"].get<std::string>();
+    src.max_batch = pj["options"].value("max_batch", int64_t{1});
+    src.max_seq = pj["options"].value("max_seq", int64_t{4096});
+  } else if (fs::exists(fs::path(path) / "config.json")) {
+    src.model_dir = path;
+  } else {
+    throw UsageError(fmt::format("'{}' holds neither plan.json nor config.json", path));
+  }
+  if (args.has("--weights"))
+    src.model_dir = args.get("--weights");
+  if (!fs::is_directory(src.model_dir))
+    throw UsageError(fmt::format("checkpoint directory '{}' does not exist{}",
+                                 src.model_dir.string(),
+                                 src.plan_dir.empty() ? "" : " (give --weights DIR)"));
+  const int64_t plan_seq = src.max_seq, plan_batch = src.max_batch;
+  src.max_seq =
+      args.get_int("--max-seq", src.max_seq, 1, src.plan_dir.empty() ? (1 << 20) : plan_seq);
+  src.max_batch =
+      args.get_int("--max-batch", src.max_batch, 1, src.plan_dir.empty() ? 4096 : plan_batch);
+  return src;
+}
+
+std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& args) {
+  const std::string backend = args.get("--backend", "cpu");
+  if (backend == "cuda")
+    throw UsageError("the CUDA backend is not part of this build yet; use --backend cpu");
+  if (backend != "cpu")
+    throw UsageError(fmt::format("--backend must be cpu or cuda, got '{}'", backend));
+  if (!src.plan_dir.empty()) {
+    std::ifstream in(src.plan_dir / "graph.ir");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ir::Graph g = ir::parse(text);
+    return std::make_unique<CpuEngine>(src.model_dir, src.max_batch, src.max_seq, &g);
+  }
+  return std::make_unique<CpuEngine>(src.model_dir, src.max_batch, src.max_seq);
+}
+
+models::Tokenizer load_tokenizer(const ModelSource& src, const ParsedArgs& args) {
+  std::vector<fs::path> tried;
+  if (args.has("--tokenizer"))
+    return models::Tokenizer::load(args.get("--tokenizer"));
+  tried.push_back(src.model_dir / "tokenizer.json");
+  if (fs::exists(tried.back()))
+    return models::Tokenizer::load(tried.back());
+  if (const char* data = std::getenv("XSERV_DATA"); data && *data) {
+    tried.push_back(fs::path(data) / "o200k_base.tiktoken");
+    if (fs::exists(tried.back()))
+      return models::Tokenizer::load(tried.back());
+  }
+  std::string list;
+  for (const auto& p : tried)
+    list += "\n  " + p.string();
+  throw UsageError("no tokenizer found (give --tokenizer FILE); tried:" + list);
+}
+
+} // namespace xserv::cli

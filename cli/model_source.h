@@ -1,0 +1,34 @@
+// Resolving what a command runs: a plan directory (plan.json) or a checkpoint directory.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cli/args.h"
+#include "cli/engine.h"
+#include "models/tokenizer.h"
+
+namespace xserv::cli {
+
+/// Where the weights, graph and limits come from.
+struct ModelSource {
+  std::filesystem::path model_dir; ///< checkpoint with config.json and safetensors
+  std::filesystem::path plan_dir;  ///< empty when given a checkpoint directly
+  int64_t max_batch = 1;
+  int64_t max_seq = 4096;
+};
+
+/// Reads PATH (a plan or a checkpoint); `--weights DIR` overrides the checkpoint, `--max-seq`
+/// and `--max-batch` the limits (never above a plan's). Throws UsageError for bad paths.
+ModelSource resolve_source(const std::string& path, const ParsedArgs& args);
+
+/// Builds the engine `--backend` asks for (cpu; cuda once the GPU runtime lands).
+std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& args);
+
+/// The tokenizer: --tokenizer PATH, else the checkpoint's tokenizer.json, else
+/// $XSERV_DATA/o200k_base.tiktoken. Throws UsageError saying what was tried.
+models::Tokenizer load_tokenizer(const ModelSource& src, const ParsedArgs& args);
+
+} // namespace xserv::cli
