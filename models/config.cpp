@@ -251,6 +251,15 @@ ModelConfig ModelConfig::from_json(const json& doc, const std::string& source) {
         if (x.is_number_integer())
           c.eos_token_ids.push_back(x.get<int64_t>());
   }
+  if (auto pad = doc.find("pad_token_id"); pad != doc.end() && !pad->is_null()) {
+    if (!pad->is_number_integer())
+      r.problem("field 'pad_token_id' must be an integer");
+    else
+      c.pad_token_id = pad->get<int64_t>();
+    if (c.vocab_size > 0 && c.pad_token_id >= c.vocab_size)
+      r.problem(fmt::format("pad_token_id ({}) is outside the vocabulary ({} tokens)",
+                            c.pad_token_id, c.vocab_size));
+  }
   if (!r.ok())
     r.fail();
   return c;
@@ -297,7 +306,6 @@ json ModelConfig::to_json() const {
       {"num_key_value_heads", num_key_value_heads},
       {"num_local_experts", num_local_experts},
       {"output_router_logits", false},
-      {"pad_token_id", 199999},
       {"rms_norm_eps", rms_norm_eps},
       {"rope_scaling",
        {{"beta_fast", rope_scaling.beta_fast},
@@ -316,6 +324,8 @@ json ModelConfig::to_json() const {
   };
   if (eos_token_ids.empty())
     doc.erase("eos_token_id");
+  if (pad_token_id >= 0)
+    doc["pad_token_id"] = pad_token_id;
   if (!quant_method.empty())
     doc["quantization_config"] = {{"modules_to_not_convert",
                                    {"model.layers.*.self_attn", "model.layers.*.mlp.router",

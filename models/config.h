@@ -42,6 +42,7 @@ struct ModelConfig {
   std::vector<bool> sliding; ///< per layer: true for "sliding_attention"
   std::string quant_method;  ///< "mxfp4" for the official checkpoints; empty when absent
   std::vector<int64_t> eos_token_ids;
+  int64_t pad_token_id = -1; ///< -1 when config.json has none
 
   /// True when layer `l` uses sliding-window attention.
   bool is_sliding(int64_t l) const { return sliding.at(static_cast<size_t>(l)); }

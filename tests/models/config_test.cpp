@@ -114,3 +114,15 @@ TEST_CASE("unreadable files") {
   CHECK_THROWS_WITH_AS(ModelConfig::load(tmp), doctest::Contains("not valid JSON"), xserv::Error);
   std::filesystem::remove(tmp);
 }
+
+TEST_CASE("pad_token_id must lie inside the vocabulary and survives to_json") {
+  json doc = tiny_doc();
+  ModelConfig c = ModelConfig::from_json(doc, "config.json");
+  CHECK(c.pad_token_id == 199999);
+  CHECK(c.to_json()["pad_token_id"] == 199999);
+  doc["vocab_size"] = 1024;
+  CHECK(error_of(doc).find("pad_token_id (199999) is outside the vocabulary (1024 tokens)") !=
+        std::string::npos);
+  doc.erase("pad_token_id");
+  CHECK_FALSE(ModelConfig::from_json(doc, "config.json").to_json().contains("pad_token_id"));
+}
