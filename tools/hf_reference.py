@@ -11,10 +11,10 @@ never arithmetic:
   * MXFP4 on CPU: with Mxfp4Config(dequantize=True), the quantizer's validate_environment()
     returns before any GPU/triton/kernels check, so CPU loading works unpatched (checked with
     transformers 5.24); nothing is monkeypatched.
-  * pad_token_id: `xserv synth` always writes pad_token_id 199999; transformers refuses to build
-    nn.Embedding when that lies outside a small vocabulary. The padding index only affects
-    gradients and weight init (every weight here comes from the checkpoint), so it is dropped
-    from the config for such checkpoints.
+  * pad_token_id: transformers refuses to build nn.Embedding when pad_token_id lies outside a
+    small vocabulary. xserv's ModelConfig rejects such configs and the fixture configs carry
+    none; for any other checkpoint the padding index only affects gradients and weight init
+    (every weight here comes from the checkpoint), so it is dropped from the config.
   * device_map needs the `accelerate` package; without it the model is loaded on the CPU (the
     MXFP4 dequantisation is exact integer/power-of-two math either way) and moved with .to().
 float32 loads in BF16 and then calls model.float(): loading directly in fp32 fails inside the
