@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "compiler/pass_manager.h"
+#include "models/checkpoint.h"
 #include "models/config.h"
 #include "models/gpt_oss.h"
 
@@ -53,6 +54,26 @@ int cmd_compile(const ParsedArgs& args) {
                                  max_seq, cfg.max_position_embeddings));
   progress.finish(
       fmt::format("{} layers, {} experts", cfg.num_hidden_layers, cfg.num_local_experts));
+
+  // With weights present, check them now from the safetensors headers alone (the tensor bytes,
+  // 13.8 GB for 20b, are never read here); a directory with only config.json compiles too and
+  // its weights are checked when the plan runs.
+  nlohmann::json weight_files = nlohmann::json::array();
+  const bool has_weights =
+      fs::is_directory(model) && (fs::exists(model / "model.safetensors") ||
+                                  fs::exists(model / "model.safetensors.index.json"));
+  if (has_weights) {
+    progress.step("checking safetensors headers");
+    models::Checkpoint ckpt =
+        models::Checkpoint::open(model, {.map_data = false, .validate = true});
+    uint64_t total = 0;
+    for (const auto& f : ckpt.files()) {
+      weight_files.push_back({{"file", f.path().filename().string()}, {"bytes", f.file_size()}});
+      total += f.file_size();
+    }
+    progress.finish(fmt::format("{} tensors in {} file(s), {:.2f} GB", ckpt.tensor_names().size(),
+                                ckpt.files().size(), static_cast<double>(total) / 1e9));
+  }
 
   progress.step("building the graph");
   models::BuildOptions bopts;
@@ -100,6 +121,7 @@ int cmd_compile(const ParsedArgs& args) {
         {"pp", pass_opts.pipeline_stages},
         {"last_logits_only", bopts.last_logits_only},
         {"arch", args.get("--arch", "sm_90")}}},
+      {"weights", weight_files},
       {"graph", "graph.ir"},
       {"passes", nlohmann::json::array()},
   };

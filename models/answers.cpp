@@ -112,15 +112,18 @@ std::string lower(std::string_view s) {
 } // namespace
 
 std::string gsm8k_prompt(std::string_view question) {
-  return "Solve this math problem. Give the reasoning steps before giving the final answer on the "
-         "last line by itself in the format of \"Answer:\". Do not add anything other than the "
-         "integer answer after \"Answer:\".\n\n" +
-         std::string(question);
+  std::string out = "Solve this math problem. Give the reasoning steps before giving the final "
+                    "answer on the last line by itself in the format of \"Answer:\". Do not add "
+                    "anything other than the integer answer after \"Answer:\".\n\n";
+  out += question;
+  return out;
 }
 
 std::string aime_prompt(std::string_view question) {
-  return "\n" + std::string(question) +
-         "\nPlease reason step by step, and put your final answer within \\boxed{}.\n";
+  std::string out = "\n";
+  out += question;
+  out += "\nPlease reason step by step, and put your final answer within \\boxed{}.\n";
+  return out;
 }
 
 std::optional<std::string> normalize_number(std::string_view text) {

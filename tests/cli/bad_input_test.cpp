@@ -1,0 +1,123 @@
+// Bad input through the xserv binary: corrupt checkpoints, over-long prompts and bad flags each
+// give one clear message and a non-zero exit, never a crash.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <sys/wait.h>
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result run_xserv(const std::string& args) {
+  const std::string cmd = std::string(XSERV_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
+    r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+/// A fresh tiny checkpoint in its own temp dir, removed at scope exit.
+struct TinyCheckpoint {
+  fs::path dir;
+  explicit TinyCheckpoint(const std::string& tag, const std::string& extra = "") {
+    dir = fs::temp_directory_path() / ("xserv_bad_input_" + tag);
+    fs::remove_all(dir);
+    Result r = run_xserv("synth --config " +
+                         (xserv::testing::source_dir() / "examples/tiny/config.json").string() +
+                         " -o " + dir.string() + " --seed 3 " + extra);
+    REQUIRE(r.code == 0);
+  }
+  ~TinyCheckpoint() { fs::remove_all(dir); }
+  fs::path shard() const { return dir / "model-00001-of-00001.safetensors"; }
+};
+
+} // namespace
+
+TEST_CASE("a truncated shard is refused by run and compile, naming the file") {
+  TinyCheckpoint ck("truncated");
+  fs::resize_file(ck.shard(), fs::file_size(ck.shard()) - 100);
+  Result r = run_xserv("run " + ck.dir.string() + " --prompt-ids 1,2 --max-tokens 2");
+  CHECK(r.code == 1);
+  CHECK(r.out.find(ck.shard().string()) != std::string::npos);
+  CHECK(r.out.find("invalid safetensors file") != std::string::npos);
+  r = run_xserv("compile " + ck.dir.string() + " --emit ir");
+  CHECK(r.code == 1);
+  CHECK(r.out.find(ck.shard().string()) != std::string::npos);
+}
+
+TEST_CASE("an index naming a missing shard is refused") {
+  TinyCheckpoint ck("missing_shard", "--shard-size 10MB");
+  std::vector<std::string> shards;
+  for (const auto& e : fs::directory_iterator(ck.dir))
+    if (e.path().extension() == ".safetensors")
+      shards.push_back(e.path().filename().string());
+  std::sort(shards.begin(), shards.end());
+  REQUIRE(shards.size() >= 2);
+  fs::remove(ck.dir / shards[1]);
+  Result r = run_xserv("compile " + ck.dir.string() + " --emit ir");
+  CHECK(r.code == 1);
+  CHECK(r.out.find(shards[1]) != std::string::npos);
+}
+
+TEST_CASE("a checkpoint whose tensors disagree with its config lists the problem") {
+  TinyCheckpoint ck("wrong_config");
+  // Claim a wider model than the tensors hold.
+  std::ifstream in(ck.dir / "config.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const std::string from = "\"intermediate_size\": 64", to = "\"intermediate_size\": 96";
+  REQUIRE(text.find(from) != std::string::npos);
+  text.replace(text.find(from), from.size(), to);
+  std::ofstream(ck.dir / "config.json") << text;
+  Result r = run_xserv("compile " + ck.dir.string() + " --emit ir");
+  CHECK(r.code == 1);
+  CHECK(r.out.find("gate_up_proj_blocks") != std::string::npos);
+  CHECK(r.out.find("expected") != std::string::npos);
+}
+
+TEST_CASE("a prompt longer than the maximum sequence is a clear error") {
+  TinyCheckpoint ck("long_prompt");
+  Result r = run_xserv("run " + ck.dir.string() + " --prompt-ids 1,2,3,4,5 --max-seq 4");
+  CHECK(r.code == 1);
+  CHECK(r.out.find("the prompt has 5 tokens, more than the maximum sequence length of 4") !=
+        std::string::npos);
+  r = run_xserv("run " + ck.dir.string() + " --prompt-ids 1,300000");
+  CHECK(r.code == 1);
+  CHECK(r.out.find("prompt token 300000 is outside the vocabulary") != std::string::npos);
+}
+
+TEST_CASE("synth and run usage errors exit 2") {
+  Result r = run_xserv("synth --config /no/such.json -o /tmp/x");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("config '/no/such.json' does not exist") != std::string::npos);
+  r = run_xserv("synth --config " +
+                (xserv::testing::source_dir() / "examples/tiny/config.json").string() +
+                " -o /tmp/x --shard-size 5XB");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("unknown size unit 'XB'") != std::string::npos);
+  r = run_xserv("run /no/such/plan --prompt-ids 1");
+  CHECK(r.code == 2);
+  r = run_xserv("run " + (xserv::testing::source_dir() / "examples/tiny").string());
+  CHECK(r.code == 2);
+  CHECK(r.out.find("give exactly one of --prompt-ids") != std::string::npos);
+}
