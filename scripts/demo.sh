@@ -1,14 +1,38 @@
 #!/usr/bin/env bash
-# The demo: install and build, then compile the tiny example model and show its IR.
+# The demo: install and build, synthesise the tiny example model, compile it, and generate with it
+# (on the CPU reference interpreter; the CUDA backend plugs in here once it lands).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+xserv=./build/cli/xserv
 out=${XSERV_DEMO_DIR:-build/demo}
 mkdir -p "$out"
+
 echo
-echo "== compiling examples/tiny (a 2-layer gpt-oss) =="
-./build/cli/xserv compile examples/tiny -o "$out/tiny.plan"
+echo "== 1. a random-weight checkpoint of examples/tiny (2 layers, 8 experts, real vocabulary) =="
+rm -rf "$out/tiny-model"
+$xserv synth --config examples/tiny/config.json -o "$out/tiny-model" --seed 1
+
 echo
-echo "== the compiled graph ($out/tiny.plan/graph.ir), first layer =="
-sed -n '1,40p' "$out/tiny.plan/graph.ir"
+echo "== 2. compile it: IR, passes, plan directory =="
+$xserv compile "$out/tiny-model" -o "$out/tiny.plan" --max-seq 256 --max-batch 4
+echo "   the first layer of $out/tiny.plan/graph.ir:"
+sed -n '1,32p' "$out/tiny.plan/graph.ir" | sed 's/^/   /'
 echo "   ... ($(wc -l < "$out/tiny.plan/graph.ir") lines)"
+
+echo
+backend=cpu
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  echo "   (a GPU is present; this build runs the plan on the CPU reference interpreter)"
+fi
+echo "== 3. greedy generation from token ids on the $backend backend =="
+$xserv run "$out/tiny.plan" --prompt-ids 200006,1428,200008,13225,2375,200007 --max-tokens 16 \
+  --backend "$backend"
+
+data=${XSERV_DATA:-../shared/data}
+if [ -f "$data/o200k_base.tiktoken" ]; then
+  echo
+  echo "== 4. text in, text out with the o200k tokenizer (random weights: expect noise) =="
+  $xserv run "$out/tiny.plan" --raw --prompt "The capital of France is" \
+    --tokenizer "$data/o200k_base.tiktoken" --max-tokens 16 --backend "$backend"
+fi
