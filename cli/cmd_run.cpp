@@ -25,17 +25,6 @@ std::vector<int32_t> parse_ids(const ParsedArgs& args) {
   return ids;
 }
 
-runtime::SamplerOptions sampling_of(const ParsedArgs& args) {
-  runtime::SamplerOptions s;
-  s.temperature = static_cast<float>(args.get_double("--temperature", 0.0));
-  s.top_p = static_cast<float>(args.get_double("--top-p", 1.0));
-  s.top_k = static_cast<int>(args.get_int("--top-k", 0, 0, 1 << 20));
-  s.seed = static_cast<uint64_t>(args.get_int("--seed", 0, 0, INT64_MAX));
-  if (s.temperature < 0 || s.top_p <= 0 || s.top_p > 1)
-    throw UsageError("--temperature must be >= 0 and --top-p in (0, 1]");
-  return s;
-}
-
 void print_stats(const GenStats& st, const Engine& e) {
   std::fprintf(stderr,
                "[run] %s: prompt %lld tokens in %.1f ms (%.1f tok/s), generated %lld tokens in "
@@ -48,6 +37,17 @@ void print_stats(const GenStats& st, const Engine& e) {
 
 } // namespace
 
+runtime::SamplerOptions sampling_options(const ParsedArgs& args) {
+  runtime::SamplerOptions s;
+  s.temperature = static_cast<float>(args.get_double("--temperature", 0.0));
+  s.top_p = static_cast<float>(args.get_double("--top-p", 1.0));
+  s.top_k = static_cast<int>(args.get_int("--top-k", 0, 0, 1 << 20));
+  s.seed = static_cast<uint64_t>(args.get_int("--seed", 0, 0, INT64_MAX));
+  if (s.temperature < 0 || s.top_p <= 0 || s.top_p > 1)
+    throw UsageError("--temperature must be >= 0 and --top-p in (0, 1]");
+  return s;
+}
+
 int cmd_run(const ParsedArgs& args) {
   const bool ids_mode = args.has("--prompt-ids"), text_mode = args.has("--prompt");
   if (ids_mode == text_mode)
@@ -57,7 +57,7 @@ int cmd_run(const ParsedArgs& args) {
     src.max_batch = 1;
   GenRequest req;
   req.max_tokens = args.get_int("--max-tokens", 128, 1, 1 << 24);
-  req.sampling = sampling_of(args);
+  req.sampling = sampling_options(args);
 
   if (ids_mode) {
     req.prompt = parse_ids(args);

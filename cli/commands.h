@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "runtime/sampler.h"
 
 namespace xserv::cli {
 
@@ -17,10 +18,17 @@ struct Command {
 /// Every command, in the order `xserv --help` lists them.
 const std::vector<Command>& commands();
 
+int cmd_bench(const ParsedArgs& args);
+int cmd_chat(const ParsedArgs& args);
 int cmd_compile(const ParsedArgs& args);
+int cmd_eval(const ParsedArgs& args);
 int cmd_run(const ParsedArgs& args);
 int cmd_synth(const ParsedArgs& args);
 int cmd_tokenize(const ParsedArgs& args);
+
+/// Sampling from --temperature (0: greedy), --top-p, --top-k and --seed, for commands that
+/// declare them. Throws UsageError on a negative temperature or a top-p outside (0, 1].
+runtime::SamplerOptions sampling_options(const ParsedArgs& args);
 
 /// Progress lines on stderr ("[compile] building graph ... 12.3 ms").
 class Progress {

@@ -23,6 +23,10 @@ public:
   virtual std::vector<std::vector<float>> step(const models::StepInput& in) = 0;
   /// Forgets every cached sequence.
   virtual void reset() = 0;
+  /// Waits until queued work is done, so host timers bracket it (a no-op on the CPU).
+  virtual void synchronize() {}
+  /// Peak device memory in GiB since the engine started, or -1 when the backend cannot tell.
+  virtual double peak_memory_gib() const { return -1; }
 };
 
 struct GenRequest {

@@ -1,0 +1,198 @@
+// `xserv bench`: prefill and decode throughput in llama-bench's shape, from random token ids.
+//
+// 1. Parse the test grid: prompt sizes (-p), generation length (-n) at context depths (-d),
+//    batch sizes for decode (-b), repeats (-r).
+// 2. For each test: one untimed warm-up, then r timed repeats. A repeat resets the engine,
+//    prefills `depth` random tokens per sequence untimed, then times only engine steps: one
+//    prefill step of p tokens (ppP), or n decode steps of one token per sequence (tgN). No
+//    tokenizer and no sampling run inside the timed region; the next input ids are random.
+// 3. Batched decode rows also give time to first token (the prefill of a 1-token prompt for
+//    every sequence) and time per output token (median, p99 over steps and repeats).
+#include <chrono>
+#include <iostream>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "cli/bench_report.h"
+#include "cli/commands.h"
+#include "cli/model_source.h"
+
+namespace xserv::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+std::vector<int64_t> int_list(const ParsedArgs& args, const std::string& name,
+                              std::vector<int64_t> fallback, int64_t lo, int64_t hi) {
+  if (!args.has(name))
+    return fallback;
+  std::vector<int64_t> out;
+  for (const auto& s : args.list(name)) {
+    char* end = nullptr;
+    long long v = std::strtoll(s.c_str(), &end, 10);
+    if (s.empty() || *end != '\0' || v < lo || v > hi)
+      throw UsageError(fmt::format("{}: '{}' is not an integer in [{}, {}]", name, s, lo, hi));
+    out.push_back(v);
+  }
+  return out;
+}
+
+class Bench {
+public:
+  Bench(Engine& e, uint64_t seed) : e_(e), rng_(seed) {}
+
+  std::vector<int32_t> random_ids(int64_t n) {
+    std::uniform_int_distribution<int32_t> u(0, static_cast<int32_t>(e_.config().vocab_size - 1));
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (auto& id : ids)
+      id = u(rng_);
+    return ids;
+  }
+
+  /// Prefills `depth` tokens into each of `batch` sequences, untimed. Returns the step input
+  /// continuing them with one token each.
+  models::StepInput fill(int64_t depth, int64_t batch) {
+    e_.reset();
+    models::StepInput next;
+    for (int64_t b = 0; b < batch; ++b) {
+      next.tokens.push_back(random_ids(1));
+      next.ctx_lens.push_back(static_cast<int32_t>(depth));
+      next.cache_rows.push_back(static_cast<int32_t>(b));
+    }
+    if (depth > 0) {
+      models::StepInput pre;
+      for (int64_t b = 0; b < batch; ++b) {
+        pre.tokens.push_back(random_ids(depth));
+        pre.ctx_lens.push_back(0);
+        pre.cache_rows.push_back(static_cast<int32_t>(b));
+      }
+      e_.step(pre);
+      e_.synchronize();
+    }
+    return next;
+  }
+
+  double prefill(int64_t p, int64_t depth) {
+    models::StepInput in = fill(depth, 1);
+    in.tokens[0] = random_ids(p);
+    auto t0 = Clock::now();
+    e_.step(in);
+    e_.synchronize();
+    return static_cast<double>(p) / ms(t0, Clock::now()) * 1e3;
+  }
+
+  /// n decode steps for `batch` sequences; appends per-step times to `step_ms`.
+  double decode(int64_t n, int64_t depth, int64_t batch, std::vector<double>& step_ms,
+                double& ttft_ms) {
+    models::StepInput in = fill(depth, batch);
+    if (depth == 0) { // the first token of each sequence is a 1-token prefill: that is TTFT
+      auto t0 = Clock::now();
+      e_.step(in);
+      e_.synchronize();
+      ttft_ms = ms(t0, Clock::now());
+      for (auto& c : in.ctx_lens)
+        c += 1;
+    }
+    auto start = Clock::now();
+    for (int64_t i = 0; i < n; ++i) {
+      auto t0 = Clock::now();
+      e_.step(in);
+      e_.synchronize();
+      step_ms.push_back(ms(t0, Clock::now()));
+      for (size_t b = 0; b < in.tokens.size(); ++b) {
+        in.tokens[b] = random_ids(1);
+        in.ctx_lens[b] += 1;
+      }
+    }
+    return static_cast<double>(n * batch) / ms(start, Clock::now()) * 1e3;
+  }
+
+private:
+  Engine& e_;
+  std::mt19937_64 rng_;
+};
+
+} // namespace
+
+int cmd_bench(const ParsedArgs& args) {
+  const auto prompts = int_list(args, "-p", {512}, 0, 1 << 20);
+  const auto gens = int_list(args, "-n", {128}, 0, 1 << 20);
+  const auto depths = int_list(args, "-d", {0}, 0, 1 << 24);
+  const auto batches = int_list(args, "-b", {1}, 1, 4096);
+  const int64_t repeats = args.get_int("-r", 5, 1, 1000);
+  const std::string format = args.get("-o", "md");
+  if (format != "md" && format != "json" && format != "csv")
+    throw UsageError(fmt::format("-o must be md, json or csv, got '{}'", format));
+  ModelSource src = resolve_source(args.positional()[0], args);
+  int64_t need_seq = 1, need_batch = 1;
+  for (int64_t d : depths) {
+    for (int64_t p : prompts)
+      need_seq = std::max(need_seq, d + p);
+    for (int64_t n : gens)
+      need_seq = std::max(need_seq, d + n + 1);
+  }
+  for (int64_t b : batches)
+    need_batch = std::max(need_batch, b);
+  if (!src.plan_dir.empty() && (need_seq > src.max_seq || need_batch > src.max_batch))
+    throw UsageError(fmt::format("the tests need sequences of {} and batches of {}, the plan "
+                                 "allows {} and {} (compile with larger --max-seq/--max-batch)",
+                                 need_seq, need_batch, src.max_seq, src.max_batch));
+  if (src.plan_dir.empty()) {
+    src.max_seq = need_seq;
+    src.max_batch = need_batch;
+  }
+  auto engine = make_engine(src, args);
+  Bench bench(*engine, static_cast<uint64_t>(args.get_int("--seed", 1, 0, INT64_MAX)));
+  std::vector<BenchRow> rows;
+  auto depth_suffix = [](int64_t d) { return d ? fmt::format(" @ d{}", d) : std::string(); };
+  for (int64_t d : depths) {
+    for (int64_t p : prompts) {
+      if (p == 0)
+        continue;
+      BenchRow row;
+      row.test = fmt::format("pp{}{}", p, depth_suffix(d));
+      row.prompt = p;
+      row.depth = d;
+      bench.prefill(p, d); // warm-up
+      for (int64_t r = 0; r < repeats; ++r)
+        row.tokens_per_s.push_back(bench.prefill(p, d));
+      row.peak_memory_gib = engine->peak_memory_gib();
+      rows.push_back(std::move(row));
+    }
+    for (int64_t n : gens) {
+      if (n == 0)
+        continue;
+      for (int64_t b : batches) {
+        BenchRow row;
+        row.test =
+            fmt::format("tg{}{}{}", n, depth_suffix(d), b > 1 ? fmt::format(" x B{}", b) : "");
+        row.gen = n;
+        row.depth = d;
+        row.batch = b;
+        std::vector<double> step_ms, ttft;
+        double t = 0;
+        bench.decode(n, d, b, step_ms, t); // warm-up
+        step_ms.clear();
+        for (int64_t r = 0; r < repeats; ++r) {
+          row.tokens_per_s.push_back(bench.decode(n, d, b, step_ms, t));
+          ttft.push_back(t);
+        }
+        row.ttft_ms_median = d == 0 ? quantile(ttft, 0.5) : 0;
+        row.tpot_ms_median = quantile(step_ms, 0.5);
+        row.tpot_ms_p99 = quantile(step_ms, 0.99);
+        row.peak_memory_gib = engine->peak_memory_gib();
+        rows.push_back(std::move(row));
+      }
+    }
+  }
+  BenchModel model = describe_model(engine->config(), engine->backend(), 2.0);
+  std::cout << render_bench(model, rows, format) << std::flush;
+  return 0;
+}
+
+} // namespace xserv::cli

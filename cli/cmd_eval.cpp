@@ -1,0 +1,209 @@
+// `xserv eval`: GSM8K or AIME accuracy of a model, generated in batches, scored per sample.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/eval_data.h"
+#include "cli/model_source.h"
+#include "models/harmony.h"
+
+namespace xserv::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// What one request produced, scored as soon as its last token arrives.
+struct SampleRecord {
+  std::vector<models::TokenId> ids;
+  bool done = false;
+  double seconds = 0;
+};
+
+/// The options and state of one run.
+struct EvalRun {
+  EvalTask task;
+  std::vector<EvalProblem> problems;
+  std::vector<std::string> user_prompts;
+  size_t samples_per_problem = 1;
+  int64_t max_tokens = 0;
+  models::ReasoningEffort effort = models::ReasoningEffort::Medium;
+  runtime::SamplerOptions sampling;
+  std::vector<GenRequest> requests; // problem p, sample k at p * K + k
+};
+
+/// Checks the options and reads the problems: every usage mistake surfaces before the model loads.
+EvalRun read_run(const ParsedArgs& args) {
+  EvalRun run;
+  if (!args.has("--task"))
+    throw UsageError("missing --task gsm8k|aime25");
+  run.task = parse_eval_task(args.get("--task"));
+  if (!args.has("--data"))
+    throw UsageError("missing --data FILE (a JSONL file of problems)");
+  const std::filesystem::path data = args.get("--data");
+  if (!std::filesystem::is_regular_file(data))
+    throw UsageError(fmt::format("data file '{}' does not exist", data.string()));
+  const int64_t limit = args.get_int("--limit", 0, 1, INT32_MAX);
+  run.samples_per_problem = static_cast<size_t>(args.get_int("--samples", 1, 1, 1 << 16));
+  run.max_tokens = args.get_int("--max-tokens", 2048, 1, 1 << 24);
+  try {
+    run.effort = models::parse_reasoning_effort(args.get("--reasoning", "medium"));
+  } catch (const Error& e) {
+    throw UsageError(fmt::format("--reasoning: {}", e.what()));
+  }
+  run.sampling = sampling_options(args);
+  run.problems = read_eval_problems(data, run.task, limit);
+  if (run.problems.empty())
+    throw Error(fmt::format("{}: no problems in the file", data.string()));
+  return run;
+}
+
+/// One request per sample: the problem's harmony prompt, sample k seeded with --seed + k.
+void add_requests(EvalRun& run, const models::Tokenizer& tok) {
+  const runtime::SamplerOptions& sampling = run.sampling;
+  for (size_t p = 0; p < run.problems.size(); ++p) {
+    models::ChatPrompt chat;
+    chat.user = eval_user_prompt(run.task, run.problems[p].question);
+    chat.effort = run.effort;
+    run.user_prompts.push_back(chat.user);
+    auto ids = models::render_for_completion(tok, models::make_chat(chat));
+    for (size_t k = 0; k < run.samples_per_problem; ++k) {
+      GenRequest req;
+      req.prompt.assign(ids.begin(), ids.end());
+      req.max_tokens = run.max_tokens;
+      req.sampling = sampling;
+      if (sampling.temperature > 0)
+        req.sampling.seed = sampling.seed + k;
+      req.stop_ids = {200002, 200012}; // <|return|>, <|call|>
+      run.requests.push_back(std::move(req));
+    }
+  }
+}
+
+/// Fits the engine's limits to the run: every prompt plus --max-tokens, --batch sequences.
+void size_source(ModelSource& src, const ParsedArgs& args, const EvalRun& run) {
+  size_t longest = 0;
+  for (const GenRequest& r : run.requests)
+    longest = std::max(longest, r.prompt.size());
+  if (src.plan_dir.empty() && !args.has("--max-seq"))
+    src.max_seq = static_cast<int64_t>(longest) + run.max_tokens;
+  const int64_t plan_batch = src.plan_dir.empty() ? 4096 : src.max_batch;
+  int64_t batch = args.get_int("--batch", src.plan_dir.empty() ? 8 : src.max_batch, 1, 1 << 16);
+  if (batch > plan_batch)
+    throw UsageError(
+        fmt::format("--batch {} exceeds the plan's maximum batch of {}", batch, plan_batch));
+  src.max_batch = std::min<int64_t>(batch, static_cast<int64_t>(run.requests.size()));
+}
+
+} // namespace
+
+int cmd_eval(const ParsedArgs& args) {
+  EvalRun run = read_run(args);
+  ModelSource src = resolve_source(args.positional()[0], args);
+  const models::Tokenizer tok = load_tokenizer(src, args);
+  add_requests(run, tok);
+  size_source(src, args, run);
+  std::ofstream out;
+  if (args.has("--out")) {
+    out.open(args.get("--out"));
+    if (!out)
+      throw UsageError(fmt::format("cannot write --out file '{}'", args.get("--out")));
+  }
+  auto engine = make_engine(src, args);
+  const size_t n_req = run.requests.size(), k_samples = run.samples_per_problem;
+  std::fprintf(stderr, "[eval] %s: %zu problems x %zu samples, batch %lld, max %lld tokens, %s\n",
+               std::string(eval_task_name(run.task)).c_str(), run.problems.size(), k_samples,
+               static_cast<long long>(engine->max_batch()), static_cast<long long>(run.max_tokens),
+               engine->backend().c_str());
+  if (k_samples > 1 && run.sampling.temperature == 0)
+    std::fputs("[eval] note: greedy decoding makes the samples of a problem identical; give "
+               "--temperature for distinct ones\n",
+               stderr);
+  std::vector<SampleRecord> records(n_req);
+  std::vector<SampleScore> scores;
+  std::vector<size_t> samples_done(run.problems.size(), 0);
+  size_t problems_done = 0, correct = 0;
+  int64_t tokens = 0;
+  EvalProgressBar bar(run.problems.size(), isatty(STDERR_FILENO) != 0);
+  const auto t0 = Clock::now();
+  auto batch_start = t0;
+  const size_t batch = static_cast<size_t>(engine->max_batch());
+  size_t batch_left = std::min(batch, n_req);
+
+  // Scores request i, writes its line and advances the progress bar.
+  auto complete = [&](size_t i) {
+    SampleRecord& rec = records[i];
+    rec.done = true;
+    rec.seconds = seconds_since(batch_start);
+    const size_t p = i / k_samples;
+    const EvalProblem& prob = run.problems[p];
+    auto msgs = models::parse_completion(tok, rec.ids);
+    const std::string final_text = models::final_text(msgs);
+    const auto answer = extract_eval_answer(run.task, final_text);
+    SampleScore sc{p, answer && *answer == prob.reference, answer.has_value(),
+                   static_cast<int64_t>(rec.ids.size())};
+    scores.push_back(sc);
+    correct += sc.correct;
+    tokens += sc.tokens;
+    if (out.is_open()) {
+      nlohmann::ordered_json j = {
+          {"task", eval_task_name(run.task)},
+          {"id", prob.id},
+          {"sample", i % k_samples},
+          {"prompt", run.user_prompts[p]},
+          {"output", final_text},
+          {"completion", tok.decode(rec.ids)},
+          {"extracted", answer ? nlohmann::ordered_json(*answer) : nlohmann::ordered_json()},
+          {"reference", prob.reference},
+          {"correct", sc.correct},
+          {"tokens", sc.tokens},
+          {"seconds", rec.seconds}};
+      // Random or cut-off output may end inside a UTF-8 character: replace, never throw.
+      out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n'
+          << std::flush;
+    }
+    if (++samples_done[p] == k_samples)
+      bar.update(++problems_done, correct, scores.size(), tokens, seconds_since(t0));
+    // generate() runs the batches one after another: the next one starts when this one ends.
+    if (--batch_left == 0) {
+      batch_start = Clock::now();
+      const size_t next_first = (i / batch + 1) * batch;
+      batch_left = next_first < n_req ? std::min(batch, n_req - next_first) : 0;
+    }
+  };
+
+  generate(*engine, run.requests, [&](size_t i, int32_t id) {
+    SampleRecord& rec = records[i];
+    rec.ids.push_back(static_cast<models::TokenId>(id));
+    const GenRequest& r = run.requests[i];
+    const int64_t n = static_cast<int64_t>(rec.ids.size());
+    // The same end conditions as generate(): a stop id, max_tokens, or the sequence is full.
+    if (!rec.done && (models::is_stop_token(rec.ids.back()) || n >= r.max_tokens ||
+                      static_cast<int64_t>(r.prompt.size()) + n > engine->max_seq()))
+      complete(i);
+    return true;
+  });
+  for (size_t i = 0; i < n_req; ++i)
+    if (!records[i].done)
+      complete(i);
+  bar.finish();
+
+  const double wall = seconds_since(t0);
+  std::cout << format_summary(run.task, summarize(scores), wall) << std::flush;
+  if (out.is_open())
+    std::fprintf(stderr, "[eval] wrote %zu samples to %s\n", n_req, args.get("--out").c_str());
+  return 0;
+}
+
+} // namespace xserv::cli
