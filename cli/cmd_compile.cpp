@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "compiler/memory_plan.h"
 #include "compiler/pass_manager.h"
 #include "models/checkpoint.h"
 #include "models/config.h"
@@ -45,6 +46,8 @@ int cmd_compile(const ParsedArgs& args) {
     throw UsageError("missing -o PLAN_DIR (or use --emit ir to print the IR)");
   const int64_t max_batch = args.get_int("--max-batch", 64, 1, 4096);
   const int64_t max_seq = args.get_int("--max-seq", 8192, 1, int64_t{1} << 24);
+  const int64_t chunk =
+      args.get_int("--prefill-chunk", std::min<int64_t>(2048, max_seq), 1, int64_t{1} << 20);
 
   Progress progress("compile");
   progress.step(fmt::format("reading {}", config_file.string()));
@@ -101,6 +104,13 @@ int cmd_compile(const ParsedArgs& args) {
   ir::verify_or_throw(g, "after the pass pipeline");
   progress.finish(fmt::format("{} nodes", g.size()));
 
+  // Activations for the largest step: a prefill chunk, or one token for each of max_batch
+  // sequences, whichever holds more tokens.
+  progress.step("planning activation memory");
+  const compiler::MemoryPlan mem = compiler::plan_memory(
+      g, {{models::dims::kTokens, std::max(chunk, max_batch)}, {models::dims::kSeqs, max_batch}});
+  progress.finish(compiler::describe(mem));
+
   if (emit == "ir") {
     std::cout << ir::print(g);
     return 0;
@@ -119,9 +129,15 @@ int cmd_compile(const ParsedArgs& args) {
        {{"max_batch", max_batch},
         {"max_seq", max_seq},
         {"pp", pass_opts.pipeline_stages},
+        {"prefill_chunk", chunk},
         {"last_logits_only", bopts.last_logits_only},
         {"arch", args.get("--arch", "sm_90")}}},
       {"weights", weight_files},
+      {"memory",
+       {{"arena_bytes", mem.arena_bytes},
+        {"peak_live_bytes", mem.peak_live},
+        {"unpacked_bytes", mem.unpacked},
+        {"buffers", mem.buffers.size()}}},
       {"graph", "graph.ir"},
       {"passes", nlohmann::json::array()},
   };

@@ -45,6 +45,7 @@ void spit(const fs::path& p, const std::string& s) {
 ModelConfig small_config() {
   ModelConfig c = ModelConfig::load(testing::source_dir() / "examples/tiny/config.json");
   c.vocab_size = 64;
+  c.pad_token_id = -1; // the tiny example's pad id lies outside this vocabulary
   return c;
 }
 

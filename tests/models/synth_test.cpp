@@ -123,6 +123,7 @@ TEST_CASE("synth: tiny seed 1 is byte-identical across thread counts, valid and 
 TEST_CASE("synth: a small shard_size gives several shards with a consistent index") {
   ModelConfig c = tiny();
   c.vocab_size = 1000; // keeps embed/lm_head small so that layers spread over shards
+  c.pad_token_id = -1;
   TempDir one, many;
   SynthOptions o;
   o.seed = 5;
@@ -166,6 +167,7 @@ TEST_CASE("synth: a small shard_size gives several shards with a consistent inde
 TEST_CASE("synth: seeds differ, bad options are refused") {
   ModelConfig c = tiny();
   c.vocab_size = 64;
+  c.pad_token_id = -1; // the tiny example's pad id lies outside this vocabulary
   TempDir a, b;
   SynthOptions o;
   o.seed = 1;
