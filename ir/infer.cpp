@@ -1,78 +1,11 @@
 // Type inference: the result types of every op from its operands' types and attributes.
-#include <fmt/format.h>
-
-#include "ir/graph.h"
+#include "ir/infer_checker.h"
 
 namespace xserv::ir {
 namespace {
 
-/// Accumulates the first problem found while checking one node.
-class Checker {
-public:
-  Checker(const Graph& g, const Node& n) : g_(g), n_(n) {}
-
-  const Type& in(size_t i) const { return g_.node(n_.inputs[i]).type(); }
-  std::string name(size_t i) const { return fmt::format("operand {}", i); }
-
-  bool fail(std::string msg) {
-    if (err_.empty())
-      err_ = std::move(msg);
-    return false;
-  }
-  bool rank(size_t i, size_t r, const char* what) {
-    if (in(i).shape.size() != r)
-      return fail(fmt::format("{} ({}) must have rank {}, has {}", what, type_str(in(i)), r,
-                              in(i).shape.size()));
-    return true;
-  }
-  bool min_rank(size_t i, size_t r, const char* what) {
-    if (in(i).shape.size() < r)
-      return fail(fmt::format("{} ({}) must have rank >= {}", what, type_str(in(i)), r));
-    return true;
-  }
-  bool floaty(size_t i, const char* what) {
-    if (!is_float(in(i).dtype))
-      return fail(fmt::format("{} must be a float tensor, is {}", what, type_str(in(i))));
-    return true;
-  }
-  bool integer(size_t i, const char* what) {
-    if (in(i).dtype != DType::I32 && in(i).dtype != DType::I64)
-      return fail(fmt::format("{} must be i32 or i64, is {}", what, type_str(in(i))));
-    return true;
-  }
-  bool same_dim(const Dim& a, const Dim& b, const std::string& what) {
-    if (!(a == b))
-      return fail(fmt::format("{}: {} != {}", what, shape_str({a}), shape_str({b})));
-    return true;
-  }
-  bool has_float_attr(const char* a, bool positive) {
-    const Attr* v = n_.find_attr(a);
-    if (!v || !(std::holds_alternative<double>(*v) || std::holds_alternative<int64_t>(*v)))
-      return fail(fmt::format("missing numeric attribute '{}'", a));
-    if (positive && n_.attr_float(a) <= 0)
-      return fail(fmt::format("attribute '{}' must be positive", a));
-    return true;
-  }
-  bool has_int_attr(const char* a, int64_t lo, int64_t hi) {
-    const Attr* v = n_.find_attr(a);
-    if (!v || !std::holds_alternative<int64_t>(*v))
-      return fail(fmt::format("missing integer attribute '{}'", a));
-    int64_t x = std::get<int64_t>(*v);
-    if (x < lo || x > hi)
-      return fail(fmt::format("attribute '{}' = {} outside [{}, {}]", a, x, lo, hi));
-    return true;
-  }
-  const std::string& error() const { return err_; }
-
-private:
-  const Graph& g_;
-  const Node& n_;
-  std::string err_;
-};
-
-Type f32(Shape s) {
-  return Type{DType::F32, std::move(s)};
-}
+using detail::Checker;
+using detail::f32;
 
 bool infer_source(Checker& c, const Node& n, std::vector<Type>& out) {
   const Attr* name = n.find_attr("name");
@@ -125,6 +58,10 @@ bool infer_attention(Checker& c, const Node& n, std::vector<Type>& out) {
   return true;
 }
 
+} // namespace
+
+namespace detail {
+
 bool infer_moe(Checker& c, std::vector<Type>& out) {
   if (!(c.rank(0, 2, "x") && c.rank(1, 2, "routing weights") && c.rank(2, 2, "expert ids") &&
         c.rank(3, 3, "gate_up") && c.rank(4, 2, "gate_up bias") && c.rank(5, 3, "down") &&
@@ -149,7 +86,7 @@ bool infer_moe(Checker& c, std::vector<Type>& out) {
   return true;
 }
 
-} // namespace
+} // namespace detail
 
 std::string infer_types(const Graph& g, const Node& n, std::vector<Type>& out) {
   Checker c(g, n);
@@ -214,9 +151,7 @@ std::string infer_types(const Graph& g, const Node& n, std::vector<Type>& out) {
     if (c.rank(0, 3, "x") && c.floaty(0, "x") && c.rank(1, 1, "positions") &&
         c.integer(1, "positions") &&
         c.same_dim(c.in(0).shape[0], c.in(1).shape[0], "positions per token") &&
-        c.has_float_attr("theta", true) && c.has_float_attr("factor", true) &&
-        c.has_float_attr("original_max", true) && c.has_float_attr("beta_fast", true) &&
-        c.has_float_attr("beta_slow", true) && c.has_int_attr("truncate", 0, 1)) {
+        c.has_rope_attrs()) {
       const Dim& d = c.in(0).shape[2];
       if (!d.is_static() || d.size % 2 != 0)
         c.fail("rope head_dim must be static and even");
@@ -259,7 +194,7 @@ std::string infer_types(const Graph& g, const Node& n, std::vector<Type>& out) {
     break;
   }
   case Op::MoeExperts:
-    infer_moe(c, out);
+    detail::infer_moe(c, out);
     break;
   case Op::SelectRows:
     if (c.min_rank(0, 1, "x") && c.rank(1, 1, "rows") && c.integer(1, "rows")) {
@@ -274,6 +209,13 @@ std::string infer_types(const Graph& g, const Node& n, std::vector<Type>& out) {
       s.pop_back();
       out = {Type{DType::I32, s}};
     }
+    break;
+  case Op::RmsNormLinear:
+  case Op::QkvRope:
+  case Op::LinearResidual:
+  case Op::Router:
+  case Op::MoeExpertsResidual:
+    detail::infer_fused(c, n, out);
     break;
   }
   if (!c.error().empty())

@@ -132,6 +132,25 @@ Results eval_node(const Graph& g, size_t i, const std::vector<Results>& val, Int
     return {make(ref::select_rows(in(0), in(1)))};
   case Op::Argmax:
     return {make(ref::argmax(in(0)))};
+  case Op::RmsNormLinear:
+    return {make(ref::rms_norm_linear(in(0), in(1), n.attr_float("eps"), in(2),
+                                      n.inputs.size() == 4 ? &in(3) : nullptr))};
+  case Op::QkvRope: {
+    ref::Qkv r = ref::qkv_rope(in(0), in(1), n.attr_float("eps"), in(2), in(3), in(4), in(5), in(6),
+                               in(7), in(8), n.attr_int("head_dim"), yarn_of(n));
+    return {make(std::move(r.q)), make(std::move(r.k)), make(std::move(r.v))};
+  }
+  case Op::LinearResidual: // the residual is the last operand, the bias optional before it
+    return {make(ref::linear_residual(in(0), in(1), n.inputs.size() == 4 ? &in(2) : nullptr,
+                                      in(n.inputs.size() - 1)))};
+  case Op::Router: {
+    Tensor w, ids;
+    ref::router(in(0), in(1), n.inputs.size() == 3 ? &in(2) : nullptr, n.attr_int("k"), w, ids);
+    return {make(std::move(w)), make(std::move(ids))};
+  }
+  case Op::MoeExpertsResidual:
+    return {make(ref::moe_experts_residual(in(0), in(1), in(2), in(3), in(4), in(5), in(6), in(7),
+                                           n.attr_float("limit"), n.attr_float("alpha")))};
   }
   XSERV_CHECK(false, "interpret: unhandled op " + print_node(g, static_cast<ValueId>(i)));
 }

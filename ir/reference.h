@@ -52,4 +52,29 @@ Tensor moe_experts(const Tensor& x, const Tensor& weights, const Tensor& ids, co
 Tensor select_rows(const Tensor& x, const Tensor& rows);
 Tensor argmax(const Tensor& x);
 
+// Fused ops (ir/reference_fused.cpp): each is the composition of the plain functions above, in
+// the order the unfused graph runs them, so fused and unfused graphs agree bit for bit.
+
+/// rms_norm_linear: linear(rms_norm(x, ln, eps), w, b).
+Tensor rms_norm_linear(const Tensor& x, const Tensor& ln, double eps, const Tensor& w,
+                       const Tensor* b);
+/// The three results of qkv_rope.
+struct Qkv {
+  Tensor q, k, v; ///< q [T,H,D] and k [T,G,D] rotated; v [T,G,D]
+};
+/// qkv_rope: xn = rms_norm(x, ln, eps); q = rope(linear(xn, wq, bq) as [T,H,D]),
+/// k = rope(linear(xn, wk, bk) as [T,G,D]), v = linear(xn, wv, bv) as [T,G,D].
+Qkv qkv_rope(const Tensor& x, const Tensor& ln, double eps, const Tensor& wq, const Tensor& bq,
+             const Tensor& wk, const Tensor& bk, const Tensor& wv, const Tensor& bv,
+             const Tensor& positions, int64_t head_dim, const Yarn& y);
+/// linear_residual: h + linear(x, w, b).
+Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& h);
+/// router: router_topk(linear(x, w, b), k).
+void router(const Tensor& x, const Tensor& w, const Tensor* b, int64_t k, Tensor& weights,
+            Tensor& ids);
+/// moe_experts_residual: h + moe_experts(...).
+Tensor moe_experts_residual(const Tensor& x, const Tensor& weights, const Tensor& ids,
+                            const Tensor& gate_up, const Tensor& gate_up_bias, const Tensor& down,
+                            const Tensor& down_bias, const Tensor& h, double limit, double alpha);
+
 } // namespace xserv::ir::ref

@@ -44,8 +44,9 @@ TEST_CASE("a pipeline runs in order and reports timings") {
 
 TEST_CASE("unknown passes are named with the known ones") {
   compiler::PassManager pm;
-  CHECK_THROWS_WITH_AS(pm.add_pipeline("cse,fuse_everything"),
-                       "unknown pass 'fuse_everything' (known passes: cse, dce)", Error);
+  CHECK_THROWS_WITH_AS(
+      pm.add_pipeline("cse,fuse_everything"),
+      doctest::Contains("unknown pass 'fuse_everything' (known passes: cse, dce, "), Error);
 }
 
 TEST_CASE("stop-after runs only the first N passes, dump-after prints the IR") {
