@@ -11,30 +11,15 @@
 #include <sys/wait.h>
 #include <vector>
 
+#include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 
+using xserv::testing::run_xserv;
+using xserv::testing::RunResult;
+
 namespace {
-
-struct Result {
-  int code = -1;
-  std::string out;
-};
-
-Result run_xserv(const std::string& args) {
-  const std::string cmd = std::string(XSERV_BINARY) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
-    r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 /// A fresh tiny checkpoint in its own temp dir, removed at scope exit.
 struct TinyCheckpoint {
@@ -42,9 +27,9 @@ struct TinyCheckpoint {
   explicit TinyCheckpoint(const std::string& tag, const std::string& extra = "") {
     dir = fs::temp_directory_path() / ("xserv_bad_input_" + tag);
     fs::remove_all(dir);
-    Result r = run_xserv("synth --config " +
-                         (xserv::testing::source_dir() / "examples/tiny/config.json").string() +
-                         " -o " + dir.string() + " --seed 3 " + extra);
+    RunResult r = run_xserv("synth --config " +
+                            (xserv::testing::source_dir() / "examples/tiny/config.json").string() +
+                            " -o " + dir.string() + " --seed 3 " + extra);
     REQUIRE(r.code == 0);
   }
   ~TinyCheckpoint() { fs::remove_all(dir); }
@@ -56,7 +41,7 @@ struct TinyCheckpoint {
 TEST_CASE("a truncated shard is refused by run and compile, naming the file") {
   TinyCheckpoint ck("truncated");
   fs::resize_file(ck.shard(), fs::file_size(ck.shard()) - 100);
-  Result r = run_xserv("run " + ck.dir.string() + " --prompt-ids 1,2 --max-tokens 2");
+  RunResult r = run_xserv("run " + ck.dir.string() + " --prompt-ids 1,2 --max-tokens 2");
   CHECK(r.code == 1);
   CHECK(r.out.find(ck.shard().string()) != std::string::npos);
   CHECK(r.out.find("invalid safetensors file") != std::string::npos);
@@ -74,7 +59,7 @@ TEST_CASE("an index naming a missing shard is refused") {
   std::sort(shards.begin(), shards.end());
   REQUIRE(shards.size() >= 2);
   fs::remove(ck.dir / shards[1]);
-  Result r = run_xserv("compile " + ck.dir.string() + " --emit ir");
+  RunResult r = run_xserv("compile " + ck.dir.string() + " --emit ir");
   CHECK(r.code == 1);
   CHECK(r.out.find(shards[1]) != std::string::npos);
 }
@@ -89,7 +74,7 @@ TEST_CASE("a checkpoint whose tensors disagree with its config lists the problem
   REQUIRE(text.find(from) != std::string::npos);
   text.replace(text.find(from), from.size(), to);
   std::ofstream(ck.dir / "config.json") << text;
-  Result r = run_xserv("compile " + ck.dir.string() + " --emit ir");
+  RunResult r = run_xserv("compile " + ck.dir.string() + " --emit ir");
   CHECK(r.code == 1);
   CHECK(r.out.find("gate_up_proj_blocks") != std::string::npos);
   CHECK(r.out.find("expected") != std::string::npos);
@@ -97,7 +82,7 @@ TEST_CASE("a checkpoint whose tensors disagree with its config lists the problem
 
 TEST_CASE("a prompt longer than the maximum sequence is a clear error") {
   TinyCheckpoint ck("long_prompt");
-  Result r = run_xserv("run " + ck.dir.string() + " --prompt-ids 1,2,3,4,5 --max-seq 4");
+  RunResult r = run_xserv("run " + ck.dir.string() + " --prompt-ids 1,2,3,4,5 --max-seq 4");
   CHECK(r.code == 1);
   CHECK(r.out.find("the prompt has 5 tokens, more than the maximum sequence length of 4") !=
         std::string::npos);
@@ -107,7 +92,7 @@ TEST_CASE("a prompt longer than the maximum sequence is a clear error") {
 }
 
 TEST_CASE("synth and run usage errors exit 2") {
-  Result r = run_xserv("synth --config /no/such.json -o /tmp/x");
+  RunResult r = run_xserv("synth --config /no/such.json -o /tmp/x");
   CHECK(r.code == 2);
   CHECK(r.out.find("config '/no/such.json' does not exist") != std::string::npos);
   r = run_xserv("synth --config " +

@@ -13,34 +13,20 @@
 #include "cli/bench_report.h"
 #include "ir/error.h"
 #include "models/config.h"
+#include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
 using namespace xserv;
 namespace fs = std::filesystem;
 
+using xserv::testing::run_xserv;
+using xserv::testing::RunResult;
+
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-/// Runs xserv with stdout and stderr kept apart (tables go to stdout, progress to stderr).
-Result run_xserv(const std::string& args) {
-  const fs::path err_file = fs::temp_directory_path() / "xserv_bench_test.err";
-  const std::string cmd = std::string(XSERV_BINARY) + " " + args + " 2>" + err_file.string();
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
-    r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_file);
-  r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  return r;
+/// Tables go to stdout, progress to stderr: keep them apart.
+RunResult run_split(const std::string& args) {
+  return run_xserv(args, "", true);
 }
 
 cli::BenchRow row(std::string test, std::vector<double> ts, int64_t batch = 1) {
@@ -99,24 +85,24 @@ TEST_CASE("markdown, json and csv renderings carry the same numbers") {
 
 TEST_CASE("bench argument errors exit 2 with a clear line") {
   const std::string tiny = (testing::source_dir() / "examples/tiny").string();
-  Result r = run_xserv("bench " + tiny + " -o xml");
+  RunResult r = run_split("bench " + tiny + " -o xml");
   CHECK(r.code == 2);
   CHECK(r.err.find("-o must be md, json or csv") != std::string::npos);
-  r = run_xserv("bench " + tiny + " -p 12x");
+  r = run_split("bench " + tiny + " -p 12x");
   CHECK(r.code == 2);
   CHECK(r.err.find("-p: '12x' is not an integer") != std::string::npos);
-  r = run_xserv("bench " + tiny + " -b 0");
+  r = run_split("bench " + tiny + " -b 0");
   CHECK(r.code == 2);
 }
 
 TEST_CASE("bench runs on the CPU backend and prints one row per test") {
   const fs::path dir = fs::temp_directory_path() / "xserv_bench_tiny";
   fs::remove_all(dir);
-  REQUIRE(run_xserv("synth --config " +
+  REQUIRE(run_split("synth --config " +
                     (testing::source_dir() / "examples/tiny/config.json").string() + " -o " +
                     dir.string() + " --seed 2")
               .code == 0);
-  Result r = run_xserv("bench " + dir.string() + " -p 4 -n 2 -b 1,2 -d 0,3 -r 2 -o json");
+  RunResult r = run_split("bench " + dir.string() + " -p 4 -n 2 -b 1,2 -d 0,3 -r 2 -o json");
   REQUIRE(r.code == 0);
   auto doc = nlohmann::json::parse(r.out);
   std::vector<std::string> tests;
@@ -131,9 +117,9 @@ TEST_CASE("bench runs on the CPU backend and prints one row per test") {
   // A plan caps the cache: asking for more is refused before anything runs.
   const fs::path plan = dir / "plan";
   REQUIRE(
-      run_xserv("compile " + dir.string() + " -o " + plan.string() + " --max-seq 8 --max-batch 1")
+      run_split("compile " + dir.string() + " -o " + plan.string() + " --max-seq 8 --max-batch 1")
           .code == 0);
-  r = run_xserv("bench " + plan.string() + " -p 16 -n 1 -r 1");
+  r = run_split("bench " + plan.string() + " -p 16 -n 1 -r 1");
   CHECK(r.code == 2);
   CHECK(r.err.find("the plan allows 8 and 1") != std::string::npos);
   fs::remove_all(dir);

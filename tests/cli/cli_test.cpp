@@ -8,28 +8,13 @@
 #include <string>
 #include <sys/wait.h>
 
+#include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
+using xserv::testing::run_xserv;
+using xserv::testing::RunResult;
+
 namespace {
-
-struct Result {
-  int code = -1;
-  std::string out; ///< stdout and stderr together
-};
-
-Result run_xserv(const std::string& args) {
-  const std::string cmd = std::string(XSERV_BINARY) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
-    r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 std::string tiny() {
   return (xserv::testing::source_dir() / "examples/tiny").string();
@@ -38,16 +23,16 @@ std::string tiny() {
 } // namespace
 
 TEST_CASE("--help lists the commands and exits 0") {
-  Result r = run_xserv("--help");
+  RunResult r = run_xserv("--help");
   CHECK(r.code == 0);
   CHECK(r.out.find("compile") != std::string::npos);
-  Result c = run_xserv("compile --help");
+  RunResult c = run_xserv("compile --help");
   CHECK(c.code == 0);
   CHECK(c.out.find("--emit") != std::string::npos);
 }
 
 TEST_CASE("usage mistakes: one clear message, exit code 2") {
-  Result r = run_xserv("frobnicate");
+  RunResult r = run_xserv("frobnicate");
   CHECK(r.code == 2);
   CHECK(r.out.find("unknown command 'frobnicate'") != std::string::npos);
   r = run_xserv("compile " + tiny() + " --emit ir --bogus");
@@ -71,14 +56,14 @@ TEST_CASE("a config of another model fails with exit 1 and names the field") {
   auto dir = std::filesystem::temp_directory_path() / "xserv_cli_llama";
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "config.json") << R"({"model_type": "llama"})";
-  Result r = run_xserv("compile " + dir.string() + " --emit ir");
+  RunResult r = run_xserv("compile " + dir.string() + " --emit ir");
   CHECK(r.code == 1);
   CHECK(r.out.find("model_type is \"llama\", not \"gpt_oss\"") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("compile --emit ir prints a verified graph, -o writes a plan directory") {
-  Result r = run_xserv("compile " + tiny() + " --emit ir");
+  RunResult r = run_xserv("compile " + tiny() + " --emit ir");
   CHECK(r.code == 0);
   CHECK(r.out.find("= attention(") != std::string::npos);
   CHECK(r.out.find("return %") != std::string::npos);

@@ -14,39 +14,16 @@
 
 #include "cli/args.h"
 #include "cli/eval_data.h"
+#include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace xserv::cli;
 
+using xserv::testing::run_xserv;
+using xserv::testing::RunResult;
+
 namespace {
-
-struct Result {
-  int code = -1;
-  std::string out; ///< stdout and stderr together
-};
-
-/// Runs `xserv ARGS` through the shell; `stdin_text` is piped in when given.
-Result run_xserv(const std::string& args, const std::string& stdin_text = "") {
-  std::string cmd = std::string(XSERV_BINARY) + " " + args + " 2>&1";
-  if (!stdin_text.empty()) {
-    std::string quoted = "'";
-    quoted += stdin_text; // the tests' inputs hold no single quote
-    cmd = "printf '%s' " + quoted + "' | " + cmd;
-  } else {
-    cmd += " < /dev/null";
-  }
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
-    r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 /// A scratch directory removed when the test binary exits.
 struct ScratchDir {
@@ -73,7 +50,7 @@ const fs::path& tiny_model() {
     fs::path dir = scratch() / "tiny";
     const std::string config =
         (xserv::testing::source_dir() / "examples/tiny/config.json").string();
-    Result r = run_xserv("synth --config " + config + " -o " + dir.string() + " --seed 1");
+    RunResult r = run_xserv("synth --config " + config + " -o " + dir.string() + " --seed 1");
     INFO(r.out);
     REQUIRE(r.code == 0);
     return dir;
@@ -180,7 +157,7 @@ TEST_CASE("xserv eval: usage mistakes exit 2, a malformed data line exits 1 nami
   XSERV_REQUIRE_DATA(data);
   const std::string model = tiny_model().string();
   const std::string gsm = (data / "gsm8k_test.jsonl").string();
-  Result r = run_xserv("eval " + model + " --data " + gsm);
+  RunResult r = run_xserv("eval " + model + " --data " + gsm);
   CHECK(r.code == 2);
   CHECK(contains(r.out, "missing --task gsm8k|aime25"));
   r = run_xserv("eval " + model + " --task mmlu --data " + gsm);
@@ -205,8 +182,9 @@ TEST_CASE("xserv eval runs GSM8K and AIME on the tiny model and writes one line 
                              (data / "o200k_base.tiktoken").string() + " --out ";
   const std::string model = tiny_model().string();
   const fs::path out = scratch() / "r.jsonl";
-  Result r = run_xserv("eval " + model + " --task gsm8k --data " +
-                       (data / "gsm8k_test.jsonl").string() + " --limit 2" + common + out.string());
+  RunResult r =
+      run_xserv("eval " + model + " --task gsm8k --data " + (data / "gsm8k_test.jsonl").string() +
+                " --limit 2" + common + out.string());
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(contains(r.out, "[eval] gsm8k summary"));
@@ -245,9 +223,9 @@ TEST_CASE("xserv eval runs GSM8K and AIME on the tiny model and writes one line 
 
 TEST_CASE("xserv chat keeps a conversation and answers commands from stdin") {
   XSERV_REQUIRE_DATA(data);
-  Result r = run_xserv("chat " + tiny_model().string() + " --max-tokens 4 --tokenizer " +
-                           (data / "o200k_base.tiktoken").string(),
-                       "hello\n/stats\n/set reasoning=low\nhi\n/reset\n/set bogus=1\n/quit\n");
+  RunResult r = run_xserv("chat " + tiny_model().string() + " --max-tokens 4 --tokenizer " +
+                              (data / "o200k_base.tiktoken").string(),
+                          "hello\n/stats\n/set reasoning=low\nhi\n/reset\n/set bogus=1\n/quit\n");
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(contains(r.out, "last turn: "));

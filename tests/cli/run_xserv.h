@@ -1,0 +1,55 @@
+// Running the xserv binary from tests: exit code and output, optionally with piped stdin.
+#pragma once
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+
+namespace xserv::testing {
+
+struct RunResult {
+  int code = -1;
+  std::string out; ///< stdout, with stderr too unless split_stderr
+  std::string err; ///< stderr when split_stderr
+};
+
+/// Runs `xserv ARGS` through the shell. `stdin_text` is piped in (it must hold no single
+/// quote); otherwise stdin is /dev/null. With split_stderr, stderr is kept apart in `err`.
+inline RunResult run_xserv(const std::string& args, const std::string& stdin_text = "",
+                           bool split_stderr = false) {
+  const std::filesystem::path err_file = std::filesystem::temp_directory_path() /
+                                         ("xserv_test_stderr_" + std::to_string(getpid()) + ".txt");
+  std::string cmd = std::string(XSERV_BINARY) + " " + args;
+  cmd += split_stderr ? " 2>" + err_file.string() : std::string(" 2>&1");
+  if (!stdin_text.empty()) {
+    std::string quoted = "'";
+    quoted += stdin_text;
+    cmd = "printf '%s' " + quoted + "' | " + cmd;
+  } else {
+    cmd += " < /dev/null";
+  }
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
+    r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (split_stderr) {
+    std::ifstream in(err_file);
+    r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    std::filesystem::remove(err_file);
+  }
+  return r;
+}
+
+} // namespace xserv::testing
