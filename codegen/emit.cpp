@@ -1,0 +1,207 @@
+// Instantiates the kernel templates of codegen/kernels/*.cuh for one op's static dimensions.
+#include "codegen/emit.h"
+
+#include "ir/error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace xserv::codegen {
+
+namespace {
+
+/// A kernel parameter: its declaration and the expression the template call passes for it.
+struct Param {
+  std::string decl;
+  std::string arg;
+};
+
+/// A float literal that reads back as exactly `v` rounded to fp32, e.g. "1e-05f".
+std::string float_literal(double v) {
+  const float f = static_cast<float>(v);
+  if (!std::isfinite(f))
+    throw Error(fmt::format("codegen: attribute value {} is not a finite float", v));
+  std::string s = fmt::format("{}", f); // shortest text that reads back as f
+  if (s.find_first_of(".e") == std::string::npos)
+    s += ".0";
+  return s + "f";
+}
+
+/// Name suffix for an attribute that differs from gpt-oss's value (names must stay unique).
+std::string attr_suffix(const char* tag, double v, double usual) {
+  if (static_cast<float>(v) == static_cast<float>(usual))
+    return "";
+  return fmt::format("_{}{}", tag, float_literal(v));
+}
+
+/// The full kernel source: IR header, include, extern "C" wrapper calling `call`.
+KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines,
+                      const std::string& header, const std::string& call,
+                      const std::vector<Param>& params, LaunchRule launch) {
+  std::string src = fmt::format("// kernel: {}\n", name);
+  for (const std::string& line : ir_lines)
+    src += fmt::format("// {}\n", line);
+  src += fmt::format("// launch: block {}, grid ({}, {}, {}), dynamic smem {} bytes per token\n",
+                     launch.block, launch.blocks_x,
+                     launch.y_per_token ? fmt::format("tokens * {}", launch.y_per_token) : "1",
+                     launch.z_splits ? "splits" : "1", launch.smem_per_token);
+  src += fmt::format("#include \"xserv_kernels/{}\"\n\n", header);
+  src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", launch.block, name);
+  std::vector<std::string> decls, args;
+  for (const Param& p : params) {
+    if (!p.decl.empty()) // a literal or nullptr argument has no kernel parameter
+      decls.push_back(p.decl);
+    args.push_back(p.arg);
+  }
+  src += fmt::format("\n    {}) {{\n  xserv_kernels::{}(\n      {});\n}}\n",
+                     fmt::join(decls, ",\n    "), call, fmt::join(args, ", "));
+  return {std::move(name), std::move(src), std::move(decls), launch};
+}
+
+const char* kBf16 = "const __nv_bfloat16*";
+
+void check_positive(const char* what, std::initializer_list<int> dims) {
+  for (int d : dims)
+    if (d <= 0)
+      throw Error(fmt::format("codegen: {} needs positive dimensions", what));
+}
+
+} // namespace
+
+std::array<unsigned, 3> LaunchRule::grid(int tokens, int splits) const {
+  return {static_cast<unsigned>(blocks_x),
+          static_cast<unsigned>(y_per_token ? tokens * y_per_token : 1),
+          static_cast<unsigned>(z_splits ? splits : 1)};
+}
+
+int attention_splits(int max_keys) {
+  return std::clamp((max_keys + 63) / 64, 1, 32);
+}
+
+KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir_lines) {
+  check_positive("linear", {d.k, d.n, d.max_tokens});
+  if (d.k % 8 != 0)
+    throw Error(fmt::format("codegen: linear needs K divisible by 8, got {}", d.k));
+  if (d.max_tokens > 8)
+    throw Error(
+        fmt::format("codegen: decode linear takes at most 8 tokens, asked {}", d.max_tokens));
+  const int rows = d.n % 2 == 0 ? 2 : 1; // rows per warp: two loads in flight per lane and step
+  std::string name =
+      fmt::format("{}linear{}_k{}_n{}{}{}", d.norm ? "rmsnorm_" : "", d.residual ? "_residual" : "",
+                  d.k, d.n, d.bias ? "" : "_nobias", d.norm ? attr_suffix("eps", d.eps, 1e-5) : "");
+  std::vector<Param> params = {{"const float* x", "x"}};
+  params.push_back(d.norm ? Param{fmt::format("{} ln", kBf16), "ln"} : Param{"", "nullptr"});
+  params.push_back({"", float_literal(d.eps)});
+  params.push_back({fmt::format("{} w", kBf16), "w"});
+  params.push_back(d.bias ? Param{fmt::format("{} b", kBf16), "b"} : Param{"", "nullptr"});
+  params.push_back(d.residual ? Param{"const float* h", "h"} : Param{"", "nullptr"});
+  params.push_back({"float* y", "y"});
+  params.push_back({"int tokens", "tokens"});
+  LaunchRule launch;
+  launch.blocks_x = (d.n + 8 * rows - 1) / (8 * rows);
+  launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
+  launch.max_tokens = d.max_tokens;
+  std::string call = fmt::format("linear_decode<{}, {}, {}, {}, {}, {}, {}>", d.k, d.n,
+                                 d.max_tokens, rows, d.norm, d.bias, d.residual);
+  return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
+}
+
+KernelSource emit_attention_decode(const AttentionDims& d,
+                                   const std::vector<std::string>& ir_lines) {
+  check_positive("attention", {d.heads, d.kv_heads, d.head_dim, d.slots});
+  if (d.heads % d.kv_heads != 0 || d.head_dim % 8 != 0)
+    throw Error(fmt::format("codegen: attention needs heads ({}) divisible by kv_heads ({}) and "
+                            "head_dim ({}) divisible by 8",
+                            d.heads, d.kv_heads, d.head_dim));
+  std::string name =
+      fmt::format("attention_decode_h{}_g{}_d{}_s{}{}", d.heads, d.kv_heads, d.head_dim, d.slots,
+                  d.window ? fmt::format("_w{}", d.window) : "");
+  std::vector<Param> params;
+  for (const char* n : {"q", "k", "v"})
+    params.push_back({fmt::format("const float* {}", n), n});
+  for (const char* n : {"k_cache", "v_cache", "sinks"})
+    params.push_back({fmt::format("{} {}", kBf16, n), n});
+  for (const char* n : {"positions", "token_seq", "ctx_lens", "cache_rows"})
+    params.push_back({fmt::format("const int* {}", n), n});
+  params.push_back({"", float_literal(d.scale)});
+  for (const char* n : {"out", "part_ml", "part_o"})
+    params.push_back({fmt::format("float* {}", n), n});
+  LaunchRule launch;
+  launch.blocks_x = d.kv_heads;
+  launch.y_per_token = 1;
+  launch.z_splits = true;
+  std::string call = fmt::format("attention_decode<{}, {}, {}, {}, {}>", d.heads, d.kv_heads,
+                                 d.head_dim, d.slots, d.window);
+  if (static_cast<float>(d.scale) != static_cast<float>(1.0 / std::sqrt(d.head_dim)))
+    name += attr_suffix("scale", d.scale, 1.0 / std::sqrt(d.head_dim));
+  return assemble(std::move(name), ir_lines, "attention.cuh", call, params, launch);
+}
+
+KernelSource emit_attention_combine(const AttentionDims& d,
+                                    const std::vector<std::string>& ir_lines) {
+  check_positive("attention", {d.heads, d.head_dim});
+  std::string name = fmt::format("attention_combine_h{}_d{}", d.heads, d.head_dim);
+  std::vector<Param> params = {{"const float* part_ml", "part_ml"},
+                               {"const float* part_o", "part_o"},
+                               {fmt::format("{} sinks", kBf16), "sinks"},
+                               {"int splits", "splits"},
+                               {"float* out", "out"}};
+  LaunchRule launch;
+  launch.block = d.head_dim;
+  launch.blocks_x = d.heads;
+  launch.y_per_token = 1;
+  return assemble(std::move(name), ir_lines, "attention.cuh",
+                  fmt::format("attention_combine<{}, {}>", d.heads, d.head_dim), params, launch);
+}
+
+KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& ir_lines) {
+  check_positive("moe_experts", {d.hidden, d.inter, d.experts, d.k});
+  if (d.hidden % 8 != 0 || d.inter % 8 != 0)
+    throw Error(fmt::format("codegen: moe_experts needs hidden ({}) and intermediate ({}) "
+                            "divisible by 8",
+                            d.hidden, d.inter));
+  const int pairs = d.inter % 2 == 0 ? 2 : 1; // (gate, up) pairs per warp: 4 rows in flight
+  std::string name =
+      fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}", d.experts, d.k, d.hidden, d.inter,
+                  attr_suffix("limit", d.limit, 7.0), attr_suffix("alpha", d.alpha, 1.702));
+  std::vector<Param> params = {{"const float* x", "x"},
+                               {"const int* ids", "ids"},
+                               {fmt::format("{} gate_up", kBf16), "gate_up"},
+                               {fmt::format("{} gate_up_b", kBf16), "gate_up_b"},
+                               {"", float_literal(d.limit)},
+                               {"", float_literal(d.alpha)},
+                               {"float* act", "act"}};
+  LaunchRule launch;
+  launch.blocks_x = (d.inter + 8 * pairs - 1) / (8 * pairs);
+  launch.y_per_token = d.k;
+  std::string call =
+      fmt::format("moe_gate_up<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts, d.k, pairs);
+  return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
+}
+
+KernelSource emit_moe_down(const MoeDims& d, const std::vector<std::string>& ir_lines) {
+  check_positive("moe_experts", {d.hidden, d.inter, d.experts, d.k});
+  if (d.inter % 8 != 0)
+    throw Error(
+        fmt::format("codegen: moe_experts needs intermediate ({}) divisible by 8", d.inter));
+  const int rows = d.hidden % 2 == 0 ? 2 : 1;
+  std::string name = fmt::format("moe_down{}_e{}_k{}_d{}_i{}", d.residual ? "_residual" : "",
+                                 d.experts, d.k, d.hidden, d.inter);
+  std::vector<Param> params = {{"const float* act", "act"},
+                               {"const float* weights", "weights"},
+                               {"const int* ids", "ids"},
+                               {fmt::format("{} down", kBf16), "down"},
+                               {fmt::format("{} down_b", kBf16), "down_b"}};
+  params.push_back(d.residual ? Param{"const float* h", "h"} : Param{"", "nullptr"});
+  params.push_back({"float* y", "y"});
+  LaunchRule launch;
+  launch.blocks_x = (d.hidden + 8 * rows - 1) / (8 * rows);
+  launch.y_per_token = 1;
+  std::string call = fmt::format("moe_down<{}, {}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts,
+                                 d.k, rows, d.residual);
+  return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
+}
+
+} // namespace xserv::codegen

@@ -1,0 +1,80 @@
+// Emits the CUDA source of one decode-path kernel: a template of codegen/kernels/*.cuh
+// instantiated with an op's static dimensions, headed by the IR it implements.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace xserv::codegen {
+
+/// How a kernel is launched, as a rule over the step's token count (and key splits).
+struct LaunchRule {
+  int block = 256;           ///< threads per block (blockDim.x)
+  int blocks_x = 1;          ///< grid.x, fixed by the static dimensions
+  int y_per_token = 0;       ///< grid.y = tokens * y_per_token; 1 when 0
+  bool z_splits = false;     ///< grid.z = key splits (attention_decode only)
+  size_t smem_per_token = 0; ///< dynamic shared memory bytes per token of the step
+  int max_tokens = 0;        ///< the most tokens one launch takes; 0 = any
+
+  /// grid (x, y, z) for `tokens` tokens and `splits` key splits.
+  std::array<unsigned, 3> grid(int tokens, int splits = 1) const;
+  /// Dynamic shared memory bytes for `tokens` tokens.
+  size_t smem(int tokens) const { return smem_per_token * static_cast<size_t>(tokens); }
+};
+
+/// A generated kernel: its extern "C" name, the full CUDA source (which includes headers from
+/// kernel_headers()), its parameter list in order, and its launch rule.
+struct KernelSource {
+  std::string name;
+  std::string source;
+  std::vector<std::string> params; ///< "const float* x", ... as declared
+  LaunchRule launch;
+};
+
+/// linear / rms_norm_linear / linear_residual on few tokens (decode): y = (h +) W xn + b with
+/// xn = norm ? rms_norm(x, ln, eps) : x. Kernel parameters: x, [ln], w, [b], [h], y, tokens.
+struct LinearDims {
+  int k = 0, n = 0;
+  bool norm = false, bias = true, residual = false;
+  double eps = 1e-5;
+  int max_tokens = 8; ///< launches take at most this many tokens
+};
+
+/// attention with sinks, decode: split over keys, then attention_combine when splits > 1.
+/// Kernel parameters: q, k, v, k_cache, v_cache, sinks, positions, token_seq, ctx_lens,
+/// cache_rows, out, part_ml, part_o.
+struct AttentionDims {
+  int heads = 0, kv_heads = 0, head_dim = 0;
+  int slots = 0;  ///< cache slots per row: the ring size on sliding layers
+  int window = 0; ///< 0: full causal attention
+  double scale = 0;
+};
+
+/// moe_experts(_residual) on bf16 experts, as moe_gate_up then moe_down.
+/// moe_gate_up parameters: x, ids, gate_up, gate_up_b, act ([T, k, inter] fp32 scratch).
+/// moe_down parameters: act, weights, ids, down, down_b, [h], y.
+struct MoeDims {
+  int hidden = 0, inter = 0, experts = 0, k = 0;
+  bool residual = false;
+  double limit = 7.0, alpha = 1.702;
+};
+
+KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir_lines);
+KernelSource emit_attention_decode(const AttentionDims& d,
+                                   const std::vector<std::string>& ir_lines);
+KernelSource emit_attention_combine(const AttentionDims& d,
+                                    const std::vector<std::string>& ir_lines);
+KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& ir_lines);
+KernelSource emit_moe_down(const MoeDims& d, const std::vector<std::string>& ir_lines);
+
+/// Key splits for attention_decode when a token sees at most `max_keys` keys: about 64 keys per
+/// split, at most 32 splits, and 1 (no combine kernel) for short contexts.
+int attention_splits(int max_keys);
+
+/// The kernel templates as in-memory headers, by include name ("xserv_kernels/linear.cuh").
+const std::map<std::string, std::string>& kernel_headers();
+
+} // namespace xserv::codegen

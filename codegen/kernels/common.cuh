@@ -1,0 +1,111 @@
+// Shared device helpers of the generated kernels: bf16 unpacking, warp reductions, GEMV rows.
+#pragma once
+
+#include <cuda_bf16.h>
+
+namespace xserv_kernels {
+
+constexpr int kWarp = 32;
+
+/// -infinity as a float (NVRTC has no <math.h> INFINITY).
+__device__ __forceinline__ float neg_inf() {
+  return -__int_as_float(0x7f800000);
+}
+
+/// Sum of `v` over the 32 lanes of a warp; every lane gets the result.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+/// The 8 bf16 values packed in a 16-byte word, widened to fp32.
+__device__ __forceinline__ void unpack_bf16x8(const uint4& u, float (&out)[8]) {
+  const unsigned int words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(words[i] << 16);
+    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
+/// A bf16 value as fp32.
+__device__ __forceinline__ float bf16_to_float(const __nv_bfloat16& v) {
+  return __bfloat162float(v);
+}
+
+/// Asks L2 for a warp's R consecutive weight rows (bf16 [R, K]) without waiting: issued before
+/// a kernel's prologue so the weight stream starts while the prologue runs.
+template <int K, int R>
+__device__ __forceinline__ void warp_prefetch_rows_l2(const __nv_bfloat16* w) {
+  // Whole 128-byte lines that hold a byte of the rows: never a line past the rows' last byte.
+  const size_t first = reinterpret_cast<size_t>(w) & ~size_t(127);
+  const size_t last = (reinterpret_cast<size_t>(w) + R * K * 2 - 1) & ~size_t(127);
+  const int lines = int((last - first) / 128) + 1;
+  for (int i = threadIdx.x % kWarp; i < lines; i += kWarp)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(first + size_t(i) * 128));
+}
+
+/// One warp's dot products of R consecutive weight rows (bf16 [R, K], row stride K) with `tokens`
+/// fp32 vectors of length K in shared memory (token stride K): acc[r][t] gets the full sum on
+/// every lane. Weights stream through 16-byte loads, UNROLL per row in flight per lane.
+template <int K, int R, int MAX_T, int UNROLL = 4>
+__device__ __forceinline__ void warp_gemv_rows(const __nv_bfloat16* __restrict__ w,
+                                               const float* __restrict__ xs, int tokens,
+                                               float (&acc)[R][MAX_T]) {
+  static_assert(K % 8 == 0, "rows must be whole 16-byte words");
+  constexpr int kChunks = K / 8; // 16-byte words per row
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < MAX_T; ++t)
+      acc[r][t] = 0.0f;
+  const uint4* w4 = reinterpret_cast<const uint4*>(w);
+  for (int base = 0; base < kChunks; base += kWarp * UNROLL) {
+    uint4 raw[UNROLL][R];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int c = base + u * kWarp + lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        raw[u][r] = c < kChunks ? __ldg(&w4[r * kChunks + c]) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int c = base + u * kWarp + lane;
+      if (c >= kChunks)
+        break;
+#pragma unroll
+      for (int t = 0; t < MAX_T; ++t) {
+        if (t >= tokens)
+          break;
+        const float4 xa = reinterpret_cast<const float4*>(xs + t * K)[2 * c];
+        const float4 xb = reinterpret_cast<const float4*>(xs + t * K)[2 * c + 1];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float wf[8];
+          unpack_bf16x8(raw[u][r], wf);
+          float a = acc[r][t];
+          a = fmaf(wf[0], xa.x, a);
+          a = fmaf(wf[1], xa.y, a);
+          a = fmaf(wf[2], xa.z, a);
+          a = fmaf(wf[3], xa.w, a);
+          a = fmaf(wf[4], xb.x, a);
+          a = fmaf(wf[5], xb.y, a);
+          a = fmaf(wf[6], xb.z, a);
+          a = fmaf(wf[7], xb.w, a);
+          acc[r][t] = a;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < MAX_T; ++t)
+      acc[r][t] = warp_sum(acc[r][t]);
+}
+
+} // namespace xserv_kernels

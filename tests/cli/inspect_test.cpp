@@ -1,0 +1,64 @@
+// Roofline arithmetic against the shared TARGETS.md figures, and `xserv inspect` on real plans.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/roofline.h"
+#include "models/config.h"
+#include "tests/cli/run_xserv.h"
+#include "tests/test_util.h"
+
+using namespace xserv;
+using xserv::testing::run_xserv;
+using xserv::testing::RunResult;
+namespace fs = std::filesystem;
+
+TEST_CASE("20b floors agree with the ceiling arithmetic of TARGETS.md") {
+  XSERV_REQUIRE_DATA(data);
+  auto cfg = models::ModelConfig::load(data / "gpt-oss-20b");
+  const cli::WeightBytes w = cli::weight_bytes(cfg);
+  // TARGETS.md: attention 1.27 GB, lm_head 1.16 GB, 4 experts x 24 layers 4.78 GB in BF16.
+  CHECK(w.attention / 1e9 == doctest::Approx(1.27).epsilon(0.01));
+  CHECK(w.lm_head / 1e9 == doctest::Approx(1.16).epsilon(0.01));
+  CHECK(4 * 24 * w.expert_one_layer_one / 1e9 == doctest::Approx(4.78).epsilon(0.01));
+  // ... read once at 4.3 TB/s: 1.68 ms, 596 tok/s.
+  const cli::DecodeEstimate d = cli::decode_floor(cfg, 1, 0);
+  CHECK(d.seconds * 1e3 == doctest::Approx(1.68).epsilon(0.01));
+  CHECK(d.tokens_per_s == doctest::Approx(596).epsilon(0.01));
+  // Prefill: ~6.1 GFLOP per token.
+  CHECK(cli::prefill_flops_per_token(cfg, 0) / 1e9 == doctest::Approx(6.1).epsilon(0.02));
+  // 48 KiB of KV cache per token.
+  CHECK(cli::kv_bytes_per_token(cfg) == 48 * 1024);
+  // A batch of 64 touches (nearly) every expert, so far more bytes but far more tokens.
+  const cli::DecodeEstimate b = cli::decode_floor(cfg, 64, 0);
+  CHECK(b.bytes > 5 * d.bytes);
+  CHECK(b.tokens_per_s > 10 * d.tokens_per_s);
+}
+
+TEST_CASE("inspect prints the stage table and roofline, and --json the same facts") {
+  const fs::path plan = fs::temp_directory_path() / "xserv_inspect_plan";
+  fs::remove_all(plan);
+  REQUIRE(run_xserv("compile " + (xserv::testing::source_dir() / "examples/gpt-oss-120b").string() +
+                    " -o " + plan.string() + " --max-seq 4096 --max-batch 8")
+              .code == 0);
+  RunResult r = run_xserv("inspect " + plan.string());
+  CHECK(r.code == 0);
+  CHECK(r.out.find("36 layers (18 sliding, window 128), 128 experts top-4") != std::string::npos);
+  CHECK(r.out.find("decode, batch 1, empty context") != std::string::npos);
+  CHECK(r.out.find("moe_experts_residual 36") != std::string::npos);
+  RunResult j = run_xserv("inspect " + plan.string() + " --json", "", true);
+  REQUIRE(j.code == 0);
+  auto doc = nlohmann::json::parse(j.out);
+  CHECK(doc["stages"].size() == 1);
+  CHECK(doc["stages"][0]["layers"][1] == 35);
+  CHECK(doc["options"]["max_seq"] == 4096);
+  // 120b holds ~117B parameters: ~234 GB with BF16 experts.
+  CHECK(doc["weights"]["total"].get<double>() / 1e9 == doctest::Approx(234).epsilon(0.02));
+  CHECK(doc["stages"][0]["activation_arena_bytes"].get<double>() > 0);
+  fs::remove_all(plan);
+  r = run_xserv("inspect /tmp");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("is not a plan directory") != std::string::npos);
+}

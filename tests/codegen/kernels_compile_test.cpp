@@ -1,0 +1,102 @@
+// Every decode kernel the emitter makes for the tiny, 20b and 120b dimensions compiles with NVRTC.
+#include "codegen/emit.h"
+#include "models/config.h"
+#include "runtime/nvrtc.h"
+#include "tests/test_util.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+
+using namespace xserv;
+using namespace xserv::codegen;
+
+namespace {
+
+/// The decode kernels of one model: one per distinct (op, dimensions) of its layers.
+std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
+  const int d = int(c.hidden_size), q = int(c.q_width()), kv = int(c.kv_width());
+  std::vector<KernelSource> out;
+  out.push_back(emit_linear({d, q + 2 * kv, true, true, false, c.rms_norm_eps}, {"qkv"}));
+  out.push_back(emit_linear({q, d, false, true, true}, {"o_proj + residual"}));
+  out.push_back(emit_linear({d, int(c.num_local_experts), true, true, false, c.rms_norm_eps},
+                            {"router logits"}));
+  out.push_back(
+      emit_linear({d, int(c.vocab_size), true, false, false, c.rms_norm_eps}, {"lm_head"}));
+  AttentionDims att{
+      int(c.num_attention_heads), int(c.num_key_value_heads), int(c.head_dim),
+      int(c.sliding_window),      int(c.sliding_window),      1.0 / std::sqrt(double(c.head_dim))};
+  out.push_back(emit_attention_decode(att, {"sliding attention"}));
+  att.slots = 4096;
+  att.window = 0;
+  out.push_back(emit_attention_decode(att, {"full attention"}));
+  out.push_back(emit_attention_combine(att, {"attention combine"}));
+  MoeDims moe{d,
+              int(c.intermediate_size),
+              int(c.num_local_experts),
+              int(c.num_experts_per_tok),
+              true,
+              c.swiglu_limit,
+              c.swiglu_alpha};
+  out.push_back(emit_moe_gate_up(moe, {"moe gate_up"}));
+  out.push_back(emit_moe_down(moe, {"moe down"}));
+  return out;
+}
+
+void compile_all(const std::filesystem::path& config) {
+  const models::ModelConfig c = models::ModelConfig::load(config);
+  runtime::CompileOptions opts;
+  opts.arch = "sm_90";
+  opts.headers = kernel_headers();
+  for (const KernelSource& k : model_kernels(c)) {
+    INFO(k.name << "\n" << k.source);
+    CHECK(k.source.find("extern \"C\" __global__") != std::string::npos);
+    const runtime::CompileResult r = runtime::compile_cuda(k.source, k.name, opts);
+    CHECK(!r.cubin.empty());
+    CHECK(r.log.empty()); // warnings are bugs
+  }
+}
+
+} // namespace
+
+TEST_CASE("decode kernels compile for the tiny model") {
+  compile_all(testing::source_dir() / "examples/tiny/config.json");
+}
+
+TEST_CASE("decode kernels compile for gpt-oss-20b") {
+  XSERV_REQUIRE_DATA(data);
+  const auto config = data / "gpt-oss-20b/config.json";
+  if (!std::filesystem::exists(config)) {
+    MESSAGE("skipped: " << config << " not found");
+    return;
+  }
+  compile_all(config);
+}
+
+TEST_CASE("decode kernels compile for gpt-oss-120b") {
+  compile_all(testing::source_dir() / "examples/gpt-oss-120b/config.json");
+}
+
+TEST_CASE("kernel names and sources are deterministic and headed by their IR") {
+  LinearDims d{2880, 5120, true, true, false, 1e-5};
+  const KernelSource a = emit_linear(d, {"%13 = rms_norm_linear(%11, %1, %2, %3) {eps=1e-05}"});
+  const KernelSource b = emit_linear(d, {"%13 = rms_norm_linear(%11, %1, %2, %3) {eps=1e-05}"});
+  CHECK(a.name == "rmsnorm_linear_k2880_n5120");
+  CHECK(a.source == b.source);
+  CHECK(a.source.rfind("// kernel: rmsnorm_linear_k2880_n5120\n// %13 = rms_norm_linear", 0) == 0);
+  CHECK(a.source.find("linear_decode<2880, 5120, 8, 2, true, true, false>") != std::string::npos);
+  CHECK(a.launch.grid(1)[0] == 320);
+  CHECK(a.launch.smem(4) == 4 * 2880 * 4);
+  d.norm = false;
+  d.residual = true;
+  CHECK(emit_linear(d, {}).name == "linear_residual_k2880_n5120");
+  d.bias = false;
+  CHECK(emit_linear(d, {}).name == "linear_residual_k2880_n5120_nobias");
+  CHECK(emit_attention_decode({64, 8, 64, 128, 128, 0.125}, {}).name ==
+        "attention_decode_h64_g8_d64_s128_w128");
+  CHECK(emit_moe_down({2880, 2880, 32, 4, true}, {}).name ==
+        "moe_down_residual_e32_k4_d2880_i2880");
+  CHECK(attention_splits(1) == 1);
+  CHECK(attention_splits(1000) == 16);
+}
