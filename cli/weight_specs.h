@@ -1,0 +1,19 @@
+// Turning an opened gpt-oss checkpoint into the runtime's weight upload list (runtime/plan.h).
+#pragma once
+
+#include <vector>
+
+#include "models/checkpoint.h"
+#include "runtime/plan.h"
+
+namespace xserv::cli {
+
+/// One WeightSpec per logical tensor of `checkpoint`, in file order (index order of the shards,
+/// then offset), so that an upload reads each file front to back. Every tensor other than an
+/// MXFP4 pair is Copy with its stored dtype and shape; each `<base>_blocks` U8 [E, rows, G, 16]
+/// with its `<base>_scales` U8 [E, rows, G] becomes one Mxfp4ToBf16 spec named `<base>` of
+/// logical shape [E, rows, G * 32]. The checkpoint may be opened headers-only. Throws
+/// xserv::Error when a blocks tensor has no scales (or the reverse) or the two disagree.
+std::vector<runtime::WeightSpec> weight_specs(const models::Checkpoint& checkpoint);
+
+} // namespace xserv::cli
