@@ -8,7 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cpu_engine.h"
+#include "cli/cuda_engine.h"
 #include "ir/graph.h"
+#include "runtime/device.h"
 
 namespace xserv::cli {
 namespace fs = std::filesystem;
@@ -46,18 +48,25 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
 }
 
 std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& args) {
-  const std::string backend = args.get("--backend", "cpu");
-  if (backend == "cuda")
-    throw UsageError("the CUDA backend is not part of this build yet; use --backend cpu");
-  if (backend != "cpu")
-    throw UsageError(fmt::format("--backend must be cpu or cuda, got '{}'", backend));
+  std::string backend = args.get("--backend", "auto");
+  if (backend != "cpu" && backend != "cuda" && backend != "auto")
+    throw UsageError(fmt::format("--backend must be auto, cpu or cuda, got '{}'", backend));
+  if (backend != "cpu") {
+    const runtime::DeviceInfo dev = runtime::probe_device();
+    if (!dev.available && backend == "cuda")
+      throw Error("no GPU: " + dev.reason + " (use --backend cpu)");
+    backend = dev.available ? "cuda" : "cpu";
+  }
+  std::optional<ir::Graph> plan_graph;
   if (!src.plan_dir.empty()) {
     std::ifstream in(src.plan_dir / "graph.ir");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    ir::Graph g = ir::parse(text);
-    return std::make_unique<CpuEngine>(src.model_dir, src.max_batch, src.max_seq, &g);
+    plan_graph = ir::parse(text);
   }
-  return std::make_unique<CpuEngine>(src.model_dir, src.max_batch, src.max_seq);
+  const ir::Graph* g = plan_graph ? &*plan_graph : nullptr;
+  if (backend == "cuda")
+    return std::make_unique<CudaEngine>(src.model_dir, src.max_batch, src.max_seq, g);
+  return std::make_unique<CpuEngine>(src.model_dir, src.max_batch, src.max_seq, g);
 }
 
 models::Tokenizer load_tokenizer(const ModelSource& src, const ParsedArgs& args) {

@@ -24,7 +24,8 @@ struct ModelSource {
 /// and `--max-batch` the limits (never above a plan's). Throws UsageError for bad paths.
 ModelSource resolve_source(const std::string& path, const ParsedArgs& args);
 
-/// Builds the engine `--backend` asks for (cpu; cuda once the GPU runtime lands).
+/// Builds the engine `--backend` asks for: cpu, cuda (Error "no GPU: ..." without one) or
+/// auto (the default: cuda when a GPU is usable, else cpu).
 std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& args);
 
 /// The tokenizer: --tokenizer PATH, else the checkpoint's tokenizer.json, else

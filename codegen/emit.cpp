@@ -204,4 +204,83 @@ KernelSource emit_moe_down(const MoeDims& d, const std::vector<std::string>& ir_
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }
 
+namespace {
+
+/// A launch rule of the small per-row kernels: `threads` per block, one block per row.
+LaunchRule per_row(int threads) {
+  LaunchRule launch;
+  launch.block = threads;
+  launch.y_per_token = 1;
+  return launch;
+}
+
+} // namespace
+
+KernelSource emit_embedding(const EmbeddingDims& d, const std::vector<std::string>& ir_lines) {
+  check_positive("embedding", {d.vocab, d.dim});
+  std::vector<Param> params = {
+      {fmt::format("{} table", kBf16), "table"}, {"const int* ids", "ids"}, {"float* out", "out"}};
+  return assemble(fmt::format("embedding_v{}_d{}", d.vocab, d.dim), ir_lines, "gather.cuh",
+                  fmt::format("embedding_gather<{}, {}>", d.vocab, d.dim), params, per_row(256));
+}
+
+KernelSource emit_rope_yarn(const RopeDims& d, const std::vector<std::string>& ir_lines) {
+  check_positive("rope_yarn", {d.heads, d.head_dim});
+  if (d.head_dim % 2 != 0)
+    throw Error(fmt::format("codegen: rope_yarn needs an even head_dim, got {}", d.head_dim));
+  if (!std::isfinite(d.attention_factor))
+    throw Error("codegen: rope_yarn's attention factor is not finite");
+  const double usual = 0.1 * std::log(32.0) + 1.0; // gpt-oss: factor 32
+  std::string name = fmt::format("rope_yarn_h{}_d{}", d.heads, d.head_dim);
+  if (d.attention_factor != usual)
+    name += fmt::format("_a{}", std::llround(d.attention_factor * 1e9));
+  std::vector<Param> params = {{"const float* x", "x"},
+                               {"const int* positions", "positions"},
+                               {"const double* inv_freq", "inv_freq"},
+                               {"", fmt::format("{:.17g}", d.attention_factor)},
+                               {"float* y", "y"}};
+  return assemble(std::move(name), ir_lines, "rope.cuh",
+                  fmt::format("rope_yarn<{}, {}>", d.heads, d.head_dim), params, per_row(256));
+}
+
+KernelSource emit_kv_write(const KvWriteDims& d, const std::vector<std::string>& ir_lines) {
+  check_positive("kv_write", {d.kv_heads, d.head_dim, d.slots});
+  std::vector<Param> params = {{"__nv_bfloat16* cache", "cache"},
+                               {"const float* x", "x"},
+                               {"const int* positions", "positions"},
+                               {"const int* token_seq", "token_seq"},
+                               {"const int* cache_rows", "cache_rows"}};
+  return assemble(fmt::format("kv_write_g{}_d{}_s{}", d.kv_heads, d.head_dim, d.slots), ir_lines,
+                  "gather.cuh", fmt::format("kv_write<{}, {}>", d.kv_heads * d.head_dim, d.slots),
+                  params, per_row(256));
+}
+
+KernelSource emit_router_topk(const RouterTopKDims& d, const std::vector<std::string>& ir_lines) {
+  check_positive("router_topk", {d.experts, d.k});
+  if (d.k > d.experts)
+    throw Error(fmt::format("codegen: router_topk selects {} of only {} experts", d.k, d.experts));
+  std::vector<Param> params = {
+      {"const float* logits", "logits"}, {"float* weights", "weights"}, {"int* ids", "ids"}};
+  return assemble(fmt::format("router_topk_e{}_k{}", d.experts, d.k), ir_lines, "router.cuh",
+                  fmt::format("router_topk<{}, {}>", d.experts, d.k), params, per_row(32));
+}
+
+KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>& ir_lines) {
+  check_positive("rms_norm", {d.dim});
+  std::vector<Param> params = {{"const float* x", "x"},
+                               {fmt::format("{} w", kBf16), "w"},
+                               {"", float_literal(d.eps)},
+                               {"float* y", "y"}};
+  return assemble(fmt::format("rms_norm_d{}{}", d.dim, attr_suffix("eps", d.eps, 1e-5)), ir_lines,
+                  "norm.cuh", fmt::format("rms_norm<{}>", d.dim), params, per_row(256));
+}
+
+KernelSource emit_select_rows(const SelectRowsDims& d, const std::vector<std::string>& ir_lines) {
+  check_positive("select_rows", {d.width});
+  std::vector<Param> params = {
+      {"const float* x", "x"}, {"const int* rows", "rows"}, {"float* out", "out"}};
+  return assemble(fmt::format("select_rows_w{}", d.width), ir_lines, "gather.cuh",
+                  fmt::format("select_rows<{}>", d.width), params, per_row(256));
+}
+
 } // namespace xserv::codegen

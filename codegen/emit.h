@@ -62,6 +62,40 @@ struct MoeDims {
   double limit = 7.0, alpha = 1.702;
 };
 
+/// embedding: out[t] = table[ids[t]] widened to fp32. Parameters: table, ids, out; grid.y = tokens.
+struct EmbeddingDims {
+  int vocab = 0, dim = 0;
+};
+
+/// rope_yarn on [T, heads, head_dim] fp32, angles in float64. Parameters: x, positions, inv_freq
+/// (float64 [head_dim / 2], ir::ref::yarn_inv_freq), y (may alias x); grid.y = tokens.
+struct RopeDims {
+  int heads = 0, head_dim = 0;
+  double attention_factor = 1.0; ///< ir::ref::yarn_attention_factor
+};
+
+/// kv_write of [T, kv_heads, head_dim] fp32 into a bf16 cache [rows, slots, kv_heads, head_dim].
+/// Parameters: cache, x, positions, token_seq, cache_rows; grid.y = tokens.
+struct KvWriteDims {
+  int kv_heads = 0, head_dim = 0, slots = 0;
+};
+
+/// router_topk over [T, experts] fp32 logits. Parameters: logits, weights, ids; grid.y = tokens.
+struct RouterTopKDims {
+  int experts = 0, k = 0;
+};
+
+/// rms_norm of fp32 rows of `dim` values. Parameters: x, w, y (may alias x); grid.y = rows.
+struct RmsNormDims {
+  int dim = 0;
+  double eps = 1e-5;
+};
+
+/// select_rows of fp32 rows of `width` values. Parameters: x, rows, out; grid.y = selected rows.
+struct SelectRowsDims {
+  int width = 0;
+};
+
 KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir_lines);
 KernelSource emit_attention_decode(const AttentionDims& d,
                                    const std::vector<std::string>& ir_lines);
@@ -69,6 +103,13 @@ KernelSource emit_attention_combine(const AttentionDims& d,
                                     const std::vector<std::string>& ir_lines);
 KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& ir_lines);
 KernelSource emit_moe_down(const MoeDims& d, const std::vector<std::string>& ir_lines);
+
+KernelSource emit_embedding(const EmbeddingDims& d, const std::vector<std::string>& ir_lines);
+KernelSource emit_rope_yarn(const RopeDims& d, const std::vector<std::string>& ir_lines);
+KernelSource emit_kv_write(const KvWriteDims& d, const std::vector<std::string>& ir_lines);
+KernelSource emit_router_topk(const RouterTopKDims& d, const std::vector<std::string>& ir_lines);
+KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>& ir_lines);
+KernelSource emit_select_rows(const SelectRowsDims& d, const std::vector<std::string>& ir_lines);
 
 /// Key splits for attention_decode when a token sees at most `max_keys` keys: about 64 keys per
 /// split, at most 32 splits, and 1 (no combine kernel) for short contexts.

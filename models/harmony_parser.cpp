@@ -76,7 +76,7 @@ void StreamParser::parse_header() {
   }
   // "to=x<|constrain|>json" has no space before the marker; split it off anyway.
   for (size_t i = h.find(kConstrain); i != std::string::npos; i = h.find(kConstrain, i + 2)) {
-    h.insert(i, " ");
+    h.insert(i, 1, ' ');
     i += 1;
   }
   std::vector<std::string> parts = split_ascii_whitespace(h);

@@ -41,7 +41,8 @@ struct TinyCheckpoint {
 TEST_CASE("a truncated shard is refused by run and compile, naming the file") {
   TinyCheckpoint ck("truncated");
   fs::resize_file(ck.shard(), fs::file_size(ck.shard()) - 100);
-  RunResult r = run_xserv("run " + ck.dir.string() + " --prompt-ids 1,2 --max-tokens 2");
+  RunResult r =
+      run_xserv("run " + ck.dir.string() + " --prompt-ids 1,2 --max-tokens 2 --backend cpu");
   CHECK(r.code == 1);
   CHECK(r.out.find(ck.shard().string()) != std::string::npos);
   CHECK(r.out.find("invalid safetensors file") != std::string::npos);
@@ -82,11 +83,12 @@ TEST_CASE("a checkpoint whose tensors disagree with its config lists the problem
 
 TEST_CASE("a prompt longer than the maximum sequence is a clear error") {
   TinyCheckpoint ck("long_prompt");
-  RunResult r = run_xserv("run " + ck.dir.string() + " --prompt-ids 1,2,3,4,5 --max-seq 4");
+  RunResult r =
+      run_xserv("run " + ck.dir.string() + " --prompt-ids 1,2,3,4,5 --max-seq 4 --backend cpu");
   CHECK(r.code == 1);
   CHECK(r.out.find("the prompt has 5 tokens, more than the maximum sequence length of 4") !=
         std::string::npos);
-  r = run_xserv("run " + ck.dir.string() + " --prompt-ids 1,300000");
+  r = run_xserv("run " + ck.dir.string() + " --prompt-ids 1,300000 --backend cpu");
   CHECK(r.code == 1);
   CHECK(r.out.find("prompt token 300000 is outside the vocabulary") != std::string::npos);
 }

@@ -102,7 +102,8 @@ TEST_CASE("bench runs on the CPU backend and prints one row per test") {
                     (testing::source_dir() / "examples/tiny/config.json").string() + " -o " +
                     dir.string() + " --seed 2")
               .code == 0);
-  RunResult r = run_split("bench " + dir.string() + " -p 4 -n 2 -b 1,2 -d 0,3 -r 2 -o json");
+  RunResult r =
+      run_split("bench " + dir.string() + " -p 4 -n 2 -b 1,2 -d 0,3 -r 2 -o json --backend cpu");
   REQUIRE(r.code == 0);
   auto doc = nlohmann::json::parse(r.out);
   std::vector<std::string> tests;

@@ -223,9 +223,10 @@ TEST_CASE("xserv eval runs GSM8K and AIME on the tiny model and writes one line 
 
 TEST_CASE("xserv chat keeps a conversation and answers commands from stdin") {
   XSERV_REQUIRE_DATA(data);
-  RunResult r = run_xserv("chat " + tiny_model().string() + " --max-tokens 4 --tokenizer " +
-                              (data / "o200k_base.tiktoken").string(),
-                          "hello\n/stats\n/set reasoning=low\nhi\n/reset\n/set bogus=1\n/quit\n");
+  RunResult r =
+      run_xserv("chat " + tiny_model().string() + " --backend cpu --max-tokens 4 --tokenizer " +
+                    (data / "o200k_base.tiktoken").string(),
+                "hello\n/stats\n/set reasoning=low\nhi\n/reset\n/set bogus=1\n/quit\n");
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(contains(r.out, "last turn: "));

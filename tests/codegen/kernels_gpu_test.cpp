@@ -439,3 +439,125 @@ TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
   MESSAGE("bandwidth moe_decode (gate_up + down, 4 experts) T=1: "
           << ms * 1e3 << " us, " << bytes / (ms * 1e-3) / 1e9 << " GB/s of weights");
 }
+
+// ---- small per-row kernels: embedding, rms_norm, select_rows, rope_yarn, kv_write, top-k -------
+
+namespace {
+
+std::vector<int32_t> download_ints(const DevBuf& b, size_t n) {
+  std::vector<int32_t> v(n);
+  cuda_ok(cudaMemcpy(v.data(), b.p, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "download");
+  return v;
+}
+
+} // namespace
+
+TEST_CASE("embedding, rms_norm and select_rows kernels match ir::ref") {
+  XSERV_REQUIRE_GPU();
+  Rng rng{700};
+  const int vocab = 1000, dim = 2880, tokens = 7;
+  const Bf16Weight table = random_bf16(rng, {vocab, dim}, 1.0f);
+  const Tensor ids = Tensor::from_ints({tokens}, {0, 999, 5, 5, 123, 998, 1});
+  const Tensor want_e = ir::ref::embedding(table.t, ids);
+  const Loaded emb = load(emit_embedding({vocab, dim}, {}));
+  auto dt = upload(table.bits), dids = upload(ids);
+  auto out = poisoned(want_e.f.size());
+  launch(emb, tokens, 1, dt->p, dids->p, out->p);
+  device_sync();
+  const std::vector<float> got_e = download(*out, want_e.f.size());
+  CHECK(got_e == want_e.f); // a widening copy: exact
+
+  const Tensor x = random_f32(rng, {tokens, dim}, 3.0f);
+  const Bf16Weight w = random_bf16(rng, {dim}, 1.0f);
+  const Tensor want_n = ir::ref::rms_norm(x, w.t, 1e-5);
+  const Loaded norm = load(emit_rms_norm({dim, 1e-5}, {}));
+  auto dx = upload(x), dw = upload(w.bits);
+  auto y = poisoned(want_n.f.size());
+  launch(norm, tokens, 1, dx->p, dw->p, y->p);
+  device_sync();
+  const double err_n = rel_l2(download(*y, want_n.f.size()), want_n.f);
+  MESSAGE(norm.src.name << " rows " << tokens << ": rel L2 " << err_n);
+  CHECK(err_n <= 1e-6);
+
+  const Tensor rows = Tensor::from_ints({3}, {6, 0, 3});
+  const Tensor want_s = ir::ref::select_rows(x, rows);
+  const Loaded sel = load(emit_select_rows({dim}, {}));
+  auto drows = upload(rows);
+  auto s = poisoned(want_s.f.size());
+  launch(sel, 3, 1, dx->p, drows->p, s->p);
+  device_sync();
+  CHECK(download(*s, want_s.f.size()) == want_s.f);
+}
+
+TEST_CASE("rope_yarn kernel matches ir::ref at small and large positions") {
+  XSERV_REQUIRE_GPU();
+  Rng rng{710};
+  const ir::ref::Yarn yarn; // gpt-oss: theta 150000, factor 32, beta 32 / 1
+  for (auto [heads, head_dim] : {std::pair{4, 16}, std::pair{64, 64}, std::pair{8, 64}}) {
+    const Tensor pos = Tensor::from_ints({6}, {0, 1, 17, 4095, 100000, 131071});
+    const Tensor x = random_f32(rng, {6, heads, head_dim}, 2.0f);
+    const Tensor want = ir::ref::rope_yarn(x, pos, yarn);
+    const std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
+    const Loaded l =
+        load(emit_rope_yarn({heads, head_dim, ir::ref::yarn_attention_factor(yarn)}, {}));
+    auto dx = upload(x), dpos = upload(pos), dinv = upload(inv);
+    auto y = poisoned(want.f.size());
+    launch(l, 6, 1, dx->p, dpos->p, dinv->p, y->p);
+    launch(l, 6, 1, dx->p, dpos->p, dinv->p, dx->p); // in place
+    device_sync();
+    const double err = rel_l2(download(*y, want.f.size()), want.f);
+    const double err_in_place = rel_l2(download(*dx, want.f.size()), want.f);
+    MESSAGE(l.src.name << ": rel L2 " << err << ", in place " << err_in_place);
+    CHECK(err <= 1e-6);
+    CHECK(err_in_place <= 1e-6);
+  }
+}
+
+TEST_CASE("kv_write kernel stores bf16 rows where ir::ref puts them") {
+  XSERV_REQUIRE_GPU();
+  Rng rng{720};
+  const int rows = 3, slots = 8, g = 2, d = 16;
+  // Two sequences: 3 tokens at positions 6..8 (8 wraps to slot 0) in row 2, one at 20 in row 0.
+  const Tensor pos = Tensor::from_ints({4}, {6, 7, 8, 20});
+  const Tensor seq = Tensor::from_ints({4}, {0, 0, 0, 1});
+  const Tensor ctx = Tensor::from_ints({2}, {6, 20});
+  const Tensor crow = Tensor::from_ints({2}, {2, 0});
+  const Tensor x = random_f32(rng, {4, g, d}, 2.0f);
+  Bf16Weight cache = random_bf16(rng, {rows, slots, g, d}, 1.0f);
+  Tensor want = cache.t;
+  ir::ref::kv_write(want, x, {pos, seq, ctx, crow});
+  const Loaded l = load(emit_kv_write({g, d, slots}, {}));
+  auto dc = upload(cache.bits), dx = upload(x), dpos = upload(pos), dseq = upload(seq);
+  auto drow = upload(crow);
+  launch(l, 4, 1, dc->p, dx->p, dpos->p, dseq->p, drow->p);
+  device_sync();
+  std::vector<uint16_t> got(cache.bits.size());
+  cuda_ok(cudaMemcpy(got.data(), dc->p, got.size() * 2, cudaMemcpyDeviceToHost), "download");
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    bad += got[i] != models::float_to_bf16(want.f[i]);
+  MESSAGE(l.src.name << ": " << bad << " of " << got.size() << " cache values differ");
+  CHECK(bad == 0);
+}
+
+TEST_CASE("router_topk kernel matches ir::ref, ties to the lower index") {
+  XSERV_REQUIRE_GPU();
+  Rng rng{730};
+  for (auto [experts, k] : {std::pair{8, 2}, std::pair{32, 4}, std::pair{128, 4}}) {
+    const int tokens = 9;
+    Tensor logits = random_f32(rng, {tokens, experts}, 3.0f);
+    logits.f[3] = logits.f[5] = 10.0f; // token 0: a tie at the top
+    logits.f[size_t(experts) + 1] = logits.f[size_t(experts) + 2] = -10.0f; // token 1: low tie
+    Tensor want_w, want_i;
+    ir::ref::router_topk(logits, k, want_w, want_i);
+    const Loaded l = load(emit_router_topk({experts, k}, {}));
+    auto dl = upload(logits);
+    auto w = poisoned(size_t(tokens) * k), ids = poisoned(size_t(tokens) * k);
+    launch(l, tokens, 1, dl->p, w->p, ids->p);
+    device_sync();
+    CHECK(download_ints(*ids, want_i.i.size()) == want_i.i);
+    const double err = rel_l2(download(*w, want_w.f.size()), want_w.f);
+    MESSAGE(l.src.name << ": weights rel L2 " << err);
+    CHECK(err <= 1e-6);
+  }
+}

@@ -1,0 +1,438 @@
+// CudaEngine: construction (passes, memory plan, kernels, weights, caches) and the step loop.
+//
+// Deliberately simple for now: every kernel is a decode-path kernel (prefill runs in sub-steps of
+// at most 8 tokens per linear launch), every step synchronises once per sub-step, and decode is
+// not captured as a CUDA graph.
+#include "cli/cuda_engine.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "cli/cuda_lower.h"
+#include "cli/weight_specs.h"
+#include "compiler/memory_plan.h"
+#include "compiler/pass.h"
+#include "compiler/pass_manager.h"
+#include "ir/error.h"
+#include "models/checkpoint.h"
+#include "models/gpt_oss.h"
+#include "models/step.h"
+#include "runtime/device.h"
+#include "runtime/weights.h"
+
+namespace xserv::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+void check(cudaError_t err, const std::string& what) {
+  if (err != cudaSuccess)
+    throw Error(fmt::format("CUDA error in {}: {}", what, cudaGetErrorString(err)));
+}
+
+fs::path default_cache_dir() {
+  if (const char* d = std::getenv("XSERV_KERNEL_CACHE"); d && *d)
+    return d;
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d)
+    return fs::path(d) / "xserv/kernels";
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return fs::path(h) / ".cache/xserv/kernels";
+  return fs::temp_directory_path() / "xserv-kernels";
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Where each step input lives in the param block, in int32 elements.
+struct ParamLayout {
+  std::map<std::string, size_t> offset;
+  size_t total = 0;
+  ParamLayout(size_t tokens, size_t seqs) {
+    for (const char* n :
+         {models::params::kTokenIds, models::params::kPositions, models::params::kTokenSeq}) {
+      offset[n] = total;
+      total += tokens;
+    }
+    for (const char* n :
+         {models::params::kCtxLens, models::params::kCacheRows, models::params::kLogitRows}) {
+      offset[n] = total;
+      total += seqs;
+    }
+  }
+};
+
+/// One sequence's slice of the step's tokens that a sub-step processes.
+struct Piece {
+  size_t seq;
+  size_t start, len;
+};
+
+} // namespace
+
+struct CudaEngine::Impl {
+  models::Checkpoint ckpt;
+  ir::Graph graph;
+  int64_t max_batch = 1, max_seq = 1;
+  int tcap = 8; ///< tokens per sub-step
+  bool quiet = false;
+  compiler::MemoryPlan plan;
+  std::vector<void*> allocations;
+  size_t allocated = 0;
+  char* arena = nullptr;
+  int32_t* params_dev = nullptr;
+  int32_t* params_host = nullptr; ///< pinned
+  float* out_host = nullptr;      ///< pinned, [rows, V] of the output
+  ParamLayout layout{8, 1};
+  runtime::DeviceWeights device_weights;
+  std::map<std::string, void*> weights;
+  std::map<ir::ValueId, std::pair<void*, size_t>> caches;
+  cudaStream_t stream = nullptr;
+  KernelSet kernels;
+  std::vector<LaunchFn> launches;
+  ir::ValueId output = -1;
+  bool per_token = false;
+  int64_t vocab = 0;
+
+  Impl(const fs::path& dir) : ckpt(models::Checkpoint::open(dir, {.map_data = true})) {}
+
+  ~Impl() {
+    if (stream)
+      cudaStreamSynchronize(stream);
+    for (void* p : allocations)
+      cudaFree(p);
+    if (params_host)
+      cudaFreeHost(params_host);
+    if (out_host)
+      cudaFreeHost(out_host);
+    if (stream)
+      cudaStreamDestroy(stream);
+  }
+
+  void log(const std::string& line) const {
+    if (!quiet)
+      std::fprintf(stderr, "[cuda] %s\n", line.c_str());
+  }
+
+  void* allocate(size_t bytes, const void* host = nullptr) {
+    void* p = nullptr;
+    check(cudaMalloc(&p, std::max<size_t>(bytes, 16)),
+          fmt::format("allocating {:.1f} MiB", double(bytes) / (1 << 20)));
+    allocations.push_back(p);
+    allocated += bytes;
+    if (host)
+      check(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), "uploading a constant");
+    return p;
+  }
+
+  void upload_weights(const fs::path& cache_dir);
+  void* address(ir::ValueId v, int r);
+  void run_substep(const models::StepInput& sub, std::vector<std::vector<float>>& rows, bool all);
+  std::vector<std::vector<float>> run(const models::StepInput& in, bool all);
+};
+
+void CudaEngine::Impl::upload_weights(const fs::path& cache_dir) {
+  // Every checkpoint tensor goes up in one streamed pass (runtime/weights: MXFP4 experts are
+  // dequantised to BF16 on the GPU); the graph's weights are then looked up by name and checked.
+  runtime::UploadOptions o;
+  o.cache_dir = cache_dir;
+  if (!quiet)
+    o.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  device_weights = runtime::DeviceWeights::upload(weight_specs(ckpt), o);
+  for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(graph.size()); ++v) {
+    const ir::Node& n = graph.node(v);
+    if (n.op != ir::Op::Weight)
+      continue;
+    const std::string& name = n.attr_str("name");
+    const runtime::DeviceTensor* t = device_weights.find(name);
+    int64_t numel = 1;
+    for (const ir::Dim& d : n.type().shape)
+      numel *= d.size;
+    if (!t || t->dtype != "BF16" || t->bytes != static_cast<uint64_t>(numel) * 2)
+      throw Error(fmt::format("weight '{}': the graph wants {} in BF16, the checkpoint {}", name,
+                              ir::type_str(n.type()),
+                              t ? fmt::format("holds {} ({} bytes)", t->dtype, t->bytes)
+                                : std::string("has no such tensor")));
+    weights[name] = const_cast<void*>(device_weights.get(name));
+  }
+  allocated += device_weights.device_bytes();
+}
+
+void* CudaEngine::Impl::address(ir::ValueId v, int r) {
+  const ir::Node& n = graph.node(v);
+  switch (n.op) {
+  case ir::Op::Param: {
+    auto it = layout.offset.find(n.attr_str("name"));
+    if (it == layout.offset.end())
+      throw Error(fmt::format("the CUDA engine has no input called '{}'", n.attr_str("name")));
+    return params_dev + it->second;
+  }
+  case ir::Op::Weight:
+    return weights.at(n.attr_str("name"));
+  case ir::Op::Cache:
+    return caches.at(v).first;
+  case ir::Op::KvWrite:
+    return address(n.inputs[0], 0);
+  default: {
+    const int32_t b = plan.buffer_of.at(static_cast<size_t>(v)).at(static_cast<size_t>(r));
+    XSERV_CHECK(b >= 0, "value without a buffer: " + ir::print_node(graph, v));
+    return arena + plan.buffers.at(static_cast<size_t>(b)).offset;
+  }
+  }
+}
+
+CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max_seq,
+                       const ir::Graph* graph, const CudaEngineOptions& options) {
+  const runtime::DeviceInfo dev = runtime::probe_device();
+  if (!dev.available)
+    throw Error("no GPU: " + dev.reason);
+  auto t0 = std::chrono::steady_clock::now();
+  impl_ = std::make_unique<Impl>(model_dir);
+  Impl& m = *impl_;
+  m.quiet = options.quiet;
+  m.max_batch = max_batch;
+  m.max_seq = max_seq;
+  m.tcap = static_cast<int>(std::max<int64_t>(8, max_batch));
+  m.log(fmt::format("{} ({}, {} SMs, {:.0f} GiB)", dev.name, dev.arch(), dev.multiprocessors,
+                    double(dev.memory_bytes) / (1ull << 30)));
+
+  compiler::PassManager pm;
+  pm.add_pipeline(compiler::kDefaultPipeline);
+  m.graph = pm.run(graph ? *graph : models::build_gpt_oss(m.ckpt.config()));
+  XSERV_CHECK(m.graph.outputs.size() >= 1, "graph without outputs");
+  m.output = m.graph.outputs[0];
+  const ir::Type& out_type = m.graph.type(m.output);
+  m.per_token = out_type.shape.at(0).name == models::dims::kTokens;
+  m.vocab = out_type.shape.back().size;
+
+  check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "creating a stream");
+  m.layout = ParamLayout(static_cast<size_t>(m.tcap), static_cast<size_t>(max_batch));
+  m.params_dev = static_cast<int32_t*>(m.allocate(m.layout.total * sizeof(int32_t)));
+  check(cudaMallocHost(reinterpret_cast<void**>(&m.params_host), m.layout.total * sizeof(int32_t)),
+        "pinned params");
+  const size_t out_rows = static_cast<size_t>(m.per_token ? m.tcap : max_batch);
+  check(cudaMallocHost(reinterpret_cast<void**>(&m.out_host),
+                       out_rows * static_cast<size_t>(m.vocab) * sizeof(float)),
+        "pinned logits");
+
+  m.plan = compiler::plan_memory(
+      m.graph, {{models::dims::kTokens, m.tcap}, {models::dims::kSeqs, max_batch}});
+  if (options.keep_activations) {
+    int64_t end = 0;
+    for (compiler::PlannedBuffer& b : m.plan.buffers) {
+      b.offset = end;
+      end += (b.bytes + 255) / 256 * 256;
+    }
+    m.plan.arena_bytes = end;
+  }
+  m.arena = static_cast<char*>(m.allocate(static_cast<size_t>(m.plan.arena_bytes)));
+  for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(m.graph.size()); ++v) {
+    if (m.graph.node(v).op != ir::Op::Cache)
+      continue;
+    const std::vector<int64_t> shape =
+        ir::concrete(m.graph.type(v).shape,
+                     {{models::dims::kCacheRows, max_batch}, {models::dims::kMaxSeq, max_seq}});
+    size_t bytes = 2;
+    for (int64_t s : shape)
+      bytes *= static_cast<size_t>(s);
+    m.caches[v] = {m.allocate(bytes), bytes};
+  }
+  reset();
+
+  LoweringContext ctx;
+  ctx.max_tokens = m.tcap;
+  ctx.max_seqs = static_cast<int>(max_batch);
+  ctx.cache_rows = max_batch;
+  ctx.max_seq = max_seq;
+  Impl* mp = &m;
+  ctx.address = [mp](ir::ValueId v, int r) { return mp->address(v, r); };
+  ctx.allocate = [mp](size_t bytes, const void* host) { return mp->allocate(bytes, host); };
+
+  const fs::path cache_dir = options.cache_dir.empty() ? default_cache_dir() : options.cache_dir;
+  auto t1 = std::chrono::steady_clock::now();
+  m.log("loading weights ...");
+  const size_t before = m.allocated;
+  m.upload_weights(cache_dir);
+  const size_t weight_bytes = m.allocated - before;
+  m.log(fmt::format("loaded {} weight tensors, {:.2f} GB on the GPU, {:.1f} s", m.weights.size(),
+                    double(weight_bytes) / 1e9, seconds_since(t1)));
+
+  m.launches = lower_graph(m.graph, m.kernels, ctx);
+  auto t2 = std::chrono::steady_clock::now();
+  const int compiled = m.kernels.build(cache_dir);
+  m.log(fmt::format("compiling {} kernels ... {:.1f} s ({} compiled, {} from {})", m.kernels.size(),
+                    seconds_since(t2), compiled, int(m.kernels.size()) - compiled,
+                    cache_dir.string()));
+  m.log(fmt::format("ready: {} launches per step, arena {:.1f} MiB, KV caches for {} x {}, "
+                    "{:.2f} GB in all, {:.1f} s",
+                    m.launches.size(), double(m.plan.arena_bytes) / (1 << 20), max_batch, max_seq,
+                    double(m.allocated) / 1e9, seconds_since(t0)));
+}
+
+CudaEngine::~CudaEngine() = default;
+
+const models::ModelConfig& CudaEngine::config() const {
+  return impl_->ckpt.config();
+}
+int64_t CudaEngine::max_batch() const {
+  return impl_->max_batch;
+}
+int64_t CudaEngine::max_seq() const {
+  return impl_->max_seq;
+}
+const ir::Graph& CudaEngine::graph() const {
+  return impl_->graph;
+}
+
+const void* CudaEngine::debug_address(int v, int r) const {
+  return impl_->address(v, r);
+}
+
+void CudaEngine::reset() {
+  for (auto& [v, c] : impl_->caches)
+    check(cudaMemsetAsync(c.first, 0, c.second, impl_->stream), "clearing the KV cache");
+  check(cudaStreamSynchronize(impl_->stream), "clearing the KV cache");
+}
+
+void CudaEngine::synchronize() {
+  check(cudaStreamSynchronize(impl_->stream), "synchronize");
+}
+
+double CudaEngine::peak_memory_gib() const {
+  return double(impl_->allocated) / double(1ull << 30);
+}
+
+void CudaEngine::Impl::run_substep(const models::StepInput& sub,
+                                   std::vector<std::vector<float>>& rows, bool all) {
+  const std::map<std::string, ir::Tensor> p = models::step_params(sub);
+  const int tokens = static_cast<int>(p.at(models::params::kTokenIds).numel());
+  const int seqs = static_cast<int>(sub.tokens.size());
+  for (const auto& [name, off] : layout.offset) {
+    const std::vector<int32_t>& src = p.at(name).i;
+    std::copy(src.begin(), src.end(), params_host + off);
+  }
+  check(cudaMemcpyAsync(params_dev, params_host, layout.total * sizeof(int32_t),
+                        cudaMemcpyHostToDevice, stream),
+        "uploading the step inputs");
+  DeviceStep s;
+  s.tokens = tokens;
+  s.seqs = seqs;
+  s.stream = stream;
+  for (int32_t pos : p.at(models::params::kPositions).i)
+    s.max_pos = std::max(s.max_pos, pos);
+  for (const LaunchFn& f : launches)
+    f(s);
+  const size_t n = static_cast<size_t>(per_token ? tokens : seqs);
+  const size_t v = static_cast<size_t>(vocab);
+  check(cudaMemcpyAsync(out_host, address(output, 0), n * v * sizeof(float), cudaMemcpyDeviceToHost,
+                        stream),
+        "copying the logits back");
+  check(cudaStreamSynchronize(stream), "running a step");
+  if (all) {
+    for (size_t r = 0; r < n; ++r)
+      rows.emplace_back(out_host + r * v, out_host + (r + 1) * v);
+    return;
+  }
+  // One row per sequence whose last token is in this sub-step (the caller marks which).
+  const std::vector<int32_t>& last = p.at(models::params::kLogitRows).i;
+  for (size_t b = 0; b < static_cast<size_t>(seqs); ++b) {
+    const size_t r = per_token ? static_cast<size_t>(last[b]) : b;
+    rows.emplace_back(out_host + r * v, out_host + (r + 1) * v);
+  }
+}
+
+namespace {
+
+/// Checks a step against the engine's limits, with messages naming the limit.
+void validate_step(const models::StepInput& in, int64_t max_batch, int64_t max_seq, int64_t vocab) {
+  if (static_cast<int64_t>(in.tokens.size()) > max_batch)
+    throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
+                            in.tokens.size(), max_batch));
+  if (in.ctx_lens.size() != in.tokens.size() || in.cache_rows.size() != in.tokens.size())
+    throw Error("step has mismatched sequence, context length and cache row counts");
+  for (size_t b = 0; b < in.tokens.size(); ++b) {
+    if (in.tokens[b].empty())
+      throw Error(fmt::format("sequence {} has no tokens in this step", b));
+    if (in.ctx_lens[b] < 0 || in.ctx_lens[b] + static_cast<int64_t>(in.tokens[b].size()) > max_seq)
+      throw Error(fmt::format("sequence {}: {} cached + {} new tokens exceed the maximum sequence "
+                              "length of {}",
+                              b, in.ctx_lens[b], in.tokens[b].size(), max_seq));
+    if (in.cache_rows[b] < 0 || in.cache_rows[b] >= max_batch)
+      throw Error(fmt::format("sequence {} uses cache row {}, but there are {} rows", b,
+                              in.cache_rows[b], max_batch));
+    for (int32_t id : in.tokens[b])
+      if (id < 0 || id >= vocab)
+        throw Error(fmt::format("token id {} is outside the vocabulary [0, {})", id, vocab));
+  }
+}
+
+} // namespace
+
+namespace {
+
+/// Splits a step into sub-steps of at most `cap` tokens, sequence by sequence; the pieces of a
+/// sequence keep their order, so each sub-step sees the earlier ones in the KV cache.
+std::vector<std::vector<Piece>> split_step(const models::StepInput& in, size_t cap) {
+  std::vector<std::vector<Piece>> subs(1);
+  size_t used = 0;
+  for (size_t b = 0; b < in.tokens.size(); ++b)
+    for (size_t off = 0; off < in.tokens[b].size();) {
+      if (used == cap) {
+        subs.emplace_back();
+        used = 0;
+      }
+      const size_t take = std::min(in.tokens[b].size() - off, cap - used);
+      subs.back().push_back({b, off, take});
+      off += take;
+      used += take;
+    }
+  return subs;
+}
+
+} // namespace
+
+std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& in, bool all) {
+  Impl& m = *this;
+  validate_step(in, m.max_batch, m.max_seq, m.ckpt.config().vocab_size);
+  std::vector<std::vector<float>> result(all ? 0 : in.tokens.size());
+  for (const std::vector<Piece>& pieces : split_step(in, static_cast<size_t>(m.tcap))) {
+    models::StepInput sub;
+    for (const Piece& pc : pieces) {
+      const auto& toks = in.tokens[pc.seq];
+      sub.tokens.emplace_back(toks.begin() + static_cast<long>(pc.start),
+                              toks.begin() + static_cast<long>(pc.start + pc.len));
+      sub.ctx_lens.push_back(in.ctx_lens[pc.seq] + static_cast<int32_t>(pc.start));
+      sub.cache_rows.push_back(in.cache_rows[pc.seq]);
+    }
+    std::vector<std::vector<float>> rows;
+    m.run_substep(sub, rows, all);
+    if (all) {
+      for (auto& r : rows)
+        result.push_back(std::move(r));
+      continue;
+    }
+    for (size_t i = 0; i < pieces.size(); ++i)
+      if (pieces[i].start + pieces[i].len == in.tokens[pieces[i].seq].size())
+        result[pieces[i].seq] = std::move(rows[i]);
+  }
+  return result;
+}
+
+std::vector<std::vector<float>> CudaEngine::step(const models::StepInput& in) {
+  return impl_->run(in, false);
+}
+
+std::vector<std::vector<float>> CudaEngine::step_all(const models::StepInput& in) {
+  if (!impl_->per_token)
+    throw Error("step_all needs a graph that returns every token's logits");
+  return impl_->run(in, true);
+}
+
+} // namespace xserv::cli

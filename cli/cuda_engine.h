@@ -1,0 +1,62 @@
+// The CUDA engine: a fused gpt-oss graph lowered to generated kernels, run on one GPU.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+
+#include "cli/engine.h"
+#include "ir/graph.h"
+
+namespace xserv::cli {
+
+/// How a CudaEngine is built.
+struct CudaEngineOptions {
+  /// Cubin cache; empty: $XSERV_KERNEL_CACHE, else $XDG_CACHE_HOME/xserv/kernels, else
+  /// ~/.cache/xserv/kernels.
+  std::filesystem::path cache_dir;
+  bool quiet = false; ///< no "[cuda] ..." progress lines on stderr
+  /// Debugging: give every activation its own buffer (no reuse), so debug_address() reads any
+  /// value of the last sub-step after it ran.
+  bool keep_activations = false;
+};
+
+/// Runs a gpt-oss graph on the GPU: weights in BF16 (MXFP4 experts dequantised), activations
+/// fp32 in one planned arena, KV caches in BF16. A step of more tokens than the arena holds
+/// (max(8, max_batch)) runs as several consecutive sub-steps, which is exact because attention
+/// reads the earlier sub-steps' keys from the cache.
+class CudaEngine : public Engine {
+public:
+  /// Opens the checkpoint in `model_dir`, runs the default pass pipeline over `graph` (default:
+  /// build_gpt_oss(config) with last-token logits), compiles its kernels and uploads the
+  /// weights. Throws xserv::Error "no GPU: ..." without a usable GPU, and for graphs with ops
+  /// it cannot lower.
+  CudaEngine(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
+             const ir::Graph* graph = nullptr, const CudaEngineOptions& options = {});
+  ~CudaEngine() override;
+  CudaEngine(const CudaEngine&) = delete;
+  CudaEngine& operator=(const CudaEngine&) = delete;
+
+  const models::ModelConfig& config() const override;
+  int64_t max_batch() const override;
+  int64_t max_seq() const override;
+  std::string backend() const override { return "cuda"; }
+  std::vector<std::vector<float>> step(const models::StepInput& in) override;
+  /// Every row the graph returns, sub-steps concatenated: one per token, in the step's
+  /// flattened order, for a graph built with last_logits_only = false.
+  std::vector<std::vector<float>> step_all(const models::StepInput& in);
+  void reset() override;
+  void synchronize() override;
+  double peak_memory_gib() const override;
+
+  /// Device address of the buffer holding value `v` (result `r`) of the engine's graph, for
+  /// tests that compare intermediate activations; valid until the next step.
+  const void* debug_address(int v, int r = 0) const;
+  /// The graph the engine runs (after the pass pipeline).
+  const ir::Graph& graph() const;
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace xserv::cli

@@ -1,0 +1,423 @@
+// Node-by-node lowering of the fused graph to the codegen kernels, and their compilation.
+//
+// Deliberately simple for now: every linear runs the decode GEMV 8 tokens at a time (prefill
+// re-reads the weights per 8 tokens), qkv_rope recomputes its norm in each of its three
+// projections, and there is no CUDA graph; tensor-core prefill and graph replay come later.
+#include "cli/cuda_lower.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <regex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "ir/error.h"
+#include "ir/reference.h"
+#include "runtime/device.h"
+#include "runtime/kernel_cache.h"
+
+namespace xserv::cli {
+
+int KernelSet::add(codegen::KernelSource src) {
+  if (auto it = by_name_.find(src.name); it != by_name_.end())
+    return it->second;
+  const int i = static_cast<int>(sources_.size());
+  by_name_[src.name] = i;
+  sources_.push_back(std::move(src));
+  return i;
+}
+
+int KernelSet::build(const std::filesystem::path& cache_dir) {
+  runtime::CompileOptions opts;
+  opts.arch = runtime::probe_device().arch();
+  opts.headers = codegen::kernel_headers();
+  // NVRTC compiles independent programs in parallel; each kernel has its own cache files.
+  std::vector<std::future<runtime::CachedCubin>> jobs;
+  for (const auto& s : sources_)
+    jobs.push_back(std::async(std::launch::async, [&s, &opts, &cache_dir] {
+      return runtime::get_or_compile(s.source, s.name, opts, cache_dir);
+    }));
+  int compiled = 0;
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    runtime::CachedCubin c = jobs[i].get();
+    compiled += c.compiled ? 1 : 0;
+    modules_.push_back(runtime::Module::load(c.cubin, sources_[i].name));
+    kernels_.push_back(modules_.back().kernel(sources_[i].name));
+  }
+  return compiled;
+}
+
+namespace {
+
+using ir::Node;
+using ir::Op;
+using ir::ValueId;
+
+int as_int(int64_t v) {
+  return static_cast<int>(v);
+}
+
+/// Static size of dim `i` of value `v`'s result `r` (throws for a dynamic one).
+int static_dim(const ir::Graph& g, ValueId v, size_t i, int r = 0) {
+  const ir::Dim& d = g.node(v).types.at(static_cast<size_t>(r)).shape.at(i);
+  XSERV_CHECK(d.name.empty(), fmt::format("expected a static dim: {}", ir::print_node(g, v)));
+  return as_int(d.size);
+}
+
+/// Which grid rows a value's leading dims stand for: the step's tokens (T) or sequences (B).
+enum class Rows { Tokens, Seqs };
+
+Rows rows_kind(const ir::Graph& g, ValueId v) {
+  const ir::Dim& d = g.type(v).shape.at(0);
+  if (d.name == "B")
+    return Rows::Seqs;
+  XSERV_CHECK(d.name == "T",
+              fmt::format("expected a T or B leading dim: {}", ir::print_node(g, v)));
+  return Rows::Tokens;
+}
+
+int rows_of(Rows r, const DeviceStep& s) {
+  return r == Rows::Tokens ? s.tokens : s.seqs;
+}
+
+/// The IR line a kernel's source is headed by: the node with its value numbers blanked, so
+/// that every node a kernel serves gives the same source (and one cache entry).
+std::vector<std::string> ir_lines(const ir::Graph& g, ValueId v) {
+  return {std::regex_replace(ir::print_node(g, v), std::regex("%[0-9]+"), "%_")};
+}
+
+float* f32(void* p) {
+  return static_cast<float*>(p);
+}
+
+/// Lowers one graph; holds the per-graph scratch buffers.
+class Lowerer {
+public:
+  Lowerer(const ir::Graph& g, KernelSet& k, LoweringContext& c) : g_(g), k_(k), c_(c) {}
+
+  std::vector<LaunchFn> run() {
+    allocate_scratch();
+    for (ValueId v = 0; v < static_cast<ValueId>(g_.size()); ++v)
+      lower(v);
+    return std::move(out_);
+  }
+
+private:
+  void* addr(ValueId v, int r = 0) const { return c_.address(v, r); }
+
+  void allocate_scratch() {
+    size_t attn = 0, router = 0, act = 0;
+    for (ValueId v = 0; v < static_cast<ValueId>(g_.size()); ++v) {
+      const Node& n = g_.node(v);
+      if (n.op == Op::Attention)
+        attn = std::max<size_t>(attn, size_t(static_dim(g_, v, 1)) * static_dim(g_, v, 2));
+      if (n.op == Op::Router)
+        router = std::max<size_t>(router, size_t(static_dim(g_, n.inputs[1], 0)));
+      if (n.op == Op::MoeExperts || n.op == Op::MoeExpertsResidual)
+        act = std::max<size_t>(act, size_t(static_dim(g_, n.inputs[1], 1)) *
+                                        static_dim(g_, n.inputs[5], 2));
+    }
+    const size_t t = static_cast<size_t>(c_.max_tokens), splits = 32;
+    if (attn) {
+      part_o_ = c_.allocate(t * attn * splits * sizeof(float), nullptr);
+      part_ml_ = c_.allocate(t * attn * splits * 2 * sizeof(float), nullptr); // per head: <= D
+    }
+    if (router)
+      router_logits_ = c_.allocate(t * router * sizeof(float), nullptr);
+    if (act)
+      moe_act_ = c_.allocate(t * act * sizeof(float), nullptr);
+  }
+
+  /// Launches a decode linear over `rows` of x in chunks of at most 8 tokens.
+  void linear(int kernel, const codegen::LinearDims& d, Rows rows, const void* x, const void* ln,
+              const void* w, const void* b, const void* h, void* y) {
+    const KernelSet* ks = &k_;
+    out_.push_back([=](const DeviceStep& s) {
+      const int total = rows_of(rows, s);
+      for (int r0 = 0; r0 < total; r0 += d.max_tokens) {
+        const int n = std::min(d.max_tokens, total - r0);
+        const float* xc = static_cast<const float*>(x) + size_t(r0) * d.k;
+        const float* hc = h ? static_cast<const float*>(h) + size_t(r0) * d.n : nullptr;
+        float* yc = f32(y) + size_t(r0) * d.n;
+        std::vector<const void*> args = {xc};
+        if (d.norm)
+          args.push_back(ln);
+        args.push_back(w);
+        if (d.bias)
+          args.push_back(b);
+        if (d.residual)
+          args.push_back(hc);
+        args.push_back(yc);
+        launch_ptrs(*ks, kernel, n, s.stream, args, n);
+      }
+    });
+  }
+
+  /// Launches kernel `i` with pointer arguments and one trailing int.
+  static void launch_ptrs(const KernelSet& ks, int i, int rows, cudaStream_t stream,
+                          std::vector<const void*> ptrs, int tail) {
+    std::vector<void*> slots;
+    std::vector<size_t> sizes;
+    for (const void*& p : ptrs) {
+      slots.push_back(&p);
+      sizes.push_back(sizeof(void*));
+    }
+    slots.push_back(&tail);
+    sizes.push_back(sizeof(int));
+    ks.launch_raw(i, rows, 1, stream, slots.data(), sizes.data(), slots.size());
+  }
+
+  void lower_linear(ValueId v) {
+    const Node& n = g_.node(v);
+    codegen::LinearDims d;
+    const bool norm = n.op == Op::RmsNormLinear, residual = n.op == Op::LinearResidual;
+    const size_t wi = norm ? 2 : 1;
+    d.norm = norm;
+    d.residual = residual;
+    d.k = static_dim(g_, n.inputs[wi], 1);
+    d.n = static_dim(g_, n.inputs[wi], 0);
+    const size_t plain = norm ? 4 : 3; // inputs without the optional bias
+    d.bias = residual ? n.inputs.size() == 4 : n.inputs.size() == plain;
+    if (norm)
+      d.eps = n.attr_float("eps");
+    const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
+    linear(kernel, d, rows_kind(g_, v), addr(n.inputs[0]), norm ? addr(n.inputs[1]) : nullptr,
+           addr(n.inputs[wi]), d.bias ? addr(n.inputs[wi + 1]) : nullptr,
+           residual ? addr(n.inputs.back()) : nullptr, addr(v));
+  }
+
+  /// rope_yarn of [T, heads, head_dim] from `x` into `y` (may alias), the node's YaRN attributes.
+  void rope(ValueId v, int heads, int head_dim, const void* x, void* y) {
+    const Node& n = g_.node(v);
+    ir::ref::Yarn yarn;
+    yarn.theta = n.attr_float("theta");
+    yarn.factor = n.attr_float("factor");
+    yarn.original_max = n.attr_float("original_max");
+    yarn.beta_fast = n.attr_float("beta_fast");
+    yarn.beta_slow = n.attr_float("beta_slow");
+    yarn.truncate = n.attr_int("truncate") != 0;
+    const std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
+    const void* table = c_.allocate(inv.size() * sizeof(double), inv.data());
+    const codegen::RopeDims d{heads, head_dim, ir::ref::yarn_attention_factor(yarn)};
+    const int kernel = k_.add(codegen::emit_rope_yarn(d, ir_lines(g_, v)));
+    const void* pos = addr(n.inputs.back());
+    const KernelSet* ks = &k_;
+    out_.push_back(
+        [=](const DeviceStep& s) { ks->launch(kernel, s.tokens, 1, s.stream, x, pos, table, y); });
+  }
+
+  void lower_qkv_rope(ValueId v) {
+    const Node& n = g_.node(v);
+    const int head_dim = as_int(n.attr_int("head_dim"));
+    const double eps = n.attr_float("eps");
+    for (int r = 0; r < 3; ++r) {
+      const ValueId w = n.inputs[size_t(2 + 2 * r)], b = n.inputs[size_t(3 + 2 * r)];
+      codegen::LinearDims d;
+      d.norm = true;
+      d.eps = eps;
+      d.k = static_dim(g_, w, 1);
+      d.n = static_dim(g_, w, 0);
+      const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
+      linear(kernel, d, Rows::Tokens, addr(n.inputs[0]), addr(n.inputs[1]), addr(w), addr(b),
+             nullptr, addr(v, r));
+    }
+    for (int r = 0; r < 2; ++r) // q and k rotate in place
+      rope(v, static_dim(g_, v, 1, r), head_dim, addr(v, r), addr(v, r));
+  }
+
+  /// The KV cache node a cache operand (a cache or an earlier kv_write of it) stands for.
+  ValueId cache_node(ValueId v) const {
+    while (g_.node(v).op == Op::KvWrite)
+      v = g_.node(v).inputs[0];
+    XSERV_CHECK(g_.node(v).op == Op::Cache,
+                "cache operand is not a cache: " + ir::print_node(g_, v));
+    return v;
+  }
+
+  int cache_slots(ValueId cache) const {
+    const ir::Dim& d = g_.type(cache).shape.at(1);
+    return as_int(d.name.empty() ? d.size : c_.max_seq);
+  }
+
+  void lower_attention(ValueId v) {
+    const Node& n = g_.node(v);
+    const ValueId kc = cache_node(n.inputs[3]);
+    codegen::AttentionDims d;
+    d.heads = static_dim(g_, v, 1);
+    d.head_dim = static_dim(g_, v, 2);
+    d.kv_heads = static_dim(g_, n.inputs[1], 1);
+    d.slots = cache_slots(kc);
+    d.window = as_int(n.attr_int("window"));
+    d.scale = n.attr_float("scale");
+    const int dec = k_.add(codegen::emit_attention_decode(d, ir_lines(g_, v)));
+    // The combine step depends only on heads and head_dim: one generic header for every node.
+    const int comb = k_.add(codegen::emit_attention_combine(
+        d, {"merges the key splits of attention(...) for any window and scale"}));
+    std::vector<const void*> in;
+    for (size_t i = 0; i < 10; ++i)
+      in.push_back(i == 3 || i == 4 ? addr(cache_node(n.inputs[i])) : addr(n.inputs[i]));
+    void* out = addr(v);
+    void *ml = part_ml_, *po = part_o_;
+    const KernelSet* ks = &k_;
+    const int window = d.window;
+    out_.push_back([=](const DeviceStep& s) {
+      const int keys = window > 0 ? std::min(s.max_pos + 1, window) : s.max_pos + 1;
+      const int splits = codegen::attention_splits(keys);
+      ks->launch(dec, s.tokens, splits, s.stream, in[0], in[1], in[2], in[3], in[4], in[5], in[6],
+                 in[7], in[8], in[9], out, ml, po);
+      if (splits > 1)
+        ks->launch(comb, s.tokens, 1, s.stream, static_cast<const void*>(ml),
+                   static_cast<const void*>(po), in[5], splits, out);
+    });
+  }
+
+  void lower_kv_write(ValueId v) {
+    const Node& n = g_.node(v);
+    const ValueId cache = cache_node(n.inputs[0]);
+    const codegen::KvWriteDims d{static_dim(g_, n.inputs[1], 1), static_dim(g_, n.inputs[1], 2),
+                                 cache_slots(cache)};
+    const int kernel = k_.add(codegen::emit_kv_write(d, ir_lines(g_, v)));
+    void* c = addr(cache);
+    const void *x = addr(n.inputs[1]), *pos = addr(n.inputs[2]), *seq = addr(n.inputs[3]);
+    const void* rows = addr(n.inputs[4]);
+    const KernelSet* ks = &k_;
+    out_.push_back([=](const DeviceStep& s) {
+      ks->launch(kernel, s.tokens, 1, s.stream, c, x, pos, seq, rows);
+    });
+  }
+
+  void topk(ValueId v, int experts, int k, const void* logits) {
+    const int kernel = k_.add(codegen::emit_router_topk({experts, k}, ir_lines(g_, v)));
+    void *w = addr(v, 0), *ids = addr(v, 1);
+    const KernelSet* ks = &k_;
+    out_.push_back(
+        [=](const DeviceStep& s) { ks->launch(kernel, s.tokens, 1, s.stream, logits, w, ids); });
+  }
+
+  void lower_router(ValueId v) {
+    const Node& n = g_.node(v);
+    codegen::LinearDims d;
+    d.k = static_dim(g_, n.inputs[1], 1);
+    d.n = static_dim(g_, n.inputs[1], 0);
+    d.bias = n.inputs.size() == 3;
+    const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
+    linear(kernel, d, Rows::Tokens, addr(n.inputs[0]), nullptr, addr(n.inputs[1]),
+           d.bias ? addr(n.inputs[2]) : nullptr, nullptr, router_logits_);
+    topk(v, d.n, as_int(n.attr_int("k")), router_logits_);
+  }
+
+  void lower_moe(ValueId v) {
+    const Node& n = g_.node(v);
+    codegen::MoeDims d;
+    d.experts = static_dim(g_, n.inputs[3], 0);
+    d.hidden = static_dim(g_, n.inputs[3], 2);
+    d.inter = static_dim(g_, n.inputs[5], 2);
+    d.k = static_dim(g_, n.inputs[1], 1);
+    d.residual = n.op == Op::MoeExpertsResidual;
+    d.limit = n.attr_float("limit");
+    d.alpha = n.attr_float("alpha");
+    const int gu = k_.add(codegen::emit_moe_gate_up(d, ir_lines(g_, v)));
+    const int dn = k_.add(codegen::emit_moe_down(d, ir_lines(g_, v)));
+    std::vector<const void*> in;
+    for (ValueId i : n.inputs)
+      in.push_back(addr(i));
+    void *act = moe_act_, *y = addr(v);
+    const bool residual = d.residual;
+    const KernelSet* ks = &k_;
+    out_.push_back([=](const DeviceStep& s) {
+      ks->launch(gu, s.tokens, 1, s.stream, in[0], in[2], in[3], in[4], act);
+      const void* a = act;
+      if (residual)
+        ks->launch(dn, s.tokens, 1, s.stream, a, in[1], in[2], in[5], in[6], in[7], y);
+      else
+        ks->launch(dn, s.tokens, 1, s.stream, a, in[1], in[2], in[5], in[6], y);
+    });
+  }
+
+  /// A per-row kernel over the value's rows with the given pointer arguments.
+  void per_row(ValueId v, int kernel, Rows rows, std::vector<const void*> args) {
+    const KernelSet* ks = &k_;
+    out_.push_back([=](const DeviceStep& s) {
+      const int r = rows_of(rows, s);
+      if (args.size() == 3)
+        ks->launch(kernel, r, 1, s.stream, args[0], args[1], args[2]);
+      else
+        ks->launch(kernel, r, 1, s.stream, args[0], args[1], args[2], args[3]);
+    });
+    (void)v;
+  }
+
+  void lower(ValueId v) {
+    const Node& n = g_.node(v);
+    switch (n.op) {
+    case Op::Param:
+    case Op::Weight:
+    case Op::Cache:
+    case Op::Reshape:
+    case Op::Extract:
+      return; // sources and aliases: nothing to launch
+    case Op::Embedding: {
+      const codegen::EmbeddingDims d{static_dim(g_, n.inputs[0], 0),
+                                     static_dim(g_, n.inputs[0], 1)};
+      per_row(v, k_.add(codegen::emit_embedding(d, ir_lines(g_, v))), Rows::Tokens,
+              {addr(n.inputs[0]), addr(n.inputs[1]), addr(v)});
+      return;
+    }
+    case Op::RmsNorm: {
+      const codegen::RmsNormDims d{static_dim(g_, v, g_.type(v).shape.size() - 1),
+                                   n.attr_float("eps")};
+      per_row(v, k_.add(codegen::emit_rms_norm(d, ir_lines(g_, v))), rows_kind(g_, v),
+              {addr(n.inputs[0]), addr(n.inputs[1]), addr(v)});
+      return;
+    }
+    case Op::SelectRows: {
+      const auto& shape = g_.type(v).shape;
+      int width = 1;
+      for (size_t i = 1; i < shape.size(); ++i)
+        width *= static_dim(g_, v, i);
+      per_row(v, k_.add(codegen::emit_select_rows({width}, ir_lines(g_, v))), Rows::Seqs,
+              {addr(n.inputs[0]), addr(n.inputs[1]), addr(v)});
+      return;
+    }
+    case Op::Linear:
+    case Op::RmsNormLinear:
+    case Op::LinearResidual:
+      return lower_linear(v);
+    case Op::RopeYarn:
+      return rope(v, static_dim(g_, v, 1), static_dim(g_, v, 2), addr(n.inputs[0]), addr(v));
+    case Op::QkvRope:
+      return lower_qkv_rope(v);
+    case Op::Attention:
+      return lower_attention(v);
+    case Op::KvWrite:
+      return lower_kv_write(v);
+    case Op::RouterTopK:
+      return topk(v, static_dim(g_, n.inputs[0], 1), as_int(n.attr_int("k")), addr(n.inputs[0]));
+    case Op::Router:
+      return lower_router(v);
+    case Op::MoeExperts:
+    case Op::MoeExpertsResidual:
+      return lower_moe(v);
+    default:
+      throw Error(fmt::format("the CUDA engine cannot run '{}' yet: {}", ir::op_name(n.op),
+                              ir::print_node(g_, v)));
+    }
+  }
+
+  const ir::Graph& g_;
+  KernelSet& k_;
+  LoweringContext& c_;
+  std::vector<LaunchFn> out_;
+  void *part_ml_ = nullptr, *part_o_ = nullptr, *router_logits_ = nullptr, *moe_act_ = nullptr;
+};
+
+} // namespace
+
+std::vector<LaunchFn> lower_graph(const ir::Graph& g, KernelSet& kernels, LoweringContext& ctx) {
+  return Lowerer(g, kernels, ctx).run();
+}
+
+} // namespace xserv::cli

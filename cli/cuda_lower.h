@@ -1,0 +1,85 @@
+// Lowering a fused gpt-oss graph to a sequence of CUDA kernel launches for the CUDA engine.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "codegen/emit.h"
+#include "ir/graph.h"
+#include "runtime/module.h"
+
+namespace xserv::cli {
+
+/// The run-time sizes of one (sub-)step that launches depend on.
+struct DeviceStep {
+  int tokens = 0;  ///< T: tokens in the step, at most the engine's token capacity
+  int seqs = 0;    ///< B: sequences in the step
+  int max_pos = 0; ///< the largest position of any token (decides attention key splits)
+  cudaStream_t stream = nullptr;
+};
+
+/// The generated kernels of an engine, each once by name, compiled together.
+class KernelSet {
+public:
+  /// Adds `src` unless a kernel of that name is already there; returns its index.
+  int add(codegen::KernelSource src);
+  /// Compiles (or loads from `cache_dir`) and loads every kernel; returns how many NVRTC
+  /// actually compiled (the rest came from the cache).
+  int build(const std::filesystem::path& cache_dir);
+  size_t size() const { return sources_.size(); }
+  const codegen::KernelSource& source(int i) const { return sources_.at(static_cast<size_t>(i)); }
+
+  /// Launches kernel `i` for `rows` grid rows (tokens, or sequences for per-sequence kernels)
+  /// and `splits` key splits, by its launch rule; argument types must match exactly.
+  template <typename... Args>
+  void launch(int i, int rows, int splits, cudaStream_t stream, const Args&... args) const {
+    const codegen::KernelSource& s = source(i);
+    const auto g = s.launch.grid(rows, splits);
+    modules_.at(static_cast<size_t>(i))
+        .launch(kernels_.at(static_cast<size_t>(i)), dim3(g[0], g[1], g[2]), dim3(s.launch.block),
+                s.launch.smem(rows), stream, args...);
+  }
+
+  /// launch() with type-erased arguments (`args[i]` points at `sizes[i]` bytes).
+  void launch_raw(int i, int rows, int splits, cudaStream_t stream, void** args,
+                  const size_t* sizes, size_t count) const {
+    const codegen::KernelSource& s = source(i);
+    const auto g = s.launch.grid(rows, splits);
+    modules_.at(static_cast<size_t>(i))
+        .launch_raw(kernels_.at(static_cast<size_t>(i)), dim3(g[0], g[1], g[2]),
+                    dim3(s.launch.block), s.launch.smem(rows), stream, args, sizes, count);
+  }
+
+private:
+  std::vector<codegen::KernelSource> sources_;
+  std::map<std::string, int> by_name_;
+  std::vector<runtime::Module> modules_;
+  std::vector<runtime::Kernel> kernels_;
+};
+
+/// What the lowering needs from the engine: device addresses and allocations.
+struct LoweringContext {
+  int max_tokens = 8;                  ///< T capacity of the activation arena and scratch buffers
+  int max_seqs = 1;                    ///< B capacity
+  int64_t cache_rows = 1, max_seq = 1; ///< the N and S dims of cache nodes
+  /// Device address of result `result` of value `v` (params, weights, caches, activations).
+  std::function<void*(ir::ValueId v, int result)> address;
+  /// A device buffer of `bytes` that lives as long as the engine, filled from `host` if given.
+  std::function<void*(size_t bytes, const void* host)> allocate;
+};
+
+/// One launch (or a few) of a lowered node, run in node order every step.
+using LaunchFn = std::function<void(const DeviceStep&)>;
+
+/// Lowers every node of `g` (the default pipeline's output) to launches of kernels it adds to
+/// `kernels`; reshape and extract are aliases and sources launch nothing. Each launch closure
+/// reads pointers fixed at lowering time and only the step's sizes. Throws xserv::Error naming
+/// the node for an op the CUDA engine does not lower yet.
+std::vector<LaunchFn> lower_graph(const ir::Graph& g, KernelSet& kernels, LoweringContext& ctx);
+
+} // namespace xserv::cli

@@ -1,0 +1,50 @@
+// Row-copy kernels of a step: embedding gather (bf16 -> fp32), select_rows, and kv_write
+// (fp32 -> bf16 into a KV cache row and slot).
+#pragma once
+
+#include "xserv_kernels/common.cuh"
+
+namespace xserv_kernels {
+
+/// Threads per block of the row-copy kernels.
+constexpr int kGatherThreads = 256;
+
+/// embedding(table, ids): out[t, :] = table[ids[t], :] as fp32 for token t = blockIdx.y. table
+/// bf16 [V, D]; out fp32 [T, D]. An id outside [0, V) (the host checks ids first) gives zeros.
+template <int V, int D>
+__device__ __forceinline__ void embedding_gather(const __nv_bfloat16* __restrict__ table,
+                                                 const int* __restrict__ ids,
+                                                 float* __restrict__ out) {
+  const int t = blockIdx.y, id = ids[t];
+  const bool ok = id >= 0 && id < V;
+  for (int i = threadIdx.x; i < D; i += kGatherThreads)
+    out[(size_t)t * D + i] = ok ? bf16_to_float(table[(size_t)id * D + i]) : 0.0f;
+}
+
+/// select_rows(x, rows): out[r, :] = x[rows[r], :] for row r = blockIdx.y; x and out fp32 with
+/// W values per row. The host checks the row indices.
+template <int W>
+__device__ __forceinline__ void select_rows(const float* __restrict__ x,
+                                            const int* __restrict__ rows, float* __restrict__ out) {
+  const int r = blockIdx.y;
+  const size_t src = (size_t)rows[r] * W;
+  for (int i = threadIdx.x; i < W; i += kGatherThreads)
+    out[(size_t)r * W + i] = x[src + i];
+}
+
+/// kv_write(cache, x, positions, token_seq, cache_rows) for token t = blockIdx.y: the W = G * D
+/// fp32 values x[t, :, :] rounded to bf16 into cache[cache_rows[token_seq[t]], positions[t] % S].
+/// cache bf16 [rows, S, G, D].
+template <int W, int S>
+__device__ __forceinline__ void
+kv_write(__nv_bfloat16* __restrict__ cache, const float* __restrict__ x,
+         const int* __restrict__ positions, const int* __restrict__ token_seq,
+         const int* __restrict__ cache_rows) {
+  const int t = blockIdx.y;
+  const int row = cache_rows[token_seq[t]], slot = positions[t] % S;
+  __nv_bfloat16* dst = cache + ((size_t)row * S + slot) * W;
+  for (int i = threadIdx.x; i < W; i += kGatherThreads)
+    dst[i] = __float2bfloat16_rn(x[(size_t)t * W + i]);
+}
+
+} // namespace xserv_kernels

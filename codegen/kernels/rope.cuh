@@ -1,0 +1,42 @@
+// YaRN rotary embedding (rotate-half) of one token's heads, angles in float64.
+#pragma once
+
+#include "xserv_kernels/common.cuh"
+
+namespace xserv_kernels {
+
+/// Threads per block of rope_yarn.
+constexpr int kRopeThreads = 256;
+
+/// rope_yarn(x, positions) for token t = blockIdx.y: with p = positions[t] and, for pair
+/// j < D/2, c = cos(p inv_freq[j]) att and s = sin(p inv_freq[j]) att (angle and its sine and
+/// cosine in float64, as the host reference computes them), y[t, h, j] = x1 c - x2 s and
+/// y[t, h, j + D/2] = x2 c + x1 s, x1 = x[t, h, j], x2 = x[t, h, j + D/2]. x, y fp32 [T, H, D];
+/// inv_freq float64 [D/2] (the host's yarn_inv_freq). y may alias x.
+template <int H, int D>
+__device__ __forceinline__ void rope_yarn(const float* x, const int* __restrict__ positions,
+                                          const double* __restrict__ inv_freq, double att,
+                                          float* y) {
+  constexpr int kHalf = D / 2;
+  __shared__ double cs[kHalf], sn[kHalf];
+  const int t = blockIdx.y;
+  const double p = positions[t];
+  for (int j = threadIdx.x; j < kHalf; j += kRopeThreads) {
+    double s, c;
+    sincos(p * inv_freq[j], &s, &c);
+    cs[j] = c * att;
+    sn[j] = s * att;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < H * kHalf; i += kRopeThreads) {
+    const int h = i / kHalf, j = i % kHalf;
+    const size_t base = ((size_t)t * H + h) * D;
+    // In float64 like the reference, so the result matches it to the last fp32 rounding.
+    const double x1 = x[base + j], x2 = x[base + j + kHalf];
+    const double c = cs[j], s = sn[j];
+    y[base + j] = float(x1 * c - x2 * s);
+    y[base + j + kHalf] = float(x2 * c + x1 * s);
+  }
+}
+
+} // namespace xserv_kernels
