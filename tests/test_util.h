@@ -22,7 +22,13 @@ inline std::optional<std::filesystem::path> data_dir() {
   return std::nullopt;
 }
 
-inline std::filesystem::path source_dir() { return XSERV_SOURCE_DIR; }
+/// The source tree: $XSERV_SOURCE_DIR when set (the GPU machine runs a copy of the tree in
+/// another place), else the one this test was built from.
+inline std::filesystem::path source_dir() {
+  if (const char* env = std::getenv("XSERV_SOURCE_DIR"); env && *env)
+    return env;
+  return XSERV_SOURCE_DIR;
+}
 
 } // namespace xserv::testing
 
