@@ -81,6 +81,10 @@ int cmd_compile(const ParsedArgs& args) {
   progress.step("building the graph");
   models::BuildOptions bopts;
   bopts.last_logits_only = !args.has("--all-logits");
+  const std::string kv = args.get("--kv-dtype", "f32");
+  if (kv != "f32" && kv != "bf16")
+    throw UsageError(fmt::format("--kv-dtype must be f32 or bf16, got '{}'", kv));
+  bopts.kv_dtype = kv == "f32" ? ir::DType::F32 : ir::DType::BF16;
   ir::Graph g = models::build_gpt_oss(cfg, bopts);
   progress.finish(fmt::format("{} nodes", g.size()));
 
@@ -131,6 +135,7 @@ int cmd_compile(const ParsedArgs& args) {
         {"pp", pass_opts.pipeline_stages},
         {"prefill_chunk", chunk},
         {"last_logits_only", bopts.last_logits_only},
+        {"kv_dtype", kv},
         {"arch", args.get("--arch", "sm_90")}}},
       {"weights", weight_files},
       {"memory",

@@ -52,10 +52,14 @@ int cmd_inspect(const ParsedArgs& args) {
   const int64_t max_seq = opt.value("max_seq", int64_t{1});
   const WeightBytes w = weight_bytes(cfg);
   // KV cache: full layers hold max_seq positions, sliding layers a ring of sliding_window.
+  double kv_elem = 2;
+  for (const auto& n : g.nodes)
+    if (n.op == ir::Op::Cache)
+      kv_elem = n.type().dtype == ir::DType::F32 ? 4 : 2;
   double kv = 0;
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
     kv += static_cast<double>(cfg.is_sliding(l) ? std::min(cfg.sliding_window, max_seq) : max_seq) *
-          static_cast<double>(cfg.kv_width()) * 2 * 2 * static_cast<double>(max_batch);
+          static_cast<double>(cfg.kv_width()) * 2 * kv_elem * static_cast<double>(max_batch);
   const double arena = pj.contains("memory") ? pj["memory"].value("arena_bytes", 0.0) : 0.0;
   std::map<std::string, int> ops;
   for (const auto& n : g.nodes)

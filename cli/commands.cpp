@@ -54,6 +54,7 @@ const std::vector<Command>& commands() {
          {"--all-logits", "", "return logits for every token, not only each sequence's last"},
          {"--max-batch", "B", "most sequences decoded together (default 64)"},
          {"--max-seq", "S", "longest sequence, prompt plus output (default 8192)"},
+         {"--kv-dtype", "f32|bf16", "KV cache element type (default f32: exact keys/values)"},
          {"--prefill-chunk", "T", "most prompt tokens per step (default min(2048, max-seq))"},
          {"--pp", "N", "pipeline stages (default 1)"},
          {"--arch", "sm_XX", "GPU architecture (default sm_90)"}},

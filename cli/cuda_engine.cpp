@@ -239,7 +239,7 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
     const std::vector<int64_t> shape =
         ir::concrete(m.graph.type(v).shape,
                      {{models::dims::kCacheRows, max_batch}, {models::dims::kMaxSeq, max_seq}});
-    size_t bytes = 2;
+    size_t bytes = m.graph.type(v).dtype == ir::DType::F32 ? 4 : 2;
     for (int64_t s : shape)
       bytes *= static_cast<size_t>(s);
     m.caches[v] = {m.allocate(bytes), bytes};

@@ -252,6 +252,7 @@ private:
     d.slots = cache_slots(kc);
     d.window = as_int(n.attr_int("window"));
     d.scale = n.attr_float("scale");
+    d.f32_cache = g_.type(kc).dtype == ir::DType::F32;
     const int dec = k_.add(codegen::emit_attention_decode(d, ir_lines(g_, v)));
     // The combine step depends only on heads and head_dim: one generic header for every node.
     const int comb = k_.add(codegen::emit_attention_combine(
@@ -278,7 +279,7 @@ private:
     const Node& n = g_.node(v);
     const ValueId cache = cache_node(n.inputs[0]);
     const codegen::KvWriteDims d{static_dim(g_, n.inputs[1], 1), static_dim(g_, n.inputs[1], 2),
-                                 cache_slots(cache)};
+                                 cache_slots(cache), g_.type(cache).dtype == ir::DType::F32};
     const int kernel = k_.add(codegen::emit_kv_write(d, ir_lines(g_, v)));
     void* c = addr(cache);
     const void *x = addr(n.inputs[1]), *pos = addr(n.inputs[2]), *seq = addr(n.inputs[3]);

@@ -121,8 +121,10 @@ KernelSource emit_attention_decode(const AttentionDims& d,
   std::vector<Param> params;
   for (const char* n : {"q", "k", "v"})
     params.push_back({fmt::format("const float* {}", n), n});
-  for (const char* n : {"k_cache", "v_cache", "sinks"})
-    params.push_back({fmt::format("{} {}", kBf16, n), n});
+  const char* cache_t = d.f32_cache ? "const float*" : kBf16;
+  for (const char* n : {"k_cache", "v_cache"})
+    params.push_back({fmt::format("{} {}", cache_t, n), n});
+  params.push_back({fmt::format("{} sinks", kBf16), "sinks"});
   for (const char* n : {"positions", "token_seq", "ctx_lens", "cache_rows"})
     params.push_back({fmt::format("const int* {}", n), n});
   params.push_back({"", float_literal(d.scale)});
@@ -132,8 +134,10 @@ KernelSource emit_attention_decode(const AttentionDims& d,
   launch.blocks_x = d.kv_heads;
   launch.y_per_token = 1;
   launch.z_splits = true;
-  std::string call = fmt::format("attention_decode<{}, {}, {}, {}, {}>", d.heads, d.kv_heads,
-                                 d.head_dim, d.slots, d.window);
+  std::string call = fmt::format("attention_decode<{}, {}, {}, {}, {}{}>", d.heads, d.kv_heads,
+                                 d.head_dim, d.slots, d.window, d.f32_cache ? ", float" : "");
+  if (d.f32_cache)
+    name += "_kvf32";
   if (static_cast<float>(d.scale) != static_cast<float>(1.0 / std::sqrt(d.head_dim)))
     name += attr_suffix("scale", d.scale, 1.0 / std::sqrt(d.head_dim));
   return assemble(std::move(name), ir_lines, "attention.cuh", call, params, launch);
@@ -245,13 +249,16 @@ KernelSource emit_rope_yarn(const RopeDims& d, const std::vector<std::string>& i
 
 KernelSource emit_kv_write(const KvWriteDims& d, const std::vector<std::string>& ir_lines) {
   check_positive("kv_write", {d.kv_heads, d.head_dim, d.slots});
-  std::vector<Param> params = {{"__nv_bfloat16* cache", "cache"},
+  std::vector<Param> params = {{d.f32_cache ? "float* cache" : "__nv_bfloat16* cache", "cache"},
                                {"const float* x", "x"},
                                {"const int* positions", "positions"},
                                {"const int* token_seq", "token_seq"},
                                {"const int* cache_rows", "cache_rows"}};
-  return assemble(fmt::format("kv_write_g{}_d{}_s{}", d.kv_heads, d.head_dim, d.slots), ir_lines,
-                  "gather.cuh", fmt::format("kv_write<{}, {}>", d.kv_heads * d.head_dim, d.slots),
+  return assemble(fmt::format("kv_write_g{}_d{}_s{}{}", d.kv_heads, d.head_dim, d.slots,
+                              d.f32_cache ? "_kvf32" : ""),
+                  ir_lines, "gather.cuh",
+                  fmt::format("kv_write<{}, {}{}>", d.kv_heads * d.head_dim, d.slots,
+                              d.f32_cache ? ", float" : ""),
                   params, per_row(256));
 }
 

@@ -51,6 +51,7 @@ struct AttentionDims {
   int slots = 0;  ///< cache slots per row: the ring size on sliding layers
   int window = 0; ///< 0: full causal attention
   double scale = 0;
+  bool f32_cache = false; ///< fp32 KV cache instead of bf16
 };
 
 /// moe_experts(_residual) on bf16 experts, as moe_gate_up then moe_down.
@@ -74,10 +75,12 @@ struct RopeDims {
   double attention_factor = 1.0; ///< ir::ref::yarn_attention_factor
 };
 
-/// kv_write of [T, kv_heads, head_dim] fp32 into a bf16 cache [rows, slots, kv_heads, head_dim].
+/// kv_write of [T, kv_heads, head_dim] fp32 into a bf16 (or fp32) cache [rows, slots, kv_heads,
+/// head_dim].
 /// Parameters: cache, x, positions, token_seq, cache_rows; grid.y = tokens.
 struct KvWriteDims {
   int kv_heads = 0, head_dim = 0, slots = 0;
+  bool f32_cache = false;
 };
 
 /// router_topk over [T, experts] fp32 logits. Parameters: logits, weights, ids; grid.y = tokens.

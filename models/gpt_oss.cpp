@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "ir/builder.h"
+#include "ir/error.h"
 
 namespace xserv::models {
 namespace {
@@ -28,7 +29,7 @@ struct Inputs {
 
 class GptOssBuilder {
 public:
-  GptOssBuilder(const ModelConfig& c, ir::Graph& g) : c_(c), b_(g) {}
+  GptOssBuilder(const ModelConfig& c, ir::Graph& g, ir::DType kv) : c_(c), b_(g), kv_(kv) {}
 
   Type bf16(ir::Shape s) const { return Type{DType::BF16, std::move(s)}; }
 
@@ -65,7 +66,7 @@ public:
 
     const bool sliding = c_.is_sliding(l);
     const Dim slots = sliding ? Dim(c_.sliding_window) : Dim::dynamic(dims::kMaxSeq);
-    const Type cache_t{DType::BF16, {Dim::dynamic(dims::kCacheRows), slots, nkv, hd}};
+    const Type cache_t{kv_, {Dim::dynamic(dims::kCacheRows), slots, nkv, hd}};
     ValueId kc = b_.cache(p + "k_cache", cache_t), vc = b_.cache(p + "v_cache", cache_t);
     ValueId sinks = w(p + "self_attn.sinks", bf16({nh}));
     ValueId attn = b_.add_node(
@@ -124,13 +125,16 @@ public:
 private:
   const ModelConfig& c_;
   Builder b_;
+  ir::DType kv_;
 };
 
 } // namespace
 
 ir::Graph build_gpt_oss(const ModelConfig& cfg, const BuildOptions& opts) {
   ir::Graph g;
-  GptOssBuilder(cfg, g).build(opts);
+  if (opts.kv_dtype != DType::F32 && opts.kv_dtype != DType::BF16)
+    throw Error("the KV cache holds f32 or bf16 values");
+  GptOssBuilder(cfg, g, opts.kv_dtype).build(opts);
   return g;
 }
 

@@ -13,6 +13,10 @@ struct BuildOptions {
   bool last_logits_only = true;
   /// Also return the greedy next token of each logits row (argmax), i32[B] or i32[T].
   bool greedy = false;
+  /// Element type of the KV caches: f32 keeps the step's keys and values exact (the GPU path
+  /// then tracks fp32 references far more closely, which matters at router near-ties), bf16
+  /// halves their memory and the bytes a long-context decode reads.
+  ir::DType kv_dtype = ir::DType::F32;
 };
 
 /// Names of the graph's runtime inputs (param nodes).

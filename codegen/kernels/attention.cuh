@@ -1,5 +1,6 @@
-// Decode-path attention with sinks over a bf16 KV cache (optionally a sliding-window ring) and the
-// step's own keys, split over keys across blocks with an online softmax and a combine kernel.
+// Decode-path attention with sinks over a bf16 or fp32 KV cache (optionally a sliding-window ring)
+// and the step's own keys, split over keys across blocks with an online softmax and a combine
+// kernel.
 #pragma once
 
 #include "xserv_kernels/common.cuh"
@@ -19,18 +20,18 @@ __device__ __forceinline__ float attn_finish(float m, float l, float o, float si
 
 /// attention(q, k, v, k_cache, v_cache, sinks, positions, token_seq, ctx_lens, cache_rows)
 /// {window, scale} for one (token t = blockIdx.y, kv head g = blockIdx.x, key split
-/// s = blockIdx.z of gridDim.z). q [T, H, D], k/v [T, G, D] fp32; caches bf16 [rows, S, G, D],
-/// slot = pos % S; sinks bf16 [H]. Token t at position p sees keys lo..p, lo = WINDOW ? p-WINDOW+1
-/// : 0 (clamped at 0): positions < ctx_len come from the cache, the rest from the step's
-/// k/v (tokens of a sequence are contiguous with consecutive positions). The key range is cut
-/// into gridDim.z equal parts. With one split the block writes out [T, H, D] directly; else it
-/// writes its running max/sum [T, H, splits] and unnormalised output [T, H, splits, D] into
+/// s = blockIdx.z of gridDim.z). q [T, H, D], k/v [T, G, D] fp32; caches CacheT (bf16 or fp32)
+/// [rows, S, G, D], slot = pos % S; sinks bf16 [H]. Token t at position p sees keys lo..p, lo =
+/// WINDOW ? p-WINDOW+1 : 0 (clamped at 0): positions < ctx_len come from the cache, the rest from
+/// the step's k/v (tokens of a sequence are contiguous with consecutive positions). The key range
+/// is cut into gridDim.z equal parts. With one split the block writes out [T, H, D] directly; else
+/// it writes its running max/sum [T, H, splits] and unnormalised output [T, H, splits, D] into
 /// part_ml (max then sum, 2 floats) and part_o for attention_combine.
-template <int H, int G, int D, int S, int WINDOW>
+template <int H, int G, int D, int S, int WINDOW, typename CacheT = __nv_bfloat16>
 __device__ __forceinline__ void
 attention_decode(const float* __restrict__ q, const float* __restrict__ k,
-                 const float* __restrict__ v, const __nv_bfloat16* __restrict__ k_cache,
-                 const __nv_bfloat16* __restrict__ v_cache, const __nv_bfloat16* __restrict__ sinks,
+                 const float* __restrict__ v, const CacheT* __restrict__ k_cache,
+                 const CacheT* __restrict__ v_cache, const __nv_bfloat16* __restrict__ sinks,
                  const int* __restrict__ positions, const int* __restrict__ token_seq,
                  const int* __restrict__ ctx_lens, const int* __restrict__ cache_rows, float scale,
                  float* __restrict__ out, float* __restrict__ part_ml, float* __restrict__ part_o) {
@@ -75,8 +76,8 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ k,
       float kf[8], vf[8];
       if (j < ctx) {
         const size_t off = (((size_t)row * S + j % S) * G + g) * D + e;
-        unpack_bf16x8(*reinterpret_cast<const uint4*>(k_cache + off), kf);
-        unpack_bf16x8(*reinterpret_cast<const uint4*>(v_cache + off), vf);
+        load_cache8(k_cache + off, kf);
+        load_cache8(v_cache + off, vf);
       } else {
         const size_t off = ((size_t)(t - (p - j)) * G + g) * D + e;
 #pragma unroll

@@ -30,6 +30,24 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4& u, float (&out)[8]) {
   }
 }
 
+/// Eight consecutive KV-cache values as fp32, from a bf16 or an fp32 cache (16-byte aligned).
+__device__ __forceinline__ void load_cache8(const __nv_bfloat16* p, float (&out)[8]) {
+  unpack_bf16x8(*reinterpret_cast<const uint4*>(p), out);
+}
+__device__ __forceinline__ void load_cache8(const float* p, float (&out)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+/// Stores one fp32 value into a bf16 (rounded to nearest even) or an fp32 KV cache.
+__device__ __forceinline__ void store_cache(__nv_bfloat16* p, float v) {
+  *p = __float2bfloat16_rn(v);
+}
+__device__ __forceinline__ void store_cache(float* p, float v) {
+  *p = v;
+}
+
 /// A bf16 value as fp32.
 __device__ __forceinline__ float bf16_to_float(const __nv_bfloat16& v) {
   return __bfloat162float(v);

@@ -1,5 +1,5 @@
 // Row-copy kernels of a step: embedding gather (bf16 -> fp32), select_rows, and kv_write
-// (fp32 -> bf16 into a KV cache row and slot).
+// (fp32 into a bf16 or fp32 KV cache row and slot).
 #pragma once
 
 #include "xserv_kernels/common.cuh"
@@ -33,18 +33,17 @@ __device__ __forceinline__ void select_rows(const float* __restrict__ x,
 }
 
 /// kv_write(cache, x, positions, token_seq, cache_rows) for token t = blockIdx.y: the W = G * D
-/// fp32 values x[t, :, :] rounded to bf16 into cache[cache_rows[token_seq[t]], positions[t] % S].
-/// cache bf16 [rows, S, G, D].
-template <int W, int S>
+/// fp32 values x[t, :, :] into cache[cache_rows[token_seq[t]], positions[t] % S], rounded to bf16
+/// for a bf16 cache. cache CacheT [rows, S, G, D].
+template <int W, int S, typename CacheT = __nv_bfloat16>
 __device__ __forceinline__ void
-kv_write(__nv_bfloat16* __restrict__ cache, const float* __restrict__ x,
-         const int* __restrict__ positions, const int* __restrict__ token_seq,
-         const int* __restrict__ cache_rows) {
+kv_write(CacheT* __restrict__ cache, const float* __restrict__ x, const int* __restrict__ positions,
+         const int* __restrict__ token_seq, const int* __restrict__ cache_rows) {
   const int t = blockIdx.y;
   const int row = cache_rows[token_seq[t]], slot = positions[t] % S;
-  __nv_bfloat16* dst = cache + ((size_t)row * S + slot) * W;
+  CacheT* dst = cache + ((size_t)row * S + slot) * W;
   for (int i = threadIdx.x; i < W; i += kGatherThreads)
-    dst[i] = __float2bfloat16_rn(x[(size_t)t * W + i]);
+    store_cache(dst + i, x[(size_t)t * W + i]);
 }
 
 } // namespace xserv_kernels

@@ -22,7 +22,9 @@ done
 echo "== GPU tests done at $((SECONDS - start)) s"
 
 $B/xserv synth --config $D/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
-$B/xserv compile /tmp/g20 -o /tmp/g20.plan --max-seq 4096 --max-batch 32 2>&1 | tail -2
+$B/xserv compile /tmp/g20 -o /tmp/g20.plan --max-seq 8192 --max-batch 32 2>&1 | tail -2
+$B/xserv compile /tmp/g20 -o /tmp/g20-kvbf16.plan --max-seq 8192 --max-batch 32 --kv-dtype bf16 \
+  2>&1 | tail -1
 ids=$(seq -s, 1000 37 2800)
 timeout 150 $B/xserv run /tmp/g20.plan --backend cuda --prompt-ids "$ids" --max-tokens 64 \
   > "$OUT/run20b.log" 2>&1
@@ -32,6 +34,11 @@ timeout 200 $B/xserv bench /tmp/g20.plan --backend cuda -p 512 -n 128 -b 1,8 -r 
   > "$OUT/bench20b.md" 2> "$OUT/bench20b.err"
 summary+=("bench 20b rc=$?")
 cat "$OUT/bench20b.md"
+for plan in g20 g20-kvbf16; do # KV cache in fp32 (default) vs bf16 at depth
+  echo "== $plan: tg128 at depth 0 and 4096"
+  timeout 150 $B/xserv bench /tmp/$plan.plan --backend cuda -p 0 -n 128 -d 0,4096 -r 2 \
+    2> /dev/null | tail -2
+done
 timeout 200 $B/xserv eval /tmp/g20.plan --backend cuda --task gsm8k --data $D/gsm8k_test.jsonl \
   --limit 20 --batch 20 --max-tokens 96 --tokenizer $D/o200k_base.tiktoken \
   --out "$OUT/eval20b.jsonl" > "$OUT/eval20b.log" 2>&1

@@ -31,7 +31,12 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
   att.slots = 4096;
   att.window = 0;
   out.push_back(emit_attention_decode(att, {"full attention"}));
+  att.f32_cache = true;
+  out.push_back(emit_attention_decode(att, {"full attention, fp32 KV cache"}));
   out.push_back(emit_attention_combine(att, {"attention combine"}));
+  for (bool f32 : {false, true})
+    out.push_back(emit_kv_write({int(c.num_key_value_heads), int(c.head_dim), 4096, f32},
+                                {"kv_write"}));
   MoeDims moe{d,
               int(c.intermediate_size),
               int(c.num_local_experts),
