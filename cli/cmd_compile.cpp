@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/model_source.h"
 #include "compiler/memory_plan.h"
 #include "compiler/pass_manager.h"
 #include "models/checkpoint.h"
@@ -15,22 +16,6 @@
 
 namespace xserv::cli {
 namespace fs = std::filesystem;
-
-namespace {
-
-/// FNV-1a over the config text: identifies the model a plan was built for.
-std::string digest_of(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return fmt::format("fnv1a64:{:016x}", h);
-}
-
-} // namespace
 
 int cmd_compile(const ParsedArgs& args) {
   const fs::path model = args.positional()[0];
@@ -127,7 +112,7 @@ int cmd_compile(const ParsedArgs& args) {
       {"format", "xserv-plan"},
       {"version", 1},
       {"model_dir", fs::absolute(fs::is_directory(model) ? model : model.parent_path()).string()},
-      {"model_digest", digest_of(config_file)},
+      {"model_digest", config_digest(config_file)},
       {"config", cfg.to_json()},
       {"options",
        {{"max_batch", max_batch},

@@ -15,8 +15,61 @@
 namespace xserv::cli {
 namespace fs = std::filesystem;
 
+std::string config_digest(const fs::path& config_file) {
+  std::ifstream in(config_file, std::ios::binary);
+  if (!in)
+    throw Error(fmt::format("{}: cannot read", config_file.string()));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t h = 1469598103934665603ull; // FNV-1a: cheap, and enough to notice another config
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return fmt::format("fnv1a64:{:016x}", h);
+}
+
+void check_plan_arch(const std::string& plan_arch, const std::string& gpu_arch,
+                     const std::string& gpu_name) {
+  if (!plan_arch.empty() && plan_arch != gpu_arch)
+    throw Error(fmt::format("the plan was compiled for {} but GPU 0 ({}) is {}: recompile it with "
+                            "--arch {}",
+                            plan_arch, gpu_name, gpu_arch, gpu_arch));
+}
+
+namespace {
+
+/// The checkpoint must still be the one the plan was compiled from: same config bytes, and the
+/// same safetensors files with the same sizes (contents are not hashed: 13.8 GB per run).
+void check_checkpoint_matches(const nlohmann::json& pj, const ModelSource& src) {
+  const fs::path plan_file = src.plan_dir / "plan.json";
+  const std::string want = pj.value("model_digest", "");
+  const std::string have = config_digest(src.model_dir / "config.json");
+  if (!want.empty() && want != have)
+    throw Error(fmt::format("{}: the plan was compiled for another config than {} (digest {} vs "
+                            "{}): recompile the plan",
+                            plan_file.string(), (src.model_dir / "config.json").string(), want,
+                            have));
+  for (const auto& w : pj.value("weights", nlohmann::json::array())) {
+    const fs::path file = src.model_dir / w.value("file", "");
+    const uint64_t bytes = w.value("bytes", uint64_t{0});
+    std::error_code ec;
+    const uint64_t size = fs::file_size(file, ec);
+    if (ec)
+      throw Error(fmt::format("{}: the plan was compiled with {}, which is gone: recompile the "
+                              "plan or give --weights DIR",
+                              plan_file.string(), file.string()));
+    if (size != bytes)
+      throw Error(fmt::format("{}: {} is {} bytes, but {} when the plan was compiled: the "
+                              "checkpoint changed, recompile the plan",
+                              plan_file.string(), file.string(), size, bytes));
+  }
+}
+
+} // namespace
+
 ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
   ModelSource src;
+  nlohmann::json plan_doc;
   if (!fs::is_directory(path))
     throw UsageError(fmt::format("'{}' is not a plan or checkpoint directory", path));
   if (fs::exists(fs::path(path) / "plan.json")) {
@@ -28,6 +81,8 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
     src.model_dir = pj["model_dir"].get<std::string>();
     src.max_batch = pj["options"].value("max_batch", int64_t{1});
     src.max_seq = pj["options"].value("max_seq", int64_t{4096});
+    src.arch = pj["options"].value("arch", std::string());
+    plan_doc = std::move(pj);
   } else if (fs::exists(fs::path(path) / "config.json")) {
     src.model_dir = path;
   } else {
@@ -39,6 +94,8 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
     throw UsageError(fmt::format("checkpoint directory '{}' does not exist{}",
                                  src.model_dir.string(),
                                  src.plan_dir.empty() ? "" : " (give --weights DIR)"));
+  if (!src.plan_dir.empty())
+    check_checkpoint_matches(plan_doc, src);
   const int64_t plan_seq = src.max_seq, plan_batch = src.max_batch;
   src.max_seq =
       args.get_int("--max-seq", src.max_seq, 1, src.plan_dir.empty() ? (1 << 20) : plan_seq);
@@ -56,6 +113,8 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
     if (!dev.available && backend == "cuda")
       throw Error("no GPU: " + dev.reason + " (use --backend cpu)");
     backend = dev.available ? "cuda" : "cpu";
+    if (dev.available)
+      check_plan_arch(src.arch, dev.arch(), dev.name);
   }
   std::optional<ir::Graph> plan_graph;
   if (!src.plan_dir.empty()) {

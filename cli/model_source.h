@@ -18,10 +18,21 @@ struct ModelSource {
   std::filesystem::path plan_dir;  ///< empty when given a checkpoint directly
   int64_t max_batch = 1;
   int64_t max_seq = 4096;
+  std::string arch; ///< the GPU architecture the plan was compiled for ("sm_90"); empty: any
 };
 
+/// Identifies the model a plan was built for: a hash of its config.json bytes.
+std::string config_digest(const std::filesystem::path& config_file);
+
+/// Throws xserv::Error when a plan compiled for `plan_arch` is run on a GPU of `gpu_arch`,
+/// saying how to recompile.
+void check_plan_arch(const std::string& plan_arch, const std::string& gpu_arch,
+                     const std::string& gpu_name);
+
 /// Reads PATH (a plan or a checkpoint); `--weights DIR` overrides the checkpoint, `--max-seq`
-/// and `--max-batch` the limits (never above a plan's). Throws UsageError for bad paths.
+/// and `--max-batch` the limits (never above a plan's). Throws UsageError for bad paths, and
+/// xserv::Error when the checkpoint no longer matches the plan (another config, or safetensors
+/// files of other sizes than at compile time).
 ModelSource resolve_source(const std::string& path, const ParsedArgs& args);
 
 /// Builds the engine `--backend` asks for: cpu, cuda (Error "no GPU: ..." without one) or

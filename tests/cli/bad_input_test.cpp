@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <vector>
 
+#include "cli/model_source.h"
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
@@ -107,4 +108,32 @@ TEST_CASE("synth and run usage errors exit 2") {
   r = run_xserv("run " + (xserv::testing::source_dir() / "examples/tiny").string());
   CHECK(r.code == 2);
   CHECK(r.out.find("give exactly one of --prompt-ids") != std::string::npos);
+}
+
+TEST_CASE("a plan refuses a checkpoint that changed since compile") {
+  TinyCheckpoint ck("changed");
+  const fs::path plan = ck.dir / "plan";
+  REQUIRE(run_xserv("compile " + ck.dir.string() + " -o " + plan.string()).code == 0);
+  REQUIRE(
+      run_xserv("run " + plan.string() + " --prompt-ids 1,2 --max-tokens 1 --backend cpu").code ==
+      0);
+  // Another shard size: the checkpoint was rewritten.
+  fs::resize_file(ck.shard(), fs::file_size(ck.shard()) + 8);
+  RunResult r = run_xserv("run " + plan.string() + " --prompt-ids 1,2 --backend cpu");
+  CHECK(r.code == 1);
+  CHECK(r.out.find("the checkpoint changed, recompile the plan") != std::string::npos);
+  fs::resize_file(ck.shard(), fs::file_size(ck.shard()) - 8);
+  // Another config.
+  std::ofstream(ck.dir / "config.json", std::ios::app) << "\n";
+  r = run_xserv("run " + plan.string() + " --prompt-ids 1,2 --backend cpu");
+  CHECK(r.code == 1);
+  CHECK(r.out.find("the plan was compiled for another config") != std::string::npos);
+}
+
+TEST_CASE("a plan compiled for another GPU architecture is refused with the fix") {
+  CHECK_NOTHROW(xserv::cli::check_plan_arch("sm_90", "sm_90", "NVIDIA H200"));
+  CHECK_NOTHROW(xserv::cli::check_plan_arch("", "sm_80", "NVIDIA A100"));
+  CHECK_THROWS_WITH(xserv::cli::check_plan_arch("sm_90", "sm_80", "NVIDIA A100"),
+                    "the plan was compiled for sm_90 but GPU 0 (NVIDIA A100) is sm_80: recompile "
+                    "it with --arch sm_80");
 }
