@@ -11,29 +11,7 @@
 namespace xserv::compiler {
 
 PassResult fuse_moe_residual(const ir::Graph& g, const PassOptions&) {
-  const Uses uses(g);
-  GraphEdit edit(g);
-  for (size_t i = 0; i < g.size(); ++i) {
-    const ir::ValueId add_id = static_cast<ir::ValueId>(i);
-    const ir::Node& add = g.nodes[i];
-    if (add.op != ir::Op::Add)
-      continue;
-    for (size_t side : {size_t{1}, size_t{0}}) {
-      const ir::ValueId moe_id = add.inputs[side], h = add.inputs[1 - side];
-      const ir::Node& moe = g.node(moe_id);
-      if (moe.op != ir::Op::MoeExperts || uses.sole_user(moe_id) != add_id)
-        continue;
-      std::vector<ir::ValueId> ops = moe.inputs;
-      ops.push_back(h);
-      edit.replace(add_id, edit.add(add_id, ir::Op::MoeExpertsResidual, std::move(ops), moe.attrs));
-      edit.erase(add_id);
-      edit.erase(moe_id);
-      break;
-    }
-  }
-  if (!edit.changed())
-    return {g, false};
-  return {edit.finish(), true};
+  return fuse_into_residual_add(g, ir::Op::MoeExperts, ir::Op::MoeExpertsResidual);
 }
 
 } // namespace xserv::compiler

@@ -91,4 +91,30 @@ ir::Graph GraphEdit::finish() const {
   return out;
 }
 
+PassResult fuse_into_residual_add(const ir::Graph& g, ir::Op producer, ir::Op fused) {
+  const Uses uses(g);
+  GraphEdit edit(g);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const ir::ValueId add_id = static_cast<ir::ValueId>(i);
+    const ir::Node& add = g.nodes[i];
+    if (add.op != ir::Op::Add)
+      continue;
+    for (size_t side : {size_t{1}, size_t{0}}) {
+      const ir::ValueId prod_id = add.inputs[side], h = add.inputs[1 - side];
+      const ir::Node& prod = g.node(prod_id);
+      if (prod.op != producer || uses.sole_user(prod_id) != add_id)
+        continue;
+      std::vector<ir::ValueId> ops = prod.inputs;
+      ops.push_back(h);
+      edit.replace(add_id, edit.add(add_id, fused, std::move(ops), prod.attrs));
+      edit.erase(add_id);
+      edit.erase(prod_id);
+      break;
+    }
+  }
+  if (!edit.changed())
+    return {g, false};
+  return {edit.finish(), true};
+}
+
 } // namespace xserv::compiler

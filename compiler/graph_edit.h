@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "compiler/pass.h"
 #include "ir/graph.h"
 
 namespace xserv::compiler {
@@ -59,5 +60,10 @@ private:
   std::vector<bool> erased_;
   bool changed_ = false;
 };
+
+/// The shared body of the residual fusions: every `producer` node whose only reader is an add
+/// becomes `fused(producer's operands..., the add's other operand)` with the producer's
+/// attributes, in the add's place (operand 1 of the add is tried first, then operand 0).
+PassResult fuse_into_residual_add(const ir::Graph& g, ir::Op producer, ir::Op fused);
 
 } // namespace xserv::compiler
