@@ -1,8 +1,10 @@
 // CudaEngine: construction (passes, memory plan, kernels, weights, caches) and the step loop.
 //
 // Deliberately simple for now: every kernel is a decode-path kernel (prefill runs in sub-steps of
-// at most 8 tokens per linear launch), every step synchronises once per sub-step, and decode is
-// not captured as a CUDA graph.
+// at most 8 tokens per linear launch) and every step synchronises once per sub-step. Decode
+// sub-steps (one token per sequence) are captured as CUDA graphs, one per (batch size, attention
+// key bucket), and replayed: launches read every step input from the params buffer and write to
+// fixed addresses, so only the params upload before the replay changes between steps.
 #include "cli/cuda_engine.h"
 
 #include <cuda_runtime_api.h>
@@ -12,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -100,12 +103,19 @@ struct CudaEngine::Impl {
   ir::ValueId output = -1;
   bool per_token = false;
   int64_t vocab = 0;
+  bool cuda_graphs = true;
+  /// Captured decode graphs by (tokens, sequences, attention key bucket).
+  std::map<std::tuple<int, int, int>, cudaGraphExec_t> graph_execs;
 
   Impl(const fs::path& dir) : ckpt(models::Checkpoint::open(dir, {.map_data = true})) {}
 
   ~Impl() {
     if (stream)
       cudaStreamSynchronize(stream);
+    if (!graph_execs.empty())
+      log(fmt::format("{} CUDA graphs captured", graph_execs.size()));
+    for (auto& [key, exec] : graph_execs)
+      cudaGraphExecDestroy(exec);
     for (void* p : allocations)
       cudaFree(p);
     if (params_host)
@@ -133,6 +143,7 @@ struct CudaEngine::Impl {
   }
 
   void upload_weights(const fs::path& cache_dir);
+  cudaGraphExec_t capture(const DeviceStep& s);
   void* address(ir::ValueId v, int r);
   void run_substep(const models::StepInput& sub, std::vector<std::vector<float>>& rows, bool all);
   std::vector<std::vector<float>> run(const models::StepInput& in, bool all);
@@ -163,6 +174,28 @@ void CudaEngine::Impl::upload_weights(const fs::path& cache_dir) {
     weights[name] = const_cast<void*>(device_weights.get(name));
   }
   allocated += device_weights.device_bytes();
+}
+
+cudaGraphExec_t CudaEngine::Impl::capture(const DeviceStep& s) {
+  // Relaxed: a first launch of a kernel may set its shared-memory attribute, which is no stream
+  // operation and safe to run while capturing.
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "starting a graph capture");
+  cudaGraph_t g = nullptr;
+  try {
+    for (const LaunchFn& f : launches)
+      f(s);
+  } catch (...) {
+    if (cudaStreamEndCapture(stream, &g) == cudaSuccess && g)
+      cudaGraphDestroy(g);
+    cudaGetLastError();
+    throw;
+  }
+  check(cudaStreamEndCapture(stream, &g), "capturing a decode step");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  check(err, "instantiating a decode graph");
+  return exec;
 }
 
 void* CudaEngine::Impl::address(ir::ValueId v, int r) {
@@ -197,6 +230,9 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
   impl_ = std::make_unique<Impl>(model_dir);
   Impl& m = *impl_;
   m.quiet = options.quiet;
+  m.cuda_graphs = options.cuda_graphs;
+  if (const char* e = std::getenv("XSERV_CUDA_GRAPHS"); e && std::string(e) == "0")
+    m.cuda_graphs = false;
   m.max_batch = max_batch;
   m.max_seq = max_seq;
   m.tcap = static_cast<int>(std::max<int64_t>(8, max_batch));
@@ -270,9 +306,10 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
   m.log(fmt::format("compiling {} kernels ... {:.1f} s ({} compiled, {} from {})", m.kernels.size(),
                     seconds_since(t2), compiled, int(m.kernels.size()) - compiled,
                     cache_dir.string()));
-  m.log(fmt::format("ready: {} launches per step, arena {:.1f} MiB, KV caches for {} x {}, "
+  m.log(fmt::format("ready: {} launches per step{}, arena {:.1f} MiB, KV caches for {} x {}, "
                     "{:.2f} GB in all, {:.1f} s",
-                    m.launches.size(), double(m.plan.arena_bytes) / (1 << 20), max_batch, max_seq,
+                    m.launches.size(), m.cuda_graphs ? " (decode as CUDA graphs)" : "",
+                    double(m.plan.arena_bytes) / (1 << 20), max_batch, max_seq,
                     double(m.allocated) / 1e9, seconds_since(t0)));
 }
 
@@ -305,6 +342,10 @@ void CudaEngine::synchronize() {
   check(cudaStreamSynchronize(impl_->stream), "synchronize");
 }
 
+size_t CudaEngine::graphs_captured() const {
+  return impl_->graph_execs.size();
+}
+
 double CudaEngine::peak_memory_gib() const {
   return double(impl_->allocated) / double(1ull << 30);
 }
@@ -327,8 +368,17 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
   s.stream = stream;
   for (int32_t pos : p.at(models::params::kPositions).i)
     s.max_pos = std::max(s.max_pos, pos);
-  for (const LaunchFn& f : launches)
-    f(s);
+  if (cuda_graphs && tokens == seqs) {
+    // A decode sub-step: replay (capturing first) the graph of its sizes.
+    const auto key = std::make_tuple(tokens, seqs, attention_key_bucket(s.max_pos + 1));
+    auto it = graph_execs.find(key);
+    if (it == graph_execs.end())
+      it = graph_execs.emplace(key, capture(s)).first;
+    check(cudaGraphLaunch(it->second, stream), "replaying a decode graph");
+  } else {
+    for (const LaunchFn& f : launches)
+      f(s);
+  }
   const size_t n = static_cast<size_t>(per_token ? tokens : seqs);
   const size_t v = static_cast<size_t>(vocab);
   check(cudaMemcpyAsync(out_host, address(output, 0), n * v * sizeof(float), cudaMemcpyDeviceToHost,

@@ -18,6 +18,10 @@ struct CudaEngineOptions {
   /// Debugging: give every activation its own buffer (no reuse), so debug_address() reads any
   /// value of the last sub-step after it ran.
   bool keep_activations = false;
+  /// Decode sub-steps (one token per sequence) run as CUDA graphs, captured once per (batch
+  /// size, attention key bucket) and replayed; off: every launch goes out eagerly. The
+  /// environment variable XSERV_CUDA_GRAPHS=0 turns them off whatever this says.
+  bool cuda_graphs = true;
 };
 
 /// Runs a gpt-oss graph on the GPU: weights in BF16 (MXFP4 experts dequantised), activations
@@ -47,6 +51,8 @@ public:
   void reset() override;
   void synchronize() override;
   double peak_memory_gib() const override;
+  /// How many CUDA graphs the engine has captured so far (0 with cuda_graphs off).
+  size_t graphs_captured() const;
 
   /// Device address of the buffer holding value `v` (result `r`) of the engine's graph, for
   /// tests that compare intermediate activations; valid until the next step.

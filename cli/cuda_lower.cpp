@@ -1,8 +1,9 @@
 // Node-by-node lowering of the fused graph to the codegen kernels, and their compilation.
 //
 // Deliberately simple for now: every linear runs the decode GEMV 8 tokens at a time (prefill
-// re-reads the weights per 8 tokens), qkv_rope recomputes its norm in each of its three
-// projections, and there is no CUDA graph; tensor-core prefill and graph replay come later.
+// re-reads the weights per 8 tokens) and qkv_rope recomputes its norm in each of its three
+// projections; tensor-core prefill comes later. The engine captures decode launches as CUDA
+// graphs, which is why launches depend on the step only through its sizes.
 #include "cli/cuda_lower.h"
 
 #include <algorithm>
@@ -48,6 +49,13 @@ int KernelSet::build(const std::filesystem::path& cache_dir) {
     kernels_.push_back(modules_.back().kernel(sources_[i].name));
   }
   return compiled;
+}
+
+int attention_key_bucket(int keys) {
+  int b = 64;
+  while (b < keys && b < 2048)
+    b *= 2;
+  return b;
 }
 
 namespace {
@@ -265,7 +273,10 @@ private:
     const KernelSet* ks = &k_;
     const int window = d.window;
     out_.push_back([=](const DeviceStep& s) {
-      const int keys = window > 0 ? std::min(s.max_pos + 1, window) : s.max_pos + 1;
+      // Splits from the bucketed key count, so that they stay fixed over a range of positions
+      // (and one CUDA graph serves them all); a split past a token's keys stays empty.
+      const int bucket = attention_key_bucket(s.max_pos + 1);
+      const int keys = window > 0 ? std::min(bucket, window) : bucket;
       const int splits = codegen::attention_splits(keys);
       ks->launch(dec, s.tokens, splits, s.stream, in[0], in[1], in[2], in[3], in[4], in[5], in[6],
                  in[7], in[8], in[9], out, ml, po);

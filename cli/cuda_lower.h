@@ -23,6 +23,13 @@ struct DeviceStep {
   cudaStream_t stream = nullptr;
 };
 
+/// The key count attention's split count is chosen for when a token sees at most `keys` keys:
+/// `keys` rounded up to a power of two, at least 64 and at most 2048 (where the split count
+/// saturates). Launches depend on the step only through (tokens, seqs, this bucket of
+/// max_pos + 1), so a CUDA graph captured for one step replays correctly for any step with the
+/// same three; attention_decode leaves the surplus splits of a smaller context empty.
+int attention_key_bucket(int keys);
+
 /// The generated kernels of an engine, each once by name, compiled together.
 class KernelSet {
 public:
