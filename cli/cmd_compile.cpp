@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/model_source.h"
+#include "cli/plan_kernels.h"
 #include "compiler/memory_plan.h"
 #include "compiler/pass_manager.h"
 #include "models/checkpoint.h"
@@ -133,6 +134,21 @@ int cmd_compile(const ParsedArgs& args) {
   };
   for (const auto& t : pm.timings())
     pj["passes"].push_back({{"name", t.name}, {"ms", t.ms}, {"changed", t.changed}});
+  progress.finish();
+  const bool cubins = !args.has("--no-cubins");
+  progress.step(cubins ? fmt::format("generating kernels and compiling them for {}",
+                                     args.get("--arch", "sm_90"))
+                       : std::string("generating kernels"));
+  PlanKernelOptions ko;
+  ko.arch = args.get("--arch", "sm_90");
+  ko.max_batch = max_batch;
+  ko.max_seq = max_seq;
+  ko.cubins = cubins;
+  pj["codegen"] = write_plan_kernels(g, plan, ko);
+  progress.finish(fmt::format("{} kernels, {} launches per decode step",
+                              pj["codegen"]["kernels"].size(),
+                              pj["codegen"]["launches_per_decode_step"].get<size_t>()));
+  progress.step("writing plan.json");
   std::ofstream(plan / "plan.json") << pj.dump(2) << "\n";
   progress.finish();
   std::fprintf(stderr, "[compile] done in %.1f ms\n", progress.total_ms());

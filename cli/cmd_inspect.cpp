@@ -88,7 +88,9 @@ int cmd_inspect(const ParsedArgs& args) {
           {"lm_head", w.lm_head},
           {"total", w.total()}}},
         {"graph", {{"nodes", g.size()}, {"ops", ops}}},
-        {"kernels", nlohmann::json::array()},
+        {"kernels", pj.contains("codegen") ? pj["codegen"]["kernels"] : nlohmann::json::array()},
+        {"launches_per_decode_step",
+         pj.contains("codegen") ? pj["codegen"].value("launches_per_decode_step", 0) : 0},
         {"roofline",
          {{"decode_b1_bytes", d0.bytes},
           {"decode_b1_tokens_per_s", d0.tokens_per_s},
@@ -119,7 +121,17 @@ int cmd_inspect(const ParsedArgs& args) {
   s += fmt::format("graph: {} nodes;", g.size());
   for (const auto& [name, n] : ops)
     s += fmt::format(" {} {}", name, n);
-  s += "\nkernels: none generated yet (the CUDA code generator is the next milestone)\n\n";
+  if (pj.contains("codegen")) {
+    const auto& cg = pj["codegen"];
+    s += fmt::format("\nkernels ({} for {}, {} launches per decode step):\n", cg["kernels"].size(),
+                     cg.value("arch", "?"), cg.value("launches_per_decode_step", 0));
+    for (const auto& k : cg["kernels"])
+      s += fmt::format("  {:<48} used by {:>3} node(s){}\n", k.value("name", "?"),
+                       k.value("nodes", 0), k.contains("cubin") ? "" : "  (no cubin)");
+    s += "\n";
+  } else {
+    s += "\nkernels: none in this plan\n\n";
+  }
   s += fmt::format("roofline at {:.1f} TB/s and {:.0f} TFLOP/s:\n", ceil.bytes_per_s / 1e12,
                    ceil.flops_per_s / 1e12);
   s += fmt::format("  decode, batch 1, empty context: {:.2f} GB read, {:.3f} ms, {:.0f} tok/s\n",

@@ -40,16 +40,6 @@ void check(cudaError_t err, const std::string& what) {
     throw Error(fmt::format("CUDA error in {}: {}", what, cudaGetErrorString(err)));
 }
 
-fs::path default_cache_dir() {
-  if (const char* d = std::getenv("XSERV_KERNEL_CACHE"); d && *d)
-    return d;
-  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d)
-    return fs::path(d) / "xserv/kernels";
-  if (const char* h = std::getenv("HOME"); h && *h)
-    return fs::path(h) / ".cache/xserv/kernels";
-  return fs::temp_directory_path() / "xserv-kernels";
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -291,7 +281,7 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
   ctx.address = [mp](ir::ValueId v, int r) { return mp->address(v, r); };
   ctx.allocate = [mp](size_t bytes, const void* host) { return mp->allocate(bytes, host); };
 
-  const fs::path cache_dir = options.cache_dir.empty() ? default_cache_dir() : options.cache_dir;
+  const fs::path cache_dir = options.cache_dir.empty() ? kernel_cache_dir() : options.cache_dir;
   auto t1 = std::chrono::steady_clock::now();
   m.log("loading weights ...");
   const size_t before = m.allocated;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <regex>
 #include <thread>
@@ -22,12 +23,26 @@
 
 namespace xserv::cli {
 
+std::filesystem::path kernel_cache_dir() {
+  namespace fs = std::filesystem;
+  if (const char* d = std::getenv("XSERV_KERNEL_CACHE"); d && *d)
+    return d;
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d)
+    return fs::path(d) / "xserv/kernels";
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return fs::path(h) / ".cache/xserv/kernels";
+  return fs::temp_directory_path() / "xserv-kernels";
+}
+
 int KernelSet::add(codegen::KernelSource src) {
-  if (auto it = by_name_.find(src.name); it != by_name_.end())
+  if (auto it = by_name_.find(src.name); it != by_name_.end()) {
+    ++uses_[static_cast<size_t>(it->second)];
     return it->second;
+  }
   const int i = static_cast<int>(sources_.size());
   by_name_[src.name] = i;
   sources_.push_back(std::move(src));
+  uses_.push_back(1);
   return i;
 }
 

@@ -30,6 +30,10 @@ struct DeviceStep {
 /// same three; attention_decode leaves the surplus splits of a smaller context empty.
 int attention_key_bucket(int keys);
 
+/// Where compiled kernels are cached: $XSERV_KERNEL_CACHE, else $XDG_CACHE_HOME/xserv/kernels,
+/// else ~/.cache/xserv/kernels.
+std::filesystem::path kernel_cache_dir();
+
 /// The generated kernels of an engine, each once by name, compiled together.
 class KernelSet {
 public:
@@ -39,6 +43,8 @@ public:
   /// actually compiled (the rest came from the cache).
   int build(const std::filesystem::path& cache_dir);
   size_t size() const { return sources_.size(); }
+  /// How many lowered nodes asked for kernel `i`.
+  int uses(int i) const { return uses_.at(static_cast<size_t>(i)); }
   const codegen::KernelSource& source(int i) const { return sources_.at(static_cast<size_t>(i)); }
 
   /// Launches kernel `i` for `rows` grid rows (tokens, or sequences for per-sequence kernels)
@@ -65,6 +71,7 @@ public:
 private:
   std::vector<codegen::KernelSource> sources_;
   std::map<std::string, int> by_name_;
+  std::vector<int> uses_;
   std::vector<runtime::Module> modules_;
   std::vector<runtime::Kernel> kernels_;
 };

@@ -1,0 +1,82 @@
+// write_plan_kernels(): the lowering run once at compile time, with no GPU, to emit the kernels.
+#include "cli/plan_kernels.h"
+
+#include <fstream>
+#include <future>
+
+#include <fmt/format.h>
+
+#include "cli/cuda_lower.h"
+#include "codegen/emit.h"
+#include "ir/error.h"
+#include "runtime/kernel_cache.h"
+#include "runtime/nvrtc.h"
+
+namespace xserv::cli {
+namespace fs = std::filesystem;
+
+nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
+                                  const PlanKernelOptions& opts) {
+  // The lowering wants device addresses; at compile time none exist and nothing is launched,
+  // so every address is a placeholder that is never dereferenced.
+  static char placeholder;
+  KernelSet kernels;
+  LoweringContext ctx;
+  ctx.max_tokens = static_cast<int>(std::max<int64_t>(8, opts.max_batch));
+  ctx.max_seqs = static_cast<int>(opts.max_batch);
+  ctx.cache_rows = opts.max_batch;
+  ctx.max_seq = opts.max_seq;
+  ctx.address = [](ir::ValueId, int) -> void* { return &placeholder; };
+  ctx.allocate = [](size_t, const void*) -> void* { return &placeholder; };
+  const std::vector<LaunchFn> launches = lower_graph(g, kernels, ctx);
+
+  const fs::path dir = plan / "kernels";
+  fs::create_directories(dir);
+  // The templates the sources include, so the plan directory reads (and compiles) on its own.
+  for (const auto& [name, text] : codegen::kernel_headers()) {
+    fs::create_directories((dir / name).parent_path());
+    std::ofstream(dir / name) << text;
+  }
+  nlohmann::json table = nlohmann::json::array();
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const codegen::KernelSource& k = kernels.source(static_cast<int>(i));
+    std::ofstream(dir / (k.name + ".cu")) << k.source;
+    table.push_back({{"name", k.name},
+                     {"source", "kernels/" + k.name + ".cu"},
+                     {"block", k.launch.block},
+                     {"nodes", kernels.uses(static_cast<int>(i))}});
+  }
+  if (opts.cubins) {
+    runtime::CompileOptions co;
+    co.arch = opts.arch;
+    co.headers = codegen::kernel_headers();
+    std::vector<std::future<runtime::CachedCubin>> jobs;
+    const fs::path cache = kernel_cache_dir();
+    for (size_t i = 0; i < kernels.size(); ++i)
+      jobs.push_back(std::async(std::launch::async, [&, i] {
+        const codegen::KernelSource& k = kernels.source(static_cast<int>(i));
+        return runtime::get_or_compile(k.source, k.name, co, cache);
+      }));
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      runtime::CachedCubin c;
+      try {
+        c = jobs[i].get();
+      } catch (const Error& e) { // the log and the numbered source, kept beside the sources
+        for (size_t j = i + 1; j < jobs.size(); ++j)
+          jobs[j].wait();
+        std::ofstream(dir / "nvrtc.log") << e.what() << "\n";
+        throw;
+      }
+      const std::string file = "kernels/" + kernels.source(static_cast<int>(i)).name + ".cubin";
+      std::ofstream(plan / file, std::ios::binary)
+          .write(reinterpret_cast<const char*>(c.cubin.data()),
+                 static_cast<std::streamsize>(c.cubin.size()));
+      table[i]["cubin"] = file;
+    }
+  }
+  return {{"arch", opts.arch},
+          {"launches_per_decode_step", launches.size()},
+          {"kernels", std::move(table)}};
+}
+
+} // namespace xserv::cli

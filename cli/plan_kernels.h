@@ -1,0 +1,28 @@
+// The kernels of a plan: generated CUDA sources and cubins written into the plan directory.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "ir/graph.h"
+
+namespace xserv::cli {
+
+struct PlanKernelOptions {
+  std::string arch = "sm_90"; ///< GPU architecture the cubins are compiled for
+  int64_t max_batch = 1, max_seq = 1;
+  bool cubins = true; ///< also compile every kernel with NVRTC (no GPU needed)
+};
+
+/// Lowers the final graph as the CUDA engine does, writes each kernel's source to
+/// PLAN/kernels/NAME.cu (headed by the IR it implements) and, with cubins, its NVRTC output to
+/// PLAN/kernels/NAME.cubin (through the kernel cache). Returns the kernel table for plan.json:
+/// name, files, launch rule, how many graph nodes use it, and the lowered launches per decode
+/// step. A compile error throws with NVRTC's log and the numbered source, also written to
+/// PLAN/kernels/nvrtc.log.
+nlohmann::json write_plan_kernels(const ir::Graph& g, const std::filesystem::path& plan,
+                                  const PlanKernelOptions& opts);
+
+} // namespace xserv::cli

@@ -1,0 +1,98 @@
+// The kernels a plan carries: every kernel of the tiny, 20b and 120b plans compiles with NVRTC
+// for sm_90 (no GPU needed), and the tiny plan's generated source stays byte-stable.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/run_xserv.h"
+#include "tests/test_util.h"
+
+using xserv::testing::run_xserv;
+using xserv::testing::RunResult;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// Compiles `model` into a fresh plan and returns its plan.json.
+nlohmann::json compile_plan(const fs::path& model, const fs::path& plan, const std::string& extra) {
+  fs::remove_all(plan);
+  RunResult r = run_xserv("compile " + model.string() + " -o " + plan.string() + " " + extra +
+                          " --max-seq 4096 --max-batch 8");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  std::ifstream in(plan / "plan.json");
+  return nlohmann::json::parse(in);
+}
+
+void check_cubins(const fs::path& plan, const nlohmann::json& pj, size_t min_kernels) {
+  const auto& ks = pj.at("codegen").at("kernels");
+  CHECK(ks.size() >= min_kernels);
+  CHECK(pj["codegen"]["arch"] == "sm_90");
+  for (const auto& k : ks) {
+    CAPTURE(k["name"].get<std::string>());
+    const std::string src = read_file(plan / k["source"].get<std::string>());
+    CHECK(src.rfind("// kernel: " + k["name"].get<std::string>(), 0) == 0);
+    const std::string cubin = read_file(plan / k["cubin"].get<std::string>());
+    CHECK(cubin.substr(0, 4) == "\x7f"
+                                "ELF");
+  }
+}
+
+} // namespace
+
+TEST_CASE("every kernel of the tiny and 120b plans compiles for sm_90") {
+  setenv("XSERV_KERNEL_CACHE", (fs::temp_directory_path() / "xserv_plan_kernels_cache").c_str(), 1);
+  const fs::path src = xserv::testing::source_dir();
+  const fs::path tiny = fs::temp_directory_path() / "xserv_plan_tiny";
+  check_cubins(tiny, compile_plan(src / "examples/tiny", tiny, ""), 12);
+  const fs::path big = fs::temp_directory_path() / "xserv_plan_120b";
+  nlohmann::json pj = compile_plan(src / "examples/gpt-oss-120b", big, "--kv-dtype bf16");
+  check_cubins(big, pj, 12);
+  CHECK(pj["codegen"]["launches_per_decode_step"].get<int>() > 36 * 8);
+  fs::remove_all(tiny);
+  fs::remove_all(big);
+}
+
+TEST_CASE("every kernel of the 20b plan compiles for sm_90") {
+  XSERV_REQUIRE_DATA(data);
+  setenv("XSERV_KERNEL_CACHE", (fs::temp_directory_path() / "xserv_plan_kernels_cache").c_str(), 1);
+  const fs::path plan = fs::temp_directory_path() / "xserv_plan_20b";
+  check_cubins(plan, compile_plan(data / "gpt-oss-20b", plan, ""), 12);
+  fs::remove_all(plan);
+  fs::remove_all(fs::temp_directory_path() / "xserv_plan_kernels_cache");
+}
+
+TEST_CASE("the tiny plan's generated source is byte-stable (golden file)") {
+  // An intended change to the generated code regenerates the golden file in the same commit:
+  //   XSERV_UPDATE_GOLDEN=1 build/tests/cli_tests -tc="*byte-stable*"
+  const fs::path src = xserv::testing::source_dir();
+  const fs::path plan = fs::temp_directory_path() / "xserv_plan_golden";
+  nlohmann::json pj = compile_plan(src / "examples/tiny", plan, "--no-cubins");
+  std::string all;
+  for (const auto& k : pj["codegen"]["kernels"]) {
+    CHECK_FALSE(k.contains("cubin"));
+    all += read_file(plan / k["source"].get<std::string>());
+  }
+  const fs::path golden = src / "tests/fixtures/golden/tiny_plan_kernels.cu";
+  if (const char* u = std::getenv("XSERV_UPDATE_GOLDEN"); u && std::string(u) == "1")
+    std::ofstream(golden, std::ios::binary) << all;
+  const std::string want = read_file(golden);
+  CHECK_MESSAGE(all == want,
+                "generated kernels differ from " << golden.string() << " (see the comment above)");
+  // Same input, same bytes: a second compile gives identical sources.
+  nlohmann::json again = compile_plan(src / "examples/tiny", plan, "--no-cubins");
+  std::string second;
+  for (const auto& k : again["codegen"]["kernels"])
+    second += read_file(plan / k["source"].get<std::string>());
+  CHECK(second == all);
+  fs::remove_all(plan);
+}
