@@ -1,10 +1,12 @@
 // Helpers shared by tests: locating ../shared/data and the source tree.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <unistd.h>
 
 namespace xserv::testing {
 
@@ -29,6 +31,31 @@ inline std::filesystem::path source_dir() {
     return env;
   return XSERV_SOURCE_DIR;
 }
+
+/// A fresh directory under the system temp dir, unique to this process and object (named after
+/// `name`, the process id and a counter), removed with everything in it when the test leaves,
+/// failed or not.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name = "test")
+      : path(std::filesystem::temp_directory_path() /
+             ("xserv_" + name + "_" + std::to_string(getpid()) + "_" + std::to_string(next()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+private:
+  static int next() {
+    static std::atomic<int> n{0};
+    return n++;
+  }
+};
 
 } // namespace xserv::testing
 

@@ -40,6 +40,7 @@ namespace fs = std::filesystem;
 namespace cli = xserv::cli;
 namespace models = xserv::models;
 using json = nlohmann::json;
+using xserv::testing::TempDir;
 
 #define XSERV_REQUIRE_GPU()                                                                        \
   if (const xserv::runtime::DeviceInfo dev = xserv::runtime::probe_device(); !dev.available) {     \
@@ -79,17 +80,6 @@ std::string shell(const std::string& cmd) {
   pclose(p);
   return out;
 }
-
-/// A directory removed with everything in it when the test leaves.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / fmt::format("xserv_cuda_{}_{}", name, getpid())) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 /// Writes the checkpoint of `config` with `seed` into `out`; checks sha256s when given.
 void synthesize(const fs::path& config, uint64_t seed, const fs::path& out,

@@ -40,6 +40,7 @@ namespace cli = xserv::cli;
 namespace ir = xserv::ir;
 namespace models = xserv::models;
 using json = nlohmann::json;
+using xserv::testing::TempDir;
 
 constexpr double kTolerance = 1e-4; // relative L2 per position, fp32 against fp32
 constexpr int64_t kMaxSeq = 64;     // 48 prompt ids + 16 generated
@@ -63,17 +64,6 @@ json read_json(const fs::path& path) {
   REQUIRE_MESSAGE(in.good(), "cannot read " << path);
   return json::parse(in);
 }
-
-/// A directory removed with everything in it when the test leaves, failed or not.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / fmt::format("xserv_hf_{}_{}", name, getpid())) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 /// Writes the fixture's checkpoint into `out` with `xserv synth` and checks every file's sha256.
 void synthesize(const fs::path& fixture_dir, const json& fx, const fs::path& out) {

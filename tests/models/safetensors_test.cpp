@@ -9,22 +9,13 @@
 
 #include "ir/error.h"
 #include "models/safetensors.h"
+#include "tests/test_util.h"
 
 namespace xserv::models {
 namespace {
 
 namespace fs = std::filesystem;
-
-/// A fresh directory under the system temp dir, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("xserv_safetensors_test_" + std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using xserv::testing::TempDir;
 
 std::string le64(uint64_t n) {
   std::string s(8, '\0');

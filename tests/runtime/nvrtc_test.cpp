@@ -5,6 +5,7 @@
 #include "runtime/module.h"
 #include "runtime/nvrtc.h"
 #include "runtime/sha256.h"
+#include "tests/test_util.h"
 
 #include <doctest/doctest.h>
 
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 namespace fs = std::filesystem;
+using xserv::testing::TempDir;
 using namespace xserv::runtime;
 
 namespace {
@@ -34,21 +36,6 @@ std::string error_of(const auto& fn) {
   }
   return "(no error)";
 }
-
-/// A fresh directory under the system temp dir, removed when the test ends.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() /
-           ("xserv_runtime_test_" + std::to_string(::getpid()) + "_" + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

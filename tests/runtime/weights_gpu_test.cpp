@@ -8,6 +8,7 @@
 #include "models/synth.h"
 #include "runtime/device.h"
 #include "runtime/weights.h"
+#include "tests/test_util.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@
 #include <random>
 
 namespace fs = std::filesystem;
+using xserv::testing::TempDir;
 using namespace xserv;
 using runtime::WeightSpec;
 
@@ -64,16 +66,6 @@ models::ModelConfig make_config(int layers, int hidden, int intermediate, int ex
 models::ModelConfig tiny() {
   return make_config(2, 64, 64, 8, 4, 2, 16);
 }
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("xserv_weights_gpu_test_" + std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 std::vector<uint8_t> download(const runtime::DeviceWeights& w, const std::string& name) {
   const runtime::DeviceTensor& t = w.tensor(name);

@@ -8,6 +8,7 @@
 #include "runtime/device.h"
 #include "runtime/nvrtc.h"
 #include "runtime/weights.h"
+#include "tests/test_util.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include <set>
 
 namespace fs = std::filesystem;
+using xserv::testing::TempDir;
 using namespace xserv;
 using runtime::WeightSpec;
 
@@ -41,16 +43,6 @@ models::ModelConfig tiny_config() {
     "tie_word_embeddings": false, "vocab_size": 201088})");
   return models::ModelConfig::from_json(doc, "tiny config");
 }
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("xserv_weights_test_" + std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 std::string error_of(const auto& fn) {
   try {
