@@ -50,7 +50,8 @@ void check_cubins(const fs::path& plan, const nlohmann::json& pj, size_t min_ker
 } // namespace
 
 TEST_CASE("every kernel of the tiny and 120b plans compiles for sm_90") {
-  setenv("XSERV_KERNEL_CACHE", (fs::temp_directory_path() / "xserv_plan_kernels_cache").c_str(), 1);
+  xserv::testing::TempDir cache("kernel_cache"); // a cold cache: NVRTC really compiles
+  setenv("XSERV_KERNEL_CACHE", cache.path.c_str(), 1);
   const fs::path src = xserv::testing::source_dir();
   const fs::path tiny = fs::temp_directory_path() / "xserv_plan_tiny";
   check_cubins(tiny, compile_plan(src / "examples/tiny", tiny, ""), 12);
@@ -64,11 +65,11 @@ TEST_CASE("every kernel of the tiny and 120b plans compiles for sm_90") {
 
 TEST_CASE("every kernel of the 20b plan compiles for sm_90") {
   XSERV_REQUIRE_DATA(data);
-  setenv("XSERV_KERNEL_CACHE", (fs::temp_directory_path() / "xserv_plan_kernels_cache").c_str(), 1);
+  xserv::testing::TempDir cache("kernel_cache");
+  setenv("XSERV_KERNEL_CACHE", cache.path.c_str(), 1);
   const fs::path plan = fs::temp_directory_path() / "xserv_plan_20b";
   check_cubins(plan, compile_plan(data / "gpt-oss-20b", plan, ""), 12);
   fs::remove_all(plan);
-  fs::remove_all(fs::temp_directory_path() / "xserv_plan_kernels_cache");
 }
 
 TEST_CASE("the tiny plan's generated source is byte-stable (golden file)") {
