@@ -32,6 +32,7 @@
 #include "models/gpt_oss.h"
 #include "models/synth.h"
 #include "runtime/device.h"
+#include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -69,18 +70,6 @@ json read_json(const fs::path& path) {
   return json::parse(in);
 }
 
-std::string shell(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
-    out.append(buf.data(), n);
-  pclose(p);
-  return out;
-}
-
 /// Writes the checkpoint of `config` with `seed` into `out`; checks sha256s when given.
 void synthesize(const fs::path& config, uint64_t seed, const fs::path& out,
                 const json* files = nullptr) {
@@ -92,7 +81,8 @@ void synthesize(const fs::path& config, uint64_t seed, const fs::path& out,
   for (const auto& entry : fs::directory_iterator(out)) {
     const std::string name = entry.path().filename().string();
     REQUIRE_MESSAGE(files->contains(name), "synth wrote " << name << ", absent from fixture.json");
-    const std::string sum = shell("sha256sum '" + entry.path().string() + "'");
+    const std::string sum =
+        xserv::testing::run_shell("sha256sum '" + entry.path().string() + "'").out;
     CHECK_MESSAGE(sum.substr(0, 64) == files->at(name).get<std::string>(),
                   name << " differs from the checkpoint the HF reference was made from");
   }

@@ -31,6 +31,7 @@
 #include "models/checkpoint.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
+#include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -45,20 +46,6 @@ using xserv::testing::TempDir;
 constexpr double kTolerance = 1e-4; // relative L2 per position, fp32 against fp32
 constexpr int64_t kMaxSeq = 64;     // 48 prompt ids + 16 generated
 
-/// Runs a shell command; returns its stdout and sets `code` to its exit status.
-std::string shell(const std::string& cmd, int& code) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
-    out.append(buf.data(), n);
-  const int status = pclose(p);
-  code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
-
 json read_json(const fs::path& path) {
   std::ifstream in(path);
   REQUIRE_MESSAGE(in.good(), "cannot read " << path);
@@ -72,17 +59,18 @@ void synthesize(const fs::path& fixture_dir, const json& fx, const fs::path& out
                                 fx.at("seed").get<int64_t>());
   for (const auto& a : fx.at("synth_args"))
     cmd += " '" + a.get<std::string>() + "'";
-  int code = 0;
-  const std::string log = shell(cmd + " 2>&1", code);
-  REQUIRE_MESSAGE(code == 0, cmd << "\n" << log);
+  const xserv::testing::RunResult r = xserv::testing::run_shell(cmd + " 2>&1");
+  REQUIRE_MESSAGE(r.code == 0, cmd << "\n" << r.out);
   const json& files = fx.at("files");
   size_t written = 0;
   for (const auto& entry : fs::directory_iterator(out)) {
     const std::string name = entry.path().filename().string();
     ++written;
     REQUIRE_MESSAGE(files.contains(name), "synth wrote " << name << ", absent from fixture.json");
-    const std::string sum = shell("sha256sum '" + entry.path().string() + "'", code);
-    REQUIRE(code == 0);
+    const xserv::testing::RunResult h =
+        xserv::testing::run_shell("sha256sum '" + entry.path().string() + "'");
+    REQUIRE(h.code == 0);
+    const std::string& sum = h.out;
     CHECK_MESSAGE(sum.substr(0, 64) == files.at(name).get<std::string>(),
                   name << " differs from the checkpoint the HF reference was made from");
   }

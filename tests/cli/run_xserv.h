@@ -20,6 +20,21 @@ struct RunResult {
   std::string err; ///< stderr when split_stderr
 };
 
+/// Runs a shell command; returns its stdout and exit status.
+inline RunResult run_shell(const std::string& cmd) {
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
+    r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+#ifdef XSERV_BINARY // defined for the CPU test executables, which depend on the xserv binary
 /// Runs `xserv ARGS` through the shell. `stdin_text` is piped in (it must hold no single
 /// quote); otherwise stdin is /dev/null. With split_stderr, stderr is kept apart in `err`.
 inline RunResult run_xserv(const std::string& args, const std::string& stdin_text = "",
@@ -35,15 +50,7 @@ inline RunResult run_xserv(const std::string& args, const std::string& stdin_tex
   } else {
     cmd += " < /dev/null";
   }
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
-    r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  RunResult r = run_shell(cmd);
   if (split_stderr) {
     std::ifstream in(err_file);
     r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -51,5 +58,7 @@ inline RunResult run_xserv(const std::string& args, const std::string& stdin_tex
   }
   return r;
 }
+
+#endif
 
 } // namespace xserv::testing

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/harmony.h"
+#include "tests/models/harmony_vectors.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -14,14 +15,7 @@ namespace {
 using namespace xserv::models;
 
 std::map<std::string, std::vector<TokenId>> vector_ids(const std::filesystem::path& data) {
-  std::ifstream in(data / "harmony_render_vectors.jsonl");
-  REQUIRE(in);
-  std::map<std::string, std::vector<TokenId>> out;
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    out[j["name"].get<std::string>()] = j["ids"].get<std::vector<TokenId>>();
-  }
-  return out;
+  return xserv::testing::harmony_vector_ids(data);
 }
 
 // The browser tool as openai/harmony describes it to gpt-oss.
