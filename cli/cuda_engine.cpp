@@ -75,6 +75,7 @@ struct CudaEngine::Impl {
   ir::Graph graph;
   int64_t max_batch = 1, max_seq = 1;
   int tcap = 8; ///< tokens per sub-step
+  bool gemm_split = true;
   bool quiet = false;
   compiler::MemoryPlan plan;
   std::vector<void*> allocations;
@@ -96,6 +97,19 @@ struct CudaEngine::Impl {
   bool cuda_graphs = true;
   /// Captured decode graphs by (tokens, sequences, attention key bucket).
   std::map<std::tuple<int, int, int>, cudaGraphExec_t> graph_execs;
+  /// XSERV_PROFILE=1: every launch function timed with CUDA events (graphs off), summed per
+  /// (phase, op) and printed when the engine closes.
+  bool profile = false;
+  std::vector<std::string> labels;
+  std::vector<cudaEvent_t> events;
+  struct OpTime {
+    double ms = 0;
+    int64_t calls = 0;
+  };
+  std::map<std::pair<std::string, std::string>, OpTime> op_times;
+  std::map<std::string, int64_t> phase_steps;
+
+  void print_profile() const;
 
   Impl(const fs::path& dir) : ckpt(models::Checkpoint::open(dir, {.map_data = true})) {}
 
@@ -104,6 +118,10 @@ struct CudaEngine::Impl {
       cudaStreamSynchronize(stream);
     if (!graph_execs.empty())
       log(fmt::format("{} CUDA graphs captured", graph_execs.size()));
+    if (profile)
+      print_profile();
+    for (cudaEvent_t e : events)
+      cudaEventDestroy(e);
     for (auto& [key, exec] : graph_execs)
       cudaGraphExecDestroy(exec);
     for (void* p : allocations)
@@ -188,6 +206,26 @@ cudaGraphExec_t CudaEngine::Impl::capture(const DeviceStep& s) {
   return exec;
 }
 
+void CudaEngine::Impl::print_profile() const {
+  // Per phase: each op's share of the summed launch times, largest first.
+  std::map<std::string, std::vector<std::pair<std::string, OpTime>>> by_phase;
+  for (const auto& [key, t] : op_times)
+    by_phase[key.first].push_back({key.second, t});
+  for (auto& [phase, ops] : by_phase) {
+    double total = 0;
+    for (const auto& [op, t] : ops)
+      total += t.ms;
+    std::sort(ops.begin(), ops.end(),
+              [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    const double steps = double(phase_steps.at(phase));
+    std::fprintf(stderr, "[profile] %s: %lld steps, %.3f ms per step (launch to launch)\n",
+                 phase.c_str(), static_cast<long long>(phase_steps.at(phase)), total / steps);
+    for (const auto& [op, t] : ops)
+      std::fprintf(stderr, "[profile]   %-24s %9.3f ms/step %5.1f%%  %6.1f us/launch fn\n",
+                   op.c_str(), t.ms / steps, 100.0 * t.ms / total, 1e3 * t.ms / double(t.calls));
+  }
+}
+
 void* CudaEngine::Impl::address(ir::ValueId v, int r) {
   const ir::Node& n = graph.node(v);
   switch (n.op) {
@@ -223,9 +261,25 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
   m.cuda_graphs = options.cuda_graphs;
   if (const char* e = std::getenv("XSERV_CUDA_GRAPHS"); e && std::string(e) == "0")
     m.cuda_graphs = false;
+  if (const char* e = std::getenv("XSERV_PROFILE"); e && std::string(e) == "1") {
+    m.profile = true;
+    m.cuda_graphs = false;
+  }
   m.max_batch = max_batch;
   m.max_seq = max_seq;
-  m.tcap = static_cast<int>(std::max<int64_t>(8, max_batch));
+  int chunk = options.prefill_chunk;
+  if (const char* e = std::getenv("XSERV_PREFILL_CHUNK"); e && *e)
+    chunk = std::atoi(e);
+  if (chunk < 8 || chunk > 65536)
+    throw Error(fmt::format("prefill chunk {} is outside [8, 65536]", chunk));
+  m.tcap = step_token_capacity(max_batch, chunk);
+  m.gemm_split = options.gemm_split;
+  if (const char* e = std::getenv("XSERV_GEMM_PRECISION"); e && *e) {
+    const std::string v = e;
+    if (v != "bf16" && v != "split")
+      throw Error("XSERV_GEMM_PRECISION must be bf16 or split, not '" + v + "'");
+    m.gemm_split = v == "split";
+  }
   m.log(fmt::format("{} ({}, {} SMs, {:.0f} GiB)", dev.name, dev.arch(), dev.multiprocessors,
                     double(dev.memory_bytes) / (1ull << 30)));
 
@@ -274,6 +328,7 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
 
   LoweringContext ctx;
   ctx.max_tokens = m.tcap;
+  ctx.gemm_split = m.gemm_split;
   ctx.max_seqs = static_cast<int>(max_batch);
   ctx.cache_rows = max_batch;
   ctx.max_seq = max_seq;
@@ -290,7 +345,12 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
   m.log(fmt::format("loaded {} weight tensors, {:.2f} GB on the GPU, {:.1f} s", m.weights.size(),
                     double(weight_bytes) / 1e9, seconds_since(t1)));
 
-  m.launches = lower_graph(m.graph, m.kernels, ctx);
+  m.launches = lower_graph(m.graph, m.kernels, ctx, &m.labels);
+  if (m.profile) {
+    m.events.resize(m.launches.size() + 1);
+    for (cudaEvent_t& e : m.events)
+      check(cudaEventCreate(&e), "creating a profiling event");
+  }
   auto t2 = std::chrono::steady_clock::now();
   const int compiled = m.kernels.build(cache_dir);
   m.log(fmt::format("compiling {} kernels ... {:.1f} s ({} compiled, {} from {})", m.kernels.size(),
@@ -365,6 +425,12 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
     if (it == graph_execs.end())
       it = graph_execs.emplace(key, capture(s)).first;
     check(cudaGraphLaunch(it->second, stream), "replaying a decode graph");
+  } else if (profile) {
+    check(cudaEventRecord(events[0], stream), "profiling");
+    for (size_t i = 0; i < launches.size(); ++i) {
+      launches[i](s);
+      check(cudaEventRecord(events[i + 1], stream), "profiling");
+    }
   } else {
     for (const LaunchFn& f : launches)
       f(s);
@@ -375,6 +441,18 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
                         stream),
         "copying the logits back");
   check(cudaStreamSynchronize(stream), "running a step");
+  if (profile && !(cuda_graphs && tokens == seqs)) {
+    const std::string phase =
+        tokens == seqs ? fmt::format("decode B={}", seqs) : fmt::format("prefill T={}", tokens);
+    ++phase_steps[phase];
+    for (size_t i = 0; i < launches.size(); ++i) {
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, events[i], events[i + 1]), "profiling");
+      OpTime& t = op_times[{phase, labels[i]}];
+      t.ms += ms;
+      ++t.calls;
+    }
+  }
   if (all) {
     for (size_t r = 0; r < n; ++r)
       rows.emplace_back(out_host + r * v, out_host + (r + 1) * v);

@@ -9,6 +9,9 @@
 
 namespace xserv::cli {
 
+/// Default tokens per prefill sub-step of the CUDA engine (and of the kernels a plan carries).
+constexpr int kPrefillChunk = 1024;
+
 /// How a CudaEngine is built.
 struct CudaEngineOptions {
   /// Cubin cache; empty: $XSERV_KERNEL_CACHE, else $XDG_CACHE_HOME/xserv/kernels, else
@@ -22,11 +25,17 @@ struct CudaEngineOptions {
   /// size, attention key bucket) and replayed; off: every launch goes out eagerly. The
   /// environment variable XSERV_CUDA_GRAPHS=0 turns them off whatever this says.
   bool cuda_graphs = true;
+  /// Tokens per prefill sub-step (at least 8): steps of more than 8 tokens run the tensor-core
+  /// gemm kernels; 8 keeps every step on the decode kernels. XSERV_PREFILL_CHUNK overrides it.
+  int prefill_chunk = kPrefillChunk;
+  /// Gemm activations as bf16 hi + lo pairs (about fp32 precision) rather than plain bf16;
+  /// XSERV_GEMM_PRECISION=bf16 turns it off.
+  bool gemm_split = true;
 };
 
 /// Runs a gpt-oss graph on the GPU: weights in BF16 (MXFP4 experts dequantised), activations
 /// fp32 in one planned arena, KV caches in BF16. A step of more tokens than the arena holds
-/// (max(8, max_batch)) runs as several consecutive sub-steps, which is exact because attention
+/// (step_token_capacity) runs as several consecutive sub-steps, which is exact because attention
 /// reads the earlier sub-steps' keys from the cache.
 class CudaEngine : public Engine {
 public:

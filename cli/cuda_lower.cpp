@@ -7,6 +7,7 @@
 #include "cli/cuda_lower.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -66,6 +67,10 @@ int KernelSet::build(const std::filesystem::path& cache_dir) {
   return compiled;
 }
 
+int step_token_capacity(int64_t max_batch, int prefill_chunk) {
+  return static_cast<int>(std::max<int64_t>({8, max_batch, prefill_chunk}));
+}
+
 int attention_key_bucket(int keys) {
   int b = 64;
   while (b < keys && b < 2048)
@@ -116,15 +121,25 @@ float* f32(void* p) {
   return static_cast<float*>(p);
 }
 
+/// The most tokens the decode kernels take in one launch (linear_decode's MAX_T).
+constexpr int kDecodeTokens = 8;
+/// Attention splits over keys only in steps of at most this many tokens.
+constexpr int kSplitTokens = 64;
+/// Row tiles of the grouped MoE gemms, chosen by the rows each expert gets.
+constexpr std::array<int, 3> kMoeTileRows = {32, 64, 128};
+
 /// Lowers one graph; holds the per-graph scratch buffers.
 class Lowerer {
 public:
   Lowerer(const ir::Graph& g, KernelSet& k, LoweringContext& c) : g_(g), k_(k), c_(c) {}
 
-  std::vector<LaunchFn> run() {
+  std::vector<LaunchFn> run(std::vector<std::string>* labels) {
     allocate_scratch();
-    for (ValueId v = 0; v < static_cast<ValueId>(g_.size()); ++v)
+    for (ValueId v = 0; v < static_cast<ValueId>(g_.size()); ++v) {
       lower(v);
+      if (labels) // one label per launch function: the op of the node it came from
+        labels->resize(out_.size(), std::string(ir::op_name(g_.node(v).op)));
+    }
     return std::move(out_);
   }
 
@@ -145,21 +160,96 @@ private:
     }
     const size_t t = static_cast<size_t>(c_.max_tokens), splits = 32;
     if (attn) {
-      part_o_ = c_.allocate(t * attn * splits * sizeof(float), nullptr);
-      part_ml_ = c_.allocate(t * attn * splits * 2 * sizeof(float), nullptr); // per head: <= D
+      // Key splits only for steps of at most kSplitTokens tokens (see lower_attention).
+      const size_t ts = std::min<size_t>(t, kSplitTokens);
+      part_o_ = c_.allocate(ts * attn * splits * sizeof(float), nullptr);
+      part_ml_ = c_.allocate(ts * attn * splits * 2 * sizeof(float), nullptr); // per head: <= D
     }
     if (router)
       router_logits_ = c_.allocate(t * router * sizeof(float), nullptr);
     if (act)
       moe_act_ = c_.allocate(t * act * sizeof(float), nullptr);
+    if (!gemm_path())
+      return;
+    size_t hidden = 0, pairs = 0, experts = 0, width = 0;
+    for (ValueId v = 0; v < static_cast<ValueId>(g_.size()); ++v) {
+      const Node& n = g_.node(v);
+      if (n.op == Op::MoeExperts || n.op == Op::MoeExpertsResidual) {
+        hidden = std::max<size_t>(hidden, size_t(static_dim(g_, n.inputs[3], 2)));
+        pairs = std::max<size_t>(pairs, t * size_t(static_dim(g_, n.inputs[1], 1)));
+        experts = std::max<size_t>(experts, size_t(static_dim(g_, n.inputs[3], 0)));
+      }
+      if (n.op == Op::RmsNormLinear || n.op == Op::QkvRope)
+        width = 1;
+    }
+    if (width)
+      inv_rms_ = c_.allocate(t * sizeof(float), nullptr);
+    if (pairs) {
+      moe_pair_ = c_.allocate(pairs * sizeof(int), nullptr);
+      moe_tiles_ = c_.allocate(
+          codegen::moe_tiles_ints(int(pairs), int(experts), kMoeTileRows[0]) * sizeof(int),
+          nullptr);
+      moe_part_ = c_.allocate(pairs * hidden * sizeof(float), nullptr);
+    }
   }
 
-  /// Launches a decode linear over `rows` of x in chunks of at most 8 tokens.
-  void linear(int kernel, const codegen::LinearDims& d, Rows rows, const void* x, const void* ln,
-              const void* w, const void* b, const void* h, void* y) {
+  /// Steps of more tokens than the decode kernels take use the tensor-core gemm kernels.
+  bool gemm_path() const { return c_.max_tokens > kDecodeTokens; }
+
+  /// Row tile of a dense gemm over `tokens` rows.
+  static int dense_tile_rows(int tokens) { return tokens <= 32 ? 32 : 64; }
+  /// Row tile of a grouped gemm: about the rows one expert gets, tokens * k / experts.
+  static int moe_tile_index(int tokens, int k, int experts) {
+    const int per_expert = tokens * k / std::max(1, experts);
+    return per_expert <= 24 ? 0 : per_expert <= 80 ? 1 : 2;
+  }
+
+  /// The dense gemm kernels (row tiles 32 and 64) and, for a normed linear, the inv-rms prologue,
+  /// that serve linear `d` on steps of more than 8 rows.
+  struct DenseGemm {
+    int tile32 = -1, tile64 = -1, inv = -1;
+  };
+
+  DenseGemm dense_gemm(const codegen::LinearDims& d, ValueId v) {
+    DenseGemm k;
+    if (!gemm_path())
+      return k;
+    codegen::GemmDims gd;
+    gd.k = d.k;
+    gd.n = d.n;
+    gd.norm = d.norm;
+    gd.bias = d.bias;
+    gd.residual = d.residual;
+    gd.split = c_.gemm_split;
+    gd.bm = 32;
+    k.tile32 = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+    gd.bm = 64;
+    k.tile64 = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+    if (d.norm)
+      k.inv = k_.add(codegen::emit_row_inv_rms(
+          d.k, d.eps, {"1 / rms of each row: the prologue of a normed gemm"}));
+    return k;
+  }
+
+  /// Launches a linear over `rows` of x: one decode GEMV launch for at most 8 rows, else the
+  /// tensor-core gemm (after the rows' inv-rms, unless `inv_ready`: an earlier launch of this
+  /// step computed it for the same x).
+  void linear(int kernel, const DenseGemm& gemm, const codegen::LinearDims& d, Rows rows,
+              const void* x, const void* ln, const void* w, const void* b, const void* h, void* y,
+              bool inv_ready = false) {
     const KernelSet* ks = &k_;
+    const void* inv = inv_rms_;
     out_.push_back([=](const DeviceStep& s) {
       const int total = rows_of(rows, s);
+      if (total > d.max_tokens && gemm.tile32 >= 0) {
+        if (d.norm && !inv_ready)
+          ks->launch(gemm.inv, total, 1, s.stream, x, const_cast<void*>(inv));
+        const int kernel_g = dense_tile_rows(total) == 32 ? gemm.tile32 : gemm.tile64;
+        launch_ptrs(*ks, kernel_g, total, s.stream,
+                    {x, d.norm ? inv : nullptr, ln, w, b, h, y, nullptr, nullptr, nullptr},
+                    total);
+        return;
+      }
       for (int r0 = 0; r0 < total; r0 += d.max_tokens) {
         const int n = std::min(d.max_tokens, total - r0);
         const float* xc = static_cast<const float*>(x) + size_t(r0) * d.k;
@@ -207,7 +297,8 @@ private:
     if (norm)
       d.eps = n.attr_float("eps");
     const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
-    linear(kernel, d, rows_kind(g_, v), addr(n.inputs[0]), norm ? addr(n.inputs[1]) : nullptr,
+    linear(kernel, dense_gemm(d, v), d, rows_kind(g_, v), addr(n.inputs[0]),
+           norm ? addr(n.inputs[1]) : nullptr,
            addr(n.inputs[wi]), d.bias ? addr(n.inputs[wi + 1]) : nullptr,
            residual ? addr(n.inputs.back()) : nullptr, addr(v));
   }
@@ -244,8 +335,9 @@ private:
       d.k = static_dim(g_, w, 1);
       d.n = static_dim(g_, w, 0);
       const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
-      linear(kernel, d, Rows::Tokens, addr(n.inputs[0]), addr(n.inputs[1]), addr(w), addr(b),
-             nullptr, addr(v, r));
+      // One inv-rms for the three projections of the same x.
+      linear(kernel, dense_gemm(d, v), d, Rows::Tokens, addr(n.inputs[0]), addr(n.inputs[1]),
+             addr(w), addr(b), nullptr, addr(v, r), r > 0);
     }
     for (int r = 0; r < 2; ++r) // q and k rotate in place
       rope(v, static_dim(g_, v, 1, r), head_dim, addr(v, r), addr(v, r));
@@ -292,7 +384,8 @@ private:
       // (and one CUDA graph serves them all); a split past a token's keys stays empty.
       const int bucket = attention_key_bucket(s.max_pos + 1);
       const int keys = window > 0 ? std::min(bucket, window) : bucket;
-      const int splits = codegen::attention_splits(keys);
+      // Many tokens fill the GPU without key splits (and their buffers stay small).
+      const int splits = s.tokens > kSplitTokens ? 1 : codegen::attention_splits(keys);
       ks->launch(dec, s.tokens, splits, s.stream, in[0], in[1], in[2], in[3], in[4], in[5], in[6],
                  in[7], in[8], in[9], out, ml, po);
       if (splits > 1)
@@ -331,7 +424,8 @@ private:
     d.n = static_dim(g_, n.inputs[1], 0);
     d.bias = n.inputs.size() == 3;
     const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
-    linear(kernel, d, Rows::Tokens, addr(n.inputs[0]), nullptr, addr(n.inputs[1]),
+    linear(kernel, dense_gemm(d, v), d, Rows::Tokens, addr(n.inputs[0]), nullptr,
+           addr(n.inputs[1]),
            d.bias ? addr(n.inputs[2]) : nullptr, nullptr, router_logits_);
     topk(v, d.n, as_int(n.attr_int("k")), router_logits_);
   }
@@ -354,7 +448,56 @@ private:
     void *act = moe_act_, *y = addr(v);
     const bool residual = d.residual;
     const KernelSet* ks = &k_;
+    // Many tokens: sort the (token, slot) pairs by expert, one grouped gemm per matrix (gate_up
+    // with the SwiGLU epilogue, down scattering weighted rows), and a deterministic combine.
+    std::array<std::array<int, 3>, 3> grouped{}; // [tile size] -> sort, gate_up, down
+    int combine = -1;
+    if (gemm_path()) {
+      for (size_t i = 0; i < 3; ++i) {
+        const int bm = kMoeTileRows[i];
+        codegen::MoeSortDims sd{d.experts, d.k, bm, c_.max_tokens * d.k};
+        grouped[i][0] = k_.add(codegen::emit_moe_sort(
+            sd, {"groups moe_experts(...)'s (token, slot) pairs by expert"}));
+        codegen::GemmDims gd;
+        gd.grouped = true;
+        gd.experts = d.experts;
+        gd.ksel = d.k;
+        gd.bm = bm;
+        gd.split = c_.gemm_split;
+        gd.k = d.hidden;
+        gd.n = 2 * d.inter;
+        gd.gather = true;
+        gd.epilogue = codegen::GemmEpilogue::Swiglu;
+        gd.limit = d.limit;
+        gd.alpha = d.alpha;
+        grouped[i][1] = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+        gd.k = d.inter;
+        gd.n = d.hidden;
+        gd.gather = false;
+        gd.epilogue = codegen::GemmEpilogue::Scatter;
+        grouped[i][2] = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+      }
+      combine = k_.add(codegen::emit_moe_combine(d.hidden, d.k, d.residual, ir_lines(g_, v)));
+    }
+    const void *pair = moe_pair_, *tiles = moe_tiles_;
+    void* part = moe_part_;
+    const int experts = d.experts, ksel = d.k;
     out_.push_back([=](const DeviceStep& s) {
+      if (s.tokens > kDecodeTokens && combine >= 0) {
+        const auto& kk = grouped[size_t(moe_tile_index(s.tokens, ksel, experts))];
+        launch_ptrs(*ks, kk[0], s.tokens, s.stream, {in[2], pair, tiles}, s.tokens);
+        launch_ptrs(*ks, kk[1], s.tokens, s.stream,
+                    {in[0], nullptr, nullptr, in[3], in[4], nullptr, act, pair, tiles, nullptr},
+                    s.tokens);
+        launch_ptrs(*ks, kk[2], s.tokens, s.stream,
+                    {act, nullptr, nullptr, in[5], in[6], nullptr, part, pair, tiles, in[1]},
+                    s.tokens);
+        if (residual)
+          ks->launch(combine, s.tokens, 1, s.stream, static_cast<const void*>(part), in[7], y);
+        else
+          ks->launch(combine, s.tokens, 1, s.stream, static_cast<const void*>(part), y);
+        return;
+      }
       ks->launch(gu, s.tokens, 1, s.stream, in[0], in[2], in[3], in[4], act);
       const void* a = act;
       if (residual)
@@ -439,12 +582,14 @@ private:
   LoweringContext& c_;
   std::vector<LaunchFn> out_;
   void *part_ml_ = nullptr, *part_o_ = nullptr, *router_logits_ = nullptr, *moe_act_ = nullptr;
+  void *inv_rms_ = nullptr, *moe_pair_ = nullptr, *moe_tiles_ = nullptr, *moe_part_ = nullptr;
 };
 
 } // namespace
 
-std::vector<LaunchFn> lower_graph(const ir::Graph& g, KernelSet& kernels, LoweringContext& ctx) {
-  return Lowerer(g, kernels, ctx).run();
+std::vector<LaunchFn> lower_graph(const ir::Graph& g, KernelSet& kernels, LoweringContext& ctx,
+                                  std::vector<std::string>* labels) {
+  return Lowerer(g, kernels, ctx).run(labels);
 }
 
 } // namespace xserv::cli

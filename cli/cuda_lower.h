@@ -30,6 +30,9 @@ struct DeviceStep {
 /// same three; attention_decode leaves the surplus splits of a smaller context empty.
 int attention_key_bucket(int keys);
 
+/// Tokens one step (the activation arena) holds: the prefill chunk, at least max_batch and 8.
+int step_token_capacity(int64_t max_batch, int prefill_chunk);
+
 /// Where compiled kernels are cached: $XSERV_KERNEL_CACHE, else $XDG_CACHE_HOME/xserv/kernels,
 /// else ~/.cache/xserv/kernels.
 std::filesystem::path kernel_cache_dir();
@@ -81,6 +84,9 @@ struct LoweringContext {
   int max_tokens = 8;                  ///< T capacity of the activation arena and scratch buffers
   int max_seqs = 1;                    ///< B capacity
   int64_t cache_rows = 1, max_seq = 1; ///< the N and S dims of cache nodes
+  /// Gemm activations as a bf16 hi + lo pair (about fp32 precision, twice the MMAs) rather than
+  /// one bf16 value.
+  bool gemm_split = true;
   /// Device address of result `result` of value `v` (params, weights, caches, activations).
   std::function<void*(ir::ValueId v, int result)> address;
   /// A device buffer of `bytes` that lives as long as the engine, filled from `host` if given.
@@ -93,7 +99,9 @@ using LaunchFn = std::function<void(const DeviceStep&)>;
 /// Lowers every node of `g` (the default pipeline's output) to launches of kernels it adds to
 /// `kernels`; reshape and extract are aliases and sources launch nothing. Each launch closure
 /// reads pointers fixed at lowering time and only the step's sizes. Throws xserv::Error naming
-/// the node for an op the CUDA engine does not lower yet.
-std::vector<LaunchFn> lower_graph(const ir::Graph& g, KernelSet& kernels, LoweringContext& ctx);
+/// the node for an op the CUDA engine does not lower yet. `labels`, when given, gets the op name
+/// of each launch function's node (for profiles).
+std::vector<LaunchFn> lower_graph(const ir::Graph& g, KernelSet& kernels, LoweringContext& ctx,
+                                  std::vector<std::string>* labels = nullptr);
 
 } // namespace xserv::cli

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/cuda_engine.h"
 #include "cli/cuda_lower.h"
 #include "codegen/emit.h"
 #include "ir/error.h"
@@ -22,7 +23,7 @@ nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
   static char placeholder;
   KernelSet kernels;
   LoweringContext ctx;
-  ctx.max_tokens = static_cast<int>(std::max<int64_t>(8, opts.max_batch));
+  ctx.max_tokens = step_token_capacity(opts.max_batch, kPrefillChunk);
   ctx.max_seqs = static_cast<int>(opts.max_batch);
   ctx.cache_rows = opts.max_batch;
   ctx.max_seq = opts.max_seq;

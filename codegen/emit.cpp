@@ -43,10 +43,14 @@ KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines
   std::string src = fmt::format("// kernel: {}\n", name);
   for (const std::string& line : ir_lines)
     src += fmt::format("// {}\n", line);
-  src += fmt::format("// launch: block {}, grid ({}, {}, {}), dynamic smem {} bytes per token\n",
-                     launch.block, launch.blocks_x,
-                     launch.y_per_token ? fmt::format("tokens * {}", launch.y_per_token) : "1",
-                     launch.z_splits ? "splits" : "1", launch.smem_per_token);
+  std::string gy = launch.y_per_token ? fmt::format("tokens * {}", launch.y_per_token) : "1";
+  if (launch.y_tile)
+    gy = fmt::format("ceil({} / {}){}", launch.y_per_token > 1 ? gy : "tokens", launch.y_tile,
+                     launch.y_extra ? fmt::format(" + {}", launch.y_extra) : "");
+  src += fmt::format("// launch: block {}, grid ({}, {}, {}), dynamic smem ", launch.block,
+                     launch.blocks_x, gy, launch.z_splits ? "splits" : "1");
+  src += launch.smem_fixed ? fmt::format("{} bytes\n", launch.smem_fixed)
+                           : fmt::format("{} bytes per token\n", launch.smem_per_token);
   src += fmt::format("#include \"xserv_kernels/{}\"\n\n", header);
   src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", launch.block, name);
   std::vector<std::string> decls, args;
@@ -71,8 +75,10 @@ void check_positive(const char* what, std::initializer_list<int> dims) {
 } // namespace
 
 std::array<unsigned, 3> LaunchRule::grid(int tokens, int splits) const {
-  return {static_cast<unsigned>(blocks_x),
-          static_cast<unsigned>(y_per_token ? tokens * y_per_token : 1),
+  int gy = y_per_token ? tokens * y_per_token : 1;
+  if (y_tile > 0)
+    gy = (tokens * std::max(1, y_per_token) + y_tile - 1) / y_tile + y_extra;
+  return {static_cast<unsigned>(blocks_x), static_cast<unsigned>(gy),
           static_cast<unsigned>(z_splits ? splits : 1)};
 }
 
@@ -210,6 +216,87 @@ KernelSource emit_moe_down(const MoeDims& d, const std::vector<std::string>& ir_
 
 namespace {
 
+/// Mirrors gemm.cuh's tile constants and gemm_smem_bytes().
+constexpr int kGemmBN = 128, kGemmBK = 32, kGemmStride = kGemmBK + 8, kGemmStagesB = 3;
+
+size_t gemm_smem_bytes(int bm, bool split) {
+  return static_cast<size_t>((2 * (split ? 2 : 1) * bm + kGemmStagesB * kGemmBN) * kGemmStride *
+                             2);
+}
+
+} // namespace
+
+size_t moe_tiles_ints(int pairs, int experts, int bm) {
+  return 1 + 3 * static_cast<size_t>((pairs + bm - 1) / bm + experts);
+}
+
+KernelSource emit_gemm(const GemmDims& d, const std::vector<std::string>& ir_lines) {
+  check_positive("gemm", {d.k, d.n, d.experts, d.ksel});
+  if (d.k % kGemmBK != 0)
+    throw Error(fmt::format("codegen: gemm needs K divisible by {}, got {}", kGemmBK, d.k));
+  if (d.n % 2 != 0)
+    throw Error(fmt::format("codegen: gemm needs an even N, got {}", d.n));
+  if (d.bm != 32 && d.bm != 64 && d.bm != 128)
+    throw Error(fmt::format("codegen: gemm tile rows must be 32, 64 or 128, got {}", d.bm));
+  if (d.gather && !d.grouped)
+    throw Error("codegen: a gathering gemm must be grouped");
+  if (d.epilogue == GemmEpilogue::Scatter && !d.grouped)
+    throw Error("codegen: a scattering gemm must be grouped");
+  if (d.grouped && (d.norm || d.residual))
+    throw Error("codegen: a grouped gemm has no norm or residual");
+  static const char* epi_name[] = {"store", "swiglu", "scatter"};
+  const int epi = static_cast<int>(d.epilogue);
+  std::string name = fmt::format("gemm_{}{}{}_k{}_n{}_m{}{}", epi_name[epi], d.norm ? "_norm" : "",
+                                 d.residual ? "_residual" : "", d.k, d.n, d.bm,
+                                 d.bias ? "" : "_nobias");
+  if (d.grouped)
+    name += fmt::format("_e{}_k{}{}", d.experts, d.ksel, d.gather ? "_gather" : "");
+  if (d.epilogue == GemmEpilogue::Swiglu)
+    name += attr_suffix("limit", d.limit, 7.0) + attr_suffix("alpha", d.alpha, 1.702);
+  name += d.split ? "_x2" : "_bf16";
+  std::vector<Param> params = {{"const float* x", "x"},
+                               {"const float* inv_rms", "inv_rms"},
+                               {fmt::format("{} ln", kBf16), "ln"},
+                               {fmt::format("{} w", kBf16), "w"},
+                               {fmt::format("{} b", kBf16), "b"},
+                               {"const float* h", "h"},
+                               {"float* y", "y"},
+                               {"const int* pair", "pair"},
+                               {"const int* tiles", "tiles"},
+                               {"const float* route_w", "route_w"},
+                               {"", float_literal(d.limit)},
+                               {"", float_literal(d.alpha)},
+                               {"int tokens", "tokens"}};
+  LaunchRule launch;
+  launch.blocks_x = (d.n + kGemmBN - 1) / kGemmBN;
+  launch.y_tile = d.bm;
+  if (d.grouped) {
+    launch.y_per_token = d.ksel;
+    launch.y_extra = d.experts;
+  }
+  launch.smem_fixed = gemm_smem_bytes(d.bm, d.split);
+  std::string call = fmt::format(
+      "gemm_bf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.bm, d.norm, d.bias,
+      d.residual, epi, d.grouped, d.gather, d.ksel, d.split);
+  return assemble(std::move(name), ir_lines, "gemm.cuh", call, params, launch);
+}
+
+KernelSource emit_moe_sort(const MoeSortDims& d, const std::vector<std::string>& ir_lines) {
+  check_positive("moe_sort", {d.experts, d.k, d.bm, d.max_pairs});
+  std::vector<Param> params = {{"const int* ids", "ids"},
+                               {"int* pair", "pair"},
+                               {"int* tiles", "tiles"},
+                               {"int tokens", "tokens"}};
+  LaunchRule launch;
+  launch.max_tokens = d.max_pairs / d.k;
+  return assemble(fmt::format("moe_sort_e{}_k{}_m{}_p{}", d.experts, d.k, d.bm, d.max_pairs),
+                  ir_lines, "gemm.cuh",
+                  fmt::format("moe_sort<{}, {}, {}, {}>", d.experts, d.k, d.bm, d.max_pairs),
+                  params, launch);
+}
+
+namespace {
+
 /// A launch rule of the small per-row kernels: `threads` per block, one block per row.
 LaunchRule per_row(int threads) {
   LaunchRule launch;
@@ -280,6 +367,26 @@ KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>&
                                {"float* y", "y"}};
   return assemble(fmt::format("rms_norm_d{}{}", d.dim, attr_suffix("eps", d.eps, 1e-5)), ir_lines,
                   "norm.cuh", fmt::format("rms_norm<{}>", d.dim), params, per_row(256));
+}
+
+KernelSource emit_moe_combine(int hidden, int k, bool residual,
+                              const std::vector<std::string>& ir_lines) {
+  check_positive("moe_combine", {hidden, k});
+  std::vector<Param> params = {{"const float* part", "part"}};
+  params.push_back(residual ? Param{"const float* h", "h"} : Param{"", "nullptr"});
+  params.push_back({"float* y", "y"});
+  return assemble(fmt::format("moe_combine{}_d{}_k{}", residual ? "_residual" : "", hidden, k),
+                  ir_lines, "gemm.cuh",
+                  fmt::format("moe_combine<{}, {}, {}>", hidden, k, residual), params,
+                  per_row(256));
+}
+
+KernelSource emit_row_inv_rms(int dim, double eps, const std::vector<std::string>& ir_lines) {
+  check_positive("row_inv_rms", {dim});
+  std::vector<Param> params = {
+      {"const float* x", "x"}, {"", float_literal(eps)}, {"float* inv", "inv"}};
+  return assemble(fmt::format("row_inv_rms_d{}{}", dim, attr_suffix("eps", eps, 1e-5)), ir_lines,
+                  "gemm.cuh", fmt::format("row_inv_rms<{}>", dim), params, per_row(256));
 }
 
 KernelSource emit_select_rows(const SelectRowsDims& d, const std::vector<std::string>& ir_lines) {

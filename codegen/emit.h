@@ -17,12 +17,18 @@ struct LaunchRule {
   int y_per_token = 0;       ///< grid.y = tokens * y_per_token; 1 when 0
   bool z_splits = false;     ///< grid.z = key splits (attention_decode only)
   size_t smem_per_token = 0; ///< dynamic shared memory bytes per token of the step
+  size_t smem_fixed = 0;     ///< dynamic shared memory bytes independent of the step
   int max_tokens = 0;        ///< the most tokens one launch takes; 0 = any
+  /// Tiled rows: when > 0, grid.y = ceil(tokens * max(1, y_per_token) / y_tile) + y_extra.
+  int y_tile = 0;
+  int y_extra = 0;
 
   /// grid (x, y, z) for `tokens` tokens and `splits` key splits.
   std::array<unsigned, 3> grid(int tokens, int splits = 1) const;
   /// Dynamic shared memory bytes for `tokens` tokens.
-  size_t smem(int tokens) const { return smem_per_token * static_cast<size_t>(tokens); }
+  size_t smem(int tokens) const {
+    return smem_fixed + smem_per_token * static_cast<size_t>(tokens);
+  }
 };
 
 /// A generated kernel: its extern "C" name, the full CUDA source (which includes headers from
@@ -98,6 +104,46 @@ struct RmsNormDims {
 struct SelectRowsDims {
   int width = 0;
 };
+
+/// What a gemm's epilogue does (codegen/kernels/gemm.cuh GemmEpilogue).
+enum class GemmEpilogue { Store = 0, Swiglu = 1, Scatter = 2 };
+
+/// The tensor-core matrix multiply of the prefill path (many tokens): y = epilogue(A W^T), BM
+/// rows x 128 columns per block, A's fp32 rows rounded to bf16 (or a hi + lo bf16 pair with
+/// `split`) while staged. Dense: rows are the step's tokens, grid.y = ceil(tokens / bm).
+/// Grouped (MoE): rows are moe_sort's expert-sorted (token, slot) pairs, W and b per expert,
+/// grid.y = ceil(tokens * ksel / bm) + experts tiles (those past moe_sort's count exit).
+/// Parameters: x, inv_rms, ln, w, b, h, y, pair, tiles, route_w, tokens (unused ones nullptr).
+struct GemmDims {
+  int k = 0, n = 0;
+  int bm = 64; ///< rows per block: 32, 64 or 128
+  bool norm = false, bias = true, residual = false;
+  GemmEpilogue epilogue = GemmEpilogue::Store;
+  bool grouped = false; ///< rows are expert-sorted pairs; W is [experts, n, k]
+  bool gather = false;  ///< A row of sorted pair p is x[p / ksel] (else x[sorted row])
+  int experts = 1, ksel = 1;
+  bool split = true; ///< activations as bf16 hi + lo (two MMAs) instead of one bf16
+  double limit = 7.0, alpha = 1.702;
+};
+
+/// moe_sort: the (token, slot) pairs of a step grouped by expert, and the tile list of a grouped
+/// gemm with `bm` rows per tile. Parameters: ids, pair, tiles, tokens; one block.
+struct MoeSortDims {
+  int experts = 0, k = 0, bm = 64;
+  int max_pairs = 0; ///< the most pairs (tokens * k) one launch takes
+};
+
+/// Ints of moe_sort's tile list for `pairs` pairs: the count and (expert, begin, end) per tile.
+size_t moe_tiles_ints(int pairs, int experts, int bm);
+
+KernelSource emit_gemm(const GemmDims& d, const std::vector<std::string>& ir_lines);
+KernelSource emit_moe_sort(const MoeSortDims& d, const std::vector<std::string>& ir_lines);
+/// moe_combine: y[t] = (h[t] +) the sum of the token's k scattered expert rows. Parameters:
+/// part, [h], y; grid.y = tokens.
+KernelSource emit_moe_combine(int hidden, int k, bool residual,
+                              const std::vector<std::string>& ir_lines);
+/// row_inv_rms: inv[r] = rsqrt(mean(x[r]^2) + eps) of fp32 rows of `dim`. Parameters: x, inv.
+KernelSource emit_row_inv_rms(int dim, double eps, const std::vector<std::string>& ir_lines);
 
 KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir_lines);
 KernelSource emit_attention_decode(const AttentionDims& d,

@@ -34,12 +34,17 @@ __device__ __forceinline__ void select_rows(const float* __restrict__ x,
 
 /// kv_write(cache, x, positions, token_seq, cache_rows) for token t = blockIdx.y: the W = G * D
 /// fp32 values x[t, :, :] into cache[cache_rows[token_seq[t]], positions[t] % S], rounded to bf16
-/// for a bf16 cache. cache CacheT [rows, S, G, D].
+/// for a bf16 cache. cache CacheT [rows, S, G, D]. A step may hold more than S tokens of one
+/// sequence (a ring shorter than a prefill chunk): the last of the tokens sharing a slot wins,
+/// as in a sequential write. Tokens of a sequence are contiguous with consecutive positions, so
+/// token t + S, if it belongs to the same sequence, is the one that overwrites t's slot.
 template <int W, int S, typename CacheT = __nv_bfloat16>
 __device__ __forceinline__ void
 kv_write(CacheT* __restrict__ cache, const float* __restrict__ x, const int* __restrict__ positions,
          const int* __restrict__ token_seq, const int* __restrict__ cache_rows) {
   const int t = blockIdx.y;
+  if (t + S < (int)gridDim.y && token_seq[t + S] == token_seq[t])
+    return; // a later token of this step takes the slot
   const int row = cache_rows[token_seq[t]], slot = positions[t] % S;
   CacheT* dst = cache + ((size_t)row * S + slot) * W;
   for (int i = threadIdx.x; i < W; i += kGatherThreads)

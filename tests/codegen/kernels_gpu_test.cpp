@@ -1,12 +1,7 @@
 // GPU checks of the decode kernels against ir::ref on random inputs, plus bandwidth figures.
-#include "codegen/emit.h"
-#include "ir/reference.h"
-#include "models/bf16.h"
-#include "runtime/device.h"
-#include "runtime/module.h"
-#include "runtime/nvrtc.h"
+#include "tests/codegen/kernel_test_util.h"
 
-#include <doctest/doctest.h>
+#include "ir/reference.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,128 +14,11 @@
 
 using namespace xserv;
 using namespace xserv::codegen;
+using namespace xserv::kernel_test;
 using ir::DType;
 using ir::Tensor;
 
-/// Skips the rest of a test case, saying why, when no GPU is usable.
-#define XSERV_REQUIRE_GPU()                                                                        \
-  if (const runtime::DeviceInfo dev = runtime::probe_device(); !dev.available) {                   \
-    MESSAGE("skipped: no GPU (" << dev.reason << ")");                                             \
-    return;                                                                                        \
-  }
-
 namespace {
-
-void cuda_ok(cudaError_t err, const char* what) {
-  INFO(what << ": " << cudaGetErrorString(err));
-  REQUIRE(err == cudaSuccess);
-}
-
-/// splitmix64-driven uniform floats in [-scale, scale).
-struct Rng {
-  uint64_t s;
-  float next(float scale) {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return scale * (float(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
-  }
-};
-
-Tensor random_f32(Rng& rng, std::vector<int64_t> shape, float scale) {
-  Tensor t = Tensor::zeros(DType::F32, std::move(shape));
-  for (float& v : t.f)
-    v = rng.next(scale);
-  return t;
-}
-
-/// A random bf16 weight: `f` holds the bf16 values as fp32 (what ref sees), `bits` the upload.
-struct Bf16Weight {
-  Tensor t;
-  std::vector<uint16_t> bits;
-};
-
-Bf16Weight random_bf16(Rng& rng, std::vector<int64_t> shape, float scale) {
-  Bf16Weight w{random_f32(rng, std::move(shape), scale), {}};
-  w.bits.resize(w.t.f.size());
-  for (size_t i = 0; i < w.t.f.size(); ++i) {
-    w.bits[i] = models::float_to_bf16(w.t.f[i]);
-    w.t.f[i] = models::bf16_to_float(w.bits[i]);
-  }
-  return w;
-}
-
-/// A device buffer freed on destruction.
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DevBuf(size_t n) : bytes(n) {
-    cuda_ok(cudaMalloc(&p, std::max<size_t>(n, 4)), "malloc");
-  }
-  DevBuf(const DevBuf&) = delete;
-  ~DevBuf() { cudaFree(p); }
-};
-
-template <typename T> std::unique_ptr<DevBuf> upload(const std::vector<T>& v) {
-  auto b = std::make_unique<DevBuf>(v.size() * sizeof(T));
-  cuda_ok(cudaMemcpy(b->p, v.data(), b->bytes, cudaMemcpyHostToDevice), "upload");
-  return b;
-}
-std::unique_ptr<DevBuf> upload(const Tensor& t) {
-  return t.is_int() ? upload(t.i) : upload(t.f);
-}
-
-/// An fp32 output buffer filled with NaN so unwritten elements fail the comparison.
-std::unique_ptr<DevBuf> poisoned(size_t n) {
-  return upload(std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()));
-}
-
-std::vector<float> download(const DevBuf& b, size_t n) {
-  std::vector<float> v(n);
-  cuda_ok(cudaMemcpy(v.data(), b.p, n * sizeof(float), cudaMemcpyDeviceToHost), "download");
-  return v;
-}
-
-/// ||got - want|| / ||want||; NaN when any element of got is not finite.
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  REQUIRE(got.size() == want.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i]))
-      return std::numeric_limits<double>::quiet_NaN();
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-/// A compiled and loaded kernel with its launch rule.
-struct Loaded {
-  KernelSource src;
-  runtime::Module module;
-  runtime::Kernel kernel;
-};
-
-Loaded load(KernelSource src) {
-  runtime::CompileOptions opts;
-  opts.arch = runtime::probe_device().arch();
-  opts.headers = kernel_headers();
-  const runtime::CompileResult r = runtime::compile_cuda(src.source, src.name, opts);
-  runtime::Module m = runtime::Module::load(r.cubin, src.name);
-  runtime::Kernel k = m.kernel(src.name);
-  return {std::move(src), std::move(m), std::move(k)};
-}
-
-template <typename... Args> void launch(const Loaded& l, int tokens, int splits, Args... args) {
-  const auto g = l.src.launch.grid(tokens, splits);
-  l.module.launch(l.kernel, dim3(g[0], g[1], g[2]), dim3(l.src.launch.block),
-                  l.src.launch.smem(tokens), nullptr, args...);
-}
-
-void device_sync() {
-  cuda_ok(cudaDeviceSynchronize(), "kernel");
-}
 
 constexpr double kTol = 1e-3;
 
@@ -157,7 +35,7 @@ void check_linear(const LinearDims& d, int tokens, uint64_t seed) {
                        : ir::ref::linear(x, w.t, d.bias ? &b.t : nullptr);
   if (d.residual)
     want = ir::ref::add(h, want);
-  const Loaded l = load(emit_linear(d, {}));
+  const Loaded& l = load(emit_linear(d, {}));
   auto dx = upload(x.f), dln = upload(ln.bits), dw = upload(w.bits), db = upload(b.bits);
   auto dh = upload(h.f);
   auto dy = poisoned(want.f.size());
@@ -236,8 +114,8 @@ void check_attention(const AttentionDims& d, const std::vector<int>& seq_tokens,
       ir::ref::attention(q, k, v, kc.t, vc.t, sinks.t, {pos, tseq, lens, rows}, d.window, d.scale);
   if (splits == 0)
     splits = attention_splits(max_keys);
-  const Loaded dec = load(emit_attention_decode(d, {}));
-  const Loaded comb = load(emit_attention_combine(d, {}));
+  const Loaded& dec = load(emit_attention_decode(d, {}));
+  const Loaded& comb = load(emit_attention_combine(d, {}));
   auto dq = upload(q), dk = upload(k), dv = upload(v), dkc = upload(kc.bits);
   auto dvc = upload(vc.bits), ds = upload(sinks.bits), dpos = upload(pos), dts = upload(tseq);
   auto dlen = upload(lens), drow = upload(rows);
@@ -325,8 +203,8 @@ void check_moe(const MoeDims& d, const MoeWeights& mw, int tokens, uint64_t seed
                                                  mw.down_b.t, h, d.limit, d.alpha)
                  : ir::ref::moe_experts(x, w, ids, mw.gate_up.t, mw.gate_up_b.t, mw.down.t,
                                         mw.down_b.t, d.limit, d.alpha);
-  const Loaded gu = load(emit_moe_gate_up(d, {}));
-  const Loaded dn = load(emit_moe_down(d, {}));
+  const Loaded& gu = load(emit_moe_gate_up(d, {}));
+  const Loaded& dn = load(emit_moe_down(d, {}));
   auto dx = upload(x), dh = upload(h), dw = upload(w), dids = upload(ids);
   auto act = poisoned(size_t(tokens) * d.k * d.inter), y = poisoned(want.f.size());
   launch(gu, tokens, 1, dx->p, dids->p, mw.d_gate_up->p, mw.d_gate_up_b->p, act->p);
@@ -397,7 +275,7 @@ void gemv_bandwidth(const LinearDims& d, const std::string& label) {
   auto ln = upload(random_bf16(rng, {d.k}, 1.0f).bits);
   auto b = upload(random_bf16(rng, {d.n}, 1.0f).bits);
   auto y = poisoned(d.n);
-  const Loaded l = load(emit_linear(d, {}));
+  const Loaded& l = load(emit_linear(d, {}));
   const double ms = median_ms([&](int i) {
     if (d.bias)
       launch(l, 1, 1, x->p, ln->p, ws[i % copies]->p, b->p, y->p, 1);
@@ -427,8 +305,8 @@ TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
     id_sets.push_back(upload(std::vector<int32_t>{4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3}));
     w_sets.push_back(upload(std::vector<float>{0.4f, 0.3f, 0.2f, 0.1f}));
   }
-  const Loaded gu = load(emit_moe_gate_up(d, {}));
-  const Loaded dn = load(emit_moe_down(d, {}));
+  const Loaded& gu = load(emit_moe_gate_up(d, {}));
+  const Loaded& dn = load(emit_moe_down(d, {}));
   const double ms = median_ms([&](int i) {
     launch(gu, 1, 1, x->p, id_sets[i % 8]->p, mw.d_gate_up->p, mw.d_gate_up_b->p, act->p);
     launch(dn, 1, 1, act->p, w_sets[i % 8]->p, id_sets[i % 8]->p, mw.d_down->p, mw.d_down_b->p,
@@ -459,7 +337,7 @@ TEST_CASE("embedding, rms_norm and select_rows kernels match ir::ref") {
   const Bf16Weight table = random_bf16(rng, {vocab, dim}, 1.0f);
   const Tensor ids = Tensor::from_ints({tokens}, {0, 999, 5, 5, 123, 998, 1});
   const Tensor want_e = ir::ref::embedding(table.t, ids);
-  const Loaded emb = load(emit_embedding({vocab, dim}, {}));
+  const Loaded& emb = load(emit_embedding({vocab, dim}, {}));
   auto dt = upload(table.bits), dids = upload(ids);
   auto out = poisoned(want_e.f.size());
   launch(emb, tokens, 1, dt->p, dids->p, out->p);
@@ -470,7 +348,7 @@ TEST_CASE("embedding, rms_norm and select_rows kernels match ir::ref") {
   const Tensor x = random_f32(rng, {tokens, dim}, 3.0f);
   const Bf16Weight w = random_bf16(rng, {dim}, 1.0f);
   const Tensor want_n = ir::ref::rms_norm(x, w.t, 1e-5);
-  const Loaded norm = load(emit_rms_norm({dim, 1e-5}, {}));
+  const Loaded& norm = load(emit_rms_norm({dim, 1e-5}, {}));
   auto dx = upload(x), dw = upload(w.bits);
   auto y = poisoned(want_n.f.size());
   launch(norm, tokens, 1, dx->p, dw->p, y->p);
@@ -481,7 +359,7 @@ TEST_CASE("embedding, rms_norm and select_rows kernels match ir::ref") {
 
   const Tensor rows = Tensor::from_ints({3}, {6, 0, 3});
   const Tensor want_s = ir::ref::select_rows(x, rows);
-  const Loaded sel = load(emit_select_rows({dim}, {}));
+  const Loaded& sel = load(emit_select_rows({dim}, {}));
   auto drows = upload(rows);
   auto s = poisoned(want_s.f.size());
   launch(sel, 3, 1, dx->p, drows->p, s->p);
@@ -498,7 +376,7 @@ TEST_CASE("rope_yarn kernel matches ir::ref at small and large positions") {
     const Tensor x = random_f32(rng, {6, heads, head_dim}, 2.0f);
     const Tensor want = ir::ref::rope_yarn(x, pos, yarn);
     const std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
-    const Loaded l =
+    const Loaded& l =
         load(emit_rope_yarn({heads, head_dim, ir::ref::yarn_attention_factor(yarn)}, {}));
     auto dx = upload(x), dpos = upload(pos), dinv = upload(inv);
     auto y = poisoned(want.f.size());
@@ -513,31 +391,63 @@ TEST_CASE("rope_yarn kernel matches ir::ref at small and large positions") {
   }
 }
 
-TEST_CASE("kv_write kernel stores bf16 rows where ir::ref puts them") {
-  XSERV_REQUIRE_GPU();
-  Rng rng{720};
-  const int rows = 3, slots = 8, g = 2, d = 16;
-  // Two sequences: 3 tokens at positions 6..8 (8 wraps to slot 0) in row 2, one at 20 in row 0.
-  const Tensor pos = Tensor::from_ints({4}, {6, 7, 8, 20});
-  const Tensor seq = Tensor::from_ints({4}, {0, 0, 0, 1});
-  const Tensor ctx = Tensor::from_ints({2}, {6, 20});
-  const Tensor crow = Tensor::from_ints({2}, {2, 0});
-  const Tensor x = random_f32(rng, {4, g, d}, 2.0f);
+namespace {
+
+/// kv_write of tokens at `positions` of sequences `seqs` (contiguous per sequence) into a bf16
+/// ring of 8 slots, against ir::ref's sequential writes, bit for bit.
+void check_kv_write(const std::vector<int32_t>& positions, const std::vector<int32_t>& seqs,
+                    uint64_t seed) {
+  Rng rng{seed};
+  const int rows = 3, slots = 8, g = 2, d = 16, tokens = int(positions.size());
+  std::vector<int32_t> ctx_lens;
+  for (size_t t = 0; t < positions.size(); ++t)
+    if (t == 0 || seqs[t] != seqs[t - 1])
+      ctx_lens.push_back(positions[t]);
+  const int nseq = int(ctx_lens.size());
+  const Tensor pos = Tensor::from_ints({tokens}, positions);
+  const Tensor seq = Tensor::from_ints({tokens}, seqs);
+  const Tensor ctx = Tensor::from_ints({nseq}, ctx_lens);
+  std::vector<int32_t> row_ids;
+  for (int b = 0; b < nseq; ++b)
+    row_ids.push_back(rows - 1 - b);
+  const Tensor crow = Tensor::from_ints({nseq}, row_ids);
+  const Tensor x = random_f32(rng, {tokens, g, d}, 2.0f);
   Bf16Weight cache = random_bf16(rng, {rows, slots, g, d}, 1.0f);
   Tensor want = cache.t;
   ir::ref::kv_write(want, x, {pos, seq, ctx, crow});
-  const Loaded l = load(emit_kv_write({g, d, slots}, {}));
+  const Loaded& l = load(emit_kv_write({g, d, slots}, {}));
   auto dc = upload(cache.bits), dx = upload(x), dpos = upload(pos), dseq = upload(seq);
   auto drow = upload(crow);
-  launch(l, 4, 1, dc->p, dx->p, dpos->p, dseq->p, drow->p);
+  launch(l, tokens, 1, dc->p, dx->p, dpos->p, dseq->p, drow->p);
   device_sync();
   std::vector<uint16_t> got(cache.bits.size());
   cuda_ok(cudaMemcpy(got.data(), dc->p, got.size() * 2, cudaMemcpyDeviceToHost), "download");
   size_t bad = 0;
   for (size_t i = 0; i < got.size(); ++i)
     bad += got[i] != models::float_to_bf16(want.f[i]);
-  MESSAGE(l.src.name << ": " << bad << " of " << got.size() << " cache values differ");
+  MESSAGE(l.src.name << " " << tokens << " tokens: " << bad << " of " << got.size()
+                     << " cache values differ");
   CHECK(bad == 0);
+}
+
+} // namespace
+
+TEST_CASE("kv_write kernel stores bf16 rows where ir::ref puts them") {
+  XSERV_REQUIRE_GPU();
+  // Two sequences: 3 tokens at positions 6..8 (8 wraps to slot 0), one at 20.
+  check_kv_write({6, 7, 8, 20}, {0, 0, 0, 1}, 720);
+  // A prefill longer than the ring: 20 tokens of one sequence over 8 slots (the last 8 must
+  // stay), then 3 of another.
+  std::vector<int32_t> pos, seq;
+  for (int p = 0; p < 20; ++p) {
+    pos.push_back(p);
+    seq.push_back(0);
+  }
+  for (int p = 5; p < 8; ++p) {
+    pos.push_back(p);
+    seq.push_back(1);
+  }
+  check_kv_write(pos, seq, 721);
 }
 
 TEST_CASE("router_topk kernel matches ir::ref, ties to the lower index") {
@@ -550,7 +460,7 @@ TEST_CASE("router_topk kernel matches ir::ref, ties to the lower index") {
     logits.f[size_t(experts) + 1] = logits.f[size_t(experts) + 2] = -10.0f; // token 1: low tie
     Tensor want_w, want_i;
     ir::ref::router_topk(logits, k, want_w, want_i);
-    const Loaded l = load(emit_router_topk({experts, k}, {}));
+    const Loaded& l = load(emit_router_topk({experts, k}, {}));
     auto dl = upload(logits);
     auto w = poisoned(size_t(tokens) * k), ids = poisoned(size_t(tokens) * k);
     launch(l, tokens, 1, dl->p, w->p, ids->p);

@@ -1,0 +1,236 @@
+// GPU checks of the prefill-path kernels (tensor-core gemm, MoE sort / grouped gemm / combine)
+// against ir::ref on random inputs.
+//
+// Tolerances: with `split` each activation enters the MMA as bf16 hi + lo, which represents it
+// to 2^-18 relative (hi is within 2^-9, lo within 2^-9 of the remainder); products are exact
+// and sums fp32, so the outputs agree with ir::ref (fp32 inputs, double sums) to ~1e-6 relative
+// L2: the limit 2e-5 leaves a 5x margin over the per-element bound. With plain bf16 activations
+// each is rounded once (at most 2^-9 = 1.95e-3 relative, RMS ~1.1e-3 on random data): limit 3e-3
+// for one matrix, 6e-3 for the MoE block, where two roundings (x before gate_up, the SwiGLU
+// output before down) compound.
+#include "tests/codegen/kernel_test_util.h"
+
+#include "ir/reference.h"
+
+#include <numeric>
+
+using namespace xserv;
+using namespace xserv::codegen;
+using namespace xserv::kernel_test;
+
+namespace {
+
+constexpr double kTolSplit = 2e-5;
+constexpr double kTolBf16 = 3e-3;
+
+double tolerance(bool split) {
+  return split ? kTolSplit : kTolBf16;
+}
+
+/// Launches a gemm with its full parameter list (x, inv_rms, ln, w, b, h, y, pair, tiles,
+/// route_w, tokens).
+void launch_gemm(const Loaded& l, int tokens, const void* x, const void* inv, const void* ln,
+                 const void* w, const void* b, const void* h, void* y, const void* pair,
+                 const void* tiles, const void* route_w) {
+  launch(l, tokens, 1, x, inv, ln, w, b, h, y, pair, tiles, route_w, tokens);
+}
+
+void check_dense(GemmDims d, int tokens, uint64_t seed) {
+  Rng rng{seed};
+  const double eps = 1e-5;
+  const Tensor x = random_f32(rng, {tokens, d.k}, 2.0f);
+  const Bf16Weight ln = random_bf16(rng, {d.k}, 1.0f);
+  const Bf16Weight w = random_bf16(rng, {d.n, d.k}, 1.0f / std::sqrt(float(d.k)));
+  const Bf16Weight b = random_bf16(rng, {d.n}, 0.5f);
+  const Tensor h = random_f32(rng, {tokens, d.n}, 1.0f);
+  Tensor want = d.norm ? ir::ref::rms_norm_linear(x, ln.t, eps, w.t, d.bias ? &b.t : nullptr)
+                       : ir::ref::linear(x, w.t, d.bias ? &b.t : nullptr);
+  if (d.residual)
+    want = ir::ref::add(h, want);
+  const Loaded& l = load(emit_gemm(d, {}));
+  const Loaded& inv_k = load(emit_row_inv_rms(d.k, eps, {}));
+  auto dx = upload(x.f), dln = upload(ln.bits), dw = upload(w.bits), db = upload(b.bits);
+  auto dh = upload(h.f);
+  auto inv = poisoned(size_t(tokens));
+  auto dy = poisoned(want.f.size());
+  if (d.norm)
+    launch(inv_k, tokens, 1, dx->p, inv->p);
+  // The residual case writes y over h in place, as the engine does.
+  void* y = d.residual ? dh->p : dy->p;
+  launch_gemm(l, tokens, dx->p, d.norm ? inv->p : nullptr, dln->p, dw->p, db->p,
+              d.residual ? dh->p : nullptr, y, nullptr, nullptr, nullptr);
+  device_sync();
+  const double err = rel_l2(download(d.residual ? *dh : *dy, want.f.size()), want.f);
+  MESSAGE(l.src.name << " T=" << tokens << ": rel L2 " << err);
+  CHECK(err <= tolerance(d.split));
+}
+
+GemmDims dense(int k, int n, bool norm, bool bias, bool residual, int bm, bool split) {
+  GemmDims d;
+  d.k = k;
+  d.n = n;
+  d.norm = norm;
+  d.bias = bias;
+  d.residual = residual;
+  d.bm = bm;
+  d.split = split;
+  return d;
+}
+
+} // namespace
+
+TEST_CASE("dense gemm kernels match ir::ref (norm, bias, residual; row tiles 32 and 64)") {
+  XSERV_REQUIRE_GPU();
+  uint64_t seed = 2000;
+  for (int bm : {32, 64}) {
+    // Token counts: a partial tile, whole tiles, many tiles with a ragged end.
+    for (int tokens : {9, 64, 300}) {
+      check_dense(dense(2880, 5120, true, true, false, bm, true), tokens, ++seed); // 20b qkv
+      check_dense(dense(4096, 2880, false, true, true, bm, true), tokens, ++seed); // o_proj
+    }
+    check_dense(dense(64, 130, false, false, false, bm, true), 40, ++seed); // N % 128 != 0
+    check_dense(dense(2880, 32, false, true, false, bm, true), 100, ++seed); // router logits
+  }
+  // Plain bf16 activations (XSERV_GEMM_PRECISION=bf16).
+  check_dense(dense(2880, 5120, true, true, false, 64, false), 300, ++seed);
+  check_dense(dense(4096, 2880, false, true, true, 32, false), 40, ++seed);
+}
+
+// ---- grouped MoE: moe_sort, gate_up + SwiGLU, down + scatter, combine ------------------------
+
+namespace {
+
+/// Random distinct experts and normalised weights per token; with `skew` every token picks the
+/// experts 0..k-1 (all rows on k experts: several tiles of one expert).
+void routing(Rng& rng, int tokens, int experts, int k, bool skew, Tensor& w, Tensor& ids) {
+  w = Tensor::zeros(ir::DType::F32, {tokens, k});
+  ids = Tensor::zeros(ir::DType::I32, {tokens, k});
+  for (int t = 0; t < tokens; ++t) {
+    std::vector<int32_t> all(static_cast<size_t>(experts));
+    std::iota(all.begin(), all.end(), 0);
+    float sum = 0;
+    for (int j = 0; j < k; ++j) {
+      const int pick =
+          skew ? j : j + int((rng.next(1.0f) + 1.0f) * 0.5f * float(experts - j)) % (experts - j);
+      std::swap(all[size_t(j)], all[size_t(pick)]);
+      ids.i[size_t(t * k + j)] = all[size_t(j)];
+      w.f[size_t(t * k + j)] = 1.5f + rng.next(1.0f);
+      sum += w.f[size_t(t * k + j)];
+    }
+    for (int j = 0; j < k; ++j)
+      w.f[size_t(t * k + j)] /= sum;
+  }
+}
+
+std::vector<int32_t> download_i32(const DevBuf& b, size_t n) {
+  std::vector<int32_t> v(n);
+  cuda_ok(cudaMemcpy(v.data(), b.p, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "download");
+  return v;
+}
+
+/// moe_sort's output against the definition: pairs grouped by expert in order, ascending within
+/// an expert; tiles of at most bm rows covering each expert's run exactly.
+void check_sort(const Tensor& ids, int experts, int bm, const std::vector<int32_t>& pair,
+                const std::vector<int32_t>& tiles) {
+  std::vector<int32_t> want;
+  for (int e = 0; e < experts; ++e)
+    for (size_t p = 0; p < ids.i.size(); ++p)
+      if (ids.i[p] == e)
+        want.push_back(int32_t(p));
+  CHECK(pair == want);
+  int covered = 0;
+  for (int t = 0; t < tiles[0]; ++t) {
+    const int e = tiles[size_t(1 + 3 * t)], begin = tiles[size_t(2 + 3 * t)];
+    const int end = tiles[size_t(3 + 3 * t)];
+    CHECK(begin == covered);
+    CHECK(end > begin);
+    CHECK(end - begin <= bm);
+    for (int r = begin; r < end; ++r)
+      CHECK(ids.i[size_t(want[size_t(r)])] == e);
+    covered = end;
+  }
+  CHECK(covered == int(ids.i.size()));
+}
+
+void check_grouped(const MoeDims& d, int tokens, int bm, bool split, bool skew, uint64_t seed) {
+  Rng rng{seed};
+  const Bf16Weight gate_up =
+      random_bf16(rng, {d.experts, 2 * d.inter, d.hidden}, 4.0f / std::sqrt(float(d.hidden)));
+  const Bf16Weight gate_up_b = random_bf16(rng, {d.experts, 2 * d.inter}, 0.5f);
+  const Bf16Weight down =
+      random_bf16(rng, {d.experts, d.hidden, d.inter}, 1.0f / std::sqrt(float(d.inter)));
+  const Bf16Weight down_b = random_bf16(rng, {d.experts, d.hidden}, 0.5f);
+  const Tensor x = random_f32(rng, {tokens, d.hidden}, 3.0f);
+  const Tensor h = random_f32(rng, {tokens, d.hidden}, 1.0f);
+  Tensor w, ids;
+  routing(rng, tokens, d.experts, d.k, skew, w, ids);
+  const Tensor want =
+      d.residual ? ir::ref::moe_experts_residual(x, w, ids, gate_up.t, gate_up_b.t, down.t,
+                                                 down_b.t, h, d.limit, d.alpha)
+                 : ir::ref::moe_experts(x, w, ids, gate_up.t, gate_up_b.t, down.t, down_b.t,
+                                        d.limit, d.alpha);
+  const int pairs = tokens * d.k;
+  const Loaded& sort = load(emit_moe_sort({d.experts, d.k, bm, pairs}, {}));
+  GemmDims gd;
+  gd.grouped = true;
+  gd.experts = d.experts;
+  gd.ksel = d.k;
+  gd.bm = bm;
+  gd.split = split;
+  gd.k = d.hidden;
+  gd.n = 2 * d.inter;
+  gd.gather = true;
+  gd.epilogue = GemmEpilogue::Swiglu;
+  const Loaded& gu = load(emit_gemm(gd, {}));
+  gd.k = d.inter;
+  gd.n = d.hidden;
+  gd.gather = false;
+  gd.epilogue = GemmEpilogue::Scatter;
+  const Loaded& dn = load(emit_gemm(gd, {}));
+  const Loaded& comb = load(emit_moe_combine(d.hidden, d.k, d.residual, {}));
+
+  auto dx = upload(x), dh = upload(h), dw = upload(w), dids = upload(ids);
+  auto dgu = upload(gate_up.bits), dgub = upload(gate_up_b.bits);
+  auto ddn = upload(down.bits), ddnb = upload(down_b.bits);
+  auto pair = upload(std::vector<int32_t>(size_t(pairs), -7));
+  const size_t tile_ints = moe_tiles_ints(pairs, d.experts, bm);
+  auto tiles = upload(std::vector<int32_t>(tile_ints, -7));
+  auto act = poisoned(size_t(pairs) * d.inter), part = poisoned(size_t(pairs) * d.hidden);
+  auto y = poisoned(want.f.size());
+  launch(sort, tokens, 1, dids->p, pair->p, tiles->p, tokens);
+  launch_gemm(gu, tokens, dx->p, nullptr, nullptr, dgu->p, dgub->p, nullptr, act->p, pair->p,
+              tiles->p, nullptr);
+  launch_gemm(dn, tokens, act->p, nullptr, nullptr, ddn->p, ddnb->p, nullptr, part->p, pair->p,
+              tiles->p, dw->p);
+  if (d.residual)
+    launch(comb, tokens, 1, part->p, dh->p, y->p);
+  else
+    launch(comb, tokens, 1, part->p, y->p);
+  device_sync();
+  check_sort(ids, d.experts, bm, download_i32(*pair, size_t(pairs)),
+             download_i32(*tiles, tile_ints));
+  const double err = rel_l2(download(*y, want.f.size()), want.f);
+  MESSAGE(gu.src.name << " + " << dn.src.name << " T=" << tokens << (skew ? " skewed" : "")
+                      << ": rel L2 " << err);
+  CHECK(err <= (split ? kTolSplit : 2 * kTolBf16));
+}
+
+} // namespace
+
+TEST_CASE("grouped MoE gemm kernels match ir::ref (every row tile, skewed routing)") {
+  XSERV_REQUIRE_GPU();
+  uint64_t seed = 3000;
+  const MoeDims small{256, 192, 8, 2, true};
+  for (int bm : {32, 64, 128}) {
+    check_grouped(small, 9, bm, true, false, ++seed);
+    check_grouped(small, 150, bm, true, false, ++seed);
+    check_grouped(small, 150, bm, true, true, ++seed);
+  }
+  check_grouped(small, 150, 64, false, false, ++seed); // plain bf16 activations
+  check_grouped(small, 150, 128, false, true, ++seed);
+  MoeDims g20{2880, 2880, 32, 4, true};
+  check_grouped(g20, 300, 64, true, false, ++seed);  // ~37 rows per expert
+  check_grouped(g20, 1000, 128, true, false, ++seed); // ~125 rows per expert
+  g20.residual = false;
+  check_grouped(g20, 40, 32, false, false, ++seed);
+}

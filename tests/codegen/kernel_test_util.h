@@ -1,0 +1,155 @@
+// Helpers of the GPU kernel tests: random inputs, device buffers, compiling and launching one
+// generated kernel, relative L2 error.
+#pragma once
+
+#include "codegen/emit.h"
+#include "ir/tensor.h"
+#include "models/bf16.h"
+#include "runtime/device.h"
+#include "runtime/module.h"
+#include "runtime/nvrtc.h"
+
+#include <cuda_runtime_api.h>
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+/// Skips the rest of a test case, saying why, when no GPU is usable.
+#define XSERV_REQUIRE_GPU()                                                                        \
+  if (const runtime::DeviceInfo dev = runtime::probe_device(); !dev.available) {                   \
+    MESSAGE("skipped: no GPU (" << dev.reason << ")");                                             \
+    return;                                                                                        \
+  }
+
+namespace xserv::kernel_test {
+
+using ir::DType;
+using ir::Tensor;
+using codegen::KernelSource;
+using codegen::kernel_headers;
+
+inline void cuda_ok(cudaError_t err, const char* what) {
+  INFO(what << ": " << cudaGetErrorString(err));
+  REQUIRE(err == cudaSuccess);
+}
+
+/// splitmix64-driven uniform floats in [-scale, scale).
+struct Rng {
+  uint64_t s;
+  float next(float scale) {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return scale * (float(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
+  }
+};
+
+inline Tensor random_f32(Rng& rng, std::vector<int64_t> shape, float scale) {
+  Tensor t = Tensor::zeros(DType::F32, std::move(shape));
+  for (float& v : t.f)
+    v = rng.next(scale);
+  return t;
+}
+
+/// A random bf16 weight: `f` holds the bf16 values as fp32 (what ref sees), `bits` the upload.
+struct Bf16Weight {
+  Tensor t;
+  std::vector<uint16_t> bits;
+};
+
+inline Bf16Weight random_bf16(Rng& rng, std::vector<int64_t> shape, float scale) {
+  Bf16Weight w{random_f32(rng, std::move(shape), scale), {}};
+  w.bits.resize(w.t.f.size());
+  for (size_t i = 0; i < w.t.f.size(); ++i) {
+    w.bits[i] = models::float_to_bf16(w.t.f[i]);
+    w.t.f[i] = models::bf16_to_float(w.bits[i]);
+  }
+  return w;
+}
+
+/// A device buffer freed on destruction.
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DevBuf(size_t n) : bytes(n) {
+    cuda_ok(cudaMalloc(&p, std::max<size_t>(n, 4)), "malloc");
+  }
+  DevBuf(const DevBuf&) = delete;
+  ~DevBuf() { cudaFree(p); }
+};
+
+template <typename T> std::unique_ptr<DevBuf> upload(const std::vector<T>& v) {
+  auto b = std::make_unique<DevBuf>(v.size() * sizeof(T));
+  cuda_ok(cudaMemcpy(b->p, v.data(), b->bytes, cudaMemcpyHostToDevice), "upload");
+  return b;
+}
+inline std::unique_ptr<DevBuf> upload(const Tensor& t) {
+  return t.is_int() ? upload(t.i) : upload(t.f);
+}
+
+/// An fp32 output buffer filled with NaN so unwritten elements fail the comparison.
+inline std::unique_ptr<DevBuf> poisoned(size_t n) {
+  return upload(std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()));
+}
+
+inline std::vector<float> download(const DevBuf& b, size_t n) {
+  std::vector<float> v(n);
+  cuda_ok(cudaMemcpy(v.data(), b.p, n * sizeof(float), cudaMemcpyDeviceToHost), "download");
+  return v;
+}
+
+/// ||got - want|| / ||want||; NaN when any element of got is not finite.
+inline double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i]))
+      return std::numeric_limits<double>::quiet_NaN();
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+/// A compiled and loaded kernel with its launch rule.
+struct Loaded {
+  KernelSource src;
+  runtime::Module module;
+  runtime::Kernel kernel;
+};
+
+/// Compiles and loads `src`, once per kernel name in the process (tests reuse shapes).
+inline const Loaded& load(KernelSource src) {
+  static std::map<std::string, std::unique_ptr<Loaded>> loaded;
+  auto& slot = loaded[src.name];
+  if (!slot) {
+    runtime::CompileOptions opts;
+    opts.arch = runtime::probe_device().arch();
+    opts.headers = kernel_headers();
+    const runtime::CompileResult r = runtime::compile_cuda(src.source, src.name, opts);
+    runtime::Module m = runtime::Module::load(r.cubin, src.name);
+    runtime::Kernel k = m.kernel(src.name);
+    slot = std::make_unique<Loaded>(Loaded{std::move(src), std::move(m), std::move(k)});
+  }
+  return *slot;
+}
+
+template <typename... Args> void launch(const Loaded& l, int tokens, int splits, Args... args) {
+  const auto g = l.src.launch.grid(tokens, splits);
+  l.module.launch(l.kernel, dim3(g[0], g[1], g[2]), dim3(l.src.launch.block),
+                  l.src.launch.smem(tokens), nullptr, args...);
+}
+
+inline void device_sync() {
+  cuda_ok(cudaDeviceSynchronize(), "kernel");
+}
+
+} // namespace xserv::kernel_test
