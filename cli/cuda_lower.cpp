@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "codegen/emit_prefill.h"
 #include "ir/error.h"
 #include "ir/reference.h"
 #include "runtime/device.h"
@@ -125,6 +126,9 @@ float* f32(void* p) {
 constexpr int kDecodeTokens = 8;
 /// Attention splits over keys only in steps of at most this many tokens.
 constexpr int kSplitTokens = 64;
+/// Dense gemms of at most this many rows split K over blocks (few row tiles would leave most
+/// SMs idle).
+constexpr int kSmallGemmRows = 64;
 /// Row tiles of the grouped MoE gemms, chosen by the rows each expert gets.
 constexpr std::array<int, 3> kMoeTileRows = {32, 64, 128};
 
@@ -169,8 +173,6 @@ private:
       router_logits_ = c_.allocate(t * router * sizeof(float), nullptr);
     if (act)
       moe_act_ = c_.allocate(t * act * sizeof(float), nullptr);
-    if (!gemm_path())
-      return;
     size_t hidden = 0, pairs = 0, experts = 0, width = 0;
     for (ValueId v = 0; v < static_cast<ValueId>(g_.size()); ++v) {
       const Node& n = g_.node(v);
@@ -182,6 +184,10 @@ private:
       if (n.op == Op::RmsNormLinear || n.op == Op::QkvRope)
         width = 1;
     }
+    if (pairs) // each (token, slot) pair's weighted expert row, summed by moe_combine
+      moe_part_ = c_.allocate(pairs * hidden * sizeof(float), nullptr);
+    if (!gemm_path())
+      return;
     if (width)
       inv_rms_ = c_.allocate(t * sizeof(float), nullptr);
     if (pairs) {
@@ -189,31 +195,31 @@ private:
       moe_tiles_ = c_.allocate(
           codegen::moe_tiles_ints(int(pairs), int(experts), kMoeTileRows[0]) * sizeof(int),
           nullptr);
-      moe_part_ = c_.allocate(pairs * hidden * sizeof(float), nullptr);
     }
   }
 
   /// Steps of more tokens than the decode kernels take use the tensor-core gemm kernels.
   bool gemm_path() const { return c_.max_tokens > kDecodeTokens; }
 
-  /// Row tile of a dense gemm over `tokens` rows.
-  static int dense_tile_rows(int tokens) { return tokens <= 32 ? 32 : 64; }
   /// Row tile of a grouped gemm: about the rows one expert gets, tokens * k / experts.
   static int moe_tile_index(int tokens, int k, int experts) {
     const int per_expert = tokens * k / std::max(1, experts);
     return per_expert <= 24 ? 0 : per_expert <= 80 ? 1 : 2;
   }
 
-  /// The dense gemm kernels (row tiles 32 and 64) and, for a normed linear, the inv-rms prologue,
-  /// that serve linear `d` on steps of more than 8 rows.
+  /// The gemm kernels that serve linear `d` on steps of more than 8 rows: for at most
+  /// kSmallGemmRows rows split-K kernels (row tiles 32 and 64) and their reduce, else row tile
+  /// 64 over all of K; for a normed linear the inv-rms prologue.
   struct DenseGemm {
-    int tile32 = -1, tile64 = -1, inv = -1;
+    int small32 = -1, small64 = -1, large = -1, reduce = -1, inv = -1;
+    int splitk = 1;
+    void* part = nullptr; ///< [splitk, kSmallGemmRows, n] fp32 partial sums
   };
 
   DenseGemm dense_gemm(const codegen::LinearDims& d, ValueId v) {
     DenseGemm k;
-    if (!gemm_path())
-      return k;
+    if (!gemm_path() || !codegen::gemm_fits(d.k))
+      return k; // steps of many tokens run the decode GEMV 8 tokens at a time
     codegen::GemmDims gd;
     gd.k = d.k;
     gd.n = d.n;
@@ -221,10 +227,25 @@ private:
     gd.bias = d.bias;
     gd.residual = d.residual;
     gd.split = c_.gemm_split;
-    gd.bm = 32;
-    k.tile32 = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
     gd.bm = 64;
-    k.tile64 = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+    k.large = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+    k.splitk = codegen::gemm_splitk(d.k, d.n);
+    gd.splitk = k.splitk;
+    if (k.splitk > 1) { // raw partial sums; bias and residual come in the reduce
+      gd.bias = gd.residual = false;
+      k.reduce = k_.add(codegen::emit_gemm_splitk_reduce(
+          d.n, k.splitk, d.bias, d.residual, {"sums the split-K partials of a gemm"}));
+      const size_t bytes = size_t(k.splitk) * kSmallGemmRows * size_t(d.n) * sizeof(float);
+      if (bytes > splitk_bytes_) {
+        splitk_part_ = c_.allocate(bytes, nullptr);
+        splitk_bytes_ = bytes;
+      }
+      k.part = splitk_part_;
+    }
+    gd.bm = 32;
+    k.small32 = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+    gd.bm = 64;
+    k.small64 = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
     if (d.norm)
       k.inv = k_.add(codegen::emit_row_inv_rms(
           d.k, d.eps, {"1 / rms of each row: the prologue of a normed gemm"}));
@@ -241,13 +262,22 @@ private:
     const void* inv = inv_rms_;
     out_.push_back([=](const DeviceStep& s) {
       const int total = rows_of(rows, s);
-      if (total > d.max_tokens && gemm.tile32 >= 0) {
+      if (total > d.max_tokens && gemm.large >= 0) {
         if (d.norm && !inv_ready)
-          ks->launch(gemm.inv, total, 1, s.stream, x, const_cast<void*>(inv));
-        const int kernel_g = dense_tile_rows(total) == 32 ? gemm.tile32 : gemm.tile64;
-        launch_ptrs(*ks, kernel_g, total, s.stream,
-                    {x, d.norm ? inv : nullptr, ln, w, b, h, y, nullptr, nullptr, nullptr},
+          ks->launch(gemm.inv, total, 1, s.stream, x, inv);
+        const void* norm_inv = d.norm ? inv : nullptr;
+        if (total > kSmallGemmRows || gemm.splitk == 1) {
+          const int kg = total > kSmallGemmRows ? gemm.large
+                         : total <= 32          ? gemm.small32
+                                                : gemm.small64;
+          launch_ptrs(*ks, kg, total, s.stream,
+                      {x, norm_inv, ln, w, b, h, y, nullptr, nullptr, nullptr}, total);
+          return;
+        }
+        launch_ptrs(*ks, total <= 32 ? gemm.small32 : gemm.small64, total, s.stream,
+                    {x, norm_inv, ln, w, nullptr, nullptr, gemm.part, nullptr, nullptr, nullptr},
                     total);
+        launch_ptrs(*ks, gemm.reduce, total, s.stream, {gemm.part, b, h, y}, total);
         return;
       }
       for (int r0 = 0; r0 < total; r0 += d.max_tokens) {
@@ -304,7 +334,8 @@ private:
   }
 
   /// rope_yarn of [T, heads, head_dim] from `x` into `y` (may alias), the node's YaRN attributes.
-  void rope(ValueId v, int heads, int head_dim, const void* x, void* y) {
+  /// The YaRN table (float64 inv_freq on the device) and attention factor of a rope node.
+  std::pair<const void*, double> yarn_table(ValueId v, int head_dim) {
     const Node& n = g_.node(v);
     ir::ref::Yarn yarn;
     yarn.theta = n.attr_float("theta");
@@ -314,33 +345,87 @@ private:
     yarn.beta_slow = n.attr_float("beta_slow");
     yarn.truncate = n.attr_int("truncate") != 0;
     const std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
-    const void* table = c_.allocate(inv.size() * sizeof(double), inv.data());
-    const codegen::RopeDims d{heads, head_dim, ir::ref::yarn_attention_factor(yarn)};
+    return {c_.allocate(inv.size() * sizeof(double), inv.data()),
+            ir::ref::yarn_attention_factor(yarn)};
+  }
+
+  /// rope_yarn of [T, heads, head_dim] from `x` into `y` (may alias), the node's YaRN attributes.
+  void rope(ValueId v, int heads, int head_dim, const void* x, void* y) {
+    const auto [table, att] = yarn_table(v, head_dim);
+    const codegen::RopeDims d{heads, head_dim, att};
     const int kernel = k_.add(codegen::emit_rope_yarn(d, ir_lines(g_, v)));
-    const void* pos = addr(n.inputs.back());
+    const void* pos = addr(g_.node(v).inputs.back());
     const KernelSet* ks = &k_;
     out_.push_back(
         [=](const DeviceStep& s) { ks->launch(kernel, s.tokens, 1, s.stream, x, pos, table, y); });
   }
 
+  /// qkv_rope: for at most 8 tokens one qkv_decode launch (the norm staged once, q, k and v
+  /// rows in one grid), else three gemms after one inv-rms; then q and k rotate in place in one
+  /// launch.
   void lower_qkv_rope(ValueId v) {
     const Node& n = g_.node(v);
     const int head_dim = as_int(n.attr_int("head_dim"));
     const double eps = n.attr_float("eps");
+    codegen::QkvDims qd;
+    qd.k = static_dim(g_, n.inputs[2], 1);
+    qd.nq = static_dim(g_, n.inputs[2], 0);
+    qd.nk = static_dim(g_, n.inputs[4], 0);
+    qd.nv = static_dim(g_, n.inputs[6], 0);
+    qd.eps = eps;
+    const bool fused = codegen::qkv_decode_fits(qd);
+    std::vector<DenseGemm> gemms;
+    std::vector<codegen::LinearDims> dims;
+    std::vector<int> gemv;
     for (int r = 0; r < 3; ++r) {
-      const ValueId w = n.inputs[size_t(2 + 2 * r)], b = n.inputs[size_t(3 + 2 * r)];
+      const ValueId w = n.inputs[size_t(2 + 2 * r)];
       codegen::LinearDims d;
       d.norm = true;
       d.eps = eps;
       d.k = static_dim(g_, w, 1);
       d.n = static_dim(g_, w, 0);
-      const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
-      // One inv-rms for the three projections of the same x.
-      linear(kernel, dense_gemm(d, v), d, Rows::Tokens, addr(n.inputs[0]), addr(n.inputs[1]),
-             addr(w), addr(b), nullptr, addr(v, r), r > 0);
+      dims.push_back(d);
+      gemms.push_back(dense_gemm(d, v));
+      gemv.push_back(fused ? -1 : k_.add(codegen::emit_linear(d, ir_lines(g_, v))));
     }
-    for (int r = 0; r < 2; ++r) // q and k rotate in place
-      rope(v, static_dim(g_, v, 1, r), head_dim, addr(v, r), addr(v, r));
+    if (!fused) {
+      for (int r = 0; r < 3; ++r) // one inv-rms for the three projections of the same x
+        linear(gemv[size_t(r)], gemms[size_t(r)], dims[size_t(r)], Rows::Tokens,
+               addr(n.inputs[0]), addr(n.inputs[1]), addr(n.inputs[size_t(2 + 2 * r)]),
+               addr(n.inputs[size_t(3 + 2 * r)]), nullptr, addr(v, r), r > 0);
+    } else {
+      const int qkv = k_.add(codegen::emit_qkv_decode(qd, ir_lines(g_, v)));
+      // Steps of more than 8 tokens: the three gemm linears, pushed as one launch function.
+      std::vector<LaunchFn> big;
+      std::swap(big, out_);
+      for (int r = 0; r < 3; ++r)
+        linear(-1, gemms[size_t(r)], dims[size_t(r)], Rows::Tokens, addr(n.inputs[0]),
+               addr(n.inputs[1]), addr(n.inputs[size_t(2 + 2 * r)]),
+               addr(n.inputs[size_t(3 + 2 * r)]), nullptr, addr(v, r), r > 0);
+      std::swap(big, out_);
+      std::vector<const void*> args;
+      for (size_t i = 0; i < 8; ++i)
+        args.push_back(addr(n.inputs[i]));
+      for (int r = 0; r < 3; ++r)
+        args.push_back(addr(v, r));
+      const KernelSet* ks = &k_;
+      out_.push_back([=](const DeviceStep& s) {
+        if (s.tokens > kDecodeTokens) {
+          for (const LaunchFn& f : big)
+            f(s);
+          return;
+        }
+        launch_ptrs(*ks, qkv, s.tokens, s.stream, args, s.tokens);
+      });
+    }
+    const auto [table, att] = yarn_table(v, head_dim);
+    const int hq = static_dim(g_, v, 1, 0), hk = static_dim(g_, v, 1, 1);
+    const int rope = k_.add(codegen::emit_rope_yarn_qk(hq, hk, head_dim, att, ir_lines(g_, v)));
+    void *q = addr(v, 0), *k = addr(v, 1);
+    const void* pos = addr(n.inputs.back());
+    const KernelSet* ks = &k_;
+    out_.push_back(
+        [=](const DeviceStep& s) { ks->launch(rope, s.tokens, 1, s.stream, q, k, pos, table); });
   }
 
   /// The KV cache node a cache operand (a cache or an earlier kv_write of it) stands for.
@@ -369,6 +454,9 @@ private:
     d.scale = n.attr_float("scale");
     d.f32_cache = g_.type(kc).dtype == ir::DType::F32;
     const int dec = k_.add(codegen::emit_attention_decode(d, ir_lines(g_, v)));
+    // Steps of many tokens: query tiles that load each key/value tile once for all of them.
+    const bool tiled = gemm_path() && 128 % (d.heads / d.kv_heads) == 0 && d.head_dim % 16 == 0;
+    const int pre = tiled ? k_.add(codegen::emit_attention_prefill(d, ir_lines(g_, v))) : -1;
     // The combine step depends only on heads and head_dim: one generic header for every node.
     const int comb = k_.add(codegen::emit_attention_combine(
         d, {"merges the key splits of attention(...) for any window and scale"}));
@@ -385,6 +473,11 @@ private:
       const int bucket = attention_key_bucket(s.max_pos + 1);
       const int keys = window > 0 ? std::min(bucket, window) : bucket;
       // Many tokens fill the GPU without key splits (and their buffers stay small).
+      if (s.tokens > kSplitTokens && pre >= 0) {
+        ks->launch(pre, s.tokens, 1, s.stream, in[0], in[1], in[2], in[3], in[4], in[5], in[6],
+                   in[7], in[8], in[9], out, s.tokens);
+        return;
+      }
       const int splits = s.tokens > kSplitTokens ? 1 : codegen::attention_splits(keys);
       ks->launch(dec, s.tokens, splits, s.stream, in[0], in[1], in[2], in[3], in[4], in[5], in[6],
                  in[7], in[8], in[9], out, ml, po);
@@ -441,7 +534,9 @@ private:
     d.limit = n.attr_float("limit");
     d.alpha = n.attr_float("alpha");
     const int gu = k_.add(codegen::emit_moe_gate_up(d, ir_lines(g_, v)));
-    const int dn = k_.add(codegen::emit_moe_down(d, ir_lines(g_, v)));
+    // Decode: gate_up + SwiGLU per (token, slot), the down rows per (token, slot), combine.
+    const int dn = k_.add(codegen::emit_moe_down_part(d, ir_lines(g_, v)));
+    const int combine = k_.add(codegen::emit_moe_combine(d.hidden, d.k, d.residual, ir_lines(g_, v)));
     std::vector<const void*> in;
     for (ValueId i : n.inputs)
       in.push_back(addr(i));
@@ -451,8 +546,8 @@ private:
     // Many tokens: sort the (token, slot) pairs by expert, one grouped gemm per matrix (gate_up
     // with the SwiGLU epilogue, down scattering weighted rows), and a deterministic combine.
     std::array<std::array<int, 3>, 3> grouped{}; // [tile size] -> sort, gate_up, down
-    int combine = -1;
-    if (gemm_path()) {
+    bool use_gemm = false;
+    if (gemm_path() && codegen::gemm_fits(d.hidden) && codegen::gemm_fits(d.inter)) {
       for (size_t i = 0; i < 3; ++i) {
         const int bm = kMoeTileRows[i];
         codegen::MoeSortDims sd{d.experts, d.k, bm, c_.max_tokens * d.k};
@@ -477,13 +572,13 @@ private:
         gd.epilogue = codegen::GemmEpilogue::Scatter;
         grouped[i][2] = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
       }
-      combine = k_.add(codegen::emit_moe_combine(d.hidden, d.k, d.residual, ir_lines(g_, v)));
+      use_gemm = true;
     }
     const void *pair = moe_pair_, *tiles = moe_tiles_;
     void* part = moe_part_;
     const int experts = d.experts, ksel = d.k;
     out_.push_back([=](const DeviceStep& s) {
-      if (s.tokens > kDecodeTokens && combine >= 0) {
+      if (s.tokens > kDecodeTokens && use_gemm) {
         const auto& kk = grouped[size_t(moe_tile_index(s.tokens, ksel, experts))];
         launch_ptrs(*ks, kk[0], s.tokens, s.stream, {in[2], pair, tiles}, s.tokens);
         launch_ptrs(*ks, kk[1], s.tokens, s.stream,
@@ -500,10 +595,11 @@ private:
       }
       ks->launch(gu, s.tokens, 1, s.stream, in[0], in[2], in[3], in[4], act);
       const void* a = act;
+      ks->launch(dn, s.tokens, 1, s.stream, a, in[1], in[2], in[5], in[6], part);
       if (residual)
-        ks->launch(dn, s.tokens, 1, s.stream, a, in[1], in[2], in[5], in[6], in[7], y);
+        ks->launch(combine, s.tokens, 1, s.stream, static_cast<const void*>(part), in[7], y);
       else
-        ks->launch(dn, s.tokens, 1, s.stream, a, in[1], in[2], in[5], in[6], y);
+        ks->launch(combine, s.tokens, 1, s.stream, static_cast<const void*>(part), y);
     });
   }
 
@@ -583,6 +679,8 @@ private:
   std::vector<LaunchFn> out_;
   void *part_ml_ = nullptr, *part_o_ = nullptr, *router_logits_ = nullptr, *moe_act_ = nullptr;
   void *inv_rms_ = nullptr, *moe_pair_ = nullptr, *moe_tiles_ = nullptr, *moe_part_ = nullptr;
+  void* splitk_part_ = nullptr;
+  size_t splitk_bytes_ = 0;
 };
 
 } // namespace

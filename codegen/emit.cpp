@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 
 namespace xserv::codegen {
@@ -33,7 +35,8 @@ std::string float_literal(double v) {
 std::string attr_suffix(const char* tag, double v, double usual) {
   if (static_cast<float>(v) == static_cast<float>(usual))
     return "";
-  return fmt::format("_{}{}", tag, float_literal(v));
+  // The value's fp32 bits in hex: kernel names must be C identifiers ("1e-06f" is not).
+  return fmt::format("_{}{:08x}", tag, std::bit_cast<uint32_t>(static_cast<float>(v)));
 }
 
 /// The full kernel source: IR header, include, extern "C" wrapper calling `call`.
@@ -79,7 +82,7 @@ std::array<unsigned, 3> LaunchRule::grid(int tokens, int splits) const {
   if (y_tile > 0)
     gy = (tokens * std::max(1, y_per_token) + y_tile - 1) / y_tile + y_extra;
   return {static_cast<unsigned>(blocks_x), static_cast<unsigned>(gy),
-          static_cast<unsigned>(z_splits ? splits : 1)};
+          static_cast<unsigned>(z_splits ? splits : blocks_z)};
 }
 
 int attention_splits(int max_keys) {
@@ -95,8 +98,9 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
         fmt::format("codegen: decode linear takes at most 8 tokens, asked {}", d.max_tokens));
   const int rows = d.n % 2 == 0 ? 2 : 1; // rows per warp: two loads in flight per lane and step
   std::string name =
-      fmt::format("{}linear{}_k{}_n{}{}{}", d.norm ? "rmsnorm_" : "", d.residual ? "_residual" : "",
-                  d.k, d.n, d.bias ? "" : "_nobias", d.norm ? attr_suffix("eps", d.eps, 1e-5) : "");
+      fmt::format("{}linear{}_k{}_n{}{}{}{}", d.norm ? "rmsnorm_" : "",
+                  d.residual ? "_residual" : "", d.k, d.n, d.bias ? "" : "_nobias",
+                  d.norm ? attr_suffix("eps", d.eps, 1e-5) : "", d.prefetch ? "_pf" : "");
   std::vector<Param> params = {{"const float* x", "x"}};
   params.push_back(d.norm ? Param{fmt::format("{} ln", kBf16), "ln"} : Param{"", "nullptr"});
   params.push_back({"", float_literal(d.eps)});
@@ -109,8 +113,39 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
   launch.blocks_x = (d.n + 8 * rows - 1) / (8 * rows);
   launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
   launch.max_tokens = d.max_tokens;
-  std::string call = fmt::format("linear_decode<{}, {}, {}, {}, {}, {}, {}>", d.k, d.n,
-                                 d.max_tokens, rows, d.norm, d.bias, d.residual);
+  std::string call = fmt::format("linear_decode<{}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n,
+                                 d.max_tokens, rows, d.norm, d.bias, d.residual, d.prefetch);
+  return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
+}
+
+bool qkv_decode_fits(const QkvDims& d) {
+  return d.k > 0 && d.k % 8 == 0 && d.nq > 0 && d.nk > 0 && d.nv > 0 && d.nq % 16 == 0 &&
+         d.nk % 16 == 0 && d.nv % 16 == 0 && d.max_tokens >= 1 && d.max_tokens <= 8;
+}
+
+KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& ir_lines) {
+  if (!qkv_decode_fits(d))
+    throw Error(fmt::format("codegen: qkv_decode needs K % 8 == 0 and q/k/v widths that are "
+                            "multiples of 16, got K {} and {}/{}/{}",
+                            d.k, d.nq, d.nk, d.nv));
+  std::string name = fmt::format("qkv_decode_k{}_q{}_k{}_v{}{}", d.k, d.nq, d.nk, d.nv,
+                                 attr_suffix("eps", d.eps, 1e-5));
+  std::vector<Param> params = {{"const float* x", "x"},
+                               {fmt::format("{} ln", kBf16), "ln"},
+                               {"", float_literal(d.eps)}};
+  for (const char* n : {"q", "k", "v"}) {
+    params.push_back({fmt::format("{} w{}", kBf16, n), fmt::format("w{}", n)});
+    params.push_back({fmt::format("{} b{}", kBf16, n), fmt::format("b{}", n)});
+  }
+  for (const char* n : {"q", "k", "v"})
+    params.push_back({fmt::format("float* y{}", n), fmt::format("y{}", n)});
+  params.push_back({"int tokens", "tokens"});
+  LaunchRule launch;
+  launch.blocks_x = (d.nq + d.nk + d.nv) / 16;
+  launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
+  launch.max_tokens = d.max_tokens;
+  std::string call = fmt::format("qkv_decode<{}, {}, {}, {}, {}, 2>", d.k, d.nq, d.nk, d.nv,
+                                 d.max_tokens);
   return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
 }
 
@@ -214,14 +249,37 @@ KernelSource emit_moe_down(const MoeDims& d, const std::vector<std::string>& ir_
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }
 
+KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>& ir_lines) {
+  check_positive("moe_experts", {d.hidden, d.inter, d.experts, d.k});
+  if (d.inter % 8 != 0)
+    throw Error(
+        fmt::format("codegen: moe_experts needs intermediate ({}) divisible by 8", d.inter));
+  const int rows = d.hidden % 2 == 0 ? 2 : 1;
+  std::string name =
+      fmt::format("moe_down_part_e{}_k{}_d{}_i{}", d.experts, d.k, d.hidden, d.inter);
+  std::vector<Param> params = {{"const float* act", "act"},
+                               {"const float* weights", "weights"},
+                               {"const int* ids", "ids"},
+                               {fmt::format("{} down", kBf16), "down"},
+                               {fmt::format("{} down_b", kBf16), "down_b"},
+                               {"float* part", "part"}};
+  LaunchRule launch;
+  launch.blocks_x = (d.hidden + 8 * rows - 1) / (8 * rows);
+  launch.y_per_token = d.k;
+  std::string call = fmt::format("moe_down_part<{}, {}, {}, {}, {}>", d.hidden, d.inter,
+                                 d.experts, d.k, rows);
+  return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
+}
+
 namespace {
 
 /// Mirrors gemm.cuh's tile constants and gemm_smem_bytes().
-constexpr int kGemmBN = 128, kGemmBK = 32, kGemmStride = kGemmBK + 8, kGemmStagesB = 3;
+constexpr int kGemmBN = 128, kGemmBK = 64, kGemmStride = kGemmBK + 8;
 
-size_t gemm_smem_bytes(int bm, bool split) {
-  return static_cast<size_t>((2 * (split ? 2 : 1) * bm + kGemmStagesB * kGemmBN) * kGemmStride *
-                             2);
+size_t gemm_smem_bytes(int bm) {
+  const int stages = bm == 128 ? 2 : 3;
+  return static_cast<size_t>(stages) *
+         (static_cast<size_t>(bm) * kGemmStride * 4 + size_t(kGemmBN) * kGemmStride * 2);
 }
 
 } // namespace
@@ -244,6 +302,9 @@ KernelSource emit_gemm(const GemmDims& d, const std::vector<std::string>& ir_lin
     throw Error("codegen: a scattering gemm must be grouped");
   if (d.grouped && (d.norm || d.residual))
     throw Error("codegen: a grouped gemm has no norm or residual");
+  if (d.splitk < 1 || (d.splitk > 1 && (d.grouped || (d.k / kGemmBK) % d.splitk != 0)))
+    throw Error(fmt::format("codegen: split K {} must divide the {} K tiles of a dense gemm",
+                            d.splitk, d.k / kGemmBK));
   static const char* epi_name[] = {"store", "swiglu", "scatter"};
   const int epi = static_cast<int>(d.epilogue);
   std::string name = fmt::format("gemm_{}{}{}_k{}_n{}_m{}{}", epi_name[epi], d.norm ? "_norm" : "",
@@ -254,6 +315,8 @@ KernelSource emit_gemm(const GemmDims& d, const std::vector<std::string>& ir_lin
   if (d.epilogue == GemmEpilogue::Swiglu)
     name += attr_suffix("limit", d.limit, 7.0) + attr_suffix("alpha", d.alpha, 1.702);
   name += d.split ? "_x2" : "_bf16";
+  if (d.splitk > 1)
+    name += fmt::format("_splitk{}", d.splitk);
   std::vector<Param> params = {{"const float* x", "x"},
                                {"const float* inv_rms", "inv_rms"},
                                {fmt::format("{} ln", kBf16), "ln"},
@@ -274,11 +337,42 @@ KernelSource emit_gemm(const GemmDims& d, const std::vector<std::string>& ir_lin
     launch.y_per_token = d.ksel;
     launch.y_extra = d.experts;
   }
-  launch.smem_fixed = gemm_smem_bytes(d.bm, d.split);
+  launch.smem_fixed = gemm_smem_bytes(d.bm);
+  launch.blocks_z = d.splitk;
   std::string call = fmt::format(
-      "gemm_bf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.bm, d.norm, d.bias,
-      d.residual, epi, d.grouped, d.gather, d.ksel, d.split);
+      "gemm_bf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.bm, d.norm, d.bias,
+      d.residual, epi, d.grouped, d.gather, d.ksel, d.split, d.splitk);
   return assemble(std::move(name), ir_lines, "gemm.cuh", call, params, launch);
+}
+
+int gemm_splitk(int k, int n, int sms) {
+  const int ktiles = k / kGemmBK, ntiles = (n + kGemmBN - 1) / kGemmBN;
+  if (k % kGemmBK != 0 || ntiles >= 2 * sms)
+    return 1;
+  int best = 1;
+  for (int s = 2; s <= 16 && ktiles / s >= 4; ++s) {
+    if (ktiles % s != 0)
+      continue;
+    best = s;
+    if (ntiles * s >= 2 * sms)
+      break;
+  }
+  return best;
+}
+
+KernelSource emit_gemm_splitk_reduce(int n, int splitk, bool bias, bool residual,
+                                     const std::vector<std::string>& ir_lines) {
+  check_positive("gemm_splitk_reduce", {n, splitk});
+  std::vector<Param> params = {{"const float* part", "part"},
+                               {fmt::format("{} b", kBf16), "b"},
+                               {"const float* h", "h"},
+                               {"float* y", "y"},
+                               {"int tokens", "tokens"}};
+  return assemble(fmt::format("gemm_splitk_reduce_n{}_s{}{}{}", n, splitk, bias ? "" : "_nobias",
+                              residual ? "_residual" : ""),
+                  ir_lines, "gemm.cuh",
+                  fmt::format("gemm_splitk_reduce<{}, {}, {}, {}>", n, splitk, bias, residual),
+                  params, LaunchRule{.y_per_token = 1});
 }
 
 KernelSource emit_moe_sort(const MoeSortDims& d, const std::vector<std::string>& ir_lines) {
@@ -332,6 +426,27 @@ KernelSource emit_rope_yarn(const RopeDims& d, const std::vector<std::string>& i
                                {"float* y", "y"}};
   return assemble(std::move(name), ir_lines, "rope.cuh",
                   fmt::format("rope_yarn<{}, {}>", d.heads, d.head_dim), params, per_row(256));
+}
+
+KernelSource emit_rope_yarn_qk(int hq, int hk, int head_dim, double attention_factor,
+                               const std::vector<std::string>& ir_lines) {
+  check_positive("rope_yarn", {hq, hk, head_dim});
+  if (head_dim % 2 != 0)
+    throw Error(fmt::format("codegen: rope_yarn needs an even head_dim, got {}", head_dim));
+  if (!std::isfinite(attention_factor))
+    throw Error("codegen: rope_yarn's attention factor is not finite");
+  const double usual = 0.1 * std::log(32.0) + 1.0;
+  std::string name = fmt::format("rope_yarn_qk_q{}_k{}_d{}", hq, hk, head_dim);
+  if (attention_factor != usual)
+    name += fmt::format("_a{}", std::llround(attention_factor * 1e9));
+  std::vector<Param> params = {{"float* q", "q"},
+                               {"float* k", "k"},
+                               {"const int* positions", "positions"},
+                               {"const double* inv_freq", "inv_freq"},
+                               {"", fmt::format("{:.17g}", attention_factor)}};
+  return assemble(std::move(name), ir_lines, "rope.cuh",
+                  fmt::format("rope_yarn_qk<{}, {}, {}>", hq, hk, head_dim), params,
+                  per_row(256));
 }
 
 KernelSource emit_kv_write(const KvWriteDims& d, const std::vector<std::string>& ir_lines) {

@@ -22,6 +22,7 @@ struct LaunchRule {
   /// Tiled rows: when > 0, grid.y = ceil(tokens * max(1, y_per_token) / y_tile) + y_extra.
   int y_tile = 0;
   int y_extra = 0;
+  int blocks_z = 1; ///< grid.z when not z_splits
 
   /// grid (x, y, z) for `tokens` tokens and `splits` key splits.
   std::array<unsigned, 3> grid(int tokens, int splits = 1) const;
@@ -47,7 +48,26 @@ struct LinearDims {
   bool norm = false, bias = true, residual = false;
   double eps = 1e-5;
   int max_tokens = 8; ///< launches take at most this many tokens
+  /// Each warp asks L2 for its weight rows before the prologue: off by default, it cost 10% of
+  /// bandwidth on the H200 (docs/PERF.md).
+  bool prefetch = false;
 };
+
+/// q, k and v projections of a decode step in one launch (qkv_decode): rms_norm(x) staged once,
+/// each block's rows in one projection. Parameters: x, ln, wq, bq, wk, bk, wv, bv, yq, yk, yv,
+/// tokens. Needs nq, nk, nv multiples of 16 (qkv_decode_fits).
+struct QkvDims {
+  int k = 0, nq = 0, nk = 0, nv = 0;
+  double eps = 1e-5;
+  int max_tokens = 8;
+};
+bool qkv_decode_fits(const QkvDims& d);
+KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& ir_lines);
+
+/// rope_yarn of q [T, hq, D] and k [T, hk, D] in place in one launch. Parameters: q, k,
+/// positions, inv_freq; grid.y = tokens.
+KernelSource emit_rope_yarn_qk(int hq, int hk, int head_dim, double attention_factor,
+                               const std::vector<std::string>& ir_lines);
 
 /// attention with sinks, decode: split over keys, then attention_combine when splits > 1.
 /// Kernel parameters: q, k, v, k_cache, v_cache, sinks, positions, token_seq, ctx_lens,
@@ -123,8 +143,21 @@ struct GemmDims {
   bool gather = false;  ///< A row of sorted pair p is x[p / ksel] (else x[sorted row])
   int experts = 1, ksel = 1;
   bool split = true; ///< activations as bf16 hi + lo (two MMAs) instead of one bf16
+  /// Dense stores: grid.z blocks each sum 1/splitk of K into a [splitk, tokens, n] scratch
+  /// (parameter y), which gemm_splitk_reduce finishes.
+  int splitk = 1;
   double limit = 7.0, alpha = 1.702;
 };
+
+/// gemm_splitk_reduce: y = sum of the split-K partials (+ bias) (+ h). Parameters: part, b, h, y,
+/// tokens (unused ones nullptr); grid.y = tokens.
+KernelSource emit_gemm_splitk_reduce(int n, int splitk, bool bias, bool residual,
+                                     const std::vector<std::string>& ir_lines);
+
+/// The split-K factor for a dense gemm of few rows: the smallest divisor of K's 64-wide tiles
+/// that gives about two blocks per SM of `sms`, keeping at least 4 K tiles per block; 1 when the
+/// N tiles alone fill the GPU.
+int gemm_splitk(int k, int n, int sms = 132);
 
 /// moe_sort: the (token, slot) pairs of a step grouped by expert, and the tile list of a grouped
 /// gemm with `bm` rows per tile. Parameters: ids, pair, tiles, tokens; one block.
@@ -135,6 +168,11 @@ struct MoeSortDims {
 
 /// Ints of moe_sort's tile list for `pairs` pairs: the count and (expert, begin, end) per tile.
 size_t moe_tiles_ints(int pairs, int experts, int bm);
+
+/// Whether a gemm of reduction width k can be emitted (k a multiple of the 64-wide K tile).
+inline bool gemm_fits(int k) {
+  return k > 0 && k % 64 == 0;
+}
 
 KernelSource emit_gemm(const GemmDims& d, const std::vector<std::string>& ir_lines);
 KernelSource emit_moe_sort(const MoeSortDims& d, const std::vector<std::string>& ir_lines);
@@ -152,6 +190,9 @@ KernelSource emit_attention_combine(const AttentionDims& d,
                                     const std::vector<std::string>& ir_lines);
 KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& ir_lines);
 KernelSource emit_moe_down(const MoeDims& d, const std::vector<std::string>& ir_lines);
+/// moe_down_part: each (token, slot) pair's weighted expert row into part [T * k, hidden], for
+/// moe_combine. Parameters: act, weights, ids, down, down_b, part; grid.y = tokens * k.
+KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>& ir_lines);
 
 KernelSource emit_embedding(const EmbeddingDims& d, const std::vector<std::string>& ir_lines);
 KernelSource emit_rope_yarn(const RopeDims& d, const std::vector<std::string>& ir_lines);

@@ -1,20 +1,27 @@
 // Prefill-path (and batched-decode) matrix multiply on tensor cores: y = epilogue(A W^T) for many
-// rows, A fp32 activations rounded to bf16 while staged (optionally as a hi + lo pair of bf16
-// values, which keeps ~16 bits of each activation), W bf16 weights, fp32 accumulation
-// (mma.sync m16n8k16). One template serves the dense linears and the grouped MoE experts.
+// rows, A fp32 activations rounded to bf16 as MMA fragments are built (optionally as a hi + lo
+// pair of bf16 values, which keeps ~16 bits of each activation), W bf16 weights, fp32
+// accumulation (mma.sync m16n8k16). One template serves the dense linears and the grouped MoE
+// experts.
 #pragma once
 
 #include "xserv_kernels/common.cuh"
 
 namespace xserv_kernels {
 
-/// Threads per block (8 warps as 2 x 4 over the BM x 128 output tile), the N and K tile sizes,
-/// and the padded shared-memory row of a K tile (40 bf16 = 80 bytes: the 8 rows one ldmatrix
-/// reads land in distinct banks).
+/// Threads per block (8 warps: BM / 16 along the rows, the rest along the 128 columns), the N
+/// and K tile sizes (a K tile is one 128-byte line of each weight row), and the padded
+/// shared-memory rows of a K tile: W 72 bf16 = 144 bytes (the 8 rows one ldmatrix reads land in
+/// distinct banks), A 72 fp32 (a half-warp's float2 fragment reads, rows g = 0..3 at columns
+/// 2c, hit 16 distinct bank pairs).
 constexpr int kGemmThreads = 256;
-constexpr int kGemmBN = 128, kGemmBK = 32;
+constexpr int kGemmBN = 128, kGemmBK = 64;
 constexpr int kGemmStride = kGemmBK + 8;
-constexpr int kGemmStagesB = 3; // weight tiles in flight (cp.async)
+constexpr int kGemmStrideA = kGemmBK + 8;
+/// K tiles in flight (cp.async).
+__host__ __device__ constexpr int gemm_stages(int bm) {
+  return bm == 128 ? 2 : 3;
+}
 
 /// What the epilogue does with an output element acc[r, n] of an (expert's) tile.
 enum GemmEpilogue : int {
@@ -93,10 +100,10 @@ __device__ __forceinline__ void row_inv_rms(const float* __restrict__ x, float e
   }
 }
 
-/// Dynamic shared memory of gemm_bf16<.., BM, .., SPLIT>: two A tiles (hi and lo parts with
-/// SPLIT) and kGemmStagesB W tiles.
-__host__ __device__ constexpr int gemm_smem_bytes(int bm, bool split) {
-  return (2 * (split ? 2 : 1) * bm + kGemmStagesB * kGemmBN) * kGemmStride * 2;
+/// Dynamic shared memory of gemm_bf16<.., BM, ..>: gemm_stages(BM) stages of an fp32 A tile
+/// [BM][kGemmStrideA] and a bf16 W tile [128][kGemmStride].
+__host__ __device__ constexpr int gemm_smem_bytes(int bm) {
+  return gemm_stages(bm) * (bm * kGemmStrideA * 4 + kGemmBN * kGemmStride * 2);
 }
 
 /// The tile one block computes: `n0` (grid.x) of W's rows and sorted/dense rows [begin, end).
@@ -123,10 +130,19 @@ __device__ __forceinline__ bool gemm_tile(const int* tiles, int tokens, int& exp
 /// y = epilogue(A W_e^T) over one BM x 128 output tile per block (grid.x = ceil(N / 128)).
 /// A row r (r in the tile's rows) is x[arow(r)] with arow(r) = GATHER ? pair[r] / KSEL : r,
 /// times inv_rms[arow] * ln[k] when NORM; W_e = w + expert * N * K ([N, K] bf16); b bf16 [E, N].
-/// With SPLIT each A value v enters as bf16(v) + bf16(v - bf16(v)) (two MMAs per product).
-/// pair (grouped launches): the sorted (token * KSEL + slot) list of moe_sort.
+/// pair (grouped launches): the sorted (token * KSEL + slot) list of moe_sort. With SPLITK > 1
+/// (dense stores only) block z = blockIdx.z sums only the z-th of SPLITK equal K ranges and
+/// writes the raw sums to y[z, r, n] (y: [SPLITK, tokens, N]); gemm_splitk_reduce adds the
+/// ranges in order, the bias and the residual.
+///
+/// Both operands stream through a kGemmStages-deep cp.async pipeline: A as fp32 (so the norm
+/// and the rounding happen when a fragment is built), W as bf16. Each warp computes a
+/// 16-row x (128 / (8 / (BM / 16)))-column piece with m16n8k16 MMAs, so each A value is rounded
+/// by one warp only; A fragments are read from shared memory as fp32 pairs and
+/// rounded to bf16 in registers, with SPLIT as bf16(v) + bf16(v - bf16(v)) (two MMAs per
+/// product, about fp32 precision), else as bf16(v).
 template <int K, int N, int BM, bool NORM, bool BIAS, bool RESIDUAL, int EPI, bool GROUPED,
-          bool GATHER, int KSEL, bool SPLIT>
+          bool GATHER, int KSEL, bool SPLIT, int SPLITK = 1>
 __device__ __forceinline__ void
 gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
           const __nv_bfloat16* __restrict__ ln, const __nv_bfloat16* __restrict__ w,
@@ -136,26 +152,27 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
   static_assert(K % kGemmBK == 0, "K must be a multiple of the K tile");
   static_assert(BM == 32 || BM == 64 || BM == 128, "BM is 32, 64 or 128");
   static_assert(EPI != kGemmSwiglu || N % 2 == 0, "swiglu needs (gate, up) column pairs");
-  constexpr int kMI = BM / 32;                     // m16 tiles per warp (warp tile BM/2 x 32)
-  constexpr int kAParts = SPLIT ? 2 : 1;           // hi (+ lo) copies of the A tile
-  constexpr int kAPieces = BM * kGemmBK / 8; // 8-float pieces of one A tile
-  constexpr int kAVec = (kAPieces + kGemmThreads - 1) / kGemmThreads; // per thread
-  constexpr int kKT = K / kGemmBK;
+  constexpr int kWarpsM = BM / 16, kWarpsN = 8 / kWarpsM; // warp grid over the tile
+  constexpr int kWN = kGemmBN / kWarpsN, kNI = kWN / 8;    // warp columns, n8 tiles
+  constexpr int kAChunks = BM * kGemmBK / 4;  // 16-byte pieces of one fp32 A tile
+  static_assert(SPLITK == 1 || (EPI == kGemmStore && !GROUPED), "split K: dense stores only");
+  static_assert((K / kGemmBK) % SPLITK == 0, "split K must divide the K tiles");
+  constexpr int kKT = K / kGemmBK / SPLITK; // K tiles of this block's range
+  constexpr int kGemmStages = gemm_stages(BM);
 
-  // Dynamic shared memory (gemm_smem_bytes): A tiles [2][kAParts][BM][stride], then W tiles
-  // [kGemmStagesB][128][stride].
   extern __shared__ __align__(16) unsigned char smem_gemm[];
-  typedef __nv_bfloat16 ATile[kAParts][BM][kGemmStride];
+  typedef float ATile[BM][kGemmStrideA];
   typedef __nv_bfloat16 BTile[kGemmBN][kGemmStride];
   ATile* sa = reinterpret_cast<ATile*>(smem_gemm);
-  BTile* sb = reinterpret_cast<BTile*>(smem_gemm + 2 * sizeof(ATile));
+  BTile* sb = reinterpret_cast<BTile*>(smem_gemm + kGemmStages * sizeof(ATile));
   __shared__ int rows_a[BM];
 
   int expert, begin, end;
   if (!gemm_tile<BM, GROUPED>(tiles, tokens, expert, begin, end))
     return;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
-  const int wm = warp / 4, wn = warp % 4; // warp's (row half, 32-column quarter)
+  const int wm = warp / kWarpsN, wn = warp % kWarpsN; // warp's 16 rows and kWN columns
+  const int g = lane / 4, c = lane % 4;   // mma fragment coordinates
   const int n0 = blockIdx.x * kGemmBN;
   const int rows = end - begin;
   const __nv_bfloat16* we = w + (size_t)expert * N * K;
@@ -164,105 +181,64 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
     rows_a[i] = i < rows ? (GATHER ? pair[begin + i] / KSEL : begin + i) : -1;
   __syncthreads();
 
-  // A staging: thread covers (row, 8 columns) pieces; loads to registers one tile ahead.
-  float4 ra[kAVec][2];
-  auto load_a = [&](int kt) {
+  // 1 / rms of the two rows this thread's A fragments hold.
+  float inv[2];
 #pragma unroll
-    for (int v = 0; v < kAVec; ++v) {
-      const int piece = tid + v * kGemmThreads, r = piece / (kGemmBK / 8);
-      const int c = (piece % (kGemmBK / 8)) * 8, ar = piece < kAPieces ? rows_a[r] : -1;
-      if (ar >= 0) {
-        const float4* src = reinterpret_cast<const float4*>(x + (size_t)ar * K + kt * kGemmBK + c);
-        ra[v][0] = src[0];
-        ra[v][1] = src[1];
-      } else {
-        ra[v][0] = ra[v][1] = make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-    }
-  };
-  auto store_a = [&](int kt, int buf) {
+  for (int hh = 0; hh < 2; ++hh) {
+    const int ar = rows_a[wm * 16 + g + 8 * hh];
+    inv[hh] = NORM && ar >= 0 ? inv_rms[ar] : 1.0f;
+  }
+
+  const int kt0 = SPLITK > 1 ? blockIdx.z * kKT : 0;
+  auto issue = [&](int kt) {
+    const int stage = kt % kGemmStages, k0 = (kt0 + kt) * kGemmBK;
 #pragma unroll
-    for (int v = 0; v < kAVec; ++v) {
-      const int piece = tid + v * kGemmThreads, r = piece / (kGemmBK / 8);
-      const int c = (piece % (kGemmBK / 8)) * 8;
-      if (piece >= kAPieces)
-        break;
-      float f[8] = {ra[v][0].x, ra[v][0].y, ra[v][0].z, ra[v][0].w,
-                    ra[v][1].x, ra[v][1].y, ra[v][1].z, ra[v][1].w};
-      if (NORM) {
+    for (int v = 0; v < (kAChunks + kGemmThreads - 1) / kGemmThreads; ++v) {
+      const int piece = tid + v * kGemmThreads;
+      if (piece < kAChunks) {
+        const int r = piece / (kGemmBK / 4), col = (piece % (kGemmBK / 4)) * 4;
         const int ar = rows_a[r];
-        const float s = ar >= 0 ? inv_rms[ar] : 0.0f;
-        float g[8];
-        unpack_bf16x8(*reinterpret_cast<const uint4*>(ln + kt * kGemmBK + c), g);
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          f[i] = f[i] * s * g[i];
-      }
-      uint4 hi;
-      hi.x = pack_bf16x2(f[0], f[1]);
-      hi.y = pack_bf16x2(f[2], f[3]);
-      hi.z = pack_bf16x2(f[4], f[5]);
-      hi.w = pack_bf16x2(f[6], f[7]);
-      *reinterpret_cast<uint4*>(&sa[buf][0][r][c]) = hi;
-      if (SPLIT) {
-        float hf[8];
-        unpack_bf16x8(hi, hf);
-        uint4 lo;
-        lo.x = pack_bf16x2(f[0] - hf[0], f[1] - hf[1]);
-        lo.y = pack_bf16x2(f[2] - hf[2], f[3] - hf[3]);
-        lo.z = pack_bf16x2(f[4] - hf[4], f[5] - hf[5]);
-        lo.w = pack_bf16x2(f[6] - hf[6], f[7] - hf[7]);
-        *reinterpret_cast<uint4*>(&sa[buf][kAParts - 1][r][c]) = lo;
+        cp_async16(&sa[stage][r][col], x + (size_t)(ar >= 0 ? ar : 0) * K + k0 + col, ar >= 0);
       }
     }
-  };
-  // W staging: 128 rows x 32 columns = 512 16-byte pieces, two per thread, rows past N zeroed.
-  auto issue_b = [&](int kt) {
-    const int stage = kt % kGemmStagesB;
 #pragma unroll
-    for (int v = 0; v < 2; ++v) {
-      const int piece = tid + v * kGemmThreads, r = piece / 4, c = (piece % 4) * 8;
+    for (int v = 0; v < kGemmBN * kGemmBK / 8 / kGemmThreads; ++v) { // 16-byte pieces of W
+      const int piece = tid + v * kGemmThreads, r = piece / (kGemmBK / 8);
+      const int col = (piece % (kGemmBK / 8)) * 8;
       const bool valid = n0 + r < N;
-      const __nv_bfloat16* src = we + (size_t)(valid ? n0 + r : 0) * K + kt * kGemmBK + c;
-      cp_async16(&sb[stage][r][c], src, valid);
+      cp_async16(&sb[stage][r][col], we + (size_t)(valid ? n0 + r : 0) * K + k0 + col, valid);
     }
   };
 
-  float acc[kMI][4][4];
+  float acc[kNI][4];
 #pragma unroll
-  for (int i = 0; i < kMI; ++i)
+  for (int j = 0; j < kNI; ++j)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        acc[i][j][c] = 0.0f;
+    for (int e = 0; e < 4; ++e)
+      acc[j][e] = 0.0f;
 
-  load_a(0);
-  store_a(0, 0);
 #pragma unroll
-  for (int s = 0; s < kGemmStagesB - 1; ++s) {
-    if (s < kKT)
-      issue_b(s);
+  for (int st = 0; st < kGemmStages - 1; ++st) {
+    if (st < kKT)
+      issue(st);
     cp_async_commit();
   }
 
   for (int kt = 0; kt < kKT; ++kt) {
-    if (kt + 1 < kKT)
-      load_a(kt + 1); // global loads in flight during this tile's math
-    cp_async_wait<kGemmStagesB - 2>();
-    __syncthreads(); // W tile kt landed, A tile kt stored; tile kt-1 fully consumed
-    if (kt + kGemmStagesB - 1 < kKT)
-      issue_b(kt + kGemmStagesB - 1);
+    cp_async_wait<kGemmStages - 2>();
+    __syncthreads(); // stage kt landed for every thread; stage kt-1 fully consumed
+    if (kt + kGemmStages - 1 < kKT)
+      issue(kt + kGemmStages - 1);
     cp_async_commit();
 
-    const int buf = kt % 2, stage = kt % kGemmStagesB;
+    const int stage = kt % kGemmStages;
 #pragma unroll
     for (int ks = 0; ks < kGemmBK; ks += 16) {
-      unsigned bf[4][2];
+      unsigned bf[kNI][2];
 #pragma unroll
-      for (int nj = 0; nj < 2; ++nj) {
+      for (int nj = 0; nj < kNI / 2; ++nj) {
         // Matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
-        const int nr = wn * 32 + nj * 16 + (lane % 8) + (lane / 16) * 8;
+        const int nr = wn * kWN + nj * 16 + (lane % 8) + (lane / 16) * 8;
         const int kc = ks + ((lane / 8) % 2) * 8;
         unsigned r[4];
         ldmatrix_x4(r, &sb[stage][nr][kc]);
@@ -271,39 +247,66 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
         bf[2 * nj + 1][0] = r[2];
         bf[2 * nj + 1][1] = r[3];
       }
+      // The norm weights of this thread's fragment columns ks + 2c (+1) and ks + 2c + 8 (+1).
+      float lnw[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
+      if (NORM) {
 #pragma unroll
-      for (int part = 0; part < kAParts; ++part)
-#pragma unroll
-        for (int mi = 0; mi < kMI; ++mi) {
-          unsigned af[4];
-          const int mr = wm * (BM / 2) + mi * 16 + (lane % 16);
-          ldmatrix_x4(af, &sa[buf][part][mr][ks + (lane / 16) * 8]);
-#pragma unroll
-          for (int ni = 0; ni < 4; ++ni)
-            mma_bf16(acc[mi][ni], af, bf[ni][0], bf[ni][1]);
+        for (int kh = 0; kh < 2; ++kh) {
+          const __nv_bfloat162 l2 = *reinterpret_cast<const __nv_bfloat162*>(
+              ln + (kt0 + kt) * kGemmBK + ks + 2 * c + 8 * kh);
+          lnw[kh][0] = __low2float(l2);
+          lnw[kh][1] = __high2float(l2);
         }
+      }
+      // a0: (row g, k 2c..2c+1), a1: (row g+8, same k), a2/a3: the same rows at k + 8.
+      unsigned hi[4], lo[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int hh = q % 2, kh = q / 2;
+        const float2 v = *reinterpret_cast<const float2*>(
+            &sa[stage][wm * 16 + g + 8 * hh][ks + 2 * c + 8 * kh]);
+        float v0 = v.x, v1 = v.y;
+        if (NORM) {
+          v0 *= inv[hh] * lnw[kh][0];
+          v1 *= inv[hh] * lnw[kh][1];
+        }
+        hi[q] = pack_bf16x2(v0, v1);
+        if (SPLIT) {
+          const float h0 = __uint_as_float(hi[q] << 16);
+          const float h1 = __uint_as_float(hi[q] & 0xffff0000u);
+          lo[q] = pack_bf16x2(v0 - h0, v1 - h1);
+        }
+      }
+#pragma unroll
+      for (int ni = 0; ni < kNI; ++ni) {
+        mma_bf16(acc[ni], hi, bf[ni][0], bf[ni][1]);
+        if (SPLIT)
+          mma_bf16(acc[ni], lo, bf[ni][0], bf[ni][1]);
+      }
     }
-    if (kt + 1 < kKT)
-      store_a(kt + 1, (kt + 1) % 2); // that buffer was last read in tile kt-1
   }
   cp_async_wait<0>();
 
-  // Epilogue: acc[mi][ni][c] is row wm*BM/2 + mi*16 + lane/4 (+8 for c >= 2), column
-  // n0 + wn*32 + ni*8 + (lane%4)*2 (+1 for odd c).
+  // Epilogue: acc[ni][e] is row wm*16 + g (+8 for e >= 2), column n0 + wn*kWN + ni*8 + 2c
+  // (+1 for odd e).
 #pragma unroll
-  for (int mi = 0; mi < kMI; ++mi)
+  for (int half = 0; half < 2; ++half) {
+    const int rl = wm * 16 + g + half * 8;
+    if (rl >= rows)
+      continue;
+    const int r = begin + rl;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int rl = wm * (BM / 2) + mi * 16 + lane / 4 + half * 8;
-      if (rl >= rows)
-        continue;
-      const int r = begin + rl;
-#pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        const int n = n0 + wn * 32 + ni * 8 + (lane % 4) * 2;
+      for (int ni = 0; ni < kNI; ++ni) {
+        const int n = n0 + wn * kWN + ni * 8 + 2 * c;
         if (n >= N)
           continue;
-        float v0 = acc[mi][ni][2 * half], v1 = acc[mi][ni][2 * half + 1];
+        float v0 = acc[ni][2 * half], v1 = acc[ni][2 * half + 1];
+        if (SPLITK > 1) {
+          float* out = y + ((size_t)blockIdx.z * tokens + r) * N + n;
+          out[0] = v0;
+          out[1] = v1;
+          continue;
+        }
         const __nv_bfloat16* be = b + (size_t)expert * N;
         if (BIAS) {
           v0 += bf16_to_float(be[n]);
@@ -324,12 +327,32 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
           y[(size_t)r * (N / 2) + n / 2] = (up + 1.0f) * glu;
         } else {
           const int p = pair[r];
-          const float s = route_w[p];
-          y[(size_t)p * N + n] = s * v0;
-          y[(size_t)p * N + n + 1] = s * v1;
+          const float sc = route_w[p];
+          y[(size_t)p * N + n] = sc * v0;
+          y[(size_t)p * N + n + 1] = sc * v1;
         }
       }
     }
+}
+
+/// y[r, n] = sum over z in order of part[z, r, n] (+ b[n]) (+ h[r, n]) for row r = blockIdx.y:
+/// the end of a split-K gemm (256 threads). y may alias h.
+template <int N, int SPLITK, bool BIAS, bool RESIDUAL>
+__device__ __forceinline__ void gemm_splitk_reduce(const float* __restrict__ part,
+                                                   const __nv_bfloat16* __restrict__ b,
+                                                   const float* h, float* y, int tokens) {
+  const int r = blockIdx.y;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) {
+    float v = 0.0f;
+#pragma unroll
+    for (int z = 0; z < SPLITK; ++z)
+      v += part[((size_t)z * tokens + r) * N + n];
+    if (BIAS)
+      v += bf16_to_float(b[n]);
+    if (RESIDUAL)
+      v += h[(size_t)r * N + n];
+    y[(size_t)r * N + n] = v;
+  }
 }
 
 /// Groups a step's (token, slot) pairs by expert for the grouped gemm (one block of 256 threads):

@@ -100,4 +100,33 @@ moe_down(const float* __restrict__ act, const float* __restrict__ weights,
   }
 }
 
+/// moe_down for one (token, slot) pair tk = blockIdx.y (token tk / KSEL, slot tk % KSEL):
+/// part[tk, o] = w[tk] (down[e][o] . act[tk] + down_b[e][o]), e = ids[tk]; moe_combine then sums
+/// the slots in order (+ residual), the same arithmetic as moe_down with KSEL times the blocks in
+/// flight. grid.x = ceil(D / (8 R)).
+template <int D, int I, int E, int KSEL, int R>
+__device__ __forceinline__ void
+moe_down_part(const float* __restrict__ act, const float* __restrict__ weights,
+              const int* __restrict__ ids, const __nv_bfloat16* __restrict__ down,
+              const __nv_bfloat16* __restrict__ down_b, float* __restrict__ part) {
+  static_assert(D % R == 0, "rows per warp must divide D");
+  constexpr int kWarps = kMoeThreads / kWarp;
+  __shared__ __align__(16) float as[I];
+  const int tk = blockIdx.y, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int o0 = (blockIdx.x * kWarps + warp) * R, e = ids[tk];
+  for (int i = threadIdx.x; i < I; i += kMoeThreads)
+    as[i] = act[(size_t)tk * I + i];
+  __syncthreads();
+  if (o0 >= D || e < 0 || e >= E)
+    return;
+  float acc[R][1];
+  warp_gemv_rows<I, R, 1>(down + ((size_t)e * D + o0) * I, as, 1, acc);
+  if (lane != 0)
+    return;
+  const float wt = weights[tk];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    part[(size_t)tk * D + o0 + r] = wt * (acc[r][0] + bf16_to_float(down_b[(size_t)e * D + o0 + r]));
+}
+
 } // namespace xserv_kernels

@@ -39,4 +39,30 @@ __device__ __forceinline__ void rope_yarn(const float* x, const int* __restrict_
   }
 }
 
+/// rope_yarn of q [T, HQ, D] and k [T, HK, D] in place in one launch (the same rotation as
+/// rope_yarn for each), token t = blockIdx.y.
+template <int HQ, int HK, int D>
+__device__ __forceinline__ void rope_yarn_qk(float* q, float* k, const int* __restrict__ positions,
+                                             const double* __restrict__ inv_freq, double att) {
+  constexpr int kHalf = D / 2;
+  __shared__ double cs[kHalf], sn[kHalf];
+  const int t = blockIdx.y;
+  const double p = positions[t];
+  for (int j = threadIdx.x; j < kHalf; j += kRopeThreads) {
+    double s, c;
+    sincos(p * inv_freq[j], &s, &c);
+    cs[j] = c * att;
+    sn[j] = s * att;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < (HQ + HK) * kHalf; i += kRopeThreads) {
+    const int h = i / kHalf, j = i % kHalf;
+    float* base = h < HQ ? q + ((size_t)t * HQ + h) * D : k + ((size_t)t * HK + h - HQ) * D;
+    const double x1 = base[j], x2 = base[j + kHalf];
+    const double c = cs[j], s = sn[j];
+    base[j] = float(x1 * c - x2 * s);
+    base[j + kHalf] = float(x2 * c + x1 * s);
+  }
+}
+
 } // namespace xserv_kernels

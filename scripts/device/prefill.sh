@@ -11,7 +11,7 @@ OUT=${OUT:-/tmp/out}
 B=.device/bin X=.device/bin/xserv
 start=$SECONDS
 for t in ${TESTS:-codegen_gpu_tests cli_gpu_tests}; do
-  timeout 300 $B/$t > "$OUT/$t.log" 2>&1
+  timeout 300 $B/$t --duration=true > "$OUT/$t.log" 2>&1
   echo "$t rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/$t.log" | tr '\n' ' ')"
   grep -E "ERROR|FAILED" -A3 "$OUT/$t.log" | head -30
 done

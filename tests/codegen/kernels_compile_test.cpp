@@ -90,7 +90,7 @@ TEST_CASE("kernel names and sources are deterministic and headed by their IR") {
   CHECK(a.name == "rmsnorm_linear_k2880_n5120");
   CHECK(a.source == b.source);
   CHECK(a.source.rfind("// kernel: rmsnorm_linear_k2880_n5120\n// %13 = rms_norm_linear", 0) == 0);
-  CHECK(a.source.find("linear_decode<2880, 5120, 8, 2, true, true, false>") != std::string::npos);
+  CHECK(a.source.find("linear_decode<2880, 5120, 8, 2, true, true, false, false>") != std::string::npos);
   CHECK(a.launch.grid(1)[0] == 320);
   CHECK(a.launch.smem(4) == 4 * 2880 * 4);
   d.norm = false;
@@ -104,4 +104,19 @@ TEST_CASE("kernel names and sources are deterministic and headed by their IR") {
         "moe_down_residual_e32_k4_d2880_i2880");
   CHECK(attention_splits(1) == 1);
   CHECK(attention_splits(1000) == 16);
+}
+
+TEST_CASE("gemm_splitk fills the GPU for few rows and divides K's tiles") {
+  using xserv::codegen::gemm_splitk;
+  CHECK(gemm_splitk(2880, 4096) == 9);   // 32 N tiles x 9 = 288 blocks, 5 K tiles each
+  CHECK(gemm_splitk(2880, 512) == 9);    // 4 N tiles: as far as 4 K tiles per block allow
+  CHECK(gemm_splitk(4096, 2880) == 16);  // 23 N tiles, 64 K tiles: 16 x 4
+  CHECK(gemm_splitk(2880, 201088) == 1); // the lm_head's 1571 N tiles fill the GPU alone
+  CHECK(gemm_splitk(128, 128) == 1);     // 2 K tiles: nothing to split
+  for (int k : {64, 2880, 4096})
+    for (int n : {32, 512, 2880, 4096}) {
+      const int s = gemm_splitk(k, n);
+      CHECK((k / 64) % s == 0);
+      CHECK((s == 1 || k / 64 / s >= 4));
+    }
 }

@@ -3,6 +3,8 @@
 
 #include "ir/reference.h"
 
+#include <tuple>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -212,10 +214,25 @@ void check_moe(const MoeDims& d, const MoeWeights& mw, int tokens, uint64_t seed
     launch(dn, tokens, 1, act->p, dw->p, dids->p, mw.d_down->p, mw.d_down_b->p, dh->p, y->p);
   else
     launch(dn, tokens, 1, act->p, dw->p, dids->p, mw.d_down->p, mw.d_down_b->p, y->p);
+  // The engine's decode path: per-(token, slot) rows, then the ordered combine.
+  const Loaded& dp = load(emit_moe_down_part(d, {}));
+  const Loaded& comb = load(emit_moe_combine(d.hidden, d.k, d.residual, {}));
+  auto part = poisoned(size_t(tokens) * d.k * d.hidden), y2 = poisoned(want.f.size());
+  launch(dp, tokens, 1, act->p, dw->p, dids->p, mw.d_down->p, mw.d_down_b->p, part->p);
+  if (d.residual)
+    launch(comb, tokens, 1, part->p, dh->p, y2->p);
+  else
+    launch(comb, tokens, 1, part->p, y2->p);
   device_sync();
-  const double err = rel_l2(download(*y, want.f.size()), want.f);
+  const std::vector<float> got = download(*y, want.f.size());
+  const double err = rel_l2(got, want.f);
   MESSAGE(gu.src.name << " + " << dn.src.name << " T=" << tokens << ": rel L2 " << err);
   CHECK(err <= kTol);
+  // Same products, sums in the same order (an fma may round differently): within 1e-6.
+  const double err_part = rel_l2(download(*y2, want.f.size()), want.f);
+  MESSAGE(dp.src.name << " + " << comb.src.name << " T=" << tokens << ": rel L2 " << err_part);
+  CHECK(err_part <= kTol);
+  CHECK(rel_l2(download(*y2, want.f.size()), got) <= 1e-6);
 }
 
 } // namespace
@@ -292,7 +309,13 @@ void gemv_bandwidth(const LinearDims& d, const std::string& label) {
 TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
   XSERV_REQUIRE_GPU();
   gemv_bandwidth({2880, 5120, true, true, false, 1e-5}, "qkv");
+  LinearDims pf{2880, 5120, true, true, false, 1e-5};
+  pf.prefetch = true;
+  gemv_bandwidth(pf, "qkv, with L2 prefetch");
   gemv_bandwidth({2880, 201088, true, false, false, 1e-5}, "lm_head");
+  pf = {2880, 201088, true, false, false, 1e-5};
+  pf.prefetch = true;
+  gemv_bandwidth(pf, "lm_head, with L2 prefetch");
 
   const MoeDims d{2880, 2880, 32, 4, true};
   Rng rng{901};
@@ -389,6 +412,64 @@ TEST_CASE("rope_yarn kernel matches ir::ref at small and large positions") {
     CHECK(err <= 1e-6);
     CHECK(err_in_place <= 1e-6);
   }
+}
+
+TEST_CASE("rope_yarn_qk rotates q and k in place like two rope_yarn") {
+  XSERV_REQUIRE_GPU();
+  Rng rng{715};
+  const ir::ref::Yarn yarn;
+  for (auto [hq, hk, head_dim] : {std::tuple{4, 2, 16}, std::tuple{64, 8, 64}}) {
+    const Tensor pos = Tensor::from_ints({5}, {0, 3, 129, 4095, 131071});
+    const Tensor q = random_f32(rng, {5, hq, head_dim}, 2.0f);
+    const Tensor k = random_f32(rng, {5, hk, head_dim}, 2.0f);
+    const Tensor want_q = ir::ref::rope_yarn(q, pos, yarn), want_k = ir::ref::rope_yarn(k, pos, yarn);
+    const std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
+    const Loaded& l =
+        load(emit_rope_yarn_qk(hq, hk, head_dim, ir::ref::yarn_attention_factor(yarn), {}));
+    auto dq = upload(q), dk = upload(k), dpos = upload(pos), dinv = upload(inv);
+    launch(l, 5, 1, dq->p, dk->p, dpos->p, dinv->p);
+    device_sync();
+    const double eq = rel_l2(download(*dq, want_q.f.size()), want_q.f);
+    const double ek = rel_l2(download(*dk, want_k.f.size()), want_k.f);
+    MESSAGE(l.src.name << ": rel L2 q " << eq << ", k " << ek);
+    CHECK(eq <= 1e-6);
+    CHECK(ek <= 1e-6);
+  }
+}
+
+TEST_CASE("qkv_decode matches three normed linears") {
+  XSERV_REQUIRE_GPU();
+  Rng rng{716};
+  for (auto [k, nq, nkv] : {std::tuple{64, 64, 32}, std::tuple{2880, 4096, 512}})
+    for (int tokens : {1, 3, 8}) {
+      QkvDims d;
+      d.k = k;
+      d.nq = nq;
+      d.nk = d.nv = nkv;
+      const Tensor x = random_f32(rng, {tokens, k}, 2.0f);
+      const Bf16Weight ln = random_bf16(rng, {k}, 1.0f);
+      std::vector<Bf16Weight> w, b;
+      std::vector<std::unique_ptr<DevBuf>> dw, db, dy;
+      std::vector<Tensor> want;
+      for (int n : {nq, nkv, nkv}) {
+        w.push_back(random_bf16(rng, {n, k}, 1.0f / std::sqrt(float(k))));
+        b.push_back(random_bf16(rng, {n}, 0.5f));
+        want.push_back(ir::ref::rms_norm_linear(x, ln.t, d.eps, w.back().t, &b.back().t));
+        dw.push_back(upload(w.back().bits));
+        db.push_back(upload(b.back().bits));
+        dy.push_back(poisoned(want.back().f.size()));
+      }
+      const Loaded& l = load(emit_qkv_decode(d, {}));
+      auto dx = upload(x), dln = upload(ln.bits);
+      launch(l, tokens, 1, dx->p, dln->p, dw[0]->p, db[0]->p, dw[1]->p, db[1]->p, dw[2]->p,
+             db[2]->p, dy[0]->p, dy[1]->p, dy[2]->p, tokens);
+      device_sync();
+      for (size_t i = 0; i < 3; ++i) {
+        const double err = rel_l2(download(*dy[i], want[i].f.size()), want[i].f);
+        MESSAGE(l.src.name << " T=" << tokens << " projection " << i << ": rel L2 " << err);
+        CHECK(err <= kTol);
+      }
+    }
 }
 
 namespace {

@@ -1,0 +1,207 @@
+// GPU checks of the prefill attention kernel (codegen/kernels/attention_prefill.cuh) against
+// ir::ref::attention on random inputs, plus its time next to the decode kernel's on a 20b-shaped
+// prefill step (informational).
+//
+// Tolerance 1e-5 relative L2: the kernel computes in fp32 throughout (q * scale, dot products,
+// expf, the online softmax and the weighted sum) on exactly the values ir::ref sees (bf16 caches
+// hold the bf16 values ref gets as floats; fp32 caches and step keys are fp32 in both), and ref
+// accumulates in double. So only fp32 rounding and summation order differ: ~1e-7 per operation,
+// growing like the square root of the terms (64 products per score, <= 1300 keys per row), about
+// 1e-6 relative at most; 1e-5 leaves a 10x margin while a wrong mask, key or slot (errors of
+// order 1e-2 and up) still fails.
+#include "tests/codegen/kernel_test_util.h"
+
+#include "codegen/emit_prefill.h"
+#include "ir/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+using namespace xserv;
+using namespace xserv::codegen;
+using namespace xserv::kernel_test;
+using ir::DType;
+using ir::Tensor;
+
+namespace {
+
+constexpr double kTol = 1e-5;
+
+/// One step's inputs: sequences with `seq_tokens[b]` step tokens after `ctx[b]` cached positions,
+/// sequence b owning cache row B-1-b; caches random bf16 (or fp32 with d.f32_cache).
+struct Step {
+  int tokens = 0, nseq = 0;
+  Tensor pos, tseq, lens, rows, q, k, v, sinks_t;
+  Tensor kc_t, vc_t; // the caches as ref sees them
+  std::vector<uint16_t> kc_bits, vc_bits, sink_bits;
+};
+
+Step make_step(const AttentionDims& d, const std::vector<int>& seq_tokens,
+               const std::vector<int>& ctx, uint64_t seed) {
+  Rng rng{seed};
+  Step s;
+  s.nseq = int(seq_tokens.size());
+  std::vector<int32_t> positions, token_seq, ctx_lens(ctx.begin(), ctx.end()), cache_rows;
+  for (int b = 0; b < s.nseq; ++b) {
+    cache_rows.push_back(s.nseq - 1 - b);
+    for (int i = 0; i < seq_tokens[b]; ++i) {
+      positions.push_back(ctx[b] + i);
+      token_seq.push_back(b);
+    }
+  }
+  s.tokens = int(positions.size());
+  s.pos = Tensor::from_ints({s.tokens}, positions);
+  s.tseq = Tensor::from_ints({s.tokens}, token_seq);
+  s.lens = Tensor::from_ints({s.nseq}, ctx_lens);
+  s.rows = Tensor::from_ints({s.nseq}, cache_rows);
+  s.q = random_f32(rng, {s.tokens, d.heads, d.head_dim}, 2.0f);
+  s.k = random_f32(rng, {s.tokens, d.kv_heads, d.head_dim}, 1.0f);
+  s.v = random_f32(rng, {s.tokens, d.kv_heads, d.head_dim}, 1.0f);
+  const std::vector<int64_t> cache_shape = {s.nseq, d.slots, d.kv_heads, d.head_dim};
+  if (d.f32_cache) {
+    s.kc_t = random_f32(rng, cache_shape, 1.0f);
+    s.vc_t = random_f32(rng, cache_shape, 1.0f);
+  } else {
+    Bf16Weight kc = random_bf16(rng, cache_shape, 1.0f), vc = random_bf16(rng, cache_shape, 1.0f);
+    s.kc_t = std::move(kc.t);
+    s.vc_t = std::move(vc.t);
+    s.kc_bits = std::move(kc.bits);
+    s.vc_bits = std::move(vc.bits);
+  }
+  Bf16Weight sinks = random_bf16(rng, {d.heads}, 2.0f);
+  s.sinks_t = std::move(sinks.t);
+  s.sink_bits = std::move(sinks.bits);
+  return s;
+}
+
+/// The step's buffers on the device; out poisoned with NaN.
+struct DevStep {
+  std::unique_ptr<DevBuf> q, k, v, kc, vc, sinks, pos, tseq, lens, rows, out;
+  DevStep(const AttentionDims& d, const Step& s) {
+    q = upload(s.q), k = upload(s.k), v = upload(s.v);
+    kc = d.f32_cache ? upload(s.kc_t.f) : upload(s.kc_bits);
+    vc = d.f32_cache ? upload(s.vc_t.f) : upload(s.vc_bits);
+    sinks = upload(s.sink_bits), pos = upload(s.pos), tseq = upload(s.tseq);
+    lens = upload(s.lens), rows = upload(s.rows);
+    out = poisoned(size_t(s.tokens) * d.heads * d.head_dim);
+  }
+};
+
+void launch_prefill(const Loaded& l, const DevStep& b, int tokens) {
+  launch(l, tokens, 1, b.q->p, b.k->p, b.v->p, b.kc->p, b.vc->p, b.sinks->p, b.pos->p, b.tseq->p,
+         b.lens->p, b.rows->p, b.out->p, tokens);
+}
+
+std::string layout(const std::vector<int>& seq_tokens, const std::vector<int>& ctx) {
+  std::string s;
+  for (size_t b = 0; b < seq_tokens.size(); ++b)
+    s += (b ? " + " : "") + std::to_string(seq_tokens[b]) + "@" + std::to_string(ctx[b]);
+  return s;
+}
+
+void check_prefill(const AttentionDims& d, const std::vector<int>& seq_tokens,
+                   const std::vector<int>& ctx, uint64_t seed) {
+  const Step s = make_step(d, seq_tokens, ctx, seed);
+  const Tensor want = ir::ref::attention(s.q, s.k, s.v, s.kc_t, s.vc_t, s.sinks_t,
+                                         {s.pos, s.tseq, s.lens, s.rows}, d.window, d.scale);
+  const Loaded& l = load(emit_attention_prefill(d, {}));
+  DevStep b(d, s);
+  launch_prefill(l, b, s.tokens);
+  device_sync();
+  const double err = rel_l2(download(*b.out, want.f.size()), want.f);
+  MESSAGE(l.src.name << " tokens@ctx " << layout(seq_tokens, ctx) << ": rel L2 " << err);
+  CHECK(err <= kTol);
+}
+
+/// The tiny and 20b shapes, full and sliding (window = ring size), bf16 and fp32 caches.
+std::vector<AttentionDims> shapes() {
+  std::vector<AttentionDims> out;
+  for (bool f32 : {false, true}) {
+    out.push_back({4, 2, 16, 1280, 0, 0.25, f32});    // tiny, full
+    out.push_back({4, 2, 16, 8, 8, 0.25, f32});       // tiny, sliding ring of 8
+    out.push_back({64, 8, 64, 2048, 0, 0.125, f32});  // 20b, full
+    out.push_back({64, 8, 64, 128, 128, 0.125, f32}); // 20b, sliding ring of 128
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("prefill attention matches ir::ref: one sequence from position 0") {
+  XSERV_REQUIRE_GPU();
+  uint64_t seed = 500;
+  for (const AttentionDims& d : shapes())
+    for (int t : {1, 37, 300})
+      check_prefill(d, {t}, {0}, ++seed);
+}
+
+TEST_CASE("prefill attention matches ir::ref: chunked prefill after cached positions") {
+  XSERV_REQUIRE_GPU();
+  uint64_t seed = 600;
+  // ctx 200 and 1000: the rings of 8 and 128 have wrapped; the chunk is longer than the ring.
+  for (const AttentionDims& d : shapes())
+    for (int ctx : {200, 1000})
+      check_prefill(d, {300}, {ctx}, ++seed);
+}
+
+TEST_CASE("prefill attention matches ir::ref: several sequences, boundaries inside tiles") {
+  XSERV_REQUIRE_GPU();
+  uint64_t seed = 700;
+  // Boundaries at tokens 5, 45, 48: inside 16-token (20b) and 64-token (tiny) query tiles.
+  for (const AttentionDims& d : shapes()) {
+    check_prefill(d, {5, 40, 3, 100}, {0, 130, 7, 1000}, ++seed);
+    check_prefill(d, {5, 40, 3, 100}, {300, 0, 1, 64}, ++seed);
+    check_prefill(d, {1, 1, 17, 1, 33}, {5, 0, 250, 9, 127}, ++seed); // decode-like singles
+  }
+}
+
+// ---- time (informational; no assertions on speed) ----------------------------------------------
+
+TEST_CASE("prefill attention time on a 20b-shaped 1024-token step (informational)") {
+  XSERV_REQUIRE_GPU();
+  for (const AttentionDims& d : {AttentionDims{64, 8, 64, 4096, 0, 0.125, true},
+                                 AttentionDims{64, 8, 64, 128, 128, 0.125, true}}) {
+    for (int tokens : {1024, 2048}) {
+      const Step s = make_step(d, {tokens}, {0}, 800);
+      DevStep b(d, s);
+      const Loaded& pre = load(emit_attention_prefill(d, {}));
+      const Loaded& dec = load(emit_attention_decode(d, {}));
+      cudaEvent_t e0, e1;
+      cuda_ok(cudaEventCreate(&e0), "event");
+      cuda_ok(cudaEventCreate(&e1), "event");
+      auto time_ms = [&](auto&& run) {
+        for (int i = 0; i < 2; ++i)
+          run();
+        std::vector<float> ms;
+        for (int i = 0; i < 10; ++i) {
+          cudaEventRecord(e0);
+          run();
+          cudaEventRecord(e1);
+          cuda_ok(cudaEventSynchronize(e1), "timing");
+          float m = 0;
+          cudaEventElapsedTime(&m, e0, e1);
+          ms.push_back(m);
+        }
+        std::sort(ms.begin(), ms.end());
+        return ms[ms.size() / 2];
+      };
+      const double t_pre = time_ms([&] { launch_prefill(pre, b, tokens); });
+      const std::vector<float> got = download(*b.out, size_t(tokens) * d.heads * d.head_dim);
+      const double t_dec = time_ms([&] {
+        launch(dec, tokens, 1, b.q->p, b.k->p, b.v->p, b.kc->p, b.vc->p, b.sinks->p, b.pos->p,
+               b.tseq->p, b.lens->p, b.rows->p, b.out->p, nullptr, nullptr);
+      });
+      // Both kernels compute the same attention: the last decode output checks the timed runs.
+      const double err = rel_l2(got, download(*b.out, got.size()));
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      MESSAGE("time " << pre.src.name << " T=" << tokens << ": prefill " << t_pre * 1e3
+                      << " us, decode kernel " << t_dec * 1e3 << " us (" << t_dec / t_pre
+                      << "x); rel L2 between them " << err);
+      CHECK(err <= 1e-4);
+    }
+  }
+}
