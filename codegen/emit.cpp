@@ -69,6 +69,18 @@ KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines
 
 const char* kBf16 = "const __nv_bfloat16*";
 
+/// Name suffix of non-default MoE decode tuning (rows per warp, unroll, prefetch).
+std::string moe_tuning_suffix(const MoeDims& d) {
+  std::string s;
+  if (d.rows > 0)
+    s += fmt::format("_r{}", d.rows);
+  if (d.unroll != 4)
+    s += fmt::format("_u{}", d.unroll);
+  if (d.prefetch)
+    s += "_pf";
+  return s;
+}
+
 void check_positive(const char* what, std::initializer_list<int> dims) {
   for (int d : dims)
     if (d <= 0)
@@ -207,7 +219,10 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
     throw Error(fmt::format("codegen: moe_experts needs hidden ({}) and intermediate ({}) "
                             "divisible by 8",
                             d.hidden, d.inter));
-  const int pairs = d.inter % 2 == 0 ? 2 : 1; // (gate, up) pairs per warp: 4 rows in flight
+  const int pairs = d.rows > 0 ? d.rows : d.inter % 2 == 0 ? 2 : 1; // (gate, up) pairs per warp
+  if (d.inter % pairs != 0 || d.unroll < 1)
+    throw Error(fmt::format("codegen: moe tuning rows {} unroll {} do not fit intermediate {}",
+                            pairs, d.unroll, d.inter));
   std::string name =
       fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}", d.experts, d.k, d.hidden, d.inter,
                   attr_suffix("limit", d.limit, 7.0), attr_suffix("alpha", d.alpha, 1.702));
@@ -222,7 +237,9 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
   launch.blocks_x = (d.inter + 8 * pairs - 1) / (8 * pairs);
   launch.y_per_token = d.k;
   std::string call =
-      fmt::format("moe_gate_up<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts, d.k, pairs);
+      fmt::format("moe_gate_up<{}, {}, {}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts, d.k,
+                  pairs, d.unroll, d.prefetch);
+  name += moe_tuning_suffix(d);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }
 
@@ -254,9 +271,13 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
   if (d.inter % 8 != 0)
     throw Error(
         fmt::format("codegen: moe_experts needs intermediate ({}) divisible by 8", d.inter));
-  const int rows = d.hidden % 2 == 0 ? 2 : 1;
-  std::string name =
-      fmt::format("moe_down_part_e{}_k{}_d{}_i{}", d.experts, d.k, d.hidden, d.inter);
+  const int rows = d.rows > 0 ? d.rows : d.hidden % 2 == 0 ? 2 : 1;
+  if (d.hidden % rows != 0 || d.unroll < 1)
+    throw Error(fmt::format("codegen: moe tuning rows {} unroll {} do not fit hidden {}", rows,
+                            d.unroll, d.hidden));
+  std::string name = fmt::format("moe_down_part_e{}_k{}_d{}_i{}", d.experts, d.k, d.hidden,
+                                 d.inter) +
+                     moe_tuning_suffix(d);
   std::vector<Param> params = {{"const float* act", "act"},
                                {"const float* weights", "weights"},
                                {"const int* ids", "ids"},
@@ -266,8 +287,8 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
   LaunchRule launch;
   launch.blocks_x = (d.hidden + 8 * rows - 1) / (8 * rows);
   launch.y_per_token = d.k;
-  std::string call = fmt::format("moe_down_part<{}, {}, {}, {}, {}>", d.hidden, d.inter,
-                                 d.experts, d.k, rows);
+  std::string call = fmt::format("moe_down_part<{}, {}, {}, {}, {}, {}>", d.hidden, d.inter,
+                                 d.experts, d.k, rows, d.unroll);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }
 

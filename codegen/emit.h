@@ -87,6 +87,11 @@ struct MoeDims {
   int hidden = 0, inter = 0, experts = 0, k = 0;
   bool residual = false;
   double limit = 7.0, alpha = 1.702;
+  /// Decode tuning: rows per warp of moe_gate_up ((gate, up) pairs, 0: 2) and moe_down_part
+  /// (0: 2), 16-byte loads in flight per lane and row, and gate_up's L2 prefetch (off: the
+  /// engine's decode path took 69.0 us without, 76.8 us with it on the H200, docs/PERF.md).
+  int rows = 0, unroll = 4;
+  bool prefetch = false;
 };
 
 /// embedding: out[t] = table[ids[t]] widened to fp32. Parameters: table, ids, out; grid.y = tokens.

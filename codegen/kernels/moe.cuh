@@ -15,7 +15,7 @@ constexpr int kMoeThreads = 256;
 /// gate_up[e] x + gate_up_b[e], e = ids[tk]. x fp32 [T, D]; gate_up bf16 [E, 2I, D]; gate_up_b
 /// bf16 [E, 2I]; act fp32 [T, KSEL, I]. Each warp computes RI consecutive i (2 RI adjacent
 /// rows); grid.x = ceil(I / (8 RI)).
-template <int D, int I, int E, int KSEL, int RI>
+template <int D, int I, int E, int KSEL, int RI, int UNROLL = 4, bool PREFETCH = true>
 __device__ __forceinline__ void
 moe_gate_up(const float* __restrict__ x, const int* __restrict__ ids,
             const __nv_bfloat16* __restrict__ gate_up, const __nv_bfloat16* __restrict__ gate_up_b,
@@ -28,7 +28,7 @@ moe_gate_up(const float* __restrict__ x, const int* __restrict__ ids,
   const int e = ids[tk], i0 = (blockIdx.x * kWarps + warp) * RI;
   const size_t row0 = (size_t)e * 2 * I + 2 * i0;
   const bool active = e >= 0 && e < E && i0 < I; // the router never gives an id outside [0, E)
-  if (active)
+  if (PREFETCH && active)
     warp_prefetch_rows_l2<D, 2 * RI>(gate_up + row0 * D);
   for (int i = threadIdx.x; i < D; i += kMoeThreads)
     xs[i] = x[(size_t)t * D + i];
@@ -36,7 +36,7 @@ moe_gate_up(const float* __restrict__ x, const int* __restrict__ ids,
   if (!active)
     return; // leave act unwritten rather than read out of bounds
   float acc[2 * RI][1];
-  warp_gemv_rows<D, 2 * RI, 1>(gate_up + row0 * D, xs, 1, acc);
+  warp_gemv_rows<D, 2 * RI, 1, UNROLL>(gate_up + row0 * D, xs, 1, acc);
   if (lane < RI) {
     // Lane r finishes pair i0 + r (register arrays are indexed with unrolled constants).
 #pragma unroll
@@ -104,7 +104,7 @@ moe_down(const float* __restrict__ act, const float* __restrict__ weights,
 /// part[tk, o] = w[tk] (down[e][o] . act[tk] + down_b[e][o]), e = ids[tk]; moe_combine then sums
 /// the slots in order (+ residual), the same arithmetic as moe_down with KSEL times the blocks in
 /// flight. grid.x = ceil(D / (8 R)).
-template <int D, int I, int E, int KSEL, int R>
+template <int D, int I, int E, int KSEL, int R, int UNROLL = 4>
 __device__ __forceinline__ void
 moe_down_part(const float* __restrict__ act, const float* __restrict__ weights,
               const int* __restrict__ ids, const __nv_bfloat16* __restrict__ down,
@@ -120,7 +120,7 @@ moe_down_part(const float* __restrict__ act, const float* __restrict__ weights,
   if (o0 >= D || e < 0 || e >= E)
     return;
   float acc[R][1];
-  warp_gemv_rows<I, R, 1>(down + ((size_t)e * D + o0) * I, as, 1, acc);
+  warp_gemv_rows<I, R, 1, UNROLL>(down + ((size_t)e * D + o0) * I, as, 1, acc);
   if (lane != 0)
     return;
   const float wt = weights[tk];

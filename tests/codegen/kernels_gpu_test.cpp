@@ -328,7 +328,9 @@ TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
     id_sets.push_back(upload(std::vector<int32_t>{4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3}));
     w_sets.push_back(upload(std::vector<float>{0.4f, 0.3f, 0.2f, 0.1f}));
   }
-  const Loaded& gu = load(emit_moe_gate_up(d, {}));
+  MoeDims with_pf = d; // the first kernels, as measured in docs/PERF.md
+  with_pf.prefetch = true;
+  const Loaded& gu = load(emit_moe_gate_up(with_pf, {}));
   const Loaded& dn = load(emit_moe_down(d, {}));
   const double ms = median_ms([&](int i) {
     launch(gu, 1, 1, x->p, id_sets[i % 8]->p, mw.d_gate_up->p, mw.d_gate_up_b->p, act->p);
@@ -339,6 +341,33 @@ TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
   const double bytes = double(d.k) * (3.0 * d.inter * d.hidden) * 2;
   MESSAGE("bandwidth moe_decode (gate_up + down, 4 experts) T=1: "
           << ms * 1e3 << " us, " << bytes / (ms * 1e-3) / 1e9 << " GB/s of weights");
+
+  // The engine's decode path (gate_up, down per (token, slot), combine) under tuning variants:
+  // rows per warp, loads in flight per lane and row, gate_up's L2 prefetch.
+  auto part = poisoned(size_t(d.k) * d.hidden);
+  for (auto [rows, unroll, prefetch] :
+       {std::tuple{0, 4, true}, std::tuple{0, 4, false}, std::tuple{1, 4, false},
+        std::tuple{1, 8, false}, std::tuple{2, 2, false}, std::tuple{4, 2, false},
+        std::tuple{1, 2, false}}) {
+    MoeDims v = d;
+    v.rows = rows;
+    v.unroll = unroll;
+    v.prefetch = prefetch;
+    const Loaded& vgu = load(emit_moe_gate_up(v, {}));
+    const Loaded& vdp = load(emit_moe_down_part(v, {}));
+    const Loaded& comb = load(emit_moe_combine(d.hidden, d.k, true, {}));
+    const double vms = median_ms([&](int i) {
+      launch(vgu, 1, 1, x->p, id_sets[i % 8]->p, mw.d_gate_up->p, mw.d_gate_up_b->p, act->p);
+      launch(vdp, 1, 1, act->p, w_sets[i % 8]->p, id_sets[i % 8]->p, mw.d_down->p,
+             mw.d_down_b->p, part->p);
+      launch(comb, 1, 1, part->p, h->p, y->p);
+    });
+    device_sync();
+    MESSAGE("bandwidth moe_decode engine path rows " << rows << " unroll " << unroll
+                                                      << " prefetch " << prefetch << ": "
+                                                      << vms * 1e3 << " us, "
+                                                      << bytes / (vms * 1e-3) / 1e9 << " GB/s");
+  }
 }
 
 // ---- small per-row kernels: embedding, rms_norm, select_rows, rope_yarn, kv_write, top-k -------
