@@ -120,3 +120,80 @@ TEST_CASE("gemm_splitk fills the GPU for few rows and divides K's tiles") {
       CHECK((s == 1 || k / 64 / s >= 4));
     }
 }
+
+TEST_CASE("gemm emitter: names, launch rules and refusals") {
+  GemmDims d;
+  d.k = 2880;
+  d.n = 5120;
+  d.norm = true;
+  const KernelSource dense = emit_gemm(d, {"qkv"});
+  CHECK(dense.name == "gemm_store_norm_k2880_n5120_m64_x2");
+  CHECK(dense.launch.grid(300) == std::array<unsigned, 3>{40, 5, 1}); // ceil(300 / 64) row tiles
+  CHECK(dense.launch.smem(300) == dense.launch.smem(9)); // fixed: the pipeline's stages
+  CHECK(dense.launch.smem(1) > 48 * 1024);               // needs the opt-in, as Module does
+  CHECK(dense.source == emit_gemm(d, {"qkv"}).source);   // deterministic
+
+  d.splitk = gemm_splitk(d.k, d.n);
+  d.bm = 32;
+  const KernelSource split = emit_gemm(d, {"qkv"});
+  CHECK(split.name.ends_with("_m32_x2_splitk9"));
+  CHECK(split.launch.grid(40) == std::array<unsigned, 3>{40, 2, 9});
+
+  GemmDims g; // the 20b gate_up, grouped over 32 experts, top-4
+  g.k = 2880;
+  g.n = 5760;
+  g.grouped = g.gather = true;
+  g.experts = 32;
+  g.ksel = 4;
+  g.bm = 128;
+  g.epilogue = GemmEpilogue::Swiglu;
+  const KernelSource grouped = emit_gemm(g, {"gate_up"});
+  CHECK(grouped.name == "gemm_swiglu_k2880_n5760_m128_e32_k4_gather_x2");
+  // Row tiles: ceil(512 * 4 / 128) full tiles plus one partial tile per expert at most.
+  CHECK(grouped.launch.grid(512) == std::array<unsigned, 3>{45, 16 + 32, 1});
+  CHECK(moe_tiles_ints(2048, 32, 128) == 1 + 3 * (16 + 32));
+
+  GemmDims bad = d;
+  bad.k = 2848; // not a multiple of the 64-wide K tile
+  CHECK_THROWS_WITH(emit_gemm(bad, {}), doctest::Contains("K divisible by 64"));
+  bad = d;
+  bad.splitk = 4; // 45 K tiles
+  CHECK_THROWS_WITH(emit_gemm(bad, {}), doctest::Contains("split K 4 must divide the 45 K tiles"));
+  bad = g;
+  bad.grouped = false;
+  CHECK_THROWS_WITH(emit_gemm(bad, {}), doctest::Contains("gathering gemm must be grouped"));
+  bad = d;
+  bad.bm = 48;
+  CHECK_THROWS_WITH(emit_gemm(bad, {}), doctest::Contains("tile rows must be 32, 64 or 128"));
+  CHECK(gemm_fits(2880));
+  CHECK(!gemm_fits(2848));
+}
+
+TEST_CASE("prefill kernels compile for gpt-oss-20b: gemms, MoE sort and combine, split-K reduce") {
+  runtime::CompileOptions opts;
+  opts.arch = "sm_90";
+  opts.headers = kernel_headers();
+  GemmDims d;
+  d.k = 2880;
+  d.n = 512;
+  d.norm = true;
+  d.bm = 32;
+  d.splitk = gemm_splitk(d.k, d.n);
+  GemmDims g;
+  g.k = 2880;
+  g.n = 2880;
+  g.grouped = true;
+  g.experts = 32;
+  g.ksel = 4;
+  g.epilogue = GemmEpilogue::Scatter;
+  g.split = false;
+  for (const KernelSource& k :
+       {emit_gemm(d, {}), emit_gemm(g, {}), emit_gemm_splitk_reduce(512, d.splitk, true, false, {}),
+        emit_moe_sort({32, 4, 64, 4096}, {}), emit_moe_combine(2880, 4, true, {}),
+        emit_row_inv_rms(2880, 1e-5, {})}) {
+    INFO(k.name);
+    const runtime::CompileResult r = runtime::compile_cuda(k.source, k.name, opts);
+    CHECK(!r.cubin.empty());
+    CHECK(r.log.empty());
+  }
+}
