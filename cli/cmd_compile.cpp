@@ -10,6 +10,7 @@
 #include "cli/model_source.h"
 #include "cli/plan_kernels.h"
 #include "compiler/memory_plan.h"
+#include "compiler/partition.h"
 #include "compiler/pass_manager.h"
 #include "models/checkpoint.h"
 #include "models/config.h"
@@ -101,6 +102,16 @@ int cmd_compile(const ParsedArgs& args) {
       g, {{models::dims::kTokens, std::max(chunk, max_batch)}, {models::dims::kSeqs, max_batch}});
   progress.finish(compiler::describe(mem));
 
+  // Pipeline stages: contiguous layer ranges balanced by the cost model, send/recv between.
+  compiler::Pipeline pipeline;
+  if (pass_opts.pipeline_stages > 1) {
+    progress.step(fmt::format("partitioning into {} pipeline stages", pass_opts.pipeline_stages));
+    pipeline = compiler::partition_pipeline(
+        g, pass_opts.pipeline_stages,
+        {{models::dims::kCacheRows, max_batch}, {models::dims::kMaxSeq, max_seq}});
+    progress.finish(fmt::format("imbalance {:.1f}%", pipeline.imbalance * 100));
+  }
+
   if (emit == "ir") {
     std::cout << ir::print(g);
     return 0;
@@ -134,6 +145,33 @@ int cmd_compile(const ParsedArgs& args) {
   };
   for (const auto& t : pm.timings())
     pj["passes"].push_back({{"name", t.name}, {"ms", t.ms}, {"changed", t.changed}});
+  // One program per stage (graph.ir stays the whole model, which one device can also run).
+  nlohmann::json stages = nlohmann::json::array();
+  for (size_t i = 0; i < pipeline.stages.size(); ++i) {
+    const std::string file = fmt::format("stage{}.ir", i);
+    std::ofstream(plan / file) << ir::print(pipeline.stages[i]);
+    const compiler::StageInfo& in = pipeline.info[i];
+    stages.push_back({{"stage", i},
+                      {"graph", file},
+                      {"layers", {in.first_layer, in.last_layer}},
+                      {"embedding", in.embedding},
+                      {"head", in.head},
+                      {"weight_bytes", in.weight_bytes},
+                      {"kv_cache_bytes", in.kv_bytes},
+                      {"decode_bytes_per_token", in.decode_bytes},
+                      {"prefill_flops_per_token", in.prefill_flops},
+                      {"estimated_decode_ms", in.decode_seconds * 1e3},
+                      {"estimated_prefill_us_per_token", in.prefill_seconds * 1e6},
+                      {"sends", in.sends},
+                      {"recvs", in.recvs},
+                      {"activation_arena_bytes",
+                       compiler::plan_memory(pipeline.stages[i],
+                                             {{models::dims::kTokens, std::max(chunk, max_batch)},
+                                              {models::dims::kSeqs, max_batch}})
+                           .arena_bytes}});
+  }
+  if (!stages.empty())
+    pj["pipeline"] = {{"stages", stages}, {"imbalance", pipeline.imbalance}};
   progress.finish();
   const bool cubins = !args.has("--no-cubins");
   progress.step(cubins ? fmt::format("generating kernels and compiling them for {}",

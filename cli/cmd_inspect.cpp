@@ -74,12 +74,14 @@ int cmd_inspect(const ParsedArgs& args) {
         {"plan", dir.string()},
         {"model_digest", pj.value("model_digest", "")},
         {"options", opt},
-        {"stages",
-         {{{"stage", 0},
-           {"layers", {0, cfg.num_hidden_layers - 1}},
-           {"weight_bytes", w.total()},
-           {"kv_cache_bytes", kv},
-           {"activation_arena_bytes", arena}}}},
+        {"stages", pj.contains("pipeline")
+                       ? pj["pipeline"]["stages"]
+                       : nlohmann::json::array({{{"stage", 0},
+                                                 {"layers", {0, cfg.num_hidden_layers - 1}},
+                                                 {"weight_bytes", w.total()},
+                                                 {"kv_cache_bytes", kv},
+                                                 {"activation_arena_bytes", arena}}})},
+        {"imbalance", pj.contains("pipeline") ? pj["pipeline"].value("imbalance", 0.0) : 0.0},
         {"weights",
          {{"attention", w.attention},
           {"router", w.router},
@@ -112,9 +114,31 @@ int cmd_inspect(const ParsedArgs& args) {
   s += fmt::format("options: max batch {}, max sequence {}, prefill chunk {}, pp {}, arch {}\n\n",
                    max_batch, max_seq, opt.value("prefill_chunk", int64_t{0}),
                    opt.value("pp", int64_t{1}), opt.value("arch", std::string("?")));
-  s += "stage  layers      weights (BF16 experts)   KV cache     activations\n";
-  s += fmt::format("0      0..{:<8}  {:>10.2f} GB            {:>8.2f} GB  {:>8.1f} MB\n\n",
-                   cfg.num_hidden_layers - 1, gb(w.total()), gb(kv), arena / 1e6);
+  if (pj.contains("pipeline")) {
+    // Each stage's program, its share of the weights and KV, and the cost model's estimate.
+    s += "stage  layers      weights (BF16 experts)   KV cache     activations  decode est.  "
+         "prefill est.\n";
+    for (const auto& st : pj["pipeline"]["stages"]) {
+      const auto& l = st["layers"];
+      const std::string range = fmt::format("{}..{}{}{}", l[0].get<int>(), l[1].get<int>(),
+                                            st.value("embedding", false) ? "+e" : "",
+                                            st.value("head", false) ? "+h" : "");
+      s += fmt::format("{:<6} {:<10}  {:>10.2f} GB            {:>8.2f} GB  {:>8.1f} MB  {:>7.3f} ms"
+                       "   {:>6.2f} us/tok\n",
+                       st.value("stage", 0), range, gb(st.value("weight_bytes", 0.0)),
+                       gb(st.value("kv_cache_bytes", 0.0)),
+                       st.value("activation_arena_bytes", 0.0) / 1e6,
+                       st.value("estimated_decode_ms", 0.0),
+                       st.value("estimated_prefill_us_per_token", 0.0));
+    }
+    s += fmt::format("imbalance {:.1f}% (slowest stage over the mean; e = embedding, h = final "
+                     "norm + lm_head)\n\n",
+                     pj["pipeline"].value("imbalance", 0.0) * 100);
+  } else {
+    s += "stage  layers      weights (BF16 experts)   KV cache     activations\n";
+    s += fmt::format("0      0..{:<8}  {:>10.2f} GB            {:>8.2f} GB  {:>8.1f} MB\n\n",
+                     cfg.num_hidden_layers - 1, gb(w.total()), gb(kv), arena / 1e6);
+  }
   s += fmt::format("weights: attention {:.2f} GB, router {:.3f} GB, experts {:.2f} GB, embed "
                    "{:.2f} GB, lm_head {:.2f} GB\n",
                    gb(w.attention), gb(w.router), gb(w.experts), gb(w.embed), gb(w.lm_head));

@@ -2,6 +2,7 @@
 #include "cli/model_source.h"
 
 #include <cstdlib>
+#include <cstdio>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -82,6 +83,11 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
     src.max_batch = pj["options"].value("max_batch", int64_t{1});
     src.max_seq = pj["options"].value("max_seq", int64_t{4096});
     src.arch = pj["options"].value("arch", std::string());
+    if (pj.contains("pipeline"))
+      std::fprintf(stderr,
+                   "[plan] %zu pipeline stages (stage*.ir); this build runs the whole model "
+                   "(graph.ir) on one device\n",
+                   pj["pipeline"]["stages"].size());
     plan_doc = std::move(pj);
   } else if (fs::exists(fs::path(path) / "config.json")) {
     src.model_dir = path;

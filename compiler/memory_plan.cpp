@@ -34,7 +34,13 @@ bool has_buffer(ir::Op op) {
 }
 
 bool aliases_input(ir::Op op) {
-  return op == ir::Op::Reshape || op == ir::Op::Extract;
+  return op == ir::Op::Reshape || op == ir::Op::Extract || op == ir::Op::Send;
+}
+
+/// Inputs from outside the step (params, and what a pipeline stage receives) are written before
+/// it starts and live through it.
+bool external(ir::Op op) {
+  return op == ir::Op::Param || op == ir::Op::Recv;
 }
 
 int64_t align_up(int64_t x, int64_t a) {
@@ -67,8 +73,8 @@ MemoryPlan plan_memory(const ir::Graph& g, const ir::DimBindings& dims, int64_t 
       b.value = static_cast<ir::ValueId>(i);
       b.result = static_cast<int>(r);
       b.bytes = align_up(std::max<int64_t>(numel * element_bytes(n.types[r].dtype), 1), alignment);
-      b.first = n.op == ir::Op::Param ? 0 : static_cast<int32_t>(i);
-      b.last = n.op == ir::Op::Param ? end : static_cast<int32_t>(i);
+      b.first = external(n.op) ? 0 : static_cast<int32_t>(i);
+      b.last = external(n.op) ? end : static_cast<int32_t>(i);
       plan.buffer_of[i][r] = static_cast<int32_t>(plan.buffers.size());
       plan.buffers.push_back(b);
     }

@@ -97,6 +97,19 @@ std::string infer_types(const Graph& g, const Node& n, std::vector<Type>& out) {
   case Op::Cache:
     infer_source(c, n, out);
     break;
+  case Op::Recv:
+    if (c.has_int_attr("peer", 0, 1 << 20))
+      infer_source(c, n, out);
+    break;
+  case Op::Send: {
+    const Attr* name = n.find_attr("name");
+    if (!name || !std::holds_alternative<std::string>(*name) ||
+        std::get<std::string>(*name).empty())
+      c.fail("missing string attribute 'name'");
+    else if (c.has_int_attr("peer", 0, 1 << 20))
+      out = {c.in(0)};
+    break;
+  }
   case Op::Embedding:
     if (c.rank(0, 2, "table") && c.floaty(0, "table") && c.rank(1, 1, "ids") && c.integer(1, "ids"))
       out = {f32({c.in(1).shape[0], c.in(0).shape[1]})};

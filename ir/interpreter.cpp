@@ -74,6 +74,15 @@ Results eval_node(const Graph& g, size_t i, const std::vector<Results>& val, Int
   switch (n.op) {
   case Op::Param:
     return {make(env.params.at(n.attr_str("name")))};
+  case Op::Recv: { // a pipeline driver passes what the previous stage sent as a param
+    auto it = env.params.find(n.attr_str("name"));
+    if (it == env.params.end())
+      throw Error(fmt::format("recv '{}': nothing was sent from stage {}", n.attr_str("name"),
+                              n.attr_int("peer")));
+    return {make(it->second)};
+  }
+  case Op::Send:
+    return {val[static_cast<size_t>(n.inputs[0])][0]};
   case Op::Weight: {
     XSERV_CHECK(env.weights != nullptr, "interpret() needs a weight provider");
     TensorPtr w = env.weights(n.attr_str("name"), n.type());

@@ -62,3 +62,47 @@ TEST_CASE("inspect prints the stage table and roofline, and --json the same fact
   CHECK(r.code == 2);
   CHECK(r.out.find("is not a plan directory") != std::string::npos);
 }
+
+TEST_CASE("compile --pp writes one program per stage; inspect shows their share and balance") {
+  const fs::path plan = fs::temp_directory_path() / "xserv_inspect_pp_plan";
+  fs::remove_all(plan);
+  const std::string model = (xserv::testing::source_dir() / "examples/gpt-oss-120b").string();
+  REQUIRE(run_xserv("compile " + model + " -o " + plan.string() +
+                    " --max-seq 4096 --max-batch 8 --pp 3 --no-cubins")
+              .code == 0);
+  for (const char* f : {"stage0.ir", "stage1.ir", "stage2.ir", "graph.ir"})
+    CHECK(fs::exists(plan / f));
+  RunResult j = run_xserv("inspect " + plan.string() + " --json", "", true);
+  REQUIRE(j.code == 0);
+  auto doc = nlohmann::json::parse(j.out);
+  REQUIRE(doc["stages"].size() == 3);
+  int next = 0;
+  double weights = 0;
+  for (const auto& s : doc["stages"]) {
+    CHECK(s["layers"][0] == next);
+    next = s["layers"][1].get<int>() + 1;
+    weights += s["weight_bytes"].get<double>();
+    CHECK(s["activation_arena_bytes"].get<double>() > 0);
+    CHECK(s["estimated_decode_ms"].get<double>() > 0);
+  }
+  CHECK(next == 36);
+  CHECK(doc["stages"][0]["embedding"] == true);
+  CHECK(doc["stages"][2]["head"] == true);
+  CHECK(doc["stages"][1]["recvs"] == 1);
+  CHECK(doc["stages"][1]["sends"] == 1);
+  CHECK(weights == doctest::Approx(doc["weights"]["total"].get<double>()).epsilon(1e-9));
+  CHECK(doc["imbalance"].get<double>() < 0.1);
+  RunResult r = run_xserv("inspect " + plan.string());
+  CHECK(r.out.find("imbalance") != std::string::npos);
+  CHECK(r.out.find("+h") != std::string::npos);
+  // More stages than layers: one clear error, no plan written.
+  const fs::path bad = fs::temp_directory_path() / "xserv_inspect_pp_bad";
+  fs::remove_all(bad);
+  RunResult e =
+      run_xserv("compile " + model + " -o " + bad.string() + " --pp 40 --no-cubins", "", true);
+  CHECK(e.code == 1);
+  CHECK(e.err.find("cannot split 36 layers into 40 pipeline stages: --pp must be 1 to 36") !=
+        std::string::npos);
+  CHECK_FALSE(fs::exists(bad / "plan.json"));
+  fs::remove_all(plan);
+}
