@@ -5,17 +5,21 @@
 
 #include <fmt/format.h>
 
+#include "compiler/partition.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 
 namespace xserv::cli {
 
 CpuEngine::CpuEngine(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
-                     const ir::Graph* graph)
+                     const ir::Graph* graph, std::vector<ir::Graph> stages)
     : ckpt_(models::Checkpoint::open(model_dir, {.map_data = true, .validate = true})),
       max_batch_(max_batch), max_seq_(max_seq) {
   graph_ = graph ? *graph : models::build_gpt_oss(ckpt_.config());
   ir::verify_or_throw(graph_, "given to the CPU engine");
+  for (size_t i = 0; i < stages.size(); ++i)
+    ir::verify_or_throw(stages[i], fmt::format("of pipeline stage {}", i));
+  stages_ = std::move(stages);
   auto cache = std::make_shared<std::map<std::string, std::shared_ptr<const ir::Tensor>>>();
   const models::Checkpoint* ck = &ckpt_;
   env_.weights = [ck, cache](const std::string& name,
@@ -45,7 +49,8 @@ std::vector<std::vector<float>> CpuEngine::step(const models::StepInput& in) {
     throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
                             in.tokens.size(), max_batch_));
   env_.params = models::step_params(in);
-  std::vector<ir::Tensor> out = ir::interpret(graph_, env_);
+  std::vector<ir::Tensor> out =
+      stages_.empty() ? ir::interpret(graph_, env_) : compiler::interpret_stages(stages_, env_);
   const ir::Tensor& logits = out.at(0);
   const int64_t v = logits.shape.back(), rows = logits.numel() / v;
   // A graph compiled with --all-logits returns every token's row: keep each sequence's last.

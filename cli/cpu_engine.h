@@ -9,6 +9,8 @@
 #include "ir/interpreter.h"
 #include "models/checkpoint.h"
 
+#include <vector>
+
 namespace xserv::cli {
 
 /// Runs build_gpt_oss()'s graph (or a compiled plan's graph.ir) on the interpreter in fp32.
@@ -18,8 +20,10 @@ class CpuEngine : public Engine {
 public:
   /// Opens and validates the checkpoint in `model_dir` (weights are memory-mapped and decoded
   /// lazily, each once). `graph` defaults to build_gpt_oss(config) with last-token logits.
+  /// With `stages` (a --pp plan's stage*.ir) every step runs them one after another, each
+  /// stage's sends passed to the next (compiler::interpret_stages); `graph` is then unused.
   CpuEngine(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
-            const ir::Graph* graph = nullptr);
+            const ir::Graph* graph = nullptr, std::vector<ir::Graph> stages = {});
 
   const models::ModelConfig& config() const override { return ckpt_.config(); }
   int64_t max_batch() const override { return max_batch_; }
@@ -31,6 +35,7 @@ public:
 private:
   models::Checkpoint ckpt_;
   ir::Graph graph_;
+  std::vector<ir::Graph> stages_;
   int64_t max_batch_, max_seq_;
   ir::InterpretEnv env_;
 };

@@ -84,10 +84,8 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
     src.max_seq = pj["options"].value("max_seq", int64_t{4096});
     src.arch = pj["options"].value("arch", std::string());
     if (pj.contains("pipeline"))
-      std::fprintf(stderr,
-                   "[plan] %zu pipeline stages (stage*.ir); this build runs the whole model "
-                   "(graph.ir) on one device\n",
-                   pj["pipeline"]["stages"].size());
+      for (const auto& st : pj["pipeline"]["stages"])
+        src.stage_graphs.push_back(st.value("graph", std::string()));
     plan_doc = std::move(pj);
   } else if (fs::exists(fs::path(path) / "config.json")) {
     src.model_dir = path;
@@ -129,9 +127,27 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
     plan_graph = ir::parse(text);
   }
   const ir::Graph* g = plan_graph ? &*plan_graph : nullptr;
-  if (backend == "cuda")
+  if (backend == "cuda") {
+    if (!src.stage_graphs.empty())
+      std::fprintf(stderr,
+                   "[plan] %zu pipeline stages: the CUDA engine runs the whole model (graph.ir) "
+                   "on one GPU; stages on separate GPUs are not built yet\n",
+                   src.stage_graphs.size());
     return std::make_unique<CudaEngine>(src.model_dir, src.max_batch, src.max_seq, g);
-  return std::make_unique<CpuEngine>(src.model_dir, src.max_batch, src.max_seq, g);
+  }
+  std::vector<ir::Graph> stages;
+  for (const std::string& file : src.stage_graphs) {
+    std::ifstream in(src.plan_dir / file);
+    if (!in)
+      throw Error(fmt::format("{}: pipeline stage program missing", (src.plan_dir / file).string()));
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    stages.push_back(ir::parse(text));
+  }
+  if (!stages.empty())
+    std::fprintf(stderr, "[plan] %zu pipeline stages, run one after another on the CPU\n",
+                 stages.size());
+  return std::make_unique<CpuEngine>(src.model_dir, src.max_batch, src.max_seq, g,
+                                     std::move(stages));
 }
 
 models::Tokenizer load_tokenizer(const ModelSource& src, const ParsedArgs& args) {

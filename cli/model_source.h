@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cli/args.h"
 #include "cli/engine.h"
@@ -19,6 +20,7 @@ struct ModelSource {
   int64_t max_batch = 1;
   int64_t max_seq = 4096;
   std::string arch; ///< the GPU architecture the plan was compiled for ("sm_90"); empty: any
+  std::vector<std::string> stage_graphs; ///< a --pp plan's stage programs, in stage order
 };
 
 /// Identifies the model a plan was built for: a hash of its config.json bytes.

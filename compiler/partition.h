@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ir/interpreter.h"
 #include "ir/shape.h"
 
 namespace xserv::compiler {
@@ -51,6 +52,12 @@ struct Pipeline {
 /// Throws xserv::Error for fewer than one stage or more stages than layers, naming the limit.
 Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBindings& dims = {},
                             const PipelineCostModel& model = {});
+
+/// Runs pipeline stages one after another in the interpreter, each stage's sends handed to the
+/// next stage's recvs (the CPU's transport); `env.state` carries the KV caches of every stage
+/// across calls. Returns the last stage's outputs.
+std::vector<ir::Tensor> interpret_stages(const std::vector<ir::Graph>& stages,
+                                         ir::InterpretEnv& env);
 
 /// One line per stage: layers, weights, KV, decode and prefill estimates; then the imbalance.
 std::string describe(const Pipeline& p);

@@ -43,25 +43,6 @@ int count_op(const ir::Graph& g, ir::Op op) {
       std::count_if(g.nodes.begin(), g.nodes.end(), [op](const ir::Node& n) { return n.op == op; }));
 }
 
-/// Runs the stages one after another, each stage's sends handed to the next as its recvs; the
-/// KV caches live in `env.state` across stages and calls. Returns the last stage's outputs.
-std::vector<ir::Tensor> run_stages(const compiler::Pipeline& p, ir::InterpretEnv& env) {
-  std::map<std::string, ir::Tensor> sent;
-  std::vector<ir::Tensor> out;
-  for (size_t s = 0; s < p.stages.size(); ++s) {
-    ir::InterpretEnv stage_env = env;
-    for (const auto& [name, t] : sent)
-      stage_env.params[name] = t;
-    out = ir::interpret(p.stages[s], stage_env);
-    env.state = stage_env.state; // caches this stage created or wrote
-    sent.clear();
-    if (s + 1 < p.stages.size())
-      for (size_t i = 0; i < out.size(); ++i)
-        sent[p.stages[s].node(p.stages[s].outputs[i]).attr_str("name")] = out[i];
-  }
-  return out;
-}
-
 /// A prefill of two sequences and three decode steps through the whole graph and through the
 /// stages: logits and every cache identical.
 void check_chained(const ir::Graph& g, int stages) {
@@ -82,7 +63,7 @@ void check_chained(const ir::Graph& g, int stages) {
     CAPTURE(s);
     whole.params = split.params = models::step_params(steps[s]);
     const ir::Tensor want = ir::interpret(g, whole)[0];
-    const ir::Tensor got = run_stages(p, split)[0];
+    const ir::Tensor got = compiler::interpret_stages(p.stages, split)[0];
     REQUIRE(got.shape == want.shape);
     CHECK(got.f == want.f);
   }
