@@ -123,13 +123,12 @@ int cmd_inspect(const ParsedArgs& args) {
       const std::string range = fmt::format("{}..{}{}{}", l[0].get<int>(), l[1].get<int>(),
                                             st.value("embedding", false) ? "+e" : "",
                                             st.value("head", false) ? "+h" : "");
-      s += fmt::format("{:<6} {:<10}  {:>10.2f} GB            {:>8.2f} GB  {:>8.1f} MB  {:>7.3f} ms"
-                       "   {:>6.2f} us/tok\n",
-                       st.value("stage", 0), range, gb(st.value("weight_bytes", 0.0)),
-                       gb(st.value("kv_cache_bytes", 0.0)),
-                       st.value("activation_arena_bytes", 0.0) / 1e6,
-                       st.value("estimated_decode_ms", 0.0),
-                       st.value("estimated_prefill_us_per_token", 0.0));
+      s += fmt::format(
+          "{:<6} {:<10}  {:>10.2f} GB            {:>8.2f} GB  {:>8.1f} MB  {:>7.3f} ms"
+          "   {:>6.2f} us/tok\n",
+          st.value("stage", 0), range, gb(st.value("weight_bytes", 0.0)),
+          gb(st.value("kv_cache_bytes", 0.0)), st.value("activation_arena_bytes", 0.0) / 1e6,
+          st.value("estimated_decode_ms", 0.0), st.value("estimated_prefill_us_per_token", 0.0));
     }
     s += fmt::format("imbalance {:.1f}% (slowest stage over the mean; e = embedding, h = final "
                      "norm + lm_head)\n\n",

@@ -192,9 +192,9 @@ private:
       inv_rms_ = c_.allocate(t * sizeof(float), nullptr);
     if (pairs) {
       moe_pair_ = c_.allocate(pairs * sizeof(int), nullptr);
-      moe_tiles_ = c_.allocate(
-          codegen::moe_tiles_ints(int(pairs), int(experts), kMoeTileRows[0]) * sizeof(int),
-          nullptr);
+      moe_tiles_ = c_.allocate(codegen::moe_tiles_ints(int(pairs), int(experts), kMoeTileRows[0]) *
+                                   sizeof(int),
+                               nullptr);
     }
   }
 
@@ -233,8 +233,8 @@ private:
     gd.splitk = k.splitk;
     if (k.splitk > 1) { // raw partial sums; bias and residual come in the reduce
       gd.bias = gd.residual = false;
-      k.reduce = k_.add(codegen::emit_gemm_splitk_reduce(
-          d.n, k.splitk, d.bias, d.residual, {"sums the split-K partials of a gemm"}));
+      k.reduce = k_.add(codegen::emit_gemm_splitk_reduce(d.n, k.splitk, d.bias, d.residual,
+                                                         {"sums the split-K partials of a gemm"}));
       const size_t bytes = size_t(k.splitk) * kSmallGemmRows * size_t(d.n) * sizeof(float);
       if (bytes > splitk_bytes_) {
         splitk_part_ = c_.allocate(bytes, nullptr);
@@ -328,9 +328,9 @@ private:
       d.eps = n.attr_float("eps");
     const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
     linear(kernel, dense_gemm(d, v), d, rows_kind(g_, v), addr(n.inputs[0]),
-           norm ? addr(n.inputs[1]) : nullptr,
-           addr(n.inputs[wi]), d.bias ? addr(n.inputs[wi + 1]) : nullptr,
-           residual ? addr(n.inputs.back()) : nullptr, addr(v));
+           norm ? addr(n.inputs[1]) : nullptr, addr(n.inputs[wi]),
+           d.bias ? addr(n.inputs[wi + 1]) : nullptr, residual ? addr(n.inputs.back()) : nullptr,
+           addr(v));
   }
 
   /// rope_yarn of [T, heads, head_dim] from `x` into `y` (may alias), the node's YaRN attributes.
@@ -390,8 +390,8 @@ private:
     }
     if (!fused) {
       for (int r = 0; r < 3; ++r) // one inv-rms for the three projections of the same x
-        linear(gemv[size_t(r)], gemms[size_t(r)], dims[size_t(r)], Rows::Tokens,
-               addr(n.inputs[0]), addr(n.inputs[1]), addr(n.inputs[size_t(2 + 2 * r)]),
+        linear(gemv[size_t(r)], gemms[size_t(r)], dims[size_t(r)], Rows::Tokens, addr(n.inputs[0]),
+               addr(n.inputs[1]), addr(n.inputs[size_t(2 + 2 * r)]),
                addr(n.inputs[size_t(3 + 2 * r)]), nullptr, addr(v, r), r > 0);
     } else {
       const int qkv = k_.add(codegen::emit_qkv_decode(qd, ir_lines(g_, v)));
@@ -517,8 +517,7 @@ private:
     d.n = static_dim(g_, n.inputs[1], 0);
     d.bias = n.inputs.size() == 3;
     const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
-    linear(kernel, dense_gemm(d, v), d, Rows::Tokens, addr(n.inputs[0]), nullptr,
-           addr(n.inputs[1]),
+    linear(kernel, dense_gemm(d, v), d, Rows::Tokens, addr(n.inputs[0]), nullptr, addr(n.inputs[1]),
            d.bias ? addr(n.inputs[2]) : nullptr, nullptr, router_logits_);
     topk(v, d.n, as_int(n.attr_int("k")), router_logits_);
   }
@@ -536,7 +535,8 @@ private:
     const int gu = k_.add(codegen::emit_moe_gate_up(d, ir_lines(g_, v)));
     // Decode: gate_up + SwiGLU per (token, slot), the down rows per (token, slot), combine.
     const int dn = k_.add(codegen::emit_moe_down_part(d, ir_lines(g_, v)));
-    const int combine = k_.add(codegen::emit_moe_combine(d.hidden, d.k, d.residual, ir_lines(g_, v)));
+    const int combine =
+        k_.add(codegen::emit_moe_combine(d.hidden, d.k, d.residual, ir_lines(g_, v)));
     std::vector<const void*> in;
     for (ValueId i : n.inputs)
       in.push_back(addr(i));

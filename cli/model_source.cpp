@@ -1,8 +1,8 @@
 // Plan-or-checkpoint resolution, engine construction and tokenizer lookup shared by commands.
 #include "cli/model_source.h"
 
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -139,7 +139,8 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
   for (const std::string& file : src.stage_graphs) {
     std::ifstream in(src.plan_dir / file);
     if (!in)
-      throw Error(fmt::format("{}: pipeline stage program missing", (src.plan_dir / file).string()));
+      throw Error(
+          fmt::format("{}: pipeline stage program missing", (src.plan_dir / file).string()));
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     stages.push_back(ir::parse(text));
   }

@@ -1,5 +1,6 @@
 // Instantiates the kernel templates of codegen/kernels/*.cuh for one op's static dimensions.
 #include "codegen/emit.h"
+#include "codegen/emit_detail.h"
 
 #include "ir/error.h"
 
@@ -7,20 +8,13 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 
 namespace xserv::codegen {
 
-namespace {
+namespace detail {
 
-/// A kernel parameter: its declaration and the expression the template call passes for it.
-struct Param {
-  std::string decl;
-  std::string arg;
-};
-
-/// A float literal that reads back as exactly `v` rounded to fp32, e.g. "1e-05f".
 std::string float_literal(double v) {
   const float f = static_cast<float>(v);
   if (!std::isfinite(f))
@@ -31,7 +25,6 @@ std::string float_literal(double v) {
   return s + "f";
 }
 
-/// Name suffix for an attribute that differs from gpt-oss's value (names must stay unique).
 std::string attr_suffix(const char* tag, double v, double usual) {
   if (static_cast<float>(v) == static_cast<float>(usual))
     return "";
@@ -39,7 +32,6 @@ std::string attr_suffix(const char* tag, double v, double usual) {
   return fmt::format("_{}{:08x}", tag, std::bit_cast<uint32_t>(static_cast<float>(v)));
 }
 
-/// The full kernel source: IR header, include, extern "C" wrapper calling `call`.
 KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines,
                       const std::string& header, const std::string& call,
                       const std::vector<Param>& params, LaunchRule launch) {
@@ -55,7 +47,10 @@ KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines
   src += launch.smem_fixed ? fmt::format("{} bytes\n", launch.smem_fixed)
                            : fmt::format("{} bytes per token\n", launch.smem_per_token);
   src += fmt::format("#include \"xserv_kernels/{}\"\n\n", header);
-  src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", launch.block, name);
+  const std::string bounds = launch.min_blocks_per_sm > 0
+                                 ? fmt::format("{}, {}", launch.block, launch.min_blocks_per_sm)
+                                 : fmt::format("{}", launch.block);
+  src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", bounds, name);
   std::vector<std::string> decls, args;
   for (const Param& p : params) {
     if (!p.decl.empty()) // a literal or nullptr argument has no kernel parameter
@@ -67,7 +62,31 @@ KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines
   return {std::move(name), std::move(src), std::move(decls), launch};
 }
 
-const char* kBf16 = "const __nv_bfloat16*";
+void check_positive(const char* what, std::initializer_list<int> dims) {
+  for (int d : dims)
+    if (d <= 0)
+      throw Error(fmt::format("codegen: {} needs positive dimensions", what));
+}
+
+std::vector<Param> attention_params(const AttentionDims& d) {
+  std::vector<Param> params;
+  for (const char* n : {"q", "k", "v"})
+    params.push_back({fmt::format("const float* {}", n), n});
+  const char* cache_t = d.f32_cache ? "const float*" : kBf16;
+  for (const char* n : {"k_cache", "v_cache"})
+    params.push_back({fmt::format("{} {}", cache_t, n), n});
+  params.push_back({fmt::format("{} sinks", kBf16), "sinks"});
+  for (const char* n : {"positions", "token_seq", "ctx_lens", "cache_rows"})
+    params.push_back({fmt::format("const int* {}", n), n});
+  params.push_back({"", float_literal(d.scale)});
+  return params;
+}
+
+} // namespace detail
+
+using namespace detail;
+
+namespace {
 
 /// Name suffix of non-default MoE decode tuning (rows per warp, unroll, prefetch).
 std::string moe_tuning_suffix(const MoeDims& d) {
@@ -79,12 +98,6 @@ std::string moe_tuning_suffix(const MoeDims& d) {
   if (d.prefetch)
     s += "_pf";
   return s;
-}
-
-void check_positive(const char* what, std::initializer_list<int> dims) {
-  for (int d : dims)
-    if (d <= 0)
-      throw Error(fmt::format("codegen: {} needs positive dimensions", what));
 }
 
 } // namespace
@@ -142,9 +155,8 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
                             d.k, d.nq, d.nk, d.nv));
   std::string name = fmt::format("qkv_decode_k{}_q{}_k{}_v{}{}", d.k, d.nq, d.nk, d.nv,
                                  attr_suffix("eps", d.eps, 1e-5));
-  std::vector<Param> params = {{"const float* x", "x"},
-                               {fmt::format("{} ln", kBf16), "ln"},
-                               {"", float_literal(d.eps)}};
+  std::vector<Param> params = {
+      {"const float* x", "x"}, {fmt::format("{} ln", kBf16), "ln"}, {"", float_literal(d.eps)}};
   for (const char* n : {"q", "k", "v"}) {
     params.push_back({fmt::format("{} w{}", kBf16, n), fmt::format("w{}", n)});
     params.push_back({fmt::format("{} b{}", kBf16, n), fmt::format("b{}", n)});
@@ -156,8 +168,8 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
   launch.blocks_x = (d.nq + d.nk + d.nv) / 16;
   launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
   launch.max_tokens = d.max_tokens;
-  std::string call = fmt::format("qkv_decode<{}, {}, {}, {}, {}, 2>", d.k, d.nq, d.nk, d.nv,
-                                 d.max_tokens);
+  std::string call =
+      fmt::format("qkv_decode<{}, {}, {}, {}, {}, 2>", d.k, d.nq, d.nk, d.nv, d.max_tokens);
   return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
 }
 
@@ -171,16 +183,7 @@ KernelSource emit_attention_decode(const AttentionDims& d,
   std::string name =
       fmt::format("attention_decode_h{}_g{}_d{}_s{}{}", d.heads, d.kv_heads, d.head_dim, d.slots,
                   d.window ? fmt::format("_w{}", d.window) : "");
-  std::vector<Param> params;
-  for (const char* n : {"q", "k", "v"})
-    params.push_back({fmt::format("const float* {}", n), n});
-  const char* cache_t = d.f32_cache ? "const float*" : kBf16;
-  for (const char* n : {"k_cache", "v_cache"})
-    params.push_back({fmt::format("{} {}", cache_t, n), n});
-  params.push_back({fmt::format("{} sinks", kBf16), "sinks"});
-  for (const char* n : {"positions", "token_seq", "ctx_lens", "cache_rows"})
-    params.push_back({fmt::format("const int* {}", n), n});
-  params.push_back({"", float_literal(d.scale)});
+  std::vector<Param> params = attention_params(d);
   for (const char* n : {"out", "part_ml", "part_o"})
     params.push_back({fmt::format("float* {}", n), n});
   LaunchRule launch;
@@ -236,9 +239,8 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
   LaunchRule launch;
   launch.blocks_x = (d.inter + 8 * pairs - 1) / (8 * pairs);
   launch.y_per_token = d.k;
-  std::string call =
-      fmt::format("moe_gate_up<{}, {}, {}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts, d.k,
-                  pairs, d.unroll, d.prefetch);
+  std::string call = fmt::format("moe_gate_up<{}, {}, {}, {}, {}, {}, {}>", d.hidden, d.inter,
+                                 d.experts, d.k, pairs, d.unroll, d.prefetch);
   name += moe_tuning_suffix(d);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }
@@ -275,9 +277,9 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
   if (d.hidden % rows != 0 || d.unroll < 1)
     throw Error(fmt::format("codegen: moe tuning rows {} unroll {} do not fit hidden {}", rows,
                             d.unroll, d.hidden));
-  std::string name = fmt::format("moe_down_part_e{}_k{}_d{}_i{}", d.experts, d.k, d.hidden,
-                                 d.inter) +
-                     moe_tuning_suffix(d);
+  std::string name =
+      fmt::format("moe_down_part_e{}_k{}_d{}_i{}", d.experts, d.k, d.hidden, d.inter) +
+      moe_tuning_suffix(d);
   std::vector<Param> params = {{"const float* act", "act"},
                                {"const float* weights", "weights"},
                                {"const int* ids", "ids"},
@@ -328,9 +330,9 @@ KernelSource emit_gemm(const GemmDims& d, const std::vector<std::string>& ir_lin
                             d.splitk, d.k / kGemmBK));
   static const char* epi_name[] = {"store", "swiglu", "scatter"};
   const int epi = static_cast<int>(d.epilogue);
-  std::string name = fmt::format("gemm_{}{}{}_k{}_n{}_m{}{}", epi_name[epi], d.norm ? "_norm" : "",
-                                 d.residual ? "_residual" : "", d.k, d.n, d.bm,
-                                 d.bias ? "" : "_nobias");
+  std::string name =
+      fmt::format("gemm_{}{}{}_k{}_n{}_m{}{}", epi_name[epi], d.norm ? "_norm" : "",
+                  d.residual ? "_residual" : "", d.k, d.n, d.bm, d.bias ? "" : "_nobias");
   if (d.grouped)
     name += fmt::format("_e{}_k{}{}", d.experts, d.ksel, d.gather ? "_gather" : "");
   if (d.epilogue == GemmEpilogue::Swiglu)
@@ -360,9 +362,9 @@ KernelSource emit_gemm(const GemmDims& d, const std::vector<std::string>& ir_lin
   }
   launch.smem_fixed = gemm_smem_bytes(d.bm);
   launch.blocks_z = d.splitk;
-  std::string call = fmt::format(
-      "gemm_bf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.bm, d.norm, d.bias,
-      d.residual, epi, d.grouped, d.gather, d.ksel, d.split, d.splitk);
+  std::string call =
+      fmt::format("gemm_bf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.bm,
+                  d.norm, d.bias, d.residual, epi, d.grouped, d.gather, d.ksel, d.split, d.splitk);
   return assemble(std::move(name), ir_lines, "gemm.cuh", call, params, launch);
 }
 
@@ -466,8 +468,7 @@ KernelSource emit_rope_yarn_qk(int hq, int hk, int head_dim, double attention_fa
                                {"const double* inv_freq", "inv_freq"},
                                {"", fmt::format("{:.17g}", attention_factor)}};
   return assemble(std::move(name), ir_lines, "rope.cuh",
-                  fmt::format("rope_yarn_qk<{}, {}, {}>", hq, hk, head_dim), params,
-                  per_row(256));
+                  fmt::format("rope_yarn_qk<{}, {}, {}>", hq, hk, head_dim), params, per_row(256));
 }
 
 KernelSource emit_kv_write(const KvWriteDims& d, const std::vector<std::string>& ir_lines) {
@@ -512,9 +513,8 @@ KernelSource emit_moe_combine(int hidden, int k, bool residual,
   params.push_back(residual ? Param{"const float* h", "h"} : Param{"", "nullptr"});
   params.push_back({"float* y", "y"});
   return assemble(fmt::format("moe_combine{}_d{}_k{}", residual ? "_residual" : "", hidden, k),
-                  ir_lines, "gemm.cuh",
-                  fmt::format("moe_combine<{}, {}, {}>", hidden, k, residual), params,
-                  per_row(256));
+                  ir_lines, "gemm.cuh", fmt::format("moe_combine<{}, {}, {}>", hidden, k, residual),
+                  params, per_row(256));
 }
 
 KernelSource emit_row_inv_rms(int dim, double eps, const std::vector<std::string>& ir_lines) {

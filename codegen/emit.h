@@ -22,7 +22,8 @@ struct LaunchRule {
   /// Tiled rows: when > 0, grid.y = ceil(tokens * max(1, y_per_token) / y_tile) + y_extra.
   int y_tile = 0;
   int y_extra = 0;
-  int blocks_z = 1; ///< grid.z when not z_splits
+  int blocks_z = 1;          ///< grid.z when not z_splits
+  int min_blocks_per_sm = 0; ///< __launch_bounds__'s second argument when > 0
 
   /// grid (x, y, z) for `tokens` tokens and `splits` key splits.
   std::array<unsigned, 3> grid(int tokens, int splits = 1) const;

@@ -159,7 +159,8 @@ Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBinding
           cut[size_t(s)][size_t(j)] = i;
         }
       }
-  std::vector<int> first(static_cast<size_t>(stages) + 1, layers); // stage s: first[s]..first[s+1]-1
+  std::vector<int> first(static_cast<size_t>(stages) + 1,
+                         layers); // stage s: first[s]..first[s+1]-1
   for (int s = stages, j = layers; s >= 1; --s) {
     first[size_t(s)] = j;
     j = cut[size_t(s)][size_t(j)];
@@ -255,8 +256,8 @@ Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBinding
     info.embedding = s == 0;
     info.head = s == stages - 1;
     for (int u = kPre; u <= layers; ++u)
-      if (stage_of_unit(u) == s && (u == kPre || u == layers || (u >= info.first_layer &&
-                                                                  u <= info.last_layer))) {
+      if (stage_of_unit(u) == s &&
+          (u == kPre || u == layers || (u >= info.first_layer && u <= info.last_layer))) {
         const UnitCost& c = cost[slot(u)];
         info.weight_bytes += c.weight_bytes;
         info.decode_bytes += c.decode_bytes;
@@ -306,8 +307,8 @@ std::string describe(const Pipeline& p) {
                      "{:.3f} ms/token, prefill {:.2f} us/token, {} send(s), {} recv(s)\n",
                      i, in.first_layer, in.last_layer, in.embedding ? " + embedding" : "",
                      in.head ? " + head" : "", double(in.weight_bytes) / 1e9,
-                     double(in.kv_bytes) / 1e9, in.decode_seconds * 1e3,
-                     in.prefill_seconds * 1e6, in.sends, in.recvs);
+                     double(in.kv_bytes) / 1e9, in.decode_seconds * 1e3, in.prefill_seconds * 1e6,
+                     in.sends, in.recvs);
   }
   s += fmt::format("imbalance {:.1f}% (most expensive stage over the mean)\n", p.imbalance * 100);
   return s;

@@ -25,10 +25,10 @@ struct StageInfo {
   bool embedding = false;                ///< the token embedding (always stage 0)
   bool head = false;                     ///< final norm and lm_head (always the last stage)
   int64_t weight_bytes = 0;              ///< resident, experts as BF16 (as the GPU holds them)
-  int64_t decode_bytes = 0;  ///< weights read per decode token (k of E experts, all dense)
-  double prefill_flops = 0;  ///< matrix FLOPs per prefill token (lm_head excluded)
-  int64_t kv_bytes = 0;      ///< KV caches at the bound rows and slots
-  double decode_seconds = 0; ///< decode_bytes at the model's bandwidth
+  int64_t decode_bytes = 0;   ///< weights read per decode token (k of E experts, all dense)
+  double prefill_flops = 0;   ///< matrix FLOPs per prefill token (lm_head excluded)
+  int64_t kv_bytes = 0;       ///< KV caches at the bound rows and slots
+  double decode_seconds = 0;  ///< decode_bytes at the model's bandwidth
   double prefill_seconds = 0; ///< per prefill token, prefill_flops at the model's FLOP rate
   double cost = 0;            ///< decode_seconds + prefill_seconds: what the split balances
   int sends = 0, recvs = 0;   ///< boundary values it sends on and receives

@@ -20,6 +20,30 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+/// 1 / rms of the D fp32 values at xr with eps, computed by the whole block of THREADS threads
+/// (sum of squares in fp32) and returned to every thread. Ends with a barrier.
+template <int D, int THREADS>
+__device__ __forceinline__ float block_inv_rms(const float* xr, float eps) {
+  __shared__ float partial[THREADS / kWarp];
+  __shared__ float inv;
+  const int tid = threadIdx.x;
+  float ss = 0.0f;
+  for (int i = tid; i < D; i += THREADS)
+    ss = fmaf(xr[i], xr[i], ss);
+  ss = warp_sum(ss);
+  if (tid % kWarp == 0)
+    partial[tid / kWarp] = ss;
+  __syncthreads();
+  if (tid == 0) {
+    float total = 0.0f;
+    for (int i = 0; i < THREADS / kWarp; ++i)
+      total += partial[i];
+    inv = rsqrtf(total / D + eps);
+  }
+  __syncthreads();
+  return inv;
+}
+
 /// The 8 bf16 values packed in a 16-byte word, widened to fp32.
 __device__ __forceinline__ void unpack_bf16x8(const uint4& u, float (&out)[8]) {
   const unsigned int words[4] = {u.x, u.y, u.z, u.w};

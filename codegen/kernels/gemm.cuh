@@ -81,23 +81,9 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
 template <int K>
 __device__ __forceinline__ void row_inv_rms(const float* __restrict__ x, float eps,
                                             float* __restrict__ inv) {
-  __shared__ float partial[8];
-  const int r = blockIdx.y, tid = threadIdx.x;
-  float ss = 0.0f;
-  for (int i = tid; i < K; i += 256) {
-    const float v = x[(size_t)r * K + i];
-    ss = fmaf(v, v, ss);
-  }
-  ss = warp_sum(ss);
-  if (tid % kWarp == 0)
-    partial[tid / kWarp] = ss;
-  __syncthreads();
-  if (tid == 0) {
-    float total = 0.0f;
-    for (int i = 0; i < 8; ++i)
-      total += partial[i];
-    inv[r] = rsqrtf(total / K + eps);
-  }
+  const float v = block_inv_rms<K, 256>(x + (size_t)blockIdx.y * K, eps);
+  if (threadIdx.x == 0)
+    inv[blockIdx.y] = v;
 }
 
 /// Dynamic shared memory of gemm_bf16<.., BM, ..>: gemm_stages(BM) stages of an fp32 A tile
@@ -153,8 +139,8 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
   static_assert(BM == 32 || BM == 64 || BM == 128, "BM is 32, 64 or 128");
   static_assert(EPI != kGemmSwiglu || N % 2 == 0, "swiglu needs (gate, up) column pairs");
   constexpr int kWarpsM = BM / 16, kWarpsN = 8 / kWarpsM; // warp grid over the tile
-  constexpr int kWN = kGemmBN / kWarpsN, kNI = kWN / 8;    // warp columns, n8 tiles
-  constexpr int kAChunks = BM * kGemmBK / 4;  // 16-byte pieces of one fp32 A tile
+  constexpr int kWN = kGemmBN / kWarpsN, kNI = kWN / 8;   // warp columns, n8 tiles
+  constexpr int kAChunks = BM * kGemmBK / 4;              // 16-byte pieces of one fp32 A tile
   static_assert(SPLITK == 1 || (EPI == kGemmStore && !GROUPED), "split K: dense stores only");
   static_assert((K / kGemmBK) % SPLITK == 0, "split K must divide the K tiles");
   constexpr int kKT = K / kGemmBK / SPLITK; // K tiles of this block's range
@@ -172,7 +158,7 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
     return;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const int wm = warp / kWarpsN, wn = warp % kWarpsN; // warp's 16 rows and kWN columns
-  const int g = lane / 4, c = lane % 4;   // mma fragment coordinates
+  const int g = lane / 4, c = lane % 4;               // mma fragment coordinates
   const int n0 = blockIdx.x * kGemmBN;
   const int rows = end - begin;
   const __nv_bfloat16* we = w + (size_t)expert * N * K;
@@ -263,8 +249,8 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int hh = q % 2, kh = q / 2;
-        const float2 v = *reinterpret_cast<const float2*>(
-            &sa[stage][wm * 16 + g + 8 * hh][ks + 2 * c + 8 * kh]);
+        const float2 v =
+            *reinterpret_cast<const float2*>(&sa[stage][wm * 16 + g + 8 * hh][ks + 2 * c + 8 * kh]);
         float v0 = v.x, v1 = v.y;
         if (NORM) {
           v0 *= inv[hh] * lnw[kh][0];
@@ -296,43 +282,43 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
       continue;
     const int r = begin + rl;
 #pragma unroll
-      for (int ni = 0; ni < kNI; ++ni) {
-        const int n = n0 + wn * kWN + ni * 8 + 2 * c;
-        if (n >= N)
-          continue;
-        float v0 = acc[ni][2 * half], v1 = acc[ni][2 * half + 1];
-        if (SPLITK > 1) {
-          float* out = y + ((size_t)blockIdx.z * tokens + r) * N + n;
-          out[0] = v0;
-          out[1] = v1;
-          continue;
+    for (int ni = 0; ni < kNI; ++ni) {
+      const int n = n0 + wn * kWN + ni * 8 + 2 * c;
+      if (n >= N)
+        continue;
+      float v0 = acc[ni][2 * half], v1 = acc[ni][2 * half + 1];
+      if (SPLITK > 1) {
+        float* out = y + ((size_t)blockIdx.z * tokens + r) * N + n;
+        out[0] = v0;
+        out[1] = v1;
+        continue;
+      }
+      const __nv_bfloat16* be = b + (size_t)expert * N;
+      if (BIAS) {
+        v0 += bf16_to_float(be[n]);
+        v1 += bf16_to_float(be[n + 1]);
+      }
+      if (EPI == kGemmStore) {
+        float* out = y + (size_t)r * N + n;
+        if (RESIDUAL) {
+          v0 += h[(size_t)r * N + n];
+          v1 += h[(size_t)r * N + n + 1];
         }
-        const __nv_bfloat16* be = b + (size_t)expert * N;
-        if (BIAS) {
-          v0 += bf16_to_float(be[n]);
-          v1 += bf16_to_float(be[n + 1]);
-        }
-        if (EPI == kGemmStore) {
-          float* out = y + (size_t)r * N + n;
-          if (RESIDUAL) {
-            v0 += h[(size_t)r * N + n];
-            v1 += h[(size_t)r * N + n + 1];
-          }
-          out[0] = v0;
-          out[1] = v1;
-        } else if (EPI == kGemmSwiglu) {
-          const float gate = fminf(v0, limit);
-          const float up = fminf(fmaxf(v1, -limit), limit);
-          const float glu = gate / (1.0f + expf(-alpha * gate));
-          y[(size_t)r * (N / 2) + n / 2] = (up + 1.0f) * glu;
-        } else {
-          const int p = pair[r];
-          const float sc = route_w[p];
-          y[(size_t)p * N + n] = sc * v0;
-          y[(size_t)p * N + n + 1] = sc * v1;
-        }
+        out[0] = v0;
+        out[1] = v1;
+      } else if (EPI == kGemmSwiglu) {
+        const float gate = fminf(v0, limit);
+        const float up = fminf(fmaxf(v1, -limit), limit);
+        const float glu = gate / (1.0f + expf(-alpha * gate));
+        y[(size_t)r * (N / 2) + n / 2] = (up + 1.0f) * glu;
+      } else {
+        const int p = pair[r];
+        const float sc = route_w[p];
+        y[(size_t)p * N + n] = sc * v0;
+        y[(size_t)p * N + n + 1] = sc * v1;
       }
     }
+  }
 }
 
 /// y[r, n] = sum over z in order of part[z, r, n] (+ b[n]) (+ h[r, n]) for row r = blockIdx.y:

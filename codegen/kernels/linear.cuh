@@ -76,8 +76,7 @@ __device__ __forceinline__ void linear_store(const float (&acc)[R][MAX_T],
 /// (tokens * K floats) and its warps compute R consecutive rows each; grid.x = ceil(N / (8 R)).
 /// With PREFETCH each warp first asks L2 for its rows. Requires tokens <= MAX_T, blockDim.x ==
 /// kLinearThreads. y may alias h.
-template <int K, int N, int MAX_T, int R, bool NORM, bool BIAS, bool RESIDUAL,
-          bool PREFETCH = true>
+template <int K, int N, int MAX_T, int R, bool NORM, bool BIAS, bool RESIDUAL, bool PREFETCH = true>
 __device__ __forceinline__ void
 linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
               const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,

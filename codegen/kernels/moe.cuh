@@ -126,7 +126,8 @@ moe_down_part(const float* __restrict__ act, const float* __restrict__ weights,
   const float wt = weights[tk];
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    part[(size_t)tk * D + o0 + r] = wt * (acc[r][0] + bf16_to_float(down_b[(size_t)e * D + o0 + r]));
+    part[(size_t)tk * D + o0 + r] =
+        wt * (acc[r][0] + bf16_to_float(down_b[(size_t)e * D + o0 + r]));
 }
 
 } // namespace xserv_kernels

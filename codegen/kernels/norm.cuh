@@ -14,25 +14,9 @@ constexpr int kNormThreads = 256;
 template <int D>
 __device__ __forceinline__ void rms_norm(const float* x, const __nv_bfloat16* __restrict__ w,
                                          float eps, float* y) {
-  constexpr int kWarps = kNormThreads / kWarp;
-  __shared__ float partial[kWarps];
-  __shared__ float inv_rms;
   const int r = blockIdx.y, tid = threadIdx.x;
   const float* xr = x + (size_t)r * D;
-  float ss = 0.0f;
-  for (int i = tid; i < D; i += kNormThreads)
-    ss = fmaf(xr[i], xr[i], ss);
-  ss = warp_sum(ss);
-  if (tid % kWarp == 0)
-    partial[tid / kWarp] = ss;
-  __syncthreads();
-  if (tid == 0) {
-    float total = 0.0f;
-    for (int i = 0; i < kWarps; ++i)
-      total += partial[i];
-    inv_rms = rsqrtf(total / D + eps);
-  }
-  __syncthreads();
+  const float inv_rms = block_inv_rms<D, kNormThreads>(xr, eps);
   for (int i = tid; i < D; i += kNormThreads)
     y[(size_t)r * D + i] = xr[i] * inv_rms * bf16_to_float(w[i]);
 }

@@ -8,6 +8,21 @@ namespace xserv_kernels {
 /// Threads per block of rope_yarn.
 constexpr int kRopeThreads = 256;
 
+/// cos and sin (times the attention factor) of position p's angles p inv_freq[j], j < D/2, in
+/// float64 into shared memory, then a barrier.
+template <int D>
+__device__ __forceinline__ void rope_angles(int position, const double* __restrict__ inv_freq,
+                                            double att, double* cs, double* sn) {
+  const double p = position;
+  for (int j = threadIdx.x; j < D / 2; j += kRopeThreads) {
+    double s, c;
+    sincos(p * inv_freq[j], &s, &c);
+    cs[j] = c * att;
+    sn[j] = s * att;
+  }
+  __syncthreads();
+}
+
 /// rope_yarn(x, positions) for token t = blockIdx.y: with p = positions[t] and, for pair
 /// j < D/2, c = cos(p inv_freq[j]) att and s = sin(p inv_freq[j]) att (angle and its sine and
 /// cosine in float64, as the host reference computes them), y[t, h, j] = x1 c - x2 s and
@@ -20,14 +35,7 @@ __device__ __forceinline__ void rope_yarn(const float* x, const int* __restrict_
   constexpr int kHalf = D / 2;
   __shared__ double cs[kHalf], sn[kHalf];
   const int t = blockIdx.y;
-  const double p = positions[t];
-  for (int j = threadIdx.x; j < kHalf; j += kRopeThreads) {
-    double s, c;
-    sincos(p * inv_freq[j], &s, &c);
-    cs[j] = c * att;
-    sn[j] = s * att;
-  }
-  __syncthreads();
+  rope_angles<D>(positions[t], inv_freq, att, cs, sn);
   for (int i = threadIdx.x; i < H * kHalf; i += kRopeThreads) {
     const int h = i / kHalf, j = i % kHalf;
     const size_t base = ((size_t)t * H + h) * D;
@@ -47,14 +55,7 @@ __device__ __forceinline__ void rope_yarn_qk(float* q, float* k, const int* __re
   constexpr int kHalf = D / 2;
   __shared__ double cs[kHalf], sn[kHalf];
   const int t = blockIdx.y;
-  const double p = positions[t];
-  for (int j = threadIdx.x; j < kHalf; j += kRopeThreads) {
-    double s, c;
-    sincos(p * inv_freq[j], &s, &c);
-    cs[j] = c * att;
-    sn[j] = s * att;
-  }
-  __syncthreads();
+  rope_angles<D>(positions[t], inv_freq, att, cs, sn);
   for (int i = threadIdx.x; i < (HQ + HK) * kHalf; i += kRopeThreads) {
     const int h = i / kHalf, j = i % kHalf;
     float* base = h < HQ ? q + ((size_t)t * HQ + h) * D : k + ((size_t)t * HK + h - HQ) * D;

@@ -75,8 +75,7 @@ void check_dense(GemmDims d, int tokens, uint64_t seed) {
   }
   device_sync();
   const double err = rel_l2(download(d.residual ? *dh : *dy, want.f.size()), want.f);
-  MESSAGE(l.src.name << (d.splitk > 1 ? " split K" : "") << " T=" << tokens << ": rel L2 "
-                     << err);
+  MESSAGE(l.src.name << (d.splitk > 1 ? " split K" : "") << " T=" << tokens << ": rel L2 " << err);
   CHECK(err <= tolerance(d.split));
 }
 
@@ -103,7 +102,7 @@ TEST_CASE("dense gemm kernels match ir::ref (norm, bias, residual; row tiles 32 
       check_dense(dense(2880, 5120, true, true, false, bm, true), tokens, ++seed); // 20b qkv
       check_dense(dense(4096, 2880, false, true, true, bm, true), tokens, ++seed); // o_proj
     }
-    check_dense(dense(64, 130, false, false, false, bm, true), 40, ++seed); // N % 128 != 0
+    check_dense(dense(64, 130, false, false, false, bm, true), 40, ++seed);  // N % 128 != 0
     check_dense(dense(2880, 32, false, true, false, bm, true), 100, ++seed); // router logits
   }
   // Split K for few rows (batched decode): qkv (K 2880 = 90 tiles), o_proj (4096 = 128 tiles).
@@ -190,11 +189,11 @@ void check_grouped(const MoeDims& d, int tokens, int bm, bool split, bool skew, 
   const Tensor h = random_f32(rng, {tokens, d.hidden}, 1.0f);
   Tensor w, ids;
   routing(rng, tokens, d.experts, d.k, skew, w, ids);
-  const Tensor want =
-      d.residual ? ir::ref::moe_experts_residual(x, w, ids, gate_up.t, gate_up_b.t, down.t,
-                                                 down_b.t, h, d.limit, d.alpha)
-                 : ir::ref::moe_experts(x, w, ids, gate_up.t, gate_up_b.t, down.t, down_b.t,
-                                        d.limit, d.alpha);
+  const Tensor want = d.residual
+                          ? ir::ref::moe_experts_residual(x, w, ids, gate_up.t, gate_up_b.t, down.t,
+                                                          down_b.t, h, d.limit, d.alpha)
+                          : ir::ref::moe_experts(x, w, ids, gate_up.t, gate_up_b.t, down.t,
+                                                 down_b.t, d.limit, d.alpha);
   const int pairs = tokens * d.k;
   const Loaded& sort = load(emit_moe_sort({d.experts, d.k, bm, pairs}, {}));
   GemmDims gd;

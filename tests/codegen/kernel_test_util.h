@@ -30,10 +30,10 @@
 
 namespace xserv::kernel_test {
 
+using codegen::kernel_headers;
+using codegen::KernelSource;
 using ir::DType;
 using ir::Tensor;
-using codegen::KernelSource;
-using codegen::kernel_headers;
 
 inline void cuda_ok(cudaError_t err, const char* what) {
   INFO(what << ": " << cudaGetErrorString(err));

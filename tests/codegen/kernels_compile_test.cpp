@@ -35,8 +35,8 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
   out.push_back(emit_attention_decode(att, {"full attention, fp32 KV cache"}));
   out.push_back(emit_attention_combine(att, {"attention combine"}));
   for (bool f32 : {false, true})
-    out.push_back(emit_kv_write({int(c.num_key_value_heads), int(c.head_dim), 4096, f32},
-                                {"kv_write"}));
+    out.push_back(
+        emit_kv_write({int(c.num_key_value_heads), int(c.head_dim), 4096, f32}, {"kv_write"}));
   MoeDims moe{d,
               int(c.intermediate_size),
               int(c.num_local_experts),
@@ -90,7 +90,8 @@ TEST_CASE("kernel names and sources are deterministic and headed by their IR") {
   CHECK(a.name == "rmsnorm_linear_k2880_n5120");
   CHECK(a.source == b.source);
   CHECK(a.source.rfind("// kernel: rmsnorm_linear_k2880_n5120\n// %13 = rms_norm_linear", 0) == 0);
-  CHECK(a.source.find("linear_decode<2880, 5120, 8, 2, true, true, false, false>") != std::string::npos);
+  CHECK(a.source.find("linear_decode<2880, 5120, 8, 2, true, true, false, false>") !=
+        std::string::npos);
   CHECK(a.launch.grid(1)[0] == 320);
   CHECK(a.launch.smem(4) == 4 * 2880 * 4);
   d.norm = false;

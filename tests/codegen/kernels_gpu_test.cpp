@@ -358,15 +358,14 @@ TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
     const Loaded& comb = load(emit_moe_combine(d.hidden, d.k, true, {}));
     const double vms = median_ms([&](int i) {
       launch(vgu, 1, 1, x->p, id_sets[i % 8]->p, mw.d_gate_up->p, mw.d_gate_up_b->p, act->p);
-      launch(vdp, 1, 1, act->p, w_sets[i % 8]->p, id_sets[i % 8]->p, mw.d_down->p,
-             mw.d_down_b->p, part->p);
+      launch(vdp, 1, 1, act->p, w_sets[i % 8]->p, id_sets[i % 8]->p, mw.d_down->p, mw.d_down_b->p,
+             part->p);
       launch(comb, 1, 1, part->p, h->p, y->p);
     });
     device_sync();
-    MESSAGE("bandwidth moe_decode engine path rows " << rows << " unroll " << unroll
-                                                      << " prefetch " << prefetch << ": "
-                                                      << vms * 1e3 << " us, "
-                                                      << bytes / (vms * 1e-3) / 1e9 << " GB/s");
+    MESSAGE("bandwidth moe_decode engine path rows " << rows << " unroll " << unroll << " prefetch "
+                                                     << prefetch << ": " << vms * 1e3 << " us, "
+                                                     << bytes / (vms * 1e-3) / 1e9 << " GB/s");
   }
 }
 
@@ -451,7 +450,8 @@ TEST_CASE("rope_yarn_qk rotates q and k in place like two rope_yarn") {
     const Tensor pos = Tensor::from_ints({5}, {0, 3, 129, 4095, 131071});
     const Tensor q = random_f32(rng, {5, hq, head_dim}, 2.0f);
     const Tensor k = random_f32(rng, {5, hk, head_dim}, 2.0f);
-    const Tensor want_q = ir::ref::rope_yarn(q, pos, yarn), want_k = ir::ref::rope_yarn(k, pos, yarn);
+    const Tensor want_q = ir::ref::rope_yarn(q, pos, yarn),
+                 want_k = ir::ref::rope_yarn(k, pos, yarn);
     const std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
     const Loaded& l =
         load(emit_rope_yarn_qk(hq, hk, head_dim, ir::ref::yarn_attention_factor(yarn), {}));

@@ -39,8 +39,8 @@ ir::Graph fused(const ir::Graph& g) {
 }
 
 int count_op(const ir::Graph& g, ir::Op op) {
-  return static_cast<int>(
-      std::count_if(g.nodes.begin(), g.nodes.end(), [op](const ir::Node& n) { return n.op == op; }));
+  return static_cast<int>(std::count_if(g.nodes.begin(), g.nodes.end(),
+                                        [op](const ir::Node& n) { return n.op == op; }));
 }
 
 /// A prefill of two sequences and three decode steps through the whole graph and through the

@@ -31,17 +31,20 @@ TEST_CASE("send and recv: missing attributes and wrong types are verifier errors
   CHECK(ir::verify(ir::parse(R"(
     %h = recv() {name="a"} : f32[T,8]
     return %h
-  )")).find("missing integer attribute 'peer'") != std::string::npos);
+  )"))
+            .find("missing integer attribute 'peer'") != std::string::npos);
   CHECK(ir::verify(ir::parse(R"(
     %h = recv() {name="a", peer=0} : f32[T,8]
     %s = send(%h) {peer=1} : f32[T,8]
     return %s
-  )")).find("missing string attribute 'name'") != std::string::npos);
+  )"))
+            .find("missing string attribute 'name'") != std::string::npos);
   CHECK(ir::verify(ir::parse(R"(
     %h = recv() {name="a", peer=0} : f32[T,8]
     %s = send(%h) {name="b", peer=1} : f32[T,4]
     return %s
-  )")).find("declared type") != std::string::npos);
+  )"))
+            .find("declared type") != std::string::npos);
 }
 
 TEST_CASE("interpret: recv reads the tensor passed under its name, send returns its operand") {
@@ -51,7 +54,9 @@ TEST_CASE("interpret: recv reads the tensor passed under its name, send returns 
   env.params["act.7"] = ir::random_params(ir::parse(R"(
     %x = param() {name="x"} : f32[T,8]
     return %x
-  )"), {{"T", 3}}, 4).at("x");
+  )"),
+                                          {{"T", 3}}, 4)
+                            .at("x");
   const std::vector<ir::Tensor> out = ir::interpret(g, env);
   REQUIRE(out.size() == 1);
   CHECK(out[0].shape == std::vector<int64_t>{3, 8});

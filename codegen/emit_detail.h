@@ -1,0 +1,42 @@
+// The emitters' shared pieces: kernel parameters, float literals, identifier-safe attribute
+// suffixes and the source assembly every generated kernel goes through.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "codegen/emit.h"
+
+namespace xserv::codegen::detail {
+
+/// A kernel parameter: its declaration and the expression the template call passes for it
+/// (an empty declaration: a literal or nullptr argument with no kernel parameter).
+struct Param {
+  std::string decl;
+  std::string arg;
+};
+
+inline constexpr const char* kBf16 = "const __nv_bfloat16*";
+
+/// A float literal that reads back as exactly `v` rounded to fp32, e.g. "1e-05f".
+std::string float_literal(double v);
+
+/// Name suffix for an attribute that differs from gpt-oss's value: the fp32 bits in hex, so
+/// names stay unique and valid C identifiers.
+std::string attr_suffix(const char* tag, double v, double usual);
+
+/// The full kernel source: IR header, launch comment, include, extern "C" wrapper calling
+/// `call` (with __launch_bounds__(block[, min_blocks_per_sm])).
+KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines,
+                      const std::string& header, const std::string& call,
+                      const std::vector<Param>& params, LaunchRule launch);
+
+/// The operands both attention kernels take, in the IR's order (q, k, v, k_cache, v_cache,
+/// sinks, positions, token_seq, ctx_lens, cache_rows), then the scale as a literal.
+std::vector<Param> attention_params(const AttentionDims& d);
+
+/// Throws xserv::Error unless every dimension is positive.
+void check_positive(const char* what, std::initializer_list<int> dims);
+
+} // namespace xserv::codegen::detail
