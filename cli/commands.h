@@ -23,6 +23,7 @@ int cmd_chat(const ParsedArgs& args);
 int cmd_compile(const ParsedArgs& args);
 int cmd_eval(const ParsedArgs& args);
 int cmd_inspect(const ParsedArgs& args);
+int cmd_worker(const ParsedArgs& args);
 int cmd_run(const ParsedArgs& args);
 int cmd_synth(const ParsedArgs& args);
 int cmd_tokenize(const ParsedArgs& args);

@@ -44,6 +44,12 @@ CpuEngine::CpuEngine(const std::filesystem::path& model_dir, int64_t max_batch, 
   env_.dims = {{models::dims::kCacheRows, max_batch_}, {models::dims::kMaxSeq, max_seq_}};
 }
 
+std::vector<ir::Tensor> CpuEngine::run_graph(const ir::Graph& g,
+                                             std::map<std::string, ir::Tensor> params) {
+  env_.params = std::move(params);
+  return ir::interpret(g, env_);
+}
+
 std::vector<std::vector<float>> CpuEngine::step(const models::StepInput& in) {
   if (static_cast<int64_t>(in.tokens.size()) > max_batch_)
     throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",

@@ -9,6 +9,7 @@
 #include "ir/interpreter.h"
 #include "models/checkpoint.h"
 
+#include <map>
 #include <vector>
 
 namespace xserv::cli {
@@ -31,6 +32,8 @@ public:
   std::string backend() const override { return "cpu"; }
   std::vector<std::vector<float>> step(const models::StepInput& in) override;
   void reset() override { env_.state.clear(); }
+  /// Runs `g` (a pipeline stage) on `params` with this engine's weights and KV caches.
+  std::vector<ir::Tensor> run_graph(const ir::Graph& g, std::map<std::string, ir::Tensor> params);
 
 private:
   models::Checkpoint ckpt_;

@@ -2,6 +2,8 @@
 #include "cli/model_source.h"
 
 #include <cstdio>
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 
@@ -10,6 +12,7 @@
 
 #include "cli/cpu_engine.h"
 #include "cli/cuda_engine.h"
+#include "cli/pipeline_cpu.h"
 #include "ir/graph.h"
 #include "runtime/device.h"
 
@@ -144,8 +147,24 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     stages.push_back(ir::parse(text));
   }
+  if (!stages.empty() && !args.has("--pp-local")) {
+    // One process per stage: this one is rank 0 and drives; the others run `xserv worker`.
+    PipelineLaunch launch;
+    launch.coordinator = args.get("--coordinator", "");
+    if (const char* t = std::getenv("XSERV_PIPELINE_TIMEOUT"); t && *t)
+      launch.rank_timeout = std::chrono::milliseconds(
+          static_cast<int64_t>(std::max(0.1, std::atof(t)) * 1000));
+    if (args.has("--weights"))
+      launch.weights = src.model_dir;
+    if (args.has("--world") &&
+        args.get_int("--world", 1, 1, 1 << 16) != static_cast<int64_t>(stages.size()))
+      throw UsageError(fmt::format("--world {} but the plan has {} pipeline stages",
+                                   args.get("--world"), stages.size()));
+    return make_pipeline_cpu_engine(src.plan_dir, src.model_dir, src.max_batch, src.max_seq,
+                                    std::move(stages), launch);
+  }
   if (!stages.empty())
-    std::fprintf(stderr, "[plan] %zu pipeline stages, run one after another on the CPU\n",
+    std::fprintf(stderr, "[plan] %zu pipeline stages, run one after another in this process\n",
                  stages.size());
   return std::make_unique<CpuEngine>(src.model_dir, src.max_batch, src.max_seq, g,
                                      std::move(stages));

@@ -82,26 +82,3 @@ TEST_CASE("compile --emit ir prints a verified graph, -o writes a plan directory
   std::filesystem::remove_all(plan);
   std::filesystem::remove_all(dump);
 }
-
-TEST_CASE("run on a --pp plan: the stages chained on the CPU give the tokens of the whole model") {
-  xserv::testing::TempDir tmp("pp_run");
-  const std::string model = (tmp.path / "model").string();
-  REQUIRE(run_xserv("synth --config " +
-                    (xserv::testing::source_dir() / "examples/tiny/config.json").string() + " -o " +
-                    model + " --seed 3")
-              .code == 0);
-  std::string ids[2];
-  for (int pp : {1, 2}) {
-    const std::string plan = (tmp.path / ("plan" + std::to_string(pp))).string();
-    REQUIRE(run_xserv(fmt::format("compile {} -o {} --pp {} --no-cubins", model, plan, pp)).code ==
-            0);
-    RunResult r =
-        run_xserv("run " + plan + " --backend cpu --prompt-ids 5,6,7,8,9 --max-tokens 5", "", true);
-    REQUIRE(r.code == 0);
-    ids[pp - 1] = r.out;
-    if (pp == 2)
-      CHECK(r.err.find("2 pipeline stages, run one after another on the CPU") != std::string::npos);
-  }
-  CHECK(!ids[0].empty());
-  CHECK(ids[0] == ids[1]);
-}

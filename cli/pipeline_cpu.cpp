@@ -1,0 +1,424 @@
+// The CPU pipeline: messages are a JSON header (kind, tensor names, dtypes, shapes) followed by
+// the tensors' bytes; rank 0 sends each worker the step inputs and the activations its stage
+// receives, and gets back what it sends on (the last rank: the logits).
+#include "cli/pipeline_cpu.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <algorithm>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cpu_engine.h"
+#include "ir/error.h"
+#include "models/gpt_oss.h"
+#include "models/step.h"
+#include "runtime/net.h"
+#include "runtime/sha256.h"
+
+extern char** environ;
+
+namespace xserv::cli {
+namespace fs = std::filesystem;
+using runtime::Connection;
+using runtime::Frame;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+enum FrameType : uint8_t {
+  kHello = 1,   ///< worker -> rank 0: {rank, world, digest}
+  kWelcome = 2, ///< rank 0 -> worker: accepted
+  kStep = 3,    ///< rank 0 -> worker: step inputs and received activations
+  kResult = 4,  ///< worker -> rank 0: what the stage sends on
+  kAlive = 5,   ///< worker -> rank 0 while computing
+  kReset = 6,   ///< rank 0 -> worker: clear the KV caches
+  kQuit = 7,    ///< rank 0 -> worker: exit
+  kFail = 8,    ///< either way: {message}; the sender stops
+};
+
+using Named = std::vector<std::pair<std::string, ir::Tensor>>;
+
+std::string encode(const nlohmann::json& head, const Named& tensors) {
+  nlohmann::json h = head;
+  h["tensors"] = nlohmann::json::array();
+  std::string data;
+  for (const auto& [name, t] : tensors) {
+    const bool ints = t.is_int();
+    h["tensors"].push_back({{"name", name}, {"dtype", std::string(ir::dtype_name(t.dtype))}, {"shape", t.shape}});
+    if (ints)
+      data.append(reinterpret_cast<const char*>(t.i.data()), t.i.size() * sizeof(int32_t));
+    else
+      data.append(reinterpret_cast<const char*>(t.f.data()), t.f.size() * sizeof(float));
+  }
+  const std::string text = h.dump();
+  const uint64_t len = text.size();
+  std::string out(reinterpret_cast<const char*>(&len), sizeof(len));
+  return out + text + data;
+}
+
+nlohmann::json decode(const std::string& payload, Named* tensors) {
+  uint64_t len = 0;
+  if (payload.size() < sizeof(len))
+    throw Error("pipeline message too short");
+  std::memcpy(&len, payload.data(), sizeof(len));
+  if (len > payload.size() - sizeof(len))
+    throw Error("pipeline message header overruns the message");
+  nlohmann::json h = nlohmann::json::parse(payload.substr(sizeof(len), len));
+  size_t at = sizeof(len) + len;
+  if (tensors)
+    for (const auto& d : h.value("tensors", nlohmann::json::array())) {
+      const std::optional<ir::DType> dt = ir::parse_dtype(d.at("dtype").get<std::string>());
+      if (!dt)
+        throw Error("pipeline message: unknown dtype");
+      const std::vector<int64_t> shape = d.at("shape").get<std::vector<int64_t>>();
+      ir::Tensor t = ir::Tensor::zeros(*dt, shape);
+      const size_t bytes = t.is_int() ? t.i.size() * 4 : t.f.size() * 4;
+      if (at + bytes > payload.size())
+        throw Error("pipeline message: tensor data overruns the message");
+      std::memcpy(t.is_int() ? static_cast<void*>(t.i.data()) : static_cast<void*>(t.f.data()),
+                  payload.data() + at, bytes);
+      at += bytes;
+      tensors->emplace_back(d.at("name").get<std::string>(), std::move(t));
+    }
+  return h;
+}
+
+Frame message(uint8_t type, const nlohmann::json& head, const Named& tensors = {}) {
+  return Frame{type, encode(head, tensors)};
+}
+
+std::vector<ir::Graph> read_stages(const fs::path& plan_dir) {
+  std::ifstream in(plan_dir / "plan.json");
+  const nlohmann::json pj = nlohmann::json::parse(in);
+  std::vector<ir::Graph> stages;
+  for (const auto& st : pj.at("pipeline").at("stages")) {
+    std::ifstream g(plan_dir / st.at("graph").get<std::string>());
+    std::string text((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
+    stages.push_back(ir::parse(text));
+  }
+  return stages;
+}
+
+/// The names and tensors a stage's outputs stand for: its sends by name, else "logits".
+Named name_outputs(const ir::Graph& g, std::vector<ir::Tensor> out) {
+  Named named;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const ir::Node& n = g.node(g.outputs[i]);
+    named.emplace_back(n.op == ir::Op::Send ? n.attr_str("name") : fmt::format("out.{}", i),
+                       std::move(out[i]));
+  }
+  return named;
+}
+
+/// Fault injection for the tests: XSERV_PIPELINE_FAULT="RANK:exit@STEP" or "RANK:hang@STEP".
+void maybe_fault(int rank, int64_t step) {
+  const char* f = std::getenv("XSERV_PIPELINE_FAULT");
+  if (!f)
+    return;
+  int r = -1;
+  long long at = -1;
+  char what[8] = {0};
+  if (std::sscanf(f, "%d:%7[a-z]@%lld", &r, what, &at) != 3 || r != rank || at != step)
+    return;
+  if (std::string(what) == "exit")
+    std::_Exit(3);
+  for (;;) // hang: no heartbeats, no reply
+    std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+class PipelineCpuEngine : public Engine {
+public:
+  PipelineCpuEngine(const fs::path& plan_dir, const fs::path& model_dir, int64_t max_batch,
+                    int64_t max_seq, std::vector<ir::Graph> stages, const PipelineLaunch& launch)
+      : stages_(std::move(stages)), launch_(launch),
+        local_(model_dir, max_batch, max_seq, nullptr),
+        listener_(launch.coordinator.empty()
+                      ? 0
+                      : runtime::split_address(launch.coordinator).second) {
+    const int world = static_cast<int>(stages_.size());
+    const std::string digest = pipeline_plan_digest(plan_dir);
+    if (launch.coordinator.empty())
+      spawn_workers(plan_dir, world);
+    std::fprintf(stderr, "[pipeline] rank 0 of %d, waiting for %d rank(s) on port %u\n", world,
+                 world - 1, listener_.port());
+    ranks_.resize(static_cast<size_t>(world));
+    const auto deadline = Clock::now() + launch.connect_timeout;
+    for (int got = 0; got < world - 1;) {
+      check_children();
+      Connection c;
+      try {
+        c = listener_.accept(std::min(deadline, Clock::now() + std::chrono::milliseconds(500)));
+      } catch (const Error&) {
+        if (Clock::now() >= deadline)
+          throw Error(fmt::format("pipeline: {} of {} rank(s) connected within {} s", got,
+                                  world - 1, launch.connect_timeout.count() / 1000));
+        continue;
+      }
+      const Frame hello = c.receive(std::chrono::milliseconds(5000));
+      const nlohmann::json h = hello.type == kHello ? decode(hello.payload, nullptr) : nullptr;
+      const int rank = h.is_object() ? h.value("rank", -1) : -1;
+      std::string refusal;
+      if (rank < 1 || rank >= world)
+        refusal = fmt::format("rank {} is outside 1..{}", rank, world - 1);
+      else if (h.value("world", 0) != world)
+        refusal = fmt::format("rank {} was started for {} ranks, this pipeline has {}", rank,
+                              h.value("world", 0), world);
+      else if (h.value("digest", "") != digest)
+        refusal = fmt::format("rank {} holds a plan from another compile (digest {} vs {})",
+                              rank, h.value("digest", "").substr(0, 12), digest.substr(0, 12));
+      else if (ranks_[size_t(rank)].valid())
+        refusal = fmt::format("rank {} connected twice", rank);
+      if (!refusal.empty()) {
+        c.send(message(kFail, {{"message", refusal}}));
+        throw Error("pipeline handshake: " + refusal);
+      }
+      c.send(message(kWelcome, {{"ok", true}}));
+      ranks_[size_t(rank)] = std::move(c);
+      ++got;
+    }
+    std::fprintf(stderr, "[pipeline] %d ranks ready\n", world);
+  }
+
+  ~PipelineCpuEngine() override {
+    for (size_t r = 1; r < ranks_.size(); ++r)
+      if (ranks_[r].valid()) {
+        try {
+          ranks_[r].send(message(kQuit, nlohmann::json::object()));
+        } catch (const Error&) {
+        }
+      }
+    for (pid_t pid : children_) {
+      int status = 0;
+      const auto deadline = Clock::now() + std::chrono::seconds(5);
+      while (::waitpid(pid, &status, WNOHANG) == 0) {
+        if (Clock::now() > deadline) {
+          ::kill(pid, SIGKILL);
+          ::waitpid(pid, &status, 0);
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  }
+
+  const models::ModelConfig& config() const override { return local_.config(); }
+  int64_t max_batch() const override { return local_.max_batch(); }
+  int64_t max_seq() const override { return local_.max_seq(); }
+  std::string backend() const override { return "cpu"; }
+
+  std::vector<std::vector<float>> step(const models::StepInput& in) override {
+    if (static_cast<int64_t>(in.tokens.size()) > local_.max_batch())
+      throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
+                              in.tokens.size(), local_.max_batch()));
+    const std::map<std::string, ir::Tensor> params = models::step_params(in);
+    Named sent = name_outputs(stages_[0], local_.run_graph(stages_[0], params));
+    Named inputs(params.begin(), params.end());
+    for (size_t r = 1; r < stages_.size(); ++r) {
+      Named msg = inputs;
+      msg.insert(msg.end(), sent.begin(), sent.end());
+      Connection& c = ranks_[r];
+      try {
+        c.send(message(kStep, {{"step", steps_}}, msg));
+        sent.clear();
+        for (;;) {
+          const Frame f = c.receive(launch_.rank_timeout);
+          if (f.type == kAlive)
+            continue;
+          if (f.type == kFail)
+            throw Error(decode(f.payload, nullptr).value("message", "failed"));
+          if (f.type != kResult)
+            throw Error(fmt::format("unexpected message {}", f.type));
+          decode(f.payload, &sent);
+          break;
+        }
+      } catch (const Error& e) {
+        check_children();
+        throw Error(fmt::format("pipeline rank {} stopped: {}", r, e.what()));
+      }
+    }
+    ++steps_;
+    // The last stage returns the logits, one row per sequence (or per token with --all-logits).
+    const ir::Tensor& logits = sent.at(0).second;
+    const int64_t v = logits.shape.back(), rows = logits.numel() / v;
+    const ir::Tensor& last = params.at(models::params::kLogitRows);
+    const bool per_token = rows != static_cast<int64_t>(in.tokens.size());
+    std::vector<std::vector<float>> result(in.tokens.size());
+    for (size_t b = 0; b < in.tokens.size(); ++b) {
+      const int64_t row = per_token ? last.i[b] : static_cast<int64_t>(b);
+      result[b].assign(logits.f.begin() + row * v, logits.f.begin() + (row + 1) * v);
+    }
+    return result;
+  }
+
+  void reset() override {
+    local_.reset();
+    for (size_t r = 1; r < ranks_.size(); ++r)
+      ranks_[r].send(message(kReset, nlohmann::json::object()));
+  }
+
+private:
+  void spawn_workers(const fs::path& plan_dir, int world) {
+    const std::string self = fs::read_symlink("/proc/self/exe").string();
+    for (int r = 1; r < world; ++r) {
+      std::vector<std::string> argv = {self,
+                                       "worker",
+                                       plan_dir.string(),
+                                       "--rank",
+                                       std::to_string(r),
+                                       "--world",
+                                       std::to_string(world),
+                                       "--coordinator",
+                                       fmt::format("127.0.0.1:{}", listener_.port())};
+      if (!launch_.weights.empty()) {
+        argv.push_back("--weights");
+        argv.push_back(launch_.weights.string());
+      }
+      std::vector<char*> cargv;
+      for (std::string& a : argv)
+        cargv.push_back(a.data());
+      cargv.push_back(nullptr);
+      pid_t pid = 0;
+      if (::posix_spawn(&pid, self.c_str(), nullptr, nullptr, cargv.data(), environ) != 0)
+        throw Error(fmt::format("cannot start pipeline rank {}: {}", r, std::strerror(errno)));
+      children_.push_back(pid);
+      child_rank_[pid] = r;
+    }
+  }
+
+  /// Throws naming the rank when a spawned worker has exited.
+  void check_children() {
+    for (pid_t pid : children_) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        const int r = child_rank_.at(pid);
+        children_.erase(std::find(children_.begin(), children_.end(), pid));
+        throw Error(fmt::format("pipeline rank {} (pid {}) exited{}", r, pid,
+                                WIFEXITED(status)
+                                    ? fmt::format(" with status {}", WEXITSTATUS(status))
+                                    : fmt::format(" on signal {}", WTERMSIG(status))));
+      }
+    }
+  }
+
+  std::vector<ir::Graph> stages_;
+  PipelineLaunch launch_;
+  CpuEngine local_;
+  runtime::Listener listener_;
+  std::vector<Connection> ranks_;
+  std::vector<pid_t> children_;
+  std::map<pid_t, int> child_rank_;
+  int64_t steps_ = 0;
+};
+
+} // namespace
+
+std::string pipeline_plan_digest(const fs::path& plan_dir) {
+  std::ifstream in(plan_dir / "plan.json");
+  const nlohmann::json pj = nlohmann::json::parse(in, nullptr, false);
+  if (pj.is_discarded() || !pj.contains("pipeline"))
+    throw Error(fmt::format("{}: not a pipelined plan (compile with --pp N)",
+                            (plan_dir / "plan.json").string()));
+  runtime::Sha256 h;
+  h.update_field(pj.at("options").dump());
+  h.update_field(pj.value("model_digest", ""));
+  for (const auto& st : pj["pipeline"]["stages"]) {
+    std::ifstream g(plan_dir / st.at("graph").get<std::string>());
+    std::string text((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
+    h.update_field(text);
+  }
+  return h.hex_digest();
+}
+
+std::unique_ptr<Engine> make_pipeline_cpu_engine(const fs::path& plan_dir,
+                                                 const fs::path& model_dir, int64_t max_batch,
+                                                 int64_t max_seq, std::vector<ir::Graph> stages,
+                                                 const PipelineLaunch& launch) {
+  return std::make_unique<PipelineCpuEngine>(plan_dir, model_dir, max_batch, max_seq,
+                                             std::move(stages), launch);
+}
+
+int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int rank, int world,
+                        const std::string& coordinator) {
+  std::vector<ir::Graph> stages = read_stages(plan_dir);
+  if (world != static_cast<int>(stages.size()))
+    throw Error(fmt::format("--world {} but the plan has {} pipeline stages", world,
+                            stages.size()));
+  if (rank < 1 || rank >= world)
+    throw Error(fmt::format("--rank {} is outside 1..{} (rank 0 is `xserv run`)", rank, world - 1));
+  std::ifstream in(plan_dir / "plan.json");
+  const nlohmann::json pj = nlohmann::json::parse(in);
+  const int64_t max_batch = pj["options"].value("max_batch", int64_t{1});
+  const int64_t max_seq = pj["options"].value("max_seq", int64_t{4096});
+  Connection c = Connection::connect(coordinator, Clock::now() + std::chrono::seconds(30));
+  c.send(message(
+      kHello, {{"rank", rank}, {"world", world}, {"digest", pipeline_plan_digest(plan_dir)}}));
+  const Frame w = c.receive(std::chrono::seconds(30));
+  if (w.type == kFail)
+    throw Error("refused by rank 0: " + decode(w.payload, nullptr).value("message", "?"));
+  if (w.type != kWelcome)
+    throw Error("rank 0 answered the handshake with something else");
+  CpuEngine engine(model_dir, max_batch, max_seq, nullptr);
+  const ir::Graph& stage = stages[size_t(rank)];
+  std::mutex send_lock;
+  for (;;) {
+    // Between steps rank 0 may be idle for long (a chat): wait, but not forever.
+    const Frame f = c.receive(std::chrono::hours(24));
+    if (f.type == kQuit)
+      return 0;
+    if (f.type == kReset) {
+      engine.reset();
+      continue;
+    }
+    if (f.type != kStep)
+      throw Error(fmt::format("rank {}: unexpected message {} from rank 0", rank, f.type));
+    Named in;
+    const nlohmann::json h = decode(f.payload, &in);
+    maybe_fault(rank, h.value("step", int64_t{-1}));
+    std::atomic<bool> done{false};
+    std::thread alive([&] { // heartbeats while the stage computes
+      while (!done.load()) {
+        for (int i = 0; i < 10 && !done.load(); ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (done.load())
+          break;
+        std::lock_guard<std::mutex> g(send_lock);
+        try {
+          c.send(message(kAlive, nlohmann::json::object()));
+        } catch (const Error&) {
+          return;
+        }
+      }
+    });
+    Named out;
+    std::string failure;
+    try {
+      out = name_outputs(stage, engine.run_graph(stage, {in.begin(), in.end()}));
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+    done = true;
+    alive.join();
+    std::lock_guard<std::mutex> g(send_lock);
+    if (!failure.empty()) {
+      c.send(message(kFail, {{"message", failure}}));
+      throw Error(failure);
+    }
+    c.send(message(kResult, nlohmann::json::object(), out));
+  }
+}
+
+} // namespace xserv::cli

@@ -1,0 +1,69 @@
+// TCP for the pipeline's control plane: a listening socket, connections with deadlines, and
+// length-prefixed frames. Every wait has a timeout, so a dead or hung peer is an error naming it,
+// never a hang.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace xserv::runtime {
+
+/// A frame: a type byte and a payload.
+struct Frame {
+  uint8_t type = 0;
+  std::string payload;
+};
+
+/// One TCP connection (moves, closes on destruction).
+class Connection {
+public:
+  Connection() = default;
+  explicit Connection(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
+  Connection(Connection&& o) noexcept;
+  Connection& operator=(Connection&& o) noexcept;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+  ~Connection();
+
+  /// Connects to "host:port", retrying until `deadline` (the other side may still be starting).
+  static Connection connect(const std::string& address,
+                            std::chrono::steady_clock::time_point deadline);
+
+  /// Sends one frame (whole, or throws xserv::Error naming the peer).
+  void send(const Frame& f);
+  /// Receives one frame, waiting at most `timeout`; throws xserv::Error naming the peer when
+  /// it closes the connection, on a socket error, a malformed frame, or the timeout.
+  Frame receive(std::chrono::milliseconds timeout);
+
+  bool valid() const { return fd_ >= 0; }
+  const std::string& peer() const { return peer_; }
+  void close();
+
+private:
+  int fd_ = -1;
+  std::string peer_;
+};
+
+/// A listening socket on all interfaces.
+class Listener {
+public:
+  /// Listens on `port` (0: an ephemeral port, see port()).
+  explicit Listener(uint16_t port);
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+  ~Listener();
+  uint16_t port() const { return port_; }
+  /// Accepts one connection, waiting at most until `deadline`.
+  Connection accept(std::chrono::steady_clock::time_point deadline);
+
+private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+};
+
+/// Splits "host:port"; throws xserv::Error for anything else.
+std::pair<std::string, uint16_t> split_address(const std::string& address);
+
+} // namespace xserv::runtime

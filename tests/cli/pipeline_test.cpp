@@ -1,0 +1,118 @@
+// Pipelined plans on the CPU backend: one process per stage (xserv run spawns `xserv worker`s, or
+// they are started by hand with --coordinator), the same tokens as the whole model, a handshake
+// that refuses another compile's plan, and a dead or hung rank ending the run with its name.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "tests/cli/run_xserv.h"
+#include "tests/test_util.h"
+
+using xserv::testing::run_shell;
+using xserv::testing::run_xserv;
+using xserv::testing::RunResult;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A tiny checkpoint with plans for pp 1 and 2 (and a pp 2 plan of another compile).
+struct Plans {
+  xserv::testing::TempDir tmp{"pipeline"};
+  std::string model = (tmp.path / "model").string();
+  std::string pp1 = (tmp.path / "pp1").string(), pp2 = (tmp.path / "pp2").string();
+  std::string other = (tmp.path / "pp2_other").string();
+  Plans() {
+    REQUIRE(run_xserv("synth --config " +
+                      (xserv::testing::source_dir() / "examples/tiny/config.json").string() +
+                      " -o " + model + " --seed 3")
+                .code == 0);
+    REQUIRE(run_xserv(fmt::format("compile {} -o {} --no-cubins", model, pp1)).code == 0);
+    REQUIRE(run_xserv(fmt::format("compile {} -o {} --pp 2 --no-cubins", model, pp2)).code == 0);
+    REQUIRE(run_xserv(fmt::format("compile {} -o {} --pp 2 --max-seq 2048 --no-cubins", model,
+                                  other))
+                .code == 0);
+  }
+};
+
+const char* kPrompt = " --backend cpu --prompt-ids 5,6,7,8,9 --max-tokens 5";
+
+std::string read_file(const fs::path& f) {
+  std::ifstream in(f);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// `xserv ARGS` with environment assignments `env` in front; stderr kept apart.
+RunResult run_with_env(const std::string& env, const std::string& args, const fs::path& dir) {
+  const fs::path err = dir / "stderr.txt";
+  RunResult r = run_shell(fmt::format("{} {} {} 2>{} </dev/null", env, XSERV_BINARY, args,
+                                      err.string()));
+  r.err = read_file(err);
+  return r;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+} // namespace
+
+TEST_CASE("pipelined plan, one process per stage: the tokens of the whole model") {
+  Plans p;
+  RunResult whole = run_xserv("run " + p.pp1 + kPrompt, "", true);
+  RunResult ranks = run_xserv("run " + p.pp2 + kPrompt, "", true);
+  RunResult local = run_xserv("run " + p.pp2 + kPrompt + " --pp-local", "", true);
+  REQUIRE(whole.code == 0);
+  REQUIRE(ranks.code == 0);
+  REQUIRE(local.code == 0);
+  CHECK(!whole.out.empty());
+  CHECK(ranks.out == whole.out);
+  CHECK(local.out == whole.out);
+  CHECK(ranks.err.find("[pipeline] 2 ranks ready") != std::string::npos);
+  CHECK(local.err.find("run one after another in this process") != std::string::npos);
+}
+
+TEST_CASE("pipelined plan: a rank holding another compile's plan is refused at the handshake") {
+  Plans p;
+  const int port = 20000 + static_cast<int>(getpid() % 20000);
+  const fs::path log0 = p.tmp.path / "rank0.log";
+  // Rank 0 waits for its worker; the worker brings a plan compiled with other options.
+  RunResult w = run_shell(fmt::format(
+      "({x} run {plan} {prompt} --coordinator 127.0.0.1:{port} --world 2 > {log} 2>&1; "
+      "echo rc=$? >> {log}) & sleep 0.3; {x} worker {other} --rank 1 --world 2 "
+      "--coordinator 127.0.0.1:{port} 2>&1; echo worker_rc=$?; wait",
+      fmt::arg("x", XSERV_BINARY), fmt::arg("plan", p.pp2), fmt::arg("prompt", kPrompt),
+      fmt::arg("port", port), fmt::arg("log", log0.string()), fmt::arg("other", p.other)));
+  CHECK(w.out.find("refused by rank 0: rank 1 holds a plan from another compile") !=
+        std::string::npos);
+  CHECK(w.out.find("worker_rc=1") != std::string::npos);
+  const std::string r0 = read_file(log0);
+  CHECK(r0.find("pipeline handshake: rank 1 holds a plan from another compile") !=
+        std::string::npos);
+  CHECK(r0.find("rc=1") != std::string::npos);
+}
+
+TEST_CASE("pipelined plan: a worker that dies or hangs ends the run with its rank named") {
+  Plans p;
+  auto t0 = std::chrono::steady_clock::now();
+  RunResult dead =
+      run_with_env("XSERV_PIPELINE_FAULT=1:exit@2", "run " + p.pp2 + kPrompt, p.tmp.path);
+  CHECK(dead.code == 1);
+  CHECK(dead.err.find("pipeline rank 1 (pid") != std::string::npos);
+  CHECK(dead.err.find("exited with status 3") != std::string::npos);
+  CHECK(seconds_since(t0) < 30);
+
+  t0 = std::chrono::steady_clock::now();
+  RunResult hung = run_with_env("XSERV_PIPELINE_FAULT=1:hang@1 XSERV_PIPELINE_TIMEOUT=2",
+                                "run " + p.pp2 + kPrompt, p.tmp.path);
+  CHECK(hung.code == 1);
+  CHECK(hung.err.find("pipeline rank 1 stopped") != std::string::npos);
+  CHECK(hung.err.find("sent nothing for 2 s") != std::string::npos);
+  CHECK(seconds_since(t0) < 30);
+}
