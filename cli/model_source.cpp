@@ -1,9 +1,9 @@
 // Plan-or-checkpoint resolution, engine construction and tokenizer lookup shared by commands.
 #include "cli/model_source.h"
 
-#include <cstdio>
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 
@@ -152,8 +152,8 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
     PipelineLaunch launch;
     launch.coordinator = args.get("--coordinator", "");
     if (const char* t = std::getenv("XSERV_PIPELINE_TIMEOUT"); t && *t)
-      launch.rank_timeout = std::chrono::milliseconds(
-          static_cast<int64_t>(std::max(0.1, std::atof(t)) * 1000));
+      launch.rank_timeout =
+          std::chrono::milliseconds(static_cast<int64_t>(std::max(0.1, std::atof(t)) * 1000));
     if (args.has("--weights"))
       launch.weights = src.model_dir;
     if (args.has("--world") &&

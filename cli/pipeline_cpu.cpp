@@ -8,15 +8,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <optional>
-#include <algorithm>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -58,7 +58,8 @@ std::string encode(const nlohmann::json& head, const Named& tensors) {
   std::string data;
   for (const auto& [name, t] : tensors) {
     const bool ints = t.is_int();
-    h["tensors"].push_back({{"name", name}, {"dtype", std::string(ir::dtype_name(t.dtype))}, {"shape", t.shape}});
+    h["tensors"].push_back(
+        {{"name", name}, {"dtype", std::string(ir::dtype_name(t.dtype))}, {"shape", t.shape}});
     if (ints)
       data.append(reinterpret_cast<const char*>(t.i.data()), t.i.size() * sizeof(int32_t));
     else
@@ -144,11 +145,9 @@ class PipelineCpuEngine : public Engine {
 public:
   PipelineCpuEngine(const fs::path& plan_dir, const fs::path& model_dir, int64_t max_batch,
                     int64_t max_seq, std::vector<ir::Graph> stages, const PipelineLaunch& launch)
-      : stages_(std::move(stages)), launch_(launch),
-        local_(model_dir, max_batch, max_seq, nullptr),
-        listener_(launch.coordinator.empty()
-                      ? 0
-                      : runtime::split_address(launch.coordinator).second) {
+      : stages_(std::move(stages)), launch_(launch), local_(model_dir, max_batch, max_seq, nullptr),
+        listener_(launch.coordinator.empty() ? 0
+                                             : runtime::split_address(launch.coordinator).second) {
     const int world = static_cast<int>(stages_.size());
     const std::string digest = pipeline_plan_digest(plan_dir);
     if (launch.coordinator.empty())
@@ -178,8 +177,8 @@ public:
         refusal = fmt::format("rank {} was started for {} ranks, this pipeline has {}", rank,
                               h.value("world", 0), world);
       else if (h.value("digest", "") != digest)
-        refusal = fmt::format("rank {} holds a plan from another compile (digest {} vs {})",
-                              rank, h.value("digest", "").substr(0, 12), digest.substr(0, 12));
+        refusal = fmt::format("rank {} holds a plan from another compile (digest {} vs {})", rank,
+                              h.value("digest", "").substr(0, 12), digest.substr(0, 12));
       else if (ranks_[size_t(rank)].valid())
         refusal = fmt::format("rank {} connected twice", rank);
       if (!refusal.empty()) {
@@ -355,8 +354,8 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
                         const std::string& coordinator) {
   std::vector<ir::Graph> stages = read_stages(plan_dir);
   if (world != static_cast<int>(stages.size()))
-    throw Error(fmt::format("--world {} but the plan has {} pipeline stages", world,
-                            stages.size()));
+    throw Error(
+        fmt::format("--world {} but the plan has {} pipeline stages", world, stages.size()));
   if (rank < 1 || rank >= world)
     throw Error(fmt::format("--rank {} is outside 1..{} (rank 0 is `xserv run`)", rank, world - 1));
   std::ifstream in(plan_dir / "plan.json");
@@ -364,8 +363,8 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
   const int64_t max_batch = pj["options"].value("max_batch", int64_t{1});
   const int64_t max_seq = pj["options"].value("max_seq", int64_t{4096});
   Connection c = Connection::connect(coordinator, Clock::now() + std::chrono::seconds(30));
-  c.send(message(
-      kHello, {{"rank", rank}, {"world", world}, {"digest", pipeline_plan_digest(plan_dir)}}));
+  c.send(message(kHello,
+                 {{"rank", rank}, {"world", world}, {"digest", pipeline_plan_digest(plan_dir)}}));
   const Frame w = c.receive(std::chrono::seconds(30));
   if (w.type == kFail)
     throw Error("refused by rank 0: " + decode(w.payload, nullptr).value("message", "?"));

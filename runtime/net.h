@@ -38,6 +38,7 @@ public:
   Frame receive(std::chrono::milliseconds timeout);
 
   bool valid() const { return fd_ >= 0; }
+  int fd_for_tests() const { return fd_; } ///< raw socket, for tests that send foreign bytes
   const std::string& peer() const { return peer_; }
   void close();
 

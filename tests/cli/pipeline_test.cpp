@@ -35,9 +35,9 @@ struct Plans {
                 .code == 0);
     REQUIRE(run_xserv(fmt::format("compile {} -o {} --no-cubins", model, pp1)).code == 0);
     REQUIRE(run_xserv(fmt::format("compile {} -o {} --pp 2 --no-cubins", model, pp2)).code == 0);
-    REQUIRE(run_xserv(fmt::format("compile {} -o {} --pp 2 --max-seq 2048 --no-cubins", model,
-                                  other))
-                .code == 0);
+    REQUIRE(
+        run_xserv(fmt::format("compile {} -o {} --pp 2 --max-seq 2048 --no-cubins", model, other))
+            .code == 0);
   }
 };
 
@@ -51,8 +51,8 @@ std::string read_file(const fs::path& f) {
 /// `xserv ARGS` with environment assignments `env` in front; stderr kept apart.
 RunResult run_with_env(const std::string& env, const std::string& args, const fs::path& dir) {
   const fs::path err = dir / "stderr.txt";
-  RunResult r = run_shell(fmt::format("{} {} {} 2>{} </dev/null", env, XSERV_BINARY, args,
-                                      err.string()));
+  RunResult r =
+      run_shell(fmt::format("{} {} {} 2>{} </dev/null", env, XSERV_BINARY, args, err.string()));
   r.err = read_file(err);
   return r;
 }

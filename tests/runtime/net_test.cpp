@@ -1,0 +1,92 @@
+// runtime/net: frames round-trip; every failure (timeout, closed peer, foreign bytes, bad
+// address) is an error naming the peer, never a hang.
+#include <doctest/doctest.h>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+
+#include "ir/error.h"
+#include "runtime/net.h"
+
+using namespace xserv;
+using runtime::Connection;
+using runtime::Frame;
+using runtime::Listener;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+/// A connected pair through a listener on an ephemeral port.
+std::pair<Connection, Connection> connected_pair(Listener& l) {
+  Connection client;
+  std::thread t([&] {
+    client = Connection::connect("127.0.0.1:" + std::to_string(l.port()),
+                                 Clock::now() + std::chrono::seconds(5));
+  });
+  Connection server = l.accept(Clock::now() + std::chrono::seconds(5));
+  t.join();
+  return {std::move(server), std::move(client)};
+}
+
+} // namespace
+
+TEST_CASE("net: frames round-trip, large and empty") {
+  Listener l(0);
+  CHECK(l.port() > 0);
+  auto [server, client] = connected_pair(l);
+  std::string big(3 << 20, 'x');
+  for (size_t i = 0; i < big.size(); i += 4099)
+    big[i] = static_cast<char>(i);
+  std::thread t([&] {
+    client.send({7, big});
+    client.send({9, ""});
+  });
+  const Frame a = server.receive(milliseconds(5000));
+  const Frame b = server.receive(milliseconds(5000));
+  t.join();
+  CHECK(a.type == 7);
+  CHECK(a.payload == big);
+  CHECK(b.type == 9);
+  CHECK(b.payload.empty());
+}
+
+TEST_CASE("net: silence, a closed peer and foreign bytes are errors naming the peer") {
+  Listener l(0);
+  auto [server, client] = connected_pair(l);
+  const auto t0 = Clock::now();
+  CHECK_THROWS_WITH(server.receive(milliseconds(300)), doctest::Contains("sent nothing for"));
+  CHECK(Clock::now() - t0 < std::chrono::seconds(5));
+  const char junk[13] = "GET / HTTP/1";
+  REQUIRE(::send(client.fd_for_tests(), junk, sizeof(junk), 0) == sizeof(junk));
+  CHECK_THROWS_WITH(server.receive(milliseconds(2000)), doctest::Contains("malformed frame"));
+  client.close();
+  Listener l2(0);
+  auto [s2, c2] = connected_pair(l2);
+  c2.close();
+  CHECK_THROWS_WITH(s2.receive(milliseconds(2000)), doctest::Contains("closed the connection"));
+}
+
+TEST_CASE("net: addresses and deadlines") {
+  CHECK(runtime::split_address("10.0.0.2:29500") ==
+        std::pair<std::string, uint16_t>{"10.0.0.2", 29500});
+  CHECK_THROWS_WITH(runtime::split_address("nohost"), doctest::Contains("is not HOST:PORT"));
+  CHECK_THROWS_WITH(runtime::split_address("h:0"), doctest::Contains("port must be 1 to 65535"));
+  CHECK_THROWS_WITH(runtime::split_address("h:70000"),
+                    doctest::Contains("port must be 1 to 65535"));
+  Listener l(0);
+  CHECK_THROWS_WITH(l.accept(Clock::now() + milliseconds(200)),
+                    doctest::Contains("no connection on port"));
+  // Nothing listens on a port we just released: connect gives up at its deadline.
+  uint16_t free_port = 0;
+  {
+    Listener tmp(0);
+    free_port = tmp.port();
+  }
+  CHECK_THROWS_WITH(Connection::connect("127.0.0.1:" + std::to_string(free_port),
+                                        Clock::now() + milliseconds(300)),
+                    doctest::Contains("before the deadline"));
+}
