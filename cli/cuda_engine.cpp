@@ -1,10 +1,10 @@
 // CudaEngine: construction (passes, memory plan, kernels, weights, caches) and the step loop.
 //
-// Deliberately simple for now: every kernel is a decode-path kernel (prefill runs in sub-steps of
-// at most 8 tokens per linear launch) and every step synchronises once per sub-step. Decode
-// sub-steps (one token per sequence) are captured as CUDA graphs, one per (batch size, attention
-// key bucket), and replayed: launches read every step input from the params buffer and write to
-// fixed addresses, so only the params upload before the replay changes between steps.
+// A step runs in sub-steps of at most the prefill chunk (1024 tokens) and synchronises once per
+// sub-step. Decode sub-steps (one token per sequence) are captured as CUDA graphs, one per
+// (batch size, attention key bucket), and replayed: launches read every step input from the
+// params buffer and write to fixed addresses, so only the params upload before the replay
+// changes between steps. XSERV_PROFILE=1 times every launch function instead (graphs off).
 #include "cli/cuda_engine.h"
 
 #include <cuda_runtime_api.h>

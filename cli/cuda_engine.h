@@ -34,9 +34,9 @@ struct CudaEngineOptions {
 };
 
 /// Runs a gpt-oss graph on the GPU: weights in BF16 (MXFP4 experts dequantised), activations
-/// fp32 in one planned arena, KV caches in BF16. A step of more tokens than the arena holds
-/// (step_token_capacity) runs as several consecutive sub-steps, which is exact because attention
-/// reads the earlier sub-steps' keys from the cache.
+/// fp32 in one planned arena, KV caches in the plan's dtype (fp32 by default). A step of more
+/// tokens than the arena holds (step_token_capacity) runs as several consecutive sub-steps, which
+/// is exact because attention reads the earlier sub-steps' keys from the cache.
 class CudaEngine : public Engine {
 public:
   /// Opens the checkpoint in `model_dir`, runs the default pass pipeline over `graph` (default:

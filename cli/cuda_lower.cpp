@@ -1,9 +1,10 @@
 // Node-by-node lowering of the fused graph to the codegen kernels, and their compilation.
 //
-// Deliberately simple for now: every linear runs the decode GEMV 8 tokens at a time (prefill
-// re-reads the weights per 8 tokens) and qkv_rope recomputes its norm in each of its three
-// projections; tensor-core prefill comes later. The engine captures decode launches as CUDA
-// graphs, which is why launches depend on the step only through its sizes.
+// Every node gets the kernels of both paths and a launch function that picks by the step's size
+// (docs/DESIGN.md, kernel selection): decode GEMVs for at most 8 rows, tensor-core gemms (split K
+// up to 64 rows) above, grouped expert gemms for the MoE, query-tiled attention above 64 tokens.
+// The engine captures decode launches as CUDA graphs, which is why launches depend on the step
+// only through its sizes (tokens, sequences, attention key bucket).
 #include "cli/cuda_lower.h"
 
 #include <algorithm>
