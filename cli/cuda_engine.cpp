@@ -158,13 +158,13 @@ struct CudaEngine::Impl {
 };
 
 void CudaEngine::Impl::upload_weights(const fs::path& cache_dir) {
-  // Every checkpoint tensor goes up in one streamed pass (runtime/weights: MXFP4 experts are
-  // dequantised to BF16 on the GPU); the graph's weights are then looked up by name and checked.
+  // The graph's tensors go up in one streamed pass (runtime/weights: MXFP4 experts are
+  // dequantised to BF16 on the GPU), then are looked up by name and checked.
   runtime::UploadOptions o;
   o.cache_dir = cache_dir;
   if (!quiet)
     o.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-  device_weights = runtime::DeviceWeights::upload(weight_specs(ckpt), o);
+  device_weights = runtime::DeviceWeights::upload(weight_specs_for(ckpt, graph), o);
   for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(graph.size()); ++v) {
     const ir::Node& n = graph.node(v);
     if (n.op != ir::Op::Weight)

@@ -2,6 +2,7 @@
 #include "cli/weight_specs.h"
 
 #include <algorithm>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -74,6 +75,23 @@ std::vector<runtime::WeightSpec> weight_specs(const models::Checkpoint& checkpoi
       spec.shape.back() *= models::kMxfp4BlockValues;
       specs.push_back(std::move(spec));
     }
+  }
+  return specs;
+}
+
+std::vector<runtime::WeightSpec> weight_specs_for(const models::Checkpoint& checkpoint,
+                                                  const ir::Graph& g) {
+  std::set<std::string> wanted;
+  for (const ir::Node& n : g.nodes)
+    if (n.op == ir::Op::Weight)
+      wanted.insert(n.attr_str("name"));
+  std::vector<runtime::WeightSpec> specs = weight_specs(checkpoint);
+  std::erase_if(specs, [&](const runtime::WeightSpec& s) { return !wanted.count(s.name); });
+  if (specs.size() != wanted.size()) {
+    for (const runtime::WeightSpec& s : specs)
+      wanted.erase(s.name);
+    throw Error(fmt::format("{}: the graph reads weights the checkpoint lacks: {}",
+                            checkpoint.dir().string(), fmt::join(wanted, ", ")));
   }
   return specs;
 }

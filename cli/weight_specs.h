@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "ir/graph.h"
 #include "models/checkpoint.h"
 #include "runtime/plan.h"
 
@@ -15,5 +16,10 @@ namespace xserv::cli {
 /// logical shape [E, rows, G * 32]. The checkpoint may be opened headers-only. Throws
 /// xserv::Error when a blocks tensor has no scales (or the reverse) or the two disagree.
 std::vector<runtime::WeightSpec> weight_specs(const models::Checkpoint& checkpoint);
+
+/// weight_specs() restricted to the weights `g` reads (a pipeline stage uploads only its own):
+/// throws xserv::Error naming any weight of the graph the checkpoint lacks.
+std::vector<runtime::WeightSpec> weight_specs_for(const models::Checkpoint& checkpoint,
+                                                  const ir::Graph& g);
 
 } // namespace xserv::cli

@@ -1,8 +1,10 @@
 // CPU tests of weight loading: checkpoint -> WeightSpecs, spec and file validation, the arena
 // layout, the dequant kernel compiling, and a clear "no GPU" from upload() on machines without one.
 #include "cli/weight_specs.h"
+#include "compiler/partition.h"
 #include "ir/error.h"
 #include "models/checkpoint.h"
+#include "models/gpt_oss.h"
 #include "models/safetensors.h"
 #include "models/synth.h"
 #include "runtime/device.h"
@@ -252,4 +254,38 @@ TEST_CASE("DeviceWeights: an empty one has no tensors and throws for lookups") {
   CHECK(w.device_bytes() == 0);
   CHECK(w.find("x") == nullptr);
   CHECK(error_of([&] { w.get("x"); }).find("no weight named 'x'") != std::string::npos);
+}
+
+TEST_CASE("weight_specs_for: a pipeline stage uploads its own weights only") {
+  TempDir dir;
+  models::SynthOptions so;
+  so.seed = 4;
+  const models::ModelConfig cfg = tiny_config();
+  models::synth_checkpoint(cfg, dir.path, so);
+  auto ck = models::Checkpoint::open(dir.path);
+  const ir::Graph whole = models::build_gpt_oss(cfg);
+  const compiler::Pipeline p = compiler::partition_pipeline(whole, 2);
+  const size_t all = cli::weight_specs(ck).size();
+  CHECK(cli::weight_specs_for(ck, whole).size() == all);
+  std::set<std::string> seen;
+  size_t total = 0;
+  for (const ir::Graph& stage : p.stages) {
+    const std::vector<WeightSpec> specs = cli::weight_specs_for(ck, stage);
+    total += specs.size();
+    for (const WeightSpec& s : specs) {
+      CHECK(seen.insert(s.name).second); // no weight in two stages
+      const bool first_stage = &stage == &p.stages[0];
+      CHECK((s.name.find("model.layers.0.") == 0 || s.name.find("embed") != std::string::npos) ==
+            first_stage);
+    }
+  }
+  CHECK(total == all);
+  // A graph reading a weight the checkpoint lacks: one error naming it.
+  ir::Graph bad = p.stages[1];
+  for (ir::Node& n : bad.nodes)
+    if (n.op == ir::Op::Weight && n.attr_str("name") == "lm_head.weight")
+      n.set_attr("name", std::string("lm_head.missing"));
+  CHECK_THROWS_WITH(
+      cli::weight_specs_for(ck, bad),
+      doctest::Contains("the graph reads weights the checkpoint lacks: lm_head.missing"));
 }
