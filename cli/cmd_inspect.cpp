@@ -93,6 +93,8 @@ int cmd_inspect(const ParsedArgs& args) {
         {"kernels", pj.contains("codegen") ? pj["codegen"]["kernels"] : nlohmann::json::array()},
         {"launches_per_decode_step",
          pj.contains("codegen") ? pj["codegen"].value("launches_per_decode_step", 0) : 0},
+        {"launches_per_prefill_step",
+         pj.contains("codegen") ? pj["codegen"].value("launches_per_prefill_step", 0) : 0},
         {"roofline",
          {{"decode_b1_bytes", d0.bytes},
           {"decode_b1_tokens_per_s", d0.tokens_per_s},
@@ -146,11 +148,16 @@ int cmd_inspect(const ParsedArgs& args) {
     s += fmt::format(" {} {}", name, n);
   if (pj.contains("codegen")) {
     const auto& cg = pj["codegen"];
-    s += fmt::format("\nkernels ({} for {}, {} launches per decode step):\n", cg["kernels"].size(),
-                     cg.value("arch", "?"), cg.value("launches_per_decode_step", 0));
+    s += fmt::format("\nkernels ({} for {}; launches: {} per decode step, {} per {}-token prefill "
+                     "step):\n",
+                     cg["kernels"].size(), cg.value("arch", "?"),
+                     cg.value("launches_per_decode_step", 0),
+                     cg.value("launches_per_prefill_step", 0), cg.value("prefill_step_tokens", 0));
+    s += fmt::format("  {:<56} {:>5} {:>7} {:>7}\n", "kernel", "nodes", "decode", "prefill");
     for (const auto& k : cg["kernels"])
-      s += fmt::format("  {:<48} used by {:>3} node(s){}\n", k.value("name", "?"),
-                       k.value("nodes", 0), k.contains("cubin") ? "" : "  (no cubin)");
+      s += fmt::format("  {:<56} {:>5} {:>7} {:>7}{}\n", k.value("name", "?"), k.value("nodes", 0),
+                       k.value("decode_launches", 0), k.value("prefill_launches", 0),
+                       k.contains("cubin") ? "" : "  (no cubin)");
     s += "\n";
   } else {
     s += "\nkernels: none in this plan\n\n";

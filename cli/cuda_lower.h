@@ -54,6 +54,10 @@ public:
   /// and `splits` key splits, by its launch rule; argument types must match exactly.
   template <typename... Args>
   void launch(int i, int rows, int splits, cudaStream_t stream, const Args&... args) const {
+    if (counts_) {
+      ++(*counts_)[static_cast<size_t>(i)];
+      return;
+    }
     const codegen::KernelSource& s = source(i);
     const auto g = s.launch.grid(rows, splits);
     modules_.at(static_cast<size_t>(i))
@@ -64,6 +68,10 @@ public:
   /// launch() with type-erased arguments (`args[i]` points at `sizes[i]` bytes).
   void launch_raw(int i, int rows, int splits, cudaStream_t stream, void** args,
                   const size_t* sizes, size_t count) const {
+    if (counts_) {
+      ++(*counts_)[static_cast<size_t>(i)];
+      return;
+    }
     const codegen::KernelSource& s = source(i);
     const auto g = s.launch.grid(rows, splits);
     modules_.at(static_cast<size_t>(i))
@@ -71,7 +79,16 @@ public:
                     dim3(s.launch.block), s.launch.smem(rows), stream, args, sizes, count);
   }
 
+  /// Counting mode (no GPU needed): while `counts` is set, launches only add one to
+  /// (*counts)[kernel]; nullptr launches again.
+  void count_launches(std::vector<int>* counts) {
+    counts_ = counts;
+    if (counts_)
+      counts_->assign(sources_.size(), 0);
+  }
+
 private:
+  std::vector<int>* counts_ = nullptr;
   std::vector<codegen::KernelSource> sources_;
   std::map<std::string, int> by_name_;
   std::vector<int> uses_;

@@ -1,6 +1,7 @@
 // write_plan_kernels(): the lowering run once at compile time, with no GPU, to emit the kernels.
 #include "cli/plan_kernels.h"
 
+#include <algorithm>
 #include <fstream>
 #include <future>
 
@@ -31,6 +32,19 @@ nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
   ctx.allocate = [](size_t, const void*) -> void* { return &placeholder; };
   const std::vector<LaunchFn> launches = lower_graph(g, kernels, ctx);
 
+  // Kernel launches of a decode step (one sequence) and of a prefill step, counted by running
+  // the launch functions with launches only counted.
+  const int prefill_tokens = std::min(512, ctx.max_tokens);
+  std::vector<int> decode_counts, prefill_counts;
+  kernels.count_launches(&decode_counts);
+  for (const LaunchFn& f : launches)
+    f(DeviceStep{1, 1, 0, nullptr});
+  kernels.count_launches(&prefill_counts);
+  for (const LaunchFn& f : launches)
+    f(DeviceStep{prefill_tokens, 1, prefill_tokens - 1, nullptr});
+  kernels.count_launches(nullptr);
+  int decode_total = 0, prefill_total = 0;
+
   const fs::path dir = plan / "kernels";
   fs::create_directories(dir);
   // The templates the sources include, so the plan directory reads (and compiles) on its own.
@@ -45,7 +59,11 @@ nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
     table.push_back({{"name", k.name},
                      {"source", "kernels/" + k.name + ".cu"},
                      {"block", k.launch.block},
-                     {"nodes", kernels.uses(static_cast<int>(i))}});
+                     {"nodes", kernels.uses(static_cast<int>(i))},
+                     {"decode_launches", decode_counts[i]},
+                     {"prefill_launches", prefill_counts[i]}});
+    decode_total += decode_counts[i];
+    prefill_total += prefill_counts[i];
   }
   if (opts.cubins) {
     runtime::CompileOptions co;
@@ -76,7 +94,9 @@ nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
     }
   }
   return {{"arch", opts.arch},
-          {"launches_per_decode_step", launches.size()},
+          {"launches_per_decode_step", decode_total},
+          {"prefill_step_tokens", prefill_tokens},
+          {"launches_per_prefill_step", prefill_total},
           {"kernels", std::move(table)}};
 }
 
