@@ -245,7 +245,13 @@ public:
           break;
         }
       } catch (const Error& e) {
-        check_children();
+        // A rank this process started and whose connection dropped is usually exiting: give
+        // it a moment, so the message can say how it ended.
+        const auto until = Clock::now() + std::chrono::seconds(1);
+        do {
+          check_children();
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        } while (child_rank_has(static_cast<int>(r)) && Clock::now() < until);
         throw Error(fmt::format("pipeline rank {} stopped: {}", r, e.what()));
       }
     }
@@ -296,6 +302,14 @@ private:
       children_.push_back(pid);
       child_rank_[pid] = r;
     }
+  }
+
+  /// Whether rank `r` is a worker this process started that has not been reaped.
+  bool child_rank_has(int r) const {
+    for (pid_t pid : children_)
+      if (child_rank_.at(pid) == r)
+        return true;
+    return false;
   }
 
   /// Throws naming the rank when a spawned worker has exited.
