@@ -82,10 +82,11 @@ TEST_CASE("pipelined plan: a rank holding another compile's plan is refused at t
   Plans p;
   const int port = 20000 + static_cast<int>(getpid() % 20000);
   const fs::path log0 = p.tmp.path / "rank0.log";
-  // Rank 0 waits for its worker; the worker brings a plan compiled with other options.
+  // Rank 0 waits for its worker; the worker (whose connect retries until rank 0 listens) brings
+  // a plan compiled with other options.
   RunResult w = run_shell(fmt::format(
       "({x} run {plan} {prompt} --coordinator 127.0.0.1:{port} --world 2 > {log} 2>&1; "
-      "echo rc=$? >> {log}) & sleep 0.3; {x} worker {other} --rank 1 --world 2 "
+      "echo rc=$? >> {log}) & {x} worker {other} --rank 1 --world 2 "
       "--coordinator 127.0.0.1:{port} 2>&1; echo worker_rc=$?; wait",
       fmt::arg("x", XSERV_BINARY), fmt::arg("plan", p.pp2), fmt::arg("prompt", kPrompt),
       fmt::arg("port", port), fmt::arg("log", log0.string()), fmt::arg("other", p.other)));
