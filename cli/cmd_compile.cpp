@@ -183,6 +183,11 @@ int cmd_compile(const ParsedArgs& args) {
   ko.max_seq = max_seq;
   ko.cubins = cubins;
   pj["codegen"] = write_plan_kernels(g, plan, ko);
+  // Each stage lowers to kernels of the whole graph (checked here, so a plan never holds a
+  // stage the CUDA runtime cannot run).
+  for (size_t i = 0; i < pipeline.stages.size(); ++i)
+    pj["pipeline"]["stages"][i]["launches_per_decode_step"] =
+        stage_launches(pipeline.stages[i], pj["codegen"], ko)["launches_per_decode_step"];
   progress.finish(fmt::format("{} kernels, {} launches per decode step",
                               pj["codegen"]["kernels"].size(),
                               pj["codegen"]["launches_per_decode_step"].get<size_t>()));

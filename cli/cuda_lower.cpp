@@ -625,7 +625,9 @@ private:
     case Op::Cache:
     case Op::Reshape:
     case Op::Extract:
-      return; // sources and aliases: nothing to launch
+    case Op::Recv: // a pipeline stage's input buffer, filled by the transport before the step
+    case Op::Send: // an alias of its operand, read by the transport after the step
+      return;      // sources and aliases: nothing to launch
     case Op::Embedding: {
       const codegen::EmbeddingDims d{static_dim(g_, n.inputs[0], 0),
                                      static_dim(g_, n.inputs[0], 1)};

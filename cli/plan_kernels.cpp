@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <fstream>
 #include <future>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -17,20 +18,53 @@
 namespace xserv::cli {
 namespace fs = std::filesystem;
 
-nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
-                                  const PlanKernelOptions& opts) {
-  // The lowering wants device addresses; at compile time none exist and nothing is launched,
-  // so every address is a placeholder that is never dereferenced.
+namespace {
+
+/// The lowering with placeholder addresses: at compile time no device memory exists and nothing
+/// is launched, so every address is a placeholder that is never dereferenced.
+std::vector<LaunchFn> lower_for_plan(const ir::Graph& g, KernelSet& kernels,
+                                     const PlanKernelOptions& opts, LoweringContext& ctx) {
   static char placeholder;
-  KernelSet kernels;
-  LoweringContext ctx;
   ctx.max_tokens = step_token_capacity(opts.max_batch, kPrefillChunk);
   ctx.max_seqs = static_cast<int>(opts.max_batch);
   ctx.cache_rows = opts.max_batch;
   ctx.max_seq = opts.max_seq;
   ctx.address = [](ir::ValueId, int) -> void* { return &placeholder; };
   ctx.allocate = [](size_t, const void*) -> void* { return &placeholder; };
-  const std::vector<LaunchFn> launches = lower_graph(g, kernels, ctx);
+  return lower_graph(g, kernels, ctx);
+}
+
+} // namespace
+
+nlohmann::json stage_launches(const ir::Graph& stage, const nlohmann::json& plan_kernels,
+                              const PlanKernelOptions& opts) {
+  KernelSet kernels;
+  LoweringContext ctx;
+  const std::vector<LaunchFn> launches = lower_for_plan(stage, kernels, opts, ctx);
+  std::vector<int> counts;
+  kernels.count_launches(&counts);
+  for (const LaunchFn& f : launches)
+    f(DeviceStep{1, 1, 0, nullptr});
+  kernels.count_launches(nullptr);
+  std::set<std::string> known;
+  for (const auto& k : plan_kernels.at("kernels"))
+    known.insert(k.at("name").get<std::string>());
+  int total = 0;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const std::string& name = kernels.source(static_cast<int>(i)).name;
+    if (!known.count(name))
+      throw Error(
+          fmt::format("pipeline stage needs kernel {}, which the plan does not hold", name));
+    total += counts[i];
+  }
+  return {{"launches_per_decode_step", total}, {"kernels", kernels.size()}};
+}
+
+nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
+                                  const PlanKernelOptions& opts) {
+  KernelSet kernels;
+  LoweringContext ctx;
+  const std::vector<LaunchFn> launches = lower_for_plan(g, kernels, opts, ctx);
 
   // Kernel launches of a decode step (one sequence) and of a prefill step, counted by running
   // the launch functions with launches only counted.

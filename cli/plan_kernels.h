@@ -25,4 +25,10 @@ struct PlanKernelOptions {
 nlohmann::json write_plan_kernels(const ir::Graph& g, const std::filesystem::path& plan,
                                   const PlanKernelOptions& opts);
 
+/// Lowers a pipeline stage like write_plan_kernels (send and recv launch nothing) and returns
+/// {launches_per_decode_step, kernels}; throws xserv::Error naming a kernel the stage needs that
+/// `plan_kernels` (write_plan_kernels' result for the whole graph) does not hold.
+nlohmann::json stage_launches(const ir::Graph& stage, const nlohmann::json& plan_kernels,
+                              const PlanKernelOptions& opts);
+
 } // namespace xserv::cli

@@ -86,6 +86,11 @@ TEST_CASE("compile --pp writes one program per stage; inspect shows their share 
     CHECK(s["estimated_decode_ms"].get<double>() > 0);
   }
   CHECK(next == 36);
+  // Every stage lowers for the CUDA runtime; their launches add up to the whole model's.
+  int launches = 0;
+  for (const auto& s : doc["stages"])
+    launches += s["launches_per_decode_step"].get<int>();
+  CHECK(launches == doc["launches_per_decode_step"].get<int>());
   CHECK(doc["stages"][0]["embedding"] == true);
   CHECK(doc["stages"][2]["head"] == true);
   CHECK(doc["stages"][1]["recvs"] == 1);
