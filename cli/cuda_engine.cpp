@@ -151,10 +151,19 @@ struct CudaEngine::Impl {
   }
 
   void upload_weights(const fs::path& cache_dir);
+  /// The recv node named `name` (a pipeline stage's input).
+  ir::ValueId recv_value(const std::string& name) const {
+    for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(graph.size()); ++v)
+      if (graph.node(v).op == ir::Op::Recv && graph.node(v).attr_str("name") == name)
+        return v;
+    throw Error(fmt::format("this stage receives nothing called '{}'", name));
+  }
   cudaGraphExec_t capture(const DeviceStep& s);
   void* address(ir::ValueId v, int r);
-  void run_substep(const models::StepInput& sub, std::vector<std::vector<float>>& rows, bool all);
-  std::vector<std::vector<float>> run(const models::StepInput& in, bool all);
+  void run_substep(const models::StepInput& sub, std::vector<std::vector<float>>& rows, bool all,
+                   const StageInputs& inputs = {}, const std::vector<size_t>& input_rows = {});
+  std::vector<std::vector<float>> run(const models::StepInput& in, bool all,
+                                      const StageInputs& inputs = {});
 };
 
 void CudaEngine::Impl::upload_weights(const fs::path& cache_dir) {
@@ -401,7 +410,9 @@ double CudaEngine::peak_memory_gib() const {
 }
 
 void CudaEngine::Impl::run_substep(const models::StepInput& sub,
-                                   std::vector<std::vector<float>>& rows, bool all) {
+                                   std::vector<std::vector<float>>& rows, bool all,
+                                   const StageInputs& inputs,
+                                   const std::vector<size_t>& input_rows) {
   const std::map<std::string, ir::Tensor> p = models::step_params(sub);
   const int tokens = static_cast<int>(p.at(models::params::kTokenIds).numel());
   const int seqs = static_cast<int>(sub.tokens.size());
@@ -412,6 +423,17 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
   check(cudaMemcpyAsync(params_dev, params_host, layout.total * sizeof(int32_t),
                         cudaMemcpyHostToDevice, stream),
         "uploading the step inputs");
+  // A pipeline stage's received activations: this sub-step's rows of each recv value.
+  for (const auto& [name, full] : inputs) {
+    const ir::ValueId v = recv_value(name);
+    char* dst = static_cast<char*>(address(v, 0));
+    for (size_t i = 0; i < input_rows.size(); ++i) {
+      const std::vector<float>& row = full.at(input_rows[i]);
+      check(cudaMemcpyAsync(dst + i * row.size() * sizeof(float), row.data(),
+                            row.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+            "uploading a received activation");
+    }
+  }
   DeviceStep s;
   s.tokens = tokens;
   s.seqs = seqs;
@@ -516,10 +538,14 @@ std::vector<std::vector<Piece>> split_step(const models::StepInput& in, size_t c
 
 } // namespace
 
-std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& in, bool all) {
+std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& in, bool all,
+                                                      const StageInputs& inputs) {
   Impl& m = *this;
   validate_step(in, m.max_batch, m.max_seq, m.ckpt.config().vocab_size);
   std::vector<std::vector<float>> result(all ? 0 : in.tokens.size());
+  std::vector<size_t> seq_offset(in.tokens.size() + 1, 0); // each sequence's first row
+  for (size_t b = 0; b < in.tokens.size(); ++b)
+    seq_offset[b + 1] = seq_offset[b] + in.tokens[b].size();
   for (const std::vector<Piece>& pieces : split_step(in, static_cast<size_t>(m.tcap))) {
     models::StepInput sub;
     for (const Piece& pc : pieces) {
@@ -529,8 +555,12 @@ std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& i
       sub.ctx_lens.push_back(in.ctx_lens[pc.seq] + static_cast<int32_t>(pc.start));
       sub.cache_rows.push_back(in.cache_rows[pc.seq]);
     }
+    std::vector<size_t> input_rows; // the step's rows this sub-step holds, in its order
+    for (const Piece& pc : pieces)
+      for (size_t i = 0; i < pc.len; ++i)
+        input_rows.push_back(seq_offset[pc.seq] + pc.start + i);
     std::vector<std::vector<float>> rows;
-    m.run_substep(sub, rows, all);
+    m.run_substep(sub, rows, all, inputs, input_rows);
     if (all) {
       for (auto& r : rows)
         result.push_back(std::move(r));
@@ -545,6 +575,11 @@ std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& i
 
 std::vector<std::vector<float>> CudaEngine::step(const models::StepInput& in) {
   return impl_->run(in, false);
+}
+
+std::vector<std::vector<float>> CudaEngine::step_stage(const models::StepInput& in,
+                                                       const StageInputs& inputs) {
+  return impl_->run(in, impl_->per_token, inputs);
 }
 
 std::vector<std::vector<float>> CudaEngine::step_all(const models::StepInput& in) {

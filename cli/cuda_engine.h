@@ -2,12 +2,18 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "cli/engine.h"
 #include "ir/graph.h"
 
 namespace xserv::cli {
+
+/// Rows of a pipeline stage's received values, by recv name: one row per token of the step.
+using StageInputs = std::map<std::string, std::vector<std::vector<float>>>;
 
 /// Default tokens per prefill sub-step of the CUDA engine (and of the kernels a plan carries).
 constexpr int kPrefillChunk = 1024;
@@ -57,6 +63,11 @@ public:
   /// Every row the graph returns, sub-steps concatenated: one per token, in the step's
   /// flattened order, for a graph built with last_logits_only = false.
   std::vector<std::vector<float>> step_all(const models::StepInput& in);
+  /// For a pipeline stage's graph: runs the step with `inputs` (per recv name, one row per token
+  /// of the step in its flattened order) in the recv buffers, and returns every token's row of
+  /// the output (what the stage sends on), or one row per sequence for the last stage's logits.
+  std::vector<std::vector<float>> step_stage(const models::StepInput& in,
+                                             const StageInputs& inputs);
   void reset() override;
   void synchronize() override;
   double peak_memory_gib() const override;

@@ -13,6 +13,7 @@
 #include "cli/cpu_engine.h"
 #include "cli/cuda_engine.h"
 #include "cli/pipeline_cpu.h"
+#include "cli/pipeline_local.h"
 #include "ir/graph.h"
 #include "runtime/device.h"
 
@@ -130,14 +131,6 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
     plan_graph = ir::parse(text);
   }
   const ir::Graph* g = plan_graph ? &*plan_graph : nullptr;
-  if (backend == "cuda") {
-    if (!src.stage_graphs.empty())
-      std::fprintf(stderr,
-                   "[plan] %zu pipeline stages: the CUDA engine runs the whole model (graph.ir) "
-                   "on one GPU; stages on separate GPUs are not built yet\n",
-                   src.stage_graphs.size());
-    return std::make_unique<CudaEngine>(src.model_dir, src.max_batch, src.max_seq, g);
-  }
   std::vector<ir::Graph> stages;
   for (const std::string& file : src.stage_graphs) {
     std::ifstream in(src.plan_dir / file);
@@ -146,6 +139,19 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
           fmt::format("{}: pipeline stage program missing", (src.plan_dir / file).string()));
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     stages.push_back(ir::parse(text));
+  }
+  if (backend == "cuda" && !stages.empty() && args.has("--pp-local")) {
+    std::fprintf(stderr, "[plan] %zu pipeline stages on this GPU (same-device transport)\n",
+                 stages.size());
+    return make_local_cuda_pipeline(src.model_dir, src.max_batch, src.max_seq, stages);
+  }
+  if (backend == "cuda") {
+    if (!src.stage_graphs.empty())
+      std::fprintf(stderr,
+                   "[plan] %zu pipeline stages: the CUDA engine runs the whole model (graph.ir) "
+                   "on one GPU; stages on separate GPUs are not built yet\n",
+                   src.stage_graphs.size());
+    return std::make_unique<CudaEngine>(src.model_dir, src.max_batch, src.max_seq, g);
   }
   if (!stages.empty() && !args.has("--pp-local")) {
     // One process per stage: this one is rank 0 and drives; the others run `xserv worker`.
