@@ -57,14 +57,17 @@ std::vector<std::vector<float>> CpuEngine::step(const models::StepInput& in) {
   env_.params = models::step_params(in);
   std::vector<ir::Tensor> out =
       stages_.empty() ? ir::interpret(graph_, env_) : compiler::interpret_stages(stages_, env_);
-  const ir::Tensor& logits = out.at(0);
+  return sequence_logits(out.at(0), in.tokens.size(), env_.params.at(models::params::kLogitRows));
+}
+
+std::vector<std::vector<float>> sequence_logits(const ir::Tensor& logits, size_t seqs,
+                                                const ir::Tensor& logit_rows) {
   const int64_t v = logits.shape.back(), rows = logits.numel() / v;
   // A graph compiled with --all-logits returns every token's row: keep each sequence's last.
-  const ir::Tensor& last = env_.params.at(models::params::kLogitRows);
-  const bool per_token = rows != static_cast<int64_t>(in.tokens.size());
-  std::vector<std::vector<float>> result(in.tokens.size());
-  for (size_t b = 0; b < in.tokens.size(); ++b) {
-    const int64_t r = per_token ? last.i[b] : static_cast<int64_t>(b);
+  const bool per_token = rows != static_cast<int64_t>(seqs);
+  std::vector<std::vector<float>> result(seqs);
+  for (size_t b = 0; b < seqs; ++b) {
+    const int64_t r = per_token ? logit_rows.i[b] : static_cast<int64_t>(b);
     result[b].assign(logits.f.begin() + r * v, logits.f.begin() + (r + 1) * v);
   }
   return result;

@@ -43,4 +43,9 @@ private:
   ir::InterpretEnv env_;
 };
 
+/// One row of `logits` per sequence: row b, or row logit_rows[b] when the graph returned every
+/// token's logits (--all-logits).
+std::vector<std::vector<float>> sequence_logits(const ir::Tensor& logits, size_t seqs,
+                                                const ir::Tensor& logit_rows);
+
 } // namespace xserv::cli

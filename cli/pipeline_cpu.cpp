@@ -257,16 +257,8 @@ public:
     }
     ++steps_;
     // The last stage returns the logits, one row per sequence (or per token with --all-logits).
-    const ir::Tensor& logits = sent.at(0).second;
-    const int64_t v = logits.shape.back(), rows = logits.numel() / v;
-    const ir::Tensor& last = params.at(models::params::kLogitRows);
-    const bool per_token = rows != static_cast<int64_t>(in.tokens.size());
-    std::vector<std::vector<float>> result(in.tokens.size());
-    for (size_t b = 0; b < in.tokens.size(); ++b) {
-      const int64_t row = per_token ? last.i[b] : static_cast<int64_t>(b);
-      result[b].assign(logits.f.begin() + row * v, logits.f.begin() + (row + 1) * v);
-    }
-    return result;
+    return sequence_logits(sent.at(0).second, in.tokens.size(),
+                           params.at(models::params::kLogitRows));
   }
 
   void reset() override {
