@@ -544,8 +544,9 @@ std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& i
   validate_step(in, m.max_batch, m.max_seq, m.ckpt.config().vocab_size);
   std::vector<std::vector<float>> result(all ? 0 : in.tokens.size());
   std::vector<size_t> seq_offset(in.tokens.size() + 1, 0); // each sequence's first row
-  for (size_t b = 0; b < in.tokens.size(); ++b)
-    seq_offset[b + 1] = seq_offset[b] + in.tokens[b].size();
+  if (!inputs.empty())
+    for (size_t b = 0; b < in.tokens.size(); ++b)
+      seq_offset[b + 1] = seq_offset[b] + in.tokens[b].size();
   for (const std::vector<Piece>& pieces : split_step(in, static_cast<size_t>(m.tcap))) {
     models::StepInput sub;
     for (const Piece& pc : pieces) {
@@ -555,10 +556,11 @@ std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& i
       sub.ctx_lens.push_back(in.ctx_lens[pc.seq] + static_cast<int32_t>(pc.start));
       sub.cache_rows.push_back(in.cache_rows[pc.seq]);
     }
-    std::vector<size_t> input_rows; // the step's rows this sub-step holds, in its order
-    for (const Piece& pc : pieces)
-      for (size_t i = 0; i < pc.len; ++i)
-        input_rows.push_back(seq_offset[pc.seq] + pc.start + i);
+    std::vector<size_t> input_rows; // a stage's received rows this sub-step holds, in order
+    if (!inputs.empty())
+      for (const Piece& pc : pieces)
+        for (size_t i = 0; i < pc.len; ++i)
+          input_rows.push_back(seq_offset[pc.seq] + pc.start + i);
     std::vector<std::vector<float>> rows;
     m.run_substep(sub, rows, all, inputs, input_rows);
     if (all) {

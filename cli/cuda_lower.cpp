@@ -20,6 +20,7 @@
 
 #include "codegen/emit_prefill.h"
 #include "ir/error.h"
+#include "ir/interpreter.h"
 #include "ir/reference.h"
 #include "runtime/device.h"
 #include "runtime/kernel_cache.h"
@@ -334,17 +335,9 @@ private:
            addr(v));
   }
 
-  /// rope_yarn of [T, heads, head_dim] from `x` into `y` (may alias), the node's YaRN attributes.
   /// The YaRN table (float64 inv_freq on the device) and attention factor of a rope node.
   std::pair<const void*, double> yarn_table(ValueId v, int head_dim) {
-    const Node& n = g_.node(v);
-    ir::ref::Yarn yarn;
-    yarn.theta = n.attr_float("theta");
-    yarn.factor = n.attr_float("factor");
-    yarn.original_max = n.attr_float("original_max");
-    yarn.beta_fast = n.attr_float("beta_fast");
-    yarn.beta_slow = n.attr_float("beta_slow");
-    yarn.truncate = n.attr_int("truncate") != 0;
+    const ir::ref::Yarn yarn = ir::yarn_of(g_.node(v));
     const std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
     return {c_.allocate(inv.size() * sizeof(double), inv.data()),
             ir::ref::yarn_attention_factor(yarn)};

@@ -54,15 +54,9 @@ public:
   /// and `splits` key splits, by its launch rule; argument types must match exactly.
   template <typename... Args>
   void launch(int i, int rows, int splits, cudaStream_t stream, const Args&... args) const {
-    if (counts_) {
-      ++(*counts_)[static_cast<size_t>(i)];
-      return;
-    }
-    const codegen::KernelSource& s = source(i);
-    const auto g = s.launch.grid(rows, splits);
-    modules_.at(static_cast<size_t>(i))
-        .launch(kernels_.at(static_cast<size_t>(i)), dim3(g[0], g[1], g[2]), dim3(s.launch.block),
-                s.launch.smem(rows), stream, args...);
+    void* slots[] = {const_cast<void*>(static_cast<const void*>(&args))...};
+    const size_t sizes[] = {sizeof(Args)...};
+    launch_raw(i, rows, splits, stream, slots, sizes, sizeof...(Args));
   }
 
   /// launch() with type-erased arguments (`args[i]` points at `sizes[i]` bytes).

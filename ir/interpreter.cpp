@@ -34,17 +34,6 @@ void bind_dims(const Shape& declared, const Tensor& actual, const std::string& w
   }
 }
 
-ref::Yarn yarn_of(const Node& n) {
-  ref::Yarn y;
-  y.theta = n.attr_float("theta");
-  y.factor = n.attr_float("factor");
-  y.original_max = n.attr_float("original_max");
-  y.beta_fast = n.attr_float("beta_fast");
-  y.beta_slow = n.attr_float("beta_slow");
-  y.truncate = n.attr_int("truncate") != 0;
-  return y;
-}
-
 TensorPtr make(Tensor t) {
   return std::make_shared<const Tensor>(std::move(t));
 }
@@ -273,6 +262,21 @@ std::string compare_runs(const Graph& a, const Graph& b, const InterpretEnv& env
       return fmt::format("output {}: relative L2 {:.3g} > {:.3g}", i, err, rtol);
   }
   return "";
+}
+
+} // namespace xserv::ir
+
+namespace xserv::ir {
+
+ref::Yarn yarn_of(const Node& n) {
+  ref::Yarn y;
+  y.theta = n.attr_float("theta");
+  y.factor = n.attr_float("factor");
+  y.original_max = n.attr_float("original_max");
+  y.beta_fast = n.attr_float("beta_fast");
+  y.beta_slow = n.attr_float("beta_slow");
+  y.truncate = n.attr_int("truncate") != 0;
+  return y;
 }
 
 } // namespace xserv::ir

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ir/graph.h"
+#include "ir/reference.h"
 #include "ir/tensor.h"
 
 namespace xserv::ir {
@@ -40,6 +41,9 @@ WeightProvider random_weights(uint64_t seed, float std = 0.05f);
 /// normal, integer params uniform in [0, int_hi).
 std::map<std::string, Tensor> random_params(const Graph& g, const DimBindings& dims, uint64_t seed,
                                             int32_t int_hi = 8);
+
+/// The YaRN parameters of a rope_yarn or qkv_rope node's attributes.
+ref::Yarn yarn_of(const Node& n);
 
 /// Relative L2 distance ||a - b|| / ||b|| over float tensors (0 when both are zero).
 double rel_l2(const Tensor& a, const Tensor& b);

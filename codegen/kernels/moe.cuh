@@ -52,7 +52,9 @@ moe_gate_up(const float* __restrict__ x, const int* __restrict__ ids,
   }
 }
 
-/// Second half: y[t, o] = (RESIDUAL ? h[t, o] : 0) + sum over slots j of
+/// Second half as one kernel per token (the engine runs moe_down_part + moe_combine, which puts
+/// k times the blocks in flight; this one stays as their reference and measured baseline):
+/// y[t, o] = (RESIDUAL ? h[t, o] : 0) + sum over slots j of
 /// w[t, j] (down[e_j][o] . act[t, j] + down_b[e_j][o]), slots summed in order. down bf16
 /// [E, D, I], down_b bf16 [E, D]; token t = blockIdx.y; each warp computes R consecutive o;
 /// grid.x = ceil(D / (8 R)). y may alias h.
