@@ -4,8 +4,10 @@
 //    batch sizes for decode (-b), repeats (-r).
 // 2. For each test: one untimed warm-up, then r timed repeats. A repeat resets the engine,
 //    prefills `depth` random tokens per sequence untimed, then times only engine steps: one
-//    prefill step of p tokens (ppP), or n decode steps of one token per sequence (tgN). No
-//    tokenizer and no sampling run inside the timed region; the next input ids are random.
+//    prefill step of p tokens (ppP), or n decode steps of one token per sequence (tgN). Steps
+//    are greedy ones (Engine::step_greedy: the CUDA engine picks on the GPU and copies back only
+//    the ids, as a decode loop does); no tokenizer and no sampling run inside the timed region,
+//    and the next input ids are random.
 // 3. Batched decode rows also give time to first token (the prefill of a 1-token prompt for
 //    every sequence) and time per output token (median, p99 over steps and repeats).
 #include <chrono>
@@ -71,7 +73,7 @@ public:
         pre.ctx_lens.push_back(0);
         pre.cache_rows.push_back(static_cast<int32_t>(b));
       }
-      e_.step(pre);
+      e_.step_greedy(pre);
       e_.synchronize();
     }
     return next;
@@ -81,7 +83,7 @@ public:
     models::StepInput in = fill(depth, 1);
     in.tokens[0] = random_ids(p);
     auto t0 = Clock::now();
-    e_.step(in);
+    e_.step_greedy(in);
     e_.synchronize();
     return static_cast<double>(p) / ms(t0, Clock::now()) * 1e3;
   }
@@ -92,7 +94,7 @@ public:
     models::StepInput in = fill(depth, batch);
     if (depth == 0) { // the first token of each sequence is a 1-token prefill: that is TTFT
       auto t0 = Clock::now();
-      e_.step(in);
+      e_.step_greedy(in);
       e_.synchronize();
       ttft_ms = ms(t0, Clock::now());
       for (auto& c : in.ctx_lens)
@@ -101,7 +103,7 @@ public:
     auto start = Clock::now();
     for (int64_t i = 0; i < n; ++i) {
       auto t0 = Clock::now();
-      e_.step(in);
+      e_.step_greedy(in);
       e_.synchronize();
       step_ms.push_back(ms(t0, Clock::now()));
       for (size_t b = 0; b < in.tokens.size(); ++b) {

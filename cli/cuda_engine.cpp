@@ -84,6 +84,9 @@ struct CudaEngine::Impl {
   int32_t* params_dev = nullptr;
   int32_t* params_host = nullptr; ///< pinned
   float* out_host = nullptr;      ///< pinned, [rows, V] of the output
+  void* argmax_keys = nullptr;    ///< device greedy keys of the sampling epilogue (or nullptr)
+  int argmax_chunks = 0;          ///< keys per sequence
+  uint64_t* keys_host = nullptr;  ///< pinned, [max_batch, argmax_chunks]
   ParamLayout layout{8, 1};
   runtime::DeviceWeights device_weights;
   std::map<std::string, void*> weights;
@@ -128,6 +131,8 @@ struct CudaEngine::Impl {
       cudaFree(p);
     if (params_host)
       cudaFreeHost(params_host);
+    if (keys_host)
+      cudaFreeHost(keys_host);
     if (out_host)
       cudaFreeHost(out_host);
     if (stream)
@@ -161,9 +166,13 @@ struct CudaEngine::Impl {
   cudaGraphExec_t capture(const DeviceStep& s);
   void* address(ir::ValueId v, int r);
   void run_substep(const models::StepInput& sub, std::vector<std::vector<float>>& rows, bool all,
+                   std::vector<int32_t>* greedy,
                    const StageInputs& inputs = {}, const std::vector<size_t>& input_rows = {});
+  /// One step, sub-step by sub-step. With `greedy`, the sequences' greedy tokens go there
+  /// (needs the sampling epilogue) and no logits come back.
   std::vector<std::vector<float>> run(const models::StepInput& in, bool all,
-                                      const StageInputs& inputs = {});
+                                      const StageInputs& inputs = {},
+                                      std::vector<int32_t>* greedy = nullptr);
 };
 
 void CudaEngine::Impl::upload_weights(const fs::path& cache_dir) {
@@ -289,6 +298,10 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
       throw Error("XSERV_GEMM_PRECISION must be bf16 or split, not '" + v + "'");
     m.gemm_split = v == "split";
   }
+  bool dependent = options.dependent_launch && dev.sm_major >= 9;
+  if (const char* e = std::getenv("XSERV_PDL"); e && std::string(e) == "0")
+    dependent = false;
+  m.kernels.set_dependent_launch(dependent);
   m.log(fmt::format("{} ({}, {} SMs, {:.0f} GiB)", dev.name, dev.arch(), dev.multiprocessors,
                     double(dev.memory_bytes) / (1ull << 30)));
 
@@ -355,6 +368,12 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
                     double(weight_bytes) / 1e9, seconds_since(t1)));
 
   m.launches = lower_graph(m.graph, m.kernels, ctx, &m.labels);
+  m.argmax_keys = ctx.argmax_keys;
+  m.argmax_chunks = ctx.argmax_chunks;
+  if (m.argmax_keys)
+    check(cudaMallocHost(reinterpret_cast<void**>(&m.keys_host),
+                         size_t(max_batch) * size_t(m.argmax_chunks) * sizeof(uint64_t)),
+          "pinned greedy keys");
   if (m.profile) {
     m.events.resize(m.launches.size() + 1);
     for (cudaEvent_t& e : m.events)
@@ -411,6 +430,7 @@ double CudaEngine::peak_memory_gib() const {
 
 void CudaEngine::Impl::run_substep(const models::StepInput& sub,
                                    std::vector<std::vector<float>>& rows, bool all,
+                                   std::vector<int32_t>* greedy,
                                    const StageInputs& inputs,
                                    const std::vector<size_t>& input_rows) {
   const std::map<std::string, ir::Tensor> p = models::step_params(sub);
@@ -459,9 +479,14 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
   }
   const size_t n = static_cast<size_t>(per_token ? tokens : seqs);
   const size_t v = static_cast<size_t>(vocab);
-  check(cudaMemcpyAsync(out_host, address(output, 0), n * v * sizeof(float), cudaMemcpyDeviceToHost,
-                        stream),
-        "copying the logits back");
+  if (greedy) // the sampling epilogue's keys only (greedy is only set when it exists)
+    check(cudaMemcpyAsync(keys_host, argmax_keys, n * argmax_chunks * sizeof(uint64_t),
+                          cudaMemcpyDeviceToHost, stream),
+          "copying the greedy tokens back");
+  else
+    check(cudaMemcpyAsync(out_host, address(output, 0), n * v * sizeof(float),
+                          cudaMemcpyDeviceToHost, stream),
+          "copying the logits back");
   check(cudaStreamSynchronize(stream), "running a step");
   if (profile && !(cuda_graphs && tokens == seqs)) {
     const std::string phase =
@@ -474,6 +499,11 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
       t.ms += ms;
       ++t.calls;
     }
+  }
+  if (greedy) {
+    for (size_t b = 0; b < n; ++b)
+      greedy->push_back(codegen::argmax_of_keys(keys_host + b * argmax_chunks, argmax_chunks));
+    return;
   }
   if (all) {
     for (size_t r = 0; r < n; ++r)
@@ -539,7 +569,8 @@ std::vector<std::vector<Piece>> split_step(const models::StepInput& in, size_t c
 } // namespace
 
 std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& in, bool all,
-                                                      const StageInputs& inputs) {
+                                                      const StageInputs& inputs,
+                                                      std::vector<int32_t>* greedy) {
   Impl& m = *this;
   validate_step(in, m.max_batch, m.max_seq, m.ckpt.config().vocab_size);
   std::vector<std::vector<float>> result(all ? 0 : in.tokens.size());
@@ -562,7 +593,15 @@ std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& i
         for (size_t i = 0; i < pc.len; ++i)
           input_rows.push_back(seq_offset[pc.seq] + pc.start + i);
     std::vector<std::vector<float>> rows;
-    m.run_substep(sub, rows, all, inputs, input_rows);
+    std::vector<int32_t> ids;
+    m.run_substep(sub, rows, all, greedy ? &ids : nullptr, inputs, input_rows);
+    if (greedy) {
+      greedy->resize(in.tokens.size());
+      for (size_t i = 0; i < pieces.size(); ++i)
+        if (pieces[i].start + pieces[i].len == in.tokens[pieces[i].seq].size())
+          (*greedy)[pieces[i].seq] = ids[i];
+      continue;
+    }
     if (all) {
       for (auto& r : rows)
         result.push_back(std::move(r));
@@ -577,6 +616,14 @@ std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& i
 
 std::vector<std::vector<float>> CudaEngine::step(const models::StepInput& in) {
   return impl_->run(in, false);
+}
+
+std::vector<int32_t> CudaEngine::step_greedy(const models::StepInput& in) {
+  if (!impl_->argmax_keys)
+    return Engine::step_greedy(in);
+  std::vector<int32_t> ids;
+  impl_->run(in, false, {}, &ids);
+  return ids;
 }
 
 std::vector<std::vector<float>> CudaEngine::step_stage(const models::StepInput& in,

@@ -37,6 +37,10 @@ struct CudaEngineOptions {
   /// Gemm activations as bf16 hi + lo pairs (about fp32 precision) rather than plain bf16;
   /// XSERV_GEMM_PRECISION=bf16 turns it off.
   bool gemm_split = true;
+  /// Kernels launch with programmatic dependent launch on sm_90 and newer (each grid is
+  /// scheduled while the previous one drains; every generated kernel first waits for it).
+  /// XSERV_PDL=0 turns it off.
+  bool dependent_launch = true;
 };
 
 /// Runs a gpt-oss graph on the GPU: weights in BF16 (MXFP4 experts dequantised), activations
@@ -60,6 +64,9 @@ public:
   int64_t max_seq() const override;
   std::string backend() const override { return "cuda"; }
   std::vector<std::vector<float>> step(const models::StepInput& in) override;
+  /// Greedy tokens picked on the GPU (the plan's argmax kernel): only a few bytes per sequence
+  /// come back.
+  std::vector<int32_t> step_greedy(const models::StepInput& in) override;
   /// Every row the graph returns, sub-steps concatenated: one per token, in the step's
   /// flattened order, for a graph built with last_logits_only = false.
   std::vector<std::vector<float>> step_all(const models::StepInput& in);

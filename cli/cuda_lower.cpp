@@ -146,6 +146,9 @@ public:
       if (labels) // one label per launch function: the op of the node it came from
         labels->resize(out_.size(), std::string(ir::op_name(g_.node(v).op)));
     }
+    lower_sampling();
+    if (labels)
+      labels->resize(out_.size(), "argmax");
     return std::move(out_);
   }
 
@@ -597,12 +600,31 @@ private:
     });
   }
 
+  /// The sampling epilogue: every step ends with the greedy pick of each sequence's logits row,
+  /// so a greedy decode step copies back a few keys per sequence, not the vocabulary's logits.
+  void lower_sampling() {
+    if (g_.outputs.empty())
+      return;
+    const ValueId logits = g_.outputs[0];
+    const ir::Type& t = g_.type(logits);
+    if (t.shape.size() != 2 || t.dtype != ir::DType::F32 || t.shape[0].name != "B")
+      return;
+    const int vocab = static_dim(g_, logits, 1);
+    c_.argmax_chunks = codegen::argmax_chunks(vocab);
+    c_.argmax_keys = c_.allocate(
+        size_t(c_.max_seqs) * size_t(c_.argmax_chunks) * sizeof(uint64_t), nullptr);
+    per_row(logits, k_.add(codegen::emit_argmax(vocab, ir_lines(g_, logits))), Rows::Seqs,
+            {addr(logits), c_.argmax_keys});
+  }
+
   /// A per-row kernel over the value's rows with the given pointer arguments.
   void per_row(ValueId v, int kernel, Rows rows, std::vector<const void*> args) {
     const KernelSet* ks = &k_;
     out_.push_back([=](const DeviceStep& s) {
       const int r = rows_of(rows, s);
-      if (args.size() == 3)
+      if (args.size() == 2)
+        ks->launch(kernel, r, 1, s.stream, args[0], args[1]);
+      else if (args.size() == 3)
         ks->launch(kernel, r, 1, s.stream, args[0], args[1], args[2]);
       else
         ks->launch(kernel, r, 1, s.stream, args[0], args[1], args[2], args[3]);

@@ -70,8 +70,13 @@ public:
     const auto g = s.launch.grid(rows, splits);
     modules_.at(static_cast<size_t>(i))
         .launch_raw(kernels_.at(static_cast<size_t>(i)), dim3(g[0], g[1], g[2]),
-                    dim3(s.launch.block), s.launch.smem(rows), stream, args, sizes, count);
+                    dim3(s.launch.block), s.launch.smem(rows), stream, args, sizes, count,
+                    dependent_);
   }
+
+  /// Launches allow programmatic dependent launch (runtime::Module::launch_raw): each kernel's
+  /// blocks are scheduled while its predecessor drains, hiding the launch gap between kernels.
+  void set_dependent_launch(bool on) { dependent_ = on; }
 
   /// Counting mode (no GPU needed): while `counts` is set, launches only add one to
   /// (*counts)[kernel]; nullptr launches again.
@@ -83,6 +88,7 @@ public:
 
 private:
   std::vector<int>* counts_ = nullptr;
+  bool dependent_ = false;
   std::vector<codegen::KernelSource> sources_;
   std::map<std::string, int> by_name_;
   std::vector<int> uses_;
@@ -102,6 +108,11 @@ struct LoweringContext {
   std::function<void*(ir::ValueId v, int result)> address;
   /// A device buffer of `bytes` that lives as long as the engine, filled from `host` if given.
   std::function<void*(size_t bytes, const void* host)> allocate;
+  /// Set by lower_graph when the graph's first output is per-sequence logits [B, V] fp32: the
+  /// sampling epilogue's greedy keys, argmax_chunks(V) uint64 per sequence, written every step
+  /// (decode them with codegen::argmax_of_keys). nullptr otherwise.
+  void* argmax_keys = nullptr;
+  int argmax_chunks = 0;
 };
 
 /// One launch (or a few) of a lowered node, run in node order every step.
@@ -110,8 +121,9 @@ using LaunchFn = std::function<void(const DeviceStep&)>;
 /// Lowers every node of `g` (the default pipeline's output) to launches of kernels it adds to
 /// `kernels`; reshape and extract are aliases and sources launch nothing. Each launch closure
 /// reads pointers fixed at lowering time and only the step's sizes. Throws xserv::Error naming
-/// the node for an op the CUDA engine does not lower yet. `labels`, when given, gets the op name
-/// of each launch function's node (for profiles).
+/// the node for an op the CUDA engine does not lower yet. When the first output is per-sequence
+/// logits, a last launch picks each row's greedy token (ctx.argmax_keys). `labels`, when given,
+/// gets the op name of each launch function's node (for profiles).
 std::vector<LaunchFn> lower_graph(const ir::Graph& g, KernelSet& kernels, LoweringContext& ctx,
                                   std::vector<std::string>* labels = nullptr);
 

@@ -21,6 +21,9 @@ public:
   virtual std::string backend() const = 0;
   /// One step: returns the logits of each sequence's last new token, one row per sequence.
   virtual std::vector<std::vector<float>> step(const models::StepInput& in) = 0;
+  /// One step that returns each sequence's greedy token: runtime::argmax of the row step()
+  /// would return (ties to the lower id). Backends may pick on the device and skip the logits.
+  virtual std::vector<int32_t> step_greedy(const models::StepInput& in);
   /// Forgets every cached sequence.
   virtual void reset() = 0;
   /// Waits until queued work is done, so host timers bracket it (a no-op on the CPU).

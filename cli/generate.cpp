@@ -8,6 +8,14 @@
 #include "ir/error.h"
 
 namespace xserv::cli {
+
+std::vector<int32_t> Engine::step_greedy(const models::StepInput& in) {
+  std::vector<int32_t> ids;
+  for (const std::vector<float>& row : step(in))
+    ids.push_back(runtime::argmax(row));
+  return ids;
+}
+
 namespace {
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -34,10 +42,19 @@ void run_batch(Engine& engine, const std::vector<GenRequest>& reqs, size_t first
   for (size_t i = 0; i < count; ++i)
     ctx[i] = static_cast<int32_t>(reqs[first + i].prompt.size());
 
+  // Greedy requests need no logits on the host: the engine may pick on the device.
+  const bool all_greedy = std::all_of(samplers.begin(), samplers.end(), [](const auto& s) {
+    return s.options().temperature <= 0.0f;
+  });
   bool prefill = true;
   while (!active.empty()) {
     auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::vector<float>> logits = engine.step(step);
+    std::vector<std::vector<float>> logits;
+    std::vector<int32_t> greedy;
+    if (all_greedy)
+      greedy = engine.step_greedy(step);
+    else
+      logits = engine.step(step);
     (prefill ? stats.prefill_ms : stats.decode_ms) += ms_since(t0);
     prefill = false;
     models::StepInput next;
@@ -46,7 +63,7 @@ void run_batch(Engine& engine, const std::vector<GenRequest>& reqs, size_t first
       const size_t i = active[a];
       const GenRequest& r = reqs[first + i];
       GenResult& out = results[first + i];
-      const int32_t tok = samplers[i].sample(logits[a]);
+      const int32_t tok = all_greedy ? greedy[a] : samplers[i].sample(logits[a]);
       out.tokens.push_back(tok);
       ++stats.generated_tokens;
       bool go_on = !on_token || on_token(first + i, tok);

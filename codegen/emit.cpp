@@ -57,8 +57,9 @@ KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines
       decls.push_back(p.decl);
     args.push_back(p.arg);
   }
-  src += fmt::format("\n    {}) {{\n  xserv_kernels::{}(\n      {});\n}}\n",
-                     fmt::join(decls, ",\n    "), call, fmt::join(args, ", "));
+  src += fmt::format(
+      "\n    {}) {{\n  xserv_kernels::grid_dependency_sync();\n  xserv_kernels::{}(\n      {});\n}}\n",
+      fmt::join(decls, ",\n    "), call, fmt::join(args, ", "));
   return {std::move(name), std::move(src), std::move(decls), launch};
 }
 
@@ -531,6 +532,21 @@ KernelSource emit_select_rows(const SelectRowsDims& d, const std::vector<std::st
       {"const float* x", "x"}, {"const int* rows", "rows"}, {"float* out", "out"}};
   return assemble(fmt::format("select_rows_w{}", d.width), ir_lines, "gather.cuh",
                   fmt::format("select_rows<{}>", d.width), params, per_row(256));
+}
+
+KernelSource emit_argmax(int vocab, const std::vector<std::string>& ir_lines) {
+  check_positive("argmax", {vocab});
+  std::vector<Param> params = {{"const float* logits", "logits"},
+                               {"unsigned long long* keys", "keys"}};
+  LaunchRule launch = per_row(256);
+  launch.blocks_x = argmax_chunks(vocab);
+  return assemble(fmt::format("argmax_rows_v{}", vocab), ir_lines, "sample.cuh",
+                  fmt::format("argmax_rows<{}, {}>", vocab, kArgmaxChunk), params, launch);
+}
+
+int32_t argmax_of_keys(const uint64_t* keys, int chunks) {
+  const uint64_t best = *std::max_element(keys, keys + chunks);
+  return best == 0 ? 0 : static_cast<int32_t>(~static_cast<uint32_t>(best & 0xffffffffu));
 }
 
 } // namespace xserv::codegen

@@ -166,7 +166,7 @@ Kernel Module::kernel(const std::string& name) const {
 }
 
 void Module::launch_raw(const Kernel& k, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                        void** args, const size_t* sizes, size_t count) const {
+                        void** args, const size_t* sizes, size_t count, bool dependent) const {
   if (!k.handle)
     throw Error("launching kernel '" + k.name + "': the kernel handle is empty");
   if (!k.param_sizes.empty() && (k.param_sizes.size() != count ||
@@ -186,7 +186,22 @@ void Module::launch_raw(const Kernel& k, dim3 grid, dim3 block, size_t smem, cud
                   " bytes of dynamic shared memory: " + cudaGetErrorString(err));
     }
   }
-  cudaError_t err = cudaLaunchKernel(func, grid, block, args, smem, stream);
+  cudaError_t err;
+  if (dependent) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    err = cudaLaunchKernelExC(&config, func, args);
+  } else {
+    err = cudaLaunchKernel(func, grid, block, args, smem, stream);
+  }
   if (err != cudaSuccess) {
     cudaGetLastError();
     throw Error("launching kernel '" + k.name + "' of module " + label_ + " (" +

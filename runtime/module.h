@@ -59,9 +59,12 @@ public:
     launch_raw(k, grid, block, smem, stream, ptrs.data(), sizes.data(), sizeof...(Args));
   }
 
-  /// launch() without templates: `args[i]` points at a parameter of `sizes[i]` bytes.
+  /// launch() without templates: `args[i]` points at a parameter of `sizes[i]` bytes. With
+  /// `dependent`, the launch allows programmatic dependent launch (sm_90+): the grid may be
+  /// scheduled while the stream's previous kernel finishes, so the kernel must wait for it
+  /// (griddepcontrol.wait, as every generated kernel does first) before touching memory.
   void launch_raw(const Kernel& k, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                  void** args, const size_t* sizes, size_t count) const;
+                  void** args, const size_t* sizes, size_t count, bool dependent = false) const;
 
   const std::string& label() const { return label_; }
   int sm() const { return sm_; }

@@ -7,6 +7,17 @@ namespace xserv_kernels {
 
 constexpr int kWarp = 32;
 
+/// First statement of every generated kernel. Under programmatic dependent launch (sm_90+) a
+/// grid may be scheduled while the stream's previous kernel is still running: wait until that
+/// kernel has completed and its writes are visible, then allow the next kernel's blocks to be
+/// scheduled as this grid's last blocks run. Without the launch attribute both are no-ops.
+__device__ __forceinline__ void grid_dependency_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /// -infinity as a float (NVRTC has no <math.h> INFINITY).
 __device__ __forceinline__ float neg_inf() {
   return -__int_as_float(0x7f800000);

@@ -36,6 +36,7 @@
 #include "models/gpt_oss.h"
 #include "models/synth.h"
 #include "runtime/device.h"
+#include "runtime/sampler.h"
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
@@ -233,6 +234,7 @@ TEST_CASE("cuda engine agrees with the CPU engine on a batch of 3: prefill, then
   synthesize(source_dir() / "examples/tiny/config.json", 7, tmp.path);
   cli::CpuEngine cpu(tmp.path, 3, kMaxSeq);
   cli::CudaEngine gpu(tmp.path, 3, kMaxSeq, nullptr, quiet());
+  cli::CudaEngine greedy(tmp.path, 3, kMaxSeq, nullptr, quiet()); // the same steps, step_greedy
   models::StepInput step;
   step.tokens = {{11, 22, 33, 44, 55}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, {200005}};
   step.ctx_lens = {0, 0, 0};
@@ -241,9 +243,13 @@ TEST_CASE("cuda engine agrees with the CPU engine on a batch of 3: prefill, then
   for (int s = 0; s < 6; ++s) {
     const auto want = cpu.step(step);
     const auto got = gpu.step(step);
+    const std::vector<int32_t> picked = greedy.step_greedy(step); // argmax on the GPU
     REQUIRE(want.size() == 3);
     REQUIRE(got.size() == 3);
+    REQUIRE(picked.size() == 3);
     for (size_t b = 0; b < 3; ++b) {
+      // Same kernels, same logits: the device pick is exactly the host's argmax of them.
+      CHECK_MESSAGE(picked[b] == xserv::runtime::argmax(got[b]), "step " << s << " sequence " << b);
       const double e = rel_l2(got[b], as_double(want[b]));
       worst = std::max(worst, e);
       CHECK_MESSAGE(e < 1e-2, "step " << s << " sequence " << b << ": rel L2 " << e);

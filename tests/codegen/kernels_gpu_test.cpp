@@ -381,6 +381,51 @@ std::vector<int32_t> download_ints(const DevBuf& b, size_t n) {
 
 } // namespace
 
+TEST_CASE("argmax kernel picks the largest logit, ties to the lower id, never a NaN") {
+  XSERV_REQUIRE_GPU();
+  Rng rng{800};
+  // 201088: the 20b vocabulary (float4 loads, 25 chunks); 20000: chunks that end mid-row;
+  // 1001: not a multiple of 4 (scalar loads).
+  for (const int vocab : {201088, 20000, 1001}) {
+    const int rows = 6, chunks = argmax_chunks(vocab);
+    Tensor x = random_f32(rng, {rows, vocab}, 4.0f);
+    auto at = [&](int r, int i) -> float& { return x.f[size_t(r) * vocab + i]; };
+    at(0, vocab - 1) = 9.0f; // the last id
+    at(1, 3) = 9.0f;         // a tie across chunks: the lower id wins
+    at(1, vocab - 2) = 9.0f;
+    at(2, 0) = std::numeric_limits<float>::quiet_NaN(); // NaNs never win
+    at(2, vocab / 2) = std::numeric_limits<float>::quiet_NaN();
+    at(2, vocab / 3) = 5.0f;
+    for (int i = 0; i < vocab; ++i) // all negative, the maximum is -0 at two places
+      at(3, i) = -1.0f - float(i % 7);
+    at(3, vocab / 4) = -0.0f;
+    at(3, vocab / 4 + 1) = 0.0f;
+    for (int i = 0; i < vocab; ++i) // one value everywhere: id 0
+      at(4, i) = -2.5f;
+    std::vector<int32_t> want(rows);
+    for (int r = 0; r < rows; ++r) {
+      int best = -1;
+      for (int i = 0; i < vocab; ++i)
+        if (!std::isnan(at(r, i)) && (best < 0 || at(r, i) > at(r, best)))
+          best = i;
+      want[size_t(r)] = best;
+    }
+    const Loaded& k = load(emit_argmax(vocab, {}));
+    auto dx = upload(x);
+    DevBuf keys(size_t(rows) * chunks * sizeof(uint64_t));
+    cuda_ok(cudaMemset(keys.p, 0xff, keys.bytes), "poison"); // every key must be written
+    launch(k, rows, 1, dx->p, keys.p);
+    device_sync();
+    std::vector<uint64_t> got(size_t(rows) * chunks);
+    cuda_ok(cudaMemcpy(got.data(), keys.p, keys.bytes, cudaMemcpyDeviceToHost), "download");
+    for (int r = 0; r < rows; ++r) {
+      CAPTURE(vocab);
+      CAPTURE(r);
+      CHECK(argmax_of_keys(got.data() + size_t(r) * chunks, chunks) == want[size_t(r)]);
+    }
+  }
+}
+
 TEST_CASE("embedding, rms_norm and select_rows kernels match ir::ref") {
   XSERV_REQUIRE_GPU();
   Rng rng{700};
