@@ -102,63 +102,103 @@ __device__ __forceinline__ void warp_prefetch_rows_l2(const __nv_bfloat16* w) {
 
 /// One warp's dot products of R consecutive weight rows (bf16 [R, K], row stride K) with `tokens`
 /// fp32 vectors of length K in shared memory (token stride K): acc[r][t] gets the full sum on
-/// every lane. Weights stream through 16-byte loads, UNROLL per row in flight per lane.
+/// every lane. Weights stream through 16-byte loads, UNROLL per row and lane in flight as two
+/// half batches: the next half is loaded while the current one is multiplied. start()
+/// issues the first batch, so a kernel calls it before its prologue (staging x, a norm) and the
+/// weight stream overlaps it; finish() does the rest. Every lane sums in the same order as a
+/// plain loop over the chunks, so the result does not depend on the pipelining.
 template <int K, int R, int MAX_T, int UNROLL = 4>
-__device__ __forceinline__ void warp_gemv_rows(const __nv_bfloat16* __restrict__ w,
-                                               const float* __restrict__ xs, int tokens,
-                                               float (&acc)[R][MAX_T]) {
+struct WarpGemv {
   static_assert(K % 8 == 0, "rows must be whole 16-byte words");
-  constexpr int kChunks = K / 8; // 16-byte words per row
-  const int lane = threadIdx.x % kWarp;
+  static constexpr int kChunks = K / 8;               // 16-byte words per row
+  static constexpr int kHalf = UNROLL > 1 ? UNROLL / 2 : 1; // loads per row and lane per batch
+  static constexpr int kBatch = kWarp * kHalf;
+  static constexpr int kBatches = (kChunks + kBatch - 1) / kBatch;
+
+  const uint4* w4 = nullptr;
+  uint4 raw[kHalf][R];
+
+  __device__ __forceinline__ void load(int base) {
+    const int lane = threadIdx.x % kWarp;
 #pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int t = 0; t < MAX_T; ++t)
-      acc[r][t] = 0.0f;
-  const uint4* w4 = reinterpret_cast<const uint4*>(w);
-  for (int base = 0; base < kChunks; base += kWarp * UNROLL) {
-    uint4 raw[UNROLL][R];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
+    for (int u = 0; u < kHalf; ++u) {
       const int c = base + u * kWarp + lane;
 #pragma unroll
       for (int r = 0; r < R; ++r)
         raw[u][r] = c < kChunks ? __ldg(&w4[r * kChunks + c]) : make_uint4(0, 0, 0, 0);
     }
+  }
+
+  /// Issues the loads of the first batch of the rows at w.
+  __device__ __forceinline__ void start(const __nv_bfloat16* __restrict__ w) {
+    w4 = reinterpret_cast<const uint4*>(w);
+    load(0);
+  }
+
+  /// The dot products (after start()).
+  __device__ __forceinline__ void finish(const float* __restrict__ xs, int tokens,
+                                         float (&acc)[R][MAX_T]) {
+    const int lane = threadIdx.x % kWarp;
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int c = base + u * kWarp + lane;
-      if (c >= kChunks)
-        break;
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int t = 0; t < MAX_T; ++t) {
-        if (t >= tokens)
+      for (int t = 0; t < MAX_T; ++t)
+        acc[r][t] = 0.0f;
+#pragma unroll 1
+    for (int b = 0; b < kBatches; ++b) {
+      uint4 cur[kHalf][R];
+#pragma unroll
+      for (int u = 0; u < kHalf; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          cur[u][r] = raw[u][r];
+      if (b + 1 < kBatches)
+        load((b + 1) * kBatch); // in flight while this batch is multiplied
+#pragma unroll
+      for (int u = 0; u < kHalf; ++u) {
+        const int c = b * kBatch + u * kWarp + lane;
+        if (c >= kChunks)
           break;
-        const float4 xa = reinterpret_cast<const float4*>(xs + t * K)[2 * c];
-        const float4 xb = reinterpret_cast<const float4*>(xs + t * K)[2 * c + 1];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float wf[8];
-          unpack_bf16x8(raw[u][r], wf);
-          float a = acc[r][t];
-          a = fmaf(wf[0], xa.x, a);
-          a = fmaf(wf[1], xa.y, a);
-          a = fmaf(wf[2], xa.z, a);
-          a = fmaf(wf[3], xa.w, a);
-          a = fmaf(wf[4], xb.x, a);
-          a = fmaf(wf[5], xb.y, a);
-          a = fmaf(wf[6], xb.z, a);
-          a = fmaf(wf[7], xb.w, a);
-          acc[r][t] = a;
+        for (int t = 0; t < MAX_T; ++t) {
+          if (t >= tokens)
+            break;
+          const float4 xa = reinterpret_cast<const float4*>(xs + t * K)[2 * c];
+          const float4 xb = reinterpret_cast<const float4*>(xs + t * K)[2 * c + 1];
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float wf[8];
+            unpack_bf16x8(cur[u][r], wf);
+            float a = acc[r][t];
+            a = fmaf(wf[0], xa.x, a);
+            a = fmaf(wf[1], xa.y, a);
+            a = fmaf(wf[2], xa.z, a);
+            a = fmaf(wf[3], xa.w, a);
+            a = fmaf(wf[4], xb.x, a);
+            a = fmaf(wf[5], xb.y, a);
+            a = fmaf(wf[6], xb.z, a);
+            a = fmaf(wf[7], xb.w, a);
+            acc[r][t] = a;
+          }
         }
       }
     }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < MAX_T; ++t)
+        acc[r][t] = warp_sum(acc[r][t]);
   }
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int t = 0; t < MAX_T; ++t)
-      acc[r][t] = warp_sum(acc[r][t]);
+};
+
+/// WarpGemv's start() and finish() back to back (no prologue to overlap).
+template <int K, int R, int MAX_T, int UNROLL = 4>
+__device__ __forceinline__ void warp_gemv_rows(const __nv_bfloat16* __restrict__ w,
+                                               const float* __restrict__ xs, int tokens,
+                                               float (&acc)[R][MAX_T]) {
+  WarpGemv<K, R, MAX_T, UNROLL> g;
+  g.start(w);
+  g.finish(xs, tokens, acc);
 }
 
 } // namespace xserv_kernels

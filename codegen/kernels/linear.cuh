@@ -88,16 +88,19 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
   float* xs = reinterpret_cast<float*>(smem_linear);
   const int warp = threadIdx.x / kWarp;
   const int row = (blockIdx.x * kWarps + warp) * R;
-  if (PREFETCH && row < N) // the weight stream starts while the prologue runs
+  if (PREFETCH && row < N)
     warp_prefetch_rows_l2<K, R>(w + (size_t)row * K);
+  // Each warp owns R consecutive output rows; their first loads fly during the prologue.
+  WarpGemv<K, R, MAX_T> gemv;
+  if (row < N)
+    gemv.start(w + (size_t)row * K);
 
   linear_stage_x<K, MAX_T, NORM>(x, ln, eps, xs, tokens);
 
-  // Main loop: each warp owns R consecutive output rows.
   if (row >= N)
     return;
   float acc[R][MAX_T];
-  warp_gemv_rows<K, R, MAX_T>(w + (size_t)row * K, xs, tokens, acc);
+  gemv.finish(xs, tokens, acc);
 
   linear_store<N, MAX_T, R, BIAS, RESIDUAL>(acc, b, h, y, row, tokens);
 }
@@ -129,9 +132,11 @@ qkv_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, fl
     row -= NQ, w = wk, b = bk, y = yk, n = NK;
   }
   row += warp * R;
+  WarpGemv<K, R, MAX_T> gemv; // the first weight loads fly during the norm prologue
+  gemv.start(w + (size_t)row * K);
   linear_stage_x<K, MAX_T, true>(x, ln, eps, xs, tokens);
   float acc[R][MAX_T];
-  warp_gemv_rows<K, R, MAX_T>(w + (size_t)row * K, xs, tokens, acc);
+  gemv.finish(xs, tokens, acc);
   // n is NQ, NK or NV: the store's row stride.
   if (n == NQ)
     linear_store<NQ, MAX_T, R, true, false>(acc, b, nullptr, y, row, tokens);

@@ -30,13 +30,16 @@ moe_gate_up(const float* __restrict__ x, const int* __restrict__ ids,
   const bool active = e >= 0 && e < E && i0 < I; // the router never gives an id outside [0, E)
   if (PREFETCH && active)
     warp_prefetch_rows_l2<D, 2 * RI>(gate_up + row0 * D);
+  WarpGemv<D, 2 * RI, 1, UNROLL> gemv; // the first weight loads fly while x is staged
+  if (active)
+    gemv.start(gate_up + row0 * D);
   for (int i = threadIdx.x; i < D; i += kMoeThreads)
     xs[i] = x[(size_t)t * D + i];
   __syncthreads();
   if (!active)
     return; // leave act unwritten rather than read out of bounds
   float acc[2 * RI][1];
-  warp_gemv_rows<D, 2 * RI, 1, UNROLL>(gate_up + row0 * D, xs, 1, acc);
+  gemv.finish(xs, 1, acc);
   if (lane < RI) {
     // Lane r finishes pair i0 + r (register arrays are indexed with unrolled constants).
 #pragma unroll
@@ -116,13 +119,17 @@ moe_down_part(const float* __restrict__ act, const float* __restrict__ weights,
   __shared__ __align__(16) float as[I];
   const int tk = blockIdx.y, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int o0 = (blockIdx.x * kWarps + warp) * R, e = ids[tk];
+  const bool active = o0 < D && e >= 0 && e < E;
+  WarpGemv<I, R, 1, UNROLL> gemv; // the first weight loads fly while act is staged
+  if (active)
+    gemv.start(down + ((size_t)e * D + o0) * I);
   for (int i = threadIdx.x; i < I; i += kMoeThreads)
     as[i] = act[(size_t)tk * I + i];
   __syncthreads();
-  if (o0 >= D || e < 0 || e >= E)
+  if (!active)
     return;
   float acc[R][1];
-  warp_gemv_rows<I, R, 1, UNROLL>(down + ((size_t)e * D + o0) * I, as, 1, acc);
+  gemv.finish(as, 1, acc);
   if (lane != 0)
     return;
   const float wt = weights[tk];
