@@ -4,7 +4,8 @@
 // sub-step. Decode sub-steps (one token per sequence) are captured as CUDA graphs, one per
 // (batch size, attention key bucket), and replayed: launches read every step input from the
 // params buffer and write to fixed addresses, so only the params upload before the replay
-// changes between steps. XSERV_PROFILE=1 times every launch function instead (graphs off).
+// changes between steps. The launches are data: lower_graph's launch table, replayed by
+// runtime::Executor. XSERV_PROFILE=1 times every table entry instead (graphs off).
 #include "cli/cuda_engine.h"
 
 #include <cuda_runtime_api.h>
@@ -28,6 +29,7 @@
 #include "models/gpt_oss.h"
 #include "models/step.h"
 #include "runtime/device.h"
+#include "runtime/executor.h"
 #include "runtime/weights.h"
 
 namespace xserv::cli {
@@ -93,18 +95,18 @@ struct CudaEngine::Impl {
   std::map<ir::ValueId, std::pair<void*, size_t>> caches;
   cudaStream_t stream = nullptr;
   KernelSet kernels;
-  std::vector<LaunchFn> launches;
+  std::unique_ptr<runtime::Executor> executor; ///< the launch table bound to this engine's memory
   ir::ValueId output = -1;
   bool per_token = false;
   int64_t vocab = 0;
   bool cuda_graphs = true;
   /// Captured decode graphs by (tokens, sequences, attention key bucket).
   std::map<std::tuple<int, int, int>, cudaGraphExec_t> graph_execs;
-  /// XSERV_PROFILE=1: every launch function timed with CUDA events (graphs off), summed per
+  /// XSERV_PROFILE=1: every launch table entry timed with CUDA events (graphs off), summed per
   /// (phase, op) and printed when the engine closes.
   bool profile = false;
-  std::vector<std::string> labels;
   std::vector<cudaEvent_t> events;
+  std::vector<size_t> entry_launches; ///< kernels each table entry launched in the last sub-step
   struct OpTime {
     double ms = 0;
     int64_t calls = 0;
@@ -163,7 +165,7 @@ struct CudaEngine::Impl {
         return v;
     throw Error(fmt::format("this stage receives nothing called '{}'", name));
   }
-  cudaGraphExec_t capture(const DeviceStep& s);
+  cudaGraphExec_t capture(const runtime::StepShape& s);
   void* address(ir::ValueId v, int r);
   void run_substep(const models::StepInput& sub, std::vector<std::vector<float>>& rows, bool all,
                    std::vector<int32_t>* greedy,
@@ -202,14 +204,13 @@ void CudaEngine::Impl::upload_weights(const fs::path& cache_dir) {
   allocated += device_weights.device_bytes();
 }
 
-cudaGraphExec_t CudaEngine::Impl::capture(const DeviceStep& s) {
+cudaGraphExec_t CudaEngine::Impl::capture(const runtime::StepShape& s) {
   // Relaxed: a first launch of a kernel may set its shared-memory attribute, which is no stream
   // operation and safe to run while capturing.
   check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "starting a graph capture");
   cudaGraph_t g = nullptr;
   try {
-    for (const LaunchFn& f : launches)
-      f(s);
+    executor->run(s, stream);
   } catch (...) {
     if (cudaStreamEndCapture(stream, &g) == cudaSuccess && g)
       cudaGraphDestroy(g);
@@ -239,8 +240,8 @@ void CudaEngine::Impl::print_profile() const {
     std::fprintf(stderr, "[profile] %s: %lld steps, %.3f ms per step (launch to launch)\n",
                  phase.c_str(), static_cast<long long>(phase_steps.at(phase)), total / steps);
     for (const auto& [op, t] : ops)
-      std::fprintf(stderr, "[profile]   %-24s %9.3f ms/step %5.1f%%  %6.1f us/launch fn\n",
-                   op.c_str(), t.ms / steps, 100.0 * t.ms / total, 1e3 * t.ms / double(t.calls));
+      std::fprintf(stderr, "[profile]   %-24s %9.3f ms/step %5.1f%%  %6.1f us/entry\n", op.c_str(),
+                   t.ms / steps, 100.0 * t.ms / total, 1e3 * t.ms / double(t.calls));
   }
 }
 
@@ -301,7 +302,6 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
   bool dependent = options.dependent_launch && dev.sm_major >= 9;
   if (const char* e = std::getenv("XSERV_PDL"); e && std::string(e) == "0")
     dependent = false;
-  m.kernels.set_dependent_launch(dependent);
   m.log(fmt::format("{} ({}, {} SMs, {:.0f} GiB)", dev.name, dev.arch(), dev.multiprocessors,
                     double(dev.memory_bytes) / (1ull << 30)));
 
@@ -354,9 +354,7 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
   ctx.max_seqs = static_cast<int>(max_batch);
   ctx.cache_rows = max_batch;
   ctx.max_seq = max_seq;
-  Impl* mp = &m;
-  ctx.address = [mp](ir::ValueId v, int r) { return mp->address(v, r); };
-  ctx.allocate = [mp](size_t bytes, const void* host) { return mp->allocate(bytes, host); };
+  ctx.memory = &m.plan;
 
   const fs::path cache_dir = options.cache_dir.empty() ? kernel_cache_dir() : options.cache_dir;
   auto t1 = std::chrono::steady_clock::now();
@@ -367,26 +365,43 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
   m.log(fmt::format("loaded {} weight tensors, {:.2f} GB on the GPU, {:.1f} s", m.weights.size(),
                     double(weight_bytes) / 1e9, seconds_since(t1)));
 
-  m.launches = lower_graph(m.graph, m.kernels, ctx, &m.labels);
-  m.argmax_keys = ctx.argmax_keys;
-  m.argmax_chunks = ctx.argmax_chunks;
+  // The launch table's regions: the arena, weights by name, caches in graph order, step inputs
+  // by name, and its scratch buffers (constants uploaded once).
+  runtime::LaunchTable table = lower_graph(m.graph, m.kernels, ctx);
+  runtime::Bindings bind;
+  bind.arena = m.arena;
+  for (const auto& [name, p] : m.weights)
+    bind.weights[name] = p;
+  for (const auto& [v, c] : m.caches) // by value id: the graph's cache nodes in order
+    bind.caches.push_back(c.first);
+  for (const auto& [name, off] : m.layout.offset)
+    bind.params[name] = m.params_dev + off;
+  for (const runtime::ScratchBuffer& b : table.scratch)
+    bind.scratch.push_back(m.allocate(b.bytes, b.f64.empty() ? nullptr : b.f64.data()));
+  if (table.argmax_scratch >= 0) {
+    m.argmax_keys = const_cast<void*>(bind.scratch[size_t(table.argmax_scratch)]);
+    m.argmax_chunks = table.argmax_chunks;
+  }
   if (m.argmax_keys)
     check(cudaMallocHost(reinterpret_cast<void**>(&m.keys_host),
                          size_t(max_batch) * size_t(m.argmax_chunks) * sizeof(uint64_t)),
           "pinned greedy keys");
   if (m.profile) {
-    m.events.resize(m.launches.size() + 1);
+    m.events.resize(table.launches.size() + 1);
+    m.entry_launches.resize(table.launches.size());
     for (cudaEvent_t& e : m.events)
       check(cudaEventCreate(&e), "creating a profiling event");
   }
   auto t2 = std::chrono::steady_clock::now();
   const int compiled = m.kernels.build(cache_dir);
+  m.executor = std::make_unique<runtime::Executor>(std::move(table), bind, m.kernels.loaded());
+  m.executor->set_dependent_launch(dependent);
   m.log(fmt::format("compiling {} kernels ... {:.1f} s ({} compiled, {} from {})", m.kernels.size(),
                     seconds_since(t2), compiled, int(m.kernels.size()) - compiled,
                     cache_dir.string()));
-  m.log(fmt::format("ready: {} launches per step{}, arena {:.1f} MiB, KV caches for {} x {}, "
+  m.log(fmt::format("ready: {} launch table entries{}, arena {:.1f} MiB, KV caches for {} x {}, "
                     "{:.2f} GB in all, {:.1f} s",
-                    m.launches.size(), m.cuda_graphs ? " (decode as CUDA graphs)" : "",
+                    m.executor->size(), m.cuda_graphs ? " (decode as CUDA graphs)" : "",
                     double(m.plan.arena_bytes) / (1 << 20), max_batch, max_seq,
                     double(m.allocated) / 1e9, seconds_since(t0)));
 }
@@ -454,28 +469,26 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
             "uploading a received activation");
     }
   }
-  DeviceStep s;
+  runtime::StepShape s;
   s.tokens = tokens;
   s.seqs = seqs;
-  s.stream = stream;
   for (int32_t pos : p.at(models::params::kPositions).i)
     s.max_pos = std::max(s.max_pos, pos);
   if (cuda_graphs && tokens == seqs) {
     // A decode sub-step: replay (capturing first) the graph of its sizes.
-    const auto key = std::make_tuple(tokens, seqs, attention_key_bucket(s.max_pos + 1));
+    const auto key = std::make_tuple(tokens, seqs, runtime::attention_key_bucket(s.max_pos + 1));
     auto it = graph_execs.find(key);
     if (it == graph_execs.end())
       it = graph_execs.emplace(key, capture(s)).first;
     check(cudaGraphLaunch(it->second, stream), "replaying a decode graph");
   } else if (profile) {
     check(cudaEventRecord(events[0], stream), "profiling");
-    for (size_t i = 0; i < launches.size(); ++i) {
-      launches[i](s);
+    for (size_t i = 0; i < executor->size(); ++i) {
+      entry_launches[i] = executor->run(s, stream, i, i + 1);
       check(cudaEventRecord(events[i + 1], stream), "profiling");
     }
   } else {
-    for (const LaunchFn& f : launches)
-      f(s);
+    executor->run(s, stream);
   }
   const size_t n = static_cast<size_t>(per_token ? tokens : seqs);
   const size_t v = static_cast<size_t>(vocab);
@@ -492,10 +505,12 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
     const std::string phase =
         tokens == seqs ? fmt::format("decode B={}", seqs) : fmt::format("prefill T={}", tokens);
     ++phase_steps[phase];
-    for (size_t i = 0; i < launches.size(); ++i) {
+    for (size_t i = 0; i < executor->size(); ++i) {
+      if (entry_launches[i] == 0) // an entry for other step sizes
+        continue;
       float ms = 0;
       check(cudaEventElapsedTime(&ms, events[i], events[i + 1]), "profiling");
-      OpTime& t = op_times[{phase, labels[i]}];
+      OpTime& t = op_times[{phase, executor->table().launches[i].label}];
       t.ms += ms;
       ++t.calls;
     }

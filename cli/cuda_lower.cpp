@@ -1,20 +1,15 @@
-// Node-by-node lowering of the fused graph to the codegen kernels, and their compilation.
+// Node-by-node lowering of the fused graph to the codegen kernels and a launch table.
 //
-// Every node gets the kernels of both paths and a launch function that picks by the step's size
-// (docs/DESIGN.md, kernel selection): decode GEMVs for at most 8 rows, tensor-core gemms (split K
-// up to 64 rows) above, grouped expert gemms for the MoE, query-tiled attention above 64 tokens.
-// The engine captures decode launches as CUDA graphs, which is why launches depend on the step
-// only through its sizes (tokens, sequences, attention key bucket).
+// Every node gets the kernels of both paths and launch table entries whose row ranges pick by
+// the step's size (docs/DESIGN.md, kernel selection): decode GEMVs for at most 8 rows,
+// tensor-core gemms (split K up to 64 rows) above, grouped expert gemms for the MoE, query-tiled
+// attention above 64 tokens. The engine captures decode launches as CUDA graphs, which is why
+// launches depend on the step only through its sizes (tokens, sequences, attention key bucket).
 #include "cli/cuda_lower.h"
 
 #include <algorithm>
 #include <array>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <future>
 #include <regex>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -22,70 +17,16 @@
 #include "ir/error.h"
 #include "ir/interpreter.h"
 #include "ir/reference.h"
-#include "runtime/device.h"
-#include "runtime/kernel_cache.h"
 
 namespace xserv::cli {
-
-std::filesystem::path kernel_cache_dir() {
-  namespace fs = std::filesystem;
-  if (const char* d = std::getenv("XSERV_KERNEL_CACHE"); d && *d)
-    return d;
-  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d)
-    return fs::path(d) / "xserv/kernels";
-  if (const char* h = std::getenv("HOME"); h && *h)
-    return fs::path(h) / ".cache/xserv/kernels";
-  return fs::temp_directory_path() / "xserv-kernels";
-}
-
-int KernelSet::add(codegen::KernelSource src) {
-  if (auto it = by_name_.find(src.name); it != by_name_.end()) {
-    ++uses_[static_cast<size_t>(it->second)];
-    return it->second;
-  }
-  const int i = static_cast<int>(sources_.size());
-  by_name_[src.name] = i;
-  sources_.push_back(std::move(src));
-  uses_.push_back(1);
-  return i;
-}
-
-int KernelSet::build(const std::filesystem::path& cache_dir) {
-  runtime::CompileOptions opts;
-  opts.arch = runtime::probe_device().arch();
-  opts.headers = codegen::kernel_headers();
-  // NVRTC compiles independent programs in parallel; each kernel has its own cache files.
-  std::vector<std::future<runtime::CachedCubin>> jobs;
-  for (const auto& s : sources_)
-    jobs.push_back(std::async(std::launch::async, [&s, &opts, &cache_dir] {
-      return runtime::get_or_compile(s.source, s.name, opts, cache_dir);
-    }));
-  int compiled = 0;
-  for (size_t i = 0; i < sources_.size(); ++i) {
-    runtime::CachedCubin c = jobs[i].get();
-    compiled += c.compiled ? 1 : 0;
-    modules_.push_back(runtime::Module::load(c.cubin, sources_[i].name));
-    kernels_.push_back(modules_.back().kernel(sources_[i].name));
-  }
-  return compiled;
-}
-
-int step_token_capacity(int64_t max_batch, int prefill_chunk) {
-  return static_cast<int>(std::max<int64_t>({8, max_batch, prefill_chunk}));
-}
-
-int attention_key_bucket(int keys) {
-  int b = 64;
-  while (b < keys && b < 2048)
-    b *= 2;
-  return b;
-}
 
 namespace {
 
 using ir::Node;
 using ir::Op;
 using ir::ValueId;
+using runtime::LaunchArg;
+using Kind = runtime::LaunchArg::Kind;
 
 int as_int(int64_t v) {
   return static_cast<int>(v);
@@ -110,18 +51,29 @@ Rows rows_kind(const ir::Graph& g, ValueId v) {
   return Rows::Tokens;
 }
 
-int rows_of(Rows r, const DeviceStep& s) {
-  return r == Rows::Tokens ? s.tokens : s.seqs;
-}
-
 /// The IR line a kernel's source is headed by: the node with its value numbers blanked, so
 /// that every node a kernel serves gives the same source (and one cache entry).
 std::vector<std::string> ir_lines(const ir::Graph& g, ValueId v) {
   return {std::regex_replace(ir::print_node(g, v), std::regex("%[0-9]+"), "%_")};
 }
 
-float* f32(void* p) {
-  return static_cast<float*>(p);
+/// Int arguments: the launch's rows, its key splits.
+LaunchArg rows_arg() {
+  LaunchArg a;
+  a.kind = Kind::Rows;
+  return a;
+}
+LaunchArg splits_arg() {
+  LaunchArg a;
+  a.kind = Kind::Splits;
+  return a;
+}
+
+/// `a` advanced by `bytes` per row of a chunk's start (null stays null).
+LaunchArg strided(LaunchArg a, uint64_t bytes) {
+  if (a.kind != Kind::Null)
+    a.row_stride = bytes;
+  return a;
 }
 
 /// The most tokens the decode kernels take in one launch (linear_decode's MAX_T).
@@ -134,26 +86,91 @@ constexpr int kSmallGemmRows = 64;
 /// Row tiles of the grouped MoE gemms, chosen by the rows each expert gets.
 constexpr std::array<int, 3> kMoeTileRows = {32, 64, 128};
 
-/// Lowers one graph; holds the per-graph scratch buffers.
+/// Lowers one graph into a launch table; holds the per-graph scratch buffers.
 class Lowerer {
 public:
-  Lowerer(const ir::Graph& g, KernelSet& k, LoweringContext& c) : g_(g), k_(k), c_(c) {}
+  Lowerer(const ir::Graph& g, KernelSet& k, const LoweringContext& c) : g_(g), k_(k), c_(c) {
+    XSERV_CHECK(c_.memory, "lower_graph needs the activation memory plan");
+    for (ValueId v = 0; v < static_cast<ValueId>(g_.size()); ++v)
+      if (g_.node(v).op == Op::Cache)
+        cache_index_.emplace(v, int(cache_index_.size()));
+  }
 
-  std::vector<LaunchFn> run(std::vector<std::string>* labels) {
+  runtime::LaunchTable run() {
     allocate_scratch();
     for (ValueId v = 0; v < static_cast<ValueId>(g_.size()); ++v) {
+      label_ = std::string(ir::op_name(g_.node(v).op)); // profiles group launches by op
       lower(v);
-      if (labels) // one label per launch function: the op of the node it came from
-        labels->resize(out_.size(), std::string(ir::op_name(g_.node(v).op)));
     }
+    label_ = "argmax";
     lower_sampling();
-    if (labels)
-      labels->resize(out_.size(), "argmax");
-    return std::move(out_);
+    t_.kernels = k_.plan_kernels();
+    return std::move(t_);
   }
 
 private:
-  void* addr(ValueId v, int r = 0) const { return c_.address(v, r); }
+  /// The argument for result `r` of value `v`: step inputs by name, weights by name, caches by
+  /// index, everything else at its offset in the activation arena.
+  LaunchArg addr(ValueId v, int r = 0) const {
+    const Node& n = g_.node(v);
+    LaunchArg a;
+    switch (n.op) {
+    case Op::Param:
+      a.kind = Kind::Param;
+      a.name = n.attr_str("name");
+      return a;
+    case Op::Weight:
+      a.kind = Kind::Weight;
+      a.name = n.attr_str("name");
+      return a;
+    case Op::Cache:
+      a.kind = Kind::Cache;
+      a.index = cache_index_.at(v);
+      return a;
+    case Op::KvWrite:
+      return addr(n.inputs[0], 0);
+    default: {
+      const compiler::MemoryPlan& m = *c_.memory;
+      const int32_t b = m.buffer_of.at(static_cast<size_t>(v)).at(static_cast<size_t>(r));
+      XSERV_CHECK(b >= 0, "value without a buffer: " + ir::print_node(g_, v));
+      a.kind = Kind::Activation;
+      a.offset = static_cast<uint64_t>(m.buffers.at(static_cast<size_t>(b)).offset);
+      return a;
+    }
+    }
+  }
+
+  /// A scratch buffer of `bytes` that lives as long as the engine, holding `f64` if given.
+  LaunchArg allocate(size_t bytes, std::vector<double> f64 = {}) {
+    t_.scratch.push_back({bytes, std::move(f64)});
+    LaunchArg a;
+    a.kind = Kind::Scratch;
+    a.index = int(t_.scratch.size() - 1);
+    return a;
+  }
+
+  /// Appends a table entry launching `kernel` when the step's rows lie in [lo, hi] (hi -1:
+  /// unbounded) and within outer_. Entries no step within capacity reaches are left out.
+  void emit(int kernel, Rows rows, int lo, int hi, std::vector<LaunchArg> args, int chunk = 0,
+            int splits_window = -1, int min_splits = 1) {
+    runtime::PlanLaunch l;
+    l.kernel = kernel;
+    l.label = label_;
+    l.seq_rows = rows == Rows::Seqs;
+    l.min_rows = std::max(lo, outer_lo_);
+    l.max_rows = outer_hi_ < 0 ? hi : hi < 0 ? outer_hi_ : std::min(hi, outer_hi_);
+    const int capacity = rows == Rows::Tokens ? c_.max_tokens : c_.max_seqs;
+    if ((l.max_rows >= 0 && l.min_rows > l.max_rows) || l.min_rows > capacity)
+      return;
+    if (kernel < 0)
+      throw Error(fmt::format("the CUDA engine has no kernel for {} steps of {} to {} rows", label_,
+                              l.min_rows, l.max_rows));
+    l.chunk = chunk;
+    l.splits_window = splits_window;
+    l.min_splits = min_splits;
+    l.args = std::move(args);
+    t_.launches.push_back(std::move(l));
+  }
 
   void allocate_scratch() {
     size_t attn = 0, router = 0, act = 0;
@@ -171,13 +188,13 @@ private:
     if (attn) {
       // Key splits only for steps of at most kSplitTokens tokens (see lower_attention).
       const size_t ts = std::min<size_t>(t, kSplitTokens);
-      part_o_ = c_.allocate(ts * attn * splits * sizeof(float), nullptr);
-      part_ml_ = c_.allocate(ts * attn * splits * 2 * sizeof(float), nullptr); // per head: <= D
+      part_o_ = allocate(ts * attn * splits * sizeof(float));
+      part_ml_ = allocate(ts * attn * splits * 2 * sizeof(float)); // per head: <= D
     }
     if (router)
-      router_logits_ = c_.allocate(t * router * sizeof(float), nullptr);
+      router_logits_ = allocate(t * router * sizeof(float));
     if (act)
-      moe_act_ = c_.allocate(t * act * sizeof(float), nullptr);
+      moe_act_ = allocate(t * act * sizeof(float));
     size_t hidden = 0, pairs = 0, experts = 0, width = 0;
     for (ValueId v = 0; v < static_cast<ValueId>(g_.size()); ++v) {
       const Node& n = g_.node(v);
@@ -190,16 +207,15 @@ private:
         width = 1;
     }
     if (pairs) // each (token, slot) pair's weighted expert row, summed by moe_combine
-      moe_part_ = c_.allocate(pairs * hidden * sizeof(float), nullptr);
+      moe_part_ = allocate(pairs * hidden * sizeof(float));
     if (!gemm_path())
       return;
     if (width)
-      inv_rms_ = c_.allocate(t * sizeof(float), nullptr);
+      inv_rms_ = allocate(t * sizeof(float));
     if (pairs) {
-      moe_pair_ = c_.allocate(pairs * sizeof(int), nullptr);
-      moe_tiles_ = c_.allocate(codegen::moe_tiles_ints(int(pairs), int(experts), kMoeTileRows[0]) *
-                                   sizeof(int),
-                               nullptr);
+      moe_pair_ = allocate(pairs * sizeof(int));
+      moe_tiles_ = allocate(codegen::moe_tiles_ints(int(pairs), int(experts), kMoeTileRows[0]) *
+                            sizeof(int));
     }
   }
 
@@ -218,7 +234,7 @@ private:
   struct DenseGemm {
     int small32 = -1, small64 = -1, large = -1, reduce = -1, inv = -1;
     int splitk = 1;
-    void* part = nullptr; ///< [splitk, kSmallGemmRows, n] fp32 partial sums
+    LaunchArg part; ///< [splitk, kSmallGemmRows, n] fp32 partial sums
   };
 
   DenseGemm dense_gemm(const codegen::LinearDims& d, ValueId v) {
@@ -242,7 +258,7 @@ private:
                                                          {"sums the split-K partials of a gemm"}));
       const size_t bytes = size_t(k.splitk) * kSmallGemmRows * size_t(d.n) * sizeof(float);
       if (bytes > splitk_bytes_) {
-        splitk_part_ = c_.allocate(bytes, nullptr);
+        splitk_part_ = allocate(bytes);
         splitk_bytes_ = bytes;
       }
       k.part = splitk_part_;
@@ -257,65 +273,45 @@ private:
     return k;
   }
 
-  /// Launches a linear over `rows` of x: one decode GEMV launch for at most 8 rows, else the
-  /// tensor-core gemm (after the rows' inv-rms, unless `inv_ready`: an earlier launch of this
-  /// step computed it for the same x).
+  /// Launches a linear over `rows` of x: one decode GEMV launch per 8 rows (chunks) for at
+  /// most 8 rows or when no gemm fits, else the tensor-core gemm (after the rows' inv-rms,
+  /// unless `inv_ready`: an earlier launch of this step computed it for the same x).
   void linear(int kernel, const DenseGemm& gemm, const codegen::LinearDims& d, Rows rows,
-              const void* x, const void* ln, const void* w, const void* b, const void* h, void* y,
+              LaunchArg x, LaunchArg ln, LaunchArg w, LaunchArg b, LaunchArg h, LaunchArg y,
               bool inv_ready = false) {
-    const KernelSet* ks = &k_;
-    const void* inv = inv_rms_;
-    out_.push_back([=](const DeviceStep& s) {
-      const int total = rows_of(rows, s);
-      if (total > d.max_tokens && gemm.large >= 0) {
-        if (d.norm && !inv_ready)
-          ks->launch(gemm.inv, total, 1, s.stream, x, inv);
-        const void* norm_inv = d.norm ? inv : nullptr;
-        if (total > kSmallGemmRows || gemm.splitk == 1) {
-          const int kg = total > kSmallGemmRows ? gemm.large
-                         : total <= 32          ? gemm.small32
-                                                : gemm.small64;
-          launch_ptrs(*ks, kg, total, s.stream,
-                      {x, norm_inv, ln, w, b, h, y, nullptr, nullptr, nullptr}, total);
-          return;
-        }
-        launch_ptrs(*ks, total <= 32 ? gemm.small32 : gemm.small64, total, s.stream,
-                    {x, norm_inv, ln, w, nullptr, nullptr, gemm.part, nullptr, nullptr, nullptr},
-                    total);
-        launch_ptrs(*ks, gemm.reduce, total, s.stream, {gemm.part, b, h, y}, total);
-        return;
+    const LaunchArg null;
+    if (gemm.large >= 0) {
+      const int lo = d.max_tokens + 1;
+      if (d.norm && !inv_ready)
+        emit(gemm.inv, rows, lo, -1, {x, inv_rms_});
+      const LaunchArg norm_inv = d.norm ? inv_rms_ : null;
+      const std::vector<LaunchArg> whole = {x, norm_inv, ln,   w,    b,         h,
+                                            y, null,     null, null, rows_arg()};
+      if (gemm.splitk == 1) {
+        emit(gemm.small32, rows, lo, 32, whole);
+        emit(gemm.small64, rows, 33, kSmallGemmRows, whole);
+      } else { // raw partial sums, then the reduce adds bias and residual
+        const std::vector<LaunchArg> part = {x,         norm_inv, ln,   w,    null,      null,
+                                             gemm.part, null,     null, null, rows_arg()};
+        emit(gemm.small32, rows, lo, 32, part);
+        emit(gemm.small64, rows, 33, kSmallGemmRows, part);
+        emit(gemm.reduce, rows, lo, kSmallGemmRows, {gemm.part, b, h, y, rows_arg()});
       }
-      for (int r0 = 0; r0 < total; r0 += d.max_tokens) {
-        const int n = std::min(d.max_tokens, total - r0);
-        const float* xc = static_cast<const float*>(x) + size_t(r0) * d.k;
-        const float* hc = h ? static_cast<const float*>(h) + size_t(r0) * d.n : nullptr;
-        float* yc = f32(y) + size_t(r0) * d.n;
-        std::vector<const void*> args = {xc};
-        if (d.norm)
-          args.push_back(ln);
-        args.push_back(w);
-        if (d.bias)
-          args.push_back(b);
-        if (d.residual)
-          args.push_back(hc);
-        args.push_back(yc);
-        launch_ptrs(*ks, kernel, n, s.stream, args, n);
-      }
-    });
-  }
-
-  /// Launches kernel `i` with pointer arguments and one trailing int.
-  static void launch_ptrs(const KernelSet& ks, int i, int rows, cudaStream_t stream,
-                          std::vector<const void*> ptrs, int tail) {
-    std::vector<void*> slots;
-    std::vector<size_t> sizes;
-    for (const void*& p : ptrs) {
-      slots.push_back(&p);
-      sizes.push_back(sizeof(void*));
+      emit(gemm.large, rows, kSmallGemmRows + 1, -1, whole);
     }
-    slots.push_back(&tail);
-    sizes.push_back(sizeof(int));
-    ks.launch_raw(i, rows, 1, stream, slots.data(), sizes.data(), slots.size());
+    // The decode GEMV, d.max_tokens rows per launch, pointers advanced per chunk.
+    const uint64_t fk = uint64_t(d.k) * sizeof(float), fn = uint64_t(d.n) * sizeof(float);
+    std::vector<LaunchArg> args = {strided(x, fk)};
+    if (d.norm)
+      args.push_back(ln);
+    args.push_back(w);
+    if (d.bias)
+      args.push_back(b);
+    if (d.residual)
+      args.push_back(strided(h, fn));
+    args.push_back(strided(y, fn));
+    args.push_back(rows_arg());
+    emit(kernel, rows, 0, gemm.large >= 0 ? d.max_tokens : -1, std::move(args), d.max_tokens);
   }
 
   void lower_linear(ValueId v) {
@@ -333,28 +329,26 @@ private:
       d.eps = n.attr_float("eps");
     const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
     linear(kernel, dense_gemm(d, v), d, rows_kind(g_, v), addr(n.inputs[0]),
-           norm ? addr(n.inputs[1]) : nullptr, addr(n.inputs[wi]),
-           d.bias ? addr(n.inputs[wi + 1]) : nullptr, residual ? addr(n.inputs.back()) : nullptr,
-           addr(v));
+           norm ? addr(n.inputs[1]) : LaunchArg{}, addr(n.inputs[wi]),
+           d.bias ? addr(n.inputs[wi + 1]) : LaunchArg{},
+           residual ? addr(n.inputs.back()) : LaunchArg{}, addr(v));
   }
 
-  /// The YaRN table (float64 inv_freq on the device) and attention factor of a rope node.
-  std::pair<const void*, double> yarn_table(ValueId v, int head_dim) {
+  /// The YaRN table (float64 inv_freq, a constant scratch buffer) and attention factor of a
+  /// rope node.
+  std::pair<LaunchArg, double> yarn_table(ValueId v, int head_dim) {
     const ir::ref::Yarn yarn = ir::yarn_of(g_.node(v));
-    const std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
-    return {c_.allocate(inv.size() * sizeof(double), inv.data()),
-            ir::ref::yarn_attention_factor(yarn)};
+    std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
+    const size_t bytes = inv.size() * sizeof(double);
+    return {allocate(bytes, std::move(inv)), ir::ref::yarn_attention_factor(yarn)};
   }
 
   /// rope_yarn of [T, heads, head_dim] from `x` into `y` (may alias), the node's YaRN attributes.
-  void rope(ValueId v, int heads, int head_dim, const void* x, void* y) {
+  void rope(ValueId v, int heads, int head_dim, LaunchArg x, LaunchArg y) {
     const auto [table, att] = yarn_table(v, head_dim);
     const codegen::RopeDims d{heads, head_dim, att};
     const int kernel = k_.add(codegen::emit_rope_yarn(d, ir_lines(g_, v)));
-    const void* pos = addr(g_.node(v).inputs.back());
-    const KernelSet* ks = &k_;
-    out_.push_back(
-        [=](const DeviceStep& s) { ks->launch(kernel, s.tokens, 1, s.stream, x, pos, table, y); });
+    emit(kernel, Rows::Tokens, 0, -1, {x, addr(g_.node(v).inputs.back()), table, y});
   }
 
   /// qkv_rope: for at most 8 tokens one qkv_decode launch (the norm staged once, q, k and v
@@ -389,40 +383,28 @@ private:
       for (int r = 0; r < 3; ++r) // one inv-rms for the three projections of the same x
         linear(gemv[size_t(r)], gemms[size_t(r)], dims[size_t(r)], Rows::Tokens, addr(n.inputs[0]),
                addr(n.inputs[1]), addr(n.inputs[size_t(2 + 2 * r)]),
-               addr(n.inputs[size_t(3 + 2 * r)]), nullptr, addr(v, r), r > 0);
+               addr(n.inputs[size_t(3 + 2 * r)]), LaunchArg{}, addr(v, r), r > 0);
     } else {
       const int qkv = k_.add(codegen::emit_qkv_decode(qd, ir_lines(g_, v)));
-      // Steps of more than 8 tokens: the three gemm linears, pushed as one launch function.
-      std::vector<LaunchFn> big;
-      std::swap(big, out_);
-      for (int r = 0; r < 3; ++r)
-        linear(-1, gemms[size_t(r)], dims[size_t(r)], Rows::Tokens, addr(n.inputs[0]),
-               addr(n.inputs[1]), addr(n.inputs[size_t(2 + 2 * r)]),
-               addr(n.inputs[size_t(3 + 2 * r)]), nullptr, addr(v, r), r > 0);
-      std::swap(big, out_);
-      std::vector<const void*> args;
+      std::vector<LaunchArg> args;
       for (size_t i = 0; i < 8; ++i)
         args.push_back(addr(n.inputs[i]));
       for (int r = 0; r < 3; ++r)
         args.push_back(addr(v, r));
-      const KernelSet* ks = &k_;
-      out_.push_back([=](const DeviceStep& s) {
-        if (s.tokens > kDecodeTokens) {
-          for (const LaunchFn& f : big)
-            f(s);
-          return;
-        }
-        launch_ptrs(*ks, qkv, s.tokens, s.stream, args, s.tokens);
-      });
+      args.push_back(rows_arg());
+      emit(qkv, Rows::Tokens, 0, kDecodeTokens, std::move(args));
+      // Steps of more than 8 tokens: the three gemm linears.
+      outer_lo_ = kDecodeTokens + 1;
+      for (int r = 0; r < 3; ++r)
+        linear(-1, gemms[size_t(r)], dims[size_t(r)], Rows::Tokens, addr(n.inputs[0]),
+               addr(n.inputs[1]), addr(n.inputs[size_t(2 + 2 * r)]),
+               addr(n.inputs[size_t(3 + 2 * r)]), LaunchArg{}, addr(v, r), r > 0);
+      outer_lo_ = 0;
     }
     const auto [table, att] = yarn_table(v, head_dim);
     const int hq = static_dim(g_, v, 1, 0), hk = static_dim(g_, v, 1, 1);
     const int rope = k_.add(codegen::emit_rope_yarn_qk(hq, hk, head_dim, att, ir_lines(g_, v)));
-    void *q = addr(v, 0), *k = addr(v, 1);
-    const void* pos = addr(n.inputs.back());
-    const KernelSet* ks = &k_;
-    out_.push_back(
-        [=](const DeviceStep& s) { ks->launch(rope, s.tokens, 1, s.stream, q, k, pos, table); });
+    emit(rope, Rows::Tokens, 0, -1, {addr(v, 0), addr(v, 1), addr(n.inputs.back()), table});
   }
 
   /// The KV cache node a cache operand (a cache or an earlier kv_write of it) stands for.
@@ -457,31 +439,28 @@ private:
     // The combine step depends only on heads and head_dim: one generic header for every node.
     const int comb = k_.add(codegen::emit_attention_combine(
         d, {"merges the key splits of attention(...) for any window and scale"}));
-    std::vector<const void*> in;
+    std::vector<LaunchArg> in;
     for (size_t i = 0; i < 10; ++i)
       in.push_back(i == 3 || i == 4 ? addr(cache_node(n.inputs[i])) : addr(n.inputs[i]));
-    void* out = addr(v);
-    void *ml = part_ml_, *po = part_o_;
-    const KernelSet* ks = &k_;
-    const int window = d.window;
-    out_.push_back([=](const DeviceStep& s) {
-      // Splits from the bucketed key count, so that they stay fixed over a range of positions
-      // (and one CUDA graph serves them all); a split past a token's keys stays empty.
-      const int bucket = attention_key_bucket(s.max_pos + 1);
-      const int keys = window > 0 ? std::min(bucket, window) : bucket;
-      // Many tokens fill the GPU without key splits (and their buffers stay small).
-      if (s.tokens > kSplitTokens && pre >= 0) {
-        ks->launch(pre, s.tokens, 1, s.stream, in[0], in[1], in[2], in[3], in[4], in[5], in[6],
-                   in[7], in[8], in[9], out, s.tokens);
-        return;
-      }
-      const int splits = s.tokens > kSplitTokens ? 1 : codegen::attention_splits(keys);
-      ks->launch(dec, s.tokens, splits, s.stream, in[0], in[1], in[2], in[3], in[4], in[5], in[6],
-                 in[7], in[8], in[9], out, ml, po);
-      if (splits > 1)
-        ks->launch(comb, s.tokens, 1, s.stream, static_cast<const void*>(ml),
-                   static_cast<const void*>(po), in[5], splits, out);
-    });
+    const LaunchArg out = addr(v);
+    // Splits from the bucketed key count of the step (the executor's splits rule, window 0:
+    // none); a split past a token's keys stays empty. Many tokens fill the GPU without key
+    // splits (and their buffers stay small).
+    const int window = std::max(0, d.window);
+    std::vector<LaunchArg> dec_args = in;
+    for (const LaunchArg& a : {out, part_ml_, part_o_})
+      dec_args.push_back(a);
+    emit(dec, Rows::Tokens, 0, kSplitTokens, dec_args, 0, window);
+    if (pre >= 0) {
+      std::vector<LaunchArg> pre_args = in;
+      pre_args.push_back(out);
+      pre_args.push_back(rows_arg());
+      emit(pre, Rows::Tokens, kSplitTokens + 1, -1, std::move(pre_args));
+    } else {
+      emit(dec, Rows::Tokens, kSplitTokens + 1, -1, dec_args);
+    }
+    emit(comb, Rows::Tokens, 0, kSplitTokens, {part_ml_, part_o_, in[5], splits_arg(), out}, 0,
+         window, 2);
   }
 
   void lower_kv_write(ValueId v) {
@@ -490,21 +469,13 @@ private:
     const codegen::KvWriteDims d{static_dim(g_, n.inputs[1], 1), static_dim(g_, n.inputs[1], 2),
                                  cache_slots(cache), g_.type(cache).dtype == ir::DType::F32};
     const int kernel = k_.add(codegen::emit_kv_write(d, ir_lines(g_, v)));
-    void* c = addr(cache);
-    const void *x = addr(n.inputs[1]), *pos = addr(n.inputs[2]), *seq = addr(n.inputs[3]);
-    const void* rows = addr(n.inputs[4]);
-    const KernelSet* ks = &k_;
-    out_.push_back([=](const DeviceStep& s) {
-      ks->launch(kernel, s.tokens, 1, s.stream, c, x, pos, seq, rows);
-    });
+    emit(kernel, Rows::Tokens, 0, -1,
+         {addr(cache), addr(n.inputs[1]), addr(n.inputs[2]), addr(n.inputs[3]), addr(n.inputs[4])});
   }
 
-  void topk(ValueId v, int experts, int k, const void* logits) {
+  void topk(ValueId v, int experts, int k, LaunchArg logits) {
     const int kernel = k_.add(codegen::emit_router_topk({experts, k}, ir_lines(g_, v)));
-    void *w = addr(v, 0), *ids = addr(v, 1);
-    const KernelSet* ks = &k_;
-    out_.push_back(
-        [=](const DeviceStep& s) { ks->launch(kernel, s.tokens, 1, s.stream, logits, w, ids); });
+    emit(kernel, Rows::Tokens, 0, -1, {logits, addr(v, 0), addr(v, 1)});
   }
 
   void lower_router(ValueId v) {
@@ -514,8 +485,9 @@ private:
     d.n = static_dim(g_, n.inputs[1], 0);
     d.bias = n.inputs.size() == 3;
     const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
-    linear(kernel, dense_gemm(d, v), d, Rows::Tokens, addr(n.inputs[0]), nullptr, addr(n.inputs[1]),
-           d.bias ? addr(n.inputs[2]) : nullptr, nullptr, router_logits_);
+    linear(kernel, dense_gemm(d, v), d, Rows::Tokens, addr(n.inputs[0]), LaunchArg{},
+           addr(n.inputs[1]), d.bias ? addr(n.inputs[2]) : LaunchArg{}, LaunchArg{},
+           router_logits_);
     topk(v, d.n, as_int(n.attr_int("k")), router_logits_);
   }
 
@@ -534,21 +506,18 @@ private:
     const int dn = k_.add(codegen::emit_moe_down_part(d, ir_lines(g_, v)));
     const int combine =
         k_.add(codegen::emit_moe_combine(d.hidden, d.k, d.residual, ir_lines(g_, v)));
-    std::vector<const void*> in;
+    std::vector<LaunchArg> in;
     for (ValueId i : n.inputs)
       in.push_back(addr(i));
-    void *act = moe_act_, *y = addr(v);
-    const bool residual = d.residual;
-    const KernelSet* ks = &k_;
+    const LaunchArg act = moe_act_, y = addr(v), null;
     // Many tokens: sort the (token, slot) pairs by expert, one grouped gemm per matrix (gate_up
     // with the SwiGLU epilogue, down scattering weighted rows), and a deterministic combine.
-    std::array<std::array<int, 3>, 3> grouped{}; // [tile size] -> sort, gate_up, down
     bool use_gemm = false;
     if (gemm_path() && codegen::gemm_fits(d.hidden) && codegen::gemm_fits(d.inter)) {
       for (size_t i = 0; i < 3; ++i) {
         const int bm = kMoeTileRows[i];
         codegen::MoeSortDims sd{d.experts, d.k, bm, c_.max_tokens * d.k};
-        grouped[i][0] = k_.add(codegen::emit_moe_sort(
+        const int sort = k_.add(codegen::emit_moe_sort(
             sd, {"groups moe_experts(...)'s (token, slot) pairs by expert"}));
         codegen::GemmDims gd;
         gd.grouped = true;
@@ -562,42 +531,37 @@ private:
         gd.epilogue = codegen::GemmEpilogue::Swiglu;
         gd.limit = d.limit;
         gd.alpha = d.alpha;
-        grouped[i][1] = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+        const int gate_up = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
         gd.k = d.inter;
         gd.n = d.hidden;
         gd.gather = false;
         gd.epilogue = codegen::GemmEpilogue::Scatter;
-        grouped[i][2] = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+        const int down = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+        // The tile is the one moe_tile_index picks: the tokens (above 8) that pick it.
+        int lo = -1, hi = -1;
+        for (int t = kDecodeTokens + 1; t <= c_.max_tokens; ++t)
+          if (moe_tile_index(t, d.k, d.experts) == int(i)) {
+            lo = lo < 0 ? t : lo;
+            hi = t;
+          }
+        if (lo < 0)
+          continue;
+        emit(sort, Rows::Tokens, lo, hi, {in[2], moe_pair_, moe_tiles_, rows_arg()});
+        emit(gate_up, Rows::Tokens, lo, hi,
+             {in[0], null, null, in[3], in[4], null, act, moe_pair_, moe_tiles_, null, rows_arg()});
+        emit(down, Rows::Tokens, lo, hi,
+             {act, null, null, in[5], in[6], null, moe_part_, moe_pair_, moe_tiles_, in[1],
+              rows_arg()});
       }
       use_gemm = true;
     }
-    const void *pair = moe_pair_, *tiles = moe_tiles_;
-    void* part = moe_part_;
-    const int experts = d.experts, ksel = d.k;
-    out_.push_back([=](const DeviceStep& s) {
-      if (s.tokens > kDecodeTokens && use_gemm) {
-        const auto& kk = grouped[size_t(moe_tile_index(s.tokens, ksel, experts))];
-        launch_ptrs(*ks, kk[0], s.tokens, s.stream, {in[2], pair, tiles}, s.tokens);
-        launch_ptrs(*ks, kk[1], s.tokens, s.stream,
-                    {in[0], nullptr, nullptr, in[3], in[4], nullptr, act, pair, tiles, nullptr},
-                    s.tokens);
-        launch_ptrs(*ks, kk[2], s.tokens, s.stream,
-                    {act, nullptr, nullptr, in[5], in[6], nullptr, part, pair, tiles, in[1]},
-                    s.tokens);
-        if (residual)
-          ks->launch(combine, s.tokens, 1, s.stream, static_cast<const void*>(part), in[7], y);
-        else
-          ks->launch(combine, s.tokens, 1, s.stream, static_cast<const void*>(part), y);
-        return;
-      }
-      ks->launch(gu, s.tokens, 1, s.stream, in[0], in[2], in[3], in[4], act);
-      const void* a = act;
-      ks->launch(dn, s.tokens, 1, s.stream, a, in[1], in[2], in[5], in[6], part);
-      if (residual)
-        ks->launch(combine, s.tokens, 1, s.stream, static_cast<const void*>(part), in[7], y);
-      else
-        ks->launch(combine, s.tokens, 1, s.stream, static_cast<const void*>(part), y);
-    });
+    const int dec_hi = use_gemm ? kDecodeTokens : -1;
+    emit(gu, Rows::Tokens, 0, dec_hi, {in[0], in[2], in[3], in[4], act});
+    emit(dn, Rows::Tokens, 0, dec_hi, {act, in[1], in[2], in[5], in[6], moe_part_});
+    if (d.residual)
+      emit(combine, Rows::Tokens, 0, -1, {moe_part_, in[7], y});
+    else
+      emit(combine, Rows::Tokens, 0, -1, {moe_part_, y});
   }
 
   /// The sampling epilogue: every step ends with the greedy pick of each sequence's logits row,
@@ -610,26 +574,12 @@ private:
     if (t.shape.size() != 2 || t.dtype != ir::DType::F32 || t.shape[0].name != "B")
       return;
     const int vocab = static_dim(g_, logits, 1);
-    c_.argmax_chunks = codegen::argmax_chunks(vocab);
-    c_.argmax_keys = c_.allocate(
-        size_t(c_.max_seqs) * size_t(c_.argmax_chunks) * sizeof(uint64_t), nullptr);
-    per_row(logits, k_.add(codegen::emit_argmax(vocab, ir_lines(g_, logits))), Rows::Seqs,
-            {addr(logits), c_.argmax_keys});
-  }
-
-  /// A per-row kernel over the value's rows with the given pointer arguments.
-  void per_row(ValueId v, int kernel, Rows rows, std::vector<const void*> args) {
-    const KernelSet* ks = &k_;
-    out_.push_back([=](const DeviceStep& s) {
-      const int r = rows_of(rows, s);
-      if (args.size() == 2)
-        ks->launch(kernel, r, 1, s.stream, args[0], args[1]);
-      else if (args.size() == 3)
-        ks->launch(kernel, r, 1, s.stream, args[0], args[1], args[2]);
-      else
-        ks->launch(kernel, r, 1, s.stream, args[0], args[1], args[2], args[3]);
-    });
-    (void)v;
+    t_.argmax_chunks = codegen::argmax_chunks(vocab);
+    const LaunchArg keys =
+        allocate(size_t(c_.max_seqs) * size_t(t_.argmax_chunks) * sizeof(uint64_t));
+    t_.argmax_scratch = keys.index;
+    emit(k_.add(codegen::emit_argmax(vocab, ir_lines(g_, logits))), Rows::Seqs, 0, -1,
+         {addr(logits), keys});
   }
 
   void lower(ValueId v) {
@@ -646,15 +596,15 @@ private:
     case Op::Embedding: {
       const codegen::EmbeddingDims d{static_dim(g_, n.inputs[0], 0),
                                      static_dim(g_, n.inputs[0], 1)};
-      per_row(v, k_.add(codegen::emit_embedding(d, ir_lines(g_, v))), Rows::Tokens,
-              {addr(n.inputs[0]), addr(n.inputs[1]), addr(v)});
+      emit(k_.add(codegen::emit_embedding(d, ir_lines(g_, v))), Rows::Tokens, 0, -1,
+           {addr(n.inputs[0]), addr(n.inputs[1]), addr(v)});
       return;
     }
     case Op::RmsNorm: {
       const codegen::RmsNormDims d{static_dim(g_, v, g_.type(v).shape.size() - 1),
                                    n.attr_float("eps")};
-      per_row(v, k_.add(codegen::emit_rms_norm(d, ir_lines(g_, v))), rows_kind(g_, v),
-              {addr(n.inputs[0]), addr(n.inputs[1]), addr(v)});
+      emit(k_.add(codegen::emit_rms_norm(d, ir_lines(g_, v))), rows_kind(g_, v), 0, -1,
+           {addr(n.inputs[0]), addr(n.inputs[1]), addr(v)});
       return;
     }
     case Op::SelectRows: {
@@ -662,8 +612,8 @@ private:
       int width = 1;
       for (size_t i = 1; i < shape.size(); ++i)
         width *= static_dim(g_, v, i);
-      per_row(v, k_.add(codegen::emit_select_rows({width}, ir_lines(g_, v))), Rows::Seqs,
-              {addr(n.inputs[0]), addr(n.inputs[1]), addr(v)});
+      emit(k_.add(codegen::emit_select_rows({width}, ir_lines(g_, v))), Rows::Seqs, 0, -1,
+           {addr(n.inputs[0]), addr(n.inputs[1]), addr(v)});
       return;
     }
     case Op::Linear:
@@ -693,19 +643,22 @@ private:
 
   const ir::Graph& g_;
   KernelSet& k_;
-  LoweringContext& c_;
-  std::vector<LaunchFn> out_;
-  void *part_ml_ = nullptr, *part_o_ = nullptr, *router_logits_ = nullptr, *moe_act_ = nullptr;
-  void *inv_rms_ = nullptr, *moe_pair_ = nullptr, *moe_tiles_ = nullptr, *moe_part_ = nullptr;
-  void* splitk_part_ = nullptr;
+  const LoweringContext& c_;
+  runtime::LaunchTable t_;
+  std::map<ValueId, int> cache_index_; ///< cache nodes in graph order
+  std::string label_;                  ///< op of the node being lowered
+  int outer_lo_ = 0, outer_hi_ = -1;   ///< row range every emitted entry is limited to
+  LaunchArg part_ml_, part_o_, router_logits_, moe_act_;
+  LaunchArg inv_rms_, moe_pair_, moe_tiles_, moe_part_;
+  LaunchArg splitk_part_;
   size_t splitk_bytes_ = 0;
 };
 
 } // namespace
 
-std::vector<LaunchFn> lower_graph(const ir::Graph& g, KernelSet& kernels, LoweringContext& ctx,
-                                  std::vector<std::string>* labels) {
-  return Lowerer(g, kernels, ctx).run(labels);
+runtime::LaunchTable lower_graph(const ir::Graph& g, KernelSet& kernels,
+                                 const LoweringContext& ctx) {
+  return Lowerer(g, kernels, ctx).run();
 }
 
 } // namespace xserv::cli

@@ -1,4 +1,5 @@
-// write_plan_kernels(): the lowering run once at compile time, with no GPU, to emit the kernels.
+// write_plan_kernels(): the lowering run once at compile time, with no GPU, to emit the kernels
+// and the launch table.
 #include "cli/plan_kernels.h"
 
 #include <algorithm>
@@ -11,72 +12,81 @@
 #include "cli/cuda_engine.h"
 #include "cli/cuda_lower.h"
 #include "codegen/emit.h"
+#include "compiler/memory_plan.h"
 #include "ir/error.h"
+#include "models/gpt_oss.h"
+#include "runtime/executor.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/nvrtc.h"
+#include "runtime/plan_json.h"
 
 namespace xserv::cli {
 namespace fs = std::filesystem;
 
 namespace {
 
-/// The lowering with placeholder addresses: at compile time no device memory exists and nothing
-/// is launched, so every address is a placeholder that is never dereferenced.
-std::vector<LaunchFn> lower_for_plan(const ir::Graph& g, KernelSet& kernels,
-                                     const PlanKernelOptions& opts, LoweringContext& ctx) {
-  static char placeholder;
+/// The graph lowered as the CUDA engine lowers it (same capacities, same activation plan).
+struct PlanLowering {
+  KernelSet kernels;
+  compiler::MemoryPlan memory;
+  LoweringContext ctx;
+  runtime::LaunchTable table;
+};
+
+void lower_for_plan(const ir::Graph& g, const PlanKernelOptions& opts, PlanLowering& out) {
+  LoweringContext& ctx = out.ctx;
   ctx.max_tokens = step_token_capacity(opts.max_batch, kPrefillChunk);
   ctx.max_seqs = static_cast<int>(opts.max_batch);
   ctx.cache_rows = opts.max_batch;
   ctx.max_seq = opts.max_seq;
-  ctx.address = [](ir::ValueId, int) -> void* { return &placeholder; };
-  ctx.allocate = [](size_t, const void*) -> void* { return &placeholder; };
-  return lower_graph(g, kernels, ctx);
+  out.memory = compiler::plan_memory(
+      g, {{models::dims::kTokens, ctx.max_tokens}, {models::dims::kSeqs, opts.max_batch}});
+  ctx.memory = &out.memory;
+  out.table = lower_graph(g, out.kernels, ctx);
+}
+
+/// Kernel launches per kernel of one step of `shape`, counted by the executor's recording mode
+/// (placeholder addresses, no GPU).
+std::vector<int> count_launches(const runtime::LaunchTable& table, runtime::StepShape shape) {
+  const runtime::Executor ex(table, runtime::placeholder_bindings(table));
+  std::vector<int> counts(table.kernels.size(), 0);
+  for (const runtime::LaunchRecord& r : ex.record(shape))
+    ++counts[static_cast<size_t>(r.kernel)];
+  return counts;
 }
 
 } // namespace
 
 nlohmann::json stage_launches(const ir::Graph& stage, const nlohmann::json& plan_kernels,
                               const PlanKernelOptions& opts) {
-  KernelSet kernels;
-  LoweringContext ctx;
-  const std::vector<LaunchFn> launches = lower_for_plan(stage, kernels, opts, ctx);
-  std::vector<int> counts;
-  kernels.count_launches(&counts);
-  for (const LaunchFn& f : launches)
-    f(DeviceStep{1, 1, 0, nullptr});
-  kernels.count_launches(nullptr);
+  PlanLowering pl;
+  lower_for_plan(stage, opts, pl);
+  const std::vector<int> counts = count_launches(pl.table, {1, 1, 0});
   std::set<std::string> known;
   for (const auto& k : plan_kernels.at("kernels"))
     known.insert(k.at("name").get<std::string>());
   int total = 0;
-  for (size_t i = 0; i < kernels.size(); ++i) {
-    const std::string& name = kernels.source(static_cast<int>(i)).name;
+  for (size_t i = 0; i < pl.kernels.size(); ++i) {
+    const std::string& name = pl.kernels.source(static_cast<int>(i)).name;
     if (!known.count(name))
       throw Error(
           fmt::format("pipeline stage needs kernel {}, which the plan does not hold", name));
     total += counts[i];
   }
-  return {{"launches_per_decode_step", total}, {"kernels", kernels.size()}};
+  return {{"launches_per_decode_step", total}, {"kernels", pl.kernels.size()}};
 }
 
 nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
                                   const PlanKernelOptions& opts) {
-  KernelSet kernels;
-  LoweringContext ctx;
-  const std::vector<LaunchFn> launches = lower_for_plan(g, kernels, opts, ctx);
+  PlanLowering pl;
+  lower_for_plan(g, opts, pl);
+  const KernelSet& kernels = pl.kernels;
 
-  // Kernel launches of a decode step (one sequence) and of a prefill step, counted by running
-  // the launch functions with launches only counted.
-  const int prefill_tokens = std::min(512, ctx.max_tokens);
-  std::vector<int> decode_counts, prefill_counts;
-  kernels.count_launches(&decode_counts);
-  for (const LaunchFn& f : launches)
-    f(DeviceStep{1, 1, 0, nullptr});
-  kernels.count_launches(&prefill_counts);
-  for (const LaunchFn& f : launches)
-    f(DeviceStep{prefill_tokens, 1, prefill_tokens - 1, nullptr});
-  kernels.count_launches(nullptr);
+  // Kernel launches of a decode step (one sequence) and of a prefill step.
+  const int prefill_tokens = std::min(512, pl.ctx.max_tokens);
+  const std::vector<int> decode_counts = count_launches(pl.table, {1, 1, 0});
+  const std::vector<int> prefill_counts =
+      count_launches(pl.table, {prefill_tokens, 1, prefill_tokens - 1});
   int decode_total = 0, prefill_total = 0;
 
   const fs::path dir = plan / "kernels";
@@ -127,11 +137,16 @@ nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
       table[i]["cubin"] = file;
     }
   }
+  // The launch table replays on an arena planned for arena_tokens tokens and max_batch
+  // sequences (the CUDA engine's default prefill chunk).
   return {{"arch", opts.arch},
           {"launches_per_decode_step", decode_total},
           {"prefill_step_tokens", prefill_tokens},
           {"launches_per_prefill_step", prefill_total},
-          {"kernels", std::move(table)}};
+          {"kernels", std::move(table)},
+          {"arena_tokens", pl.ctx.max_tokens},
+          {"arena_bytes", pl.memory.arena_bytes},
+          {"launch_table", runtime::launch_table_to_json(pl.table)}};
 }
 
 } // namespace xserv::cli

@@ -1,4 +1,4 @@
-// The kernels of a plan: generated CUDA sources and cubins written into the plan directory.
+// The kernels of a plan: generated CUDA sources, cubins and the launch table of plan.json.
 #pragma once
 
 #include <filesystem>
@@ -18,10 +18,11 @@ struct PlanKernelOptions {
 
 /// Lowers the final graph as the CUDA engine does, writes each kernel's source to
 /// PLAN/kernels/NAME.cu (headed by the IR it implements) and, with cubins, its NVRTC output to
-/// PLAN/kernels/NAME.cubin (through the kernel cache). Returns the kernel table for plan.json:
-/// name, files, launch rule, how many graph nodes use it, and the lowered launches per decode
-/// step. A compile error throws with NVRTC's log and the numbered source, also written to
-/// PLAN/kernels/nvrtc.log.
+/// PLAN/kernels/NAME.cubin (through the kernel cache). Returns plan.json's "codegen" section:
+/// the kernel list (name, files, how many graph nodes use it, launches per decode and prefill
+/// step), and the launch table (runtime/plan_json.h) with the activation arena it was lowered
+/// for (arena_tokens, arena_bytes). A compile error throws with NVRTC's log and the numbered
+/// source, also written to PLAN/kernels/nvrtc.log.
 nlohmann::json write_plan_kernels(const ir::Graph& g, const std::filesystem::path& plan,
                                   const PlanKernelOptions& opts);
 

@@ -1,6 +1,9 @@
 // The compile -> run contract: plain structs that the compiler side fills and the runtime reads.
 #pragma once
 
+#include <algorithm>
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -34,6 +37,124 @@ struct WeightSpec {
   WeightSource data;                  ///< the bytes (Copy), or the blocks (Mxfp4ToBf16)
   std::optional<WeightSource> scales; ///< the scales, for Mxfp4ToBf16 only
   std::vector<int64_t> shape;         ///< logical shape on the GPU, e.g. [E, rows, cols]
+};
+
+/// The key count attention's split count is chosen for when a token sees at most `keys` keys:
+/// `keys` rounded up to a power of two, at least 64 and at most 2048 (where the split count
+/// saturates). Launches depend on a step only through (tokens, seqs, this bucket of
+/// max_pos + 1), so a CUDA graph captured for one step replays correctly for any step with the
+/// same three; attention_decode leaves the surplus splits of a smaller context empty.
+inline int attention_key_bucket(int keys) {
+  int b = 64;
+  while (b < keys && b < 2048)
+    b *= 2;
+  return b;
+}
+
+/// Key splits of attention_decode for at most `max_keys` keys: one per 64 keys, 1 to 32 (the
+/// same rule as codegen::attention_splits, which sizes the kernels' buffers).
+inline int attention_splits(int max_keys) {
+  return std::clamp((max_keys + 63) / 64, 1, 32);
+}
+
+/// The sizes of one (sub-)step that launches depend on.
+struct StepShape {
+  int tokens = 0;  ///< T: tokens in the step
+  int seqs = 0;    ///< B: sequences in the step
+  int max_pos = 0; ///< the largest position of any token (decides attention key splits)
+};
+
+/// A generated kernel of the launch table and its launch rule (codegen::LaunchRule's fields):
+/// grid and shared memory follow from the launch's rows and key splits.
+struct PlanKernel {
+  std::string name;            ///< the kernel's extern "C" name (and its cubin's)
+  int block = 256;             ///< threads per block (blockDim.x)
+  int blocks_x = 1;            ///< grid.x
+  int y_per_token = 0;         ///< grid.y = rows * y_per_token; 1 when 0
+  bool z_splits = false;       ///< grid.z = key splits
+  int blocks_z = 1;            ///< grid.z when not z_splits
+  int y_tile = 0, y_extra = 0; ///< when y_tile > 0: grid.y = ceil(rows * max(1, y_per_token) /
+                               ///< y_tile) + y_extra
+  uint64_t smem_per_row = 0, smem_fixed = 0; ///< dynamic shared memory: fixed + per row
+
+  std::array<unsigned, 3> grid(int rows, int splits) const {
+    int gy = y_per_token ? rows * y_per_token : 1;
+    if (y_tile > 0)
+      gy = (rows * std::max(1, y_per_token) + y_tile - 1) / y_tile + y_extra;
+    return {static_cast<unsigned>(blocks_x), static_cast<unsigned>(gy),
+            static_cast<unsigned>(z_splits ? splits : blocks_z)};
+  }
+  size_t smem(int rows) const { return smem_fixed + smem_per_row * static_cast<size_t>(rows); }
+
+  bool operator==(const PlanKernel&) const = default;
+};
+
+/// One kernel argument of a launch: a device pointer into a bound region (8 bytes) or an int
+/// (4 bytes).
+struct LaunchArg {
+  enum class Kind {
+    Null,       ///< a null pointer
+    Activation, ///< arena base + offset
+    Weight,     ///< the weight tensor `name` (+ offset)
+    Cache,      ///< KV cache number `index` (the graph's cache nodes in order) + offset
+    Param,      ///< the step input `name` (token_ids, positions, ...) + offset
+    Scratch,    ///< scratch buffer number `index` of the table + offset
+    Rows,       ///< int: the launch's rows (the chunk's rows when chunked)
+    Splits,     ///< int: the launch's key splits
+    Int,        ///< int: `value`
+  };
+  Kind kind = Kind::Null;
+  std::string name;        ///< Weight, Param
+  int index = 0;           ///< Cache, Scratch
+  uint64_t offset = 0;     ///< pointer kinds: bytes from the region's start
+  uint64_t row_stride = 0; ///< pointer kinds of chunked launches: bytes per row of chunk start
+  int value = 0;           ///< Int
+
+  bool operator==(const LaunchArg&) const = default;
+};
+
+/// One entry of the launch table: launches kernel `kernel` when the step's rows (tokens or
+/// sequences) lie in [min_rows, max_rows] and its key splits are at least min_splits.
+struct PlanLaunch {
+  int kernel = -1;       ///< index into LaunchTable::kernels
+  std::string label;     ///< the IR op the launch serves ("argmax" for the epilogue), for profiles
+  bool seq_rows = false; ///< rows are the step's sequences (B) rather than its tokens (T)
+  int min_rows = 0;      ///< launch only for at least this many rows
+  int max_rows = -1;     ///< ... and at most this many; -1: unbounded
+  /// > 0: one launch per chunk of at most `chunk` rows, pointer args advanced by chunk start *
+  /// row_stride, Rows args the chunk's rows.
+  int chunk = 0;
+  /// Key splits: < 0 none (1); >= 0 attention's, attention_splits(min(attention_key_bucket(
+  /// max_pos + 1), window)) with window 0 meaning no window.
+  int splits_window = -1;
+  int min_splits = 1; ///< launch only with at least this many splits (attention_combine: 2)
+  std::vector<LaunchArg> args;
+
+  bool operator==(const PlanLaunch&) const = default;
+};
+
+/// A device buffer the launches use besides the arena: key-split partials, gemm partials, the
+/// YaRN inv_freq tables (constant f64 contents uploaded once). Lives as long as the executor.
+struct ScratchBuffer {
+  uint64_t bytes = 0;
+  std::vector<double> f64; ///< constant contents (f64.size() * 8 == bytes), or empty
+
+  bool operator==(const ScratchBuffer&) const = default;
+};
+
+/// Every launch of a step, in order, as data: what `compile` writes into plan.json and the
+/// executor (runtime/executor.h) replays. Launches depend on the step only through its
+/// StepShape, through tokens, seqs and attention_key_bucket(max_pos + 1).
+struct LaunchTable {
+  std::vector<PlanKernel> kernels;
+  std::vector<PlanLaunch> launches;
+  std::vector<ScratchBuffer> scratch;
+  /// The sampling epilogue: scratch buffer of argmax_chunks uint64 greedy keys per sequence,
+  /// written every step when the graph's first output is per-sequence logits; -1 when none.
+  int argmax_scratch = -1;
+  int argmax_chunks = 0;
+
+  bool operator==(const LaunchTable&) const = default;
 };
 
 } // namespace xserv::runtime

@@ -1,0 +1,182 @@
+// Executor: binds a launch table's symbolic arguments to device memory and replays it.
+#include "runtime/executor.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "ir/error.h"
+
+namespace xserv::runtime {
+
+namespace {
+
+/// The most arguments a generated kernel takes (attention_decode: 13).
+constexpr size_t kMaxArgs = 24;
+
+const void* find(const std::map<std::string, const void*>& m, const std::string& name,
+                 const char* what, const PlanLaunch& l) {
+  auto it = m.find(name);
+  if (it == m.end())
+    throw Error(fmt::format("launch table: {} '{}' (used by a {} launch) is not bound", what, name,
+                            l.label));
+  return it->second;
+}
+
+const void* at(const std::vector<const void*>& v, int i, const char* what, const PlanLaunch& l) {
+  if (i < 0 || static_cast<size_t>(i) >= v.size())
+    throw Error(fmt::format("launch table: {} {} (used by a {} launch) is not bound; there are {}",
+                            what, i, l.label, v.size()));
+  return v[static_cast<size_t>(i)];
+}
+
+} // namespace
+
+Bindings placeholder_bindings(const LaunchTable& t) {
+  static char placeholder[64];
+  Bindings b;
+  b.arena = placeholder;
+  for (const PlanLaunch& l : t.launches)
+    for (const LaunchArg& a : l.args) {
+      if (a.kind == LaunchArg::Kind::Weight)
+        b.weights[a.name] = placeholder;
+      if (a.kind == LaunchArg::Kind::Param)
+        b.params[a.name] = placeholder;
+      if (a.kind == LaunchArg::Kind::Cache && a.index >= static_cast<int>(b.caches.size()))
+        b.caches.resize(static_cast<size_t>(a.index) + 1, placeholder);
+    }
+  b.scratch.assign(t.scratch.size(), placeholder);
+  return b;
+}
+
+Executor::Executor(LaunchTable table, const Bindings& b, std::vector<LoadedKernel> kernels)
+    : table_(std::move(table)), kernels_(std::move(kernels)) {
+  if (!kernels_.empty() && kernels_.size() != table_.kernels.size())
+    throw Error(fmt::format("launch table has {} kernels, but {} were loaded",
+                            table_.kernels.size(), kernels_.size()));
+  for (size_t i = 0; i < kernels_.size(); ++i)
+    if (!kernels_[i].module || !kernels_[i].kernel ||
+        kernels_[i].kernel->name != table_.kernels[i].name)
+      throw Error(fmt::format("launch table kernel {} is '{}', but the loaded kernel is '{}'", i,
+                              table_.kernels[i].name,
+                              kernels_[i].kernel ? kernels_[i].kernel->name : "missing"));
+  if (table_.argmax_scratch >= static_cast<int>(table_.scratch.size()))
+    throw Error(fmt::format("launch table: argmax keys in scratch buffer {}, but there are {}",
+                            table_.argmax_scratch, table_.scratch.size()));
+  using K = LaunchArg::Kind;
+  for (const PlanLaunch& l : table_.launches) {
+    if (l.kernel < 0 || static_cast<size_t>(l.kernel) >= table_.kernels.size())
+      throw Error(fmt::format("launch table: a {} launch uses kernel {}, but there are {}", l.label,
+                              l.kernel, table_.kernels.size()));
+    if (l.args.size() > kMaxArgs)
+      throw Error(fmt::format("launch table: kernel '{}' takes {} arguments, at most {} supported",
+                              table_.kernels[size_t(l.kernel)].name, l.args.size(), kMaxArgs));
+    std::vector<Arg> args;
+    for (const LaunchArg& a : l.args) {
+      Arg r{a.kind, 0, a.row_stride, a.value};
+      const void* p = nullptr;
+      switch (a.kind) {
+      case K::Activation:
+        p = b.arena;
+        break;
+      case K::Weight:
+        p = find(b.weights, a.name, "weight", l);
+        break;
+      case K::Cache:
+        p = at(b.caches, a.index, "cache", l);
+        break;
+      case K::Param:
+        p = find(b.params, a.name, "step input", l);
+        break;
+      case K::Scratch:
+        p = at(b.scratch, a.index, "scratch buffer", l);
+        break;
+      default:
+        break;
+      }
+      r.base = reinterpret_cast<uint64_t>(p) + (p || a.kind == K::Activation ? a.offset : 0);
+      args.push_back(r);
+    }
+    args_.push_back(std::move(args));
+  }
+}
+
+template <typename F>
+size_t Executor::for_each(const StepShape& s, size_t begin, size_t end, F&& f) const {
+  using K = LaunchArg::Kind;
+  size_t launched = 0;
+  end = std::min(end, table_.launches.size());
+  for (size_t e = begin; e < end; ++e) {
+    const PlanLaunch& l = table_.launches[e];
+    const int rows = l.seq_rows ? s.seqs : s.tokens;
+    if (rows < l.min_rows || (l.max_rows >= 0 && rows > l.max_rows))
+      continue;
+    int splits = 1;
+    if (l.splits_window >= 0) {
+      // Splits from the bucketed key count, so that they stay fixed over a range of positions
+      // (and one CUDA graph serves them all); a split past a token's keys stays empty.
+      const int bucket = attention_key_bucket(s.max_pos + 1);
+      splits = attention_splits(l.splits_window > 0 ? std::min(bucket, l.splits_window) : bucket);
+    }
+    if (splits < l.min_splits)
+      continue;
+    const PlanKernel& k = table_.kernels[size_t(l.kernel)];
+    const std::vector<Arg>& args = args_[e];
+    const int chunk = l.chunk > 0 ? l.chunk : std::max(rows, 1);
+    for (int r0 = 0; r0 < rows; r0 += chunk) {
+      const int n = std::min(chunk, rows - r0);
+      std::array<uint64_t, kMaxArgs> bytes{};
+      std::array<void*, kMaxArgs> ptrs{};
+      std::array<size_t, kMaxArgs> sizes{};
+      for (size_t i = 0; i < args.size(); ++i) {
+        const Arg& a = args[i];
+        ptrs[i] = &bytes[i];
+        sizes[i] = 8;
+        switch (a.kind) {
+        case K::Rows:
+        case K::Splits:
+        case K::Int: {
+          const int32_t v = a.kind == K::Rows ? n : a.kind == K::Splits ? splits : a.value;
+          std::memcpy(&bytes[i], &v, 4);
+          sizes[i] = 4;
+          break;
+        }
+        case K::Null:
+          break;
+        default:
+          bytes[i] = a.base + a.row_stride * uint64_t(r0);
+        }
+      }
+      f(l.kernel, k.grid(n, splits), k.block, k.smem(n), ptrs.data(), sizes.data(), args.size());
+      ++launched;
+    }
+  }
+  return launched;
+}
+
+size_t Executor::run(const StepShape& shape, cudaStream_t stream, size_t begin, size_t end) const {
+  if (kernels_.empty())
+    throw Error("this executor has no loaded kernels: it can only record");
+  return for_each(shape, begin, end,
+                  [&](int k, std::array<unsigned, 3> g, int block, size_t smem, void** args,
+                      const size_t* sizes, size_t count) {
+                    const LoadedKernel& lk = kernels_[size_t(k)];
+                    lk.module->launch_raw(*lk.kernel, dim3(g[0], g[1], g[2]), dim3(block), smem,
+                                          stream, args, sizes, count, dependent_);
+                  });
+}
+
+std::vector<LaunchRecord> Executor::record(const StepShape& shape, size_t begin, size_t end) const {
+  std::vector<LaunchRecord> out;
+  for_each(shape, begin, end,
+           [&](int k, std::array<unsigned, 3> g, int block, size_t smem, void** args,
+               const size_t* sizes, size_t count) {
+             LaunchRecord r{k, g, unsigned(block), smem, {}};
+             for (size_t i = 0; i < count; ++i)
+               r.args.emplace_back(static_cast<const char*>(args[i]), sizes[i]);
+             out.push_back(std::move(r));
+           });
+  return out;
+}
+
+} // namespace xserv::runtime

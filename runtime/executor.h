@@ -1,0 +1,95 @@
+// Replaying a plan's launch table (runtime/plan.h) on the GPU, or recording it without one.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/module.h"
+#include "runtime/plan.h"
+
+namespace xserv::runtime {
+
+/// One kernel launch as the recording mode reports it instead of launching: which kernel (an
+/// index into the launch table's kernels), its geometry and its argument bytes in order.
+struct LaunchRecord {
+  int kernel = -1;
+  std::array<unsigned, 3> grid{};
+  unsigned block = 0;
+  size_t smem = 0;
+  std::vector<std::string> args; ///< each argument's bytes, as the kernel receives them
+};
+
+/// Where the regions a launch table names live in device memory (or, for recording, anywhere:
+/// the addresses are only copied into argument bytes).
+struct Bindings {
+  const void* arena = nullptr;                ///< Activation args
+  std::map<std::string, const void*> weights; ///< Weight args, by tensor name
+  std::vector<const void*> caches;            ///< Cache args, by index
+  std::map<std::string, const void*> params;  ///< Param args, by step input name
+  std::vector<const void*> scratch;           ///< Scratch args, one per table.scratch
+};
+
+/// Bindings that give every region `table` names a distinct non-null placeholder address (for
+/// recording and counting without a GPU; nothing is dereferenced).
+Bindings placeholder_bindings(const LaunchTable& table);
+
+/// A loaded kernel the executor launches: the Module holding it and the kernel. Both must
+/// outlive the executor.
+struct LoadedKernel {
+  const Module* module = nullptr;
+  const Kernel* kernel = nullptr;
+};
+
+/// Replays a LaunchTable: every argument is resolved to its bytes when the executor is built,
+/// so a step only picks the active entries, fills argument buffers on the stack and launches.
+/// A step allocates nothing and never synchronises, so it can run inside CUDA stream capture.
+class Executor {
+public:
+  /// Binds `table` to device memory and kernels (`kernels[i]` for table.kernels[i]; empty: the
+  /// executor can only record). Throws xserv::Error naming the first thing the table refers
+  /// to that is not there: a kernel index, a weight, a cache, a step input or a scratch buffer,
+  /// or a loaded kernel whose name differs from the table's.
+  Executor(LaunchTable table, const Bindings& bindings, std::vector<LoadedKernel> kernels = {});
+
+  /// Launches entries [begin, end) of the table (all by default) for a step of `shape` on
+  /// `stream`; returns how many kernel launches that made.
+  size_t run(const StepShape& shape, cudaStream_t stream, size_t begin = 0,
+             size_t end = SIZE_MAX) const;
+
+  /// Recording mode (no GPU): the launches run() would make, in order, instead of making them.
+  std::vector<LaunchRecord> record(const StepShape& shape, size_t begin = 0,
+                                   size_t end = SIZE_MAX) const;
+
+  /// Launches allow programmatic dependent launch (Module::launch_raw's `dependent`).
+  void set_dependent_launch(bool on) { dependent_ = on; }
+
+  const LaunchTable& table() const { return table_; }
+  /// Entries of the table (each launching zero or more kernels per step).
+  size_t size() const { return table_.launches.size(); }
+
+private:
+  /// An argument resolved to bytes: a pointer base (and per-row stride), or an int source.
+  struct Arg {
+    LaunchArg::Kind kind = LaunchArg::Kind::Null;
+    uint64_t base = 0, row_stride = 0;
+    int value = 0;
+  };
+  /// Calls `f(kernel, grid, smem, args, sizes, count)` for every launch of entries
+  /// [begin, end), with argument bytes in a buffer on the stack (no allocation); returns the
+  /// number of launches.
+  template <typename F>
+  size_t for_each(const StepShape& shape, size_t begin, size_t end, F&& f) const;
+
+  LaunchTable table_;
+  std::vector<std::vector<Arg>> args_;
+  std::vector<LoadedKernel> kernels_;
+  bool dependent_ = false;
+};
+
+} // namespace xserv::runtime

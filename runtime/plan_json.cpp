@@ -1,0 +1,216 @@
+// launch_table_to_json / launch_table_from_json: the launch table's plan.json form.
+#include "runtime/plan_json.h"
+
+#include <fmt/format.h>
+
+#include "ir/error.h"
+
+namespace xserv::runtime {
+
+namespace {
+
+using K = LaunchArg::Kind;
+using json = nlohmann::json;
+
+/// Argument kinds by their JSON tag.
+constexpr std::pair<K, const char*> kTags[] = {
+    {K::Null, "null"}, {K::Activation, "a"},  {K::Weight, "w"},
+    {K::Cache, "c"},   {K::Param, "p"},       {K::Scratch, "s"},
+    {K::Rows, "rows"}, {K::Splits, "splits"}, {K::Int, "int"},
+};
+
+const char* tag(K k) {
+  for (const auto& [kind, t] : kTags)
+    if (kind == k)
+      return t;
+  throw Error("launch table: unknown argument kind");
+}
+
+/// An argument as one string, "KIND[:ID][@OFFSET][+r*STRIDE]": "a@4096" (activation),
+/// "w:NAME", "c:2", "p:positions", "s:5", "a@0+r*256" (chunked), "rows", "splits", "int:7",
+/// "null". One string per argument keeps plan.json's indented form small.
+json arg_to_json(const LaunchArg& a) {
+  std::string s = tag(a.kind);
+  switch (a.kind) {
+  case K::Weight:
+  case K::Param:
+    s += ":" + a.name;
+    break;
+  case K::Cache:
+  case K::Scratch:
+    s += fmt::format(":{}", a.index);
+    break;
+  case K::Int:
+    s += fmt::format(":{}", a.value);
+    break;
+  default:
+    break;
+  }
+  if (a.kind == K::Activation || a.offset)
+    s += fmt::format("@{}", a.offset);
+  if (a.row_stride)
+    s += fmt::format("+r*{}", a.row_stride);
+  return s;
+}
+
+LaunchArg arg_from_json(const json& j) {
+  if (!j.is_string())
+    throw Error("launch table: an argument is not a string: " + j.dump());
+  std::string s = j.get<std::string>();
+  LaunchArg a;
+  const auto number = [&](const std::string& text) -> uint64_t {
+    try {
+      size_t used = 0;
+      const uint64_t v = std::stoull(text, &used);
+      if (used == text.size())
+        return v;
+    } catch (const std::exception&) {
+    }
+    throw Error(
+        fmt::format("launch table: bad number '{}' in argument '{}'", text, j.get<std::string>()));
+  };
+  if (const size_t at = s.rfind("+r*"); at != std::string::npos) {
+    a.row_stride = number(s.substr(at + 3));
+    s.resize(at);
+  }
+  if (const size_t at = s.rfind('@'); at != std::string::npos) {
+    a.offset = number(s.substr(at + 1));
+    s.resize(at);
+  }
+  const size_t colon = s.find(':');
+  const std::string t = s.substr(0, colon),
+                    id = colon == std::string::npos ? "" : s.substr(colon + 1);
+  bool found = false;
+  for (const auto& [kind, name] : kTags)
+    if (t == name) {
+      a.kind = kind;
+      found = true;
+    }
+  if (!found)
+    throw Error(fmt::format("launch table: unknown argument kind '{}'", t));
+  switch (a.kind) {
+  case K::Weight:
+  case K::Param:
+    a.name = id;
+    break;
+  case K::Cache:
+  case K::Scratch:
+    a.index = static_cast<int>(number(id));
+    break;
+  case K::Int:
+    a.value = std::stoi(id);
+    break;
+  default:
+    break;
+  }
+  return a;
+}
+
+template <typename T> void get_opt(const json& j, const char* key, T& out) {
+  if (auto it = j.find(key); it != j.end())
+    out = it->get<T>();
+}
+
+} // namespace
+
+json launch_table_to_json(const LaunchTable& t) {
+  json kernels = json::array();
+  for (const PlanKernel& k : t.kernels) {
+    json j = {{"name", k.name}, {"block", k.block}, {"blocks_x", k.blocks_x}};
+    if (k.y_per_token)
+      j["y_per_token"] = k.y_per_token;
+    if (k.z_splits)
+      j["z_splits"] = true;
+    if (k.blocks_z != 1)
+      j["blocks_z"] = k.blocks_z;
+    if (k.y_tile)
+      j["y_tile"] = k.y_tile;
+    if (k.y_extra)
+      j["y_extra"] = k.y_extra;
+    if (k.smem_per_row)
+      j["smem_per_row"] = k.smem_per_row;
+    if (k.smem_fixed)
+      j["smem_fixed"] = k.smem_fixed;
+    kernels.push_back(std::move(j));
+  }
+  json launches = json::array();
+  for (const PlanLaunch& l : t.launches) {
+    json j = {{"k", l.kernel}, {"label", l.label}};
+    if (l.seq_rows)
+      j["seq_rows"] = true;
+    if (l.min_rows)
+      j["min_rows"] = l.min_rows;
+    if (l.max_rows != -1)
+      j["max_rows"] = l.max_rows;
+    if (l.chunk)
+      j["chunk"] = l.chunk;
+    if (l.splits_window >= 0)
+      j["splits_window"] = l.splits_window;
+    if (l.min_splits != 1)
+      j["min_splits"] = l.min_splits;
+    json args = json::array();
+    for (const LaunchArg& a : l.args)
+      args.push_back(arg_to_json(a));
+    j["args"] = std::move(args);
+    launches.push_back(std::move(j));
+  }
+  json scratch = json::array();
+  for (const ScratchBuffer& s : t.scratch) {
+    json j = {{"bytes", s.bytes}};
+    if (!s.f64.empty())
+      j["f64"] = s.f64;
+    scratch.push_back(std::move(j));
+  }
+  return {{"kernels", std::move(kernels)},
+          {"launches", std::move(launches)},
+          {"scratch", std::move(scratch)},
+          {"argmax_scratch", t.argmax_scratch},
+          {"argmax_chunks", t.argmax_chunks}};
+}
+
+LaunchTable launch_table_from_json(const json& j) {
+  LaunchTable t;
+  try {
+    for (const json& k : j.at("kernels")) {
+      PlanKernel p;
+      p.name = k.at("name").get<std::string>();
+      p.block = k.at("block").get<int>();
+      p.blocks_x = k.at("blocks_x").get<int>();
+      get_opt(k, "y_per_token", p.y_per_token);
+      get_opt(k, "z_splits", p.z_splits);
+      get_opt(k, "blocks_z", p.blocks_z);
+      get_opt(k, "y_tile", p.y_tile);
+      get_opt(k, "y_extra", p.y_extra);
+      get_opt(k, "smem_per_row", p.smem_per_row);
+      get_opt(k, "smem_fixed", p.smem_fixed);
+      t.kernels.push_back(std::move(p));
+    }
+    for (const json& l : j.at("launches")) {
+      PlanLaunch p;
+      p.kernel = l.at("k").get<int>();
+      p.label = l.at("label").get<std::string>();
+      get_opt(l, "seq_rows", p.seq_rows);
+      get_opt(l, "min_rows", p.min_rows);
+      get_opt(l, "max_rows", p.max_rows);
+      get_opt(l, "chunk", p.chunk);
+      get_opt(l, "splits_window", p.splits_window);
+      get_opt(l, "min_splits", p.min_splits);
+      for (const json& a : l.at("args"))
+        p.args.push_back(arg_from_json(a));
+      t.launches.push_back(std::move(p));
+    }
+    for (const json& s : j.at("scratch")) {
+      ScratchBuffer b;
+      b.bytes = s.at("bytes").get<uint64_t>();
+      get_opt(s, "f64", b.f64);
+      t.scratch.push_back(std::move(b));
+    }
+    t.argmax_scratch = j.at("argmax_scratch").get<int>();
+    t.argmax_chunks = j.at("argmax_chunks").get<int>();
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("launch table in plan.json is malformed: {}", e.what()));
+  }
+  return t;
+}
+
+} // namespace xserv::runtime

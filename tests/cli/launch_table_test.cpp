@@ -1,0 +1,443 @@
+// The launch table reproduces the launches of the closures it replaced: every launch (kernel,
+// grid, block, shared memory, argument bytes with device pointers decoded back to symbolic
+// regions) of many step shapes, compared with golden records made from the closure lowering.
+//
+// Regenerate after an intended change to the launches (same commit, with a reason):
+//   XSERV_UPDATE_GOLDEN=1 build/tests/cli_tests -tc="*launch*golden*"
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cuda_engine.h"
+#include "cli/cuda_lower.h"
+#include "cli/plan_kernels.h"
+#include "compiler/memory_plan.h"
+#include "compiler/pass_manager.h"
+#include "ir/error.h"
+#include "models/config.h"
+#include "models/gpt_oss.h"
+#include "models/step.h"
+#include "runtime/executor.h"
+#include "runtime/plan_json.h"
+#include "runtime/sha256.h"
+#include "tests/test_util.h"
+
+namespace fs = std::filesystem;
+using namespace xserv;
+
+namespace {
+
+/// Fake device memory: each region (the arena, a param, a weight, a cache, a scratch buffer)
+/// gets its own base address 64 GiB apart, so a pointer argument decodes to (region, offset).
+class FakeMemory {
+public:
+  void* at(const std::string& region, uint64_t offset = 0) {
+    auto [it, fresh] = base_.try_emplace(region, next_);
+    if (fresh)
+      next_ += kSpan;
+    return reinterpret_cast<void*>(it->second + offset);
+  }
+  std::string decode(uint64_t p) const {
+    if (p == 0)
+      return "null";
+    for (const auto& [region, b] : base_)
+      if (p >= b && p < b + kSpan)
+        return fmt::format("{}+{}", short_name(region), p - b);
+    return fmt::format("0x{:x}", p);
+  }
+
+private:
+  /// Weight names without their common parts, to keep the golden files small.
+  static std::string short_name(std::string r) {
+    for (const char* part : {"model.", "self_attn.", "mlp.", "experts."})
+      for (size_t at; (at = r.find(part)) != std::string::npos;)
+        r.erase(at, std::strlen(part));
+    return r;
+  }
+
+  static constexpr uint64_t kSpan = uint64_t{1} << 36;
+  std::map<std::string, uint64_t> base_;
+  uint64_t next_ = uint64_t{1} << 44;
+};
+
+/// One launch as one line: kernel name, grid, block, smem, then each argument (pointers as
+/// region+offset, 4-byte values as ints).
+std::string launch_line(const runtime::LaunchRecord& r, const std::string& kernel,
+                        const FakeMemory& mem) {
+  std::string s = fmt::format("{} g={},{},{} b={} s={}", kernel, r.grid[0], r.grid[1], r.grid[2],
+                              r.block, r.smem);
+  for (const std::string& a : r.args) {
+    if (a.size() == 8) {
+      uint64_t p = 0;
+      std::memcpy(&p, a.data(), 8);
+      s += ' ';
+      s += mem.decode(p);
+    } else if (a.size() == 4) {
+      int32_t i = 0;
+      std::memcpy(&i, a.data(), 4);
+      s += fmt::format(" i{}", i);
+    } else {
+      s += " x";
+      for (unsigned char c : a)
+        s += fmt::format("{:02x}", c);
+    }
+  }
+  return s;
+}
+
+/// How the lowering is set up: the engine's options that change launches.
+struct Variant {
+  std::string name;
+  bool gemm_split = true;
+  int prefill_chunk = cli::kPrefillChunk;
+  bool kv_bf16 = false;
+  bool decode = true, prefill = true; ///< which shapes it records
+};
+
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> v = {
+      {"split", true, cli::kPrefillChunk, false, true, true},
+      {"bf16", false, cli::kPrefillChunk, false, false, true},
+      {"chunk8", true, 8, false, true, false},
+      {"kvbf16", true, cli::kPrefillChunk, true, true, true},
+  };
+  return v;
+}
+
+struct Shape {
+  int tokens, seqs, max_pos;
+  std::string name() const { return fmt::format("T={} B={} pos={}", tokens, seqs, max_pos); }
+};
+
+/// The step shapes a variant records: decode (tokens = seqs) at positions that cross the
+/// attention key buckets, prefill-like steps around the decode/gemm/split-K/tiling thresholds.
+std::vector<Shape> shapes(const Variant& v, int capacity) {
+  std::vector<Shape> out;
+  if (v.decode)
+    for (int b : {1, 2, 3, 8})
+      for (int pos : {0, 63, 64, 200, 3000, 5000})
+        out.push_back({b, b, pos});
+  if (v.decode && capacity == 8)
+    for (Shape s : {Shape{5, 1, 4}, Shape{8, 3, 100}})
+      out.push_back(s);
+  if (v.prefill)
+    for (int t : {9, 17, 33, 64, 65, 100, 512, 1024})
+      for (int b : {1, 3})
+        for (int pos : {t - 1, 4000})
+          if (t <= capacity)
+            out.push_back({t, b, pos});
+  return out;
+}
+
+constexpr int64_t kMaxBatch = 8, kMaxSeq = 8192;
+
+/// The launches of every shape of one variant, and the scratch buffers the lowering asked for.
+struct Recorded {
+  std::vector<std::string> scratch; ///< "bytes" or "bytes:sha256 of the constant"
+  std::vector<std::pair<std::string, std::vector<std::string>>> shapes;
+};
+
+ir::Graph final_graph(const models::ModelConfig& cfg, const Variant& v) {
+  models::BuildOptions bo;
+  bo.kv_dtype = v.kv_bf16 ? ir::DType::BF16 : ir::DType::F32;
+  compiler::PassManager pm;
+  pm.add_pipeline(compiler::kDefaultPipeline);
+  return pm.run(models::build_gpt_oss(cfg, bo));
+}
+
+/// The graph lowered for a variant, as the CUDA engine lowers it.
+struct Lowered {
+  ir::Graph graph;
+  compiler::MemoryPlan memory;
+  cli::KernelSet kernels;
+  runtime::LaunchTable table;
+  int capacity = 0;
+};
+
+void lower(const models::ModelConfig& cfg, const Variant& v, Lowered& out) {
+  out.graph = final_graph(cfg, v);
+  out.capacity = cli::step_token_capacity(kMaxBatch, v.prefill_chunk);
+  out.memory = compiler::plan_memory(
+      out.graph, {{models::dims::kTokens, out.capacity}, {models::dims::kSeqs, kMaxBatch}});
+  cli::LoweringContext ctx;
+  ctx.max_tokens = out.capacity;
+  ctx.max_seqs = int(kMaxBatch);
+  ctx.cache_rows = kMaxBatch;
+  ctx.max_seq = kMaxSeq;
+  ctx.gemm_split = v.gemm_split;
+  ctx.memory = &out.memory;
+  out.table = cli::lower_graph(out.graph, out.kernels, ctx);
+}
+
+/// Records with the launch table's executor, bound to fake memory. The golden records came
+/// from the closure lowering the table replaced, its addresses from the same regions: params,
+/// weights and caches by name and index, activations at their arena offsets, scratch buffers
+/// in allocation order.
+Recorded record(const models::ModelConfig& cfg, const Variant& v) {
+  Lowered lw;
+  lower(cfg, v, lw);
+  const runtime::LaunchTable& t = lw.table;
+  FakeMemory mem;
+  Recorded out;
+  runtime::Bindings b;
+  b.arena = mem.at("arena");
+  int caches = 0;
+  for (ir::ValueId i = 0; i < static_cast<ir::ValueId>(lw.graph.size()); ++i) {
+    const ir::Node& n = lw.graph.node(i);
+    if (n.op == ir::Op::Param)
+      b.params[n.attr_str("name")] = mem.at("param:" + n.attr_str("name"));
+    if (n.op == ir::Op::Weight)
+      b.weights[n.attr_str("name")] = mem.at("w:" + n.attr_str("name"));
+    if (n.op == ir::Op::Cache)
+      b.caches.push_back(mem.at(fmt::format("cache:{}", caches++)));
+  }
+  for (size_t i = 0; i < t.scratch.size(); ++i) {
+    std::string d = std::to_string(t.scratch[i].bytes);
+    if (!t.scratch[i].f64.empty()) {
+      d += ':';
+      d += runtime::sha256_hex({reinterpret_cast<const char*>(t.scratch[i].f64.data()),
+                                t.scratch[i].f64.size() * sizeof(double)});
+    }
+    out.scratch.push_back(d);
+    b.scratch.push_back(mem.at(fmt::format("scratch:{}", i)));
+  }
+  if (t.argmax_scratch >= 0)
+    out.scratch.push_back(
+        fmt::format("argmax_keys={} chunks={}",
+                    mem.decode(reinterpret_cast<uint64_t>(b.scratch[size_t(t.argmax_scratch)])),
+                    t.argmax_chunks));
+  const runtime::Executor ex(t, b);
+  for (const Shape& s : shapes(v, lw.capacity)) {
+    std::vector<std::string> lines;
+    for (const runtime::LaunchRecord& r : ex.record({s.tokens, s.seqs, s.max_pos}))
+      lines.push_back(launch_line(r, t.kernels.at(size_t(r.kernel)).name, mem));
+    out.shapes.emplace_back(s.name(), std::move(lines));
+  }
+  return out;
+}
+
+bool update_golden() {
+  const char* u = std::getenv("XSERV_UPDATE_GOLDEN");
+  return u && std::string(u) == "1";
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// Launch count and sha256 of the lines per shape of a variant, and of its scratch list.
+nlohmann::json digests(const Recorded& r) {
+  nlohmann::json shapes_json = nlohmann::json::object();
+  for (const auto& [name, ls] : r.shapes) {
+    runtime::Sha256 h;
+    for (const std::string& l : ls)
+      h.update_field(l);
+    shapes_json[name] = {{"launches", ls.size()}, {"sha256", h.hex_digest()}};
+  }
+  runtime::Sha256 hs;
+  for (const std::string& s : r.scratch)
+    hs.update_field(s);
+  return {{"scratch_sha256", hs.hex_digest()}, {"shapes", shapes_json}};
+}
+
+/// A small config's golden: the "split" variant in full (distinct launch lines once, each shape
+/// as indices into them), the other variants as digests.
+nlohmann::json full_golden(const models::ModelConfig& cfg) {
+  nlohmann::json lines = nlohmann::json::array(), vars = nlohmann::json::object();
+  std::map<std::string, int> index;
+  for (const Variant& v : variants()) {
+    const Recorded r = record(cfg, v);
+    if (v.name != "split") {
+      vars[v.name] = digests(r);
+      continue;
+    }
+    nlohmann::json shapes_json = nlohmann::json::object();
+    for (const auto& [name, ls] : r.shapes) {
+      std::vector<int> ids;
+      for (const std::string& l : ls) {
+        auto [it, fresh] = index.try_emplace(l, int(index.size()));
+        if (fresh)
+          lines.push_back(l);
+        ids.push_back(it->second);
+      }
+      shapes_json[name] = ids;
+    }
+    vars[v.name] = {{"scratch", r.scratch}, {"shapes", shapes_json}};
+  }
+  return {{"lines", lines}, {"variants", vars}};
+}
+
+/// A large config's golden: digests of every variant.
+nlohmann::json digest_golden(const models::ModelConfig& cfg) {
+  nlohmann::json vars = nlohmann::json::object();
+  for (const Variant& v : variants())
+    vars[v.name] = digests(record(cfg, v));
+  return vars;
+}
+
+/// JSON laid out for diffs: objects and string arrays one entry per line, arrays of numbers and
+/// objects of scalars on one line, so a changed launch shows as a changed line.
+std::string golden_text(const nlohmann::json& j, const std::string& indent = "") {
+  const auto scalar = [](const nlohmann::json& e) { return !e.is_structured(); };
+  const bool compact = j.is_primitive() || (j.is_array() && j.size() > 0 && j[0].is_number()) ||
+                       (j.is_object() && std::all_of(j.begin(), j.end(), scalar));
+  if (compact || j.empty())
+    return j.dump();
+  const std::string in = indent + " ";
+  std::string s = j.is_object() ? "{" : "[";
+  bool first = true;
+  for (const auto& [key, value] : j.items()) {
+    s += (first ? "\n" : ",\n") + in;
+    first = false;
+    if (j.is_object())
+      s += nlohmann::json(key).dump() + ": ";
+    s += golden_text(value, in);
+  }
+  return s + "\n" + indent + (j.is_object() ? "}" : "]");
+}
+
+/// Compares `got` with the golden file (or writes it under XSERV_UPDATE_GOLDEN=1), naming the
+/// first differing entry.
+void check_golden(const nlohmann::json& got, const fs::path& file) {
+  if (update_golden())
+    std::ofstream(file, std::ios::binary) << golden_text(got) << "\n";
+  REQUIRE_MESSAGE(fs::exists(file), file.string() << " is missing");
+  const nlohmann::json want = nlohmann::json::parse(read_text(file));
+  if (got == want)
+    return;
+  const nlohmann::json diff = nlohmann::json::diff(want, got);
+  FAIL_CHECK("launches differ from " << file.string() << ": " << diff.dump().substr(0, 2000));
+}
+
+} // namespace
+
+TEST_CASE("launches of the small configs match their golden records") {
+  // tiny and window16 (sliding-window caches) in full; tiny2l and deep4l as digests.
+  const fs::path src = testing::source_dir();
+  const std::vector<std::tuple<std::string, fs::path, bool>> configs = {
+      {"tiny", src / "examples/tiny/config.json", true},
+      {"window16", src / "tests/fixtures/window16/config.json", true},
+      {"tiny2l", src / "tests/fixtures/tiny2l/config.json", false},
+      {"deep4l", src / "tests/fixtures/deep4l/config.json", false},
+  };
+  for (const auto& [name, file, full] : configs) {
+    CAPTURE(name);
+    const models::ModelConfig cfg = models::ModelConfig::load(file);
+    check_golden(full ? full_golden(cfg) : digest_golden(cfg),
+                 src / "tests/fixtures/launches" / (name + ".json"));
+  }
+}
+
+TEST_CASE("launches of the 20b and 120b configs match their golden digests") {
+  const fs::path src = testing::source_dir();
+  nlohmann::json got = nlohmann::json::object();
+  got["gpt-oss-120b"] =
+      digest_golden(models::ModelConfig::load(src / "examples/gpt-oss-120b/config.json"));
+  if (auto data = testing::data_dir(); data && fs::exists(*data / "gpt-oss-20b/config.json"))
+    got["gpt-oss-20b"] =
+        digest_golden(models::ModelConfig::load(*data / "gpt-oss-20b/config.json"));
+  else
+    MESSAGE("gpt-oss-20b: shared data directory not found, only 120b checked");
+  const fs::path file = src / "tests/fixtures/launches/large_digests.json";
+  if (!got.contains("gpt-oss-20b") && !update_golden()) {
+    const nlohmann::json want = nlohmann::json::parse(read_text(file));
+    CHECK(got["gpt-oss-120b"] == want.at("gpt-oss-120b"));
+    return;
+  }
+  check_golden(got, file);
+}
+
+TEST_CASE("the launch table's JSON round trip is lossless and compact") {
+  const fs::path src = testing::source_dir();
+  for (const Variant& v : variants()) {
+    CAPTURE(v.name);
+    Lowered lw;
+    lower(models::ModelConfig::load(src / "tests/fixtures/window16/config.json"), v, lw);
+    const nlohmann::json j = runtime::launch_table_to_json(lw.table);
+    const runtime::LaunchTable back =
+        runtime::launch_table_from_json(nlohmann::json::parse(j.dump()));
+    CHECK(back == lw.table);
+    CHECK(runtime::launch_table_to_json(back) == j);
+  }
+  CHECK_THROWS_WITH_AS(runtime::launch_table_from_json(nlohmann::json::object()),
+                       doctest::Contains("launch table in plan.json is malformed"), xserv::Error);
+}
+
+TEST_CASE("the executor refuses a table naming what is not bound") {
+  const fs::path src = testing::source_dir();
+  Lowered lw;
+  lower(models::ModelConfig::load(src / "examples/tiny/config.json"), variants()[0], lw);
+  const runtime::Bindings ok = runtime::placeholder_bindings(lw.table);
+  CHECK_NOTHROW(runtime::Executor(lw.table, ok));
+
+  runtime::Bindings no_weight = ok;
+  no_weight.weights.erase("model.embed_tokens.weight");
+  CHECK_THROWS_WITH_AS(runtime::Executor(lw.table, no_weight),
+                       doctest::Contains("weight 'model.embed_tokens.weight'"), xserv::Error);
+
+  runtime::LaunchTable bad_kernel = lw.table;
+  bad_kernel.launches[3].kernel = int(bad_kernel.kernels.size());
+  CHECK_THROWS_WITH_AS(
+      runtime::Executor(bad_kernel, ok),
+      doctest::Contains(
+          fmt::format("uses kernel {}, but there are", bad_kernel.kernels.size()).c_str()),
+      xserv::Error);
+
+  runtime::Bindings no_cache = ok;
+  no_cache.caches.pop_back();
+  CHECK_THROWS_WITH_AS(runtime::Executor(lw.table, no_cache), doctest::Contains("cache"),
+                       xserv::Error);
+
+  runtime::Bindings no_param = ok;
+  no_param.params.erase("positions");
+  CHECK_THROWS_WITH_AS(runtime::Executor(lw.table, no_param),
+                       doctest::Contains("step input 'positions'"), xserv::Error);
+
+  // Loaded kernels must be the table's, one for one.
+  CHECK_THROWS_WITH_AS(runtime::Executor(lw.table, ok, {runtime::LoadedKernel{}}),
+                       doctest::Contains("were loaded"), xserv::Error);
+  // Recording only: run() needs loaded kernels.
+  CHECK_THROWS_WITH_AS(runtime::Executor(lw.table, ok).run({1, 1, 0}, nullptr),
+                       doctest::Contains("only record"), xserv::Error);
+}
+
+TEST_CASE("the runtime's attention split rule is codegen's") {
+  for (int keys = 0; keys <= 5000; ++keys)
+    REQUIRE(runtime::attention_splits(keys) == codegen::attention_splits(keys));
+  CHECK(runtime::attention_key_bucket(1) == 64);
+  CHECK(runtime::attention_key_bucket(65) == 128);
+  CHECK(runtime::attention_key_bucket(5001) == 2048);
+}
+
+TEST_CASE("plan.json's launch table is the engine's, and counts its launches") {
+  const fs::path src = testing::source_dir();
+  testing::TempDir dir("launch_table_plan");
+  const models::ModelConfig cfg = models::ModelConfig::load(src / "examples/tiny/config.json");
+  cli::PlanKernelOptions opts;
+  opts.cubins = false;
+  opts.max_batch = kMaxBatch;
+  opts.max_seq = kMaxSeq;
+  const nlohmann::json codegen =
+      cli::write_plan_kernels(final_graph(cfg, variants()[0]), dir.path, opts);
+  const runtime::LaunchTable t = runtime::launch_table_from_json(codegen.at("launch_table"));
+  Lowered lw;
+  lower(cfg, variants()[0], lw);
+  CHECK(t == lw.table);
+  CHECK(codegen.at("arena_tokens") == lw.capacity);
+  CHECK(codegen.at("arena_bytes") == lw.memory.arena_bytes);
+  const runtime::Executor ex(t, runtime::placeholder_bindings(t));
+  CHECK(ex.record({1, 1, 0}).size() == codegen.at("launches_per_decode_step").get<size_t>());
+  CHECK(ex.record({512, 1, 511}).size() == codegen.at("launches_per_prefill_step").get<size_t>());
+}
