@@ -1,11 +1,14 @@
 // `xserv worker`: one rank of a pipelined plan, serving the rank 0 that `xserv run` started.
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "cli/model_source.h"
-#include "cli/pipeline_cpu.h"
+#include "cli/pipeline.h"
 
 namespace xserv::cli {
 
@@ -13,6 +16,25 @@ int cmd_worker(const ParsedArgs& args) {
   for (const char* required : {"--rank", "--world", "--coordinator"})
     if (!args.has(required))
       throw UsageError(fmt::format("worker needs {}", required));
+  if (args.has("--device")) {
+    // Before any CUDA call: this process sees only its GPU (an index into the GPUs already
+    // visible, so CUDA_VISIBLE_DEVICES=2,3 with --device 1 means GPU 3).
+    const int64_t d = args.get_int("--device", 0, 0, 1023);
+    std::vector<std::string> visible;
+    if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
+      std::string list = v;
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        visible.push_back(list.substr(at, comma - at));
+        at = comma + 1;
+      }
+    }
+    if (!visible.empty() && d >= static_cast<int64_t>(visible.size()))
+      throw UsageError(fmt::format("--device {} but CUDA_VISIBLE_DEVICES lists {} GPU(s)", d,
+                                   visible.size()));
+    const std::string pick = visible.empty() ? std::to_string(d) : visible[size_t(d)];
+    ::setenv("CUDA_VISIBLE_DEVICES", pick.c_str(), 1);
+  }
   const ModelSource src = resolve_source(args.positional()[0], args);
   if (src.plan_dir.empty() || src.stage_graphs.empty())
     throw UsageError(fmt::format("'{}' is not a plan compiled with --pp N", args.positional()[0]));

@@ -12,7 +12,7 @@
 
 #include "cli/cpu_engine.h"
 #include "cli/cuda_engine.h"
-#include "cli/pipeline_cpu.h"
+#include "cli/pipeline.h"
 #include "cli/pipeline_local.h"
 #include "ir/graph.h"
 #include "runtime/device.h"
@@ -145,17 +145,13 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
                  stages.size());
     return make_local_cuda_pipeline(src.model_dir, src.max_batch, src.max_seq, stages);
   }
-  if (backend == "cuda") {
-    if (!src.stage_graphs.empty())
-      std::fprintf(stderr,
-                   "[plan] %zu pipeline stages: the CUDA engine runs the whole model (graph.ir) "
-                   "on one GPU; stages on separate GPUs are not built yet\n",
-                   src.stage_graphs.size());
+  if (backend == "cuda" && stages.empty())
     return std::make_unique<CudaEngine>(src.model_dir, src.max_batch, src.max_seq, g);
-  }
   if (!stages.empty() && !args.has("--pp-local")) {
-    // One process per stage: this one is rank 0 and drives; the others run `xserv worker`.
+    // One process per stage (per GPU with cuda): this one is rank 0 and drives; the others run
+    // `xserv worker`.
     PipelineLaunch launch;
+    launch.backend = backend;
     launch.coordinator = args.get("--coordinator", "");
     if (const char* t = std::getenv("XSERV_PIPELINE_TIMEOUT"); t && *t)
       launch.rank_timeout =
@@ -166,8 +162,8 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
         args.get_int("--world", 1, 1, 1 << 16) != static_cast<int64_t>(stages.size()))
       throw UsageError(fmt::format("--world {} but the plan has {} pipeline stages",
                                    args.get("--world"), stages.size()));
-    return make_pipeline_cpu_engine(src.plan_dir, src.model_dir, src.max_batch, src.max_seq,
-                                    std::move(stages), launch);
+    return make_pipeline_engine(src.plan_dir, src.model_dir, src.max_batch, src.max_seq,
+                                std::move(stages), launch);
   }
   if (!stages.empty())
     std::fprintf(stderr, "[plan] %zu pipeline stages, run one after another in this process\n",

@@ -1,7 +1,9 @@
-// The CPU pipeline: messages are a JSON header (kind, tensor names, dtypes, shapes) followed by
-// the tensors' bytes; rank 0 sends each worker the step inputs and the activations its stage
-// receives, and gets back what it sends on (the last rank: the logits).
-#include "cli/pipeline_cpu.h"
+// The multi-process pipeline: messages are a JSON header (kind, step, tensor names, dtypes,
+// shapes) followed by the tensors' bytes; rank 0 sends each worker the step (token ids, context
+// lengths, cache rows) and the activations its stage receives, and gets back what it sends on
+// (the last rank: the logits). A StageRunner runs one stage's program on the CPU interpreter or
+// on this process's GPU.
+#include "cli/pipeline.h"
 
 #include <signal.h>
 #include <spawn.h>
@@ -10,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,9 +26,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cpu_engine.h"
+#include "cli/cuda_engine.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
+#include "runtime/device.h"
 #include "runtime/net.h"
 #include "runtime/sha256.h"
 
@@ -48,6 +53,7 @@ enum FrameType : uint8_t {
   kReset = 6,   ///< rank 0 -> worker: clear the KV caches
   kQuit = 7,    ///< rank 0 -> worker: exit
   kFail = 8,    ///< either way: {message}; the sender stops
+  kReady = 9,   ///< worker -> rank 0: its stage is loaded
 };
 
 using Named = std::vector<std::pair<std::string, ir::Tensor>>;
@@ -125,6 +131,128 @@ Named name_outputs(const ir::Graph& g, std::vector<ir::Tensor> out) {
   return named;
 }
 
+/// The step inputs of a kStep message's header.
+nlohmann::json step_header(const models::StepInput& in, int64_t step) {
+  return {{"step", step}, {"tokens", in.tokens}, {"ctx_lens", in.ctx_lens},
+          {"cache_rows", in.cache_rows}};
+}
+
+models::StepInput step_from_header(const nlohmann::json& h) {
+  models::StepInput in;
+  in.tokens = h.at("tokens").get<std::vector<std::vector<int32_t>>>();
+  in.ctx_lens = h.at("ctx_lens").get<std::vector<int32_t>>();
+  in.cache_rows = h.at("cache_rows").get<std::vector<int32_t>>();
+  return in;
+}
+
+/// One stage's program on this rank's device.
+class StageRunner {
+public:
+  virtual ~StageRunner() = default;
+  virtual const models::ModelConfig& config() const = 0;
+  /// Runs the step with the activations this stage receives (by recv name); returns what it
+  /// sends on, by name (the last stage: its logits as "out.0").
+  virtual Named run(const models::StepInput& in, const Named& received) = 0;
+  virtual void reset() = 0;
+};
+
+/// The interpreter over the stage's program.
+class CpuStage : public StageRunner {
+public:
+  CpuStage(const fs::path& model_dir, int64_t max_batch, int64_t max_seq, const ir::Graph& stage)
+      : stage_(stage), engine_(model_dir, max_batch, max_seq, nullptr) {}
+  const models::ModelConfig& config() const override { return engine_.config(); }
+  Named run(const models::StepInput& in, const Named& received) override {
+    std::map<std::string, ir::Tensor> params = models::step_params(in);
+    for (const auto& [name, t] : received)
+      params[name] = t;
+    return name_outputs(stage_, engine_.run_graph(stage_, std::move(params)));
+  }
+  void reset() override { engine_.reset(); }
+
+private:
+  const ir::Graph& stage_;
+  CpuEngine engine_;
+};
+
+/// A CudaEngine over the stage's program on this process's GPU; activations cross the host.
+class CudaStage : public StageRunner {
+public:
+  CudaStage(const fs::path& model_dir, int64_t max_batch, int64_t max_seq, const ir::Graph& stage)
+      : stage_(stage), engine_(model_dir, max_batch, max_seq, &stage) {
+    if (stage.outputs.size() != 1)
+      throw Error(fmt::format("a pipeline stage on the GPU returns one value, this one {}",
+                              stage.outputs.size()));
+    const ir::Node& out = stage.node(stage.outputs[0]);
+    name_ = out.op == ir::Op::Send ? out.attr_str("name") : "out.0";
+  }
+  const models::ModelConfig& config() const override { return engine_.config(); }
+  Named run(const models::StepInput& in, const Named& received) override {
+    StageInputs inputs;
+    for (const auto& [name, t] : received) { // [T, ...] fp32 -> one row per token
+      const size_t rows = t.shape.empty() ? 0 : static_cast<size_t>(t.shape[0]);
+      const size_t width = rows ? t.f.size() / rows : 0;
+      auto& r = inputs[name];
+      for (size_t i = 0; i < rows; ++i)
+        r.emplace_back(t.f.begin() + static_cast<long>(i * width),
+                       t.f.begin() + static_cast<long>((i + 1) * width));
+    }
+    const std::vector<std::vector<float>> rows = engine_.step_stage(in, inputs);
+    const int64_t width = rows.empty() ? 0 : static_cast<int64_t>(rows[0].size());
+    ir::Tensor t = ir::Tensor::zeros(ir::DType::F32, {static_cast<int64_t>(rows.size()), width});
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::copy(rows[i].begin(), rows[i].end(), t.f.begin() + static_cast<long>(i) * width);
+    return {{name_, std::move(t)}};
+  }
+  void reset() override { engine_.reset(); }
+
+private:
+  const ir::Graph& stage_;
+  CudaEngine engine_;
+  std::string name_;
+};
+
+std::unique_ptr<StageRunner> make_stage(const std::string& backend, const fs::path& model_dir,
+                                        int64_t max_batch, int64_t max_seq,
+                                        const ir::Graph& stage) {
+  if (backend == "cuda")
+    return std::make_unique<CudaStage>(model_dir, max_batch, max_seq, stage);
+  if (backend == "cpu")
+    return std::make_unique<CpuStage>(model_dir, max_batch, max_seq, stage);
+  throw Error(fmt::format("pipeline: unknown backend '{}'", backend));
+}
+
+/// Sends kAlive on `c` every second until destroyed (a rank computing or loading); the
+/// destructor returns at once, not at the next beat.
+class Heartbeat {
+public:
+  Heartbeat(Connection& c, std::mutex& send_lock) : thread_([this, &c, &send_lock] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!wake_.wait_for(lock, std::chrono::seconds(1), [this] { return done_; })) {
+        std::lock_guard<std::mutex> g(send_lock);
+        try {
+          c.send(message(kAlive, nlohmann::json::object()));
+        } catch (const Error&) {
+          return;
+        }
+      }
+    }) {}
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+
+private:
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_; ///< last: starts after the members it uses
+};
+
 /// Fault injection for the tests: XSERV_PIPELINE_FAULT="RANK:exit@STEP" or "RANK:hang@STEP".
 void maybe_fault(int rank, int64_t step) {
   const char* f = std::getenv("XSERV_PIPELINE_FAULT");
@@ -141,11 +269,11 @@ void maybe_fault(int rank, int64_t step) {
     std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
-class PipelineCpuEngine : public Engine {
+class PipelineEngine : public Engine {
 public:
-  PipelineCpuEngine(const fs::path& plan_dir, const fs::path& model_dir, int64_t max_batch,
-                    int64_t max_seq, std::vector<ir::Graph> stages, const PipelineLaunch& launch)
-      : stages_(std::move(stages)), launch_(launch), local_(model_dir, max_batch, max_seq, nullptr),
+  PipelineEngine(const fs::path& plan_dir, const fs::path& model_dir, int64_t max_batch,
+                 int64_t max_seq, std::vector<ir::Graph> stages, const PipelineLaunch& launch)
+      : stages_(std::move(stages)), launch_(launch), max_batch_(max_batch), max_seq_(max_seq),
         listener_(launch.coordinator.empty() ? 0
                                              : runtime::split_address(launch.coordinator).second) {
     const int world = static_cast<int>(stages_.size());
@@ -185,14 +313,18 @@ public:
         c.send(message(kFail, {{"message", refusal}}));
         throw Error("pipeline handshake: " + refusal);
       }
-      c.send(message(kWelcome, {{"ok", true}}));
+      c.send(message(kWelcome, {{"ok", true}, {"backend", launch.backend}}));
       ranks_[size_t(rank)] = std::move(c);
       ++got;
     }
-    std::fprintf(stderr, "[pipeline] %d ranks ready\n", world);
+    // Rank 0's own stage loads while the workers load theirs; then each reports ready.
+    local_ = make_stage(launch.backend, model_dir, max_batch, max_seq, stages_[0]);
+    for (int r = 1; r < world; ++r)
+      await(r, kReady, nullptr);
+    std::fprintf(stderr, "[pipeline] %d ranks ready (%s)\n", world, launch.backend.c_str());
   }
 
-  ~PipelineCpuEngine() override {
+  ~PipelineEngine() override {
     for (size_t r = 1; r < ranks_.size(); ++r)
       if (ranks_[r].valid()) {
         try {
@@ -214,46 +346,26 @@ public:
     }
   }
 
-  const models::ModelConfig& config() const override { return local_.config(); }
-  int64_t max_batch() const override { return local_.max_batch(); }
-  int64_t max_seq() const override { return local_.max_seq(); }
-  std::string backend() const override { return "cpu"; }
+  const models::ModelConfig& config() const override { return local_->config(); }
+  int64_t max_batch() const override { return max_batch_; }
+  int64_t max_seq() const override { return max_seq_; }
+  std::string backend() const override { return launch_.backend; }
 
   std::vector<std::vector<float>> step(const models::StepInput& in) override {
-    if (static_cast<int64_t>(in.tokens.size()) > local_.max_batch())
+    if (static_cast<int64_t>(in.tokens.size()) > max_batch_)
       throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
-                              in.tokens.size(), local_.max_batch()));
+                              in.tokens.size(), max_batch_));
     const std::map<std::string, ir::Tensor> params = models::step_params(in);
-    Named sent = name_outputs(stages_[0], local_.run_graph(stages_[0], params));
-    Named inputs(params.begin(), params.end());
+    Named sent = local_->run(in, {});
     for (size_t r = 1; r < stages_.size(); ++r) {
-      Named msg = inputs;
-      msg.insert(msg.end(), sent.begin(), sent.end());
       Connection& c = ranks_[r];
       try {
-        c.send(message(kStep, {{"step", steps_}}, msg));
-        sent.clear();
-        for (;;) {
-          const Frame f = c.receive(launch_.rank_timeout);
-          if (f.type == kAlive)
-            continue;
-          if (f.type == kFail)
-            throw Error(decode(f.payload, nullptr).value("message", "failed"));
-          if (f.type != kResult)
-            throw Error(fmt::format("unexpected message {}", f.type));
-          decode(f.payload, &sent);
-          break;
-        }
+        c.send(message(kStep, step_header(in, steps_), sent));
       } catch (const Error& e) {
-        // A rank this process started and whose connection dropped is usually exiting: give
-        // it a moment, so the message can say how it ended.
-        const auto until = Clock::now() + std::chrono::seconds(1);
-        do {
-          check_children();
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        } while (child_rank_has(static_cast<int>(r)) && Clock::now() < until);
-        throw Error(fmt::format("pipeline rank {} stopped: {}", r, e.what()));
+        fail(static_cast<int>(r), e);
       }
+      sent.clear();
+      await(static_cast<int>(r), kResult, &sent);
     }
     ++steps_;
     // The last stage returns the logits, one row per sequence (or per token with --all-logits).
@@ -262,12 +374,44 @@ public:
   }
 
   void reset() override {
-    local_.reset();
+    local_->reset();
     for (size_t r = 1; r < ranks_.size(); ++r)
       ranks_[r].send(message(kReset, nlohmann::json::object()));
   }
 
 private:
+  /// Waits for a frame of `type` from rank `r` (heartbeats extend the wait), decoding its
+  /// tensors into `tensors`; a failure, a silence past the rank timeout or a dropped connection
+  /// throws naming the rank.
+  void await(int r, uint8_t type, Named* tensors) {
+    try {
+      for (;;) {
+        const Frame f = ranks_[size_t(r)].receive(launch_.rank_timeout);
+        if (f.type == kAlive)
+          continue;
+        if (f.type == kFail)
+          throw Error(decode(f.payload, nullptr).value("message", "failed"));
+        if (f.type != type)
+          throw Error(fmt::format("unexpected message {}", f.type));
+        decode(f.payload, tensors);
+        return;
+      }
+    } catch (const Error& e) {
+      fail(r, e);
+    }
+  }
+
+  [[noreturn]] void fail(int r, const Error& e) {
+    // A rank this process started and whose connection dropped is usually exiting: give it a
+    // moment, so the message can say how it ended.
+    const auto until = Clock::now() + std::chrono::seconds(1);
+    do {
+      check_children();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    } while (child_rank_has(r) && Clock::now() < until);
+    throw Error(fmt::format("pipeline rank {} stopped: {}", r, e.what()));
+  }
+
   void spawn_workers(const fs::path& plan_dir, int world) {
     const std::string self = fs::read_symlink("/proc/self/exe").string();
     for (int r = 1; r < world; ++r) {
@@ -280,6 +424,11 @@ private:
                                        std::to_string(world),
                                        "--coordinator",
                                        fmt::format("127.0.0.1:{}", listener_.port())};
+      if (launch_.backend == "cuda") { // one GPU per rank, round robin over the visible ones
+        const int gpus = std::max(1, runtime::probe_device().count);
+        argv.push_back("--device");
+        argv.push_back(std::to_string(r % gpus));
+      }
       if (!launch_.weights.empty()) {
         argv.push_back("--weights");
         argv.push_back(launch_.weights.string());
@@ -321,8 +470,9 @@ private:
 
   std::vector<ir::Graph> stages_;
   PipelineLaunch launch_;
-  CpuEngine local_;
+  int64_t max_batch_, max_seq_;
   runtime::Listener listener_;
+  std::unique_ptr<StageRunner> local_; ///< stage 0, made after the handshake
   std::vector<Connection> ranks_;
   std::vector<pid_t> children_;
   std::map<pid_t, int> child_rank_;
@@ -348,12 +498,12 @@ std::string pipeline_plan_digest(const fs::path& plan_dir) {
   return h.hex_digest();
 }
 
-std::unique_ptr<Engine> make_pipeline_cpu_engine(const fs::path& plan_dir,
-                                                 const fs::path& model_dir, int64_t max_batch,
-                                                 int64_t max_seq, std::vector<ir::Graph> stages,
-                                                 const PipelineLaunch& launch) {
-  return std::make_unique<PipelineCpuEngine>(plan_dir, model_dir, max_batch, max_seq,
-                                             std::move(stages), launch);
+std::unique_ptr<Engine> make_pipeline_engine(const fs::path& plan_dir, const fs::path& model_dir,
+                                             int64_t max_batch, int64_t max_seq,
+                                             std::vector<ir::Graph> stages,
+                                             const PipelineLaunch& launch) {
+  return std::make_unique<PipelineEngine>(plan_dir, model_dir, max_batch, max_seq,
+                                          std::move(stages), launch);
 }
 
 int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int rank, int world,
@@ -376,16 +526,26 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
     throw Error("refused by rank 0: " + decode(w.payload, nullptr).value("message", "?"));
   if (w.type != kWelcome)
     throw Error("rank 0 answered the handshake with something else");
-  CpuEngine engine(model_dir, max_batch, max_seq, nullptr);
+  const std::string backend = decode(w.payload, nullptr).value("backend", "cpu");
   const ir::Graph& stage = stages[size_t(rank)];
   std::mutex send_lock;
+  std::unique_ptr<StageRunner> engine;
+  try {
+    Heartbeat alive(c, send_lock); // loading a stage onto a GPU takes seconds
+    engine = make_stage(backend, model_dir, max_batch, max_seq, stage);
+  } catch (const Error& e) {
+    c.send(message(kFail, {{"message", fmt::format("rank {} cannot load its stage: {}", rank,
+                                                   e.what())}}));
+    throw;
+  }
+  c.send(message(kReady, nlohmann::json::object()));
   for (;;) {
     // Between steps rank 0 may be idle for long (a chat): wait, but not forever.
     const Frame f = c.receive(std::chrono::hours(24));
     if (f.type == kQuit)
       return 0;
     if (f.type == kReset) {
-      engine.reset();
+      engine->reset();
       continue;
     }
     if (f.type != kStep)
@@ -393,30 +553,14 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
     Named in;
     const nlohmann::json h = decode(f.payload, &in);
     maybe_fault(rank, h.value("step", int64_t{-1}));
-    std::atomic<bool> done{false};
-    std::thread alive([&] { // heartbeats while the stage computes
-      while (!done.load()) {
-        for (int i = 0; i < 10 && !done.load(); ++i)
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        if (done.load())
-          break;
-        std::lock_guard<std::mutex> g(send_lock);
-        try {
-          c.send(message(kAlive, nlohmann::json::object()));
-        } catch (const Error&) {
-          return;
-        }
-      }
-    });
     Named out;
     std::string failure;
     try {
-      out = name_outputs(stage, engine.run_graph(stage, {in.begin(), in.end()}));
+      Heartbeat alive(c, send_lock);
+      out = engine->run(step_from_header(h), in);
     } catch (const Error& e) {
       failure = e.what();
     }
-    done = true;
-    alive.join();
     std::lock_guard<std::mutex> g(send_lock);
     if (!failure.empty()) {
       c.send(message(kFail, {{"message", failure}}));

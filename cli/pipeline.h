@@ -1,8 +1,9 @@
-// Pipeline parallelism on the CPU backend: one process per stage, rank 0 drives generation and
-// runs stage 0, ranks 1..N-1 (`xserv worker`) run theirs; activations and step inputs travel over
-// TCP (runtime/net). The control plane is the one the GPU pipeline uses: a handshake that refuses
-// a rank holding another compile's plan, heartbeats while a stage computes, and every wait
-// bounded so a dead or hung rank ends the run with a message naming it.
+// Pipeline parallelism, one process per stage: rank 0 drives generation and runs stage 0, ranks
+// 1..N-1 (`xserv worker`) run theirs, on the CPU (interpreter) or each on its own GPU (a
+// CudaEngine over the stage's program). Step inputs and activations travel over TCP
+// (runtime/net), through rank 0. The control plane: a handshake that refuses a rank holding
+// another compile's plan and tells every rank the backend, heartbeats while a stage computes,
+// and every wait bounded so a dead or hung rank ends the run with a message naming it.
 #pragma once
 
 #include <chrono>
@@ -31,17 +32,22 @@ struct PipelineLaunch {
   std::chrono::milliseconds rank_timeout{10000};
   /// How long to wait for every rank to connect.
   std::chrono::milliseconds connect_timeout{30000};
+  /// "cpu" or "cuda": every rank runs its stage there. With cuda, spawned worker r gets GPU
+  /// r mod (visible GPUs); rank 0 runs on the first visible GPU.
+  std::string backend = "cpu";
 };
 
-/// Rank 0 of a CPU pipeline: an Engine whose steps run stage 0 here and the rest on the workers.
-std::unique_ptr<Engine> make_pipeline_cpu_engine(const std::filesystem::path& plan_dir,
+/// Rank 0 of a pipeline: an Engine whose steps run stage 0 here and the rest on the workers.
+std::unique_ptr<Engine> make_pipeline_engine(const std::filesystem::path& plan_dir,
                                                  const std::filesystem::path& model_dir,
                                                  int64_t max_batch, int64_t max_seq,
                                                  std::vector<ir::Graph> stages,
                                                  const PipelineLaunch& launch);
 
 /// The body of `xserv worker`: connects to the coordinator, handshakes as `rank` of `world`,
-/// then runs its stage for every step until told to quit. Returns the exit code.
+/// then runs its stage (on the backend rank 0 names) for every step until told to quit.
+/// Returns the exit code. With the CUDA backend the process uses its first visible GPU
+/// (`xserv worker --device D` narrows CUDA_VISIBLE_DEVICES before any CUDA call).
 int run_pipeline_worker(const std::filesystem::path& plan_dir,
                         const std::filesystem::path& model_dir, int rank, int world,
                         const std::string& coordinator);

@@ -1,0 +1,242 @@
+// NcclComm over a dlopen'ed libnccl.so.2: non-blocking communicators, every wait bounded.
+#include "runtime/nccl.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include "ir/error.h"
+
+namespace xserv::runtime {
+namespace {
+
+/// The NCCL entry points xserv uses, resolved once.
+struct Api {
+  void* handle = nullptr;
+  std::string error; ///< why loading failed
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRankConfig) init_rank_config = nullptr;
+  decltype(&ncclCommGetAsyncError) get_async_error = nullptr;
+  decltype(&ncclCommAbort) abort = nullptr;
+  decltype(&ncclCommFinalize) finalize = nullptr;
+  decltype(&ncclCommDestroy) destroy = nullptr;
+  decltype(&ncclSend) send = nullptr;
+  decltype(&ncclRecv) recv = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+  decltype(&ncclGetLastError) last_error = nullptr;
+};
+
+template <typename F> void resolve(Api& api, F& fn, const char* name) {
+  fn = reinterpret_cast<F>(::dlsym(api.handle, name));
+  if (!fn && api.error.empty())
+    api.error = fmt::format("libnccl.so.2 has no {}", name);
+}
+
+const Api& api() {
+  static Api a;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::vector<std::string> tried = {"libnccl.so.2"};
+    if (const char* home = std::getenv("CUDA_HOME"); home && *home)
+      tried.push_back(std::string(home) + "/lib64/libnccl.so.2");
+    tried.push_back("/usr/local/cuda/lib64/libnccl.so.2");
+    for (const std::string& path : tried)
+      if ((a.handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)))
+        break;
+    if (!a.handle) {
+      a.error = fmt::format("cannot load NCCL (tried {}): {}", fmt::join(tried, ", "),
+                            ::dlerror());
+      return;
+    }
+    resolve(a, a.get_unique_id, "ncclGetUniqueId");
+    resolve(a, a.init_rank_config, "ncclCommInitRankConfig");
+    resolve(a, a.get_async_error, "ncclCommGetAsyncError");
+    resolve(a, a.abort, "ncclCommAbort");
+    resolve(a, a.finalize, "ncclCommFinalize");
+    resolve(a, a.destroy, "ncclCommDestroy");
+    resolve(a, a.send, "ncclSend");
+    resolve(a, a.recv, "ncclRecv");
+    resolve(a, a.error_string, "ncclGetErrorString");
+    resolve(a, a.last_error, "ncclGetLastError");
+  });
+  return a;
+}
+
+const Api& loaded() {
+  const Api& a = api();
+  if (!a.error.empty())
+    throw Error(a.error);
+  return a;
+}
+
+ncclComm_t as_comm(void* p) {
+  return static_cast<ncclComm_t>(p);
+}
+
+} // namespace
+
+bool nccl_available(std::string* reason) {
+  const Api& a = api();
+  if (reason)
+    *reason = a.error;
+  return a.error.empty();
+}
+
+std::string nccl_unique_id() {
+  const Api& a = loaded();
+  ncclUniqueId id;
+  const ncclResult_t r = a.get_unique_id(&id);
+  if (r != ncclSuccess)
+    throw Error(fmt::format("ncclGetUniqueId failed: {}", a.error_string(r)));
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+NcclComm::NcclComm(const std::string& unique_id, int world, int rank,
+                   std::chrono::milliseconds timeout)
+    : world_(world), rank_(rank) {
+  const Api& a = loaded();
+  ncclUniqueId id;
+  if (unique_id.size() != sizeof(id.internal))
+    throw Error(fmt::format("NCCL unique id of {} bytes, expected {}", unique_id.size(),
+                            sizeof(id.internal)));
+  std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0; // every call returns at once; completion is polled with deadlines
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = a.init_rank_config(&comm, world, id, rank, &config);
+  comm_ = comm;
+  if (r != ncclSuccess && r != ncclInProgress) {
+    abort();
+    throw Error(fmt::format("rank {}: joining the NCCL communicator of {} ranks failed: {}", rank,
+                            world, a.error_string(r)));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    a.get_async_error(comm, &state);
+    if (state == ncclSuccess)
+      return;
+    if (state != ncclInProgress) {
+      const std::string why = a.error_string(state);
+      abort();
+      throw Error(fmt::format("rank {}: joining the NCCL communicator failed: {}", rank, why));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      abort();
+      throw Error(fmt::format("rank {}: the NCCL communicator of {} ranks was not complete "
+                              "after {} ms (a rank never joined)",
+                              rank, world, timeout.count()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+NcclComm::~NcclComm() {
+  if (!comm_)
+    return;
+  const Api& a = api();
+  if (aborted_)
+    return;
+  // A clean shutdown: finalize (non-blocking, polled briefly), then destroy; abort otherwise.
+  ncclResult_t state = a.finalize(as_comm(comm_));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    a.get_async_error(as_comm(comm_), &state);
+  }
+  if (state == ncclSuccess)
+    a.destroy(as_comm(comm_));
+  else
+    a.abort(as_comm(comm_));
+}
+
+void NcclComm::abort() {
+  if (comm_ && !aborted_)
+    api().abort(as_comm(comm_));
+  aborted_ = true;
+}
+
+void NcclComm::settle(const std::string& what, std::chrono::milliseconds timeout) {
+  const Api& a = loaded();
+  if (aborted_)
+    throw Error(fmt::format("rank {}: {}: the NCCL communicator was aborted", rank_, what));
+  // A non-blocking call may still be in progress (the first transfer to a peer connects to it):
+  // its outcome decides, within the bound.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    a.get_async_error(as_comm(comm_), &state);
+    if (state == ncclSuccess)
+      return;
+    if (state != ncclInProgress) {
+      const std::string detail = a.last_error(as_comm(comm_));
+      abort();
+      throw Error(fmt::format("rank {}: {}: NCCL error: {}{}", rank_, what, a.error_string(state),
+                              detail.empty() ? "" : " (" + detail + ")"));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      abort();
+      throw Error(fmt::format("rank {}: {}: NCCL still busy after {} ms (the peer is gone or "
+                              "stuck)",
+                              rank_, what, timeout.count()));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void NcclComm::send(const void* buf, size_t bytes, int peer, cudaStream_t stream,
+                    std::chrono::milliseconds timeout) {
+  const Api& a = loaded();
+  const std::string what = fmt::format("sending {} bytes to rank {}", bytes, peer);
+  const ncclResult_t r = a.send(buf, bytes, ncclUint8, peer, as_comm(comm_), stream);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    abort();
+    throw Error(fmt::format("rank {}: {}: {}", rank_, what, a.error_string(r)));
+  }
+  settle(what, timeout);
+}
+
+void NcclComm::recv(void* buf, size_t bytes, int peer, cudaStream_t stream,
+                    std::chrono::milliseconds timeout) {
+  const Api& a = loaded();
+  const std::string what = fmt::format("receiving {} bytes from rank {}", bytes, peer);
+  const ncclResult_t r = a.recv(buf, bytes, ncclUint8, peer, as_comm(comm_), stream);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    abort();
+    throw Error(fmt::format("rank {}: {}: {}", rank_, what, a.error_string(r)));
+  }
+  settle(what, timeout);
+}
+
+void NcclComm::wait(cudaStream_t stream, std::chrono::milliseconds timeout,
+                    const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(stream);
+    if (q == cudaSuccess)
+      return;
+    if (q != cudaErrorNotReady) {
+      abort();
+      throw Error(fmt::format("rank {}: {}: {}", rank_, what, cudaGetErrorString(q)));
+    }
+    settle(what, std::chrono::milliseconds(std::max<int64_t>(
+                     1, std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now())
+                            .count())));
+    if (std::chrono::steady_clock::now() > deadline) {
+      abort();
+      throw Error(fmt::format("rank {}: {}: not done after {} ms (the peer is gone or stuck)",
+                              rank_, what, timeout.count()));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+} // namespace xserv::runtime

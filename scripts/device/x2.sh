@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One call on nvidia-h200-x2: every GPU test (the pipeline and NCCL cases use both GPUs), the
+# synthetic 20b's bench rows on GPU 0, then the 20b with --pp 2 as two processes on two GPUs
+# against --pp 1 (greedy tokens, 4 prompts) and its prefill / batched-decode speed. Needs
+# .device/bin/{xserv,*_gpu_tests} and .device/data/gpt-oss-20b.json (carry [".device/bin",
+# ".device/data"]). Logs land in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} XSERV_SOURCE_DIR=$PWD
+export XSERV_KERNEL_CACHE=/tmp/xk NCCL_NVLS_ENABLE=0
+OUT=${OUT:-/tmp/out}
+B=.device/bin X=.device/bin/xserv
+start=$SECONDS
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+for t in ${TESTS-codegen_gpu_tests cli_gpu_tests runtime_gpu_tests}; do
+  timeout 300 $B/$t ${TEST_ARGS:-} > "$OUT/$t.log" 2>&1
+  echo "$t rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/$t.log" | tr '\n' ' ')"
+  grep -E "ERROR|FAILED" -A3 "$OUT/$t.log" | head -30
+done
+grep -hE "GB/s|TB/s|us per|pp 2 over|missing sender|bitwise" "$OUT"/*_gpu_tests.log | head -30
+echo "== tests done at $((SECONDS - start)) s"
+$X synth --config .device/data/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
+$X compile /tmp/g20 -o /tmp/p64 --max-seq 8192 --max-batch 64 2>&1 | tail -1
+CUDA_VISIBLE_DEVICES=0 timeout 240 $X bench /tmp/p64 --backend cuda -p 512,2048 -n 128 -b 1,64 -r 3 2> "$OUT/bench.err"
+tail -1 "$OUT/bench.err"
+CUDA_VISIBLE_DEVICES=0 timeout 120 $X bench /tmp/p64 --backend cuda -p 0 -n 128 -d 4096 -r 2 2> /dev/null | tail -1
+echo "== bench done at $((SECONDS - start)) s"
+for pp in 1 2; do
+  flags=""; [ "$pp" -gt 1 ] && flags="--pp $pp"
+  $X compile /tmp/g20 -o /tmp/pp$pp --max-seq 4096 --max-batch 32 $flags 2>&1 | tail -1
+done
+prompts=("$(seq -s, 1000 37 2800)" "$(seq -s, 7 3 300)" "200002,1,2,3,4,5" "$(seq -s, 50000 911 60000)")
+for pp in 1 2; do
+  for i in "${!prompts[@]}"; do
+    timeout 120 $X run /tmp/pp$pp --backend cuda --prompt-ids "${prompts[$i]}" --max-tokens 64 \
+      > "$OUT/pp${pp}_p$i.txt" 2> "$OUT/pp${pp}_p$i.err"
+    echo "pp$pp prompt $i rc=$? $(grep -E '^\[run\]' "$OUT/pp${pp}_p$i.err" | tail -1)"
+  done
+done
+for i in "${!prompts[@]}"; do
+  cmp -s "$OUT/pp1_p$i.txt" "$OUT/pp2_p$i.txt" && echo "pp2 prompt $i: same 64 tokens as pp1" \
+    || echo "pp2 prompt $i: DIFFERS from pp1"
+done
+grep -h "pipeline\]" "$OUT/pp2_p0.err" | head -3
+for pp in 1 2; do
+  echo "== bench pp$pp (pp2: two processes, two GPUs, activations and logits over TCP)"
+  timeout 150 $X bench /tmp/pp$pp --backend cuda -p 512 -n 32 -b 1,32 -r 2 2> "$OUT/benchpp$pp.err" | tail -3
+done
+echo "== done at $((SECONDS - start)) s"
