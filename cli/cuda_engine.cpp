@@ -14,10 +14,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/cuda_lower.h"
 #include "cli/weight_specs.h"
@@ -30,6 +34,8 @@
 #include "models/step.h"
 #include "runtime/device.h"
 #include "runtime/executor.h"
+#include "runtime/kernel_cache.h"
+#include "runtime/plan_json.h"
 #include "runtime/weights.h"
 
 namespace xserv::cli {
@@ -96,6 +102,9 @@ struct CudaEngine::Impl {
   cudaStream_t stream = nullptr;
   KernelSet kernels;
   std::unique_ptr<runtime::Executor> executor; ///< the launch table bound to this engine's memory
+  /// Kernels loaded from the plan directory when its launch table is replayed (else `kernels`).
+  std::vector<runtime::Module> plan_modules;
+  std::vector<runtime::Kernel> plan_kernels;
   ir::ValueId output = -1;
   bool per_token = false;
   int64_t vocab = 0;
@@ -158,6 +167,11 @@ struct CudaEngine::Impl {
   }
 
   void upload_weights(const fs::path& cache_dir);
+  /// Loads `table`'s kernels from the plan directory into plan_modules / plan_kernels: the
+  /// plan's cubins when built for `arch`, else its sources compiled through the kernel cache.
+  /// Returns how many were compiled.
+  int load_plan_kernels(const fs::path& plan_dir, const runtime::LaunchTable& table,
+                        const std::string& arch, const fs::path& cache_dir);
   /// The recv node named `name` (a pipeline stage's input).
   ir::ValueId recv_value(const std::string& name) const {
     for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(graph.size()); ++v)
@@ -176,6 +190,78 @@ struct CudaEngine::Impl {
                                       const StageInputs& inputs = {},
                                       std::vector<int32_t>* greedy = nullptr);
 };
+
+namespace {
+
+std::string read_bytes(const fs::path& f) {
+  std::ifstream in(f, std::ios::binary);
+  if (!in)
+    throw Error(fmt::format("{}: cannot read", f.string()));
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// The plan's launch table when this run is what it was compiled for (same max batch and
+/// sequence, step capacity, gemm precision and activation arena); else nullopt with the reason.
+std::optional<runtime::LaunchTable> plan_launch_table(const fs::path& plan_dir, int64_t max_batch,
+                                                      int64_t max_seq, int tcap, bool gemm_split,
+                                                      int64_t arena_bytes, std::string& why) {
+  const fs::path file = plan_dir / "plan.json";
+  const nlohmann::json pj = nlohmann::json::parse(read_bytes(file), nullptr, false);
+  if (pj.is_discarded() || !pj.contains("codegen") || !pj["codegen"].contains("launch_table")) {
+    why = file.string() + " has no launch table (compiled by an older xserv)";
+    return std::nullopt;
+  }
+  const nlohmann::json& cg = pj["codegen"];
+  const int64_t plan_batch = pj["options"].value("max_batch", int64_t{-1});
+  const int64_t plan_seq = pj["options"].value("max_seq", int64_t{-1});
+  if (plan_batch != max_batch || plan_seq != max_seq)
+    why = fmt::format("the plan is for max batch {} and max sequence {}, this run {} and {}",
+                      plan_batch, plan_seq, max_batch, max_seq);
+  else if (cg.value("arena_tokens", int64_t{-1}) != tcap)
+    why = fmt::format("the plan's steps hold {} tokens, this run's {} (XSERV_PREFILL_CHUNK)",
+                      cg.value("arena_tokens", int64_t{-1}), tcap);
+  else if (cg.value("gemm_precision", std::string("split")) != (gemm_split ? "split" : "bf16"))
+    why = fmt::format("the plan's gemms take {} activations (XSERV_GEMM_PRECISION)",
+                      cg.value("gemm_precision", std::string("split")));
+  else if (cg.value("arena_bytes", int64_t{-1}) != arena_bytes)
+    why = fmt::format("the plan's activation arena is {} bytes, this build plans {} (a plan "
+                      "from another xserv build: recompile it)",
+                      cg.value("arena_bytes", int64_t{-1}), arena_bytes);
+  if (!why.empty())
+    return std::nullopt;
+  return runtime::launch_table_from_json(cg["launch_table"]);
+}
+
+} // namespace
+
+int CudaEngine::Impl::load_plan_kernels(const fs::path& plan_dir,
+                                        const runtime::LaunchTable& table,
+                                        const std::string& arch, const fs::path& cache_dir) {
+  const nlohmann::json pj = nlohmann::json::parse(read_bytes(plan_dir / "plan.json"));
+  const bool same_arch = pj["codegen"].value("arch", std::string()) == arch;
+  runtime::CompileOptions opts;
+  opts.arch = arch;
+  opts.headers = codegen::kernel_headers();
+  int compiled = 0;
+  plan_modules.reserve(table.kernels.size()); // stable addresses for the executor
+  plan_kernels.reserve(table.kernels.size());
+  for (const runtime::PlanKernel& k : table.kernels) {
+    const fs::path cubin = plan_dir / "kernels" / (k.name + ".cubin");
+    std::vector<char> bytes;
+    if (same_arch && fs::exists(cubin)) {
+      const std::string b = read_bytes(cubin);
+      bytes.assign(b.begin(), b.end());
+    } else {
+      const runtime::CachedCubin c = runtime::get_or_compile(
+          read_bytes(plan_dir / "kernels" / (k.name + ".cu")), k.name, opts, cache_dir);
+      compiled += c.compiled ? 1 : 0;
+      bytes = c.cubin;
+    }
+    plan_modules.push_back(runtime::Module::load(bytes, k.name));
+    plan_kernels.push_back(plan_modules.back().kernel(k.name));
+  }
+  return compiled;
+}
 
 void CudaEngine::Impl::upload_weights(const fs::path& cache_dir) {
   // The graph's tensors go up in one streamed pass (runtime/weights: MXFP4 experts are
@@ -365,9 +451,18 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
   m.log(fmt::format("loaded {} weight tensors, {:.2f} GB on the GPU, {:.1f} s", m.weights.size(),
                     double(weight_bytes) / 1e9, seconds_since(t1)));
 
-  // The launch table's regions: the arena, weights by name, caches in graph order, step inputs
-  // by name, and its scratch buffers (constants uploaded once).
-  runtime::LaunchTable table = lower_graph(m.graph, m.kernels, ctx);
+  // The launch table: the plan's when this run is what it was compiled for, else lowered here.
+  std::optional<runtime::LaunchTable> planned;
+  if (!options.plan_dir.empty()) {
+    std::string why;
+    planned = plan_launch_table(options.plan_dir, max_batch, max_seq, m.tcap, m.gemm_split,
+                                m.plan.arena_bytes, why);
+    if (!planned)
+      m.log("lowering the graph for this run: " + why);
+  }
+  runtime::LaunchTable table = planned ? std::move(*planned) : lower_graph(m.graph, m.kernels, ctx);
+  // Its regions: the arena, weights by name, caches in graph order, step inputs by name, and its
+  // scratch buffers (constants uploaded once).
   runtime::Bindings bind;
   bind.arena = m.arena;
   for (const auto& [name, p] : m.weights)
@@ -393,12 +488,24 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
       check(cudaEventCreate(&e), "creating a profiling event");
   }
   auto t2 = std::chrono::steady_clock::now();
-  const int compiled = m.kernels.build(cache_dir);
-  m.executor = std::make_unique<runtime::Executor>(std::move(table), bind, m.kernels.loaded());
+  if (planned) {
+    const int compiled = m.load_plan_kernels(options.plan_dir, table, dev.arch(), cache_dir);
+    std::vector<runtime::LoadedKernel> loaded;
+    for (size_t i = 0; i < m.plan_kernels.size(); ++i)
+      loaded.push_back({&m.plan_modules[i], &m.plan_kernels[i]});
+    m.executor = std::make_unique<runtime::Executor>(std::move(table), bind, std::move(loaded));
+    m.log(fmt::format("the plan's launch table and {} kernels ({} cubins from the plan, {} "
+                      "compiled) ... {:.1f} s",
+                      m.plan_kernels.size(), int(m.plan_kernels.size()) - compiled, compiled,
+                      seconds_since(t2)));
+  } else {
+    const int compiled = m.kernels.build(cache_dir);
+    m.executor = std::make_unique<runtime::Executor>(std::move(table), bind, m.kernels.loaded());
+    m.log(fmt::format("compiling {} kernels ... {:.1f} s ({} compiled, {} from {})",
+                      m.kernels.size(), seconds_since(t2), compiled,
+                      int(m.kernels.size()) - compiled, cache_dir.string()));
+  }
   m.executor->set_dependent_launch(dependent);
-  m.log(fmt::format("compiling {} kernels ... {:.1f} s ({} compiled, {} from {})", m.kernels.size(),
-                    seconds_since(t2), compiled, int(m.kernels.size()) - compiled,
-                    cache_dir.string()));
   m.log(fmt::format("ready: {} launch table entries{}, arena {:.1f} MiB, KV caches for {} x {}, "
                     "{:.2f} GB in all, {:.1f} s",
                     m.executor->size(), m.cuda_graphs ? " (decode as CUDA graphs)" : "",
@@ -437,6 +544,10 @@ void CudaEngine::synchronize() {
 
 size_t CudaEngine::graphs_captured() const {
   return impl_->graph_execs.size();
+}
+
+bool CudaEngine::replays_plan() const {
+  return !impl_->plan_kernels.empty();
 }
 
 double CudaEngine::peak_memory_gib() const {
@@ -644,6 +755,15 @@ std::vector<int32_t> CudaEngine::step_greedy(const models::StepInput& in) {
 std::vector<std::vector<float>> CudaEngine::step_stage(const models::StepInput& in,
                                                        const StageInputs& inputs) {
   return impl_->run(in, impl_->per_token, inputs);
+}
+
+std::vector<int32_t> CudaEngine::step_stage_greedy(const models::StepInput& in,
+                                                   const StageInputs& inputs) {
+  if (!impl_->argmax_keys)
+    throw Error("step_stage_greedy needs the last stage's per-sequence logits");
+  std::vector<int32_t> ids;
+  impl_->run(in, false, inputs, &ids);
+  return ids;
 }
 
 std::vector<std::vector<float>> CudaEngine::step_all(const models::StepInput& in) {

@@ -41,6 +41,12 @@ struct CudaEngineOptions {
   /// scheduled while the previous one drains; every generated kernel first waits for it).
   /// XSERV_PDL=0 turns it off.
   bool dependent_launch = true;
+  /// The plan being run: when the run's sizes and options are the ones it was compiled for,
+  /// the engine replays the plan's launch table (plan.json) with the plan's cubins
+  /// (kernels/NAME.cubin, compiled again from kernels/NAME.cu through the kernel cache when
+  /// absent or built for another GPU) instead of lowering the graph itself; otherwise it says
+  /// why and lowers for the run. Empty: always lower.
+  std::filesystem::path plan_dir;
 };
 
 /// Runs a gpt-oss graph on the GPU: weights in BF16 (MXFP4 experts dequantised), activations
@@ -75,9 +81,15 @@ public:
   /// the output (what the stage sends on), or one row per sequence for the last stage's logits.
   std::vector<std::vector<float>> step_stage(const models::StepInput& in,
                                              const StageInputs& inputs);
+  /// step_stage for the last stage, returning each sequence's greedy token (picked on the GPU)
+  /// instead of its logits.
+  std::vector<int32_t> step_stage_greedy(const models::StepInput& in, const StageInputs& inputs);
   void reset() override;
   void synchronize() override;
   double peak_memory_gib() const override;
+  /// Whether the engine replays the plan's launch table and cubins (CudaEngineOptions::plan_dir)
+  /// rather than a lowering of its own.
+  bool replays_plan() const;
   /// How many CUDA graphs the engine has captured so far (0 with cuda_graphs off).
   size_t graphs_captured() const;
 

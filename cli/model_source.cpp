@@ -145,8 +145,11 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
                  stages.size());
     return make_local_cuda_pipeline(src.model_dir, src.max_batch, src.max_seq, stages);
   }
-  if (backend == "cuda" && stages.empty())
-    return std::make_unique<CudaEngine>(src.model_dir, src.max_batch, src.max_seq, g);
+  if (backend == "cuda" && stages.empty()) {
+    CudaEngineOptions opts;
+    opts.plan_dir = src.plan_dir; // replay the plan's launch table and cubins when they fit
+    return std::make_unique<CudaEngine>(src.model_dir, src.max_batch, src.max_seq, g, opts);
+  }
   if (!stages.empty() && !args.has("--pp-local")) {
     // One process per stage (per GPU with cuda): this one is rank 0 and drives; the others run
     // `xserv worker`.

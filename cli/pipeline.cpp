@@ -32,6 +32,7 @@
 #include "models/step.h"
 #include "runtime/device.h"
 #include "runtime/net.h"
+#include "runtime/sampler.h"
 #include "runtime/sha256.h"
 
 extern char** environ;
@@ -153,6 +154,8 @@ public:
   /// Runs the step with the activations this stage receives (by recv name); returns what it
   /// sends on, by name (the last stage: its logits as "out.0").
   virtual Named run(const models::StepInput& in, const Named& received) = 0;
+  /// The last stage: run() that returns each sequence's greedy token instead of its logits.
+  virtual std::vector<int32_t> run_greedy(const models::StepInput& in, const Named& received) = 0;
   virtual void reset() = 0;
 };
 
@@ -167,6 +170,15 @@ public:
     for (const auto& [name, t] : received)
       params[name] = t;
     return name_outputs(stage_, engine_.run_graph(stage_, std::move(params)));
+  }
+  std::vector<int32_t> run_greedy(const models::StepInput& in, const Named& received) override {
+    const Named out = run(in, received);
+    std::vector<int32_t> ids;
+    for (const auto& row :
+         sequence_logits(out.at(0).second, in.tokens.size(),
+                         models::step_params(in).at(models::params::kLogitRows)))
+      ids.push_back(runtime::argmax(row));
+    return ids;
   }
   void reset() override { engine_.reset(); }
 
@@ -188,8 +200,23 @@ public:
   }
   const models::ModelConfig& config() const override { return engine_.config(); }
   Named run(const models::StepInput& in, const Named& received) override {
+    const std::vector<std::vector<float>> rows = engine_.step_stage(in, as_rows(received));
+    const int64_t width = rows.empty() ? 0 : static_cast<int64_t>(rows[0].size());
+    ir::Tensor t = ir::Tensor::zeros(ir::DType::F32, {static_cast<int64_t>(rows.size()), width});
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::copy(rows[i].begin(), rows[i].end(), t.f.begin() + static_cast<long>(i) * width);
+    return {{name_, std::move(t)}};
+  }
+  std::vector<int32_t> run_greedy(const models::StepInput& in, const Named& received) override {
+    return engine_.step_stage_greedy(in, as_rows(received));
+  }
+  void reset() override { engine_.reset(); }
+
+private:
+  /// Received tensors [T, ...] fp32 as one row per token.
+  static StageInputs as_rows(const Named& received) {
     StageInputs inputs;
-    for (const auto& [name, t] : received) { // [T, ...] fp32 -> one row per token
+    for (const auto& [name, t] : received) {
       const size_t rows = t.shape.empty() ? 0 : static_cast<size_t>(t.shape[0]);
       const size_t width = rows ? t.f.size() / rows : 0;
       auto& r = inputs[name];
@@ -197,16 +224,9 @@ public:
         r.emplace_back(t.f.begin() + static_cast<long>(i * width),
                        t.f.begin() + static_cast<long>((i + 1) * width));
     }
-    const std::vector<std::vector<float>> rows = engine_.step_stage(in, inputs);
-    const int64_t width = rows.empty() ? 0 : static_cast<int64_t>(rows[0].size());
-    ir::Tensor t = ir::Tensor::zeros(ir::DType::F32, {static_cast<int64_t>(rows.size()), width});
-    for (size_t i = 0; i < rows.size(); ++i)
-      std::copy(rows[i].begin(), rows[i].end(), t.f.begin() + static_cast<long>(i) * width);
-    return {{name_, std::move(t)}};
+    return inputs;
   }
-  void reset() override { engine_.reset(); }
 
-private:
   const ir::Graph& stage_;
   CudaEngine engine_;
   std::string name_;
@@ -352,25 +372,20 @@ public:
   std::string backend() const override { return launch_.backend; }
 
   std::vector<std::vector<float>> step(const models::StepInput& in) override {
-    if (static_cast<int64_t>(in.tokens.size()) > max_batch_)
-      throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
-                              in.tokens.size(), max_batch_));
-    const std::map<std::string, ir::Tensor> params = models::step_params(in);
-    Named sent = local_->run(in, {});
-    for (size_t r = 1; r < stages_.size(); ++r) {
-      Connection& c = ranks_[r];
-      try {
-        c.send(message(kStep, step_header(in, steps_), sent));
-      } catch (const Error& e) {
-        fail(static_cast<int>(r), e);
-      }
-      sent.clear();
-      await(static_cast<int>(r), kResult, &sent);
-    }
-    ++steps_;
+    nlohmann::json last;
+    const Named sent = run_ranks(in, false, last);
     // The last stage returns the logits, one row per sequence (or per token with --all-logits).
     return sequence_logits(sent.at(0).second, in.tokens.size(),
-                           params.at(models::params::kLogitRows));
+                           models::step_params(in).at(models::params::kLogitRows));
+  }
+
+  /// The last rank picks the greedy tokens and sends back only them.
+  std::vector<int32_t> step_greedy(const models::StepInput& in) override {
+    if (stages_.size() == 1)
+      return Engine::step_greedy(in);
+    nlohmann::json last;
+    run_ranks(in, true, last);
+    return last.at("ids").get<std::vector<int32_t>>();
   }
 
   void reset() override {
@@ -380,10 +395,33 @@ public:
   }
 
 private:
+  /// One step through every rank: stage 0 here, then each worker in turn with what the previous
+  /// stage sent. Returns what the last stage sent; `last` gets its reply's header (with
+  /// `greedy`, the ids).
+  Named run_ranks(const models::StepInput& in, bool greedy, nlohmann::json& last) {
+    if (static_cast<int64_t>(in.tokens.size()) > max_batch_)
+      throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
+                              in.tokens.size(), max_batch_));
+    Named sent = local_->run(in, {});
+    for (size_t r = 1; r < stages_.size(); ++r) {
+      nlohmann::json head = step_header(in, steps_);
+      head["greedy"] = greedy;
+      try {
+        ranks_[r].send(message(kStep, head, sent));
+      } catch (const Error& e) {
+        fail(static_cast<int>(r), e);
+      }
+      sent.clear();
+      last = await(static_cast<int>(r), kResult, &sent);
+    }
+    ++steps_;
+    return sent;
+  }
+
   /// Waits for a frame of `type` from rank `r` (heartbeats extend the wait), decoding its
-  /// tensors into `tensors`; a failure, a silence past the rank timeout or a dropped connection
-  /// throws naming the rank.
-  void await(int r, uint8_t type, Named* tensors) {
+  /// tensors into `tensors` and returning its header; a failure, a silence past the rank timeout
+  /// or a dropped connection throws naming the rank.
+  nlohmann::json await(int r, uint8_t type, Named* tensors) {
     try {
       for (;;) {
         const Frame f = ranks_[size_t(r)].receive(launch_.rank_timeout);
@@ -393,8 +431,7 @@ private:
           throw Error(decode(f.payload, nullptr).value("message", "failed"));
         if (f.type != type)
           throw Error(fmt::format("unexpected message {}", f.type));
-        decode(f.payload, tensors);
-        return;
+        return decode(f.payload, tensors);
       }
     } catch (const Error& e) {
       fail(r, e);
@@ -554,10 +591,14 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
     const nlohmann::json h = decode(f.payload, &in);
     maybe_fault(rank, h.value("step", int64_t{-1}));
     Named out;
+    nlohmann::json reply = nlohmann::json::object();
     std::string failure;
     try {
       Heartbeat alive(c, send_lock);
-      out = engine->run(step_from_header(h), in);
+      if (rank + 1 == world && h.value("greedy", false)) // the last stage: only the ids go back
+        reply["ids"] = engine->run_greedy(step_from_header(h), in);
+      else
+        out = engine->run(step_from_header(h), in);
     } catch (const Error& e) {
       failure = e.what();
     }
@@ -566,7 +607,7 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
       c.send(message(kFail, {{"message", failure}}));
       throw Error(failure);
     }
-    c.send(message(kResult, nlohmann::json::object(), out));
+    c.send(message(kResult, reply, out));
   }
 }
 

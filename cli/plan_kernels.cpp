@@ -145,6 +145,7 @@ nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
           {"launches_per_prefill_step", prefill_total},
           {"kernels", std::move(table)},
           {"arena_tokens", pl.ctx.max_tokens},
+          {"gemm_precision", pl.ctx.gemm_split ? "split" : "bf16"},
           {"arena_bytes", pl.memory.arena_bytes},
           {"launch_table", runtime::launch_table_to_json(pl.table)}};
 }

@@ -1,6 +1,6 @@
 // Pipelined plans on the CUDA backend, one process per stage: `xserv run` on a --pp plan spawns a
 // worker per stage, each on its own GPU when there are enough (else they share GPU 0). Runs the
-// xserv binary next to this test executable (or $XSERV_BIN).
+// xserv binary (testing::find_xserv_binary).
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -15,38 +15,11 @@
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
-using xserv::testing::run_shell;
 using xserv::testing::RunResult;
 using xserv::testing::source_dir;
 using xserv::testing::TempDir;
+using xserv::testing::run_binary;
 namespace fs = std::filesystem;
-
-namespace {
-
-/// The xserv binary: $XSERV_BIN, else beside this executable (the device copies both into one
-/// folder), else the build tree's cli/xserv.
-fs::path find_xserv() {
-  if (const char* b = std::getenv("XSERV_BIN"); b && *b)
-    return b;
-  const fs::path self = fs::read_symlink("/proc/self/exe").parent_path();
-  for (const fs::path& p : {self / "xserv", self.parent_path() / "cli/xserv"})
-    if (fs::exists(p))
-      return p;
-  return {};
-}
-
-/// `xserv ARGS` with environment `env` in front; stdout in out, stderr in err.
-RunResult run_bin(const fs::path& bin, const std::string& args, const fs::path& dir,
-                const std::string& env = "") {
-  const fs::path err = dir / "stderr.txt";
-  RunResult r = run_shell(
-      fmt::format("{} {} {} 2>{} </dev/null", env, bin.string(), args, err.string()));
-  std::ifstream in(err);
-  r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  return r;
-}
-
-} // namespace
 
 TEST_CASE("gpu: pp 2 as two CUDA processes gives the whole model's greedy tokens, and a dead "
           "rank ends the run") {
@@ -55,23 +28,23 @@ TEST_CASE("gpu: pp 2 as two CUDA processes gives the whole model's greedy tokens
     MESSAGE("skipped: no GPU (" << dev.reason << ")");
     return;
   }
-  const fs::path bin = find_xserv();
+  const fs::path bin = xserv::testing::find_xserv_binary();
   if (bin.empty()) {
     MESSAGE("skipped: no xserv binary beside the test or in $XSERV_BIN");
     return;
   }
   TempDir tmp("pp_cuda");
   const fs::path model = tmp.path / "model", pp1 = tmp.path / "pp1", pp2 = tmp.path / "pp2";
-  REQUIRE(run_bin(bin,
+  REQUIRE(run_binary(bin,
                 fmt::format("synth --config {} -o {} --seed 5",
                             (source_dir() / "examples/tiny/config.json").string(), model.string()),
                 tmp.path)
               .code == 0);
-  REQUIRE(run_bin(bin, fmt::format("compile {} -o {} --no-cubins --max-batch 4", model.string(),
+  REQUIRE(run_binary(bin, fmt::format("compile {} -o {} --no-cubins --max-batch 4", model.string(),
                                  pp1.string()),
                 tmp.path)
               .code == 0);
-  REQUIRE(run_bin(bin, fmt::format("compile {} -o {} --no-cubins --max-batch 4 --pp 2",
+  REQUIRE(run_binary(bin, fmt::format("compile {} -o {} --no-cubins --max-batch 4 --pp 2",
                                  model.string(), pp2.string()),
                 tmp.path)
               .code == 0);
@@ -80,9 +53,9 @@ TEST_CASE("gpu: pp 2 as two CUDA processes gives the whole model's greedy tokens
   for (int i = 0; i < 40; ++i)
     ids += fmt::format("{}{}", i ? "," : "", 1000 + 37 * i);
   const std::string prompt = " --backend cuda --prompt-ids " + ids + " --max-tokens 12";
-  const RunResult whole = run_bin(bin, "run " + pp1.string() + prompt, tmp.path);
+  const RunResult whole = run_binary(bin, "run " + pp1.string() + prompt, tmp.path);
   REQUIRE(whole.code == 0);
-  const RunResult ranks = run_bin(bin, "run " + pp2.string() + prompt, tmp.path);
+  const RunResult ranks = run_binary(bin, "run " + pp2.string() + prompt, tmp.path);
   INFO(ranks.err);
   REQUIRE(ranks.code == 0);
   CHECK(!whole.out.empty());
@@ -93,7 +66,7 @@ TEST_CASE("gpu: pp 2 as two CUDA processes gives the whole model's greedy tokens
   // Rank 1 exits during step 3: rank 0 stops at once with a message naming it.
   const auto t0 = std::chrono::steady_clock::now();
   const RunResult dead =
-      run_bin(bin, "run " + pp2.string() + prompt, tmp.path, "XSERV_PIPELINE_FAULT=1:exit@3");
+      run_binary(bin, "run " + pp2.string() + prompt, tmp.path, "XSERV_PIPELINE_FAULT=1:exit@3");
   const double s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(dead.err);

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -31,6 +32,32 @@ inline RunResult run_shell(const std::string& cmd) {
     r.out.append(buf.data(), n);
   const int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+/// The xserv binary for the GPU test executables (built without XSERV_BINARY): $XSERV_BIN, else
+/// beside the running test (the device copies both into one folder), else the build tree's
+/// cli/xserv; empty when none exists.
+inline std::filesystem::path find_xserv_binary() {
+  namespace fs = std::filesystem;
+  if (const char* b = std::getenv("XSERV_BIN"); b && *b)
+    return b;
+  const fs::path self = fs::read_symlink("/proc/self/exe").parent_path();
+  for (const fs::path& p : {self / "xserv", self.parent_path() / "cli/xserv"})
+    if (fs::exists(p))
+      return p;
+  return {};
+}
+
+/// `BIN ARGS` through the shell with environment assignments `env` in front; stdout in out,
+/// stderr (through a file in `dir`) in err.
+inline RunResult run_binary(const std::filesystem::path& bin, const std::string& args,
+                            const std::filesystem::path& dir, const std::string& env = "") {
+  const std::filesystem::path err = dir / "stderr.txt";
+  RunResult r = run_shell(env + " " + bin.string() + " " + args + " 2>" + err.string() +
+                          " </dev/null");
+  std::ifstream in(err);
+  r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   return r;
 }
 
