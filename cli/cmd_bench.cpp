@@ -3,14 +3,15 @@
 // 1. Parse the test grid: prompt sizes (-p), generation length (-n) at context depths (-d),
 //    batch sizes for decode (-b), repeats (-r).
 // 2. For each test: one untimed warm-up, then r timed repeats. A repeat resets the engine,
-//    prefills `depth` random tokens per sequence untimed, then times only engine steps: one
-//    prefill step of p tokens (ppP), or n decode steps of one token per sequence (tgN). Steps
+//    prefills `depth` random tokens per sequence untimed, then times only engine steps (the
+//    engine's Stopwatch: CUDA events on its stream for the GPU, the host clock for the CPU),
+//    step by step: one prefill step of p tokens (ppP), or n decode steps of one token per
+//    sequence (tgN), the next random inputs made between the timed steps. Steps
 //    are greedy ones (Engine::step_greedy: the CUDA engine picks on the GPU and copies back only
 //    the ids, as a decode loop does); no tokenizer and no sampling run inside the timed region,
 //    and the next input ids are random.
 // 3. Batched decode rows also give time to first token (the prefill of a 1-token prompt for
 //    every sequence) and time per output token (median, p99 over steps and repeats).
-#include <chrono>
 #include <iostream>
 #include <random>
 
@@ -22,12 +23,6 @@
 
 namespace xserv::cli {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 std::vector<int64_t> int_list(const ParsedArgs& args, const std::string& name,
                               std::vector<int64_t> fallback, int64_t lo, int64_t hi) {
@@ -82,10 +77,9 @@ public:
   double prefill(int64_t p, int64_t depth) {
     models::StepInput in = fill(depth, 1);
     in.tokens[0] = random_ids(p);
-    auto t0 = Clock::now();
+    each_->start();
     e_.step_greedy(in);
-    e_.synchronize();
-    return static_cast<double>(p) / ms(t0, Clock::now()) * 1e3;
+    return static_cast<double>(p) / each_->stop() * 1e3;
   }
 
   /// n decode steps for `batch` sequences; appends per-step times to `step_ms`.
@@ -93,30 +87,32 @@ public:
                 double& ttft_ms) {
     models::StepInput in = fill(depth, batch);
     if (depth == 0) { // the first token of each sequence is a 1-token prefill: that is TTFT
-      auto t0 = Clock::now();
+      each_->start();
       e_.step_greedy(in);
-      e_.synchronize();
-      ttft_ms = ms(t0, Clock::now());
+      ttft_ms = each_->stop();
       for (auto& c : in.ctx_lens)
         c += 1;
     }
-    auto start = Clock::now();
+    double total_ms = 0;
     for (int64_t i = 0; i < n; ++i) {
-      auto t0 = Clock::now();
+      each_->start();
       e_.step_greedy(in);
-      e_.synchronize();
-      step_ms.push_back(ms(t0, Clock::now()));
+      const double step = each_->stop();
+      step_ms.push_back(step);
+      total_ms += step;
+      // The next inputs are made between the timed steps.
       for (size_t b = 0; b < in.tokens.size(); ++b) {
         in.tokens[b] = random_ids(1);
         in.ctx_lens[b] += 1;
       }
     }
-    return static_cast<double>(n * batch) / ms(start, Clock::now()) * 1e3;
+    return static_cast<double>(n * batch) / total_ms * 1e3;
   }
 
 private:
   Engine& e_;
   std::mt19937_64 rng_;
+  std::unique_ptr<Stopwatch> each_ = e_.stopwatch(); ///< around each timed step
 };
 
 } // namespace

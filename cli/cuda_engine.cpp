@@ -546,6 +546,39 @@ size_t CudaEngine::graphs_captured() const {
   return impl_->graph_execs.size();
 }
 
+namespace {
+
+/// Two CUDA events on the engine's stream: the time the GPU's queue took between them.
+class EventStopwatch : public Stopwatch {
+public:
+  explicit EventStopwatch(cudaStream_t stream) : stream_(stream) {
+    check(cudaEventCreate(&begin_), "creating a timing event");
+    check(cudaEventCreate(&end_), "creating a timing event");
+  }
+  ~EventStopwatch() override {
+    cudaEventDestroy(begin_);
+    cudaEventDestroy(end_);
+  }
+  void start() override { check(cudaEventRecord(begin_, stream_), "recording a timing event"); }
+  double stop() override {
+    check(cudaEventRecord(end_, stream_), "recording a timing event");
+    check(cudaEventSynchronize(end_), "waiting for a timing event");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, begin_, end_), "reading a timing event");
+    return ms;
+  }
+
+private:
+  cudaStream_t stream_;
+  cudaEvent_t begin_ = nullptr, end_ = nullptr;
+};
+
+} // namespace
+
+std::unique_ptr<Stopwatch> CudaEngine::stopwatch() {
+  return std::make_unique<EventStopwatch>(impl_->stream);
+}
+
 bool CudaEngine::replays_plan() const {
   return !impl_->plan_kernels.empty();
 }

@@ -87,6 +87,8 @@ public:
   void reset() override;
   void synchronize() override;
   double peak_memory_gib() const override;
+  /// CUDA events on the engine's stream.
+  std::unique_ptr<Stopwatch> stopwatch() override;
   /// Whether the engine replays the plan's launch table and cubins (CudaEngineOptions::plan_dir)
   /// rather than a lowering of its own.
   bool replays_plan() const;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,17 @@
 #include "runtime/sampler.h"
 
 namespace xserv::cli {
+
+/// Times work on an engine's own timeline (CUDA events on its stream for the GPU; the host clock
+/// after synchronize() otherwise), for benchmarks.
+class Stopwatch {
+public:
+  virtual ~Stopwatch() = default;
+  /// Marks the start, after the work queued so far.
+  virtual void start() = 0;
+  /// Milliseconds from start() to the end of the work queued since; waits for that work.
+  virtual double stop() = 0;
+};
 
 /// Runs forward steps of one model over up to max_batch sequences of up to max_seq tokens.
 class Engine {
@@ -30,6 +42,9 @@ public:
   virtual void synchronize() {}
   /// Peak device memory in GiB since the engine started, or -1 when the backend cannot tell.
   virtual double peak_memory_gib() const { return -1; }
+  /// A stopwatch on this engine's timeline; the default uses the host clock around
+  /// synchronize().
+  virtual std::unique_ptr<Stopwatch> stopwatch();
 };
 
 struct GenRequest {

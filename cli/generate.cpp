@@ -9,6 +9,32 @@
 
 namespace xserv::cli {
 
+namespace {
+
+class HostStopwatch : public Stopwatch {
+public:
+  explicit HostStopwatch(Engine& e) : e_(e) {}
+  void start() override {
+    e_.synchronize();
+    t0_ = std::chrono::steady_clock::now();
+  }
+  double stop() override {
+    e_.synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_)
+        .count();
+  }
+
+private:
+  Engine& e_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+} // namespace
+
+std::unique_ptr<Stopwatch> Engine::stopwatch() {
+  return std::make_unique<HostStopwatch>(*this);
+}
+
 std::vector<int32_t> Engine::step_greedy(const models::StepInput& in) {
   std::vector<int32_t> ids;
   for (const std::vector<float>& row : step(in))

@@ -450,6 +450,29 @@ std::vector<int32_t> some_ids(size_t n, int32_t vocab, int32_t seed) {
 
 } // namespace
 
+TEST_CASE("gpu: the engine's stopwatch times steps on the GPU timeline") {
+  XSERV_REQUIRE_GPU();
+  TempDir tmp("stopwatch");
+  synthesize(source_dir() / "examples/tiny/config.json", 3, tmp.path);
+  cli::CudaEngine gpu(tmp.path, 1, kMaxSeq, nullptr, quiet());
+  models::StepInput step;
+  step.tokens = {some_ids(300, 201088, 4)};
+  step.ctx_lens = {0};
+  step.cache_rows = {0};
+  auto sw = gpu.stopwatch();
+  sw->start();
+  gpu.step_greedy(step);
+  const double prefill = sw->stop();
+  sw->start();
+  const double idle = sw->stop(); // nothing queued between the two events
+  MESSAGE("300-token prefill of the tiny example: " << prefill << " ms; empty interval " << idle
+                                                    << " ms");
+  CHECK(prefill > 0.0);
+  CHECK(prefill < 10000.0);
+  CHECK(idle >= 0.0);
+  CHECK(idle < prefill);
+}
+
 TEST_CASE("gpu: CUDA-graph replay gives the same tokens and logits as eager launches") {
   XSERV_REQUIRE_GPU();
   // Contexts cross attention key buckets (64 -> 128 -> 256 keys: 1, 2, 4 splits).
