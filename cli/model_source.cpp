@@ -159,6 +159,8 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
     if (const char* t = std::getenv("XSERV_PIPELINE_TIMEOUT"); t && *t)
       launch.rank_timeout =
           std::chrono::milliseconds(static_cast<int64_t>(std::max(0.1, std::atof(t)) * 1000));
+    if (const char* m = std::getenv("XSERV_PIPELINE_MICROBATCHES"); m && *m)
+      launch.micro_batches = std::max(1, std::atoi(m));
     if (args.has("--weights"))
       launch.weights = src.model_dir;
     if (args.has("--world") &&

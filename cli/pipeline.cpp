@@ -146,6 +146,44 @@ models::StepInput step_from_header(const nlohmann::json& h) {
   return in;
 }
 
+/// A part of a step: consecutive tokens of it, each sequence's share as one piece.
+struct MicroBatch {
+  models::StepInput in;
+  std::vector<size_t> seq; ///< the step's sequence each piece belongs to
+  std::vector<bool> last;  ///< whether the piece holds its sequence's last token of the step
+};
+
+/// Cuts `in` into `count` micro-batches of about equal token counts (fewer when it has fewer
+/// tokens), in token order: a sequence's pieces keep their order, each starting where the
+/// previous ended (its context length grows by the earlier pieces).
+std::vector<MicroBatch> micro_batches(const models::StepInput& in, int count) {
+  size_t total = 0;
+  for (const auto& t : in.tokens)
+    total += t.size();
+  const size_t parts = std::clamp<size_t>(static_cast<size_t>(std::max(count, 1)), 1, total);
+  const size_t cap = (total + parts - 1) / parts;
+  std::vector<MicroBatch> out(1);
+  size_t used = 0;
+  for (size_t b = 0; b < in.tokens.size(); ++b)
+    for (size_t off = 0; off < in.tokens[b].size();) {
+      if (used == cap) {
+        out.emplace_back();
+        used = 0;
+      }
+      const size_t take = std::min(in.tokens[b].size() - off, cap - used);
+      MicroBatch& mb = out.back();
+      mb.in.tokens.emplace_back(in.tokens[b].begin() + static_cast<long>(off),
+                                in.tokens[b].begin() + static_cast<long>(off + take));
+      mb.in.ctx_lens.push_back(in.ctx_lens[b] + static_cast<int32_t>(off));
+      mb.in.cache_rows.push_back(in.cache_rows[b]);
+      mb.seq.push_back(b);
+      mb.last.push_back(off + take == in.tokens[b].size());
+      off += take;
+      used += take;
+    }
+  return out;
+}
+
 /// One stage's program on this rank's device.
 class StageRunner {
 public:
@@ -372,20 +410,18 @@ public:
   std::string backend() const override { return launch_.backend; }
 
   std::vector<std::vector<float>> step(const models::StepInput& in) override {
-    nlohmann::json last;
-    const Named sent = run_ranks(in, false, last);
-    // The last stage returns the logits, one row per sequence (or per token with --all-logits).
-    return sequence_logits(sent.at(0).second, in.tokens.size(),
-                           models::step_params(in).at(models::params::kLogitRows));
+    std::vector<std::vector<float>> logits(in.tokens.size());
+    run_ranks(in, false, &logits, nullptr);
+    return logits;
   }
 
   /// The last rank picks the greedy tokens and sends back only them.
   std::vector<int32_t> step_greedy(const models::StepInput& in) override {
     if (stages_.size() == 1)
       return Engine::step_greedy(in);
-    nlohmann::json last;
-    run_ranks(in, true, last);
-    return last.at("ids").get<std::vector<int32_t>>();
+    std::vector<int32_t> ids(in.tokens.size());
+    run_ranks(in, true, nullptr, &ids);
+    return ids;
   }
 
   void reset() override {
@@ -395,27 +431,74 @@ public:
   }
 
 private:
-  /// One step through every rank: stage 0 here, then each worker in turn with what the previous
-  /// stage sent. Returns what the last stage sent; `last` gets its reply's header (with
-  /// `greedy`, the ids).
-  Named run_ranks(const models::StepInput& in, bool greedy, nlohmann::json& last) {
+  /// One step through every rank as micro-batches on a pipeline schedule: at tick t rank r
+  /// works on micro-batch t - r, which rank r - 1 finished at tick t - 1 (rank 0 relays the
+  /// activations). Rank 0 sends the workers their inputs first, then runs stage 0, then
+  /// collects; the last rank's results give each sequence's logits row (or, with `greedy`,
+  /// its id).
+  void run_ranks(const models::StepInput& in, bool greedy,
+                 std::vector<std::vector<float>>* logits, std::vector<int32_t>* ids) {
     if (static_cast<int64_t>(in.tokens.size()) > max_batch_)
       throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
                               in.tokens.size(), max_batch_));
-    Named sent = local_->run(in, {});
-    for (size_t r = 1; r < stages_.size(); ++r) {
-      nlohmann::json head = step_header(in, steps_);
-      head["greedy"] = greedy;
-      try {
-        ranks_[r].send(message(kStep, head, sent));
-      } catch (const Error& e) {
-        fail(static_cast<int>(r), e);
+    const int world = static_cast<int>(stages_.size());
+    size_t tokens = 0;
+    for (const auto& t : in.tokens)
+      tokens += t.size();
+    int count = launch_.micro_batches;
+    if (count <= 0)
+      count = tokens >= size_t(2 * world) ? world : 1;
+    const std::vector<MicroBatch> mbs = micro_batches(in, count);
+    const int m_count = static_cast<int>(mbs.size());
+    // out[r][m]: what rank r sent on for micro-batch m, until rank r + 1 has it.
+    std::vector<std::vector<Named>> out(size_t(world), std::vector<Named>(mbs.size()));
+    for (int t = 0; t < m_count + world - 1; ++t) {
+      for (int r = 1; r < world; ++r) {
+        const int m = t - r;
+        if (m < 0 || m >= m_count)
+          continue;
+        nlohmann::json head = step_header(mbs[size_t(m)].in, steps_);
+        head["greedy"] = greedy;
+        try {
+          ranks_[size_t(r)].send(message(kStep, head, out[size_t(r - 1)][size_t(m)]));
+        } catch (const Error& e) {
+          fail(r, e);
+        }
+        out[size_t(r - 1)][size_t(m)].clear();
       }
-      sent.clear();
-      last = await(static_cast<int>(r), kResult, &sent);
+      if (t < m_count)
+        out[0][size_t(t)] = local_->run(mbs[size_t(t)].in, {});
+      for (int r = 1; r < world; ++r) {
+        const int m = t - r;
+        if (m < 0 || m >= m_count)
+          continue;
+        Named& got = out[size_t(r)][size_t(m)];
+        const nlohmann::json head = await(r, kResult, &got);
+        if (r == world - 1)
+          take_results(mbs[size_t(m)], head, got, logits, ids);
+      }
     }
     ++steps_;
-    return sent;
+  }
+
+  /// The last rank's reply for micro-batch `mb`: each piece that ends its sequence gives that
+  /// sequence's logits row (the stage returns one row per piece, or per token with
+  /// --all-logits) or greedy id.
+  static void take_results(const MicroBatch& mb, const nlohmann::json& head, const Named& got,
+                           std::vector<std::vector<float>>* logits, std::vector<int32_t>* ids) {
+    if (ids) {
+      const std::vector<int32_t> picked = head.at("ids").get<std::vector<int32_t>>();
+      for (size_t i = 0; i < mb.seq.size(); ++i)
+        if (mb.last[i])
+          (*ids)[mb.seq[i]] = picked.at(i);
+      return;
+    }
+    std::vector<std::vector<float>> rows =
+        sequence_logits(got.at(0).second, mb.in.tokens.size(),
+                        models::step_params(mb.in).at(models::params::kLogitRows));
+    for (size_t i = 0; i < mb.seq.size(); ++i)
+      if (mb.last[i])
+        (*logits)[mb.seq[i]] = std::move(rows[i]);
   }
 
   /// Waits for a frame of `type` from rank `r` (heartbeats extend the wait), decoding its

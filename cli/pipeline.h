@@ -35,6 +35,11 @@ struct PipelineLaunch {
   /// "cpu" or "cuda": every rank runs its stage there. With cuda, spawned worker r gets GPU
   /// r mod (visible GPUs); rank 0 runs on the first visible GPU.
   std::string backend = "cpu";
+  /// Micro-batches per step, so that stages overlap (rank r works on micro-batch m while rank
+  /// r + 1 works on m - 1): consecutive token ranges of the step, a sequence's pieces in order.
+  /// 0: as many as ranks when the step has at least two tokens per rank, else 1
+  /// (XSERV_PIPELINE_MICROBATCHES sets it for xserv run).
+  int micro_batches = 0;
 };
 
 /// Rank 0 of a pipeline: an Engine whose steps run stage 0 here and the rest on the workers.

@@ -11,6 +11,7 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
@@ -97,6 +98,40 @@ TEST_CASE("pipelined plan: a rank holding another compile's plan is refused at t
   CHECK(r0.find("pipeline handshake: rank 1 holds a plan from another compile") !=
         std::string::npos);
   CHECK(r0.find("rc=1") != std::string::npos);
+}
+
+TEST_CASE("pipelined plan, micro-batches: a batch of prompts gives the whole model's outputs") {
+  // eval decodes 3 problems together: the prefill step and every decode step are cut into
+  // micro-batches (3 per step with XSERV_PIPELINE_MICROBATCHES=3; pieces of one sequence cross
+  // micro-batches during the prefill), so the two ranks work on different ones at once.
+  XSERV_REQUIRE_DATA(data);
+  Plans p;
+  const std::string args =
+      " --task gsm8k --data " + (data / "gsm8k_test.jsonl").string() +
+      " --limit 3 --batch 3 --max-tokens 6 --backend cpu --tokenizer " +
+      (data / "o200k_base.tiktoken").string() + " --out ";
+  const fs::path whole = p.tmp.path / "whole.jsonl", ranks = p.tmp.path / "ranks.jsonl";
+  const fs::path autom = p.tmp.path / "auto.jsonl";
+  REQUIRE(run_with_env("", "eval " + p.pp1 + args + whole.string(), p.tmp.path).code == 0);
+  const RunResult r = run_with_env("XSERV_PIPELINE_MICROBATCHES=3",
+                                   "eval " + p.pp2 + args + ranks.string(), p.tmp.path);
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  REQUIRE(run_with_env("", "eval " + p.pp2 + args + autom.string(), p.tmp.path).code == 0);
+  // Each line has the problem, the generated tokens and text, and its timing: all but the
+  // timing must agree.
+  auto outputs = [](const fs::path& f) {
+    std::string all;
+    std::ifstream in(f);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      all += j.at("completion").dump() + j.at("tokens").dump() + "\n";
+    }
+    return all;
+  };
+  CHECK(!outputs(whole).empty());
+  CHECK(outputs(ranks) == outputs(whole));
+  CHECK(outputs(autom) == outputs(whole));
 }
 
 TEST_CASE("pipelined plan: a worker that dies or hangs ends the run with its rank named") {
