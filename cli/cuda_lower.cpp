@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <regex>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -168,6 +169,7 @@ private:
     l.chunk = chunk;
     l.splits_window = splits_window;
     l.min_splits = min_splits;
+    l.one_per_seq = outer_per_seq_;
     l.args = std::move(args);
     t_.launches.push_back(std::move(l));
   }
@@ -404,7 +406,54 @@ private:
     const auto [table, att] = yarn_table(v, head_dim);
     const int hq = static_dim(g_, v, 1, 0), hk = static_dim(g_, v, 1, 1);
     const int rope = k_.add(codegen::emit_rope_yarn_qk(hq, hk, head_dim, att, ir_lines(g_, v)));
+    const auto [kw, vw] = kv_writes_of(v);
+    if (kw < 0) {
+      emit(rope, Rows::Tokens, 0, -1, {addr(v, 0), addr(v, 1), addr(n.inputs.back()), table});
+      return;
+    }
+    // Decode steps (one token per sequence): the rotation and both cache writes in one launch;
+    // other steps rotate here and write the caches after attention (kv_write).
+    const Node& kn = g_.node(kw);
+    const ValueId kc = cache_node(kn.inputs[0]), vc = cache_node(g_.node(vw).inputs[0]);
+    const int rope_kv = k_.add(codegen::emit_rope_yarn_qk_kv(
+        hq, hk, head_dim, att, cache_slots(kc), g_.type(kc).dtype == ir::DType::F32,
+        ir_lines(g_, v)));
+    outer_per_seq_ = -1;
     emit(rope, Rows::Tokens, 0, -1, {addr(v, 0), addr(v, 1), addr(n.inputs.back()), table});
+    outer_per_seq_ = 1;
+    emit(rope_kv, Rows::Tokens, 0, -1,
+         {addr(v, 0), addr(v, 1), addr(v, 2), addr(n.inputs.back()), addr(kn.inputs[3]),
+          addr(kn.inputs[4]), table, addr(kc), addr(vc)});
+    outer_per_seq_ = 0;
+    kv_in_rope_.insert(kw);
+    kv_in_rope_.insert(vw);
+  }
+
+  /// The kv_write nodes that store qkv_rope `v`'s k and v (results 1 and 2, through extract)
+  /// at its positions into two caches of one shape and dtype; {-1, -1} when there is not
+  /// exactly that pair.
+  std::pair<ValueId, ValueId> kv_writes_of(ValueId v) const {
+    const ValueId positions = g_.node(v).inputs.back();
+    ValueId found[3] = {-1, -1, -1};
+    for (ValueId u = v + 1; u < static_cast<ValueId>(g_.size()); ++u) {
+      const Node& w = g_.node(u);
+      if (w.op != Op::KvWrite || w.inputs[2] != positions)
+        continue;
+      const Node& x = g_.node(w.inputs[1]);
+      if (x.op != Op::Extract || x.inputs[0] != v)
+        continue;
+      const int64_t r = x.attr_int("index");
+      if (r < 1 || r > 2 || found[r] >= 0)
+        return {-1, -1};
+      found[r] = u;
+    }
+    if (found[1] < 0 || found[2] < 0)
+      return {-1, -1};
+    const Node &kn = g_.node(found[1]), &vn = g_.node(found[2]);
+    const ValueId kc = cache_node(kn.inputs[0]), vc = cache_node(vn.inputs[0]);
+    if (g_.type(kc) != g_.type(vc) || kn.inputs[3] != vn.inputs[3] || kn.inputs[4] != vn.inputs[4])
+      return {-1, -1};
+    return {found[1], found[2]};
   }
 
   /// The KV cache node a cache operand (a cache or an earlier kv_write of it) stands for.
@@ -469,8 +518,11 @@ private:
     const codegen::KvWriteDims d{static_dim(g_, n.inputs[1], 1), static_dim(g_, n.inputs[1], 2),
                                  cache_slots(cache), g_.type(cache).dtype == ir::DType::F32};
     const int kernel = k_.add(codegen::emit_kv_write(d, ir_lines(g_, v)));
+    // In decode steps rope_yarn_qk_kv already wrote this one (kv_in_rope_).
+    outer_per_seq_ = kv_in_rope_.count(v) ? -1 : 0;
     emit(kernel, Rows::Tokens, 0, -1,
          {addr(cache), addr(n.inputs[1]), addr(n.inputs[2]), addr(n.inputs[3]), addr(n.inputs[4])});
+    outer_per_seq_ = 0;
   }
 
   void topk(ValueId v, int experts, int k, LaunchArg logits) {
@@ -647,6 +699,8 @@ private:
   runtime::LaunchTable t_;
   std::map<ValueId, int> cache_index_; ///< cache nodes in graph order
   std::string label_;                  ///< op of the node being lowered
+  int outer_per_seq_ = 0;              ///< PlanLaunch::one_per_seq of every emitted entry
+  std::set<ValueId> kv_in_rope_;        ///< kv_writes rope_yarn_qk_kv does in decode steps
   int outer_lo_ = 0, outer_hi_ = -1;   ///< row range every emitted entry is limited to
   LaunchArg part_ml_, part_o_, router_logits_, moe_act_;
   LaunchArg inv_rms_, moe_pair_, moe_tiles_, moe_part_;

@@ -472,6 +472,31 @@ KernelSource emit_rope_yarn_qk(int hq, int hk, int head_dim, double attention_fa
                   fmt::format("rope_yarn_qk<{}, {}, {}>", hq, hk, head_dim), params, per_row(256));
 }
 
+KernelSource emit_rope_yarn_qk_kv(int hq, int hk, int head_dim, double attention_factor,
+                                  int slots, bool f32_cache,
+                                  const std::vector<std::string>& ir_lines) {
+  KernelSource base = emit_rope_yarn_qk(hq, hk, head_dim, attention_factor, ir_lines);
+  check_positive("rope_yarn_qk_kv", {slots});
+  const std::string cache_t = f32_cache ? "float" : "__nv_bfloat16";
+  std::string name = base.name;
+  name.replace(0, std::string("rope_yarn_qk").size(), "rope_yarn_qk_kv");
+  name += fmt::format("_s{}_kv{}", slots, f32_cache ? "f32" : "bf16");
+  std::vector<Param> params = {{"float* q", "q"},
+                               {"float* k", "k"},
+                               {"const float* v", "v"},
+                               {"const int* positions", "positions"},
+                               {"const int* token_seq", "token_seq"},
+                               {"const int* cache_rows", "cache_rows"},
+                               {"const double* inv_freq", "inv_freq"},
+                               {"", fmt::format("{:.17g}", attention_factor)},
+                               {cache_t + "* k_cache", "k_cache"},
+                               {cache_t + "* v_cache", "v_cache"}};
+  return assemble(std::move(name), ir_lines, "rope.cuh",
+                  fmt::format("rope_yarn_qk_kv<{}, {}, {}, {}, {}>", hq, hk, head_dim, slots,
+                              cache_t),
+                  params, per_row(256));
+}
+
 KernelSource emit_kv_write(const KvWriteDims& d, const std::vector<std::string>& ir_lines) {
   check_positive("kv_write", {d.kv_heads, d.head_dim, d.slots});
   std::vector<Param> params = {{d.f32_cache ? "float* cache" : "__nv_bfloat16* cache", "cache"},

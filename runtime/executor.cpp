@@ -111,6 +111,8 @@ size_t Executor::for_each(const StepShape& s, size_t begin, size_t end, F&& f) c
     const int rows = l.seq_rows ? s.seqs : s.tokens;
     if (rows < l.min_rows || (l.max_rows >= 0 && rows > l.max_rows))
       continue;
+    if (l.one_per_seq != 0 && (s.tokens == s.seqs) != (l.one_per_seq > 0))
+      continue;
     int splits = 1;
     if (l.splits_window >= 0) {
       // Splits from the bucketed key count, so that they stay fixed over a range of positions

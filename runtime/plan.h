@@ -128,6 +128,9 @@ struct PlanLaunch {
   /// max_pos + 1), window)) with window 0 meaning no window.
   int splits_window = -1;
   int min_splits = 1; ///< launch only with at least this many splits (attention_combine: 2)
+  /// 1: only steps with one token per sequence (tokens == seqs: decode); -1: only the other
+  /// steps; 0: any (rope_yarn_qk_kv writes the KV caches itself in decode steps).
+  int one_per_seq = 0;
   std::vector<LaunchArg> args;
 
   bool operator==(const PlanLaunch&) const = default;

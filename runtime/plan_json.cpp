@@ -148,6 +148,8 @@ json launch_table_to_json(const LaunchTable& t) {
       j["splits_window"] = l.splits_window;
     if (l.min_splits != 1)
       j["min_splits"] = l.min_splits;
+    if (l.one_per_seq != 0)
+      j["one_per_seq"] = l.one_per_seq;
     json args = json::array();
     for (const LaunchArg& a : l.args)
       args.push_back(arg_to_json(a));
@@ -195,6 +197,7 @@ LaunchTable launch_table_from_json(const json& j) {
       get_opt(l, "chunk", p.chunk);
       get_opt(l, "splits_window", p.splits_window);
       get_opt(l, "min_splits", p.min_splits);
+      get_opt(l, "one_per_seq", p.one_per_seq);
       for (const json& a : l.at("args"))
         p.args.push_back(arg_from_json(a));
       t.launches.push_back(std::move(p));

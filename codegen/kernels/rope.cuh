@@ -66,4 +66,41 @@ __device__ __forceinline__ void rope_yarn_qk(float* q, float* k, const int* __re
   }
 }
 
+/// rope_yarn_qk plus the KV cache writes of a step with ONE token per sequence (a decode step):
+/// token t = blockIdx.y rotates q and k in place, then stores the rotated k[t] and v[t] (fp32
+/// [T, HK, D]) into k_cache and v_cache (CacheT [rows, S, HK, D]) at row
+/// cache_rows[token_seq[t]], slot positions[t] % S: what kv_write does after attention, done
+/// here because with one token per sequence attention never reads that slot (it holds position
+/// p - S, outside the window of a ring, unused in a full cache). Steps with several tokens of a
+/// sequence keep kv_write after attention (a chunk longer than a ring would overwrite keys its
+/// first tokens still need).
+template <int HQ, int HK, int D, int S, typename CacheT>
+__device__ __forceinline__ void
+rope_yarn_qk_kv(float* q, float* k, const float* __restrict__ v, const int* __restrict__ positions,
+                const int* __restrict__ token_seq, const int* __restrict__ cache_rows,
+                const double* __restrict__ inv_freq, double att, CacheT* __restrict__ k_cache,
+                CacheT* __restrict__ v_cache) {
+  constexpr int kHalf = D / 2;
+  __shared__ double cs[kHalf], sn[kHalf];
+  const int t = blockIdx.y, p = positions[t];
+  rope_angles<D>(p, inv_freq, att, cs, sn);
+  const size_t slot = ((size_t)cache_rows[token_seq[t]] * S + p % S) * HK * D;
+  for (int i = threadIdx.x; i < (HQ + HK) * kHalf; i += kRopeThreads) {
+    const int h = i / kHalf, j = i % kHalf;
+    float* base = h < HQ ? q + ((size_t)t * HQ + h) * D : k + ((size_t)t * HK + h - HQ) * D;
+    const double x1 = base[j], x2 = base[j + kHalf];
+    const double c = cs[j], s = sn[j];
+    const float y1 = float(x1 * c - x2 * s), y2 = float(x2 * c + x1 * s);
+    base[j] = y1;
+    base[j + kHalf] = y2;
+    if (h >= HQ) {
+      CacheT* dst = k_cache + slot + (size_t)(h - HQ) * D;
+      store_cache(dst + j, y1);
+      store_cache(dst + j + kHalf, y2);
+    }
+  }
+  for (int i = threadIdx.x; i < HK * D; i += kRopeThreads)
+    store_cache(v_cache + slot + i, v[(size_t)t * HK * D + i]);
+}
+
 } // namespace xserv_kernels

@@ -487,6 +487,60 @@ TEST_CASE("rope_yarn kernel matches ir::ref at small and large positions") {
   }
 }
 
+TEST_CASE("rope_yarn_qk_kv: rope_yarn_qk then the two kv_writes, in one launch, bit for bit") {
+  XSERV_REQUIRE_GPU();
+  Rng rng{716};
+  const ir::ref::Yarn yarn;
+  const double att = ir::ref::yarn_attention_factor(yarn);
+  // A decode step of 4 sequences (one token each) in rows 3, 0, 2, 1 of a 4-row cache; the
+  // positions wrap an 8-slot ring, and reach far into a full cache of 4096 slots.
+  const Tensor pos = Tensor::from_ints({4}, {7, 8, 21, 4000});
+  const Tensor seq = Tensor::from_ints({4}, {0, 1, 2, 3});
+  const Tensor crow = Tensor::from_ints({4}, {3, 0, 2, 1});
+  for (auto [hq, hk, head_dim, slots, f32] :
+       {std::tuple{4, 2, 16, 8, false}, std::tuple{4, 2, 16, 8, true},
+        std::tuple{64, 8, 64, 4096, true}, std::tuple{64, 8, 64, 128, false}}) {
+    const int tokens = 4, rows = 4;
+    const Tensor q = random_f32(rng, {tokens, hq, head_dim}, 2.0f);
+    const Tensor k = random_f32(rng, {tokens, hk, head_dim}, 2.0f);
+    const Tensor v = random_f32(rng, {tokens, hk, head_dim}, 2.0f);
+    const std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
+    const size_t cache_n = size_t(rows) * slots * hk * head_dim;
+    const size_t elem = f32 ? 4 : 2;
+    // Both caches start from the same random bytes for the reference and the fused kernel.
+    std::vector<uint8_t> init(cache_n * elem);
+    for (auto& b : init)
+      b = static_cast<uint8_t>(rng.next(1.0f) * 100.0f);
+    auto dpos = upload(pos), dseq = upload(seq), drow = upload(crow), dinv = upload(inv);
+    // Reference: rope_yarn_qk, then kv_write of k and of v.
+    auto rq = upload(q), rk = upload(k), rv = upload(v);
+    auto rkc = upload(init), rvc = upload(init);
+    launch(load(emit_rope_yarn_qk(hq, hk, head_dim, att, {})), tokens, 1, rq->p, rk->p, dpos->p,
+           dinv->p);
+    const Loaded& kvw = load(emit_kv_write({hk, head_dim, slots, f32}, {}));
+    launch(kvw, tokens, 1, rkc->p, rk->p, dpos->p, dseq->p, drow->p);
+    launch(kvw, tokens, 1, rvc->p, rv->p, dpos->p, dseq->p, drow->p);
+    // The fused kernel.
+    auto fq = upload(q), fk = upload(k), fv = upload(v);
+    auto fkc = upload(init), fvc = upload(init);
+    const Loaded& fused = load(emit_rope_yarn_qk_kv(hq, hk, head_dim, att, slots, f32, {}));
+    launch(fused, tokens, 1, fq->p, fk->p, fv->p, dpos->p, dseq->p, drow->p, dinv->p, fkc->p,
+           fvc->p);
+    device_sync();
+    auto bytes = [](const DevBuf& b) {
+      std::vector<uint8_t> h(b.bytes);
+      cuda_ok(cudaMemcpy(h.data(), b.p, b.bytes, cudaMemcpyDeviceToHost), "download");
+      return h;
+    };
+    CAPTURE(fused.src.name);
+    CHECK(bytes(*fq) == bytes(*rq));
+    CHECK(bytes(*fk) == bytes(*rk));
+    CHECK(bytes(*fkc) == bytes(*rkc));
+    CHECK(bytes(*fvc) == bytes(*rvc));
+    CHECK(bytes(*fkc) != init); // the writes happened
+  }
+}
+
 TEST_CASE("rope_yarn_qk rotates q and k in place like two rope_yarn") {
   XSERV_REQUIRE_GPU();
   Rng rng{715};
