@@ -14,16 +14,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <optional>
 #include <tuple>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "cli/cuda_lower.h"
+#include "cli/plan_replay.h"
 #include "cli/weight_specs.h"
 #include "compiler/memory_plan.h"
 #include "compiler/pass.h"
@@ -34,8 +32,6 @@
 #include "models/step.h"
 #include "runtime/device.h"
 #include "runtime/executor.h"
-#include "runtime/kernel_cache.h"
-#include "runtime/plan_json.h"
 #include "runtime/weights.h"
 
 namespace xserv::cli {
@@ -103,8 +99,7 @@ struct CudaEngine::Impl {
   KernelSet kernels;
   std::unique_ptr<runtime::Executor> executor; ///< the launch table bound to this engine's memory
   /// Kernels loaded from the plan directory when its launch table is replayed (else `kernels`).
-  std::vector<runtime::Module> plan_modules;
-  std::vector<runtime::Kernel> plan_kernels;
+  PlanKernels plan_kernels;
   ir::ValueId output = -1;
   bool per_token = false;
   int64_t vocab = 0;
@@ -167,11 +162,6 @@ struct CudaEngine::Impl {
   }
 
   void upload_weights(const fs::path& cache_dir);
-  /// Loads `table`'s kernels from the plan directory into plan_modules / plan_kernels: the
-  /// plan's cubins when built for `arch`, else its sources compiled through the kernel cache.
-  /// Returns how many were compiled.
-  int load_plan_kernels(const fs::path& plan_dir, const runtime::LaunchTable& table,
-                        const std::string& arch, const fs::path& cache_dir);
   /// The recv node named `name` (a pipeline stage's input).
   ir::ValueId recv_value(const std::string& name) const {
     for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(graph.size()); ++v)
@@ -190,78 +180,6 @@ struct CudaEngine::Impl {
                                       const StageInputs& inputs = {},
                                       std::vector<int32_t>* greedy = nullptr);
 };
-
-namespace {
-
-std::string read_bytes(const fs::path& f) {
-  std::ifstream in(f, std::ios::binary);
-  if (!in)
-    throw Error(fmt::format("{}: cannot read", f.string()));
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-/// The plan's launch table when this run is what it was compiled for (same max batch and
-/// sequence, step capacity, gemm precision and activation arena); else nullopt with the reason.
-std::optional<runtime::LaunchTable> plan_launch_table(const fs::path& plan_dir, int64_t max_batch,
-                                                      int64_t max_seq, int tcap, bool gemm_split,
-                                                      int64_t arena_bytes, std::string& why) {
-  const fs::path file = plan_dir / "plan.json";
-  const nlohmann::json pj = nlohmann::json::parse(read_bytes(file), nullptr, false);
-  if (pj.is_discarded() || !pj.contains("codegen") || !pj["codegen"].contains("launch_table")) {
-    why = file.string() + " has no launch table (compiled by an older xserv)";
-    return std::nullopt;
-  }
-  const nlohmann::json& cg = pj["codegen"];
-  const int64_t plan_batch = pj["options"].value("max_batch", int64_t{-1});
-  const int64_t plan_seq = pj["options"].value("max_seq", int64_t{-1});
-  if (plan_batch != max_batch || plan_seq != max_seq)
-    why = fmt::format("the plan is for max batch {} and max sequence {}, this run {} and {}",
-                      plan_batch, plan_seq, max_batch, max_seq);
-  else if (cg.value("arena_tokens", int64_t{-1}) != tcap)
-    why = fmt::format("the plan's steps hold {} tokens, this run's {} (XSERV_PREFILL_CHUNK)",
-                      cg.value("arena_tokens", int64_t{-1}), tcap);
-  else if (cg.value("gemm_precision", std::string("split")) != (gemm_split ? "split" : "bf16"))
-    why = fmt::format("the plan's gemms take {} activations (XSERV_GEMM_PRECISION)",
-                      cg.value("gemm_precision", std::string("split")));
-  else if (cg.value("arena_bytes", int64_t{-1}) != arena_bytes)
-    why = fmt::format("the plan's activation arena is {} bytes, this build plans {} (a plan "
-                      "from another xserv build: recompile it)",
-                      cg.value("arena_bytes", int64_t{-1}), arena_bytes);
-  if (!why.empty())
-    return std::nullopt;
-  return runtime::launch_table_from_json(cg["launch_table"]);
-}
-
-} // namespace
-
-int CudaEngine::Impl::load_plan_kernels(const fs::path& plan_dir,
-                                        const runtime::LaunchTable& table,
-                                        const std::string& arch, const fs::path& cache_dir) {
-  const nlohmann::json pj = nlohmann::json::parse(read_bytes(plan_dir / "plan.json"));
-  const bool same_arch = pj["codegen"].value("arch", std::string()) == arch;
-  runtime::CompileOptions opts;
-  opts.arch = arch;
-  opts.headers = codegen::kernel_headers();
-  int compiled = 0;
-  plan_modules.reserve(table.kernels.size()); // stable addresses for the executor
-  plan_kernels.reserve(table.kernels.size());
-  for (const runtime::PlanKernel& k : table.kernels) {
-    const fs::path cubin = plan_dir / "kernels" / (k.name + ".cubin");
-    std::vector<char> bytes;
-    if (same_arch && fs::exists(cubin)) {
-      const std::string b = read_bytes(cubin);
-      bytes.assign(b.begin(), b.end());
-    } else {
-      const runtime::CachedCubin c = runtime::get_or_compile(
-          read_bytes(plan_dir / "kernels" / (k.name + ".cu")), k.name, opts, cache_dir);
-      compiled += c.compiled ? 1 : 0;
-      bytes = c.cubin;
-    }
-    plan_modules.push_back(runtime::Module::load(bytes, k.name));
-    plan_kernels.push_back(plan_modules.back().kernel(k.name));
-  }
-  return compiled;
-}
 
 void CudaEngine::Impl::upload_weights(const fs::path& cache_dir) {
   // The graph's tensors go up in one streamed pass (runtime/weights: MXFP4 experts are
@@ -489,14 +407,14 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
   }
   auto t2 = std::chrono::steady_clock::now();
   if (planned) {
-    const int compiled = m.load_plan_kernels(options.plan_dir, table, dev.arch(), cache_dir);
-    std::vector<runtime::LoadedKernel> loaded;
-    for (size_t i = 0; i < m.plan_kernels.size(); ++i)
-      loaded.push_back({&m.plan_modules[i], &m.plan_kernels[i]});
-    m.executor = std::make_unique<runtime::Executor>(std::move(table), bind, std::move(loaded));
+    m.plan_kernels = load_plan_kernels(options.plan_dir, table, dev.arch(), cache_dir);
+    const int compiled = m.plan_kernels.compiled;
+    m.executor =
+        std::make_unique<runtime::Executor>(std::move(table), bind, m.plan_kernels.loaded());
     m.log(fmt::format("the plan's launch table and {} kernels ({} cubins from the plan, {} "
                       "compiled) ... {:.1f} s",
-                      m.plan_kernels.size(), int(m.plan_kernels.size()) - compiled, compiled,
+                      m.plan_kernels.kernels.size(), int(m.plan_kernels.kernels.size()) - compiled,
+                      compiled,
                       seconds_since(t2)));
   } else {
     const int compiled = m.kernels.build(cache_dir);
@@ -580,7 +498,7 @@ std::unique_ptr<Stopwatch> CudaEngine::stopwatch() {
 }
 
 bool CudaEngine::replays_plan() const {
-  return !impl_->plan_kernels.empty();
+  return !impl_->plan_kernels.kernels.empty();
 }
 
 double CudaEngine::peak_memory_gib() const {

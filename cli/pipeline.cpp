@@ -4,6 +4,7 @@
 // (the last rank: the logits). A StageRunner runs one stage's program on the CPU interpreter or
 // on this process's GPU.
 #include "cli/pipeline.h"
+#include "cli/pipeline_stage.h"
 
 #include <signal.h>
 #include <spawn.h>
@@ -11,7 +12,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -26,13 +26,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cpu_engine.h"
-#include "cli/cuda_engine.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
 #include "runtime/device.h"
 #include "runtime/net.h"
-#include "runtime/sampler.h"
 #include "runtime/sha256.h"
 
 extern char** environ;
@@ -56,8 +54,6 @@ enum FrameType : uint8_t {
   kFail = 8,    ///< either way: {message}; the sender stops
   kReady = 9,   ///< worker -> rank 0: its stage is loaded
 };
-
-using Named = std::vector<std::pair<std::string, ir::Tensor>>;
 
 std::string encode(const nlohmann::json& head, const Named& tensors) {
   nlohmann::json h = head;
@@ -121,17 +117,6 @@ std::vector<ir::Graph> read_stages(const fs::path& plan_dir) {
   return stages;
 }
 
-/// The names and tensors a stage's outputs stand for: its sends by name, else "logits".
-Named name_outputs(const ir::Graph& g, std::vector<ir::Tensor> out) {
-  Named named;
-  for (size_t i = 0; i < out.size(); ++i) {
-    const ir::Node& n = g.node(g.outputs[i]);
-    named.emplace_back(n.op == ir::Op::Send ? n.attr_str("name") : fmt::format("out.{}", i),
-                       std::move(out[i]));
-  }
-  return named;
-}
-
 /// The step inputs of a kStep message's header.
 nlohmann::json step_header(const models::StepInput& in, int64_t step) {
   return {{"step", step}, {"tokens", in.tokens}, {"ctx_lens", in.ctx_lens},
@@ -144,140 +129,6 @@ models::StepInput step_from_header(const nlohmann::json& h) {
   in.ctx_lens = h.at("ctx_lens").get<std::vector<int32_t>>();
   in.cache_rows = h.at("cache_rows").get<std::vector<int32_t>>();
   return in;
-}
-
-/// A part of a step: consecutive tokens of it, each sequence's share as one piece.
-struct MicroBatch {
-  models::StepInput in;
-  std::vector<size_t> seq; ///< the step's sequence each piece belongs to
-  std::vector<bool> last;  ///< whether the piece holds its sequence's last token of the step
-};
-
-/// Cuts `in` into `count` micro-batches of about equal token counts (fewer when it has fewer
-/// tokens), in token order: a sequence's pieces keep their order, each starting where the
-/// previous ended (its context length grows by the earlier pieces).
-std::vector<MicroBatch> micro_batches(const models::StepInput& in, int count) {
-  size_t total = 0;
-  for (const auto& t : in.tokens)
-    total += t.size();
-  const size_t parts = std::clamp<size_t>(static_cast<size_t>(std::max(count, 1)), 1, total);
-  const size_t cap = (total + parts - 1) / parts;
-  std::vector<MicroBatch> out(1);
-  size_t used = 0;
-  for (size_t b = 0; b < in.tokens.size(); ++b)
-    for (size_t off = 0; off < in.tokens[b].size();) {
-      if (used == cap) {
-        out.emplace_back();
-        used = 0;
-      }
-      const size_t take = std::min(in.tokens[b].size() - off, cap - used);
-      MicroBatch& mb = out.back();
-      mb.in.tokens.emplace_back(in.tokens[b].begin() + static_cast<long>(off),
-                                in.tokens[b].begin() + static_cast<long>(off + take));
-      mb.in.ctx_lens.push_back(in.ctx_lens[b] + static_cast<int32_t>(off));
-      mb.in.cache_rows.push_back(in.cache_rows[b]);
-      mb.seq.push_back(b);
-      mb.last.push_back(off + take == in.tokens[b].size());
-      off += take;
-      used += take;
-    }
-  return out;
-}
-
-/// One stage's program on this rank's device.
-class StageRunner {
-public:
-  virtual ~StageRunner() = default;
-  virtual const models::ModelConfig& config() const = 0;
-  /// Runs the step with the activations this stage receives (by recv name); returns what it
-  /// sends on, by name (the last stage: its logits as "out.0").
-  virtual Named run(const models::StepInput& in, const Named& received) = 0;
-  /// The last stage: run() that returns each sequence's greedy token instead of its logits.
-  virtual std::vector<int32_t> run_greedy(const models::StepInput& in, const Named& received) = 0;
-  virtual void reset() = 0;
-};
-
-/// The interpreter over the stage's program.
-class CpuStage : public StageRunner {
-public:
-  CpuStage(const fs::path& model_dir, int64_t max_batch, int64_t max_seq, const ir::Graph& stage)
-      : stage_(stage), engine_(model_dir, max_batch, max_seq, nullptr) {}
-  const models::ModelConfig& config() const override { return engine_.config(); }
-  Named run(const models::StepInput& in, const Named& received) override {
-    std::map<std::string, ir::Tensor> params = models::step_params(in);
-    for (const auto& [name, t] : received)
-      params[name] = t;
-    return name_outputs(stage_, engine_.run_graph(stage_, std::move(params)));
-  }
-  std::vector<int32_t> run_greedy(const models::StepInput& in, const Named& received) override {
-    const Named out = run(in, received);
-    std::vector<int32_t> ids;
-    for (const auto& row :
-         sequence_logits(out.at(0).second, in.tokens.size(),
-                         models::step_params(in).at(models::params::kLogitRows)))
-      ids.push_back(runtime::argmax(row));
-    return ids;
-  }
-  void reset() override { engine_.reset(); }
-
-private:
-  const ir::Graph& stage_;
-  CpuEngine engine_;
-};
-
-/// A CudaEngine over the stage's program on this process's GPU; activations cross the host.
-class CudaStage : public StageRunner {
-public:
-  CudaStage(const fs::path& model_dir, int64_t max_batch, int64_t max_seq, const ir::Graph& stage)
-      : stage_(stage), engine_(model_dir, max_batch, max_seq, &stage) {
-    if (stage.outputs.size() != 1)
-      throw Error(fmt::format("a pipeline stage on the GPU returns one value, this one {}",
-                              stage.outputs.size()));
-    const ir::Node& out = stage.node(stage.outputs[0]);
-    name_ = out.op == ir::Op::Send ? out.attr_str("name") : "out.0";
-  }
-  const models::ModelConfig& config() const override { return engine_.config(); }
-  Named run(const models::StepInput& in, const Named& received) override {
-    const std::vector<std::vector<float>> rows = engine_.step_stage(in, as_rows(received));
-    const int64_t width = rows.empty() ? 0 : static_cast<int64_t>(rows[0].size());
-    ir::Tensor t = ir::Tensor::zeros(ir::DType::F32, {static_cast<int64_t>(rows.size()), width});
-    for (size_t i = 0; i < rows.size(); ++i)
-      std::copy(rows[i].begin(), rows[i].end(), t.f.begin() + static_cast<long>(i) * width);
-    return {{name_, std::move(t)}};
-  }
-  std::vector<int32_t> run_greedy(const models::StepInput& in, const Named& received) override {
-    return engine_.step_stage_greedy(in, as_rows(received));
-  }
-  void reset() override { engine_.reset(); }
-
-private:
-  /// Received tensors [T, ...] fp32 as one row per token.
-  static StageInputs as_rows(const Named& received) {
-    StageInputs inputs;
-    for (const auto& [name, t] : received) {
-      const size_t rows = t.shape.empty() ? 0 : static_cast<size_t>(t.shape[0]);
-      const size_t width = rows ? t.f.size() / rows : 0;
-      auto& r = inputs[name];
-      for (size_t i = 0; i < rows; ++i)
-        r.emplace_back(t.f.begin() + static_cast<long>(i * width),
-                       t.f.begin() + static_cast<long>((i + 1) * width));
-    }
-    return inputs;
-  }
-
-  const ir::Graph& stage_;
-  CudaEngine engine_;
-  std::string name_;
-};
-
-std::unique_ptr<StageRunner> make_stage(const std::string& backend, const fs::path& model_dir,
-                                        int64_t max_batch, int64_t max_seq,
-                                        const ir::Graph& stage) {
-  if (backend == "cuda")
-    return std::make_unique<CudaStage>(model_dir, max_batch, max_seq, stage);
-  if (backend == "cpu")
-    return std::make_unique<CpuStage>(model_dir, max_batch, max_seq, stage);
-  throw Error(fmt::format("pipeline: unknown backend '{}'", backend));
 }
 
 /// Sends kAlive on `c` every second until destroyed (a rank computing or loading); the

@@ -4,16 +4,9 @@
 # and --pp 2 over two GPUs (greedy ids from the last rank) against --pp 1. Needs
 # .device/bin/{xserv,cli_gpu_tests} and .device/data/gpt-oss-20b.json (carry [".device/bin",
 # ".device/data"]). Logs land in $OUT.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} XSERV_SOURCE_DIR=$PWD
-export XSERV_KERNEL_CACHE=/tmp/xk NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/out}
-B=.device/bin X=.device/bin/xserv
-start=$SECONDS
-timeout 150 $B/cli_gpu_tests -tc="gpu: a plan*,gpu: pp 2*" > "$OUT/tests.log" 2>&1
-echo "tests rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/tests.log" | tr '\n' ' ')"
-grep -E "ERROR|MESSAGE" -A2 "$OUT/tests.log" | head -16
+source "$(dirname "$0")/common.sh"
+run_tests cli_gpu_tests -tc="gpu: a plan*,gpu: pp 2*"
+grep -E "MESSAGE" -A1 "$OUT/cli_gpu_tests.log" | head -16
 $X synth --config .device/data/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
 $X compile /tmp/g20 -o /tmp/p64 --max-seq 8192 --max-batch 64 2>&1 | tail -1
 CUDA_VISIBLE_DEVICES=0 timeout 120 $X bench /tmp/p64 --backend cuda -p 512 -n 128 -b 1 -r 2 2> "$OUT/bench.err" | tail -2

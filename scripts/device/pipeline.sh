@@ -3,17 +3,9 @@
 # 20b through the same-device pipeline: PP=1 against --pp 2 and --pp 4 with --pp-local, greedy
 # tokens on 4 prompts. Needs .device/bin/{xserv,*_gpu_tests} and .device/data/gpt-oss-20b.json
 # (carry [".device/bin", ".device/data"]). Logs land in $OUT.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} XSERV_SOURCE_DIR=$PWD
-export XSERV_KERNEL_CACHE=/tmp/xk NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/out}
-B=.device/bin X=.device/bin/xserv
-start=$SECONDS
+source "$(dirname "$0")/common.sh"
 for t in ${TESTS-runtime_gpu_tests codegen_gpu_tests cli_gpu_tests}; do
-  timeout 300 $B/$t > "$OUT/$t.log" 2>&1
-  echo "$t rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/$t.log" | tr '\n' ' ')"
-  grep -E "ERROR|FAILED" -A3 "$OUT/$t.log" | head -30
+  run_tests $t
 done
 echo "== tests done at $((SECONDS - start)) s"
 $X synth --config .device/data/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1

@@ -3,19 +3,10 @@
 # with --pp 2 as two processes on two GPUs against --pp 1: greedy tokens and bench rows. Needs
 # .device/bin/{xserv,cli_gpu_tests,runtime_gpu_tests} and .device/data/gpt-oss-20b.json (carry
 # [".device/bin", ".device/data"]). Logs land in $OUT.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} XSERV_SOURCE_DIR=$PWD
-export XSERV_KERNEL_CACHE=/tmp/xk NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/out}
-B=.device/bin X=.device/bin/xserv
-start=$SECONDS
-timeout 120 $B/runtime_gpu_tests -tc="*NCCL*" > "$OUT/nccl.log" 2>&1
-echo "nccl rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/nccl.log" | tr '\n' ' ')"
-grep -E "ERROR|MESSAGE" -A2 "$OUT/nccl.log" | head -12
-timeout 120 $B/cli_gpu_tests -tc="gpu: pp 2*" > "$OUT/pp.log" 2>&1
-echo "pipeline test rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/pp.log" | tr '\n' ' ')"
-grep -E "ERROR|MESSAGE" -A2 "$OUT/pp.log" | head -12
+source "$(dirname "$0")/common.sh"
+run_tests runtime_gpu_tests -tc="*NCCL*"
+run_tests cli_gpu_tests -tc="gpu: pp 2*"
+grep -hE "MESSAGE" -A1 "$OUT"/*_gpu_tests.log | head -12
 $X synth --config .device/data/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
 for pp in 1 2; do
   flags=""; [ "$pp" -gt 1 ] && flags="--pp $pp"

@@ -4,18 +4,10 @@
 # against --pp 1 (greedy tokens, 4 prompts) and its prefill / batched-decode speed. Needs
 # .device/bin/{xserv,*_gpu_tests} and .device/data/gpt-oss-20b.json (carry [".device/bin",
 # ".device/data"]). Logs land in $OUT.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} XSERV_SOURCE_DIR=$PWD
-export XSERV_KERNEL_CACHE=/tmp/xk NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/out}
-B=.device/bin X=.device/bin/xserv
-start=$SECONDS
+source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 for t in ${TESTS-codegen_gpu_tests cli_gpu_tests runtime_gpu_tests}; do
-  timeout 300 $B/$t ${TEST_ARGS:-} > "$OUT/$t.log" 2>&1
-  echo "$t rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/$t.log" | tr '\n' ' ')"
-  grep -E "ERROR|FAILED" -A3 "$OUT/$t.log" | head -30
+  run_tests $t ${TEST_ARGS:-}
 done
 grep -hE "GB/s|TB/s|us per|pp 2 over|missing sender|bitwise" "$OUT"/*_gpu_tests.log | head -30
 echo "== tests done at $((SECONDS - start)) s"

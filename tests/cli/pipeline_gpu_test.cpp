@@ -23,16 +23,7 @@ namespace fs = std::filesystem;
 
 TEST_CASE("gpu: pp 2 as two CUDA processes gives the whole model's greedy tokens, and a dead "
           "rank ends the run") {
-  const xserv::runtime::DeviceInfo dev = xserv::runtime::probe_device();
-  if (!dev.available) {
-    MESSAGE("skipped: no GPU (" << dev.reason << ")");
-    return;
-  }
-  const fs::path bin = xserv::testing::find_xserv_binary();
-  if (bin.empty()) {
-    MESSAGE("skipped: no xserv binary beside the test or in $XSERV_BIN");
-    return;
-  }
+  XSERV_REQUIRE_GPU_AND_BINARY(dev, bin);
   TempDir tmp("pp_cuda");
   const fs::path model = tmp.path / "model", pp1 = tmp.path / "pp1", pp2 = tmp.path / "pp2";
   REQUIRE(run_binary(bin,

@@ -23,16 +23,7 @@ namespace fs = std::filesystem;
 using xserv::testing::run_binary;
 
 TEST_CASE("gpu: a plan's launch table and cubins give the engine's own lowering's logits") {
-  const xserv::runtime::DeviceInfo dev = xserv::runtime::probe_device();
-  if (!dev.available) {
-    MESSAGE("skipped: no GPU (" << dev.reason << ")");
-    return;
-  }
-  const fs::path bin = xserv::testing::find_xserv_binary();
-  if (bin.empty()) {
-    MESSAGE("skipped: no xserv binary beside the test or in $XSERV_BIN");
-    return;
-  }
+  XSERV_REQUIRE_GPU_AND_BINARY(dev, bin);
   xserv::testing::TempDir tmp("plan_replay");
   const fs::path model = tmp.path / "model", plan = tmp.path / "plan";
   REQUIRE(run_binary(bin,

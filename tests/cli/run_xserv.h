@@ -49,6 +49,21 @@ inline std::filesystem::path find_xserv_binary() {
   return {};
 }
 
+/// For GPU tests that run the xserv binary: declares `dev` (runtime::DeviceInfo) and `bin` (the
+/// binary), or skips the rest of the test case saying why (no GPU, no binary). Needs
+/// runtime/device.h.
+#define XSERV_REQUIRE_GPU_AND_BINARY(dev, bin)                                                     \
+  const ::xserv::runtime::DeviceInfo dev = ::xserv::runtime::probe_device();                       \
+  if (!dev.available) {                                                                            \
+    MESSAGE("skipped: no GPU (" << dev.reason << ")");                                             \
+    return;                                                                                        \
+  }                                                                                                \
+  const std::filesystem::path bin = ::xserv::testing::find_xserv_binary();                         \
+  if (bin.empty()) {                                                                               \
+    MESSAGE("skipped: no xserv binary beside the test or in $XSERV_BIN");                          \
+    return;                                                                                        \
+  }
+
 /// `BIN ARGS` through the shell with environment assignments `env` in front; stdout in out,
 /// stderr (through a file in `dir`) in err.
 inline RunResult run_binary(const std::filesystem::path& bin, const std::string& args,

@@ -1,0 +1,142 @@
+// StageRunner for the interpreter and for a CudaEngine, and the step's micro-batches.
+#include "cli/pipeline_stage.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "cli/cpu_engine.h"
+#include "cli/cuda_engine.h"
+#include "ir/error.h"
+#include "models/gpt_oss.h"
+#include "runtime/sampler.h"
+
+namespace xserv::cli {
+namespace fs = std::filesystem;
+
+Named name_outputs(const ir::Graph& g, std::vector<ir::Tensor> out) {
+  Named named;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const ir::Node& n = g.node(g.outputs[i]);
+    named.emplace_back(n.op == ir::Op::Send ? n.attr_str("name") : fmt::format("out.{}", i),
+                       std::move(out[i]));
+  }
+  return named;
+}
+
+std::vector<MicroBatch> micro_batches(const models::StepInput& in, int count) {
+  size_t total = 0;
+  for (const auto& t : in.tokens)
+    total += t.size();
+  const size_t parts = std::clamp<size_t>(static_cast<size_t>(std::max(count, 1)), 1, total);
+  const size_t cap = (total + parts - 1) / parts;
+  std::vector<MicroBatch> out(1);
+  size_t used = 0;
+  for (size_t b = 0; b < in.tokens.size(); ++b)
+    for (size_t off = 0; off < in.tokens[b].size();) {
+      if (used == cap) {
+        out.emplace_back();
+        used = 0;
+      }
+      const size_t take = std::min(in.tokens[b].size() - off, cap - used);
+      MicroBatch& mb = out.back();
+      mb.in.tokens.emplace_back(in.tokens[b].begin() + static_cast<long>(off),
+                                in.tokens[b].begin() + static_cast<long>(off + take));
+      mb.in.ctx_lens.push_back(in.ctx_lens[b] + static_cast<int32_t>(off));
+      mb.in.cache_rows.push_back(in.cache_rows[b]);
+      mb.seq.push_back(b);
+      mb.last.push_back(off + take == in.tokens[b].size());
+      off += take;
+      used += take;
+    }
+  return out;
+}
+
+namespace {
+
+/// The interpreter over the stage's program.
+class CpuStage : public StageRunner {
+public:
+  CpuStage(const fs::path& model_dir, int64_t max_batch, int64_t max_seq, const ir::Graph& stage)
+      : stage_(stage), engine_(model_dir, max_batch, max_seq, nullptr) {}
+  const models::ModelConfig& config() const override { return engine_.config(); }
+  Named run(const models::StepInput& in, const Named& received) override {
+    std::map<std::string, ir::Tensor> params = models::step_params(in);
+    for (const auto& [name, t] : received)
+      params[name] = t;
+    return name_outputs(stage_, engine_.run_graph(stage_, std::move(params)));
+  }
+  std::vector<int32_t> run_greedy(const models::StepInput& in, const Named& received) override {
+    const Named out = run(in, received);
+    std::vector<int32_t> ids;
+    for (const auto& row :
+         sequence_logits(out.at(0).second, in.tokens.size(),
+                         models::step_params(in).at(models::params::kLogitRows)))
+      ids.push_back(runtime::argmax(row));
+    return ids;
+  }
+  void reset() override { engine_.reset(); }
+
+private:
+  const ir::Graph& stage_;
+  CpuEngine engine_;
+};
+
+/// A CudaEngine over the stage's program on this process's GPU; activations cross the host.
+class CudaStage : public StageRunner {
+public:
+  CudaStage(const fs::path& model_dir, int64_t max_batch, int64_t max_seq, const ir::Graph& stage)
+      : stage_(stage), engine_(model_dir, max_batch, max_seq, &stage) {
+    if (stage.outputs.size() != 1)
+      throw Error(fmt::format("a pipeline stage on the GPU returns one value, this one {}",
+                              stage.outputs.size()));
+    const ir::Node& out = stage.node(stage.outputs[0]);
+    name_ = out.op == ir::Op::Send ? out.attr_str("name") : "out.0";
+  }
+  const models::ModelConfig& config() const override { return engine_.config(); }
+  Named run(const models::StepInput& in, const Named& received) override {
+    const std::vector<std::vector<float>> rows = engine_.step_stage(in, as_rows(received));
+    const int64_t width = rows.empty() ? 0 : static_cast<int64_t>(rows[0].size());
+    ir::Tensor t = ir::Tensor::zeros(ir::DType::F32, {static_cast<int64_t>(rows.size()), width});
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::copy(rows[i].begin(), rows[i].end(), t.f.begin() + static_cast<long>(i) * width);
+    return {{name_, std::move(t)}};
+  }
+  std::vector<int32_t> run_greedy(const models::StepInput& in, const Named& received) override {
+    return engine_.step_stage_greedy(in, as_rows(received));
+  }
+  void reset() override { engine_.reset(); }
+
+private:
+  /// Received tensors [T, ...] fp32 as one row per token.
+  static StageInputs as_rows(const Named& received) {
+    StageInputs inputs;
+    for (const auto& [name, t] : received) {
+      const size_t rows = t.shape.empty() ? 0 : static_cast<size_t>(t.shape[0]);
+      const size_t width = rows ? t.f.size() / rows : 0;
+      auto& r = inputs[name];
+      for (size_t i = 0; i < rows; ++i)
+        r.emplace_back(t.f.begin() + static_cast<long>(i * width),
+                       t.f.begin() + static_cast<long>((i + 1) * width));
+    }
+    return inputs;
+  }
+
+  const ir::Graph& stage_;
+  CudaEngine engine_;
+  std::string name_;
+};
+
+} // namespace
+
+std::unique_ptr<StageRunner> make_stage(const std::string& backend, const fs::path& model_dir,
+                                        int64_t max_batch, int64_t max_seq,
+                                        const ir::Graph& stage) {
+  if (backend == "cuda")
+    return std::make_unique<CudaStage>(model_dir, max_batch, max_seq, stage);
+  if (backend == "cpu")
+    return std::make_unique<CpuStage>(model_dir, max_batch, max_seq, stage);
+  throw Error(fmt::format("pipeline: unknown backend '{}'", backend));
+}
+
+} // namespace xserv::cli

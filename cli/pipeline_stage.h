@@ -1,0 +1,58 @@
+// A pipeline stage's side of a step: the named activations it receives and sends, the
+// micro-batches rank 0 cuts a step into, and StageRunner, one stage's program on this process's
+// device (the CPU interpreter or a CudaEngine).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ir/graph.h"
+#include "models/config.h"
+#include "models/step.h"
+
+namespace xserv::cli {
+
+/// Tensors by name: what a stage receives (recv names) and sends on (send names, or "out.0" for
+/// the last stage's logits).
+using Named = std::vector<std::pair<std::string, ir::Tensor>>;
+
+/// The names and tensors a stage's outputs stand for: its sends by name, else "out.I".
+Named name_outputs(const ir::Graph& g, std::vector<ir::Tensor> out);
+
+/// A part of a step: consecutive tokens of it, each sequence's share as one piece.
+struct MicroBatch {
+  models::StepInput in;
+  std::vector<size_t> seq; ///< the step's sequence each piece belongs to
+  std::vector<bool> last;  ///< whether the piece holds its sequence's last token of the step
+};
+
+/// Cuts `in` into `count` micro-batches of about equal token counts (fewer when it has fewer
+/// tokens), in token order: a sequence's pieces keep their order, each starting where the
+/// previous ended (its context length grows by the earlier pieces).
+std::vector<MicroBatch> micro_batches(const models::StepInput& in, int count);
+
+/// One stage's program on this rank's device.
+class StageRunner {
+public:
+  virtual ~StageRunner() = default;
+  virtual const models::ModelConfig& config() const = 0;
+  /// Runs the step with the activations this stage receives (by recv name); returns what it
+  /// sends on, by name (the last stage: its logits as "out.0").
+  virtual Named run(const models::StepInput& in, const Named& received) = 0;
+  /// The last stage: run() that returns each sequence's greedy token instead of its logits.
+  virtual std::vector<int32_t> run_greedy(const models::StepInput& in, const Named& received) = 0;
+  virtual void reset() = 0;
+};
+
+/// The stage's program on `backend` ("cpu": the interpreter; "cuda": a CudaEngine on this
+/// process's GPU, activations crossing the host). Throws xserv::Error for another backend.
+std::unique_ptr<StageRunner> make_stage(const std::string& backend,
+                                        const std::filesystem::path& model_dir,
+                                        int64_t max_batch, int64_t max_seq,
+                                        const ir::Graph& stage);
+
+} // namespace xserv::cli

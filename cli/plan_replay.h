@@ -1,0 +1,41 @@
+// Running a plan as compiled: its launch table (plan.json) and its kernels (kernels/*.cubin, or
+// kernels/*.cu through the kernel cache), for the CUDA engine to replay instead of lowering.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/executor.h"
+#include "runtime/module.h"
+#include "runtime/plan.h"
+
+namespace xserv::cli {
+
+/// The plan's launch table when a run is what the plan was compiled for (same max batch and
+/// sequence, step capacity `tcap`, gemm precision and activation arena size); else nullopt,
+/// with the reason in `why`.
+std::optional<runtime::LaunchTable> plan_launch_table(const std::filesystem::path& plan_dir,
+                                                      int64_t max_batch, int64_t max_seq,
+                                                      int tcap, bool gemm_split,
+                                                      int64_t arena_bytes, std::string& why);
+
+/// A launch table's kernels, loaded.
+struct PlanKernels {
+  std::vector<runtime::Module> modules;
+  std::vector<runtime::Kernel> kernels;
+  int compiled = 0; ///< how many had to be compiled (no cubin for this arch in the plan)
+  /// For runtime::Executor (valid while this lives and is not modified).
+  std::vector<runtime::LoadedKernel> loaded() const;
+};
+
+/// Loads `table`'s kernels from the plan directory: the plan's cubins when it was compiled for
+/// `arch`, else its kernel sources compiled through the kernel cache in `cache_dir`. Throws
+/// xserv::Error naming a missing or unreadable file.
+PlanKernels load_plan_kernels(const std::filesystem::path& plan_dir,
+                              const runtime::LaunchTable& table, const std::string& arch,
+                              const std::filesystem::path& cache_dir);
+
+} // namespace xserv::cli
