@@ -172,13 +172,23 @@ struct CudaEngine::Impl {
   cudaGraphExec_t capture(const runtime::StepShape& s);
   void* address(ir::ValueId v, int r);
   void run_substep(const models::StepInput& sub, std::vector<std::vector<float>>& rows, bool all,
-                   std::vector<int32_t>* greedy,
-                   const StageInputs& inputs = {}, const std::vector<size_t>& input_rows = {});
+                   std::vector<int32_t>* greedy, const StageInputs& inputs = {},
+                   const std::vector<size_t>& input_rows = {},
+                   const StageTransport* transport = nullptr);
+  /// Bytes of one token's row of value `v` (fp32 [T, ...]).
+  size_t row_bytes(ir::ValueId v) const {
+    size_t bytes = sizeof(float);
+    const auto& shape = graph.type(v).shape;
+    for (size_t i = 1; i < shape.size(); ++i)
+      bytes *= static_cast<size_t>(shape[i].size);
+    return bytes;
+  }
   /// One step, sub-step by sub-step. With `greedy`, the sequences' greedy tokens go there
   /// (needs the sampling epilogue) and no logits come back.
   std::vector<std::vector<float>> run(const models::StepInput& in, bool all,
                                       const StageInputs& inputs = {},
-                                      std::vector<int32_t>* greedy = nullptr);
+                                      std::vector<int32_t>* greedy = nullptr,
+                                      const StageTransport* transport = nullptr);
 };
 
 void CudaEngine::Impl::upload_weights(const fs::path& cache_dir) {
@@ -509,7 +519,8 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
                                    std::vector<std::vector<float>>& rows, bool all,
                                    std::vector<int32_t>* greedy,
                                    const StageInputs& inputs,
-                                   const std::vector<size_t>& input_rows) {
+                                   const std::vector<size_t>& input_rows,
+                                   const StageTransport* transport) {
   const std::map<std::string, ir::Tensor> p = models::step_params(sub);
   const int tokens = static_cast<int>(p.at(models::params::kTokenIds).numel());
   const int seqs = static_cast<int>(sub.tokens.size());
@@ -531,6 +542,11 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
             "uploading a received activation");
     }
   }
+  if (transport) // received on the device, into each recv value's buffer
+    for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(graph.size()); ++v)
+      if (graph.node(v).op == ir::Op::Recv)
+        transport->receive(graph.node(v).attr_str("name"), address(v, 0),
+                           size_t(tokens) * row_bytes(v), stream);
   runtime::StepShape s;
   s.tokens = tokens;
   s.seqs = seqs;
@@ -554,6 +570,11 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
   }
   const size_t n = static_cast<size_t>(per_token ? tokens : seqs);
   const size_t v = static_cast<size_t>(vocab);
+  if (transport && graph.node(output).op == ir::Op::Send) { // on to the next stage
+    transport->send(address(output, 0), size_t(tokens) * row_bytes(output), stream);
+    transport->wait(stream);
+    return;
+  }
   if (greedy) // the sampling epilogue's keys only (greedy is only set when it exists)
     check(cudaMemcpyAsync(keys_host, argmax_keys, n * argmax_chunks * sizeof(uint64_t),
                           cudaMemcpyDeviceToHost, stream),
@@ -562,7 +583,10 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
     check(cudaMemcpyAsync(out_host, address(output, 0), n * v * sizeof(float),
                           cudaMemcpyDeviceToHost, stream),
           "copying the logits back");
-  check(cudaStreamSynchronize(stream), "running a step");
+  if (transport)
+    transport->wait(stream);
+  else
+    check(cudaStreamSynchronize(stream), "running a step");
   if (profile && !(cuda_graphs && tokens == seqs)) {
     const std::string phase =
         tokens == seqs ? fmt::format("decode B={}", seqs) : fmt::format("prefill T={}", tokens);
@@ -647,7 +671,8 @@ std::vector<std::vector<Piece>> split_step(const models::StepInput& in, size_t c
 
 std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& in, bool all,
                                                       const StageInputs& inputs,
-                                                      std::vector<int32_t>* greedy) {
+                                                      std::vector<int32_t>* greedy,
+                                                      const StageTransport* transport) {
   Impl& m = *this;
   validate_step(in, m.max_batch, m.max_seq, m.ckpt.config().vocab_size);
   std::vector<std::vector<float>> result(all ? 0 : in.tokens.size());
@@ -671,7 +696,9 @@ std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& i
           input_rows.push_back(seq_offset[pc.seq] + pc.start + i);
     std::vector<std::vector<float>> rows;
     std::vector<int32_t> ids;
-    m.run_substep(sub, rows, all, greedy ? &ids : nullptr, inputs, input_rows);
+    m.run_substep(sub, rows, all, greedy ? &ids : nullptr, inputs, input_rows, transport);
+    if (transport && m.graph.node(m.output).op == ir::Op::Send)
+      continue; // sent on the device: nothing comes back
     if (greedy) {
       greedy->resize(in.tokens.size());
       for (size_t i = 0; i < pieces.size(); ++i)
@@ -715,6 +742,14 @@ std::vector<int32_t> CudaEngine::step_stage_greedy(const models::StepInput& in,
   std::vector<int32_t> ids;
   impl_->run(in, false, inputs, &ids);
   return ids;
+}
+
+std::vector<std::vector<float>> CudaEngine::step_stage_device(const models::StepInput& in,
+                                                              const StageTransport& transport,
+                                                              std::vector<int32_t>* greedy) {
+  if (greedy && !impl_->argmax_keys)
+    throw Error("step_stage_device: greedy tokens need the last stage's per-sequence logits");
+  return impl_->run(in, false, {}, greedy, &transport);
 }
 
 std::vector<std::vector<float>> CudaEngine::step_all(const models::StepInput& in) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -10,10 +11,25 @@
 #include "cli/engine.h"
 #include "ir/graph.h"
 
+struct CUstream_st; // cudaStream_t is CUstream_st*
+
 namespace xserv::cli {
 
 /// Rows of a pipeline stage's received values, by recv name: one row per token of the step.
 using StageInputs = std::map<std::string, std::vector<std::vector<float>>>;
+
+/// A CUDA stream (cudaStream_t) without including the CUDA headers here.
+using Stream = ::CUstream_st*;
+
+/// How a pipeline stage's boundary activations move on the device, sub-step by sub-step (NCCL
+/// between ranks): the engine calls receive() for each recv value before a sub-step runs (fill
+/// `bytes` at `dst` on `stream`), send() with its send value after it, and wait() instead of
+/// synchronising the stream (a bounded wait that notices a dead peer).
+struct StageTransport {
+  std::function<void(const std::string& name, void* dst, size_t bytes, Stream stream)> receive;
+  std::function<void(const void* src, size_t bytes, Stream stream)> send;
+  std::function<void(Stream stream)> wait;
+};
 
 /// Default tokens per prefill sub-step of the CUDA engine (and of the kernels a plan carries).
 constexpr int kPrefillChunk = 1024;
@@ -84,6 +100,12 @@ public:
   /// step_stage for the last stage, returning each sequence's greedy token (picked on the GPU)
   /// instead of its logits.
   std::vector<int32_t> step_stage_greedy(const models::StepInput& in, const StageInputs& inputs);
+  /// A pipeline stage's step with its boundary activations moved by `transport` on the device.
+  /// The last stage returns its logits rows, one per sequence, or with `greedy` nothing and the
+  /// sequences' greedy tokens in `*greedy`; a stage that sends returns empty rows.
+  std::vector<std::vector<float>> step_stage_device(const models::StepInput& in,
+                                                    const StageTransport& transport,
+                                                    std::vector<int32_t>* greedy = nullptr);
   void reset() override;
   void synchronize() override;
   double peak_memory_gib() const override;

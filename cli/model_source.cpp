@@ -161,6 +161,12 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
           std::chrono::milliseconds(static_cast<int64_t>(std::max(0.1, std::atof(t)) * 1000));
     if (const char* m = std::getenv("XSERV_PIPELINE_MICROBATCHES"); m && *m)
       launch.micro_batches = std::max(1, std::atoi(m));
+    if (const char* t = std::getenv("XSERV_PIPELINE_TRANSPORT"); t && *t) {
+      launch.transport = t;
+      if (launch.transport != "tcp" && launch.transport != "nccl")
+        throw UsageError(fmt::format("XSERV_PIPELINE_TRANSPORT must be tcp or nccl, got '{}'",
+                                     launch.transport));
+    }
     if (args.has("--weights"))
       launch.weights = src.model_dir;
     if (args.has("--world") &&

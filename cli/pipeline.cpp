@@ -30,6 +30,7 @@
 #include "models/gpt_oss.h"
 #include "models/step.h"
 #include "runtime/device.h"
+#include "runtime/nccl.h"
 #include "runtime/net.h"
 #include "runtime/sha256.h"
 
@@ -131,6 +132,40 @@ models::StepInput step_from_header(const nlohmann::json& h) {
   return in;
 }
 
+/// Bytes as lowercase hex (the NCCL unique id inside a JSON frame), and back.
+std::string to_hex(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+std::string from_hex(const std::string& hex) {
+  auto nibble = [](char c) -> int {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+  };
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    const int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
+    if (hi < 0 || lo < 0)
+      throw Error("pipeline handshake: the NCCL id is not hex");
+    out += static_cast<char>(hi * 16 + lo);
+  }
+  return out;
+}
+
+/// How long one pipelined step's NCCL transfers may take on a rank (receiving includes the
+/// previous stage's compute): three times XSERV_PIPELINE_TIMEOUT, 30 s by default.
+std::chrono::milliseconds nccl_step_timeout() {
+  double s = 10;
+  if (const char* t = std::getenv("XSERV_PIPELINE_TIMEOUT"); t && *t)
+    s = std::max(0.1, std::atof(t));
+  return std::chrono::milliseconds(static_cast<int64_t>(3 * s * 1000));
+}
+
 /// Sends kAlive on `c` every second until destroyed (a rank computing or loading); the
 /// destructor returns at once, not at the next beat.
 class Heartbeat {
@@ -187,6 +222,10 @@ public:
                                              : runtime::split_address(launch.coordinator).second) {
     const int world = static_cast<int>(stages_.size());
     const std::string digest = pipeline_plan_digest(plan_dir);
+    const bool nccl = launch.transport == "nccl";
+    if (nccl && launch.backend != "cuda")
+      throw Error("the NCCL transport moves activations between GPUs: it needs --backend cuda");
+    const std::string nccl_id = nccl ? runtime::nccl_unique_id() : std::string();
     if (launch.coordinator.empty())
       spawn_workers(plan_dir, world);
     std::fprintf(stderr, "[pipeline] rank 0 of %d, waiting for %d rank(s) on port %u\n", world,
@@ -222,7 +261,10 @@ public:
         c.send(message(kFail, {{"message", refusal}}));
         throw Error("pipeline handshake: " + refusal);
       }
-      c.send(message(kWelcome, {{"ok", true}, {"backend", launch.backend}}));
+      nlohmann::json welcome = {{"ok", true}, {"backend", launch.backend}};
+      if (nccl)
+        welcome["nccl_id"] = to_hex(nccl_id);
+      c.send(message(kWelcome, welcome));
       ranks_[size_t(rank)] = std::move(c);
       ++got;
     }
@@ -230,7 +272,12 @@ public:
     local_ = make_stage(launch.backend, model_dir, max_batch, max_seq, stages_[0]);
     for (int r = 1; r < world; ++r)
       await(r, kReady, nullptr);
-    std::fprintf(stderr, "[pipeline] %d ranks ready (%s)\n", world, launch.backend.c_str());
+    if (nccl) { // every rank joins the communicator once its stage is loaded
+      comm_ = std::make_unique<runtime::NcclComm>(nccl_id, world, 0, launch.connect_timeout);
+      local_->use_nccl(comm_.get(), 0, nccl_step_timeout());
+    }
+    std::fprintf(stderr, "[pipeline] %d ranks ready (%s, activations over %s)\n", world,
+                 launch.backend.c_str(), nccl ? "NCCL" : "TCP");
   }
 
   ~PipelineEngine() override {
@@ -301,6 +348,10 @@ private:
       count = tokens >= size_t(2 * world) ? world : 1;
     const std::vector<MicroBatch> mbs = micro_batches(in, count);
     const int m_count = static_cast<int>(mbs.size());
+    if (comm_) {
+      run_ranks_nccl(mbs, greedy, logits, ids);
+      return;
+    }
     // out[r][m]: what rank r sent on for micro-batch m, until rank r + 1 has it.
     std::vector<std::vector<Named>> out(size_t(world), std::vector<Named>(mbs.size()));
     for (int t = 0; t < m_count + world - 1; ++t) {
@@ -329,6 +380,40 @@ private:
           take_results(mbs[size_t(m)], head, got, logits, ids);
       }
     }
+    ++steps_;
+  }
+
+  /// run_ranks with the activations moving rank to rank over NCCL: every worker gets all the
+  /// step's micro-batch headers at once (a rank's receive must be posted while the previous
+  /// rank sends), rank 0 runs its micro-batches (each sent on to rank 1 on the device), then
+  /// collects every rank's acknowledgements and the last rank's results.
+  void run_ranks_nccl(const std::vector<MicroBatch>& mbs, bool greedy,
+                      std::vector<std::vector<float>>* logits, std::vector<int32_t>* ids) {
+    const int world = static_cast<int>(stages_.size());
+    for (int r = 1; r < world; ++r)
+      for (const MicroBatch& mb : mbs) {
+        nlohmann::json head = step_header(mb.in, steps_);
+        head["greedy"] = greedy;
+        try {
+          ranks_[size_t(r)].send(message(kStep, head));
+        } catch (const Error& e) {
+          fail(r, e);
+        }
+      }
+    try {
+      for (const MicroBatch& mb : mbs)
+        local_->run(mb.in, {});
+    } catch (const Error&) { // usually a rank that stopped: say which, if one of ours did
+      check_children();
+      throw;
+    }
+    for (int r = 1; r < world; ++r)
+      for (const MicroBatch& mb : mbs) {
+        Named got;
+        const nlohmann::json head = await(r, kResult, &got);
+        if (r == world - 1)
+          take_results(mb, head, got, logits, ids);
+      }
     ++steps_;
   }
 
@@ -444,6 +529,7 @@ private:
   int64_t max_batch_, max_seq_;
   runtime::Listener listener_;
   std::unique_ptr<StageRunner> local_; ///< stage 0, made after the handshake
+  std::unique_ptr<runtime::NcclComm> comm_; ///< with the NCCL transport
   std::vector<Connection> ranks_;
   std::vector<pid_t> children_;
   std::map<pid_t, int> child_rank_;
@@ -497,7 +583,8 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
     throw Error("refused by rank 0: " + decode(w.payload, nullptr).value("message", "?"));
   if (w.type != kWelcome)
     throw Error("rank 0 answered the handshake with something else");
-  const std::string backend = decode(w.payload, nullptr).value("backend", "cpu");
+  const nlohmann::json welcome = decode(w.payload, nullptr);
+  const std::string backend = welcome.value("backend", "cpu");
   const ir::Graph& stage = stages[size_t(rank)];
   std::mutex send_lock;
   std::unique_ptr<StageRunner> engine;
@@ -510,6 +597,17 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
     throw;
   }
   c.send(message(kReady, nlohmann::json::object()));
+  std::unique_ptr<runtime::NcclComm> comm;
+  if (welcome.contains("nccl_id")) { // joins with the other ranks; rank 0 joins last
+    try {
+      comm = std::make_unique<runtime::NcclComm>(from_hex(welcome["nccl_id"].get<std::string>()),
+                                                 world, rank, std::chrono::seconds(60));
+      engine->use_nccl(comm.get(), rank, nccl_step_timeout());
+    } catch (const Error& e) {
+      c.send(message(kFail, {{"message", e.what()}}));
+      throw;
+    }
+  }
   for (;;) {
     // Between steps rank 0 may be idle for long (a chat): wait, but not forever.
     const Frame f = c.receive(std::chrono::hours(24));

@@ -40,6 +40,9 @@ struct PipelineLaunch {
   /// 0: as many as ranks when the step has at least two tokens per rank, else 1
   /// (XSERV_PIPELINE_MICROBATCHES sets it for xserv run).
   int micro_batches = 0;
+  /// How activations move between ranks: "tcp" (through rank 0's host memory, every backend)
+  /// or "nccl" (GPU to GPU, rank to rank; the CUDA backend; XSERV_PIPELINE_TRANSPORT sets it).
+  std::string transport = "tcp";
 };
 
 /// Rank 0 of a pipeline: an Engine whose steps run stage 0 here and the rest on the workers.

@@ -9,6 +9,7 @@
 #include "cli/cuda_engine.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
+#include "runtime/nccl.h"
 #include "runtime/sampler.h"
 
 namespace xserv::cli {
@@ -91,11 +92,17 @@ public:
       throw Error(fmt::format("a pipeline stage on the GPU returns one value, this one {}",
                               stage.outputs.size()));
     const ir::Node& out = stage.node(stage.outputs[0]);
-    name_ = out.op == ir::Op::Send ? out.attr_str("name") : "out.0";
+    sends_ = out.op == ir::Op::Send;
+    name_ = sends_ ? out.attr_str("name") : "out.0";
   }
   const models::ModelConfig& config() const override { return engine_.config(); }
   Named run(const models::StepInput& in, const Named& received) override {
-    const std::vector<std::vector<float>> rows = engine_.step_stage(in, as_rows(received));
+    if (comm_ && sends_) { // sent on to the next rank on the device
+      engine_.step_stage_device(in, transport());
+      return {};
+    }
+    const std::vector<std::vector<float>> rows =
+        comm_ ? engine_.step_stage_device(in, transport()) : engine_.step_stage(in, as_rows(received));
     const int64_t width = rows.empty() ? 0 : static_cast<int64_t>(rows[0].size());
     ir::Tensor t = ir::Tensor::zeros(ir::DType::F32, {static_cast<int64_t>(rows.size()), width});
     for (size_t i = 0; i < rows.size(); ++i)
@@ -103,11 +110,38 @@ public:
     return {{name_, std::move(t)}};
   }
   std::vector<int32_t> run_greedy(const models::StepInput& in, const Named& received) override {
+    if (comm_) {
+      std::vector<int32_t> ids;
+      engine_.step_stage_device(in, transport(), &ids);
+      return ids;
+    }
     return engine_.step_stage_greedy(in, as_rows(received));
   }
   void reset() override { engine_.reset(); }
+  void use_nccl(runtime::NcclComm* comm, int rank, std::chrono::milliseconds timeout) override {
+    comm_ = comm;
+    rank_ = rank;
+    timeout_ = timeout;
+  }
 
 private:
+  /// Receives from rank - 1 and sends to rank + 1 on the engine's stream, over NCCL.
+  StageTransport transport() const {
+    StageTransport t;
+    t.receive = [this](const std::string& name, void* dst, size_t bytes, Stream stream) {
+      comm_->recv(dst, bytes, rank_ - 1, stream, timeout_);
+      (void)name; // one boundary value per hop: the partition sends the residual stream
+    };
+    t.send = [this](const void* src, size_t bytes, Stream stream) {
+      comm_->send(src, bytes, rank_ + 1, stream, timeout_);
+    };
+    t.wait = [this](Stream stream) {
+      comm_->wait(stream, timeout_, fmt::format("a pipelined step (rank {} <-> {} and {})", rank_,
+                                                rank_ - 1, rank_ + 1));
+    };
+    return t;
+  }
+
   /// Received tensors [T, ...] fp32 as one row per token.
   static StageInputs as_rows(const Named& received) {
     StageInputs inputs;
@@ -125,9 +159,17 @@ private:
   const ir::Graph& stage_;
   CudaEngine engine_;
   std::string name_;
+  bool sends_ = false; ///< not the last stage
+  runtime::NcclComm* comm_ = nullptr;
+  int rank_ = 0;
+  std::chrono::milliseconds timeout_{30000};
 };
 
 } // namespace
+
+void StageRunner::use_nccl(runtime::NcclComm*, int, std::chrono::milliseconds) {
+  throw Error("NCCL moves activations between GPUs: the CPU backend's pipeline uses TCP");
+}
 
 std::unique_ptr<StageRunner> make_stage(const std::string& backend, const fs::path& model_dir,
                                         int64_t max_batch, int64_t max_seq,

@@ -3,6 +3,7 @@
 // device (the CPU interpreter or a CudaEngine).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -13,6 +14,10 @@
 #include "ir/graph.h"
 #include "models/config.h"
 #include "models/step.h"
+
+namespace xserv::runtime {
+class NcclComm;
+}
 
 namespace xserv::cli {
 
@@ -46,6 +51,11 @@ public:
   /// The last stage: run() that returns each sequence's greedy token instead of its logits.
   virtual std::vector<int32_t> run_greedy(const models::StepInput& in, const Named& received) = 0;
   virtual void reset() = 0;
+  /// From now on the boundary activations move over `comm` (this process is rank `rank` of it)
+  /// on the device: run() receives from rank - 1 and sends to rank + 1 itself, ignores
+  /// `received` and returns nothing but the last stage's results; every transfer and the
+  /// step end within `timeout` or throw naming the peer. Only the CUDA backend can.
+  virtual void use_nccl(runtime::NcclComm* comm, int rank, std::chrono::milliseconds timeout);
 };
 
 /// The stage's program on `backend` ("cpu": the interpreter; "cuda": a CudaEngine on this

@@ -54,6 +54,24 @@ TEST_CASE("gpu: pp 2 as two CUDA processes gives the whole model's greedy tokens
   CHECK(ranks.err.find("[pipeline] 2 ranks ready (cuda)") != std::string::npos);
   MESSAGE("pp 2 over " << std::min(dev.count, 2) << " GPU(s): " << ranks.out);
 
+  if (dev.count >= 2) { // rank to rank over NCCL (two ranks on one GPU are not allowed)
+    const RunResult nccl = run_binary(bin, "run " + pp2.string() + prompt, tmp.path,
+                                      "XSERV_PIPELINE_TRANSPORT=nccl");
+    INFO(nccl.err);
+    REQUIRE(nccl.code == 0);
+    CHECK(nccl.out == whole.out);
+    CHECK(nccl.err.find("activations over NCCL") != std::string::npos);
+    const auto t0 = std::chrono::steady_clock::now();
+    const RunResult dead = run_binary(bin, "run " + pp2.string() + prompt, tmp.path,
+                                      "XSERV_PIPELINE_TRANSPORT=nccl XSERV_PIPELINE_FAULT=1:exit@3");
+    INFO(dead.err);
+    CHECK(dead.code != 0);
+    CHECK(dead.err.find("rank 1") != std::string::npos);
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 30.0);
+  } else {
+    MESSAGE("NCCL transport not checked: it needs two GPUs");
+  }
+
   // Rank 1 exits during step 3: rank 0 stops at once with a message naming it.
   const auto t0 = std::chrono::steady_clock::now();
   const RunResult dead =

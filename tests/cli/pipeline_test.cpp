@@ -134,6 +134,19 @@ TEST_CASE("pipelined plan, micro-batches: a batch of prompts gives the whole mod
   CHECK(outputs(autom) == outputs(whole));
 }
 
+TEST_CASE("pipelined plan: the NCCL transport is for the CUDA backend; a bad transport name") {
+  Plans p;
+  RunResult cpu = run_with_env("XSERV_PIPELINE_TRANSPORT=nccl", "run " + p.pp2 + kPrompt,
+                               p.tmp.path);
+  CHECK(cpu.code == 1);
+  CHECK(cpu.err.find("NCCL transport") != std::string::npos);
+  CHECK(cpu.err.find("--backend cuda") != std::string::npos);
+  RunResult bad = run_with_env("XSERV_PIPELINE_TRANSPORT=carrier-pigeon",
+                               "run " + p.pp2 + kPrompt, p.tmp.path);
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("XSERV_PIPELINE_TRANSPORT must be tcp or nccl") != std::string::npos);
+}
+
 TEST_CASE("pipelined plan: a worker that dies or hangs ends the run with its rank named") {
   Plans p;
   auto t0 = std::chrono::steady_clock::now();
