@@ -30,16 +30,17 @@ std::vector<MicroBatch> micro_batches(const models::StepInput& in, int count) {
   for (const auto& t : in.tokens)
     total += t.size();
   const size_t parts = std::clamp<size_t>(static_cast<size_t>(std::max(count, 1)), 1, total);
-  const size_t cap = (total + parts - 1) / parts;
+  // Part i holds total / parts tokens, one more for the first total % parts.
+  auto capacity = [&](size_t i) { return total / parts + (i < total % parts ? 1 : 0); };
   std::vector<MicroBatch> out(1);
   size_t used = 0;
   for (size_t b = 0; b < in.tokens.size(); ++b)
     for (size_t off = 0; off < in.tokens[b].size();) {
-      if (used == cap) {
+      if (used == capacity(out.size() - 1)) {
         out.emplace_back();
         used = 0;
       }
-      const size_t take = std::min(in.tokens[b].size() - off, cap - used);
+      const size_t take = std::min(in.tokens[b].size() - off, capacity(out.size() - 1) - used);
       MicroBatch& mb = out.back();
       mb.in.tokens.emplace_back(in.tokens[b].begin() + static_cast<long>(off),
                                 in.tokens[b].begin() + static_cast<long>(off + take));

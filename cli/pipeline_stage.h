@@ -35,8 +35,8 @@ struct MicroBatch {
   std::vector<bool> last;  ///< whether the piece holds its sequence's last token of the step
 };
 
-/// Cuts `in` into `count` micro-batches of about equal token counts (fewer when it has fewer
-/// tokens), in token order: a sequence's pieces keep their order, each starting where the
+/// Cuts `in` into min(count, tokens) micro-batches (at least 1) whose token counts differ by at
+/// most one, in token order: a sequence's pieces keep their order, each starting where the
 /// previous ended (its context length grows by the earlier pieces).
 std::vector<MicroBatch> micro_batches(const models::StepInput& in, int count);
 
