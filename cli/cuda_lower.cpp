@@ -536,11 +536,44 @@ private:
     d.k = static_dim(g_, n.inputs[1], 1);
     d.n = static_dim(g_, n.inputs[1], 0);
     d.bias = n.inputs.size() == 3;
+    const int k = as_int(n.attr_int("k"));
+    const ValueId norm = n.inputs[0];
+    if (router_of_norm(norm) == v) {
+      // Decode steps: the norm before the router, the router's logits and top-k in one launch
+      // (writing the norm's output for the experts too); longer steps as below.
+      const Node& nn = g_.node(norm);
+      const int fused = k_.add(codegen::emit_norm_router_topk(
+          d.k, {d.n, k}, nn.attr_float("eps"), d.bias, ir_lines(g_, v)));
+      std::vector<LaunchArg> args = {addr(nn.inputs[0]), addr(nn.inputs[1]), addr(n.inputs[1])};
+      if (d.bias)
+        args.push_back(addr(n.inputs[2]));
+      for (const LaunchArg& a : {addr(norm), addr(v, 0), addr(v, 1)})
+        args.push_back(a);
+      emit(fused, Rows::Tokens, 0, kDecodeTokens, std::move(args));
+      outer_lo_ = kDecodeTokens + 1;
+    }
     const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
     linear(kernel, dense_gemm(d, v), d, Rows::Tokens, addr(n.inputs[0]), LaunchArg{},
            addr(n.inputs[1]), d.bias ? addr(n.inputs[2]) : LaunchArg{}, LaunchArg{},
            router_logits_);
-    topk(v, d.n, as_int(n.attr_int("k")), router_logits_);
+    topk(v, d.n, k, router_logits_);
+    outer_lo_ = 0;
+  }
+
+  /// The router node that fuses rms_norm node `norm` into its decode launch (norm_router_topk),
+  /// or -1: a router whose input is this norm, with an even expert count and a row length the
+  /// GEMV takes.
+  ValueId router_of_norm(ValueId norm) const {
+    if (g_.node(norm).op != Op::RmsNorm || rows_kind(g_, norm) != Rows::Tokens)
+      return -1;
+    for (ValueId u = norm + 1; u < static_cast<ValueId>(g_.size()); ++u) {
+      const Node& r = g_.node(u);
+      if (r.op != Op::Router || r.inputs[0] != norm)
+        continue;
+      const int experts = static_dim(g_, r.inputs[1], 0), dim = static_dim(g_, r.inputs[1], 1);
+      return experts % 2 == 0 && dim % 8 == 0 && as_int(r.attr_int("k")) <= experts ? u : -1;
+    }
+    return -1;
   }
 
   void lower_moe(ValueId v) {
@@ -655,8 +688,12 @@ private:
     case Op::RmsNorm: {
       const codegen::RmsNormDims d{static_dim(g_, v, g_.type(v).shape.size() - 1),
                                    n.attr_float("eps")};
+      // Before a router, decode steps norm inside norm_router_topk (lower_router).
+      if (router_of_norm(v) >= 0)
+        outer_lo_ = kDecodeTokens + 1;
       emit(k_.add(codegen::emit_rms_norm(d, ir_lines(g_, v))), rows_kind(g_, v), 0, -1,
            {addr(n.inputs[0]), addr(n.inputs[1]), addr(v)});
+      outer_lo_ = 0;
       return;
     }
     case Op::SelectRows: {

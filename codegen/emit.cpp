@@ -522,6 +522,28 @@ KernelSource emit_router_topk(const RouterTopKDims& d, const std::vector<std::st
                   fmt::format("router_topk<{}, {}>", d.experts, d.k), params, per_row(32));
 }
 
+KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps, bool bias,
+                                   const std::vector<std::string>& ir_lines) {
+  check_positive("norm_router_topk", {dim, d.experts, d.k});
+  if (d.k > d.experts || d.experts % 2 != 0 || dim % 8 != 0)
+    throw Error(fmt::format("codegen: norm_router_topk needs an even expert count, k <= experts "
+                            "and a dimension divisible by 8 (got {} experts, k {}, dim {})",
+                            d.experts, d.k, dim));
+  std::vector<Param> params = {{"const float* x", "x"},
+                               {fmt::format("{} ln", kBf16), "ln"},
+                               {"", float_literal(eps)},
+                               {fmt::format("{} w", kBf16), "w"}};
+  params.push_back(bias ? Param{fmt::format("{} b", kBf16), "b"} : Param{"", "nullptr"});
+  for (const char* p : {"float* xn", "float* weights", "int* ids"})
+    params.push_back({p, std::string(p).substr(std::string(p).find(' ') + 1)});
+  return assemble(fmt::format("rmsnorm_router_topk_d{}_e{}_k{}{}{}", dim, d.experts, d.k,
+                              bias ? "" : "_nobias", attr_suffix("eps", eps, 1e-5)),
+                  ir_lines, "router.cuh",
+                  fmt::format("norm_router_topk<{}, {}, {}, {}>", dim, d.experts, d.k,
+                              bias ? "true" : "false"),
+                  params, per_row(256));
+}
+
 KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>& ir_lines) {
   check_positive("rms_norm", {d.dim});
   std::vector<Param> params = {{"const float* x", "x"},

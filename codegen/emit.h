@@ -211,6 +211,11 @@ KernelSource emit_embedding(const EmbeddingDims& d, const std::vector<std::strin
 KernelSource emit_rope_yarn(const RopeDims& d, const std::vector<std::string>& ir_lines);
 KernelSource emit_kv_write(const KvWriteDims& d, const std::vector<std::string>& ir_lines);
 KernelSource emit_router_topk(const RouterTopKDims& d, const std::vector<std::string>& ir_lines);
+/// rms_norm + the router's linear + router_topk of a decode step in one launch (router.cuh
+/// norm_router_topk): bitwise the three kernels' results. Parameters: x, ln, w, [b], xn,
+/// weights, ids; grid.y = tokens.
+KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps, bool bias,
+                                   const std::vector<std::string>& ir_lines);
 KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>& ir_lines);
 KernelSource emit_select_rows(const SelectRowsDims& d, const std::vector<std::string>& ir_lines);
 

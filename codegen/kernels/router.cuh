@@ -5,18 +5,13 @@
 
 namespace xserv_kernels {
 
-/// router_topk(logits) {k = KSEL} for token t = blockIdx.y, computed by thread 0 (E is small):
-/// the KSEL largest of logits[t, 0..E) in descending order, ties to the lower index, into
-/// ids[t, :], and weights[t, j] = exp(l_j - l_0) / sum_i exp(l_i - l_0) over the selected.
-/// logits fp32 [T, E]; weights fp32 [T, KSEL]; ids int [T, KSEL].
+/// The KSEL largest of one token's E logits r[0..E) in descending order, ties to the lower
+/// index, into ids[0..KSEL), and weights[j] = exp(l_j - l_0) / sum_i exp(l_i - l_0) over the
+/// selected. One thread.
 template <int E, int KSEL>
-__device__ __forceinline__ void router_topk(const float* __restrict__ logits,
-                                            float* __restrict__ weights, int* __restrict__ ids) {
+__device__ __forceinline__ void topk_softmax(const float* r, float* __restrict__ weights,
+                                             int* __restrict__ ids) {
   static_assert(KSEL <= E, "cannot select more experts than exist");
-  if (threadIdx.x != 0)
-    return;
-  const int t = blockIdx.y;
-  const float* r = logits + (size_t)t * E;
   int pick[KSEL];
   float val[KSEL];
   for (int j = 0; j < KSEL; ++j) {
@@ -38,9 +33,62 @@ __device__ __forceinline__ void router_topk(const float* __restrict__ logits,
   for (int j = 0; j < KSEL; ++j)
     sum += expf(val[j] - val[0]);
   for (int j = 0; j < KSEL; ++j) {
-    ids[t * KSEL + j] = pick[j];
-    weights[t * KSEL + j] = expf(val[j] - val[0]) / sum;
+    ids[j] = pick[j];
+    weights[j] = expf(val[j] - val[0]) / sum;
   }
+}
+
+/// router_topk(logits) {k = KSEL} for token t = blockIdx.y, computed by thread 0 (E is small):
+/// topk_softmax of logits[t, :] into weights[t, :] and ids[t, :]. logits fp32 [T, E]; weights
+/// fp32 [T, KSEL]; ids int [T, KSEL].
+template <int E, int KSEL>
+__device__ __forceinline__ void router_topk(const float* __restrict__ logits,
+                                            float* __restrict__ weights, int* __restrict__ ids) {
+  if (threadIdx.x != 0)
+    return;
+  const int t = blockIdx.y;
+  topk_softmax<E, KSEL>(logits + (size_t)t * E, weights + (size_t)t * KSEL,
+                        ids + (size_t)t * KSEL);
+}
+
+/// The MoE's routing of a decode step in one launch, for token t = blockIdx.y (256 threads):
+/// xn[t] = rms_norm(x[t], ln, eps) (written for the experts), the router's E logits
+/// W xn[t] + b by 8 warps of 2 rows each pass, then topk_softmax into weights[t] and ids[t].
+/// The same arithmetic as rms_norm, the router's linear_decode and router_topk one after the
+/// other, so the results are bitwise theirs. x, xn fp32 [T, D]; ln bf16 [D]; w bf16 [E, D];
+/// b bf16 [E] (nullptr: none).
+template <int D, int E, int KSEL, bool BIAS>
+__device__ __forceinline__ void
+norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
+                 const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
+                 float* __restrict__ xn, float* __restrict__ weights, int* __restrict__ ids) {
+  constexpr int kThreads = 256, kWarps = kThreads / kWarp, kRows = 2;
+  static_assert(E % kRows == 0, "experts in pairs");
+  static_assert(D % 4 == 0, "rows of whole float4s");
+  __shared__ __align__(16) float xs[D];
+  __shared__ float logits[E];
+  const int t = blockIdx.y, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const float* xr = x + (size_t)t * D;
+  const float inv = block_inv_rms<D, kThreads>(xr, eps);
+  for (int i = threadIdx.x; i < D; i += kThreads) {
+    const float v = xr[i] * inv * bf16_to_float(ln[i]);
+    xs[i] = v;
+    xn[(size_t)t * D + i] = v;
+  }
+  __syncthreads();
+  for (int e0 = warp * kRows; e0 < E; e0 += kWarps * kRows) {
+    WarpGemv<D, kRows, 1> gemv;
+    gemv.start(w + (size_t)e0 * D);
+    float acc[kRows][1];
+    gemv.finish(xs, 1, acc);
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        logits[e0 + r] = BIAS ? acc[r][0] + bf16_to_float(b[e0 + r]) : acc[r][0];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    topk_softmax<E, KSEL>(logits, weights + (size_t)t * KSEL, ids + (size_t)t * KSEL);
 }
 
 } // namespace xserv_kernels

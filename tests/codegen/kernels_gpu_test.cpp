@@ -659,6 +659,52 @@ TEST_CASE("kv_write kernel stores bf16 rows where ir::ref puts them") {
   check_kv_write(pos, seq, 721);
 }
 
+TEST_CASE("norm_router_topk: rms_norm, the router GEMV and router_topk in one launch, bit for bit") {
+  XSERV_REQUIRE_GPU();
+  Rng rng{731};
+  // 20b's routing (2880 wide, 32 experts, top 4), a small one, and one without bias.
+  for (auto [dim, experts, k, bias] : {std::tuple{2880, 32, 4, true}, std::tuple{64, 8, 2, true},
+                                       std::tuple{2880, 128, 4, false}}) {
+    for (int tokens : {1, 3, 8}) {
+      CAPTURE(dim);
+      CAPTURE(experts);
+      CAPTURE(tokens);
+      const Tensor x = random_f32(rng, {tokens, dim}, 3.0f);
+      const Bf16Weight ln = random_bf16(rng, {dim}, 1.0f);
+      const Bf16Weight w = random_bf16(rng, {experts, dim}, 0.05f);
+      const Bf16Weight b = random_bf16(rng, {experts}, 0.5f);
+      auto dx = upload(x), dln = upload(ln.bits), dw = upload(w.bits), db = upload(b.bits);
+      // Reference: the three kernels the lowering used before.
+      auto xn = poisoned(size_t(tokens) * dim), logits = poisoned(size_t(tokens) * experts);
+      auto rw = poisoned(size_t(tokens) * k), rid = poisoned(size_t(tokens) * k);
+      launch(load(emit_rms_norm({dim, 1e-5}, {})), tokens, 1, dx->p, dln->p, xn->p);
+      LinearDims ld;
+      ld.k = dim;
+      ld.n = experts;
+      ld.bias = bias;
+      const Loaded& gemv = load(emit_linear(ld, {}));
+      if (bias)
+        launch(gemv, tokens, 1, xn->p, dw->p, db->p, logits->p, tokens);
+      else
+        launch(gemv, tokens, 1, xn->p, dw->p, logits->p, tokens);
+      launch(load(emit_router_topk({experts, k}, {})), tokens, 1, logits->p, rw->p, rid->p);
+      // The fused kernel.
+      auto fxn = poisoned(size_t(tokens) * dim);
+      auto fw = poisoned(size_t(tokens) * k), fid = poisoned(size_t(tokens) * k);
+      const Loaded& fused = load(emit_norm_router_topk(dim, {experts, k}, 1e-5, bias, {}));
+      if (bias)
+        launch(fused, tokens, 1, dx->p, dln->p, dw->p, db->p, fxn->p, fw->p, fid->p);
+      else
+        launch(fused, tokens, 1, dx->p, dln->p, dw->p, fxn->p, fw->p, fid->p);
+      device_sync();
+      const std::vector<float> want_xn = download(*xn, size_t(tokens) * dim);
+      CHECK(download(*fxn, want_xn.size()) == want_xn);
+      CHECK(download(*fw, size_t(tokens) * k) == download(*rw, size_t(tokens) * k));
+      CHECK(download_ints(*fid, size_t(tokens) * k) == download_ints(*rid, size_t(tokens) * k));
+    }
+  }
+}
+
 TEST_CASE("router_topk kernel matches ir::ref, ties to the lower index") {
   XSERV_REQUIRE_GPU();
   Rng rng{730};
