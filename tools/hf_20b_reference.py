@@ -13,6 +13,8 @@ attention, on the GPU), and writes into DIR:
                           then one cached step per token) and each step's top-1 minus top-2 logit
 then converts the model with model.float() (TF32 off: true fp32 matmuls) and writes the same as
 hf_fp32_logits.f32 and hf_fp32_greedy.json, plus meta.json (vocab, versions, timings, memory).
+With --device-map auto the layers spread over every visible GPU (gpt-oss-120b in BF16 needs two
+H200s); --bf16-only skips the fp32 run (120b in fp32 fits nowhere here).
 """
 
 import argparse
@@ -75,13 +77,16 @@ def main():
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--greedy", type=int, default=64)
     p.add_argument("--out", required=True, help="directory to write")
+    p.add_argument("--device-map", default="cuda", choices=["cuda", "auto"],
+                   help="cuda: one GPU; auto: the layers spread over every visible GPU")
+    p.add_argument("--bf16-only", action="store_true", help="skip the fp32 run")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
     t0 = time.time()
-    model = load_model(a.checkpoint, "bfloat16", "cuda")
+    model = load_model(a.checkpoint, "bfloat16", a.device_map)
     torch.cuda.synchronize()
     load_s = time.time() - t0
     vocab = model.config.vocab_size
@@ -93,6 +98,17 @@ def main():
     print(f"loaded {a.checkpoint} in {load_s:.1f} s; vocab {vocab}, {a.tokens} ids", flush=True)
 
     bf16, bf16_tokens, bf16_s = run(model, ids, a.greedy, a.out, "bf16")
+    if a.bf16_only:
+        meta = {"checkpoint": a.checkpoint, "ids_seed": a.ids_seed, "tokens": a.tokens,
+                "greedy": a.greedy, "vocab_size": vocab, "transformers": transformers.__version__,
+                "torch": torch.__version__, "load_s": load_s, "bf16_s": bf16_s,
+                "device_map": a.device_map,
+                "peak_gib_per_gpu": [torch.cuda.max_memory_allocated(d) / 2**30
+                                     for d in range(torch.cuda.device_count())]}
+        with open(os.path.join(a.out, "meta.json"), "w") as f:
+            json.dump(meta, f, indent=1)
+            f.write("\n")
+        return
     torch.cuda.empty_cache()
     model.float()
     torch.cuda.empty_cache()

@@ -62,7 +62,8 @@ def load_model(checkpoint, dtype, device):
     problems = {k: v for k, v in info.items() if v}
     if problems:
         sys.exit(f"{checkpoint}: transformers did not load every weight exactly: {problems}")
-    model = model.to(device)
+    if device != "auto":  # "auto": accelerate spread the layers over every visible GPU
+        model = model.to(device)
     if dtype == "float32":
         model = model.float()
     model.eval()
