@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on nvidia-h200-x2: every GPU test (the pipeline and NCCL cases use both GPUs), the
 # synthetic 20b's bench rows on GPU 0, then the 20b with --pp 2 as two processes on two GPUs
-# against --pp 1 (greedy tokens, 4 prompts) and its prefill / batched-decode speed. Needs
+# against --pp 1 (greedy tokens, 4 prompts) and its prefill / batched-decode speed with the
+# activations over TCP and over NCCL (TRANSPORTS). Needs
 # .device/bin/{xserv,*_gpu_tests} and .device/data/gpt-oss-20b.json (carry [".device/bin",
 # ".device/data"]). Logs land in $OUT.
 source "$(dirname "$0")/common.sh"
@@ -34,8 +35,15 @@ for i in "${!prompts[@]}"; do
     || echo "pp2 prompt $i: DIFFERS from pp1"
 done
 grep -h "pipeline\]" "$OUT/pp2_p0.err" | head -3
-for pp in 1 2; do
-  echo "== bench pp$pp (pp2: two processes, two GPUs, activations and logits over TCP)"
-  timeout 150 $X bench /tmp/pp$pp --backend cuda -p 512 -n 32 -b 1,32 -r 2 2> "$OUT/benchpp$pp.err" | tail -3
+echo "== bench pp1"
+timeout 150 $X bench /tmp/pp1 --backend cuda -p 512 -n 32 -b 1,32 -r 2 2> /dev/null | tail -3
+for transport in ${TRANSPORTS:-tcp nccl}; do # pp2: two processes on two GPUs, micro-batched steps
+  echo "== bench pp2, activations over $transport"
+  XSERV_PIPELINE_TRANSPORT=$transport timeout 150 $X bench /tmp/pp2 --backend cuda -p 512 -n 32 \
+    -b 1,32 -r 2 2> "$OUT/benchpp2_$transport.err" | tail -3
+  XSERV_PIPELINE_TRANSPORT=$transport timeout 120 $X run /tmp/pp2 --backend cuda \
+    --prompt-ids "${prompts[0]}" --max-tokens 64 > "$OUT/pp2_$transport.txt" 2> /dev/null
+  cmp -s "$OUT/pp1_p0.txt" "$OUT/pp2_$transport.txt" && echo "pp2 over $transport: pp1's tokens" \
+    || echo "pp2 over $transport: DIFFERS from pp1"
 done
 echo "== done at $((SECONDS - start)) s"
