@@ -94,7 +94,7 @@ std::string moe_tuning_suffix(const MoeDims& d) {
   std::string s;
   if (d.rows > 0)
     s += fmt::format("_r{}", d.rows);
-  if (d.unroll != 4)
+  if (d.unroll != kMoeUnroll)
     s += fmt::format("_u{}", d.unroll);
   if (d.prefetch)
     s += "_pf";

@@ -91,14 +91,19 @@ struct AttentionDims {
 /// moe_experts(_residual) on bf16 experts, as moe_gate_up then moe_down.
 /// moe_gate_up parameters: x, ids, gate_up, gate_up_b, act ([T, k, inter] fp32 scratch).
 /// moe_down parameters: act, weights, ids, down, down_b, [h], y.
+/// The MoE decode kernels' default loads in flight per lane and row (MoeDims::unroll).
+inline constexpr int kMoeUnroll = 2;
+
 struct MoeDims {
   int hidden = 0, inter = 0, experts = 0, k = 0;
   bool residual = false;
   double limit = 7.0, alpha = 1.702;
   /// Decode tuning: rows per warp of moe_gate_up ((gate, up) pairs, 0: 2) and moe_down_part
-  /// (0: 2), 16-byte loads in flight per lane and row, and gate_up's L2 prefetch (off: the
-  /// engine's decode path took 69.0 us without, 76.8 us with it on the H200, docs/PERF.md).
-  int rows = 0, unroll = 4;
+  /// (0: 2), 16-byte loads in flight per lane and row (WarpGemv's UNROLL: two half batches),
+  /// and gate_up's L2 prefetch (off: the engine's decode path took 69.0 us without, 76.8 us
+  /// with it on the H200). UNROLL 2: 68.7 us against 71.4 us with 4 in the bandwidth case
+  /// once WarpGemv double-buffered (docs/PERF.md, round 3).
+  int rows = 0, unroll = kMoeUnroll;
   bool prefetch = false;
 };
 
