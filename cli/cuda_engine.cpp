@@ -22,6 +22,7 @@
 
 #include "cli/cuda_lower.h"
 #include "cli/plan_replay.h"
+#include "cli/step_split.h"
 #include "cli/weight_specs.h"
 #include "compiler/memory_plan.h"
 #include "compiler/pass.h"
@@ -48,29 +49,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// Where each step input lives in the param block, in int32 elements.
-struct ParamLayout {
-  std::map<std::string, size_t> offset;
-  size_t total = 0;
-  ParamLayout(size_t tokens, size_t seqs) {
-    for (const char* n :
-         {models::params::kTokenIds, models::params::kPositions, models::params::kTokenSeq}) {
-      offset[n] = total;
-      total += tokens;
-    }
-    for (const char* n :
-         {models::params::kCtxLens, models::params::kCacheRows, models::params::kLogitRows}) {
-      offset[n] = total;
-      total += seqs;
-    }
-  }
-};
 
-/// One sequence's slice of the step's tokens that a sub-step processes.
-struct Piece {
-  size_t seq;
-  size_t start, len;
-};
 
 } // namespace
 
@@ -618,56 +597,6 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
     rows.emplace_back(out_host + r * v, out_host + (r + 1) * v);
   }
 }
-
-namespace {
-
-/// Checks a step against the engine's limits, with messages naming the limit.
-void validate_step(const models::StepInput& in, int64_t max_batch, int64_t max_seq, int64_t vocab) {
-  if (static_cast<int64_t>(in.tokens.size()) > max_batch)
-    throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
-                            in.tokens.size(), max_batch));
-  if (in.ctx_lens.size() != in.tokens.size() || in.cache_rows.size() != in.tokens.size())
-    throw Error("step has mismatched sequence, context length and cache row counts");
-  for (size_t b = 0; b < in.tokens.size(); ++b) {
-    if (in.tokens[b].empty())
-      throw Error(fmt::format("sequence {} has no tokens in this step", b));
-    if (in.ctx_lens[b] < 0 || in.ctx_lens[b] + static_cast<int64_t>(in.tokens[b].size()) > max_seq)
-      throw Error(fmt::format("sequence {}: {} cached + {} new tokens exceed the maximum sequence "
-                              "length of {}",
-                              b, in.ctx_lens[b], in.tokens[b].size(), max_seq));
-    if (in.cache_rows[b] < 0 || in.cache_rows[b] >= max_batch)
-      throw Error(fmt::format("sequence {} uses cache row {}, but there are {} rows", b,
-                              in.cache_rows[b], max_batch));
-    for (int32_t id : in.tokens[b])
-      if (id < 0 || id >= vocab)
-        throw Error(fmt::format("token id {} is outside the vocabulary [0, {})", id, vocab));
-  }
-}
-
-} // namespace
-
-namespace {
-
-/// Splits a step into sub-steps of at most `cap` tokens, sequence by sequence; the pieces of a
-/// sequence keep their order, so each sub-step sees the earlier ones in the KV cache.
-std::vector<std::vector<Piece>> split_step(const models::StepInput& in, size_t cap) {
-  std::vector<std::vector<Piece>> subs(1);
-  size_t used = 0;
-  for (size_t b = 0; b < in.tokens.size(); ++b)
-    for (size_t off = 0; off < in.tokens[b].size();) {
-      if (used == cap) {
-        subs.emplace_back();
-        used = 0;
-      }
-      const size_t take = std::min(in.tokens[b].size() - off, cap - used);
-      subs.back().push_back({b, off, take});
-      off += take;
-      used += take;
-    }
-  return subs;
-}
-
-} // namespace
 
 std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& in, bool all,
                                                       const StageInputs& inputs,

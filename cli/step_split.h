@@ -1,0 +1,38 @@
+// How a step reaches the GPU: checked against the engine's limits, cut into sub-steps that fit
+// the activation arena, and its inputs laid out in one int32 block.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "models/step.h"
+
+namespace xserv::cli {
+
+/// Where each step input (models::params) lives in the param block, in int32 elements: the
+/// per-token inputs for `tokens` tokens, then the per-sequence ones for `seqs` sequences.
+struct ParamLayout {
+  std::map<std::string, size_t> offset;
+  size_t total = 0;
+  ParamLayout(size_t tokens, size_t seqs);
+};
+
+/// One sequence's slice of the step's tokens that a sub-step processes.
+struct Piece {
+  size_t seq;
+  size_t start, len;
+};
+
+/// Splits a step into sub-steps of at most `cap` tokens, sequence by sequence; the pieces of a
+/// sequence keep their order, so each sub-step sees the earlier ones in the KV cache.
+std::vector<std::vector<Piece>> split_step(const models::StepInput& in, size_t cap);
+
+/// Checks a step against an engine's limits: throws xserv::Error naming the limit (batch,
+/// sequence length, cache rows, vocabulary) or the malformed part.
+void validate_step(const models::StepInput& in, int64_t max_batch, int64_t max_seq,
+                   int64_t vocab);
+
+} // namespace xserv::cli
