@@ -30,8 +30,8 @@ int cmd_worker(const ParsedArgs& args) {
       }
     }
     if (!visible.empty() && d >= static_cast<int64_t>(visible.size()))
-      throw UsageError(fmt::format("--device {} but CUDA_VISIBLE_DEVICES lists {} GPU(s)", d,
-                                   visible.size()));
+      throw UsageError(
+          fmt::format("--device {} but CUDA_VISIBLE_DEVICES lists {} GPU(s)", d, visible.size()));
     const std::string pick = visible.empty() ? std::to_string(d) : visible[size_t(d)];
     ::setenv("CUDA_VISIBLE_DEVICES", pick.c_str(), 1);
   }

@@ -49,8 +49,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-
-
 } // namespace
 
 struct CudaEngine::Impl {
@@ -403,8 +401,7 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
     m.log(fmt::format("the plan's launch table and {} kernels ({} cubins from the plan, {} "
                       "compiled) ... {:.1f} s",
                       m.plan_kernels.kernels.size(), int(m.plan_kernels.kernels.size()) - compiled,
-                      compiled,
-                      seconds_since(t2)));
+                      compiled, seconds_since(t2)));
   } else {
     const int compiled = m.kernels.build(cache_dir);
     m.executor = std::make_unique<runtime::Executor>(std::move(table), bind, m.kernels.loaded());
@@ -496,8 +493,7 @@ double CudaEngine::peak_memory_gib() const {
 
 void CudaEngine::Impl::run_substep(const models::StepInput& sub,
                                    std::vector<std::vector<float>>& rows, bool all,
-                                   std::vector<int32_t>* greedy,
-                                   const StageInputs& inputs,
+                                   std::vector<int32_t>* greedy, const StageInputs& inputs,
                                    const std::vector<size_t>& input_rows,
                                    const StageTransport* transport) {
   const std::map<std::string, ir::Tensor> p = models::step_params(sub);

@@ -415,9 +415,9 @@ private:
     // other steps rotate here and write the caches after attention (kv_write).
     const Node& kn = g_.node(kw);
     const ValueId kc = cache_node(kn.inputs[0]), vc = cache_node(g_.node(vw).inputs[0]);
-    const int rope_kv = k_.add(codegen::emit_rope_yarn_qk_kv(
-        hq, hk, head_dim, att, cache_slots(kc), g_.type(kc).dtype == ir::DType::F32,
-        ir_lines(g_, v)));
+    const int rope_kv =
+        k_.add(codegen::emit_rope_yarn_qk_kv(hq, hk, head_dim, att, cache_slots(kc),
+                                             g_.type(kc).dtype == ir::DType::F32, ir_lines(g_, v)));
     outer_per_seq_ = -1;
     emit(rope, Rows::Tokens, 0, -1, {addr(v, 0), addr(v, 1), addr(n.inputs.back()), table});
     outer_per_seq_ = 1;
@@ -542,8 +542,8 @@ private:
       // Decode steps: the norm before the router, the router's logits and top-k in one launch
       // (writing the norm's output for the experts too); longer steps as below.
       const Node& nn = g_.node(norm);
-      const int fused = k_.add(codegen::emit_norm_router_topk(
-          d.k, {d.n, k}, nn.attr_float("eps"), d.bias, ir_lines(g_, v)));
+      const int fused = k_.add(codegen::emit_norm_router_topk(d.k, {d.n, k}, nn.attr_float("eps"),
+                                                              d.bias, ir_lines(g_, v)));
       std::vector<LaunchArg> args = {addr(nn.inputs[0]), addr(nn.inputs[1]), addr(n.inputs[1])};
       if (d.bias)
         args.push_back(addr(n.inputs[2]));
@@ -737,7 +737,7 @@ private:
   std::map<ValueId, int> cache_index_; ///< cache nodes in graph order
   std::string label_;                  ///< op of the node being lowered
   int outer_per_seq_ = 0;              ///< PlanLaunch::one_per_seq of every emitted entry
-  std::set<ValueId> kv_in_rope_;        ///< kv_writes rope_yarn_qk_kv does in decode steps
+  std::set<ValueId> kv_in_rope_;       ///< kv_writes rope_yarn_qk_kv does in decode steps
   int outer_lo_ = 0, outer_hi_ = -1;   ///< row range every emitted entry is limited to
   LaunchArg part_ml_, part_o_, router_logits_, moe_act_;
   LaunchArg inv_rms_, moe_pair_, moe_tiles_, moe_part_;

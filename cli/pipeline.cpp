@@ -120,7 +120,9 @@ std::vector<ir::Graph> read_stages(const fs::path& plan_dir) {
 
 /// The step inputs of a kStep message's header.
 nlohmann::json step_header(const models::StepInput& in, int64_t step) {
-  return {{"step", step}, {"tokens", in.tokens}, {"ctx_lens", in.ctx_lens},
+  return {{"step", step},
+          {"tokens", in.tokens},
+          {"ctx_lens", in.ctx_lens},
           {"cache_rows", in.cache_rows}};
 }
 
@@ -170,17 +172,18 @@ std::chrono::milliseconds nccl_step_timeout() {
 /// destructor returns at once, not at the next beat.
 class Heartbeat {
 public:
-  Heartbeat(Connection& c, std::mutex& send_lock) : thread_([this, &c, &send_lock] {
-      std::unique_lock<std::mutex> lock(mu_);
-      while (!wake_.wait_for(lock, std::chrono::seconds(1), [this] { return done_; })) {
-        std::lock_guard<std::mutex> g(send_lock);
-        try {
-          c.send(message(kAlive, nlohmann::json::object()));
-        } catch (const Error&) {
-          return;
-        }
-      }
-    }) {}
+  Heartbeat(Connection& c, std::mutex& send_lock)
+      : thread_([this, &c, &send_lock] {
+          std::unique_lock<std::mutex> lock(mu_);
+          while (!wake_.wait_for(lock, std::chrono::seconds(1), [this] { return done_; })) {
+            std::lock_guard<std::mutex> g(send_lock);
+            try {
+              c.send(message(kAlive, nlohmann::json::object()));
+            } catch (const Error&) {
+              return;
+            }
+          }
+        }) {}
   ~Heartbeat() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -334,8 +337,8 @@ private:
   /// activations). Rank 0 sends the workers their inputs first, then runs stage 0, then
   /// collects; the last rank's results give each sequence's logits row (or, with `greedy`,
   /// its id).
-  void run_ranks(const models::StepInput& in, bool greedy,
-                 std::vector<std::vector<float>>* logits, std::vector<int32_t>* ids) {
+  void run_ranks(const models::StepInput& in, bool greedy, std::vector<std::vector<float>>* logits,
+                 std::vector<int32_t>* ids) {
     if (static_cast<int64_t>(in.tokens.size()) > max_batch_)
       throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
                               in.tokens.size(), max_batch_));
@@ -528,7 +531,7 @@ private:
   PipelineLaunch launch_;
   int64_t max_batch_, max_seq_;
   runtime::Listener listener_;
-  std::unique_ptr<StageRunner> local_; ///< stage 0, made after the handshake
+  std::unique_ptr<StageRunner> local_;      ///< stage 0, made after the handshake
   std::unique_ptr<runtime::NcclComm> comm_; ///< with the NCCL transport
   std::vector<Connection> ranks_;
   std::vector<pid_t> children_;
@@ -592,8 +595,8 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
     Heartbeat alive(c, send_lock); // loading a stage onto a GPU takes seconds
     engine = make_stage(backend, model_dir, max_batch, max_seq, stage);
   } catch (const Error& e) {
-    c.send(message(kFail, {{"message", fmt::format("rank {} cannot load its stage: {}", rank,
-                                                   e.what())}}));
+    c.send(message(
+        kFail, {{"message", fmt::format("rank {} cannot load its stage: {}", rank, e.what())}}));
     throw;
   }
   c.send(message(kReady, nlohmann::json::object()));

@@ -47,10 +47,10 @@ struct PipelineLaunch {
 
 /// Rank 0 of a pipeline: an Engine whose steps run stage 0 here and the rest on the workers.
 std::unique_ptr<Engine> make_pipeline_engine(const std::filesystem::path& plan_dir,
-                                                 const std::filesystem::path& model_dir,
-                                                 int64_t max_batch, int64_t max_seq,
-                                                 std::vector<ir::Graph> stages,
-                                                 const PipelineLaunch& launch);
+                                             const std::filesystem::path& model_dir,
+                                             int64_t max_batch, int64_t max_seq,
+                                             std::vector<ir::Graph> stages,
+                                             const PipelineLaunch& launch);
 
 /// The body of `xserv worker`: connects to the coordinator, handshakes as `rank` of `world`,
 /// then runs its stage (on the backend rank 0 names) for every step until told to quit.

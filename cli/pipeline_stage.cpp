@@ -71,9 +71,8 @@ public:
   std::vector<int32_t> run_greedy(const models::StepInput& in, const Named& received) override {
     const Named out = run(in, received);
     std::vector<int32_t> ids;
-    for (const auto& row :
-         sequence_logits(out.at(0).second, in.tokens.size(),
-                         models::step_params(in).at(models::params::kLogitRows)))
+    for (const auto& row : sequence_logits(out.at(0).second, in.tokens.size(),
+                                           models::step_params(in).at(models::params::kLogitRows)))
       ids.push_back(runtime::argmax(row));
     return ids;
   }
@@ -102,8 +101,8 @@ public:
       engine_.step_stage_device(in, transport());
       return {};
     }
-    const std::vector<std::vector<float>> rows =
-        comm_ ? engine_.step_stage_device(in, transport()) : engine_.step_stage(in, as_rows(received));
+    const std::vector<std::vector<float>> rows = comm_ ? engine_.step_stage_device(in, transport())
+                                                       : engine_.step_stage(in, as_rows(received));
     const int64_t width = rows.empty() ? 0 : static_cast<int64_t>(rows[0].size());
     ir::Tensor t = ir::Tensor::zeros(ir::DType::F32, {static_cast<int64_t>(rows.size()), width});
     for (size_t i = 0; i < rows.size(); ++i)
@@ -137,8 +136,9 @@ private:
       comm_->send(src, bytes, rank_ + 1, stream, timeout_);
     };
     t.wait = [this](Stream stream) {
-      comm_->wait(stream, timeout_, fmt::format("a pipelined step (rank {} <-> {} and {})", rank_,
-                                                rank_ - 1, rank_ + 1));
+      comm_->wait(
+          stream, timeout_,
+          fmt::format("a pipelined step (rank {} <-> {} and {})", rank_, rank_ - 1, rank_ + 1));
     };
     return t;
   }

@@ -61,8 +61,7 @@ public:
 /// The stage's program on `backend` ("cpu": the interpreter; "cuda": a CudaEngine on this
 /// process's GPU, activations crossing the host). Throws xserv::Error for another backend.
 std::unique_ptr<StageRunner> make_stage(const std::string& backend,
-                                        const std::filesystem::path& model_dir,
-                                        int64_t max_batch, int64_t max_seq,
-                                        const ir::Graph& stage);
+                                        const std::filesystem::path& model_dir, int64_t max_batch,
+                                        int64_t max_seq, const ir::Graph& stage);
 
 } // namespace xserv::cli

@@ -56,7 +56,6 @@ std::optional<runtime::LaunchTable> plan_launch_table(const fs::path& plan_dir, 
   return runtime::launch_table_from_json(cg["launch_table"]);
 }
 
-
 PlanKernels load_plan_kernels(const fs::path& plan_dir, const runtime::LaunchTable& table,
                               const std::string& arch, const fs::path& cache_dir) {
   PlanKernels out;

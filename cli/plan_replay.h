@@ -18,9 +18,9 @@ namespace xserv::cli {
 /// sequence, step capacity `tcap`, gemm precision and activation arena size); else nullopt,
 /// with the reason in `why`.
 std::optional<runtime::LaunchTable> plan_launch_table(const std::filesystem::path& plan_dir,
-                                                      int64_t max_batch, int64_t max_seq,
-                                                      int tcap, bool gemm_split,
-                                                      int64_t arena_bytes, std::string& why);
+                                                      int64_t max_batch, int64_t max_seq, int tcap,
+                                                      bool gemm_split, int64_t arena_bytes,
+                                                      std::string& why);
 
 /// A launch table's kernels, loaded.
 struct PlanKernels {

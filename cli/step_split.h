@@ -32,7 +32,6 @@ std::vector<std::vector<Piece>> split_step(const models::StepInput& in, size_t c
 
 /// Checks a step against an engine's limits: throws xserv::Error naming the limit (batch,
 /// sequence length, cache rows, vocabulary) or the malformed part.
-void validate_step(const models::StepInput& in, int64_t max_batch, int64_t max_seq,
-                   int64_t vocab);
+void validate_step(const models::StepInput& in, int64_t max_batch, int64_t max_seq, int64_t vocab);
 
 } // namespace xserv::cli

@@ -57,9 +57,9 @@ KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines
       decls.push_back(p.decl);
     args.push_back(p.arg);
   }
-  src += fmt::format(
-      "\n    {}) {{\n  xserv_kernels::grid_dependency_sync();\n  xserv_kernels::{}(\n      {});\n}}\n",
-      fmt::join(decls, ",\n    "), call, fmt::join(args, ", "));
+  src += fmt::format("\n    {}) {{\n  xserv_kernels::grid_dependency_sync();\n  "
+                     "xserv_kernels::{}(\n      {});\n}}\n",
+                     fmt::join(decls, ",\n    "), call, fmt::join(args, ", "));
   return {std::move(name), std::move(src), std::move(decls), launch};
 }
 
@@ -472,9 +472,8 @@ KernelSource emit_rope_yarn_qk(int hq, int hk, int head_dim, double attention_fa
                   fmt::format("rope_yarn_qk<{}, {}, {}>", hq, hk, head_dim), params, per_row(256));
 }
 
-KernelSource emit_rope_yarn_qk_kv(int hq, int hk, int head_dim, double attention_factor,
-                                  int slots, bool f32_cache,
-                                  const std::vector<std::string>& ir_lines) {
+KernelSource emit_rope_yarn_qk_kv(int hq, int hk, int head_dim, double attention_factor, int slots,
+                                  bool f32_cache, const std::vector<std::string>& ir_lines) {
   KernelSource base = emit_rope_yarn_qk(hq, hk, head_dim, attention_factor, ir_lines);
   check_positive("rope_yarn_qk_kv", {slots});
   const std::string cache_t = f32_cache ? "float" : "__nv_bfloat16";
@@ -491,10 +490,10 @@ KernelSource emit_rope_yarn_qk_kv(int hq, int hk, int head_dim, double attention
                                {"", fmt::format("{:.17g}", attention_factor)},
                                {cache_t + "* k_cache", "k_cache"},
                                {cache_t + "* v_cache", "v_cache"}};
-  return assemble(std::move(name), ir_lines, "rope.cuh",
-                  fmt::format("rope_yarn_qk_kv<{}, {}, {}, {}, {}>", hq, hk, head_dim, slots,
-                              cache_t),
-                  params, per_row(256));
+  return assemble(
+      std::move(name), ir_lines, "rope.cuh",
+      fmt::format("rope_yarn_qk_kv<{}, {}, {}, {}, {}>", hq, hk, head_dim, slots, cache_t), params,
+      per_row(256));
 }
 
 KernelSource emit_kv_write(const KvWriteDims& d, const std::vector<std::string>& ir_lines) {
@@ -536,12 +535,12 @@ KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps,
   params.push_back(bias ? Param{fmt::format("{} b", kBf16), "b"} : Param{"", "nullptr"});
   for (const char* p : {"float* xn", "float* weights", "int* ids"})
     params.push_back({p, std::string(p).substr(std::string(p).find(' ') + 1)});
-  return assemble(fmt::format("rmsnorm_router_topk_d{}_e{}_k{}{}{}", dim, d.experts, d.k,
-                              bias ? "" : "_nobias", attr_suffix("eps", eps, 1e-5)),
-                  ir_lines, "router.cuh",
-                  fmt::format("norm_router_topk<{}, {}, {}, {}>", dim, d.experts, d.k,
-                              bias ? "true" : "false"),
-                  params, per_row(256));
+  return assemble(
+      fmt::format("rmsnorm_router_topk_d{}_e{}_k{}{}{}", dim, d.experts, d.k, bias ? "" : "_nobias",
+                  attr_suffix("eps", eps, 1e-5)),
+      ir_lines, "router.cuh",
+      fmt::format("norm_router_topk<{}, {}, {}, {}>", dim, d.experts, d.k, bias ? "true" : "false"),
+      params, per_row(256));
 }
 
 KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>& ir_lines) {

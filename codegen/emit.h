@@ -73,9 +73,8 @@ KernelSource emit_rope_yarn_qk(int hq, int hk, int head_dim, double attention_fa
 /// rope_yarn_qk that also writes the step's k (rotated) and v into the layer's KV caches, for
 /// steps with one token per sequence (codegen/kernels/rope.cuh rope_yarn_qk_kv). Parameters: q,
 /// k, v, positions, token_seq, cache_rows, inv_freq, k_cache, v_cache; grid.y = tokens.
-KernelSource emit_rope_yarn_qk_kv(int hq, int hk, int head_dim, double attention_factor,
-                                  int slots, bool f32_cache,
-                                  const std::vector<std::string>& ir_lines);
+KernelSource emit_rope_yarn_qk_kv(int hq, int hk, int head_dim, double attention_factor, int slots,
+                                  bool f32_cache, const std::vector<std::string>& ir_lines);
 
 /// attention with sinks, decode: split over keys, then attention_combine when splits > 1.
 /// Kernel parameters: q, k, v, k_cache, v_cache, sinks, positions, token_seq, ctx_lens,

@@ -51,8 +51,7 @@ const Api& api() {
       if ((a.handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)))
         break;
     if (!a.handle) {
-      a.error = fmt::format("cannot load NCCL (tried {}): {}", fmt::join(tried, ", "),
-                            ::dlerror());
+      a.error = fmt::format("cannot load NCCL (tried {}): {}", fmt::join(tried, ", "), ::dlerror());
       return;
     }
     resolve(a, a.get_unique_id, "ncclGetUniqueId");
@@ -226,10 +225,10 @@ void NcclComm::wait(cudaStream_t stream, std::chrono::milliseconds timeout,
       abort();
       throw Error(fmt::format("rank {}: {}: {}", rank_, what, cudaGetErrorString(q)));
     }
-    settle(what, std::chrono::milliseconds(std::max<int64_t>(
-                     1, std::chrono::duration_cast<std::chrono::milliseconds>(
-                            deadline - std::chrono::steady_clock::now())
-                            .count())));
+    settle(what, std::chrono::milliseconds(
+                     std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              deadline - std::chrono::steady_clock::now())
+                                              .count())));
     if (std::chrono::steady_clock::now() > deadline) {
       abort();
       throw Error(fmt::format("rank {}: {}: not done after {} ms (the peer is gone or stuck)",

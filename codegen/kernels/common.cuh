@@ -107,10 +107,9 @@ __device__ __forceinline__ void warp_prefetch_rows_l2(const __nv_bfloat16* w) {
 /// issues the first batch, so a kernel calls it before its prologue (staging x, a norm) and the
 /// weight stream overlaps it; finish() does the rest. Every lane sums in the same order as a
 /// plain loop over the chunks, so the result does not depend on the pipelining.
-template <int K, int R, int MAX_T, int UNROLL = 4>
-struct WarpGemv {
+template <int K, int R, int MAX_T, int UNROLL = 4> struct WarpGemv {
   static_assert(K % 8 == 0, "rows must be whole 16-byte words");
-  static constexpr int kChunks = K / 8;               // 16-byte words per row
+  static constexpr int kChunks = K / 8;                     // 16-byte words per row
   static constexpr int kHalf = UNROLL > 1 ? UNROLL / 2 : 1; // loads per row and lane per batch
   static constexpr int kBatch = kWarp * kHalf;
   static constexpr int kBatches = (kChunks + kBatch - 1) / kBatch;

@@ -47,8 +47,7 @@ __device__ __forceinline__ void router_topk(const float* __restrict__ logits,
   if (threadIdx.x != 0)
     return;
   const int t = blockIdx.y;
-  topk_softmax<E, KSEL>(logits + (size_t)t * E, weights + (size_t)t * KSEL,
-                        ids + (size_t)t * KSEL);
+  topk_softmax<E, KSEL>(logits + (size_t)t * E, weights + (size_t)t * KSEL, ids + (size_t)t * KSEL);
 }
 
 /// The MoE's routing of a decode step in one launch, for token t = blockIdx.y (256 threads):

@@ -26,7 +26,7 @@ namespace {
 struct TinyCheckpoint {
   fs::path dir;
   explicit TinyCheckpoint(const std::string& tag, const std::string& extra = "") {
-    dir = fs::temp_directory_path() / ("xserv_bad_input_" + tag);
+    dir = fs::temp_directory_path() / ("xserv_bad_input_" + tag + "_" + std::to_string(getpid()));
     fs::remove_all(dir);
     RunResult r = run_xserv("synth --config " +
                             (xserv::testing::source_dir() / "examples/tiny/config.json").string() +

@@ -1,6 +1,10 @@
 // xserv bench: statistics, the three output formats, argument handling, and a CPU run end to end.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <string>
+
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -96,7 +100,8 @@ TEST_CASE("bench argument errors exit 2 with a clear line") {
 }
 
 TEST_CASE("bench runs on the CPU backend and prints one row per test") {
-  const fs::path dir = fs::temp_directory_path() / "xserv_bench_tiny";
+  const fs::path dir =
+      fs::temp_directory_path() / ("xserv_bench_tiny_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   REQUIRE(run_split("synth --config " +
                     (testing::source_dir() / "examples/tiny/config.json").string() + " -o " +

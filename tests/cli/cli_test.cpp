@@ -1,6 +1,8 @@
 // The xserv binary as a user meets it: help, exit codes, clear messages, compile --emit ir.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -55,7 +57,8 @@ TEST_CASE("usage mistakes: one clear message, exit code 2") {
 }
 
 TEST_CASE("a config of another model fails with exit 1 and names the field") {
-  auto dir = std::filesystem::temp_directory_path() / "xserv_cli_llama";
+  auto dir =
+      std::filesystem::temp_directory_path() / ("xserv_cli_llama_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "config.json") << R"({"model_type": "llama"})";
   RunResult r = run_xserv("compile " + dir.string() + " --emit ir");
@@ -69,8 +72,10 @@ TEST_CASE("compile --emit ir prints a verified graph, -o writes a plan directory
   CHECK(r.code == 0);
   CHECK(r.out.find("= attention(") != std::string::npos);
   CHECK(r.out.find("return %") != std::string::npos);
-  auto plan = std::filesystem::temp_directory_path() / "xserv_cli_plan";
-  auto dump = std::filesystem::temp_directory_path() / "xserv_cli_dump";
+  auto plan =
+      std::filesystem::temp_directory_path() / ("xserv_cli_plan_" + std::to_string(::getpid()));
+  auto dump =
+      std::filesystem::temp_directory_path() / ("xserv_cli_dump_" + std::to_string(::getpid()));
   std::filesystem::remove_all(plan);
   std::filesystem::remove_all(dump);
   r = run_xserv("compile " + tiny() + " -o " + plan.string() + " --dump-dir " + dump.string());

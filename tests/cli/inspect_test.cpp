@@ -1,6 +1,10 @@
 // Roofline arithmetic against the shared TARGETS.md figures, and `xserv inspect` on real plans.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <string>
+
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -38,7 +42,8 @@ TEST_CASE("20b floors agree with the ceiling arithmetic of TARGETS.md") {
 }
 
 TEST_CASE("inspect prints the stage table and roofline, and --json the same facts") {
-  const fs::path plan = fs::temp_directory_path() / "xserv_inspect_plan";
+  const fs::path plan =
+      fs::temp_directory_path() / ("xserv_inspect_plan_" + std::to_string(::getpid()));
   fs::remove_all(plan);
   REQUIRE(run_xserv("compile " + (xserv::testing::source_dir() / "examples/gpt-oss-120b").string() +
                     " -o " + plan.string() + " --max-seq 4096 --max-batch 8")
@@ -64,7 +69,8 @@ TEST_CASE("inspect prints the stage table and roofline, and --json the same fact
 }
 
 TEST_CASE("compile --pp writes one program per stage; inspect shows their share and balance") {
-  const fs::path plan = fs::temp_directory_path() / "xserv_inspect_pp_plan";
+  const fs::path plan =
+      fs::temp_directory_path() / ("xserv_inspect_pp_plan_" + std::to_string(::getpid()));
   fs::remove_all(plan);
   const std::string model = (xserv::testing::source_dir() / "examples/gpt-oss-120b").string();
   REQUIRE(run_xserv("compile " + model + " -o " + plan.string() +
@@ -101,7 +107,8 @@ TEST_CASE("compile --pp writes one program per stage; inspect shows their share 
   CHECK(r.out.find("imbalance") != std::string::npos);
   CHECK(r.out.find("+h") != std::string::npos);
   // More stages than layers: one clear error, no plan written.
-  const fs::path bad = fs::temp_directory_path() / "xserv_inspect_pp_bad";
+  const fs::path bad =
+      fs::temp_directory_path() / ("xserv_inspect_pp_bad_" + std::to_string(::getpid()));
   fs::remove_all(bad);
   RunResult e =
       run_xserv("compile " + model + " -o " + bad.string() + " --pp 40 --no-cubins", "", true);

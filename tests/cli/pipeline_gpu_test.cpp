@@ -15,10 +15,10 @@
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
+using xserv::testing::run_binary;
 using xserv::testing::RunResult;
 using xserv::testing::source_dir;
 using xserv::testing::TempDir;
-using xserv::testing::run_binary;
 namespace fs = std::filesystem;
 
 TEST_CASE("gpu: pp 2 as two CUDA processes gives the whole model's greedy tokens, and a dead "
@@ -26,18 +26,21 @@ TEST_CASE("gpu: pp 2 as two CUDA processes gives the whole model's greedy tokens
   XSERV_REQUIRE_GPU_AND_BINARY(dev, bin);
   TempDir tmp("pp_cuda");
   const fs::path model = tmp.path / "model", pp1 = tmp.path / "pp1", pp2 = tmp.path / "pp2";
+  REQUIRE(
+      run_binary(bin,
+                 fmt::format("synth --config {} -o {} --seed 5",
+                             (source_dir() / "examples/tiny/config.json").string(), model.string()),
+                 tmp.path)
+          .code == 0);
   REQUIRE(run_binary(bin,
-                fmt::format("synth --config {} -o {} --seed 5",
-                            (source_dir() / "examples/tiny/config.json").string(), model.string()),
-                tmp.path)
-              .code == 0);
-  REQUIRE(run_binary(bin, fmt::format("compile {} -o {} --no-cubins --max-batch 4", model.string(),
+                     fmt::format("compile {} -o {} --no-cubins --max-batch 4", model.string(),
                                  pp1.string()),
-                tmp.path)
+                     tmp.path)
               .code == 0);
-  REQUIRE(run_binary(bin, fmt::format("compile {} -o {} --no-cubins --max-batch 4 --pp 2",
+  REQUIRE(run_binary(bin,
+                     fmt::format("compile {} -o {} --no-cubins --max-batch 4 --pp 2",
                                  model.string(), pp2.string()),
-                tmp.path)
+                     tmp.path)
               .code == 0);
   // 40 prompt tokens: the prefill takes the gemm path, then 12 decode steps as CUDA graphs.
   std::string ids;
@@ -55,15 +58,16 @@ TEST_CASE("gpu: pp 2 as two CUDA processes gives the whole model's greedy tokens
   MESSAGE("pp 2 over " << std::min(dev.count, 2) << " GPU(s): " << ranks.out);
 
   if (dev.count >= 2) { // rank to rank over NCCL (two ranks on one GPU are not allowed)
-    const RunResult nccl = run_binary(bin, "run " + pp2.string() + prompt, tmp.path,
-                                      "XSERV_PIPELINE_TRANSPORT=nccl");
+    const RunResult nccl =
+        run_binary(bin, "run " + pp2.string() + prompt, tmp.path, "XSERV_PIPELINE_TRANSPORT=nccl");
     INFO(nccl.err);
     REQUIRE(nccl.code == 0);
     CHECK(nccl.out == whole.out);
     CHECK(nccl.err.find("activations over NCCL") != std::string::npos);
     const auto t0 = std::chrono::steady_clock::now();
-    const RunResult dead = run_binary(bin, "run " + pp2.string() + prompt, tmp.path,
-                                      "XSERV_PIPELINE_TRANSPORT=nccl XSERV_PIPELINE_FAULT=1:exit@3");
+    const RunResult dead =
+        run_binary(bin, "run " + pp2.string() + prompt, tmp.path,
+                   "XSERV_PIPELINE_TRANSPORT=nccl XSERV_PIPELINE_FAULT=1:exit@3");
     INFO(dead.err);
     CHECK(dead.code != 0);
     CHECK(dead.err.find("rank 1") != std::string::npos);
@@ -76,8 +80,7 @@ TEST_CASE("gpu: pp 2 as two CUDA processes gives the whole model's greedy tokens
   const auto t0 = std::chrono::steady_clock::now();
   const RunResult dead =
       run_binary(bin, "run " + pp2.string() + prompt, tmp.path, "XSERV_PIPELINE_FAULT=1:exit@3");
-  const double s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(dead.err);
   CHECK(dead.code != 0);
   CHECK(dead.err.find("pipeline rank 1") != std::string::npos);

@@ -6,8 +6,8 @@
 
 #include "cli/pipeline_stage.h"
 
-using xserv::cli::MicroBatch;
 using xserv::cli::micro_batches;
+using xserv::cli::MicroBatch;
 using xserv::models::StepInput;
 
 namespace {

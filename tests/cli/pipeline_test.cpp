@@ -106,10 +106,9 @@ TEST_CASE("pipelined plan, micro-batches: a batch of prompts gives the whole mod
   // micro-batches during the prefill), so the two ranks work on different ones at once.
   XSERV_REQUIRE_DATA(data);
   Plans p;
-  const std::string args =
-      " --task gsm8k --data " + (data / "gsm8k_test.jsonl").string() +
-      " --limit 3 --batch 3 --max-tokens 6 --backend cpu --tokenizer " +
-      (data / "o200k_base.tiktoken").string() + " --out ";
+  const std::string args = " --task gsm8k --data " + (data / "gsm8k_test.jsonl").string() +
+                           " --limit 3 --batch 3 --max-tokens 6 --backend cpu --tokenizer " +
+                           (data / "o200k_base.tiktoken").string() + " --out ";
   const fs::path whole = p.tmp.path / "whole.jsonl", ranks = p.tmp.path / "ranks.jsonl";
   const fs::path autom = p.tmp.path / "auto.jsonl";
   REQUIRE(run_with_env("", "eval " + p.pp1 + args + whole.string(), p.tmp.path).code == 0);
@@ -136,13 +135,13 @@ TEST_CASE("pipelined plan, micro-batches: a batch of prompts gives the whole mod
 
 TEST_CASE("pipelined plan: the NCCL transport is for the CUDA backend; a bad transport name") {
   Plans p;
-  RunResult cpu = run_with_env("XSERV_PIPELINE_TRANSPORT=nccl", "run " + p.pp2 + kPrompt,
-                               p.tmp.path);
+  RunResult cpu =
+      run_with_env("XSERV_PIPELINE_TRANSPORT=nccl", "run " + p.pp2 + kPrompt, p.tmp.path);
   CHECK(cpu.code == 1);
   CHECK(cpu.err.find("NCCL transport") != std::string::npos);
   CHECK(cpu.err.find("--backend cuda") != std::string::npos);
-  RunResult bad = run_with_env("XSERV_PIPELINE_TRANSPORT=carrier-pigeon",
-                               "run " + p.pp2 + kPrompt, p.tmp.path);
+  RunResult bad =
+      run_with_env("XSERV_PIPELINE_TRANSPORT=carrier-pigeon", "run " + p.pp2 + kPrompt, p.tmp.path);
   CHECK(bad.code == 2);
   CHECK(bad.err.find("XSERV_PIPELINE_TRANSPORT must be tcp or nccl") != std::string::npos);
 }

@@ -2,6 +2,10 @@
 // for sm_90 (no GPU needed), and the tiny plan's generated source stays byte-stable.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <string>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -53,7 +57,8 @@ TEST_CASE("every kernel of the tiny and 120b plans compiles for sm_90") {
   xserv::testing::TempDir cache("kernel_cache"); // a cold cache: NVRTC really compiles
   setenv("XSERV_KERNEL_CACHE", cache.path.c_str(), 1);
   const fs::path src = xserv::testing::source_dir();
-  const fs::path tiny = fs::temp_directory_path() / "xserv_plan_tiny";
+  const fs::path tiny =
+      fs::temp_directory_path() / ("xserv_plan_tiny_" + std::to_string(::getpid()));
   const nlohmann::json tj = compile_plan(src / "examples/tiny", tiny, "");
   check_cubins(tiny, tj, 12);
   // Counted launches. Decode, per layer: qkv_decode, rope with both KV cache writes, attention
@@ -66,7 +71,8 @@ TEST_CASE("every kernel of the tiny and 120b plans compiles for sm_90") {
   CHECK(tj["codegen"]["launches_per_decode_step"] == 2 * 8 + 5);
   CHECK(tj["codegen"]["prefill_step_tokens"] == 512);
   CHECK(tj["codegen"]["launches_per_prefill_step"] == 2 * 16 + 5);
-  const fs::path big = fs::temp_directory_path() / "xserv_plan_120b";
+  const fs::path big =
+      fs::temp_directory_path() / ("xserv_plan_120b_" + std::to_string(::getpid()));
   nlohmann::json pj = compile_plan(src / "examples/gpt-oss-120b", big, "--kv-dtype bf16");
   check_cubins(big, pj, 12);
   CHECK(pj["codegen"]["launches_per_decode_step"].get<int>() > 36 * 8);
@@ -78,7 +84,8 @@ TEST_CASE("every kernel of the 20b plan compiles for sm_90") {
   XSERV_REQUIRE_DATA(data);
   xserv::testing::TempDir cache("kernel_cache");
   setenv("XSERV_KERNEL_CACHE", cache.path.c_str(), 1);
-  const fs::path plan = fs::temp_directory_path() / "xserv_plan_20b";
+  const fs::path plan =
+      fs::temp_directory_path() / ("xserv_plan_20b_" + std::to_string(::getpid()));
   check_cubins(plan, compile_plan(data / "gpt-oss-20b", plan, ""), 12);
   fs::remove_all(plan);
 }
@@ -87,7 +94,8 @@ TEST_CASE("the tiny plan's generated source is byte-stable (golden file)") {
   // An intended change to the generated code regenerates the golden file in the same commit:
   //   XSERV_UPDATE_GOLDEN=1 build/tests/cli_tests -tc="*byte-stable*"
   const fs::path src = xserv::testing::source_dir();
-  const fs::path plan = fs::temp_directory_path() / "xserv_plan_golden";
+  const fs::path plan =
+      fs::temp_directory_path() / ("xserv_plan_golden_" + std::to_string(::getpid()));
   nlohmann::json pj = compile_plan(src / "examples/tiny", plan, "--no-cubins");
   std::string all;
   for (const auto& k : pj["codegen"]["kernels"]) {

@@ -26,18 +26,18 @@ TEST_CASE("gpu: a plan's launch table and cubins give the engine's own lowering'
   XSERV_REQUIRE_GPU_AND_BINARY(dev, bin);
   xserv::testing::TempDir tmp("plan_replay");
   const fs::path model = tmp.path / "model", plan = tmp.path / "plan";
-  REQUIRE(run_binary(bin,
-                     fmt::format("synth --config {} -o {} --seed 9",
-                                 (xserv::testing::source_dir() / "examples/tiny/config.json")
-                                     .string(),
-                                 model.string()),
-                     tmp.path)
-              .code == 0);
-  const auto compiled = run_binary(
-      bin,
-      fmt::format("compile {} -o {} --max-batch 3 --max-seq 512 --arch {}", model.string(),
-                  plan.string(), dev.arch()),
-      tmp.path);
+  REQUIRE(
+      run_binary(bin,
+                 fmt::format("synth --config {} -o {} --seed 9",
+                             (xserv::testing::source_dir() / "examples/tiny/config.json").string(),
+                             model.string()),
+                 tmp.path)
+          .code == 0);
+  const auto compiled =
+      run_binary(bin,
+                 fmt::format("compile {} -o {} --max-batch 3 --max-seq 512 --arch {}",
+                             model.string(), plan.string(), dev.arch()),
+                 tmp.path);
   INFO(compiled.err);
   REQUIRE(compiled.code == 0);
   std::ifstream in(plan / "graph.ir");

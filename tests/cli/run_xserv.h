@@ -69,8 +69,8 @@ inline std::filesystem::path find_xserv_binary() {
 inline RunResult run_binary(const std::filesystem::path& bin, const std::string& args,
                             const std::filesystem::path& dir, const std::string& env = "") {
   const std::filesystem::path err = dir / "stderr.txt";
-  RunResult r = run_shell(env + " " + bin.string() + " " + args + " 2>" + err.string() +
-                          " </dev/null");
+  RunResult r =
+      run_shell(env + " " + bin.string() + " " + args + " 2>" + err.string() + " </dev/null");
   std::ifstream in(err);
   r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   return r;

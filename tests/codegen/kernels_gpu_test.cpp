@@ -659,7 +659,8 @@ TEST_CASE("kv_write kernel stores bf16 rows where ir::ref puts them") {
   check_kv_write(pos, seq, 721);
 }
 
-TEST_CASE("norm_router_topk: rms_norm, the router GEMV and router_topk in one launch, bit for bit") {
+TEST_CASE(
+    "norm_router_topk: rms_norm, the router GEMV and router_topk in one launch, bit for bit") {
   XSERV_REQUIRE_GPU();
   Rng rng{731};
   // 20b's routing (2880 wide, 32 experts, top 4), a small one, and one without bias.
