@@ -139,12 +139,14 @@ struct CudaEngine::Impl {
   }
 
   void upload_weights(const fs::path& cache_dir);
+  /// A pipeline stage's recv nodes by name (found once, at construction).
+  std::map<std::string, ir::ValueId> recvs;
   /// The recv node named `name` (a pipeline stage's input).
   ir::ValueId recv_value(const std::string& name) const {
-    for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(graph.size()); ++v)
-      if (graph.node(v).op == ir::Op::Recv && graph.node(v).attr_str("name") == name)
-        return v;
-    throw Error(fmt::format("this stage receives nothing called '{}'", name));
+    const auto it = recvs.find(name);
+    if (it == recvs.end())
+      throw Error(fmt::format("this stage receives nothing called '{}'", name));
+    return it->second;
   }
   cudaGraphExec_t capture(const runtime::StepShape& s);
   void* address(ir::ValueId v, int r);
@@ -301,6 +303,9 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
   m.graph = pm.run(graph ? *graph : models::build_gpt_oss(m.ckpt.config()));
   XSERV_CHECK(m.graph.outputs.size() >= 1, "graph without outputs");
   m.output = m.graph.outputs[0];
+  for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(m.graph.size()); ++v)
+    if (m.graph.node(v).op == ir::Op::Recv)
+      m.recvs.emplace(m.graph.node(v).attr_str("name"), v);
   const ir::Type& out_type = m.graph.type(m.output);
   m.per_token = out_type.shape.at(0).name == models::dims::kTokens;
   m.vocab = out_type.shape.back().size;
@@ -518,10 +523,8 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
     }
   }
   if (transport) // received on the device, into each recv value's buffer
-    for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(graph.size()); ++v)
-      if (graph.node(v).op == ir::Op::Recv)
-        transport->receive(graph.node(v).attr_str("name"), address(v, 0),
-                           size_t(tokens) * row_bytes(v), stream);
+    for (const auto& [name, v] : recvs)
+      transport->receive(name, address(v, 0), size_t(tokens) * row_bytes(v), stream);
   runtime::StepShape s;
   s.tokens = tokens;
   s.seqs = seqs;

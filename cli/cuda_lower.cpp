@@ -538,7 +538,8 @@ private:
     d.bias = n.inputs.size() == 3;
     const int k = as_int(n.attr_int("k"));
     const ValueId norm = n.inputs[0];
-    if (router_of_norm(norm) == v) {
+    const bool fused_decode = router_of_norm(norm) == v;
+    if (fused_decode) {
       // Decode steps: the norm before the router, the router's logits and top-k in one launch
       // (writing the norm's output for the experts too); longer steps as below.
       const Node& nn = g_.node(norm);
@@ -552,7 +553,10 @@ private:
       emit(fused, Rows::Tokens, 0, kDecodeTokens, std::move(args));
       outer_lo_ = kDecodeTokens + 1;
     }
-    const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
+    // The router's own GEMV serves what the fused launch does not: every step when there is no
+    // fused launch, the longer ones when no gemm takes them.
+    const bool gemv_used = !fused_decode || !(gemm_path() && codegen::gemm_fits(d.k));
+    const int kernel = gemv_used ? k_.add(codegen::emit_linear(d, ir_lines(g_, v))) : -1;
     linear(kernel, dense_gemm(d, v), d, Rows::Tokens, addr(n.inputs[0]), LaunchArg{},
            addr(n.inputs[1]), d.bias ? addr(n.inputs[2]) : LaunchArg{}, LaunchArg{},
            router_logits_);

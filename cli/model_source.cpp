@@ -156,9 +156,7 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
     PipelineLaunch launch;
     launch.backend = backend;
     launch.coordinator = args.get("--coordinator", "");
-    if (const char* t = std::getenv("XSERV_PIPELINE_TIMEOUT"); t && *t)
-      launch.rank_timeout =
-          std::chrono::milliseconds(static_cast<int64_t>(std::max(0.1, std::atof(t)) * 1000));
+    launch.rank_timeout = pipeline_rank_timeout();
     if (const char* m = std::getenv("XSERV_PIPELINE_MICROBATCHES"); m && *m)
       launch.micro_batches = std::max(1, std::atoi(m));
     if (const char* t = std::getenv("XSERV_PIPELINE_TRANSPORT"); t && *t) {

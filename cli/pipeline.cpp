@@ -160,12 +160,9 @@ std::string from_hex(const std::string& hex) {
 }
 
 /// How long one pipelined step's NCCL transfers may take on a rank (receiving includes the
-/// previous stage's compute): three times XSERV_PIPELINE_TIMEOUT, 30 s by default.
-std::chrono::milliseconds nccl_step_timeout() {
-  double s = 10;
-  if (const char* t = std::getenv("XSERV_PIPELINE_TIMEOUT"); t && *t)
-    s = std::max(0.1, std::atof(t));
-  return std::chrono::milliseconds(static_cast<int64_t>(3 * s * 1000));
+/// previous stage's compute): three rank timeouts.
+std::chrono::milliseconds nccl_step_timeout(std::chrono::milliseconds rank_timeout) {
+  return 3 * rank_timeout;
 }
 
 /// Sends kAlive on `c` every second until destroyed (a rank computing or loading); the
@@ -277,7 +274,7 @@ public:
       await(r, kReady, nullptr);
     if (nccl) { // every rank joins the communicator once its stage is loaded
       comm_ = std::make_unique<runtime::NcclComm>(nccl_id, world, 0, launch.connect_timeout);
-      local_->use_nccl(comm_.get(), 0, nccl_step_timeout());
+      local_->use_nccl(comm_.get(), 0, nccl_step_timeout(launch.rank_timeout));
     }
     std::fprintf(stderr, "[pipeline] %d ranks ready (%s, activations over %s)\n", world,
                  launch.backend.c_str(), nccl ? "NCCL" : "TCP");
@@ -541,6 +538,13 @@ private:
 
 } // namespace
 
+std::chrono::milliseconds pipeline_rank_timeout() {
+  double s = 10;
+  if (const char* t = std::getenv("XSERV_PIPELINE_TIMEOUT"); t && *t)
+    s = std::max(0.1, std::atof(t));
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
 std::string pipeline_plan_digest(const fs::path& plan_dir) {
   std::ifstream in(plan_dir / "plan.json");
   const nlohmann::json pj = nlohmann::json::parse(in, nullptr, false);
@@ -605,7 +609,7 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
     try {
       comm = std::make_unique<runtime::NcclComm>(from_hex(welcome["nccl_id"].get<std::string>()),
                                                  world, rank, std::chrono::seconds(60));
-      engine->use_nccl(comm.get(), rank, nccl_step_timeout());
+      engine->use_nccl(comm.get(), rank, nccl_step_timeout(pipeline_rank_timeout()));
     } catch (const Error& e) {
       c.send(message(kFail, {{"message", e.what()}}));
       throw;

@@ -45,6 +45,10 @@ struct PipelineLaunch {
   std::string transport = "tcp";
 };
 
+/// How long a computing rank may stay silent before it is declared hung:
+/// XSERV_PIPELINE_TIMEOUT seconds (at least 0.1), else 10 s.
+std::chrono::milliseconds pipeline_rank_timeout();
+
 /// Rank 0 of a pipeline: an Engine whose steps run stage 0 here and the rest on the workers.
 std::unique_ptr<Engine> make_pipeline_engine(const std::filesystem::path& plan_dir,
                                              const std::filesystem::path& model_dir,

@@ -5,21 +5,14 @@
 #include <vector>
 
 #include "cli/pipeline_stage.h"
+#include "tests/cli/step_input.h"
 
 using xserv::cli::micro_batches;
 using xserv::cli::MicroBatch;
 using xserv::models::StepInput;
+using xserv::testing::make_step;
 
 namespace {
-
-StepInput step(std::vector<std::vector<int32_t>> tokens, std::vector<int32_t> ctx,
-               std::vector<int32_t> rows) {
-  StepInput in;
-  in.tokens = std::move(tokens);
-  in.ctx_lens = std::move(ctx);
-  in.cache_rows = std::move(rows);
-  return in;
-}
 
 /// Every token of `in` appears once, in order, with its position (ctx + offset) and cache row.
 void check_covers(const StepInput& in, const std::vector<MicroBatch>& mbs) {
@@ -47,7 +40,7 @@ void check_covers(const StepInput& in, const std::vector<MicroBatch>& mbs) {
 } // namespace
 
 TEST_CASE("micro_batches cuts a decode step into groups of sequences") {
-  const StepInput in = step({{1}, {2}, {3}, {4}, {5}}, {10, 0, 7, 3, 99}, {4, 3, 2, 1, 0});
+  const StepInput in = make_step({{1}, {2}, {3}, {4}, {5}}, {10, 0, 7, 3, 99}, {4, 3, 2, 1, 0});
   const auto mbs = micro_batches(in, 2);
   REQUIRE(mbs.size() == 2);
   CHECK(mbs[0].in.tokens.size() == 3); // 5 tokens: 3 + 2
@@ -59,7 +52,7 @@ TEST_CASE("micro_batches splits a long prompt into consecutive pieces of one seq
   std::vector<int32_t> prompt;
   for (int i = 0; i < 10; ++i)
     prompt.push_back(100 + i);
-  const StepInput in = step({prompt}, {5}, {2});
+  const StepInput in = make_step({prompt}, {5}, {2});
   const auto mbs = micro_batches(in, 3);
   REQUIRE(mbs.size() == 3);
   CHECK(mbs[0].in.tokens[0].size() == 4); // 10 tokens: 4 + 3 + 3
@@ -69,7 +62,7 @@ TEST_CASE("micro_batches splits a long prompt into consecutive pieces of one seq
 }
 
 TEST_CASE("micro_batches: mixed prompts, more parts than tokens, one part") {
-  const StepInput in = step({{1, 2, 3}, {4}, {5, 6, 7, 8, 9}}, {0, 4, 2}, {0, 1, 2});
+  const StepInput in = make_step({{1, 2, 3}, {4}, {5, 6, 7, 8, 9}}, {0, 4, 2}, {0, 1, 2});
   for (int parts : {1, 2, 3, 4, 9, 50}) {
     CAPTURE(parts);
     const auto mbs = micro_batches(in, parts);

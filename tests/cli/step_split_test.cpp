@@ -8,23 +8,16 @@
 #include "cli/step_split.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
+#include "tests/cli/step_input.h"
 
 using xserv::cli::ParamLayout;
 using xserv::cli::Piece;
 using xserv::cli::split_step;
 using xserv::cli::validate_step;
 using xserv::models::StepInput;
+using xserv::testing::make_step;
 
 namespace {
-
-StepInput step(std::vector<std::vector<int32_t>> tokens, std::vector<int32_t> ctx,
-               std::vector<int32_t> rows) {
-  StepInput in;
-  in.tokens = std::move(tokens);
-  in.ctx_lens = std::move(ctx);
-  in.cache_rows = std::move(rows);
-  return in;
-}
 
 std::string error_of(const StepInput& in, int64_t batch, int64_t seq, int64_t vocab) {
   try {
@@ -38,7 +31,7 @@ std::string error_of(const StepInput& in, int64_t batch, int64_t seq, int64_t vo
 } // namespace
 
 TEST_CASE("split_step: sub-steps of at most cap tokens, each sequence's pieces in order") {
-  const StepInput in = step({{1, 2, 3, 4, 5}, {6}, {7, 8, 9}}, {0, 4, 10}, {0, 1, 2});
+  const StepInput in = make_step({{1, 2, 3, 4, 5}, {6}, {7, 8, 9}}, {0, 4, 10}, {0, 1, 2});
   const auto subs = split_step(in, 4);
   REQUIRE(subs.size() == 3); // 9 tokens in sub-steps of 4, 4, 1
   std::vector<size_t> next(3, 0), sizes;
@@ -60,21 +53,21 @@ TEST_CASE("split_step: sub-steps of at most cap tokens, each sequence's pieces i
 
 TEST_CASE("validate_step names the limit a step breaks") {
   const int64_t batch = 2, seq = 16, vocab = 100;
-  CHECK(error_of(step({{1}, {2}}, {0, 15}, {0, 1}), batch, seq, vocab).empty());
-  CHECK(error_of(step({{1}, {2}, {3}}, {0, 0, 0}, {0, 1, 0}), batch, seq, vocab)
+  CHECK(error_of(make_step({{1}, {2}}, {0, 15}, {0, 1}), batch, seq, vocab).empty());
+  CHECK(error_of(make_step({{1}, {2}, {3}}, {0, 0, 0}, {0, 1, 0}), batch, seq, vocab)
             .find("exceed the maximum batch of 2") != std::string::npos);
-  CHECK(error_of(step({{1}, {2}}, {0}, {0, 1}), batch, seq, vocab).find("mismatched") !=
+  CHECK(error_of(make_step({{1}, {2}}, {0}, {0, 1}), batch, seq, vocab).find("mismatched") !=
         std::string::npos);
-  CHECK(error_of(step({{1}, {}}, {0, 0}, {0, 1}), batch, seq, vocab).find("has no tokens") !=
+  CHECK(error_of(make_step({{1}, {}}, {0, 0}, {0, 1}), batch, seq, vocab).find("has no tokens") !=
         std::string::npos);
-  CHECK(error_of(step({{1, 2}}, {15}, {0}), batch, seq, vocab)
+  CHECK(error_of(make_step({{1, 2}}, {15}, {0}), batch, seq, vocab)
             .find("15 cached + 2 new tokens exceed the maximum sequence length of 16") !=
         std::string::npos);
-  CHECK(error_of(step({{1}}, {-1}, {0}), batch, seq, vocab).find("sequence 0") !=
+  CHECK(error_of(make_step({{1}}, {-1}, {0}), batch, seq, vocab).find("sequence 0") !=
         std::string::npos);
-  CHECK(error_of(step({{1}}, {0}, {2}), batch, seq, vocab).find("cache row 2") !=
+  CHECK(error_of(make_step({{1}}, {0}, {2}), batch, seq, vocab).find("cache row 2") !=
         std::string::npos);
-  CHECK(error_of(step({{100}}, {0}, {0}), batch, seq, vocab)
+  CHECK(error_of(make_step({{100}}, {0}, {0}), batch, seq, vocab)
             .find("token id 100 is outside the vocabulary [0, 100)") != std::string::npos);
 }
 
