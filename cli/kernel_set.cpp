@@ -74,10 +74,7 @@ std::vector<runtime::PlanKernel> KernelSet::plan_kernels() const {
 }
 
 std::vector<runtime::LoadedKernel> KernelSet::loaded() const {
-  std::vector<runtime::LoadedKernel> out;
-  for (size_t i = 0; i < kernels_.size(); ++i)
-    out.push_back({&modules_[i], &kernels_[i]});
-  return out;
+  return runtime::loaded_kernels(modules_, kernels_);
 }
 
 int step_token_capacity(int64_t max_batch, int prefill_chunk) {

@@ -85,10 +85,7 @@ PlanKernels load_plan_kernels(const fs::path& plan_dir, const runtime::LaunchTab
 }
 
 std::vector<runtime::LoadedKernel> PlanKernels::loaded() const {
-  std::vector<runtime::LoadedKernel> out;
-  for (size_t i = 0; i < kernels.size(); ++i)
-    out.push_back({&modules[i], &kernels[i]});
-  return out;
+  return runtime::loaded_kernels(modules, kernels);
 }
 
 } // namespace xserv::cli

@@ -181,4 +181,13 @@ std::vector<LaunchRecord> Executor::record(const StepShape& shape, size_t begin,
   return out;
 }
 
+std::vector<LoadedKernel> loaded_kernels(const std::vector<Module>& modules,
+                                         const std::vector<Kernel>& kernels) {
+  XSERV_CHECK(modules.size() == kernels.size(), "one module per kernel");
+  std::vector<LoadedKernel> out;
+  for (size_t i = 0; i < kernels.size(); ++i)
+    out.push_back({&modules[i], &kernels[i]});
+  return out;
+}
+
 } // namespace xserv::runtime

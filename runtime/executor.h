@@ -46,6 +46,11 @@ struct LoadedKernel {
   const Kernel* kernel = nullptr;
 };
 
+/// The LoadedKernels of `modules[i]` / `kernels[i]` (equal lengths; both must outlive the
+/// executor and not be modified).
+std::vector<LoadedKernel> loaded_kernels(const std::vector<Module>& modules,
+                                         const std::vector<Kernel>& kernels);
+
 /// Replays a LaunchTable: every argument is resolved to its bytes when the executor is built,
 /// so a step only picks the active entries, fills argument buffers on the stack and launches.
 /// A step allocates nothing and never synchronises, so it can run inside CUDA stream capture.

@@ -194,22 +194,21 @@ void NcclComm::send(const void* buf, size_t bytes, int peer, cudaStream_t stream
                     std::chrono::milliseconds timeout) {
   const Api& a = loaded();
   const std::string what = fmt::format("sending {} bytes to rank {}", bytes, peer);
-  const ncclResult_t r = a.send(buf, bytes, ncclUint8, peer, as_comm(comm_), stream);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    abort();
-    throw Error(fmt::format("rank {}: {}: {}", rank_, what, a.error_string(r)));
-  }
-  settle(what, timeout);
+  after_post(a.send(buf, bytes, ncclUint8, peer, as_comm(comm_), stream), what, timeout);
 }
 
 void NcclComm::recv(void* buf, size_t bytes, int peer, cudaStream_t stream,
                     std::chrono::milliseconds timeout) {
   const Api& a = loaded();
   const std::string what = fmt::format("receiving {} bytes from rank {}", bytes, peer);
-  const ncclResult_t r = a.recv(buf, bytes, ncclUint8, peer, as_comm(comm_), stream);
+  after_post(a.recv(buf, bytes, ncclUint8, peer, as_comm(comm_), stream), what, timeout);
+}
+
+void NcclComm::after_post(int result, const std::string& what, std::chrono::milliseconds timeout) {
+  const auto r = static_cast<ncclResult_t>(result);
   if (r != ncclSuccess && r != ncclInProgress) {
     abort();
-    throw Error(fmt::format("rank {}: {}: {}", rank_, what, a.error_string(r)));
+    throw Error(fmt::format("rank {}: {}: {}", rank_, what, loaded().error_string(r)));
   }
   settle(what, timeout);
 }

@@ -57,6 +57,9 @@ private:
   /// Polls until no NCCL call of this communicator is in progress; throws (after aborting) on
   /// an asynchronous error or when `timeout` passes.
   void settle(const std::string& what, std::chrono::milliseconds timeout);
+  /// After posting a send or receive that returned `result` (an ncclResult_t): an immediate
+  /// error aborts and throws with `what`, else settle().
+  void after_post(int result, const std::string& what, std::chrono::milliseconds timeout);
 
   void* comm_ = nullptr; ///< ncclComm_t
   int world_ = 0, rank_ = 0;
