@@ -161,8 +161,8 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
       launch.micro_batches = std::max(1, std::atoi(m));
     if (const char* t = std::getenv("XSERV_PIPELINE_TRANSPORT"); t && *t) {
       launch.transport = t;
-      if (launch.transport != "tcp" && launch.transport != "nccl")
-        throw UsageError(fmt::format("XSERV_PIPELINE_TRANSPORT must be tcp or nccl, got '{}'",
+      if (launch.transport != "tcp" && launch.transport != "nccl" && launch.transport != "auto")
+        throw UsageError(fmt::format("XSERV_PIPELINE_TRANSPORT must be auto, tcp or nccl, got '{}'",
                                      launch.transport));
     }
     if (args.has("--weights"))

@@ -222,7 +222,14 @@ public:
                                              : runtime::split_address(launch.coordinator).second) {
     const int world = static_cast<int>(stages_.size());
     const std::string digest = pipeline_plan_digest(plan_dir);
-    const bool nccl = launch.transport == "nccl";
+    std::string why;
+    const bool cuda = launch.backend == "cuda";
+    const std::string transport =
+        resolve_transport(launch, world, cuda ? runtime::probe_device().count : 0,
+                          cuda && runtime::nccl_available(&why), &why);
+    const bool nccl = transport == "nccl";
+    if (launch.transport == "auto" && !nccl && cuda)
+      std::fprintf(stderr, "[pipeline] activations over TCP: %s\n", why.c_str());
     if (nccl && launch.backend != "cuda")
       throw Error("the NCCL transport moves activations between GPUs: it needs --backend cuda");
     const std::string nccl_id = nccl ? runtime::nccl_unique_id() : std::string();
@@ -261,7 +268,12 @@ public:
         c.send(message(kFail, {{"message", refusal}}));
         throw Error("pipeline handshake: " + refusal);
       }
-      nlohmann::json welcome = {{"ok", true}, {"backend", launch.backend}};
+      // The workers size their KV caches and arenas for what this run asked for (--max-batch,
+      // --max-seq within the plan's), not the plan's maxima.
+      nlohmann::json welcome = {{"ok", true},
+                                {"backend", launch.backend},
+                                {"max_batch", max_batch},
+                                {"max_seq", max_seq}};
       if (nccl)
         welcome["nccl_id"] = to_hex(nccl_id);
       c.send(message(kWelcome, welcome));
@@ -343,10 +355,11 @@ private:
     size_t tokens = 0;
     for (const auto& t : in.tokens)
       tokens += t.size();
-    int count = launch_.micro_batches;
-    if (count <= 0)
-      count = tokens >= size_t(2 * world) ? world : 1;
-    const std::vector<MicroBatch> mbs = micro_batches(in, count);
+    bool prompt = false;
+    for (const auto& t : in.tokens)
+      prompt = prompt || t.size() > 1;
+    const std::vector<MicroBatch> mbs =
+        micro_batches(in, pipeline_micro_batches(launch_.micro_batches, tokens, prompt, world));
     const int m_count = static_cast<int>(mbs.size());
     if (comm_) {
       run_ranks_nccl(mbs, greedy, logits, ids);
@@ -538,6 +551,28 @@ private:
 
 } // namespace
 
+std::string resolve_transport(const PipelineLaunch& launch, int world, int gpus, bool nccl_loads,
+                              std::string* why) {
+  if (launch.transport != "auto")
+    return launch.transport;
+  std::string reason;
+  if (launch.backend != "cuda")
+    reason = fmt::format("the {} backend has no GPU buffers to send", launch.backend);
+  else if (!nccl_loads)
+    reason = why && !why->empty() ? *why : "NCCL is not available";
+  else if (launch.coordinator.empty() && gpus < world)
+    reason = fmt::format("{} ranks share {} GPU(s) and NCCL needs a GPU per rank", world, gpus);
+  if (why)
+    *why = reason;
+  return reason.empty() ? "nccl" : "tcp";
+}
+
+int pipeline_micro_batches(int requested, size_t tokens, bool prompt, int world) {
+  if (requested > 0)
+    return requested;
+  return prompt && tokens >= size_t(2 * world) ? world : 1;
+}
+
 std::chrono::milliseconds pipeline_rank_timeout() {
   double s = 10;
   if (const char* t = std::getenv("XSERV_PIPELINE_TIMEOUT"); t && *t)
@@ -580,8 +615,8 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
     throw Error(fmt::format("--rank {} is outside 1..{} (rank 0 is `xserv run`)", rank, world - 1));
   std::ifstream in(plan_dir / "plan.json");
   const nlohmann::json pj = nlohmann::json::parse(in);
-  const int64_t max_batch = pj["options"].value("max_batch", int64_t{1});
-  const int64_t max_seq = pj["options"].value("max_seq", int64_t{4096});
+  const int64_t plan_batch = pj["options"].value("max_batch", int64_t{1});
+  const int64_t plan_seq = pj["options"].value("max_seq", int64_t{4096});
   Connection c = Connection::connect(coordinator, Clock::now() + std::chrono::seconds(30));
   c.send(message(kHello,
                  {{"rank", rank}, {"world", world}, {"digest", pipeline_plan_digest(plan_dir)}}));
@@ -592,6 +627,8 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
     throw Error("rank 0 answered the handshake with something else");
   const nlohmann::json welcome = decode(w.payload, nullptr);
   const std::string backend = welcome.value("backend", "cpu");
+  const int64_t max_batch = std::clamp(welcome.value("max_batch", plan_batch), int64_t{1}, plan_batch);
+  const int64_t max_seq = std::clamp(welcome.value("max_seq", plan_seq), int64_t{1}, plan_seq);
   const ir::Graph& stage = stages[size_t(rank)];
   std::mutex send_lock;
   std::unique_ptr<StageRunner> engine;

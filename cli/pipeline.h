@@ -37,13 +37,26 @@ struct PipelineLaunch {
   std::string backend = "cpu";
   /// Micro-batches per step, so that stages overlap (rank r works on micro-batch m while rank
   /// r + 1 works on m - 1): consecutive token ranges of the step, a sequence's pieces in order.
-  /// 0: as many as ranks when the step has at least two tokens per rank, else 1
-  /// (XSERV_PIPELINE_MICROBATCHES sets it for xserv run).
+  /// 0: as many as ranks when the step has a prompt piece (some sequence brings two or more
+  /// tokens) and at least two tokens per rank, else 1; a decode step stays whole because every
+  /// micro-batch reads the stage's weights again (XSERV_PIPELINE_MICROBATCHES sets it for xserv
+  /// run).
   int micro_batches = 0;
-  /// How activations move between ranks: "tcp" (through rank 0's host memory, every backend)
-  /// or "nccl" (GPU to GPU, rank to rank; the CUDA backend; XSERV_PIPELINE_TRANSPORT sets it).
-  std::string transport = "tcp";
+  /// How activations move between ranks: "tcp" (through rank 0's host memory, every backend),
+  /// "nccl" (GPU to GPU, rank to rank; the CUDA backend) or "auto": nccl with the CUDA backend
+  /// when NCCL loads and each rank has a GPU of its own (workers on other hosts count as such),
+  /// else tcp (XSERV_PIPELINE_TRANSPORT sets it for xserv run).
+  std::string transport = "auto";
 };
+
+/// The transport `launch` asks for, "auto" resolved as PipelineLaunch::transport says; `gpus` is
+/// the number of visible GPUs and `nccl_loads` whether NCCL opened. `why` gets the reason for tcp.
+std::string resolve_transport(const PipelineLaunch& launch, int world, int gpus, bool nccl_loads,
+                              std::string* why = nullptr);
+
+/// Micro-batches for a step of `tokens` tokens over `world` ranks, `prompt` when some sequence
+/// brings two or more tokens; `requested` > 0 wins (PipelineLaunch::micro_batches).
+int pipeline_micro_batches(int requested, size_t tokens, bool prompt, int world);
 
 /// How long a computing rank may stay silent before it is declared hung:
 /// XSERV_PIPELINE_TIMEOUT seconds (at least 0.1), else 10 s.

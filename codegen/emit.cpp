@@ -50,7 +50,10 @@ KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines
   const std::string bounds = launch.min_blocks_per_sm > 0
                                  ? fmt::format("{}, {}", launch.block, launch.min_blocks_per_sm)
                                  : fmt::format("{}", launch.block);
-  src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}(", bounds, name);
+  const std::string cluster =
+      launch.cluster_x > 1 ? fmt::format(" XSERV_CLUSTER_X({})", launch.cluster_x) : "";
+  src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}){} {}(", bounds, cluster,
+                     name);
   std::vector<std::string> decls, args;
   for (const Param& p : params) {
     if (!p.decl.empty()) // a literal or nullptr argument has no kernel parameter
@@ -521,6 +524,15 @@ KernelSource emit_router_topk(const RouterTopKDims& d, const std::vector<std::st
                   fmt::format("router_topk<{}, {}>", d.experts, d.k), params, per_row(32));
 }
 
+int router_cluster_blocks(int experts) {
+  const int pairs = experts / 2;
+  int c = 1;
+  for (int d = 1; d <= 8; ++d)
+    if (pairs % d == 0)
+      c = d;
+  return c;
+}
+
 KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps, bool bias,
                                    const std::vector<std::string>& ir_lines) {
   check_positive("norm_router_topk", {dim, d.experts, d.k});
@@ -535,12 +547,19 @@ KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps,
   params.push_back(bias ? Param{fmt::format("{} b", kBf16), "b"} : Param{"", "nullptr"});
   for (const char* p : {"float* xn", "float* weights", "int* ids"})
     params.push_back({p, std::string(p).substr(std::string(p).find(' ') + 1)});
+  if (d.experts > 256)
+    throw Error(fmt::format("codegen: norm_router_topk takes at most 256 experts, got {}",
+                            d.experts));
+  LaunchRule launch = per_row(256);
+  launch.blocks_x = router_cluster_blocks(d.experts);
+  launch.cluster_x = launch.blocks_x;
   return assemble(
       fmt::format("rmsnorm_router_topk_d{}_e{}_k{}{}{}", dim, d.experts, d.k, bias ? "" : "_nobias",
                   attr_suffix("eps", eps, 1e-5)),
       ir_lines, "router.cuh",
-      fmt::format("norm_router_topk<{}, {}, {}, {}>", dim, d.experts, d.k, bias ? "true" : "false"),
-      params, per_row(256));
+      fmt::format("norm_router_topk<{}, {}, {}, {}, {}>", dim, d.experts, d.k,
+                  bias ? "true" : "false", launch.blocks_x),
+      params, launch);
 }
 
 KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>& ir_lines) {

@@ -25,6 +25,9 @@ struct LaunchRule {
   int y_extra = 0;
   int blocks_z = 1;          ///< grid.z when not z_splits
   int min_blocks_per_sm = 0; ///< __launch_bounds__'s second argument when > 0
+  /// > 1: blocks_x consecutive blocks form one thread-block cluster (XSERV_CLUSTER_X in the
+  /// source, compiled into the kernel: the runtime launches it like any other).
+  int cluster_x = 0;
 
   /// grid (x, y, z) for `tokens` tokens and `splits` key splits.
   std::array<unsigned, 3> grid(int tokens, int splits = 1) const;
@@ -217,7 +220,11 @@ KernelSource emit_kv_write(const KvWriteDims& d, const std::vector<std::string>&
 KernelSource emit_router_topk(const RouterTopKDims& d, const std::vector<std::string>& ir_lines);
 /// rms_norm + the router's linear + router_topk of a decode step in one launch (router.cuh
 /// norm_router_topk): bitwise the three kernels' results. Parameters: x, ln, w, [b], xn,
-/// weights, ids; grid.y = tokens.
+/// weights, ids; grid (C, tokens): a cluster of C blocks per token shares the router's rows
+/// (router_cluster_blocks).
+/// Blocks per token of norm_router_topk: up to 8 (the portable cluster size), each taking
+/// whole pairs of the E experts.
+int router_cluster_blocks(int experts);
 KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps, bool bias,
                                    const std::vector<std::string>& ir_lines);
 KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>& ir_lines);

@@ -18,6 +18,37 @@ __device__ __forceinline__ void grid_dependency_sync() {
 #endif
 }
 
+/// Thread-block clusters (sm_90+): XSERV_CLUSTER_X(n) on a kernel groups n consecutive blocks
+/// of grid.x into one cluster, whose blocks read each other's shared memory; it expands to
+/// nothing below sm_90, where kernels written for clusters take their one-block path.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define XSERV_HAS_CLUSTERS 1
+#define XSERV_CLUSTER_X(n) __cluster_dims__(n, 1, 1)
+#else
+#define XSERV_HAS_CLUSTERS 0
+#define XSERV_CLUSTER_X(n)
+#endif
+
+#if XSERV_HAS_CLUSTERS
+/// Every thread of every block of the cluster arrives; shared-memory writes before it are
+/// visible to the cluster's blocks after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+/// The float at `local` (a __shared__ address of this block) in the shared memory of the
+/// cluster's block `rank` instead.
+__device__ __forceinline__ float cluster_load(const float* local, unsigned rank) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+#endif
+
 /// -infinity as a float (NVRTC has no <math.h> INFINITY).
 __device__ __forceinline__ float neg_inf() {
   return -__int_as_float(0x7f800000);

@@ -54,16 +54,22 @@ TEST_CASE("gpu: pp 2 as two CUDA processes gives the whole model's greedy tokens
   REQUIRE(ranks.code == 0);
   CHECK(!whole.out.empty());
   CHECK(ranks.out == whole.out); // same kernels on the same shapes: the same tokens
-  CHECK(ranks.err.find("[pipeline] 2 ranks ready (cuda)") != std::string::npos);
+  // The default transport: NCCL with a GPU per rank, else TCP through rank 0 with the reason.
+  const bool two = dev.count >= 2;
+  CHECK(ranks.err.find(two ? "[pipeline] 2 ranks ready (cuda, activations over NCCL)"
+                           : "[pipeline] 2 ranks ready (cuda, activations over TCP)") !=
+        std::string::npos);
+  if (!two)
+    CHECK(ranks.err.find("NCCL needs a GPU per rank") != std::string::npos);
   MESSAGE("pp 2 over " << std::min(dev.count, 2) << " GPU(s): " << ranks.out);
 
-  if (dev.count >= 2) { // rank to rank over NCCL (two ranks on one GPU are not allowed)
-    const RunResult nccl =
-        run_binary(bin, "run " + pp2.string() + prompt, tmp.path, "XSERV_PIPELINE_TRANSPORT=nccl");
-    INFO(nccl.err);
-    REQUIRE(nccl.code == 0);
-    CHECK(nccl.out == whole.out);
-    CHECK(nccl.err.find("activations over NCCL") != std::string::npos);
+  if (two) { // the other transport, and a rank that dies while NCCL waits on it
+    const RunResult tcp =
+        run_binary(bin, "run " + pp2.string() + prompt, tmp.path, "XSERV_PIPELINE_TRANSPORT=tcp");
+    INFO(tcp.err);
+    REQUIRE(tcp.code == 0);
+    CHECK(tcp.out == whole.out);
+    CHECK(tcp.err.find("activations over TCP") != std::string::npos);
     const auto t0 = std::chrono::steady_clock::now();
     const RunResult dead =
         run_binary(bin, "run " + pp2.string() + prompt, tmp.path,
@@ -76,10 +82,10 @@ TEST_CASE("gpu: pp 2 as two CUDA processes gives the whole model's greedy tokens
     MESSAGE("NCCL transport not checked: it needs two GPUs");
   }
 
-  // Rank 1 exits during step 3: rank 0 stops at once with a message naming it.
+  // Rank 1 exits during step 3 (activations over TCP): rank 0 stops at once naming it.
   const auto t0 = std::chrono::steady_clock::now();
-  const RunResult dead =
-      run_binary(bin, "run " + pp2.string() + prompt, tmp.path, "XSERV_PIPELINE_FAULT=1:exit@3");
+  const RunResult dead = run_binary(bin, "run " + pp2.string() + prompt, tmp.path,
+                                    "XSERV_PIPELINE_TRANSPORT=tcp XSERV_PIPELINE_FAULT=1:exit@3");
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(dead.err);
   CHECK(dead.code != 0);

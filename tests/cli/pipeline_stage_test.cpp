@@ -1,13 +1,18 @@
-// micro_batches(): how rank 0 cuts a pipelined step, checked piece by piece.
+// micro_batches(): how rank 0 cuts a pipelined step, checked piece by piece; how many pieces
+// and which transport rank 0 picks by default.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <vector>
 
+#include "cli/pipeline.h"
 #include "cli/pipeline_stage.h"
 #include "tests/cli/step_input.h"
 
 using xserv::cli::micro_batches;
+using xserv::cli::pipeline_micro_batches;
+using xserv::cli::PipelineLaunch;
+using xserv::cli::resolve_transport;
 using xserv::cli::MicroBatch;
 using xserv::models::StepInput;
 using xserv::testing::make_step;
@@ -77,4 +82,37 @@ TEST_CASE("micro_batches: mixed prompts, more parts than tokens, one part") {
     check_covers(in, mbs);
   }
   CHECK(micro_batches(in, 0).size() == 1); // 0 or less: the whole step
+}
+
+TEST_CASE("pipeline_micro_batches: prompt steps split one per rank, decode steps stay whole") {
+  // A decode step (one token per sequence) stays whole: each micro-batch would read the stage's
+  // weights again (20b pp 2, B32 on two H200s: 1,467 tok/s in 2 micro-batches).
+  CHECK(pipeline_micro_batches(0, 32, false, 2) == 1);
+  CHECK(pipeline_micro_batches(0, 512, true, 2) == 2);
+  CHECK(pipeline_micro_batches(0, 512, true, 4) == 4);
+  CHECK(pipeline_micro_batches(0, 3, true, 2) == 1); // fewer than two tokens per rank
+  CHECK(pipeline_micro_batches(0, 4, true, 2) == 2);
+  CHECK(pipeline_micro_batches(3, 32, false, 2) == 3); // asked for: always
+}
+
+TEST_CASE("resolve_transport: NCCL with a GPU per rank, else TCP with the reason") {
+  PipelineLaunch cuda;
+  cuda.backend = "cuda";
+  std::string why;
+  CHECK(resolve_transport(cuda, 2, 2, true, &why) == "nccl");
+  CHECK(why.empty());
+  CHECK(resolve_transport(cuda, 4, 2, true, &why) == "tcp");
+  CHECK(why == "4 ranks share 2 GPU(s) and NCCL needs a GPU per rank");
+  why = "libnccl.so.2: cannot open shared object file";
+  CHECK(resolve_transport(cuda, 2, 2, false, &why) == "tcp");
+  CHECK(why == "libnccl.so.2: cannot open shared object file");
+  cuda.coordinator = "0.0.0.0:29500"; // workers on other hosts bring their own GPUs
+  CHECK(resolve_transport(cuda, 4, 1, true, &why) == "nccl");
+  PipelineLaunch cpu;
+  CHECK(resolve_transport(cpu, 2, 0, false, &why) == "tcp");
+  CHECK(why == "the cpu backend has no GPU buffers to send");
+  cuda.transport = "tcp"; // asked for: always
+  CHECK(resolve_transport(cuda, 2, 2, true, &why) == "tcp");
+  cpu.transport = "nccl";
+  CHECK(resolve_transport(cpu, 2, 0, false, &why) == "nccl"); // the engine refuses it, by name
 }

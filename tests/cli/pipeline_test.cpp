@@ -143,7 +143,7 @@ TEST_CASE("pipelined plan: the NCCL transport is for the CUDA backend; a bad tra
   RunResult bad =
       run_with_env("XSERV_PIPELINE_TRANSPORT=carrier-pigeon", "run " + p.pp2 + kPrompt, p.tmp.path);
   CHECK(bad.code == 2);
-  CHECK(bad.err.find("XSERV_PIPELINE_TRANSPORT must be tcp or nccl") != std::string::npos);
+  CHECK(bad.err.find("XSERV_PIPELINE_TRANSPORT must be auto, tcp or nccl") != std::string::npos);
 }
 
 TEST_CASE("pipelined plan: a worker that dies or hangs ends the run with its rank named") {

@@ -702,6 +702,16 @@ TEST_CASE(
       CHECK(download(*fxn, want_xn.size()) == want_xn);
       CHECK(download(*fw, size_t(tokens) * k) == download(*rw, size_t(tokens) * k));
       CHECK(download_ints(*fid, size_t(tokens) * k) == download_ints(*rid, size_t(tokens) * k));
+      if (dim == 2880 && tokens == 1) { // informational: one launch against three
+        const double one = median_ms([&](int) {
+          if (bias)
+            launch(fused, tokens, 1, dx->p, dln->p, dw->p, db->p, fxn->p, fw->p, fid->p);
+          else
+            launch(fused, tokens, 1, dx->p, dln->p, dw->p, fxn->p, fw->p, fid->p);
+        });
+        MESSAGE(fused.src.name << " (" << fused.src.launch.blocks_x << " blocks per token): "
+                               << one * 1e3 << " us");
+      }
     }
   }
 }
