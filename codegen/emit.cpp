@@ -125,11 +125,16 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
   if (d.max_tokens > 8)
     throw Error(
         fmt::format("codegen: decode linear takes at most 8 tokens, asked {}", d.max_tokens));
-  const int rows = d.n % 2 == 0 ? 2 : 1; // rows per warp: two loads in flight per lane and step
-  std::string name =
-      fmt::format("{}linear{}_k{}_n{}{}{}{}", d.norm ? "rmsnorm_" : "",
-                  d.residual ? "_residual" : "", d.k, d.n, d.bias ? "" : "_nobias",
-                  d.norm ? attr_suffix("eps", d.eps, 1e-5) : "", d.prefetch ? "_pf" : "");
+  const int rows = d.rows > 0 ? d.rows : d.n % 2 == 0 ? 2 : 1; // rows per warp
+  if (d.n % rows != 0 || d.unroll < 1)
+    throw Error(fmt::format("codegen: linear tuning rows {} unroll {} do not fit N {}", rows,
+                            d.unroll, d.n));
+  std::string name = fmt::format(
+      "{}linear{}_k{}_n{}{}{}{}{}{}{}", d.norm ? "rmsnorm_" : "", d.residual ? "_residual" : "",
+      d.k, d.n, d.bias ? "" : "_nobias", d.norm ? attr_suffix("eps", d.eps, 1e-5) : "",
+      d.prefetch ? "_pf" : "", d.max_tokens != 8 ? fmt::format("_t{}", d.max_tokens) : "",
+      d.rows > 0 ? fmt::format("_r{}", d.rows) : "",
+      d.unroll != 4 ? fmt::format("_u{}", d.unroll) : "");
   std::vector<Param> params = {{"const float* x", "x"}};
   params.push_back(d.norm ? Param{fmt::format("{} ln", kBf16), "ln"} : Param{"", "nullptr"});
   params.push_back({"", float_literal(d.eps)});
@@ -142,14 +147,17 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
   launch.blocks_x = (d.n + 8 * rows - 1) / (8 * rows);
   launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
   launch.max_tokens = d.max_tokens;
-  std::string call = fmt::format("linear_decode<{}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n,
-                                 d.max_tokens, rows, d.norm, d.bias, d.residual, d.prefetch);
+  std::string call = fmt::format("linear_decode<{}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n,
+                                 d.max_tokens, rows, d.norm, d.bias, d.residual, d.prefetch,
+                                 d.unroll);
   return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
 }
 
 bool qkv_decode_fits(const QkvDims& d) {
-  return d.k > 0 && d.k % 8 == 0 && d.nq > 0 && d.nk > 0 && d.nv > 0 && d.nq % 16 == 0 &&
-         d.nk % 16 == 0 && d.nv % 16 == 0 && d.max_tokens >= 1 && d.max_tokens <= 8;
+  const int block_rows = 8 * (d.rows > 0 ? d.rows : 2);
+  return d.k > 0 && d.k % 8 == 0 && d.nq > 0 && d.nk > 0 && d.nv > 0 && d.nq % block_rows == 0 &&
+         d.nk % block_rows == 0 && d.nv % block_rows == 0 && d.max_tokens >= 1 &&
+         d.max_tokens <= 8 && d.unroll >= 1;
 }
 
 KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& ir_lines) {
@@ -157,8 +165,12 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
     throw Error(fmt::format("codegen: qkv_decode needs K % 8 == 0 and q/k/v widths that are "
                             "multiples of 16, got K {} and {}/{}/{}",
                             d.k, d.nq, d.nk, d.nv));
-  std::string name = fmt::format("qkv_decode_k{}_q{}_k{}_v{}{}", d.k, d.nq, d.nk, d.nv,
-                                 attr_suffix("eps", d.eps, 1e-5));
+  const int rows = d.rows > 0 ? d.rows : 2;
+  std::string name = fmt::format(
+      "qkv_decode_k{}_q{}_k{}_v{}{}{}{}{}", d.k, d.nq, d.nk, d.nv, attr_suffix("eps", d.eps, 1e-5),
+      d.max_tokens != 8 ? fmt::format("_t{}", d.max_tokens) : "",
+      d.rows > 0 ? fmt::format("_r{}", d.rows) : "",
+      d.unroll != 4 ? fmt::format("_u{}", d.unroll) : "");
   std::vector<Param> params = {
       {"const float* x", "x"}, {fmt::format("{} ln", kBf16), "ln"}, {"", float_literal(d.eps)}};
   for (const char* n : {"q", "k", "v"}) {
@@ -169,11 +181,11 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
     params.push_back({fmt::format("float* y{}", n), fmt::format("y{}", n)});
   params.push_back({"int tokens", "tokens"});
   LaunchRule launch;
-  launch.blocks_x = (d.nq + d.nk + d.nv) / 16;
+  launch.blocks_x = (d.nq + d.nk + d.nv) / (8 * rows);
   launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
   launch.max_tokens = d.max_tokens;
-  std::string call =
-      fmt::format("qkv_decode<{}, {}, {}, {}, {}, 2>", d.k, d.nq, d.nk, d.nv, d.max_tokens);
+  std::string call = fmt::format("qkv_decode<{}, {}, {}, {}, {}, {}, {}>", d.k, d.nq, d.nk, d.nv,
+                                 d.max_tokens, rows, d.unroll);
   return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
 }
 

@@ -56,6 +56,9 @@ struct LinearDims {
   /// Each warp asks L2 for its weight rows before the prologue: off by default, it cost 10% of
   /// bandwidth on the H200 (docs/PERF.md).
   bool prefetch = false;
+  /// Decode tuning: rows per warp (0: 2 when N is even, else 1) and 16-byte loads in flight per
+  /// lane and row (WarpGemv's UNROLL).
+  int rows = 0, unroll = 4;
 };
 
 /// q, k and v projections of a decode step in one launch (qkv_decode): rms_norm(x) staged once,
@@ -65,6 +68,9 @@ struct QkvDims {
   int k = 0, nq = 0, nk = 0, nv = 0;
   double eps = 1e-5;
   int max_tokens = 8;
+  /// Decode tuning as LinearDims': rows per warp (0: 2; nq, nk, nv multiples of 8 rows) and
+  /// loads in flight per lane and row.
+  int rows = 0, unroll = 4;
 };
 bool qkv_decode_fits(const QkvDims& d);
 KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& ir_lines);

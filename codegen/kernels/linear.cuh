@@ -76,7 +76,8 @@ __device__ __forceinline__ void linear_store(const float (&acc)[R][MAX_T],
 /// (tokens * K floats) and its warps compute R consecutive rows each; grid.x = ceil(N / (8 R)).
 /// With PREFETCH each warp first asks L2 for its rows. Requires tokens <= MAX_T, blockDim.x ==
 /// kLinearThreads. y may alias h.
-template <int K, int N, int MAX_T, int R, bool NORM, bool BIAS, bool RESIDUAL, bool PREFETCH = true>
+template <int K, int N, int MAX_T, int R, bool NORM, bool BIAS, bool RESIDUAL, bool PREFETCH = true,
+          int UNROLL = 4>
 __device__ __forceinline__ void
 linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
               const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
@@ -91,7 +92,7 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
   if (PREFETCH && row < N)
     warp_prefetch_rows_l2<K, R>(w + (size_t)row * K);
   // Each warp owns R consecutive output rows; their first loads fly during the prologue.
-  WarpGemv<K, R, MAX_T> gemv;
+  WarpGemv<K, R, MAX_T, UNROLL> gemv;
   if (row < N)
     gemv.start(w + (size_t)row * K);
 
@@ -109,7 +110,7 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
 /// y_q = Wq xn + bq, the next NK y_k, the last NV y_v, xn = rms_norm(x, ln, eps) staged once per
 /// block. Each block's 8 warps x R rows lie in one projection (NQ and NK multiples of 8 R);
 /// grid.x = (NQ + NK + NV) / (8 R). Shapes as linear_decode.
-template <int K, int NQ, int NK, int NV, int MAX_T, int R>
+template <int K, int NQ, int NK, int NV, int MAX_T, int R, int UNROLL = 4>
 __device__ __forceinline__ void
 qkv_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
            const __nv_bfloat16* __restrict__ wq, const __nv_bfloat16* __restrict__ bq,
@@ -132,7 +133,7 @@ qkv_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, fl
     row -= NQ, w = wk, b = bk, y = yk, n = NK;
   }
   row += warp * R;
-  WarpGemv<K, R, MAX_T> gemv; // the first weight loads fly during the norm prologue
+  WarpGemv<K, R, MAX_T, UNROLL> gemv; // the first weight loads fly during the norm prologue
   gemv.start(w + (size_t)row * K);
   linear_stage_x<K, MAX_T, true>(x, ln, eps, xs, tokens);
   float acc[R][MAX_T];

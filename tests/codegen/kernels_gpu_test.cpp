@@ -293,8 +293,12 @@ void gemv_bandwidth(const LinearDims& d, const std::string& label) {
   auto b = upload(random_bf16(rng, {d.n}, 1.0f).bits);
   auto y = poisoned(d.n);
   const Loaded& l = load(emit_linear(d, {}));
+  auto h = upload(random_f32(rng, {1, d.n}, 1.0f).f);
+  REQUIRE((d.norm || (d.bias && d.residual))); // the shapes measured here
   const double ms = median_ms([&](int i) {
-    if (d.bias)
+    if (!d.norm)
+      launch(l, 1, 1, x->p, ws[i % copies]->p, b->p, h->p, y->p, 1);
+    else if (d.bias)
       launch(l, 1, 1, x->p, ln->p, ws[i % copies]->p, b->p, y->p, 1);
     else
       launch(l, 1, 1, x->p, ln->p, ws[i % copies]->p, y->p, 1);
@@ -304,7 +308,53 @@ void gemv_bandwidth(const LinearDims& d, const std::string& label) {
                        << bytes / (ms * 1e-3) / 1e9 << " GB/s of weights");
 }
 
+/// The 20b's qkv_decode (2880 -> 4096 + 512 + 512) at T=1 under a tuning variant.
+void qkv_bandwidth(QkvDims d) {
+  Rng rng{902};
+  const size_t n = size_t(d.nq + d.nk + d.nv), bytes = n * d.k * 2;
+  const int copies = int((256u << 20) / bytes + 1);
+  std::vector<std::unique_ptr<DevBuf>> ws;
+  const Bf16Weight w = random_bf16(rng, {int(n), d.k}, 0.02f);
+  for (int c = 0; c < copies; ++c)
+    ws.push_back(upload(w.bits));
+  auto x = upload(random_f32(rng, {1, d.k}, 1.0f).f);
+  auto ln = upload(random_bf16(rng, {d.k}, 1.0f).bits);
+  auto b = upload(random_bf16(rng, {int(n)}, 1.0f).bits);
+  auto y = poisoned(n);
+  const Loaded& l = load(emit_qkv_decode(d, {}));
+  const auto* bb = static_cast<const uint16_t*>(b->p);
+  float* yq = static_cast<float*>(y->p);
+  const double ms = median_ms([&](int i) {
+    const auto* wq = static_cast<const uint16_t*>(ws[i % copies]->p);
+    launch(l, 1, 1, x->p, ln->p, wq, bb, wq + size_t(d.nq) * d.k, bb + d.nq,
+           wq + size_t(d.nq + d.nk) * d.k, bb + d.nq + d.nk, yq, yq + d.nq, yq + d.nq + d.nk, 1);
+  });
+  device_sync();
+  MESSAGE("bandwidth qkv_decode " << l.src.name << " T=1: " << ms * 1e3 << " us, "
+                                  << bytes / (ms * 1e-3) / 1e9 << " GB/s of weights");
+}
+
 } // namespace
+
+TEST_CASE("bandwidth of the 20b's decode GEMVs under tuning variants (informational)") {
+  XSERV_REQUIRE_GPU();
+  // (rows per warp, loads in flight per lane and row, most tokens per launch); {0, 4, 8} is the
+  // default the lowering uses.
+  const std::vector<std::tuple<int, int, int>> variants = {
+      {0, 4, 8}, {0, 8, 8}, {4, 4, 8}, {1, 8, 8}, {0, 4, 1}, {0, 8, 1}, {4, 8, 1}, {1, 4, 1}};
+  for (auto [rows, unroll, max_t] : variants) {
+    QkvDims q{2880, 4096, 512, 512, 1e-5, max_t};
+    q.rows = rows;
+    q.unroll = unroll;
+    qkv_bandwidth(q);
+  }
+  for (auto [rows, unroll, max_t] : variants) { // o_proj: 4096 -> 2880, bias and residual
+    LinearDims o{4096, 2880, false, true, true, 1e-5, max_t};
+    o.rows = rows;
+    o.unroll = unroll;
+    gemv_bandwidth(o, "o_proj");
+  }
+}
 
 TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
   XSERV_REQUIRE_GPU();
