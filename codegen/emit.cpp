@@ -92,6 +92,21 @@ using namespace detail;
 
 namespace {
 
+/// Name suffix of a decode GEMV's non-default tuning: most tokens, rows per warp, loads in
+/// flight, K splits.
+std::string gemv_tuning_suffix(int max_tokens, int rows, int unroll, int ksplit) {
+  std::string s;
+  if (max_tokens != 8)
+    s += fmt::format("_t{}", max_tokens);
+  if (rows > 0)
+    s += fmt::format("_r{}", rows);
+  if (unroll != 4)
+    s += fmt::format("_u{}", unroll);
+  if (ksplit != 1)
+    s += fmt::format("_s{}", ksplit);
+  return s;
+}
+
 /// Name suffix of non-default MoE decode tuning (rows per warp, unroll, prefetch).
 std::string moe_tuning_suffix(const MoeDims& d) {
   std::string s;
@@ -126,15 +141,14 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
     throw Error(
         fmt::format("codegen: decode linear takes at most 8 tokens, asked {}", d.max_tokens));
   const int rows = d.rows > 0 ? d.rows : d.n % 2 == 0 ? 2 : 1; // rows per warp
-  if (d.n % rows != 0 || d.unroll < 1)
-    throw Error(fmt::format("codegen: linear tuning rows {} unroll {} do not fit N {}", rows,
-                            d.unroll, d.n));
+  if (d.n % rows != 0 || d.unroll < 1 || !(d.ksplit == 1 || d.ksplit == 2 || d.ksplit == 4 ||
+                                            d.ksplit == 8))
+    throw Error(fmt::format("codegen: linear tuning rows {} unroll {} K splits {} do not fit N {}",
+                            rows, d.unroll, d.ksplit, d.n));
   std::string name = fmt::format(
-      "{}linear{}_k{}_n{}{}{}{}{}{}{}", d.norm ? "rmsnorm_" : "", d.residual ? "_residual" : "",
-      d.k, d.n, d.bias ? "" : "_nobias", d.norm ? attr_suffix("eps", d.eps, 1e-5) : "",
-      d.prefetch ? "_pf" : "", d.max_tokens != 8 ? fmt::format("_t{}", d.max_tokens) : "",
-      d.rows > 0 ? fmt::format("_r{}", d.rows) : "",
-      d.unroll != 4 ? fmt::format("_u{}", d.unroll) : "");
+      "{}linear{}_k{}_n{}{}{}{}{}", d.norm ? "rmsnorm_" : "", d.residual ? "_residual" : "", d.k,
+      d.n, d.bias ? "" : "_nobias", d.norm ? attr_suffix("eps", d.eps, 1e-5) : "",
+      d.prefetch ? "_pf" : "", gemv_tuning_suffix(d.max_tokens, d.rows, d.unroll, d.ksplit));
   std::vector<Param> params = {{"const float* x", "x"}};
   params.push_back(d.norm ? Param{fmt::format("{} ln", kBf16), "ln"} : Param{"", "nullptr"});
   params.push_back({"", float_literal(d.eps)});
@@ -144,17 +158,20 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
   params.push_back({"float* y", "y"});
   params.push_back({"int tokens", "tokens"});
   LaunchRule launch;
-  launch.blocks_x = (d.n + 8 * rows - 1) / (8 * rows);
+  const int block_rows = 8 / d.ksplit * rows;
+  launch.blocks_x = (d.n + block_rows - 1) / block_rows;
   launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
   launch.max_tokens = d.max_tokens;
-  std::string call = fmt::format("linear_decode<{}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n,
-                                 d.max_tokens, rows, d.norm, d.bias, d.residual, d.prefetch,
-                                 d.unroll);
+  std::string call = fmt::format("linear_decode<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k,
+                                 d.n, d.max_tokens, rows, d.norm, d.bias, d.residual, d.prefetch,
+                                 d.unroll, d.ksplit);
   return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
 }
 
 bool qkv_decode_fits(const QkvDims& d) {
-  const int block_rows = 8 * (d.rows > 0 ? d.rows : 2);
+  if (!(d.ksplit == 1 || d.ksplit == 2 || d.ksplit == 4 || d.ksplit == 8))
+    return false;
+  const int block_rows = 8 / d.ksplit * (d.rows > 0 ? d.rows : 2);
   return d.k > 0 && d.k % 8 == 0 && d.nq > 0 && d.nk > 0 && d.nv > 0 && d.nq % block_rows == 0 &&
          d.nk % block_rows == 0 && d.nv % block_rows == 0 && d.max_tokens >= 1 &&
          d.max_tokens <= 8 && d.unroll >= 1;
@@ -166,11 +183,9 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
                             "multiples of 16, got K {} and {}/{}/{}",
                             d.k, d.nq, d.nk, d.nv));
   const int rows = d.rows > 0 ? d.rows : 2;
-  std::string name = fmt::format(
-      "qkv_decode_k{}_q{}_k{}_v{}{}{}{}{}", d.k, d.nq, d.nk, d.nv, attr_suffix("eps", d.eps, 1e-5),
-      d.max_tokens != 8 ? fmt::format("_t{}", d.max_tokens) : "",
-      d.rows > 0 ? fmt::format("_r{}", d.rows) : "",
-      d.unroll != 4 ? fmt::format("_u{}", d.unroll) : "");
+  std::string name = fmt::format("qkv_decode_k{}_q{}_k{}_v{}{}{}", d.k, d.nq, d.nk, d.nv,
+                                 attr_suffix("eps", d.eps, 1e-5),
+                                 gemv_tuning_suffix(d.max_tokens, d.rows, d.unroll, d.ksplit));
   std::vector<Param> params = {
       {"const float* x", "x"}, {fmt::format("{} ln", kBf16), "ln"}, {"", float_literal(d.eps)}};
   for (const char* n : {"q", "k", "v"}) {
@@ -181,11 +196,11 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
     params.push_back({fmt::format("float* y{}", n), fmt::format("y{}", n)});
   params.push_back({"int tokens", "tokens"});
   LaunchRule launch;
-  launch.blocks_x = (d.nq + d.nk + d.nv) / (8 * rows);
+  launch.blocks_x = (d.nq + d.nk + d.nv) / (8 / d.ksplit * rows);
   launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
   launch.max_tokens = d.max_tokens;
-  std::string call = fmt::format("qkv_decode<{}, {}, {}, {}, {}, {}, {}>", d.k, d.nq, d.nk, d.nv,
-                                 d.max_tokens, rows, d.unroll);
+  std::string call = fmt::format("qkv_decode<{}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.nq, d.nk,
+                                 d.nv, d.max_tokens, rows, d.unroll, d.ksplit);
   return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
 }
 
@@ -545,6 +560,14 @@ int router_cluster_blocks(int experts) {
   return c;
 }
 
+int router_ksplit(int experts) {
+  const int pairs = experts / 2 / router_cluster_blocks(experts);
+  int ks = 1;
+  while (ks < 8 && pairs * ks * 2 <= 8)
+    ks *= 2;
+  return ks;
+}
+
 KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps, bool bias,
                                    const std::vector<std::string>& ir_lines) {
   check_positive("norm_router_topk", {dim, d.experts, d.k});
@@ -569,8 +592,8 @@ KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps,
       fmt::format("rmsnorm_router_topk_d{}_e{}_k{}{}{}", dim, d.experts, d.k, bias ? "" : "_nobias",
                   attr_suffix("eps", eps, 1e-5)),
       ir_lines, "router.cuh",
-      fmt::format("norm_router_topk<{}, {}, {}, {}, {}>", dim, d.experts, d.k,
-                  bias ? "true" : "false", launch.blocks_x),
+      fmt::format("norm_router_topk<{}, {}, {}, {}, {}, {}>", dim, d.experts, d.k,
+                  bias ? "true" : "false", launch.blocks_x, router_ksplit(d.experts)),
       params, launch);
 }
 

@@ -56,9 +56,10 @@ struct LinearDims {
   /// Each warp asks L2 for its weight rows before the prologue: off by default, it cost 10% of
   /// bandwidth on the H200 (docs/PERF.md).
   bool prefetch = false;
-  /// Decode tuning: rows per warp (0: 2 when N is even, else 1) and 16-byte loads in flight per
-  /// lane and row (WarpGemv's UNROLL).
-  int rows = 0, unroll = 4;
+  /// Decode tuning: rows per warp (0: 2 when N is even, else 1), 16-byte loads in flight per
+  /// lane and row (WarpGemv's UNROLL) and warps per row group, each over 1/ksplit of K (1, 2, 4
+  /// or 8).
+  int rows = 0, unroll = 4, ksplit = 1;
 };
 
 /// q, k and v projections of a decode step in one launch (qkv_decode): rms_norm(x) staged once,
@@ -68,9 +69,9 @@ struct QkvDims {
   int k = 0, nq = 0, nk = 0, nv = 0;
   double eps = 1e-5;
   int max_tokens = 8;
-  /// Decode tuning as LinearDims': rows per warp (0: 2; nq, nk, nv multiples of 8 rows) and
-  /// loads in flight per lane and row.
-  int rows = 0, unroll = 4;
+  /// Decode tuning as LinearDims': rows per warp (0: 2; nq, nk, nv multiples of a block's
+  /// 8 rows / ksplit), loads in flight per lane and row, K splits.
+  int rows = 0, unroll = 4, ksplit = 1;
 };
 bool qkv_decode_fits(const QkvDims& d);
 KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& ir_lines);
@@ -231,6 +232,9 @@ KernelSource emit_router_topk(const RouterTopKDims& d, const std::vector<std::st
 /// Blocks per token of norm_router_topk: up to 8 (the portable cluster size), each taking
 /// whole pairs of the E experts.
 int router_cluster_blocks(int experts);
+/// Warps per pair of router rows in norm_router_topk (K splits): as many as the block's 8 warps
+/// allow for its pairs, 1, 2, 4 or 8.
+int router_ksplit(int experts);
 KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps, bool bias,
                                    const std::vector<std::string>& ir_lines);
 KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>& ir_lines);

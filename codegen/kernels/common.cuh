@@ -138,14 +138,18 @@ __device__ __forceinline__ void warp_prefetch_rows_l2(const __nv_bfloat16* w) {
 /// issues the first batch, so a kernel calls it before its prologue (staging x, a norm) and the
 /// weight stream overlaps it; finish() does the rest. Every lane sums in the same order as a
 /// plain loop over the chunks, so the result does not depend on the pipelining.
-template <int K, int R, int MAX_T, int UNROLL = 4> struct WarpGemv {
+/// With KS > 1 the warp takes part `part` of KS equal ranges of K only (split-K: KS warps share
+/// the rows and their partial sums are added by the caller); KS = 1 is the whole row.
+template <int K, int R, int MAX_T, int UNROLL = 4, int KS = 1> struct WarpGemv {
   static_assert(K % 8 == 0, "rows must be whole 16-byte words");
   static constexpr int kChunks = K / 8;                     // 16-byte words per row
+  static constexpr int kPart = (kChunks + KS - 1) / KS;     // 16-byte words per part
   static constexpr int kHalf = UNROLL > 1 ? UNROLL / 2 : 1; // loads per row and lane per batch
   static constexpr int kBatch = kWarp * kHalf;
-  static constexpr int kBatches = (kChunks + kBatch - 1) / kBatch;
+  static constexpr int kBatches = (kPart + kBatch - 1) / kBatch;
 
   const uint4* w4 = nullptr;
+  int c0 = 0, n = kChunks; // this part's first word and word count
   uint4 raw[kHalf][R];
 
   __device__ __forceinline__ void load(int base) {
@@ -155,13 +159,17 @@ template <int K, int R, int MAX_T, int UNROLL = 4> struct WarpGemv {
       const int c = base + u * kWarp + lane;
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        raw[u][r] = c < kChunks ? __ldg(&w4[r * kChunks + c]) : make_uint4(0, 0, 0, 0);
+        raw[u][r] = c < n ? __ldg(&w4[r * kChunks + c0 + c]) : make_uint4(0, 0, 0, 0);
     }
   }
 
-  /// Issues the loads of the first batch of the rows at w.
-  __device__ __forceinline__ void start(const __nv_bfloat16* __restrict__ w) {
+  /// Issues the loads of the first batch of the rows at w (of K part `part`).
+  __device__ __forceinline__ void start(const __nv_bfloat16* __restrict__ w, int part = 0) {
     w4 = reinterpret_cast<const uint4*>(w);
+    if (KS > 1) {
+      c0 = part * kPart;
+      n = c0 < kChunks ? (kChunks - c0 < kPart ? kChunks - c0 : kPart) : 0;
+    }
     load(0);
   }
 
@@ -187,14 +195,14 @@ template <int K, int R, int MAX_T, int UNROLL = 4> struct WarpGemv {
 #pragma unroll
       for (int u = 0; u < kHalf; ++u) {
         const int c = b * kBatch + u * kWarp + lane;
-        if (c >= kChunks)
+        if (c >= n)
           break;
 #pragma unroll
         for (int t = 0; t < MAX_T; ++t) {
           if (t >= tokens)
             break;
-          const float4 xa = reinterpret_cast<const float4*>(xs + t * K)[2 * c];
-          const float4 xb = reinterpret_cast<const float4*>(xs + t * K)[2 * c + 1];
+          const float4 xa = reinterpret_cast<const float4*>(xs + t * K)[2 * (c0 + c)];
+          const float4 xb = reinterpret_cast<const float4*>(xs + t * K)[2 * (c0 + c) + 1];
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             float wf[8];

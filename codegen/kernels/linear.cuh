@@ -70,14 +70,45 @@ __device__ __forceinline__ void linear_store(const float (&acc)[R][MAX_T],
   }
 }
 
+/// Split-K: the KS warps of a row group (warps group * KS .. + KS - 1) each hold a partial sum
+/// of every lane's rows; the group's first warp gets their total, parts added in order. Every
+/// warp of the block calls it (it has barriers). KS = 1: nothing to do.
+template <int R, int MAX_T, int KS>
+__device__ __forceinline__ void split_k_total(float (&acc)[R][MAX_T], int tokens) {
+  if (KS == 1)
+    return;
+  constexpr int kWarps = kLinearThreads / kWarp;
+  __shared__ float parts[kWarps][R][MAX_T];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < MAX_T; ++t)
+        parts[warp][r][t] = acc[r][t];
+  __syncthreads();
+  if (warp % KS == 0 && lane < tokens)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < MAX_T; ++t) {
+        float v = parts[warp][r][t];
+#pragma unroll
+        for (int p = 1; p < KS; ++p)
+          v += parts[warp + p][r][t];
+        acc[r][t] = v;
+      }
+}
+
 /// y[t, n] = (RESIDUAL ? h[t, n] : 0) + sum_k W[n, k] xn[t, k] + (BIAS ? b[n] : 0), where
 /// xn = NORM ? rms_norm(x, ln, eps) : x. x, h, y are fp32 [tokens, K] / [tokens, N]; W [N, K],
 /// ln [K] and b [N] are bf16. Each block stages xn for all tokens in dynamic shared memory
-/// (tokens * K floats) and its warps compute R consecutive rows each; grid.x = ceil(N / (8 R)).
+/// (tokens * K floats) and its warps compute R consecutive rows each (KS warps per R rows, each
+/// over 1/KS of K, with split-K); grid.x = ceil(N KS / (8 R)).
 /// With PREFETCH each warp first asks L2 for its rows. Requires tokens <= MAX_T, blockDim.x ==
 /// kLinearThreads. y may alias h.
 template <int K, int N, int MAX_T, int R, bool NORM, bool BIAS, bool RESIDUAL, bool PREFETCH = true,
-          int UNROLL = 4>
+          int UNROLL = 4, int KS = 1>
 __device__ __forceinline__ void
 linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
               const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
@@ -85,39 +116,47 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
   static_assert(N % R == 0, "rows per warp must divide N");
   static_assert(K % 8 == 0, "K must be a multiple of 8");
   constexpr int kWarps = kLinearThreads / kWarp;
+  static_assert(kWarps % KS == 0, "K splits must divide the block's warps");
+  constexpr int kGroups = kWarps / KS; // row groups per block, KS warps each
   extern __shared__ float4 smem_linear[];
   float* xs = reinterpret_cast<float*>(smem_linear);
   const int warp = threadIdx.x / kWarp;
-  const int row = (blockIdx.x * kWarps + warp) * R;
+  const int row = (blockIdx.x * kGroups + warp / KS) * R;
   if (PREFETCH && row < N)
     warp_prefetch_rows_l2<K, R>(w + (size_t)row * K);
-  // Each warp owns R consecutive output rows; their first loads fly during the prologue.
-  WarpGemv<K, R, MAX_T, UNROLL> gemv;
+  // Each warp owns R consecutive output rows (a 1/KS part of K); their first loads fly during
+  // the prologue.
+  WarpGemv<K, R, MAX_T, UNROLL, KS> gemv;
   if (row < N)
-    gemv.start(w + (size_t)row * K);
+    gemv.start(w + (size_t)row * K, warp % KS);
 
   linear_stage_x<K, MAX_T, NORM>(x, ln, eps, xs, tokens);
 
-  if (row >= N)
+  if (KS == 1 && row >= N)
     return;
   float acc[R][MAX_T];
-  gemv.finish(xs, tokens, acc);
-
+  if (row < N)
+    gemv.finish(xs, tokens, acc);
+  split_k_total<R, MAX_T, KS>(acc, tokens);
+  if (row >= N || warp % KS != 0)
+    return;
   linear_store<N, MAX_T, R, BIAS, RESIDUAL>(acc, b, h, y, row, tokens);
 }
 
 /// q, k and v of a decode step in one launch: rows [0, NQ) of the concatenated output are
 /// y_q = Wq xn + bq, the next NK y_k, the last NV y_v, xn = rms_norm(x, ln, eps) staged once per
-/// block. Each block's 8 warps x R rows lie in one projection (NQ and NK multiples of 8 R);
-/// grid.x = (NQ + NK + NV) / (8 R). Shapes as linear_decode.
-template <int K, int NQ, int NK, int NV, int MAX_T, int R, int UNROLL = 4>
+/// block. Each block's 8 / KS row groups x R rows lie in one projection (NQ and NK multiples of
+/// 8 R / KS);
+/// grid.x = (NQ + NK + NV) KS / (8 R). Shapes as linear_decode.
+template <int K, int NQ, int NK, int NV, int MAX_T, int R, int UNROLL = 4, int KS = 1>
 __device__ __forceinline__ void
 qkv_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
            const __nv_bfloat16* __restrict__ wq, const __nv_bfloat16* __restrict__ bq,
            const __nv_bfloat16* __restrict__ wk, const __nv_bfloat16* __restrict__ bk,
            const __nv_bfloat16* __restrict__ wv, const __nv_bfloat16* __restrict__ bv,
            float* __restrict__ yq, float* __restrict__ yk, float* __restrict__ yv, int tokens) {
-  constexpr int kWarps = kLinearThreads / kWarp, kRows = kWarps * R;
+  constexpr int kWarps = kLinearThreads / kWarp, kRows = kWarps / KS * R;
+  static_assert(kWarps % KS == 0, "K splits must divide the block's warps");
   static_assert(NQ % kRows == 0 && NK % kRows == 0 && NV % kRows == 0,
                 "a block's rows must lie in one projection");
   extern __shared__ float4 smem_linear[];
@@ -132,12 +171,15 @@ qkv_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, fl
   } else if (row >= NQ) {
     row -= NQ, w = wk, b = bk, y = yk, n = NK;
   }
-  row += warp * R;
-  WarpGemv<K, R, MAX_T, UNROLL> gemv; // the first weight loads fly during the norm prologue
-  gemv.start(w + (size_t)row * K);
+  row += warp / KS * R;
+  WarpGemv<K, R, MAX_T, UNROLL, KS> gemv; // the first weight loads fly during the norm prologue
+  gemv.start(w + (size_t)row * K, warp % KS);
   linear_stage_x<K, MAX_T, true>(x, ln, eps, xs, tokens);
   float acc[R][MAX_T];
   gemv.finish(xs, tokens, acc);
+  split_k_total<R, MAX_T, KS>(acc, tokens);
+  if (warp % KS != 0)
+    return;
   // n is NQ, NK or NV: the store's row stride.
   if (n == NQ)
     linear_store<NQ, MAX_T, R, true, false>(acc, b, nullptr, y, row, tokens);

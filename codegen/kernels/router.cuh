@@ -50,17 +50,75 @@ __device__ __forceinline__ void router_topk(const float* __restrict__ logits,
   topk_softmax<E, KSEL>(logits + (size_t)t * E, weights + (size_t)t * KSEL, ids + (size_t)t * KSEL);
 }
 
+/// topk_softmax by one warp (lanes take logits lane, lane + 32, ...): KSEL rounds of a warp
+/// arg-max, ties to the lower index, then lane 0 the softmax as topk_softmax does it, so the
+/// picks and weights are topk_softmax's for every input without NaNs (a NaN logit is never
+/// picked here while a number is left).
+template <int E, int KSEL>
+__device__ __forceinline__ void warp_topk_softmax(const float* r, float* __restrict__ weights,
+                                                  int* __restrict__ ids) {
+  static_assert(KSEL <= E, "cannot select more experts than exist");
+  constexpr int kPer = (E + kWarp - 1) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  float v[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + i * kWarp;
+    v[i] = e < E && r[e] == r[e] ? r[e] : neg_inf();
+  }
+  unsigned taken = 0; // bit i: v[i] already picked
+  float val[KSEL];
+  int pick[KSEL];
+#pragma unroll
+  for (int j = 0; j < KSEL; ++j) {
+    float bv = neg_inf();
+    int be = E; // past every index: loses ties to any real one
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = lane + i * kWarp;
+      if (e < E && !(taken >> i & 1) && (v[i] > bv || (v[i] == bv && e < be))) {
+        bv = v[i];
+        be = e;
+      }
+    }
+#pragma unroll
+    for (int off = kWarp / 2; off > 0; off /= 2) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, off);
+      if (ov > bv || (ov == bv && oe < be)) {
+        bv = ov;
+        be = oe;
+      }
+    }
+    if (be % kWarp == lane)
+      taken |= 1u << (be / kWarp);
+    val[j] = bv;
+    pick[j] = be;
+  }
+  if (lane != 0)
+    return;
+  float sum = 0.0f;
+  for (int j = 0; j < KSEL; ++j)
+    sum += expf(val[j] - val[0]);
+  for (int j = 0; j < KSEL; ++j) {
+    ids[j] = pick[j];
+    weights[j] = expf(val[j] - val[0]) / sum;
+  }
+}
+
 /// The MoE's routing of a decode step in one launch, for token t = blockIdx.y (256 threads):
 /// xn[t] = rms_norm(x[t], ln, eps) (written for the experts), the router's E logits
-/// W xn[t] + b by warps of 2 rows each, then topk_softmax into weights[t] and ids[t].
-/// The same arithmetic as rms_norm, the router's linear_decode and router_topk one after the
-/// other, so the results are bitwise theirs. x, xn fp32 [T, D]; ln bf16 [D]; w bf16 [E, D];
-/// b bf16 [E] (nullptr: none).
+/// W xn[t] + b, then the top KSEL and their softmax into weights[t] and ids[t]. Each pair of
+/// logit rows is summed by KS warps, each over 1/KS of D, parts added in order (when the block's
+/// pairs times KS fit its 8 warps, else whole rows): the arithmetic of rms_norm, linear_decode
+/// with the same K splits and router_topk one after the other, so on sm_90 the results are
+/// bitwise theirs. x, xn fp32 [T, D]; ln bf16 [D]; w bf16 [E, D]; b bf16 [E]
+/// (nullptr: none).
 /// grid.x = C: with clusters (sm_90) the C blocks of a token form one cluster, each normalises
-/// x (cheap) and computes E / C of the logits, so the router's rows stream through C SMs; block
-/// 0 gathers the logits from the others' shared memory and picks. Without clusters block 0 does
-/// everything and the others return.
-template <int D, int E, int KSEL, bool BIAS, int C>
+/// x (cheap) and computes E / C of the logits, so the router's rows stream through C SMs in one
+/// round of loads; block 0 gathers the logits from the others' shared memory and picks.
+/// Without clusters block 0 does everything and the others return.
+template <int D, int E, int KSEL, bool BIAS, int C, int KS>
 __device__ __forceinline__ void
 norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
                  const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
@@ -78,9 +136,19 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
   if (blockIdx.x != 0)
     return;
 #endif
+  constexpr int kPairs = kBlockRows / kRows;
+  static_assert(kWarps % KS == 0, "K splits must divide the block's warps");
   __shared__ __align__(16) float xs[D];
   __shared__ float logits[E]; // this block's kBlockRows, then (block 0) all E
   const int t = blockIdx.y, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int first = rank * kBlockRows;
+  // Split-K when every pair gets its own KS warps (the cluster path); else whole rows.
+  constexpr bool kSplit = KS > 1 && kPairs * KS <= kWarps;
+  constexpr int kParts = kSplit ? KS : 1;
+  WarpGemv<D, kRows, 1, kSplit ? 8 : 4, kParts> gemv;
+  const int pair0 = kSplit ? warp / KS : warp;
+  if (kSplit && pair0 < kPairs) // loads fly during the norm
+    gemv.start(w + (size_t)(first + pair0 * kRows) * D, warp % KS);
   const float* xr = x + (size_t)t * D;
   const float inv = block_inv_rms<D, kThreads>(xr, eps);
   for (int i = threadIdx.x; i < D; i += kThreads) {
@@ -90,17 +158,37 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
       xn[(size_t)t * D + i] = v;
   }
   __syncthreads();
-  const int first = rank * kBlockRows;
-  for (int r0 = warp * kRows; r0 < kBlockRows; r0 += kWarps * kRows) {
-    WarpGemv<D, kRows, 1> gemv;
-    gemv.start(w + (size_t)(first + r0) * D);
-    float acc[kRows][1];
-    gemv.finish(xs, 1, acc);
+  if (kSplit) {
+    __shared__ float parts[kWarps][kRows];
+    float acc[kRows][1] = {{0.0f}, {0.0f}};
+    if (pair0 < kPairs)
+      gemv.finish(xs, 1, acc);
     if (lane == 0)
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
-        logits[r0 + r] =
-            BIAS ? acc[r][0] + bf16_to_float(b[first + r0 + r]) : acc[r][0];
+        parts[warp][r] = acc[r][0];
+    __syncthreads();
+    if (pair0 < kPairs && warp % KS == 0 && lane == 0)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float v = parts[warp][r];
+#pragma unroll
+        for (int p = 1; p < kParts; ++p)
+          v += parts[warp + p][r];
+        logits[pair0 * kRows + r] = BIAS ? v + bf16_to_float(b[first + pair0 * kRows + r]) : v;
+      }
+  } else {
+    for (int p = warp; p < kPairs; p += kWarps) {
+      WarpGemv<D, kRows, 1> whole;
+      whole.start(w + (size_t)(first + p * kRows) * D);
+      float acc[kRows][1];
+      whole.finish(xs, 1, acc);
+      if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+          logits[p * kRows + r] =
+              BIAS ? acc[r][0] + bf16_to_float(b[first + p * kRows + r]) : acc[r][0];
+    }
   }
 #if XSERV_HAS_CLUSTERS
   if (C > 1) {
@@ -116,8 +204,8 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
   }
 #endif
   __syncthreads();
-  if (threadIdx.x == 0)
-    topk_softmax<E, KSEL>(logits, weights + (size_t)t * KSEL, ids + (size_t)t * KSEL);
+  if (warp == 0)
+    warp_topk_softmax<E, KSEL>(logits, weights + (size_t)t * KSEL, ids + (size_t)t * KSEL);
 }
 
 } // namespace xserv_kernels

@@ -78,6 +78,21 @@ TEST_CASE("linear kernels match ir::ref") {
     check_linear({2880, 32, true, true, false, 1e-5}, tokens, 5);   // 20b router logits
     check_linear({2880, 1000, false, false, false}, tokens, 6);     // plain, no bias
   }
+  // Tuning variants (most tokens, rows per warp, loads in flight, K splits), uneven N included.
+  for (auto [max_t, rows, unroll, ks] :
+       {std::tuple{8, 0, 4, 2}, std::tuple{8, 1, 8, 4}, std::tuple{1, 0, 2, 8},
+        std::tuple{1, 4, 4, 2}, std::tuple{1, 0, 4, 4}}) {
+    for (LinearDims d : {LinearDims{2880, 5120, true, true, false, 1e-5},
+                         LinearDims{4096, 2880, false, true, true}, LinearDims{2880, 1000, false,
+                                                                              false, false}}) {
+      d.max_tokens = max_t;
+      d.rows = d.n % std::max(rows, 1) == 0 ? rows : 0;
+      d.unroll = unroll;
+      d.ksplit = ks;
+      for (int tokens : {1, max_t})
+        check_linear(d, tokens, 7);
+    }
+  }
 }
 
 // ---- attention -------------------------------------------------------------------------------
@@ -338,20 +353,25 @@ void qkv_bandwidth(QkvDims d) {
 
 TEST_CASE("bandwidth of the 20b's decode GEMVs under tuning variants (informational)") {
   XSERV_REQUIRE_GPU();
-  // (rows per warp, loads in flight per lane and row, most tokens per launch); {0, 4, 8} is the
-  // default the lowering uses.
-  const std::vector<std::tuple<int, int, int>> variants = {
-      {0, 4, 8}, {0, 8, 8}, {4, 4, 8}, {1, 8, 8}, {0, 4, 1}, {0, 8, 1}, {4, 8, 1}, {1, 4, 1}};
-  for (auto [rows, unroll, max_t] : variants) {
+  // (rows per warp, loads in flight per lane and row, most tokens per launch, K splits);
+  // {0, 4, 8, 1} is the default the lowering used before split-K.
+  // K splits: 2, 4 or 8 warps share a row group, each over that part of K.
+  const std::vector<std::tuple<int, int, int, int>> variants = {
+      {0, 4, 8, 1}, {0, 4, 1, 1}, {0, 4, 1, 2}, {0, 4, 1, 4}, {0, 2, 1, 4}, {0, 2, 1, 8},
+      {1, 4, 1, 4}, {1, 2, 1, 8}, {4, 2, 1, 4}, {0, 4, 8, 4}, {0, 2, 8, 8}};
+  for (auto [rows, unroll, max_t, ks] : variants) {
     QkvDims q{2880, 4096, 512, 512, 1e-5, max_t};
     q.rows = rows;
     q.unroll = unroll;
-    qkv_bandwidth(q);
+    q.ksplit = ks;
+    if (qkv_decode_fits(q))
+      qkv_bandwidth(q);
   }
-  for (auto [rows, unroll, max_t] : variants) { // o_proj: 4096 -> 2880, bias and residual
+  for (auto [rows, unroll, max_t, ks] : variants) { // o_proj: 4096 -> 2880, bias and residual
     LinearDims o{4096, 2880, false, true, true, 1e-5, max_t};
     o.rows = rows;
     o.unroll = unroll;
+    o.ksplit = ks;
     gemv_bandwidth(o, "o_proj");
   }
 }
@@ -618,12 +638,22 @@ TEST_CASE("rope_yarn_qk rotates q and k in place like two rope_yarn") {
 TEST_CASE("qkv_decode matches three normed linears") {
   XSERV_REQUIRE_GPU();
   Rng rng{716};
-  for (auto [k, nq, nkv] : {std::tuple{64, 64, 32}, std::tuple{2880, 4096, 512}})
+  // (K, q rows, k/v rows, most tokens, rows per warp, loads in flight, K splits)
+  for (auto [k, nq, nkv, max_t, rows, unroll, ks] :
+       {std::tuple{64, 64, 32, 8, 0, 4, 1}, std::tuple{2880, 4096, 512, 8, 0, 4, 1},
+        std::tuple{2880, 4096, 512, 8, 1, 8, 4}, std::tuple{2880, 4096, 512, 1, 0, 2, 8},
+        std::tuple{2880, 4096, 512, 1, 0, 4, 2}})
     for (int tokens : {1, 3, 8}) {
+      if (tokens > max_t)
+        continue;
       QkvDims d;
       d.k = k;
       d.nq = nq;
       d.nk = d.nv = nkv;
+      d.max_tokens = max_t;
+      d.rows = rows;
+      d.unroll = unroll;
+      d.ksplit = ks;
       const Tensor x = random_f32(rng, {tokens, k}, 2.0f);
       const Bf16Weight ln = random_bf16(rng, {k}, 1.0f);
       std::vector<Bf16Weight> w, b;
@@ -733,6 +763,7 @@ TEST_CASE(
       ld.k = dim;
       ld.n = experts;
       ld.bias = bias;
+      ld.ksplit = router_ksplit(experts); // the same partial sums as the fused kernel's
       const Loaded& gemv = load(emit_linear(ld, {}));
       if (bias)
         launch(gemv, tokens, 1, xn->p, dw->p, db->p, logits->p, tokens);
