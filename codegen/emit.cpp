@@ -112,6 +112,8 @@ std::string moe_tuning_suffix(const MoeDims& d) {
   std::string s;
   if (d.rows > 0)
     s += fmt::format("_r{}", d.rows);
+  if (d.min_blocks > 0)
+    s += fmt::format("_m{}", d.min_blocks);
   if (d.unroll != kMoeUnroll)
     s += fmt::format("_u{}", d.unroll);
   if (d.prefetch)
@@ -270,6 +272,7 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
   LaunchRule launch;
   launch.blocks_x = (d.inter + 8 * pairs - 1) / (8 * pairs);
   launch.y_per_token = d.k;
+  launch.min_blocks_per_sm = d.min_blocks;
   std::string call = fmt::format("moe_gate_up<{}, {}, {}, {}, {}, {}, {}>", d.hidden, d.inter,
                                  d.experts, d.k, pairs, d.unroll, d.prefetch);
   name += moe_tuning_suffix(d);
@@ -320,6 +323,7 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
   LaunchRule launch;
   launch.blocks_x = (d.hidden + 8 * rows - 1) / (8 * rows);
   launch.y_per_token = d.k;
+  launch.min_blocks_per_sm = d.min_blocks;
   std::string call = fmt::format("moe_down_part<{}, {}, {}, {}, {}, {}>", d.hidden, d.inter,
                                  d.experts, d.k, rows, d.unroll);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
@@ -498,8 +502,10 @@ KernelSource emit_rope_yarn_qk(int hq, int hk, int head_dim, double attention_fa
                                {"const int* positions", "positions"},
                                {"const double* inv_freq", "inv_freq"},
                                {"", fmt::format("{:.17g}", attention_factor)}};
+  LaunchRule launch = per_row(256); // a block per 256 rotations of the token's heads
+  launch.blocks_x = ((hq + hk) * (head_dim / 2) + 255) / 256;
   return assemble(std::move(name), ir_lines, "rope.cuh",
-                  fmt::format("rope_yarn_qk<{}, {}, {}>", hq, hk, head_dim), params, per_row(256));
+                  fmt::format("rope_yarn_qk<{}, {}, {}>", hq, hk, head_dim), params, launch);
 }
 
 KernelSource emit_rope_yarn_qk_kv(int hq, int hk, int head_dim, double attention_factor, int slots,
@@ -523,7 +529,7 @@ KernelSource emit_rope_yarn_qk_kv(int hq, int hk, int head_dim, double attention
   return assemble(
       std::move(name), ir_lines, "rope.cuh",
       fmt::format("rope_yarn_qk_kv<{}, {}, {}, {}, {}>", hq, hk, head_dim, slots, cache_t), params,
-      per_row(256));
+      base.launch);
 }
 
 KernelSource emit_kv_write(const KvWriteDims& d, const std::vector<std::string>& ir_lines) {
@@ -613,9 +619,11 @@ KernelSource emit_moe_combine(int hidden, int k, bool residual,
   std::vector<Param> params = {{"const float* part", "part"}};
   params.push_back(residual ? Param{"const float* h", "h"} : Param{"", "nullptr"});
   params.push_back({"float* y", "y"});
+  LaunchRule launch = per_row(256);
+  launch.blocks_x = (hidden + 255) / 256; // one value of the token per thread
   return assemble(fmt::format("moe_combine{}_d{}_k{}", residual ? "_residual" : "", hidden, k),
                   ir_lines, "gemm.cuh", fmt::format("moe_combine<{}, {}, {}>", hidden, k, residual),
-                  params, per_row(256));
+                  params, launch);
 }
 
 KernelSource emit_row_inv_rms(int dim, double eps, const std::vector<std::string>& ir_lines) {

@@ -114,6 +114,9 @@ struct MoeDims {
   /// once WarpGemv double-buffered (docs/PERF.md, round 3).
   int rows = 0, unroll = kMoeUnroll;
   bool prefetch = false;
+  /// > 0: __launch_bounds__' blocks per SM for moe_gate_up and moe_down_part (registers capped
+  /// so that more blocks fit: gate_up's 720 blocks took 1.36 waves at 62 registers).
+  int min_blocks = 0;
 };
 
 /// embedding: out[t] = table[ids[t]] widened to fp32. Parameters: table, ids, out; grid.y = tokens.

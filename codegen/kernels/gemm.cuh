@@ -387,12 +387,13 @@ __device__ __forceinline__ void moe_sort(const int* __restrict__ ids, int* __res
 }
 
 /// y[t, d] = (RESIDUAL ? h[t, d] : 0) + sum over slots j in order of part[t * KSEL + j, d], for
-/// token t = blockIdx.y (256 threads). y may alias h.
+/// token t = blockIdx.y, d spread over the grid.x blocks (one per thread with
+/// grid.x = ceil(D / 256)). y may alias h.
 template <int D, int KSEL, bool RESIDUAL>
 __device__ __forceinline__ void moe_combine(const float* __restrict__ part, const float* h,
                                             float* y) {
   const int t = blockIdx.y;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+  for (int d = blockIdx.x * blockDim.x + threadIdx.x; d < D; d += gridDim.x * blockDim.x) {
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < KSEL; ++j)

@@ -48,7 +48,9 @@ __device__ __forceinline__ void rope_yarn(const float* x, const int* __restrict_
 }
 
 /// rope_yarn of q [T, HQ, D] and k [T, HK, D] in place in one launch (the same rotation as
-/// rope_yarn for each), token t = blockIdx.y.
+/// rope_yarn for each), token t = blockIdx.y; the (HQ + HK) D / 2 rotations are spread over
+/// the grid.x blocks of the token (each computes the angles itself), one per thread when
+/// grid.x = ceil((HQ + HK) D / 2 / 256).
 template <int HQ, int HK, int D>
 __device__ __forceinline__ void rope_yarn_qk(float* q, float* k, const int* __restrict__ positions,
                                              const double* __restrict__ inv_freq, double att) {
@@ -56,7 +58,8 @@ __device__ __forceinline__ void rope_yarn_qk(float* q, float* k, const int* __re
   __shared__ double cs[kHalf], sn[kHalf];
   const int t = blockIdx.y;
   rope_angles<D>(positions[t], inv_freq, att, cs, sn);
-  for (int i = threadIdx.x; i < (HQ + HK) * kHalf; i += kRopeThreads) {
+  for (int i = blockIdx.x * kRopeThreads + threadIdx.x; i < (HQ + HK) * kHalf;
+       i += gridDim.x * kRopeThreads) {
     const int h = i / kHalf, j = i % kHalf;
     float* base = h < HQ ? q + ((size_t)t * HQ + h) * D : k + ((size_t)t * HK + h - HQ) * D;
     const double x1 = base[j], x2 = base[j + kHalf];
@@ -73,7 +76,7 @@ __device__ __forceinline__ void rope_yarn_qk(float* q, float* k, const int* __re
 /// here because with one token per sequence attention never reads that slot (it holds position
 /// p - S, outside the window of a ring, unused in a full cache). Steps with several tokens of a
 /// sequence keep kv_write after attention (a chunk longer than a ring would overwrite keys its
-/// first tokens still need).
+/// first tokens still need). Spread over grid.x blocks per token as rope_yarn_qk.
 template <int HQ, int HK, int D, int S, typename CacheT>
 __device__ __forceinline__ void
 rope_yarn_qk_kv(float* q, float* k, const float* __restrict__ v, const int* __restrict__ positions,
@@ -85,7 +88,8 @@ rope_yarn_qk_kv(float* q, float* k, const float* __restrict__ v, const int* __re
   const int t = blockIdx.y, p = positions[t];
   rope_angles<D>(p, inv_freq, att, cs, sn);
   const size_t slot = ((size_t)cache_rows[token_seq[t]] * S + p % S) * HK * D;
-  for (int i = threadIdx.x; i < (HQ + HK) * kHalf; i += kRopeThreads) {
+  for (int i = blockIdx.x * kRopeThreads + threadIdx.x; i < (HQ + HK) * kHalf;
+       i += gridDim.x * kRopeThreads) {
     const int h = i / kHalf, j = i % kHalf;
     float* base = h < HQ ? q + ((size_t)t * HQ + h) * D : k + ((size_t)t * HK + h - HQ) * D;
     const double x1 = base[j], x2 = base[j + kHalf];
@@ -99,7 +103,7 @@ rope_yarn_qk_kv(float* q, float* k, const float* __restrict__ v, const int* __re
       store_cache(dst + j + kHalf, y2);
     }
   }
-  for (int i = threadIdx.x; i < HK * D; i += kRopeThreads)
+  for (int i = blockIdx.x * kRopeThreads + threadIdx.x; i < HK * D; i += gridDim.x * kRopeThreads)
     store_cache(v_cache + slot + i, v[(size_t)t * HK * D + i]);
 }
 

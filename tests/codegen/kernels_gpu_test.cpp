@@ -415,14 +415,16 @@ TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
   // The engine's decode path (gate_up, down per (token, slot), combine) under tuning variants:
   // rows per warp, loads in flight per lane and row, gate_up's L2 prefetch.
   auto part = poisoned(size_t(d.k) * d.hidden);
-  for (auto [rows, unroll, prefetch] :
-       {std::tuple{0, 2, true}, std::tuple{0, 2, false}, std::tuple{0, 4, false},
-        std::tuple{1, 4, false}, std::tuple{1, 8, false}, std::tuple{4, 2, false},
-        std::tuple{1, 2, false}}) {
+  // (rows per warp, loads in flight, L2 prefetch, blocks per SM for the register cap)
+  for (auto [rows, unroll, prefetch, min_blocks] :
+       {std::tuple{0, 2, false, 0}, std::tuple{0, 4, false, 0}, std::tuple{0, 2, false, 5},
+        std::tuple{0, 2, false, 6}, std::tuple{3, 2, false, 0}, std::tuple{3, 2, false, 5},
+        std::tuple{1, 2, false, 8}}) {
     MoeDims v = d;
     v.rows = rows;
     v.unroll = unroll;
     v.prefetch = prefetch;
+    v.min_blocks = min_blocks;
     const Loaded& vgu = load(emit_moe_gate_up(v, {}));
     const Loaded& vdp = load(emit_moe_down_part(v, {}));
     const Loaded& comb = load(emit_moe_combine(d.hidden, d.k, true, {}));
@@ -434,7 +436,8 @@ TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
     });
     device_sync();
     MESSAGE("bandwidth moe_decode engine path rows " << rows << " unroll " << unroll << " prefetch "
-                                                     << prefetch << ": " << vms * 1e3 << " us, "
+                                                     << prefetch << " min blocks " << min_blocks
+                                                     << ": " << vms * 1e3 << " us, "
                                                      << bytes / (vms * 1e-3) / 1e9 << " GB/s");
   }
 }
