@@ -627,7 +627,8 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
     throw Error("rank 0 answered the handshake with something else");
   const nlohmann::json welcome = decode(w.payload, nullptr);
   const std::string backend = welcome.value("backend", "cpu");
-  const int64_t max_batch = std::clamp(welcome.value("max_batch", plan_batch), int64_t{1}, plan_batch);
+  const int64_t max_batch =
+      std::clamp(welcome.value("max_batch", plan_batch), int64_t{1}, plan_batch);
   const int64_t max_seq = std::clamp(welcome.value("max_seq", plan_seq), int64_t{1}, plan_seq);
   const ir::Graph& stage = stages[size_t(rank)];
   std::mutex send_lock;

@@ -143,8 +143,8 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
     throw Error(
         fmt::format("codegen: decode linear takes at most 8 tokens, asked {}", d.max_tokens));
   const int rows = d.rows > 0 ? d.rows : d.n % 2 == 0 ? 2 : 1; // rows per warp
-  if (d.n % rows != 0 || d.unroll < 1 || !(d.ksplit == 1 || d.ksplit == 2 || d.ksplit == 4 ||
-                                            d.ksplit == 8))
+  if (d.n % rows != 0 || d.unroll < 1 ||
+      !(d.ksplit == 1 || d.ksplit == 2 || d.ksplit == 4 || d.ksplit == 8))
     throw Error(fmt::format("codegen: linear tuning rows {} unroll {} K splits {} do not fit N {}",
                             rows, d.unroll, d.ksplit, d.n));
   std::string name = fmt::format(
@@ -164,9 +164,9 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
   launch.blocks_x = (d.n + block_rows - 1) / block_rows;
   launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
   launch.max_tokens = d.max_tokens;
-  std::string call = fmt::format("linear_decode<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k,
-                                 d.n, d.max_tokens, rows, d.norm, d.bias, d.residual, d.prefetch,
-                                 d.unroll, d.ksplit);
+  std::string call =
+      fmt::format("linear_decode<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.max_tokens,
+                  rows, d.norm, d.bias, d.residual, d.prefetch, d.unroll, d.ksplit);
   return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
 }
 
@@ -589,18 +589,17 @@ KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps,
   for (const char* p : {"float* xn", "float* weights", "int* ids"})
     params.push_back({p, std::string(p).substr(std::string(p).find(' ') + 1)});
   if (d.experts > 256)
-    throw Error(fmt::format("codegen: norm_router_topk takes at most 256 experts, got {}",
-                            d.experts));
+    throw Error(
+        fmt::format("codegen: norm_router_topk takes at most 256 experts, got {}", d.experts));
   LaunchRule launch = per_row(256);
   launch.blocks_x = router_cluster_blocks(d.experts);
   launch.cluster_x = launch.blocks_x;
-  return assemble(
-      fmt::format("rmsnorm_router_topk_d{}_e{}_k{}{}{}", dim, d.experts, d.k, bias ? "" : "_nobias",
-                  attr_suffix("eps", eps, 1e-5)),
-      ir_lines, "router.cuh",
-      fmt::format("norm_router_topk<{}, {}, {}, {}, {}, {}>", dim, d.experts, d.k,
-                  bias ? "true" : "false", launch.blocks_x, router_ksplit(d.experts)),
-      params, launch);
+  return assemble(fmt::format("rmsnorm_router_topk_d{}_e{}_k{}{}{}", dim, d.experts, d.k,
+                              bias ? "" : "_nobias", attr_suffix("eps", eps, 1e-5)),
+                  ir_lines, "router.cuh",
+                  fmt::format("norm_router_topk<{}, {}, {}, {}, {}, {}>", dim, d.experts, d.k,
+                              bias ? "true" : "false", launch.blocks_x, router_ksplit(d.experts)),
+                  params, launch);
 }
 
 KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>& ir_lines) {

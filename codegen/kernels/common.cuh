@@ -34,7 +34,8 @@ __device__ __forceinline__ void grid_dependency_sync() {
 /// visible to the cluster's blocks after it.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
-               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+               "barrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
 }
 
 /// The float at `local` (a __shared__ address of this block) in the shared memory of the

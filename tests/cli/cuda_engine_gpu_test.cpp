@@ -465,8 +465,8 @@ TEST_CASE("gpu: the engine's stopwatch times steps on the GPU timeline") {
   const double prefill = sw->stop();
   sw->start();
   const double idle = sw->stop(); // nothing queued between the two events
-  MESSAGE((kMaxSeq - 4) << "-token prefill of the tiny example: " << prefill << " ms; empty interval " << idle
-                                                    << " ms");
+  MESSAGE((kMaxSeq - 4) << "-token prefill of the tiny example: " << prefill
+                        << " ms; empty interval " << idle << " ms");
   CHECK(prefill > 0.0);
   CHECK(prefill < 10000.0);
   CHECK(idle >= 0.0);

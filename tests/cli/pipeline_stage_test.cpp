@@ -10,10 +10,10 @@
 #include "tests/cli/step_input.h"
 
 using xserv::cli::micro_batches;
+using xserv::cli::MicroBatch;
 using xserv::cli::pipeline_micro_batches;
 using xserv::cli::PipelineLaunch;
 using xserv::cli::resolve_transport;
-using xserv::cli::MicroBatch;
 using xserv::models::StepInput;
 using xserv::testing::make_step;
 

@@ -83,6 +83,58 @@ TEST_CASE("decode kernels compile for gpt-oss-120b") {
   compile_all(testing::source_dir() / "examples/gpt-oss-120b/config.json");
 }
 
+TEST_CASE("decode tuning variants and the clustered router compile for sm_90; bad knobs refused") {
+  runtime::CompileOptions opts;
+  opts.arch = "sm_90";
+  opts.headers = kernel_headers();
+  std::vector<KernelSource> ks;
+  LinearDims o{4096, 2880, false, true, true};
+  o.max_tokens = 1;
+  o.unroll = 8;
+  o.ksplit = 4;
+  ks.push_back(emit_linear(o, {}));
+  CHECK(ks.back().name == "linear_residual_k4096_n2880_t1_u8_s4");
+  CHECK(ks.back().launch.blocks_x == 2880 / (8 / 4 * 2)); // two rows per group of 4 warps
+  QkvDims q{2880, 4096, 512, 512};
+  q.rows = 1;
+  q.ksplit = 2;
+  REQUIRE(qkv_decode_fits(q));
+  ks.push_back(emit_qkv_decode(q, {}));
+  CHECK(ks.back().launch.blocks_x == 5120 / 4);
+  for (int experts : {8, 32, 128}) {
+    ks.push_back(emit_norm_router_topk(2880, {experts, 4}, 1e-5, true, {}));
+    CHECK(ks.back().launch.cluster_x == router_cluster_blocks(experts));
+    const std::string attr =
+        "XSERV_CLUSTER_X(" + std::to_string(router_cluster_blocks(experts)) + ")";
+    CHECK(ks.back().source.find(attr) != std::string::npos);
+  }
+  CHECK(router_cluster_blocks(32) == 8);
+  CHECK(router_ksplit(32) == 4); // 2 pairs a block, 4 warps each
+  CHECK(router_cluster_blocks(128) == 8);
+  CHECK(router_ksplit(128) == 1); // 8 pairs a block: a warp each
+  CHECK(router_cluster_blocks(8) == 4);
+  CHECK(router_ksplit(8) == 8);
+  MoeDims m{2880, 2880, 32, 4, true};
+  m.min_blocks = 5;
+  ks.push_back(emit_moe_gate_up(m, {}));
+  CHECK(ks.back().source.find("__launch_bounds__(256, 5)") != std::string::npos);
+  for (const KernelSource& k : ks) {
+    INFO(k.name);
+    const runtime::CompileResult r = runtime::compile_cuda(k.source, k.name, opts);
+    CHECK(!r.cubin.empty());
+    CHECK(r.log.empty());
+  }
+  o.ksplit = 3;
+  CHECK_THROWS_WITH(emit_linear(o, {}), doctest::Contains("K splits 3"));
+  q.ksplit = 16;
+  CHECK(!qkv_decode_fits(q));
+  q.ksplit = 4;
+  q.rows = 0; // 8 / 4 * 2 = 4 rows a block: fits 4096 / 512 / 512
+  CHECK(qkv_decode_fits(q));
+  q.nk = q.nv = 510;
+  CHECK(!qkv_decode_fits(q));
+}
+
 TEST_CASE("kernel names and sources are deterministic and headed by their IR") {
   LinearDims d{2880, 5120, true, true, false, 1e-5};
   const KernelSource a = emit_linear(d, {"%13 = rms_norm_linear(%11, %1, %2, %3) {eps=1e-05}"});
@@ -90,7 +142,7 @@ TEST_CASE("kernel names and sources are deterministic and headed by their IR") {
   CHECK(a.name == "rmsnorm_linear_k2880_n5120");
   CHECK(a.source == b.source);
   CHECK(a.source.rfind("// kernel: rmsnorm_linear_k2880_n5120\n// %13 = rms_norm_linear", 0) == 0);
-  CHECK(a.source.find("linear_decode<2880, 5120, 8, 2, true, true, false, false>") !=
+  CHECK(a.source.find("linear_decode<2880, 5120, 8, 2, true, true, false, false, 4, 1>") !=
         std::string::npos);
   CHECK(a.launch.grid(1)[0] == 320);
   CHECK(a.launch.smem(4) == 4 * 2880 * 4);

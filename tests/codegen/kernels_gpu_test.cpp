@@ -82,9 +82,9 @@ TEST_CASE("linear kernels match ir::ref") {
   for (auto [max_t, rows, unroll, ks] :
        {std::tuple{8, 0, 4, 2}, std::tuple{8, 1, 8, 4}, std::tuple{1, 0, 2, 8},
         std::tuple{1, 4, 4, 2}, std::tuple{1, 0, 4, 4}}) {
-    for (LinearDims d : {LinearDims{2880, 5120, true, true, false, 1e-5},
-                         LinearDims{4096, 2880, false, true, true}, LinearDims{2880, 1000, false,
-                                                                              false, false}}) {
+    for (LinearDims d :
+         {LinearDims{2880, 5120, true, true, false, 1e-5},
+          LinearDims{4096, 2880, false, true, true}, LinearDims{2880, 1000, false, false, false}}) {
       d.max_tokens = max_t;
       d.rows = d.n % std::max(rows, 1) == 0 ? rows : 0;
       d.unroll = unroll;
@@ -435,10 +435,9 @@ TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
       launch(comb, 1, 1, part->p, h->p, y->p);
     });
     device_sync();
-    MESSAGE("bandwidth moe_decode engine path rows " << rows << " unroll " << unroll << " prefetch "
-                                                     << prefetch << " min blocks " << min_blocks
-                                                     << ": " << vms * 1e3 << " us, "
-                                                     << bytes / (vms * 1e-3) / 1e9 << " GB/s");
+    MESSAGE("bandwidth moe_decode engine path rows "
+            << rows << " unroll " << unroll << " prefetch " << prefetch << " min blocks "
+            << min_blocks << ": " << vms * 1e3 << " us, " << bytes / (vms * 1e-3) / 1e9 << " GB/s");
   }
 }
 
@@ -793,8 +792,8 @@ TEST_CASE(
           else
             launch(fused, tokens, 1, dx->p, dln->p, dw->p, fxn->p, fw->p, fid->p);
         });
-        MESSAGE(fused.src.name << " (" << fused.src.launch.blocks_x << " blocks per token): "
-                               << one * 1e3 << " us");
+        MESSAGE(fused.src.name << " (" << fused.src.launch.blocks_x
+                               << " blocks per token): " << one * 1e3 << " us");
       }
     }
   }
