@@ -1,5 +1,7 @@
 // `xserv run`: generate from token ids or from text (harmony chat format), streaming the answer.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -66,7 +68,35 @@ int cmd_run(const ParsedArgs& args) {
       if (args.has("--stop-at-eos"))
         req.stop_ids.push_back(static_cast<int32_t>(id));
     GenStats st;
-    auto out = generate(*engine, {req}, {}, &st);
+    LogitsCallback on_logits;
+    std::FILE* logits_file = nullptr;
+    size_t rows = 0;
+    const std::string logits_path = args.get("--logits-out", "");
+    if (!logits_path.empty()) {
+      logits_file = std::fopen(logits_path.c_str(), "wb");
+      if (!logits_file)
+        throw Error(fmt::format("--logits-out: cannot write {}: {}", logits_path,
+                                std::strerror(errno)));
+      on_logits = [&](size_t, const std::vector<float>& row) {
+        if (std::fwrite(row.data(), sizeof(float), row.size(), logits_file) != row.size())
+          throw Error(fmt::format("--logits-out: writing {} failed", logits_path));
+        ++rows;
+      };
+    }
+    std::vector<GenResult> out;
+    try {
+      out = generate(*engine, {req}, {}, &st, on_logits);
+    } catch (...) {
+      if (logits_file)
+        std::fclose(logits_file);
+      throw;
+    }
+    if (logits_file) {
+      if (std::fclose(logits_file) != 0)
+        throw Error(fmt::format("--logits-out: closing {} failed", logits_path));
+      std::fprintf(stderr, "[run] %zu logits rows of %lld float32 values in %s\n", rows,
+                   static_cast<long long>(engine->config().vocab_size), logits_path.c_str());
+    }
     std::string line;
     for (size_t i = 0; i < out[0].tokens.size(); ++i) {
       line += i ? "," : "";
@@ -77,6 +107,8 @@ int cmd_run(const ParsedArgs& args) {
     return 0;
   }
 
+  if (args.has("--logits-out"))
+    throw UsageError("--logits-out goes with --prompt-ids");
   models::Tokenizer tok = load_tokenizer(src, args);
   const bool raw = args.has("--raw"), show_reasoning = args.has("--show-reasoning");
   if (raw) {

@@ -107,6 +107,9 @@ const std::vector<Command>& commands() {
          {"--top-k", "K", "sample among the K most likely (default: all)"},
          {"--seed", "S", "sampling seed (default 0)"},
          {"--stop-at-eos", "", "with --prompt-ids: stop at the config's eos ids"},
+         {"--logits-out", "FILE",
+          "with --prompt-ids: write each step's logits (vocab float32 values per generated "
+          "token, little-endian) to FILE"},
          {"--backend", "auto|cpu|cuda", "where to run (default auto: cuda when a GPU is usable)"},
          {"--weights", "DIR", "checkpoint directory (default: the one the plan was built from)"},
          {"--tokenizer", "PATH", "tokenizer.json or o200k_base.tiktoken"},

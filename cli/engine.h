@@ -68,10 +68,15 @@ struct GenStats {
 /// that request early.
 using TokenCallback = std::function<bool(size_t, int32_t)>;
 
+/// Called with each step's logits row of a request before its token is picked: (request index,
+/// logits). Setting one brings every step's logits to the host (greedy picks included).
+using LogitsCallback = std::function<void(size_t, const std::vector<float>&)>;
+
 /// Generates for every request, batched up to the engine's max_batch at a time: one prefill
 /// step over the prompts, then one decode step per token over the sequences still running.
 /// Throws xserv::Error naming the limit when a prompt does not fit max_seq.
 std::vector<GenResult> generate(Engine& engine, const std::vector<GenRequest>& requests,
-                                const TokenCallback& on_token = {}, GenStats* stats = nullptr);
+                                const TokenCallback& on_token = {}, GenStats* stats = nullptr,
+                                const LogitsCallback& on_logits = {});
 
 } // namespace xserv::cli

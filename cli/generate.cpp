@@ -49,7 +49,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 
 void run_batch(Engine& engine, const std::vector<GenRequest>& reqs, size_t first, size_t count,
-               const TokenCallback& on_token, std::vector<GenResult>& results, GenStats& stats) {
+               const TokenCallback& on_token, const LogitsCallback& on_logits,
+               std::vector<GenResult>& results, GenStats& stats) {
   engine.reset();
   std::vector<runtime::Sampler> samplers;
   models::StepInput step;
@@ -68,10 +69,12 @@ void run_batch(Engine& engine, const std::vector<GenRequest>& reqs, size_t first
   for (size_t i = 0; i < count; ++i)
     ctx[i] = static_cast<int32_t>(reqs[first + i].prompt.size());
 
-  // Greedy requests need no logits on the host: the engine may pick on the device.
-  const bool all_greedy = std::all_of(samplers.begin(), samplers.end(), [](const auto& s) {
-    return s.options().temperature <= 0.0f;
-  });
+  // Greedy requests need no logits on the host (unless asked for): the engine may pick on the
+  // device.
+  const bool all_greedy =
+      !on_logits && std::all_of(samplers.begin(), samplers.end(), [](const auto& s) {
+        return s.options().temperature <= 0.0f;
+      });
   bool prefill = true;
   while (!active.empty()) {
     auto t0 = std::chrono::steady_clock::now();
@@ -89,6 +92,8 @@ void run_batch(Engine& engine, const std::vector<GenRequest>& reqs, size_t first
       const size_t i = active[a];
       const GenRequest& r = reqs[first + i];
       GenResult& out = results[first + i];
+      if (on_logits)
+        on_logits(first + i, logits[a]);
       const int32_t tok = all_greedy ? greedy[a] : samplers[i].sample(logits[a]);
       out.tokens.push_back(tok);
       ++stats.generated_tokens;
@@ -115,7 +120,8 @@ void run_batch(Engine& engine, const std::vector<GenRequest>& reqs, size_t first
 } // namespace
 
 std::vector<GenResult> generate(Engine& engine, const std::vector<GenRequest>& requests,
-                                const TokenCallback& on_token, GenStats* stats) {
+                                const TokenCallback& on_token, GenStats* stats,
+                                const LogitsCallback& on_logits) {
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& r = requests[i];
     if (r.prompt.empty())
@@ -133,8 +139,8 @@ std::vector<GenResult> generate(Engine& engine, const std::vector<GenRequest>& r
   GenStats local;
   const size_t batch = static_cast<size_t>(std::max<int64_t>(engine.max_batch(), 1));
   for (size_t first = 0; first < requests.size(); first += batch)
-    run_batch(engine, requests, first, std::min(batch, requests.size() - first), on_token, results,
-              local);
+    run_batch(engine, requests, first, std::min(batch, requests.size() - first), on_token,
+              on_logits, results, local);
   if (stats)
     *stats = local;
   return results;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on nvidia-h200-x2: every GPU test (the pipeline and NCCL cases use both GPUs), the
 # synthetic 20b's bench rows on GPU 0, then the 20b with --pp 2 as two processes on two GPUs
-# against --pp 1 (greedy tokens, 4 prompts) and its prefill / batched-decode speed with the
-# activations over TCP and over NCCL (TRANSPORTS). Needs
+# against --pp 1 (greedy tokens and every step's logits, 4 prompts) and its prefill /
+# batched-decode speed with the activations over TCP and over NCCL (TRANSPORTS). Needs
 # .device/bin/{xserv,*_gpu_tests} and .device/data/gpt-oss-20b.json (carry [".device/bin",
 # ".device/data"]). Logs land in $OUT.
 source "$(dirname "$0")/common.sh"
@@ -26,7 +26,7 @@ prompts=("$(seq -s, 1000 37 2800)" "$(seq -s, 7 3 300)" "200002,1,2,3,4,5" "$(se
 for pp in 1 2; do
   for i in "${!prompts[@]}"; do
     timeout 120 $X run /tmp/pp$pp --backend cuda --prompt-ids "${prompts[$i]}" --max-tokens 64 \
-      > "$OUT/pp${pp}_p$i.txt" 2> "$OUT/pp${pp}_p$i.err"
+      --logits-out /tmp/logits_pp${pp}_p$i.f32 > "$OUT/pp${pp}_p$i.txt" 2> "$OUT/pp${pp}_p$i.err"
     echo "pp$pp prompt $i rc=$? $(grep -E '^\[run\]' "$OUT/pp${pp}_p$i.err" | tail -1)"
   done
 done
@@ -34,6 +34,16 @@ for i in "${!prompts[@]}"; do
   cmp -s "$OUT/pp1_p$i.txt" "$OUT/pp2_p$i.txt" && echo "pp2 prompt $i: same 64 tokens as pp1" \
     || echo "pp2 prompt $i: DIFFERS from pp1"
 done
+python3 - <<'PY' # pp 2 against pp 1: every step's logits row, 4 prompts x 64 steps
+import numpy as np
+for i in range(4):
+    a = np.fromfile(f"/tmp/logits_pp1_p{i}.f32", "<f4").reshape(-1, 201088)
+    b = np.fromfile(f"/tmp/logits_pp2_p{i}.f32", "<f4").reshape(-1, 201088)
+    rel = np.linalg.norm(a - b, axis=1) / np.linalg.norm(a, axis=1)
+    same = int((a == b).all(axis=1).sum())
+    print(f"prompt {i}: {len(a)} rows; rel L2 pp2 vs pp1 max {rel.max():.3g}, first row "
+          f"(prefill) {rel[0]:.3g}; rows bitwise equal {same} of {len(a)}")
+PY
 grep -h "pipeline\]" "$OUT/pp2_p0.err" | head -3
 echo "== bench pp1"
 timeout 150 $X bench /tmp/pp1 --backend cuda -p 512 -n 32 -b 1,32 -r 2 2> /dev/null | tail -3

@@ -5,10 +5,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -77,6 +79,53 @@ TEST_CASE("pipelined plan, one process per stage: the tokens of the whole model"
   CHECK(local.out == whole.out);
   CHECK(ranks.err.find("[pipeline] 2 ranks ready") != std::string::npos);
   CHECK(local.err.find("run one after another in this process") != std::string::npos);
+}
+
+namespace {
+
+std::vector<float> read_floats(const fs::path& f) {
+  std::ifstream in(f, std::ios::binary);
+  std::vector<float> v(fs::file_size(f) / sizeof(float));
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  return v;
+}
+
+} // namespace
+
+TEST_CASE("run --logits-out: each step's logits; the pipeline's equal the whole model's") {
+  Plans p;
+  const fs::path f1 = p.tmp.path / "pp1.f32", f2 = p.tmp.path / "pp2.f32";
+  RunResult whole = run_xserv("run " + p.pp1 + kPrompt + " --logits-out " + f1.string(), "", true);
+  RunResult ranks = run_xserv("run " + p.pp2 + kPrompt + " --logits-out " + f2.string(), "", true);
+  RunResult plain = run_xserv("run " + p.pp1 + kPrompt, "", true);
+  REQUIRE(whole.code == 0);
+  REQUIRE(ranks.code == 0);
+  CHECK(whole.out == plain.out); // greedy on the host picks what the engine's greedy path picks
+  CHECK(whole.err.find("[run] 5 logits rows of 201088 float32 values in") != std::string::npos);
+  const std::vector<float> a = read_floats(f1), b = read_floats(f2);
+  REQUIRE(a.size() == size_t(5) * 201088);
+  CHECK(a == b); // the CPU interpreter's stages chain bit for bit
+  // Each row's arg-max (lowest id on ties) is the token generated at that step.
+  std::vector<std::string> ids;
+  std::string cur;
+  for (char c : whole.out + ",")
+    if (c == ',' || c == '\n') {
+      if (!cur.empty())
+        ids.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  REQUIRE(ids.size() == 5);
+  for (size_t r = 0; r < 5; ++r) {
+    const auto row = a.begin() + static_cast<std::ptrdiff_t>(r * 201088);
+    const auto best = std::max_element(row, row + 201088) - row;
+    CHECK(std::to_string(best) == ids[r]);
+  }
+  RunResult text =
+      run_xserv("run " + p.pp1 + " --backend cpu --prompt hi --logits-out x.f32", "", true);
+  CHECK(text.code == 2);
+  CHECK(text.err.find("--logits-out goes with --prompt-ids") != std::string::npos);
 }
 
 TEST_CASE("pipelined plan: a rank holding another compile's plan is refused at the handshake") {
