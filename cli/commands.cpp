@@ -159,6 +159,17 @@ const std::vector<Command>& commands() {
         1,
         2},
        &cmd_tokenize},
+      {{"trace",
+        "PLAN_DIR --prompt-ids IDS -o FILE [--backend cpu|cuda]",
+        "write the residual stream of a teacher-forced prompt, layer by layer (for "
+        "tools/hf_layer_compare.py)",
+        {{"--prompt-ids", "IDS", "comma-separated prompt token ids"},
+         {"-o", "FILE", "float32 [embedding + layers, tokens, hidden]; FILE.json describes it"},
+         {"--backend", "cpu|cuda", "the interpreter (default) or the GPU engine"},
+         {"--weights", "DIR", "checkpoint directory (default: the one the plan was built from)"}},
+        1,
+        1},
+       &cmd_trace},
   };
   return table;
 }

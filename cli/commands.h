@@ -27,6 +27,7 @@ int cmd_worker(const ParsedArgs& args);
 int cmd_run(const ParsedArgs& args);
 int cmd_synth(const ParsedArgs& args);
 int cmd_tokenize(const ParsedArgs& args);
+int cmd_trace(const ParsedArgs& args);
 
 /// Sampling from --temperature (0: greedy), --top-p, --top-k and --seed, for commands that
 /// declare them. Throws UsageError on a negative temperature or a top-p outside (0, 1].

@@ -1,0 +1,158 @@
+// `xserv trace`: the residual stream of a teacher-forced prompt, layer by layer, for comparison
+// with another implementation (tools/hf_layer_compare.py does it against HF transformers).
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/cpu_engine.h"
+#include "cli/cuda_engine.h"
+#include "cli/model_source.h"
+#include "models/step.h"
+#include "runtime/device.h"
+
+namespace xserv::cli {
+namespace {
+
+/// The values a trace records, in order: the embedding, then each layer's output (the residual
+/// stream after its MoE block).
+struct Tracked {
+  std::vector<ir::ValueId> values;
+  std::vector<std::string> names;
+};
+
+Tracked tracked_values(const ir::Graph& g) {
+  Tracked t;
+  int layer = 0;
+  for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(g.size()); ++v) {
+    const ir::Op op = g.node(v).op;
+    if (op == ir::Op::Embedding && t.values.empty()) {
+      t.values.push_back(v);
+      t.names.push_back("embedding");
+    } else if (op == ir::Op::MoeExpertsResidual) {
+      t.values.push_back(v);
+      t.names.push_back(fmt::format("layer {}", layer++));
+    }
+  }
+  if (t.values.empty() || t.names.front() != "embedding" || layer == 0)
+    throw Error("xserv trace: the plan's graph has no embedding or no moe_experts_residual "
+                "nodes (plans from `xserv compile` with the default passes have both)");
+  return t;
+}
+
+std::vector<int32_t> parse_ids(const ParsedArgs& args) {
+  std::vector<int32_t> ids;
+  for (const std::string& s : args.list("--prompt-ids")) {
+    char* end = nullptr;
+    const long v = std::strtol(s.c_str(), &end, 10);
+    if (s.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
+      throw UsageError(fmt::format("--prompt-ids: '{}' is not a token id", s));
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty())
+    throw UsageError("--prompt-ids needs at least one id");
+  return ids;
+}
+
+} // namespace
+
+int cmd_trace(const ParsedArgs& args) {
+  ModelSource src = resolve_source(args.positional()[0], args);
+  if (src.plan_dir.empty())
+    throw UsageError("xserv trace runs a plan: `xserv compile MODEL_DIR -o PLAN` first");
+  const std::vector<int32_t> ids = parse_ids(args);
+  const std::string out = args.get("-o", "");
+  if (out.empty())
+    throw UsageError("xserv trace needs -o FILE");
+  std::string backend = args.get("--backend", "cpu");
+  if (backend != "cpu" && backend != "cuda")
+    throw UsageError(fmt::format("--backend must be cpu or cuda, got '{}'", backend));
+  std::ifstream gin(src.plan_dir / "graph.ir");
+  const std::string text((std::istreambuf_iterator<char>(gin)), std::istreambuf_iterator<char>());
+  ir::Graph g = ir::parse(text);
+  const models::ModelConfig config = models::ModelConfig::load(src.model_dir / "config.json");
+  const int64_t tokens = static_cast<int64_t>(ids.size()), hidden = config.hidden_size;
+  if (tokens > src.max_seq)
+    throw Error(fmt::format("the prompt has {} tokens, more than the plan's maximum sequence "
+                            "length of {}",
+                            tokens, src.max_seq));
+  for (int32_t id : ids)
+    if (id >= config.vocab_size)
+      throw Error(fmt::format("prompt token {} is outside the vocabulary [0, {})", id,
+                              config.vocab_size));
+  const models::StepInput step{{ids}, {0}, {0}};
+
+  std::vector<std::vector<float>> rows; // per tracked value: tokens x hidden
+  std::vector<std::string> names;
+  if (backend == "cpu") {
+    const Tracked t = tracked_values(g);
+    for (ir::ValueId v : t.values)
+      g.outputs.push_back(v);
+    CpuEngine cpu(src.model_dir, 1, src.max_seq, &g);
+    const std::vector<ir::Tensor> res = cpu.run_graph(g, models::step_params(step));
+    for (size_t i = 0; i < t.values.size(); ++i) {
+      const ir::Tensor& x = res.at(res.size() - t.values.size() + i);
+      if (x.numel() != tokens * hidden)
+        throw Error(fmt::format("xserv trace: {} has {} values, expected {} x {}", t.names[i],
+                                x.numel(), tokens, hidden));
+      rows.push_back(x.f);
+    }
+    names = t.names;
+  } else {
+    const runtime::DeviceInfo dev = runtime::probe_device();
+    if (!dev.available)
+      throw Error("no GPU: " + dev.reason + " (use --backend cpu)");
+    check_plan_arch(src.arch, dev.arch(), dev.name);
+    CudaEngineOptions opts;
+    opts.keep_activations = true; // every value keeps its own buffer until the next step
+    opts.cuda_graphs = false;
+    if (tokens > opts.prefill_chunk)
+      throw Error(fmt::format("xserv trace --backend cuda takes at most {} tokens (one prefill "
+                              "sub-step), got {}",
+                              opts.prefill_chunk, tokens));
+    CudaEngine gpu(src.model_dir, 1, src.max_seq, &g, opts);
+    const Tracked t = tracked_values(gpu.graph());
+    gpu.step(step);
+    gpu.synchronize();
+    for (ir::ValueId v : t.values) {
+      std::vector<float> x(static_cast<size_t>(tokens * hidden));
+      if (cudaMemcpy(x.data(), gpu.debug_address(v, 0), x.size() * sizeof(float),
+                     cudaMemcpyDeviceToHost) != cudaSuccess)
+        throw Error("xserv trace: copying an activation from the GPU failed");
+      rows.push_back(std::move(x));
+    }
+    names = t.names;
+  }
+
+  std::FILE* f = std::fopen(out.c_str(), "wb");
+  if (!f)
+    throw Error(fmt::format("cannot write {}", out));
+  bool ok = true;
+  for (const auto& r : rows)
+    ok = ok && std::fwrite(r.data(), sizeof(float), r.size(), f) == r.size();
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok)
+    throw Error(fmt::format("writing {} failed", out));
+  const nlohmann::json meta = {{"format", "float32 little-endian [values, tokens, hidden]"},
+                               {"values", names},
+                               {"tokens", tokens},
+                               {"hidden", hidden},
+                               {"ids", ids},
+                               {"backend", backend},
+                               {"plan", src.plan_dir.string()},
+                               {"model_dir", src.model_dir.string()}};
+  std::ofstream(out + ".json") << meta.dump(1) << "\n";
+  std::fprintf(stderr, "[trace] %s: %zu values (the embedding and %zu layers) x %lld tokens x %lld "
+               "in %s (+ .json)\n",
+               backend.c_str(), rows.size(), rows.size() - 1, static_cast<long long>(tokens),
+               static_cast<long long>(hidden), out.c_str());
+  return 0;
+}
+
+} // namespace xserv::cli
