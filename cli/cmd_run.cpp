@@ -13,7 +13,19 @@
 namespace xserv::cli {
 namespace {
 
-std::vector<int32_t> parse_ids(const ParsedArgs& args) {
+void print_stats(const GenStats& st, const Engine& e) {
+  std::fprintf(stderr,
+               "[run] %s: prompt %lld tokens in %.1f ms (%.1f tok/s), generated %lld tokens in "
+               "%.1f ms (%.2f tok/s)\n",
+               e.backend().c_str(), static_cast<long long>(st.prompt_tokens), st.prefill_ms,
+               st.prompt_tokens / std::max(st.prefill_ms, 1e-9) * 1e3,
+               static_cast<long long>(st.generated_tokens), st.prefill_ms + st.decode_ms,
+               st.generated_tokens / std::max(st.prefill_ms + st.decode_ms, 1e-9) * 1e3);
+}
+
+} // namespace
+
+std::vector<int32_t> parse_prompt_ids(const ParsedArgs& args) {
   std::vector<int32_t> ids;
   for (const std::string& s : args.list("--prompt-ids")) {
     char* end = nullptr;
@@ -26,18 +38,6 @@ std::vector<int32_t> parse_ids(const ParsedArgs& args) {
     throw UsageError("--prompt-ids needs at least one id");
   return ids;
 }
-
-void print_stats(const GenStats& st, const Engine& e) {
-  std::fprintf(stderr,
-               "[run] %s: prompt %lld tokens in %.1f ms (%.1f tok/s), generated %lld tokens in "
-               "%.1f ms (%.2f tok/s)\n",
-               e.backend().c_str(), static_cast<long long>(st.prompt_tokens), st.prefill_ms,
-               st.prompt_tokens / std::max(st.prefill_ms, 1e-9) * 1e3,
-               static_cast<long long>(st.generated_tokens), st.prefill_ms + st.decode_ms,
-               st.generated_tokens / std::max(st.prefill_ms + st.decode_ms, 1e-9) * 1e3);
-}
-
-} // namespace
 
 runtime::SamplerOptions sampling_options(const ParsedArgs& args) {
   runtime::SamplerOptions s;
@@ -62,7 +62,7 @@ int cmd_run(const ParsedArgs& args) {
   req.sampling = sampling_options(args);
 
   if (ids_mode) {
-    req.prompt = parse_ids(args);
+    req.prompt = parse_prompt_ids(args);
     auto engine = make_engine(src, args);
     for (int64_t id : engine->config().eos_token_ids)
       if (args.has("--stop-at-eos"))
@@ -75,8 +75,8 @@ int cmd_run(const ParsedArgs& args) {
     if (!logits_path.empty()) {
       logits_file = std::fopen(logits_path.c_str(), "wb");
       if (!logits_file)
-        throw Error(fmt::format("--logits-out: cannot write {}: {}", logits_path,
-                                std::strerror(errno)));
+        throw Error(
+            fmt::format("--logits-out: cannot write {}: {}", logits_path, std::strerror(errno)));
       on_logits = [&](size_t, const std::vector<float>& row) {
         if (std::fwrite(row.data(), sizeof(float), row.size(), logits_file) != row.size())
           throw Error(fmt::format("--logits-out: writing {} failed", logits_path));

@@ -46,27 +46,13 @@ Tracked tracked_values(const ir::Graph& g) {
   return t;
 }
 
-std::vector<int32_t> parse_ids(const ParsedArgs& args) {
-  std::vector<int32_t> ids;
-  for (const std::string& s : args.list("--prompt-ids")) {
-    char* end = nullptr;
-    const long v = std::strtol(s.c_str(), &end, 10);
-    if (s.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
-      throw UsageError(fmt::format("--prompt-ids: '{}' is not a token id", s));
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  if (ids.empty())
-    throw UsageError("--prompt-ids needs at least one id");
-  return ids;
-}
-
 } // namespace
 
 int cmd_trace(const ParsedArgs& args) {
   ModelSource src = resolve_source(args.positional()[0], args);
   if (src.plan_dir.empty())
     throw UsageError("xserv trace runs a plan: `xserv compile MODEL_DIR -o PLAN` first");
-  const std::vector<int32_t> ids = parse_ids(args);
+  const std::vector<int32_t> ids = parse_prompt_ids(args);
   const std::string out = args.get("-o", "");
   if (out.empty())
     throw UsageError("xserv trace needs -o FILE");
@@ -84,8 +70,8 @@ int cmd_trace(const ParsedArgs& args) {
                             tokens, src.max_seq));
   for (int32_t id : ids)
     if (id >= config.vocab_size)
-      throw Error(fmt::format("prompt token {} is outside the vocabulary [0, {})", id,
-                              config.vocab_size));
+      throw Error(
+          fmt::format("prompt token {} is outside the vocabulary [0, {})", id, config.vocab_size));
   const models::StepInput step{{ids}, {0}, {0}};
 
   std::vector<std::vector<float>> rows; // per tracked value: tokens x hidden
@@ -148,7 +134,8 @@ int cmd_trace(const ParsedArgs& args) {
                                {"plan", src.plan_dir.string()},
                                {"model_dir", src.model_dir.string()}};
   std::ofstream(out + ".json") << meta.dump(1) << "\n";
-  std::fprintf(stderr, "[trace] %s: %zu values (the embedding and %zu layers) x %lld tokens x %lld "
+  std::fprintf(stderr,
+               "[trace] %s: %zu values (the embedding and %zu layers) x %lld tokens x %lld "
                "in %s (+ .json)\n",
                backend.c_str(), rows.size(), rows.size() - 1, static_cast<long long>(tokens),
                static_cast<long long>(hidden), out.c_str());

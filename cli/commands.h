@@ -32,6 +32,8 @@ int cmd_trace(const ParsedArgs& args);
 /// Sampling from --temperature (0: greedy), --top-p, --top-k and --seed, for commands that
 /// declare them. Throws UsageError on a negative temperature or a top-p outside (0, 1].
 runtime::SamplerOptions sampling_options(const ParsedArgs& args);
+/// The ids of --prompt-ids (comma-separated, each in [0, 2^31)); a usage error otherwise.
+std::vector<int32_t> parse_prompt_ids(const ParsedArgs& args);
 
 /// Progress lines on stderr ("[compile] building graph ... 12.3 ms").
 class Progress {

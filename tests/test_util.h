@@ -1,12 +1,14 @@
-// Helpers shared by tests: locating ../shared/data and the source tree.
+// Helpers shared by tests: locating ../shared/data and the source tree, raw float files.
 #pragma once
 
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 namespace xserv::testing {
 
@@ -56,6 +58,14 @@ private:
     return n++;
   }
 };
+
+/// The float32 values of a raw little-endian file (what --logits-out and xserv trace write).
+inline std::vector<float> read_floats(const std::filesystem::path& f) {
+  std::ifstream in(f, std::ios::binary);
+  std::vector<float> v(std::filesystem::file_size(f) / sizeof(float));
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  return v;
+}
 
 } // namespace xserv::testing
 

@@ -5,6 +5,21 @@
 
 namespace xserv_kernels {
 
+/// ids[j] = pick[j] and weights[j] = exp(val[j] - val[0]) / sum_i exp(val[i] - val[0]): the
+/// routing softmax over the picked logits (val[0] the largest), in the order the picks came.
+template <int KSEL>
+__device__ __forceinline__ void softmax_of_picks(const float (&val)[KSEL], const int (&pick)[KSEL],
+                                                 float* __restrict__ weights,
+                                                 int* __restrict__ ids) {
+  float sum = 0.0f;
+  for (int j = 0; j < KSEL; ++j)
+    sum += expf(val[j] - val[0]);
+  for (int j = 0; j < KSEL; ++j) {
+    ids[j] = pick[j];
+    weights[j] = expf(val[j] - val[0]) / sum;
+  }
+}
+
 /// The KSEL largest of one token's E logits r[0..E) in descending order, ties to the lower
 /// index, into ids[0..KSEL), and weights[j] = exp(l_j - l_0) / sum_i exp(l_i - l_0) over the
 /// selected. One thread.
@@ -29,13 +44,7 @@ __device__ __forceinline__ void topk_softmax(const float* r, float* __restrict__
     pick[j] = best;
     val[j] = bv;
   }
-  float sum = 0.0f;
-  for (int j = 0; j < KSEL; ++j)
-    sum += expf(val[j] - val[0]);
-  for (int j = 0; j < KSEL; ++j) {
-    ids[j] = pick[j];
-    weights[j] = expf(val[j] - val[0]) / sum;
-  }
+  softmax_of_picks<KSEL>(val, pick, weights, ids);
 }
 
 /// router_topk(logits) {k = KSEL} for token t = blockIdx.y, computed by thread 0 (E is small):
@@ -97,13 +106,7 @@ __device__ __forceinline__ void warp_topk_softmax(const float* r, float* __restr
   }
   if (lane != 0)
     return;
-  float sum = 0.0f;
-  for (int j = 0; j < KSEL; ++j)
-    sum += expf(val[j] - val[0]);
-  for (int j = 0; j < KSEL; ++j) {
-    ids[j] = pick[j];
-    weights[j] = expf(val[j] - val[0]) / sum;
-  }
+  softmax_of_picks<KSEL>(val, pick, weights, ids);
 }
 
 /// The MoE's routing of a decode step in one launch, for token t = blockIdx.y (256 threads):

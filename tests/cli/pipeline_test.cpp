@@ -18,6 +18,7 @@
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
+using xserv::testing::read_floats;
 using xserv::testing::run_shell;
 using xserv::testing::run_xserv;
 using xserv::testing::RunResult;
@@ -80,17 +81,6 @@ TEST_CASE("pipelined plan, one process per stage: the tokens of the whole model"
   CHECK(ranks.err.find("[pipeline] 2 ranks ready") != std::string::npos);
   CHECK(local.err.find("run one after another in this process") != std::string::npos);
 }
-
-namespace {
-
-std::vector<float> read_floats(const fs::path& f) {
-  std::ifstream in(f, std::ios::binary);
-  std::vector<float> v(fs::file_size(f) / sizeof(float));
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-  return v;
-}
-
-} // namespace
 
 TEST_CASE("run --logits-out: each step's logits; the pipeline's equal the whole model's") {
   Plans p;

@@ -15,22 +15,12 @@
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
+using xserv::testing::read_floats;
 using xserv::testing::run_binary;
 using xserv::testing::RunResult;
 using xserv::testing::source_dir;
 using xserv::testing::TempDir;
 namespace fs = std::filesystem;
-
-namespace {
-
-std::vector<float> read_floats(const fs::path& f) {
-  std::ifstream in(f, std::ios::binary);
-  std::vector<float> v(fs::file_size(f) / sizeof(float));
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-  return v;
-}
-
-} // namespace
 
 TEST_CASE("gpu: xserv trace on the GPU follows the interpreter layer by layer") {
   XSERV_REQUIRE_GPU_AND_BINARY(dev, bin);
@@ -42,8 +32,8 @@ TEST_CASE("gpu: xserv trace on the GPU follows the interpreter layer by layer") 
                                  model.string()),
                      tmp.path)
               .code == 0);
-  REQUIRE(run_binary(bin, fmt::format("compile {} -o {} --no-cubins", model.string(),
-                                      plan.string()),
+  REQUIRE(run_binary(bin,
+                     fmt::format("compile {} -o {} --no-cubins", model.string(), plan.string()),
                      tmp.path)
               .code == 0);
   std::string ids;
@@ -61,7 +51,7 @@ TEST_CASE("gpu: xserv trace on the GPU follows the interpreter layer by layer") 
   const std::vector<float> a = read_floats(cpu), b = read_floats(gpu);
   REQUIRE(a.size() == b.size());
   const size_t row = 128, rows = a.size() / row; // deep4l: hidden 128
-  REQUIRE(rows == size_t(5 * 40));                // the embedding and 4 layers x 40 tokens
+  REQUIRE(rows == size_t(5 * 40));               // the embedding and 4 layers x 40 tokens
   double worst = 0;
   for (size_t r = 0; r < rows; ++r) {
     double num = 0, den = 0;

@@ -16,33 +16,23 @@
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
+using xserv::testing::read_floats;
 using xserv::testing::run_xserv;
 using xserv::testing::RunResult;
 namespace fs = std::filesystem;
-
-namespace {
-
-std::vector<float> read_floats(const fs::path& f) {
-  std::ifstream in(f, std::ios::binary);
-  std::vector<float> v(fs::file_size(f) / sizeof(float));
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-  return v;
-}
-
-} // namespace
 
 TEST_CASE("xserv trace: the embedding and every layer's output of a teacher-forced prompt") {
   xserv::testing::TempDir tmp("trace");
   const std::string model = (tmp.path / "model").string(), plan = (tmp.path / "plan").string();
   const fs::path out = tmp.path / "t.f32";
   REQUIRE(run_xserv("synth --config " +
-                    (xserv::testing::source_dir() / "examples/tiny/config.json").string() +
-                    " -o " + model + " --seed 4")
+                    (xserv::testing::source_dir() / "examples/tiny/config.json").string() + " -o " +
+                    model + " --seed 4")
               .code == 0);
   REQUIRE(run_xserv(fmt::format("compile {} -o {} --no-cubins", model, plan)).code == 0);
   const std::string ids = "17,4,99,2048,5";
-  RunResult r = run_xserv(fmt::format("trace {} --prompt-ids {} -o {}", plan, ids, out.string()),
-                          "", true);
+  RunResult r =
+      run_xserv(fmt::format("trace {} --prompt-ids {} -o {}", plan, ids, out.string()), "", true);
   INFO(r.err);
   REQUIRE(r.code == 0);
   std::ifstream jin(out.string() + ".json");
