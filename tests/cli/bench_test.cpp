@@ -128,5 +128,15 @@ TEST_CASE("bench runs on the CPU backend and prints one row per test") {
   r = run_split("bench " + plan.string() + " -p 16 -n 1 -r 1");
   CHECK(r.code == 2);
   CHECK(r.err.find("the plan allows 8 and 1") != std::string::npos);
+  // A pipelined plan benches with its stages in this process (--pp-local) or one per rank.
+  const fs::path pp2 = dir / "pp2";
+  REQUIRE(run_split("compile " + dir.string() + " -o " + pp2.string() + " --pp 2 --no-cubins")
+              .code == 0);
+  for (const char* where : {" --pp-local", ""}) {
+    CAPTURE(where);
+    r = run_split("bench " + pp2.string() + " -p 4 -n 2 -r 1 -o json --backend cpu" + where);
+    REQUIRE(r.code == 0);
+    CHECK(nlohmann::json::parse(r.out)["results"].size() == 2);
+  }
   fs::remove_all(dir);
 }
