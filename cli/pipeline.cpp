@@ -286,6 +286,7 @@ public:
       await(r, kReady, nullptr);
     if (nccl) { // every rank joins the communicator once its stage is loaded
       comm_ = std::make_unique<runtime::NcclComm>(nccl_id, world, 0, launch.connect_timeout);
+      comm_->connect_pipeline(launch.connect_timeout); // not in the first step
       local_->use_nccl(comm_.get(), 0, nccl_step_timeout(launch.rank_timeout));
     }
     std::fprintf(stderr, "[pipeline] %d ranks ready (%s, activations over %s)\n", world,
@@ -647,6 +648,7 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
     try {
       comm = std::make_unique<runtime::NcclComm>(from_hex(welcome["nccl_id"].get<std::string>()),
                                                  world, rank, std::chrono::seconds(60));
+      comm->connect_pipeline(std::chrono::seconds(60));
       engine->use_nccl(comm.get(), rank, nccl_step_timeout(pipeline_rank_timeout()));
     } catch (const Error& e) {
       c.send(message(kFail, {{"message", e.what()}}));

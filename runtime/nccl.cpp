@@ -213,6 +213,33 @@ void NcclComm::after_post(int result, const std::string& what, std::chrono::mill
   settle(what, timeout);
 }
 
+void NcclComm::connect_pipeline(std::chrono::milliseconds timeout) {
+  void* buf = nullptr;
+  cudaStream_t stream = nullptr;
+  if (cudaMalloc(&buf, 4) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaMemsetAsync(buf, 0, 4, stream) != cudaSuccess) {
+    if (buf)
+      cudaFree(buf);
+    throw Error(fmt::format("rank {}: no GPU memory or stream for NCCL's first transfer", rank_));
+  }
+  auto release = [&] {
+    cudaStreamDestroy(stream);
+    cudaFree(buf);
+  };
+  try {
+    if (rank_ > 0)
+      recv(buf, 4, rank_ - 1, stream, timeout);
+    if (rank_ + 1 < world_)
+      send(buf, 4, rank_ + 1, stream, timeout);
+    wait(stream, timeout, "connecting to the neighbouring pipeline ranks");
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
+}
+
 void NcclComm::wait(cudaStream_t stream, std::chrono::milliseconds timeout,
                     const std::string& what) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -55,8 +55,13 @@ TEST_CASE("gpu: NCCL send/recv between two GPUs, and a missing sender ends in a 
   REQUIRE(id.size() == 128);
   const size_t n = (1 << 20) + 3; // not a multiple of anything convenient
   std::vector<uint8_t> got(n);
+  double connect_ms[2] = {0, 0};
   two_ranks([&](int rank) {
     NcclComm comm(id, 2, rank, 60s);
+    const auto t0 = std::chrono::steady_clock::now();
+    comm.connect_pipeline(30s); // the pipeline's first transfer, made at join
+    connect_ms[rank] =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     cudaStream_t s;
     REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
     void* buf = nullptr;
@@ -77,6 +82,8 @@ TEST_CASE("gpu: NCCL send/recv between two GPUs, and a missing sender ends in a 
     cudaFree(buf);
     cudaStreamDestroy(s);
   });
+  MESSAGE("connect_pipeline: rank 0 " << connect_ms[0] << " ms, rank 1 " << connect_ms[1]
+                                      << " ms");
   size_t wrong = 0;
   for (size_t i = 0; i < n; ++i)
     wrong += got[i] != static_cast<uint8_t>(i * 131 + 7);
