@@ -87,13 +87,17 @@ int cmd_run(const ParsedArgs& args) {
     try {
       out = generate(*engine, {req}, {}, &st, on_logits);
     } catch (...) {
-      if (logits_file)
+      if (logits_file) { // no partial file that looks like a result
         std::fclose(logits_file);
+        std::remove(logits_path.c_str());
+      }
       throw;
     }
     if (logits_file) {
-      if (std::fclose(logits_file) != 0)
+      if (std::fclose(logits_file) != 0) {
+        std::remove(logits_path.c_str());
         throw Error(fmt::format("--logits-out: closing {} failed", logits_path));
+      }
       std::fprintf(stderr, "[run] %zu logits rows of %lld float32 values in %s\n", rows,
                    static_cast<long long>(engine->config().vocab_size), logits_path.c_str());
     }

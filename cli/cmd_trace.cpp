@@ -2,7 +2,9 @@
 // with another implementation (tools/hf_layer_compare.py does it against HF transformers).
 #include <cuda_runtime.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -116,15 +118,19 @@ int cmd_trace(const ParsedArgs& args) {
     names = t.names;
   }
 
+  const std::string meta_path = out + ".json";
+  std::remove(meta_path.c_str()); // never a stale description beside a new trace
   std::FILE* f = std::fopen(out.c_str(), "wb");
   if (!f)
-    throw Error(fmt::format("cannot write {}", out));
+    throw Error(fmt::format("cannot write {}: {}", out, std::strerror(errno)));
   bool ok = true;
   for (const auto& r : rows)
     ok = ok && std::fwrite(r.data(), sizeof(float), r.size(), f) == r.size();
   ok = std::fclose(f) == 0 && ok;
-  if (!ok)
+  if (!ok) {
+    std::remove(out.c_str());
     throw Error(fmt::format("writing {} failed", out));
+  }
   const nlohmann::json meta = {{"format", "float32 little-endian [values, tokens, hidden]"},
                                {"values", names},
                                {"tokens", tokens},
@@ -133,7 +139,14 @@ int cmd_trace(const ParsedArgs& args) {
                                {"backend", backend},
                                {"plan", src.plan_dir.string()},
                                {"model_dir", src.model_dir.string()}};
-  std::ofstream(out + ".json") << meta.dump(1) << "\n";
+  std::ofstream meta_out(meta_path);
+  meta_out << meta.dump(1) << "\n";
+  meta_out.close();
+  if (!meta_out) {
+    std::remove(out.c_str());
+    std::remove(meta_path.c_str());
+    throw Error(fmt::format("writing {} failed", meta_path));
+  }
   std::fprintf(stderr,
                "[trace] %s: %zu values (the embedding and %zu layers) x %lld tokens x %lld "
                "in %s (+ .json)\n",

@@ -575,7 +575,10 @@ private:
       if (r.op != Op::Router || r.inputs[0] != norm)
         continue;
       const int experts = static_dim(g_, r.inputs[1], 0), dim = static_dim(g_, r.inputs[1], 1);
-      return experts % 2 == 0 && dim % 8 == 0 && as_int(r.attr_int("k")) <= experts ? u : -1;
+      return experts % 2 == 0 && experts <= 256 && dim % 8 == 0 &&
+                     as_int(r.attr_int("k")) <= experts
+                 ? u
+                 : -1;
     }
     return -1;
   }

@@ -618,6 +618,9 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
   const nlohmann::json pj = nlohmann::json::parse(in);
   const int64_t plan_batch = pj["options"].value("max_batch", int64_t{1});
   const int64_t plan_seq = pj["options"].value("max_seq", int64_t{4096});
+  if (plan_batch < 1 || plan_seq < 1)
+    throw Error(fmt::format("{}: max_batch {} and max_seq {} must be positive",
+                            (plan_dir / "plan.json").string(), plan_batch, plan_seq));
   Connection c = Connection::connect(coordinator, Clock::now() + std::chrono::seconds(30));
   c.send(message(kHello,
                  {{"rank", rank}, {"world", world}, {"digest", pipeline_plan_digest(plan_dir)}}));

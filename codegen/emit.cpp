@@ -181,9 +181,11 @@ bool qkv_decode_fits(const QkvDims& d) {
 
 KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& ir_lines) {
   if (!qkv_decode_fits(d))
-    throw Error(fmt::format("codegen: qkv_decode needs K % 8 == 0 and q/k/v widths that are "
-                            "multiples of 16, got K {} and {}/{}/{}",
-                            d.k, d.nq, d.nk, d.nv));
+    throw Error(fmt::format("codegen: qkv_decode needs K % 8 == 0, q/k/v widths that are "
+                            "multiples of a block's rows (8 x rows per warp / K splits), 1 to 8 "
+                            "tokens and K splits of 1, 2, 4 or 8; got K {}, {}/{}/{}, rows {}, "
+                            "K splits {}",
+                            d.k, d.nq, d.nk, d.nv, d.rows > 0 ? d.rows : 2, d.ksplit));
   const int rows = d.rows > 0 ? d.rows : 2;
   std::string name = fmt::format("qkv_decode_k{}_q{}_k{}_v{}{}{}", d.k, d.nq, d.nk, d.nv,
                                  attr_suffix("eps", d.eps, 1e-5),

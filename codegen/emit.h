@@ -64,7 +64,8 @@ struct LinearDims {
 
 /// q, k and v projections of a decode step in one launch (qkv_decode): rms_norm(x) staged once,
 /// each block's rows in one projection. Parameters: x, ln, wq, bq, wk, bk, wv, bv, yq, yk, yv,
-/// tokens. Needs nq, nk, nv multiples of 16 (qkv_decode_fits).
+/// tokens. Needs nq, nk, nv multiples of a block's rows, 8 rows / ksplit (16 by default;
+/// qkv_decode_fits).
 struct QkvDims {
   int k = 0, nq = 0, nk = 0, nv = 0;
   double eps = 1e-5;
@@ -228,16 +229,17 @@ KernelSource emit_embedding(const EmbeddingDims& d, const std::vector<std::strin
 KernelSource emit_rope_yarn(const RopeDims& d, const std::vector<std::string>& ir_lines);
 KernelSource emit_kv_write(const KvWriteDims& d, const std::vector<std::string>& ir_lines);
 KernelSource emit_router_topk(const RouterTopKDims& d, const std::vector<std::string>& ir_lines);
-/// rms_norm + the router's linear + router_topk of a decode step in one launch (router.cuh
-/// norm_router_topk): bitwise the three kernels' results. Parameters: x, ln, w, [b], xn,
-/// weights, ids; grid (C, tokens): a cluster of C blocks per token shares the router's rows
-/// (router_cluster_blocks).
 /// Blocks per token of norm_router_topk: up to 8 (the portable cluster size), each taking
 /// whole pairs of the E experts.
 int router_cluster_blocks(int experts);
 /// Warps per pair of router rows in norm_router_topk (K splits): as many as the block's 8 warps
 /// allow for its pairs, 1, 2, 4 or 8.
 int router_ksplit(int experts);
+/// rms_norm + the router's linear + router_topk of a decode step in one launch (router.cuh
+/// norm_router_topk), for an even expert count up to 256 and a dimension divisible by 8. On
+/// sm_90 the results are bitwise those of rms_norm, linear_decode with ksplit =
+/// router_ksplit(E) and router_topk. Parameters: x, ln, w, [b], xn, weights, ids; grid
+/// (C, tokens): a cluster of C = router_cluster_blocks(E) blocks per token shares the rows.
 KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps, bool bias,
                                    const std::vector<std::string>& ir_lines);
 KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>& ir_lines);

@@ -216,17 +216,18 @@ void NcclComm::after_post(int result, const std::string& what, std::chrono::mill
 void NcclComm::connect_pipeline(std::chrono::milliseconds timeout) {
   void* buf = nullptr;
   cudaStream_t stream = nullptr;
+  auto release = [&] {
+    if (stream)
+      cudaStreamDestroy(stream);
+    if (buf)
+      cudaFree(buf);
+  };
   if (cudaMalloc(&buf, 4) != cudaSuccess ||
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
       cudaMemsetAsync(buf, 0, 4, stream) != cudaSuccess) {
-    if (buf)
-      cudaFree(buf);
+    release();
     throw Error(fmt::format("rank {}: no GPU memory or stream for NCCL's first transfer", rank_));
   }
-  auto release = [&] {
-    cudaStreamDestroy(stream);
-    cudaFree(buf);
-  };
   try {
     if (rank_ > 0)
       recv(buf, 4, rank_ - 1, stream, timeout);

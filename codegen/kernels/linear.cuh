@@ -134,7 +134,7 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
 
   if (KS == 1 && row >= N)
     return;
-  float acc[R][MAX_T];
+  float acc[R][MAX_T] = {}; // zeros for a group past N, whose parts are summed and dropped
   if (row < N)
     gemv.finish(xs, tokens, acc);
   split_k_total<R, MAX_T, KS>(acc, tokens);

@@ -61,8 +61,8 @@ __device__ __forceinline__ void router_topk(const float* __restrict__ logits,
 
 /// topk_softmax by one warp (lanes take logits lane, lane + 32, ...): KSEL rounds of a warp
 /// arg-max, ties to the lower index, then lane 0 the softmax as topk_softmax does it, so the
-/// picks and weights are topk_softmax's for every input without NaNs (a NaN logit is never
-/// picked here while a number is left).
+/// picks and weights are topk_softmax's for every input without NaNs (a NaN logit counts as
+/// -infinity here).
 template <int E, int KSEL>
 __device__ __forceinline__ void warp_topk_softmax(const float* r, float* __restrict__ weights,
                                                   int* __restrict__ ids) {

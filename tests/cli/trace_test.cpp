@@ -87,4 +87,12 @@ TEST_CASE("xserv trace: the embedding and every layer's output of a teacher-forc
   RunResult no_out = run_xserv(fmt::format("trace {} --prompt-ids 1", plan), "", true);
   CHECK(no_out.code == 2);
   CHECK(no_out.err.find("needs -o FILE") != std::string::npos);
+  const std::string nowhere = (tmp.path / "no-such-dir" / "t.f32").string();
+  RunResult bad = run_xserv(fmt::format("trace {} --prompt-ids 1 -o {}", plan, nowhere), "", true);
+  CHECK(bad.code == 1);
+  CHECK(bad.err.find("cannot write " + nowhere) != std::string::npos);
+  RunResult bad_run = run_xserv(
+      fmt::format("run {} --backend cpu --prompt-ids 1 --logits-out {}", plan, nowhere), "", true);
+  CHECK(bad_run.code == 1);
+  CHECK(bad_run.err.find("--logits-out: cannot write " + nowhere) != std::string::npos);
 }

@@ -133,6 +133,10 @@ TEST_CASE("decode tuning variants and the clustered router compile for sm_90; ba
   CHECK(qkv_decode_fits(q));
   q.nk = q.nv = 510;
   CHECK(!qkv_decode_fits(q));
+  CHECK_THROWS_WITH(emit_qkv_decode(q, {}), doctest::Contains("multiples of a block's rows"));
+  // Block 0 gathers one logit per thread: the lowering keeps larger routers unfused.
+  CHECK_THROWS_WITH(emit_norm_router_topk(2880, {384, 4}, 1e-5, true, {}),
+                    doctest::Contains("at most 256 experts"));
 }
 
 TEST_CASE("kernel names and sources are deterministic and headed by their IR") {
