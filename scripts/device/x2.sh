@@ -34,16 +34,7 @@ for i in "${!prompts[@]}"; do
   cmp -s "$OUT/pp1_p$i.txt" "$OUT/pp2_p$i.txt" && echo "pp2 prompt $i: same 64 tokens as pp1" \
     || echo "pp2 prompt $i: DIFFERS from pp1"
 done
-python3 - <<'PY' # pp 2 against pp 1: every step's logits row, 4 prompts x 64 steps
-import numpy as np
-for i in range(4):
-    a = np.fromfile(f"/tmp/logits_pp1_p{i}.f32", "<f4").reshape(-1, 201088)
-    b = np.fromfile(f"/tmp/logits_pp2_p{i}.f32", "<f4").reshape(-1, 201088)
-    rel = np.linalg.norm(a - b, axis=1) / np.linalg.norm(a, axis=1)
-    same = int((a == b).all(axis=1).sum())
-    print(f"prompt {i}: {len(a)} rows; rel L2 pp2 vs pp1 max {rel.max():.3g}, first row "
-          f"(prefill) {rel[0]:.3g}; rows bitwise equal {same} of {len(a)}")
-PY
+python3 scripts/device/compare_logits.py /tmp pp1 pp2 4 # every step, 4 prompts x 64 steps
 grep -h "pipeline\]" "$OUT/pp2_p0.err" | head -3
 echo "== bench pp1"
 timeout 150 $X bench /tmp/pp1 --backend cuda -p 512 -n 32 -b 1,32 -r 2 2> /dev/null | tail -3
