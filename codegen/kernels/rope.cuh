@@ -47,6 +47,27 @@ __device__ __forceinline__ void rope_yarn(const float* x, const int* __restrict_
   }
 }
 
+/// The rotations of token t's q [T, HQ, D] and k [T, HK, D] heads in place, pairs (head, j)
+/// spread over the grid.x blocks of the token, with the angles in cs, sn (rope_angles);
+/// on_k(kv head, j, y1, y2) sees each rotated pair of k.
+template <int HQ, int HK, int D, typename OnK>
+__device__ __forceinline__ void rotate_qk(float* q, float* k, int t, const double* cs,
+                                          const double* sn, OnK on_k) {
+  constexpr int kHalf = D / 2;
+  for (int i = blockIdx.x * kRopeThreads + threadIdx.x; i < (HQ + HK) * kHalf;
+       i += gridDim.x * kRopeThreads) {
+    const int h = i / kHalf, j = i % kHalf;
+    float* base = h < HQ ? q + ((size_t)t * HQ + h) * D : k + ((size_t)t * HK + h - HQ) * D;
+    const double x1 = base[j], x2 = base[j + kHalf];
+    const double c = cs[j], s = sn[j];
+    const float y1 = float(x1 * c - x2 * s), y2 = float(x2 * c + x1 * s);
+    base[j] = y1;
+    base[j + kHalf] = y2;
+    if (h >= HQ)
+      on_k(h - HQ, j, y1, y2);
+  }
+}
+
 /// rope_yarn of q [T, HQ, D] and k [T, HK, D] in place in one launch (the same rotation as
 /// rope_yarn for each), token t = blockIdx.y; the (HQ + HK) D / 2 rotations are spread over
 /// the grid.x blocks of the token (each computes the angles itself), one per thread when
@@ -58,15 +79,7 @@ __device__ __forceinline__ void rope_yarn_qk(float* q, float* k, const int* __re
   __shared__ double cs[kHalf], sn[kHalf];
   const int t = blockIdx.y;
   rope_angles<D>(positions[t], inv_freq, att, cs, sn);
-  for (int i = blockIdx.x * kRopeThreads + threadIdx.x; i < (HQ + HK) * kHalf;
-       i += gridDim.x * kRopeThreads) {
-    const int h = i / kHalf, j = i % kHalf;
-    float* base = h < HQ ? q + ((size_t)t * HQ + h) * D : k + ((size_t)t * HK + h - HQ) * D;
-    const double x1 = base[j], x2 = base[j + kHalf];
-    const double c = cs[j], s = sn[j];
-    base[j] = float(x1 * c - x2 * s);
-    base[j + kHalf] = float(x2 * c + x1 * s);
-  }
+  rotate_qk<HQ, HK, D>(q, k, t, cs, sn, [](int, int, float, float) {});
 }
 
 /// rope_yarn_qk plus the KV cache writes of a step with ONE token per sequence (a decode step):
@@ -88,21 +101,11 @@ rope_yarn_qk_kv(float* q, float* k, const float* __restrict__ v, const int* __re
   const int t = blockIdx.y, p = positions[t];
   rope_angles<D>(p, inv_freq, att, cs, sn);
   const size_t slot = ((size_t)cache_rows[token_seq[t]] * S + p % S) * HK * D;
-  for (int i = blockIdx.x * kRopeThreads + threadIdx.x; i < (HQ + HK) * kHalf;
-       i += gridDim.x * kRopeThreads) {
-    const int h = i / kHalf, j = i % kHalf;
-    float* base = h < HQ ? q + ((size_t)t * HQ + h) * D : k + ((size_t)t * HK + h - HQ) * D;
-    const double x1 = base[j], x2 = base[j + kHalf];
-    const double c = cs[j], s = sn[j];
-    const float y1 = float(x1 * c - x2 * s), y2 = float(x2 * c + x1 * s);
-    base[j] = y1;
-    base[j + kHalf] = y2;
-    if (h >= HQ) {
-      CacheT* dst = k_cache + slot + (size_t)(h - HQ) * D;
-      store_cache(dst + j, y1);
-      store_cache(dst + j + kHalf, y2);
-    }
-  }
+  rotate_qk<HQ, HK, D>(q, k, t, cs, sn, [&](int kh, int j, float y1, float y2) {
+    CacheT* dst = k_cache + slot + (size_t)kh * D;
+    store_cache(dst + j, y1);
+    store_cache(dst + j + kHalf, y2);
+  });
   for (int i = blockIdx.x * kRopeThreads + threadIdx.x; i < HK * D; i += gridDim.x * kRopeThreads)
     store_cache(v_cache + slot + i, v[(size_t)t * HK * D + i]);
 }
