@@ -1,5 +1,8 @@
-// make_local_cuda_pipeline(): CudaEngine::step_stage chained, one boundary value per stage.
+// make_local_cuda_pipeline(): CudaEngine::step_stage_device chained through device copies, one
+// boundary value per stage.
 #include "cli/pipeline_local.h"
+
+#include <cuda_runtime_api.h>
 
 #include <fmt/format.h>
 
@@ -8,6 +11,57 @@
 
 namespace xserv::cli {
 namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(fmt::format("same-device transport: {}: {}", what, cudaGetErrorString(e)));
+}
+
+/// One hop's activations in flight: stage s copies each sub-step's send value into the next free
+/// slot (and synchronises, StageTransport::wait), stage s + 1 then copies the slots out in the
+/// same order. Slots grow to the largest sub-step seen and are reused across steps.
+class DeviceQueue {
+public:
+  DeviceQueue() = default;
+  DeviceQueue(const DeviceQueue&) = delete;
+  DeviceQueue& operator=(const DeviceQueue&) = delete;
+  ~DeviceQueue() {
+    for (const Slot& s : slots_)
+      cudaFree(s.data);
+  }
+  void start_step() { sent_ = received_ = 0; }
+  void push(const void* src, size_t bytes, Stream stream) {
+    if (sent_ == slots_.size())
+      slots_.push_back({});
+    Slot& slot = slots_[sent_++];
+    if (slot.capacity < bytes) {
+      check(cudaFree(slot.data), "freeing a staging buffer");
+      slot.data = nullptr;
+      slot.capacity = 0;
+      check(cudaMalloc(&slot.data, bytes), "allocating a staging buffer");
+      slot.capacity = bytes;
+    }
+    slot.bytes = bytes;
+    check(cudaMemcpyAsync(slot.data, src, bytes, cudaMemcpyDeviceToDevice, stream),
+          "copying a sent activation");
+  }
+  void pop(void* dst, size_t bytes, Stream stream) {
+    if (received_ >= sent_ || slots_[received_].bytes != bytes)
+      throw Error(fmt::format("same-device transport: receive {} of {} bytes does not match what "
+                              "the previous stage sent ({} sub-steps)",
+                              received_, bytes, sent_));
+    check(cudaMemcpyAsync(dst, slots_[received_++].data, bytes, cudaMemcpyDeviceToDevice, stream),
+          "copying a received activation");
+  }
+
+private:
+  struct Slot {
+    void* data = nullptr;
+    size_t capacity = 0, bytes = 0;
+  };
+  std::vector<Slot> slots_;
+  size_t sent_ = 0, received_ = 0;
+};
 
 class LocalCudaPipeline : public Engine {
 public:
@@ -22,12 +76,12 @@ public:
           throw Error(fmt::format("pipeline stage {} sends {} values; the same-device transport "
                                   "passes exactly one",
                                   s, g.outputs.size()));
-        sends_.push_back(g.node(g.outputs[0]).attr_str("name"));
       }
       std::fprintf(stderr, "[pipeline] stage %zu of %zu on this GPU\n", s, stages.size());
       engines_.push_back(
           std::make_unique<CudaEngine>(model_dir, max_batch, max_seq, &g, CudaEngineOptions{}));
     }
+    hops_ = std::vector<DeviceQueue>(stages.size() - 1);
   }
 
   const models::ModelConfig& config() const override { return engines_[0]->config(); }
@@ -36,13 +90,14 @@ public:
   std::string backend() const override { return "cuda"; }
 
   std::vector<std::vector<float>> step(const models::StepInput& in) override {
-    StageInputs inputs;
-    for (size_t s = 0; s + 1 < engines_.size(); ++s) {
-      std::vector<std::vector<float>> rows = engines_[s]->step_stage(in, inputs);
-      inputs.clear();
-      inputs[sends_[s]] = std::move(rows);
-    }
-    return engines_.back()->step_stage(in, inputs);
+    run_sending_stages(in);
+    return engines_.back()->step_stage_device(in, transport(engines_.size() - 1));
+  }
+  std::vector<int32_t> step_greedy(const models::StepInput& in) override {
+    run_sending_stages(in);
+    std::vector<int32_t> ids;
+    engines_.back()->step_stage_device(in, transport(engines_.size() - 1), &ids);
+    return ids;
   }
 
   void reset() override {
@@ -61,8 +116,31 @@ public:
   }
 
 private:
+  /// Stages 0 .. n-2 of one step, in order: each leaves its send value in hop s's queue.
+  void run_sending_stages(const models::StepInput& in) {
+    for (DeviceQueue& q : hops_)
+      q.start_step();
+    for (size_t s = 0; s + 1 < engines_.size(); ++s)
+      engines_[s]->step_stage_device(in, transport(s));
+  }
+  /// Stage s receives from hop s - 1 and sends into hop s; wait() synchronises the stage's
+  /// stream, so the next stage reads finished copies.
+  StageTransport transport(size_t s) {
+    StageTransport t;
+    t.receive = [this, s](const std::string&, void* dst, size_t bytes, Stream stream) {
+      hops_.at(s - 1).pop(dst, bytes, stream);
+    };
+    t.send = [this, s](const void* src, size_t bytes, Stream stream) {
+      hops_.at(s).push(src, bytes, stream);
+    };
+    t.wait = [](Stream stream) {
+      check(cudaStreamSynchronize(stream), "finishing a pipeline stage's sub-step");
+    };
+    return t;
+  }
+
   std::vector<std::unique_ptr<CudaEngine>> engines_;
-  std::vector<std::string> sends_; ///< what stage s sends on
+  std::vector<DeviceQueue> hops_; ///< hop s: stage s -> s + 1
 };
 
 } // namespace

@@ -1,6 +1,8 @@
-// Pipeline stages on one GPU: a CudaEngine per stage (each uploads only its own weights), the
-// boundary activations passed between them through host memory. The same-device transport: any
-// --pp plan runs on one GPU, which is how tests compare stages against the whole model.
+// Pipeline stages on one GPU, the same-device transport: a CudaEngine per stage (each uploads
+// only its own weights), the boundary activations passed on by device-to-device copies through
+// the StageTransport interface the NCCL ranks use (CudaEngine::step_stage_device), greedy picks
+// on the GPU. Any --pp plan runs on one GPU, which is how tests compare stages against the whole
+// model.
 #pragma once
 
 #include <filesystem>

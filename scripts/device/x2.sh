@@ -35,6 +35,7 @@ for i in "${!prompts[@]}"; do
     || echo "pp2 prompt $i: DIFFERS from pp1"
 done
 python3 scripts/device/compare_logits.py /tmp pp1 pp2 4 # every step, 4 prompts x 64 steps
+bash scripts/device/pp_exact.sh # whole prompt steps: which rows are bitwise
 grep -h "pipeline\]" "$OUT/pp2_p0.err" | head -3
 echo "== bench pp1"
 timeout 150 $X bench /tmp/pp1 --backend cuda -p 512 -n 32 -b 1,32 -r 2 2> /dev/null | tail -3
