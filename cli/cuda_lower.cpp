@@ -599,15 +599,6 @@ private:
     return -1;
   }
 
-  /// Blocks of a persistent one-token MoE kernel with `tasks` warp tasks: the blocks an H100 /
-  /// H200 holds at once (132 SMs x 4 blocks of 256 threads at the kernels' ~62 registers and up
-  /// to 46 KB of shared memory), fewer when there are fewer tasks than warps. Correct on any GPU;
-  /// on one with fewer SMs the last blocks simply start later.
-  static int moe_persistent_blocks(int tasks) {
-    constexpr int kResident = 132 * 4, kWarps = 8;
-    return std::max(1, std::min(kResident, (tasks + kWarps - 1) / kWarps));
-  }
-
   void lower_moe(ValueId v) {
     const Node& n = g_.node(v);
     codegen::MoeDims d;
@@ -673,20 +664,8 @@ private:
       use_gemm = true;
     }
     const int dec_hi = use_gemm ? kDecodeTokens : -1;
-    // One-token steps: the same rows dealt over a persistent grid (no partial last wave).
-    const bool one = codegen::moe_down_persistent_fits(d);
-    if (one) {
-      const int pairs = d.inter % 2 == 0 ? 2 : 1, rows = d.hidden % 2 == 0 ? 2 : 1;
-      codegen::MoeDims d1 = d;
-      d1.persistent = moe_persistent_blocks(d.k * d.inter / pairs);
-      emit(k_.add(codegen::emit_moe_gate_up(d1, ir_lines(g_, v))), Rows::Tokens, 0, 1,
-           {in[0], in[2], in[3], in[4], act});
-      d1.persistent = moe_persistent_blocks(d.k * d.hidden / rows);
-      emit(k_.add(codegen::emit_moe_down_part(d1, ir_lines(g_, v))), Rows::Tokens, 0, 1,
-           {act, in[1], in[2], in[5], in[6], moe_part_});
-    }
-    emit(gu, Rows::Tokens, one ? 2 : 0, dec_hi, {in[0], in[2], in[3], in[4], act});
-    emit(dn, Rows::Tokens, one ? 2 : 0, dec_hi, {act, in[1], in[2], in[5], in[6], moe_part_});
+    emit(gu, Rows::Tokens, 0, dec_hi, {in[0], in[2], in[3], in[4], act});
+    emit(dn, Rows::Tokens, 0, dec_hi, {act, in[1], in[2], in[5], in[6], moe_part_});
     if (d.residual)
       emit(combine, Rows::Tokens, 0, -1, {moe_part_, in[7], y});
     else

@@ -118,8 +118,6 @@ std::string moe_tuning_suffix(const MoeDims& d) {
     s += fmt::format("_u{}", d.unroll);
   if (d.prefetch)
     s += "_pf";
-  if (d.persistent > 0)
-    s += fmt::format("_p{}", d.persistent);
   return s;
 }
 
@@ -253,10 +251,6 @@ KernelSource emit_attention_combine(const AttentionDims& d,
                   fmt::format("attention_combine<{}, {}>", d.heads, d.head_dim), params, launch);
 }
 
-bool moe_down_persistent_fits(const MoeDims& d) {
-  return size_t(d.k) * size_t(d.inter) * sizeof(float) <= 48 * 1024;
-}
-
 KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& ir_lines) {
   check_positive("moe_experts", {d.hidden, d.inter, d.experts, d.k});
   if (d.hidden % 8 != 0 || d.inter % 8 != 0)
@@ -283,13 +277,6 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
   launch.min_blocks_per_sm = d.min_blocks;
   std::string call = fmt::format("moe_gate_up<{}, {}, {}, {}, {}, {}, {}>", d.hidden, d.inter,
                                  d.experts, d.k, pairs, d.unroll, d.prefetch);
-  if (d.persistent > 0) {
-    launch.blocks_x = d.persistent;
-    launch.y_per_token = 0;
-    launch.max_tokens = 1;
-    call = fmt::format("moe_gate_up_1t<{}, {}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts, d.k,
-                       pairs, d.unroll);
-  }
   name += moe_tuning_suffix(d);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }
@@ -341,16 +328,6 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
   launch.min_blocks_per_sm = d.min_blocks;
   std::string call = fmt::format("moe_down_part<{}, {}, {}, {}, {}, {}>", d.hidden, d.inter,
                                  d.experts, d.k, rows, d.unroll);
-  if (d.persistent > 0) {
-    if (!moe_down_persistent_fits(d))
-      throw Error(fmt::format("codegen: moe_down_part_1t stages {} x {} activations, over 48 KB",
-                              d.k, d.inter));
-    launch.blocks_x = d.persistent;
-    launch.y_per_token = 0;
-    launch.max_tokens = 1;
-    call = fmt::format("moe_down_part_1t<{}, {}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts,
-                       d.k, rows, d.unroll);
-  }
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }
 

@@ -118,14 +118,7 @@ struct MoeDims {
   /// > 0: __launch_bounds__' blocks per SM for moe_gate_up and moe_down_part (registers capped
   /// so that more blocks fit: gate_up's 720 blocks took 1.36 waves at 62 registers).
   int min_blocks = 0;
-  /// > 0: moe_gate_up_1t / moe_down_part_1t instead, for steps of one token: a persistent grid
-  /// of this many blocks (the GPU's resident blocks: 4 per SM) deals the (slot, row group) tasks
-  /// to its warps in turn (launch.max_tokens = 1; down needs k x intermediate floats <= 48 KB).
-  int persistent = 0;
 };
-
-/// Whether moe_down_part_1t's staged activations (k x intermediate floats) fit its 48 KB.
-bool moe_down_persistent_fits(const MoeDims& d);
 
 /// embedding: out[t] = table[ids[t]] widened to fp32. Parameters: table, ids, out; grid.y = tokens.
 struct EmbeddingDims {

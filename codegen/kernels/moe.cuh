@@ -1,6 +1,5 @@
 // Decode-path mixture of experts on bf16 experts: gate_up + clamped SwiGLU into a small
-// [T, k, I] scratch, then down + routing weight + sum over the k experts (+ residual). Steps of
-// one token run the _1t variants: the same rows on a persistent grid.
+// [T, k, I] scratch, then down + routing weight + sum over the k experts (+ residual).
 #pragma once
 
 #include "xserv_kernels/common.cuh"
@@ -9,26 +8,6 @@ namespace xserv_kernels {
 
 /// Threads per block of the MoE kernels (8 warps).
 constexpr int kMoeThreads = 256;
-
-/// The persistent one-token kernels' task dealing: the first task from `task` on (in steps of
-/// `stride`) whose slot (task / GROUPS) holds a valid expert id, or TASKS when none is left.
-/// The router never gives an id outside [0, E); such a slot's rows are left unwritten rather
-/// than read out of bounds, as in the per-(token, slot) kernels.
-template <int E, int GROUPS, int TASKS>
-__device__ __forceinline__ int moe_next_task(const int* __restrict__ ids, int task, int stride) {
-  for (; task < TASKS; task += stride) {
-    const int e = ids[task / GROUPS];
-    if (e >= 0 && e < E)
-      break;
-  }
-  return task < TASKS ? task : TASKS;
-}
-
-/// First gate_up row of a moe_gate_up_1t task (a valid one).
-template <int I, int RI, int GROUPS>
-__device__ __forceinline__ size_t moe_gate_up_row(const int* __restrict__ ids, int task) {
-  return (size_t)ids[task / GROUPS] * 2 * I + 2 * (task % GROUPS) * RI;
-}
 
 /// First half of moe_experts for one (token, selected expert) pair tk = blockIdx.y (token
 /// tk / KSEL, slot tk % KSEL): act[tk, i] = (clamp(up, -limit, limit) + 1) * gate' *
@@ -158,93 +137,6 @@ moe_down_part(const float* __restrict__ act, const float* __restrict__ weights,
   for (int r = 0; r < R; ++r)
     part[(size_t)tk * D + o0 + r] =
         wt * (acc[r][0] + bf16_to_float(down_b[(size_t)e * D + o0 + r]));
-}
-
-/// moe_gate_up for a one-token step on a persistent grid: the KSEL x I / RI tasks (slot
-/// j = task / (I / RI), pairs (task % (I / RI)) RI ..) are dealt to the grid's warps in turn
-/// (task w, w + W, .. for warp w of W), x is staged once per block, and the grid is sized to the
-/// blocks the GPU holds at once, so every SM streams an equal share of the 4 experts' rows where
-/// moe_gate_up's per-(token, slot) grid leaves a partial last wave. Each warp issues its next
-/// task's first loads before the current task's epilogue. Same per-pair arithmetic as
-/// moe_gate_up: bitwise its results. grid = (blocks, 1).
-template <int D, int I, int E, int KSEL, int RI, int UNROLL>
-__device__ __forceinline__ void moe_gate_up_1t(const float* __restrict__ x,
-                                               const int* __restrict__ ids,
-                                               const __nv_bfloat16* __restrict__ gate_up,
-                                               const __nv_bfloat16* __restrict__ gate_up_b,
-                                               float limit, float alpha, float* __restrict__ act) {
-  static_assert(I % RI == 0, "pairs per warp must divide I");
-  constexpr int kWarps = kMoeThreads / kWarp, kGroups = I / RI, kTasks = KSEL * kGroups;
-  __shared__ __align__(16) float xs[D];
-  const int lane = threadIdx.x % kWarp, stride = gridDim.x * kWarps;
-  int task =
-      moe_next_task<E, kGroups, kTasks>(ids, blockIdx.x * kWarps + threadIdx.x / kWarp, stride);
-  WarpGemv<D, 2 * RI, 1, UNROLL> gemv; // the first weight loads fly while x is staged
-  if (task < kTasks)
-    gemv.start(gate_up + moe_gate_up_row<I, RI, kGroups>(ids, task) * D);
-  for (int i = threadIdx.x; i < D; i += kMoeThreads)
-    xs[i] = x[i];
-  __syncthreads();
-  while (task < kTasks) {
-    const int j = task / kGroups, i0 = (task % kGroups) * RI;
-    const size_t row0 = moe_gate_up_row<I, RI, kGroups>(ids, task);
-    float acc[2 * RI][1];
-    gemv.finish(xs, 1, acc);
-    task = moe_next_task<E, kGroups, kTasks>(ids, task + stride, stride);
-    if (task < kTasks)
-      gemv.start(gate_up + moe_gate_up_row<I, RI, kGroups>(ids, task) * D);
-    if (lane >= RI)
-      continue;
-#pragma unroll
-    for (int r = 0; r < RI; ++r) {
-      if (r != lane)
-        continue;
-      const float gate = fminf(acc[2 * r][0] + bf16_to_float(gate_up_b[row0 + 2 * r]), limit);
-      const float up = fminf(
-          fmaxf(acc[2 * r + 1][0] + bf16_to_float(gate_up_b[row0 + 2 * r + 1]), -limit), limit);
-      const float glu = gate / (1.0f + expf(-alpha * gate));
-      act[(size_t)j * I + i0 + r] = (up + 1.0f) * glu;
-    }
-  }
-}
-
-/// moe_down_part for a one-token step on a persistent grid, dealt like moe_gate_up_1t: the
-/// KSEL x D / R tasks (slot j = task / (D / R), rows (task % (D / R)) R ..), all KSEL slots'
-/// activations staged once per block (KSEL I floats of static shared memory). Bitwise
-/// moe_down_part's results. grid = (blocks, 1).
-template <int D, int I, int E, int KSEL, int R, int UNROLL>
-__device__ __forceinline__ void
-moe_down_part_1t(const float* __restrict__ act, const float* __restrict__ weights,
-                 const int* __restrict__ ids, const __nv_bfloat16* __restrict__ down,
-                 const __nv_bfloat16* __restrict__ down_b, float* __restrict__ part) {
-  static_assert(D % R == 0, "rows per warp must divide D");
-  static_assert(KSEL * I * sizeof(float) <= 48 * 1024, "the slots' activations must fit 48 KB");
-  constexpr int kWarps = kMoeThreads / kWarp, kGroups = D / R, kTasks = KSEL * kGroups;
-  __shared__ __align__(16) float as[KSEL * I];
-  const int lane = threadIdx.x % kWarp, stride = gridDim.x * kWarps;
-  int task =
-      moe_next_task<E, kGroups, kTasks>(ids, blockIdx.x * kWarps + threadIdx.x / kWarp, stride);
-  WarpGemv<I, R, 1, UNROLL> gemv; // the first weight loads fly while act is staged
-  if (task < kTasks)
-    gemv.start(down + ((size_t)ids[task / kGroups] * D + (task % kGroups) * R) * I);
-  for (int i = threadIdx.x; i < KSEL * I; i += kMoeThreads)
-    as[i] = act[i];
-  __syncthreads();
-  while (task < kTasks) {
-    const int j = task / kGroups, o0 = (task % kGroups) * R, e = ids[j];
-    float acc[R][1];
-    gemv.finish(as + j * I, 1, acc);
-    task = moe_next_task<E, kGroups, kTasks>(ids, task + stride, stride);
-    if (task < kTasks)
-      gemv.start(down + ((size_t)ids[task / kGroups] * D + (task % kGroups) * R) * I);
-    if (lane != 0)
-      continue;
-    const float wt = weights[j];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      part[(size_t)j * D + o0 + r] =
-          wt * (acc[r][0] + bf16_to_float(down_b[(size_t)e * D + o0 + r]));
-  }
 }
 
 } // namespace xserv_kernels
