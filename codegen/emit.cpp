@@ -337,7 +337,7 @@ namespace {
 constexpr int kGemmBN = 128, kGemmBK = 64, kGemmStride = kGemmBK + 8;
 
 size_t gemm_smem_bytes(int bm) {
-  const int stages = bm == 128 ? 2 : 3;
+  const int stages = bm == 128 ? 2 : bm == 32 ? 4 : 3;
   return static_cast<size_t>(stages) *
          (static_cast<size_t>(bm) * kGemmStride * 4 + size_t(kGemmBN) * kGemmStride * 2);
 }
@@ -409,13 +409,20 @@ int gemm_splitk(int k, int n, int sms) {
   const int ktiles = k / kGemmBK, ntiles = (n + kGemmBN - 1) / kGemmBN;
   if (k % kGemmBK != 0 || ntiles >= 2 * sms)
     return 1;
-  int best = 1;
+  // A block's time ~ its K tiles; the launch's ~ waves (2 blocks per SM at the gemms' 83-111
+  // KB of shared memory) x K tiles per block. The fewest waves x tiles wins, ties to the
+  // smaller split (less partial-sum traffic): 4096 x 2880 takes 8 (184 blocks, one wave of 8
+  // tiles) rather than 16 (368 blocks: two waves of 4).
+  const int slots = 2 * sms;
+  int best = 1, best_cost = ((ntiles + slots - 1) / slots) * ktiles;
   for (int s = 2; s <= 16 && ktiles / s >= 4; ++s) {
     if (ktiles % s != 0)
       continue;
-    best = s;
-    if (ntiles * s >= 2 * sms)
-      break;
+    const int cost = ((ntiles * s + slots - 1) / slots) * (ktiles / s);
+    if (cost < best_cost) {
+      best = s;
+      best_cost = cost;
+    }
   }
   return best;
 }
@@ -432,7 +439,7 @@ KernelSource emit_gemm_splitk_reduce(int n, int splitk, bool bias, bool residual
                               residual ? "_residual" : ""),
                   ir_lines, "gemm.cuh",
                   fmt::format("gemm_splitk_reduce<{}, {}, {}, {}>", n, splitk, bias, residual),
-                  params, LaunchRule{.y_per_token = 1});
+                  params, LaunchRule{.blocks_x = (n + 255) / 256, .y_per_token = 1});
 }
 
 KernelSource emit_moe_sort(const MoeSortDims& d, const std::vector<std::string>& ir_lines) {

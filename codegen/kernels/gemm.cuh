@@ -18,9 +18,11 @@ constexpr int kGemmThreads = 256;
 constexpr int kGemmBN = 128, kGemmBK = 64;
 constexpr int kGemmStride = kGemmBK + 8;
 constexpr int kGemmStrideA = kGemmBK + 8;
-/// K tiles in flight (cp.async).
+/// K tiles in flight (cp.async): as many as keep two blocks on an SM (228 KB of shared memory):
+/// 4 x 27.6 KB for BM 32 (the batched-decode MoE tiles, which stream weights for few rows), 3 x
+/// 36.9 KB for BM 64, 2 x 55.3 KB for BM 128.
 __host__ __device__ constexpr int gemm_stages(int bm) {
-  return bm == 128 ? 2 : 3;
+  return bm == 128 ? 2 : bm == 32 ? 4 : 3;
 }
 
 /// What the epilogue does with an output element acc[r, n] of an (expert's) tile.
@@ -321,14 +323,15 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
   }
 }
 
-/// y[r, n] = sum over z in order of part[z, r, n] (+ b[n]) (+ h[r, n]) for row r = blockIdx.y:
-/// the end of a split-K gemm (256 threads). y may alias h.
+/// y[r, n] = sum over z in order of part[z, r, n] (+ b[n]) (+ h[r, n]) for row r = blockIdx.y,
+/// n spread over the grid.x blocks (one per thread with grid.x = ceil(N / 256)): the end of a
+/// split-K gemm. y may alias h.
 template <int N, int SPLITK, bool BIAS, bool RESIDUAL>
 __device__ __forceinline__ void gemm_splitk_reduce(const float* __restrict__ part,
                                                    const __nv_bfloat16* __restrict__ b,
                                                    const float* h, float* y, int tokens) {
   const int r = blockIdx.y;
-  for (int n = threadIdx.x; n < N; n += blockDim.x) {
+  for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < N; n += gridDim.x * blockDim.x) {
     float v = 0.0f;
 #pragma unroll
     for (int z = 0; z < SPLITK; ++z)
