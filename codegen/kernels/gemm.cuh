@@ -1,6 +1,6 @@
 // Prefill-path (and batched-decode) matrix multiply on tensor cores: y = epilogue(A W^T) for many
-// rows, A fp32 activations rounded to bf16 once per block as they are staged (optionally as a
-// hi + lo pair of bf16 values, which keeps ~16 bits of each activation), W bf16 weights, fp32
+// rows, A fp32 activations rounded to bf16 as MMA fragments are built (optionally as a hi + lo
+// pair of bf16 values, which keeps ~16 bits of each activation), W bf16 weights, fp32
 // accumulation (mma.sync m16n8k16). One template serves the dense linears and the grouped MoE
 // experts.
 #pragma once
@@ -11,11 +11,13 @@ namespace xserv_kernels {
 
 /// Threads per block (8 warps: BM / 16 along the rows, the rest along the 128 columns), the N
 /// and K tile sizes (a K tile is one 128-byte line of each weight row), and the padded
-/// shared-memory rows of a K tile, A and W alike: 72 bf16 = 144 bytes (the 8 rows one ldmatrix
-/// reads land in distinct banks).
+/// shared-memory rows of a K tile: W 72 bf16 = 144 bytes (the 8 rows one ldmatrix reads land in
+/// distinct banks), A 72 fp32 (a half-warp's float2 fragment reads, rows g = 0..3 at columns
+/// 2c, hit 16 distinct bank pairs).
 constexpr int kGemmThreads = 256;
 constexpr int kGemmBN = 128, kGemmBK = 64;
 constexpr int kGemmStride = kGemmBK + 8;
+constexpr int kGemmStrideA = kGemmBK + 8;
 /// K tiles in flight (cp.async): as many as keep two blocks on an SM (228 KB of shared memory):
 /// 4 x 27.6 KB for BM 32 (the batched-decode MoE tiles, which stream weights for few rows), 3 x
 /// 36.9 KB for BM 64, 2 x 55.3 KB for BM 128.
@@ -86,10 +88,10 @@ __device__ __forceinline__ void row_inv_rms(const float* __restrict__ x, float e
     inv[blockIdx.y] = v;
 }
 
-/// Dynamic shared memory of gemm_bf16<.., BM, ..>: gemm_stages(BM) stages of two bf16 A tiles
-/// (hi, lo) [BM][kGemmStride] and a bf16 W tile [128][kGemmStride].
+/// Dynamic shared memory of gemm_bf16<.., BM, ..>: gemm_stages(BM) stages of an fp32 A tile
+/// [BM][kGemmStrideA] and a bf16 W tile [128][kGemmStride].
 __host__ __device__ constexpr int gemm_smem_bytes(int bm) {
-  return gemm_stages(bm) * (bm * kGemmStride * 4 + kGemmBN * kGemmStride * 2);
+  return gemm_stages(bm) * (bm * kGemmStrideA * 4 + kGemmBN * kGemmStride * 2);
 }
 
 /// The tile one block computes: `n0` (grid.x) of W's rows and sorted/dense rows [begin, end).
@@ -121,11 +123,12 @@ __device__ __forceinline__ bool gemm_tile(const int* tiles, int tokens, int& exp
 /// writes the raw sums to y[z, r, n] (y: [SPLITK, tokens, N]); gemm_splitk_reduce adds the
 /// ranges in order, the bias and the residual.
 ///
-/// K tiles run through a gemm_stages(BM)-deep pipeline. W streams in with cp.async. A is read
-/// into registers one tile ahead, normed and rounded ONCE per block as it is stored: bf16 hi
-/// = bf16(v) and, with SPLIT, lo = bf16(v - hi) (two MMAs per product, about fp32 precision),
-/// so the MMA loop reads both operands with ldmatrix and issues little besides MMAs. Each warp
-/// computes a 16-row x (128 / (8 / (BM / 16)))-column piece with m16n8k16 MMAs.
+/// Both operands stream through a kGemmStages-deep cp.async pipeline: A as fp32 (so the norm
+/// and the rounding happen when a fragment is built), W as bf16. Each warp computes a
+/// 16-row x (128 / (8 / (BM / 16)))-column piece with m16n8k16 MMAs, so each A value is rounded
+/// by one warp only; A fragments are read from shared memory as fp32 pairs and
+/// rounded to bf16 in registers, with SPLIT as bf16(v) + bf16(v - bf16(v)) (two MMAs per
+/// product, about fp32 precision), else as bf16(v).
 template <int K, int N, int BM, bool NORM, bool BIAS, bool RESIDUAL, int EPI, bool GROUPED,
           bool GATHER, int KSEL, bool SPLIT, int SPLITK = 1>
 __device__ __forceinline__ void
@@ -139,21 +142,18 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
   static_assert(EPI != kGemmSwiglu || N % 2 == 0, "swiglu needs (gate, up) column pairs");
   constexpr int kWarpsM = BM / 16, kWarpsN = 8 / kWarpsM; // warp grid over the tile
   constexpr int kWN = kGemmBN / kWarpsN, kNI = kWN / 8;   // warp columns, n8 tiles
-  constexpr int kAV = BM * kGemmBK / 4 / kGemmThreads;    // float4s of an A tile per thread
+  constexpr int kAChunks = BM * kGemmBK / 4;              // 16-byte pieces of one fp32 A tile
   static_assert(SPLITK == 1 || (EPI == kGemmStore && !GROUPED), "split K: dense stores only");
   static_assert((K / kGemmBK) % SPLITK == 0, "split K must divide the K tiles");
   constexpr int kKT = K / kGemmBK / SPLITK; // K tiles of this block's range
   constexpr int kGemmStages = gemm_stages(BM);
 
-  // A stage: the hi and lo bf16 A tiles (together an fp32 tile's bytes), then the W tile.
   extern __shared__ __align__(16) unsigned char smem_gemm[];
-  typedef __nv_bfloat16 AHalf[BM][kGemmStride];
+  typedef float ATile[BM][kGemmStrideA];
   typedef __nv_bfloat16 BTile[kGemmBN][kGemmStride];
-  AHalf* sah = reinterpret_cast<AHalf*>(smem_gemm);
-  AHalf* sal = reinterpret_cast<AHalf*>(smem_gemm + kGemmStages * sizeof(AHalf));
-  BTile* sb = reinterpret_cast<BTile*>(smem_gemm + 2 * kGemmStages * sizeof(AHalf));
+  ATile* sa = reinterpret_cast<ATile*>(smem_gemm);
+  BTile* sb = reinterpret_cast<BTile*>(smem_gemm + kGemmStages * sizeof(ATile));
   __shared__ int rows_a[BM];
-  __shared__ float inv_a[BM];
 
   int expert, begin, end;
   if (!gemm_tile<BM, GROUPED>(tiles, tokens, expert, begin, end))
@@ -165,64 +165,36 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
   const int rows = end - begin;
   const __nv_bfloat16* we = w + (size_t)expert * N * K;
 
-  for (int i = tid; i < BM; i += kGemmThreads) {
-    const int ar = i < rows ? (GATHER ? pair[begin + i] / KSEL : begin + i) : -1;
-    rows_a[i] = ar;
-    inv_a[i] = NORM && ar >= 0 ? inv_rms[ar] : 1.0f;
-  }
+  for (int i = tid; i < BM; i += kGemmThreads)
+    rows_a[i] = i < rows ? (GATHER ? pair[begin + i] / KSEL : begin + i) : -1;
   __syncthreads();
 
+  // 1 / rms of the two rows this thread's A fragments hold.
+  float inv[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int ar = rows_a[wm * 16 + g + 8 * hh];
+    inv[hh] = NORM && ar >= 0 ? inv_rms[ar] : 1.0f;
+  }
+
   const int kt0 = SPLITK > 1 ? blockIdx.z * kKT : 0;
-  auto issue_w = [&](int kt) {
+  auto issue = [&](int kt) {
     const int stage = kt % kGemmStages, k0 = (kt0 + kt) * kGemmBK;
+#pragma unroll
+    for (int v = 0; v < (kAChunks + kGemmThreads - 1) / kGemmThreads; ++v) {
+      const int piece = tid + v * kGemmThreads;
+      if (piece < kAChunks) {
+        const int r = piece / (kGemmBK / 4), col = (piece % (kGemmBK / 4)) * 4;
+        const int ar = rows_a[r];
+        cp_async16(&sa[stage][r][col], x + (size_t)(ar >= 0 ? ar : 0) * K + k0 + col, ar >= 0);
+      }
+    }
 #pragma unroll
     for (int v = 0; v < kGemmBN * kGemmBK / 8 / kGemmThreads; ++v) { // 16-byte pieces of W
       const int piece = tid + v * kGemmThreads, r = piece / (kGemmBK / 8);
       const int col = (piece % (kGemmBK / 8)) * 8;
       const bool valid = n0 + r < N;
       cp_async16(&sb[stage][r][col], we + (size_t)(valid ? n0 + r : 0) * K + k0 + col, valid);
-    }
-  };
-  // This thread's kAV float4 pieces of A tile kt (zeros for rows past the tile's).
-  float4 ra[kAV];
-  auto load_a = [&](int kt) {
-    const int k0 = (kt0 + kt) * kGemmBK;
-#pragma unroll
-    for (int v = 0; v < kAV; ++v) {
-      const int piece = tid + v * kGemmThreads;
-      const int r = piece / (kGemmBK / 4), col = (piece % (kGemmBK / 4)) * 4;
-      const int ar = rows_a[r];
-      ra[v] = ar >= 0 ? __ldg(reinterpret_cast<const float4*>(x + (size_t)ar * K + k0 + col))
-                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  };
-  // Norms and rounds the pieces into stage kt's hi (and lo) tiles.
-  auto store_a = [&](int kt) {
-    const int stage = kt % kGemmStages, k0 = (kt0 + kt) * kGemmBK;
-#pragma unroll
-    for (int v = 0; v < kAV; ++v) {
-      const int piece = tid + v * kGemmThreads;
-      const int r = piece / (kGemmBK / 4), col = (piece % (kGemmBK / 4)) * 4;
-      float e[4] = {ra[v].x, ra[v].y, ra[v].z, ra[v].w};
-      if (NORM) {
-        const uint2 l4 = *reinterpret_cast<const uint2*>(ln + k0 + col);
-        const float lnw[4] = {__uint_as_float(l4.x << 16), __uint_as_float(l4.x & 0xffff0000u),
-                              __uint_as_float(l4.y << 16), __uint_as_float(l4.y & 0xffff0000u)};
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          e[i] *= inv_a[r] * lnw[i];
-      }
-      uint2 hi, lo;
-      hi.x = pack_bf16x2(e[0], e[1]);
-      hi.y = pack_bf16x2(e[2], e[3]);
-      *reinterpret_cast<uint2*>(&sah[stage][r][col]) = hi;
-      if (SPLIT) {
-        lo.x = pack_bf16x2(e[0] - __uint_as_float(hi.x << 16),
-                           e[1] - __uint_as_float(hi.x & 0xffff0000u));
-        lo.y = pack_bf16x2(e[2] - __uint_as_float(hi.y << 16),
-                           e[3] - __uint_as_float(hi.y & 0xffff0000u));
-        *reinterpret_cast<uint2*>(&sal[stage][r][col]) = lo;
-      }
     }
   };
 
@@ -235,22 +207,16 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
 
 #pragma unroll
   for (int st = 0; st < kGemmStages - 1; ++st) {
-    if (st < kKT) {
-      issue_w(st);
-      load_a(st);
-      store_a(st);
-    }
+    if (st < kKT)
+      issue(st);
     cp_async_commit();
   }
 
   for (int kt = 0; kt < kKT; ++kt) {
     cp_async_wait<kGemmStages - 2>();
-    __syncthreads(); // stage kt (W landed, A stored) ready for all; stage kt-1 fully consumed
-    const bool ahead = kt + kGemmStages - 1 < kKT;
-    if (ahead) { // into the stage consumed last iteration; A flies while this tile multiplies
-      issue_w(kt + kGemmStages - 1);
-      load_a(kt + kGemmStages - 1);
-    }
+    __syncthreads(); // stage kt landed for every thread; stage kt-1 fully consumed
+    if (kt + kGemmStages - 1 < kKT)
+      issue(kt + kGemmStages - 1);
     cp_async_commit();
 
     const int stage = kt % kGemmStages;
@@ -269,13 +235,36 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
         bf[2 * nj + 1][0] = r[2];
         bf[2 * nj + 1][1] = r[3];
       }
-      // A fragments: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15,
-      // k 8-15) of the warp's 16 rows, i.e. a0..a3 of m16n8k16.
+      // The norm weights of this thread's fragment columns ks + 2c (+1) and ks + 2c + 8 (+1).
+      float lnw[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
+      if (NORM) {
+#pragma unroll
+        for (int kh = 0; kh < 2; ++kh) {
+          const __nv_bfloat162 l2 = *reinterpret_cast<const __nv_bfloat162*>(
+              ln + (kt0 + kt) * kGemmBK + ks + 2 * c + 8 * kh);
+          lnw[kh][0] = __low2float(l2);
+          lnw[kh][1] = __high2float(l2);
+        }
+      }
+      // a0: (row g, k 2c..2c+1), a1: (row g+8, same k), a2/a3: the same rows at k + 8.
       unsigned hi[4], lo[4];
-      const int ar = wm * 16 + lane % 16, ac = ks + (lane / 16) * 8;
-      ldmatrix_x4(hi, &sah[stage][ar][ac]);
-      if (SPLIT)
-        ldmatrix_x4(lo, &sal[stage][ar][ac]);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int hh = q % 2, kh = q / 2;
+        const float2 v =
+            *reinterpret_cast<const float2*>(&sa[stage][wm * 16 + g + 8 * hh][ks + 2 * c + 8 * kh]);
+        float v0 = v.x, v1 = v.y;
+        if (NORM) {
+          v0 *= inv[hh] * lnw[kh][0];
+          v1 *= inv[hh] * lnw[kh][1];
+        }
+        hi[q] = pack_bf16x2(v0, v1);
+        if (SPLIT) {
+          const float h0 = __uint_as_float(hi[q] << 16);
+          const float h1 = __uint_as_float(hi[q] & 0xffff0000u);
+          lo[q] = pack_bf16x2(v0 - h0, v1 - h1);
+        }
+      }
 #pragma unroll
       for (int ni = 0; ni < kNI; ++ni) {
         mma_bf16(acc[ni], hi, bf[ni][0], bf[ni][1]);
@@ -283,8 +272,6 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
           mma_bf16(acc[ni], lo, bf[ni][0], bf[ni][1]);
       }
     }
-    if (ahead)
-      store_a(kt + kGemmStages - 1); // stage (kt - 1) % stages: every thread is past its MMAs
   }
   cp_async_wait<0>();
 
