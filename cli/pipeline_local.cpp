@@ -30,6 +30,12 @@ public:
       cudaFree(s.data);
   }
   void start_step() { sent_ = received_ = 0; }
+  size_t capacity() const {
+    size_t total = 0;
+    for (const Slot& s : slots_)
+      total += s.capacity;
+    return total;
+  }
   void push(const void* src, size_t bytes, Stream stream) {
     if (sent_ == slots_.size())
       slots_.push_back({});
@@ -46,10 +52,14 @@ public:
           "copying a sent activation");
   }
   void pop(void* dst, size_t bytes, Stream stream) {
-    if (received_ >= sent_ || slots_[received_].bytes != bytes)
-      throw Error(fmt::format("same-device transport: receive {} of {} bytes does not match what "
-                              "the previous stage sent ({} sub-steps)",
-                              received_, bytes, sent_));
+    if (received_ >= sent_)
+      throw Error(fmt::format("same-device transport: sub-step {} receives, but the previous "
+                              "stage sent only {} sub-steps",
+                              received_, sent_));
+    if (slots_[received_].bytes != bytes)
+      throw Error(fmt::format("same-device transport: sub-step {} receives {} bytes, the previous "
+                              "stage sent {}",
+                              received_, bytes, slots_[received_].bytes));
     check(cudaMemcpyAsync(dst, slots_[received_++].data, bytes, cudaMemcpyDeviceToDevice, stream),
           "copying a received activation");
   }
@@ -112,6 +122,8 @@ public:
     double total = 0;
     for (const auto& e : engines_)
       total += e->peak_memory_gib();
+    for (const DeviceQueue& q : hops_) // the staging buffers, grown to the largest sub-steps
+      total += double(q.capacity()) / double(1ull << 30);
     return total;
   }
 
