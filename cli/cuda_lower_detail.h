@@ -1,0 +1,217 @@
+// The lowering's internals, shared by cli/cuda_lower.cpp (the walk over the graph, scratch
+// buffers, table entries, sampling) and cli/cuda_lower_ops.cpp (the kernels and entries of each
+// fused op): not an interface, include only from those two.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/cuda_lower.h"
+#include "ir/error.h"
+
+namespace xserv::cli::lowering {
+
+using ir::Node;
+using ir::Op;
+using ir::ValueId;
+using runtime::LaunchArg;
+using Kind = runtime::LaunchArg::Kind;
+
+inline int as_int(int64_t v) {
+  return static_cast<int>(v);
+}
+
+/// Static size of dim `i` of value `v`'s result `r` (throws for a dynamic one).
+inline int static_dim(const ir::Graph& g, ValueId v, size_t i, int r = 0) {
+  const ir::Dim& d = g.node(v).types.at(static_cast<size_t>(r)).shape.at(i);
+  XSERV_CHECK(d.name.empty(), fmt::format("expected a static dim: {}", ir::print_node(g, v)));
+  return as_int(d.size);
+}
+
+/// Which grid rows a value's leading dims stand for: the step's tokens (T) or sequences (B).
+enum class Rows { Tokens, Seqs };
+
+inline Rows rows_kind(const ir::Graph& g, ValueId v) {
+  const ir::Dim& d = g.type(v).shape.at(0);
+  if (d.name == "B")
+    return Rows::Seqs;
+  XSERV_CHECK(d.name == "T",
+              fmt::format("expected a T or B leading dim: {}", ir::print_node(g, v)));
+  return Rows::Tokens;
+}
+
+/// The IR line a kernel's source is headed by: the node with its value numbers blanked, so
+/// that every node a kernel serves gives the same source (and one cache entry).
+std::vector<std::string> ir_lines(const ir::Graph& g, ValueId v);
+
+/// Int arguments: the launch's rows, its key splits.
+inline LaunchArg rows_arg() {
+  LaunchArg a;
+  a.kind = Kind::Rows;
+  return a;
+}
+inline LaunchArg splits_arg() {
+  LaunchArg a;
+  a.kind = Kind::Splits;
+  return a;
+}
+
+/// `a` advanced by `bytes` per row of a chunk's start (null stays null).
+inline LaunchArg strided(LaunchArg a, uint64_t bytes) {
+  if (a.kind != Kind::Null)
+    a.row_stride = bytes;
+  return a;
+}
+
+/// The most tokens the decode kernels take in one launch (linear_decode's MAX_T).
+constexpr int kDecodeTokens = 8;
+/// Attention splits over keys only in steps of at most this many tokens.
+constexpr int kSplitTokens = 64;
+/// Dense gemms of at most this many rows split K over blocks (few row tiles would leave most
+/// SMs idle).
+constexpr int kSmallGemmRows = 64;
+/// Row tiles of the grouped MoE gemms, chosen by the rows each expert gets.
+constexpr std::array<int, 3> kMoeTileRows = {32, 64, 128};
+
+/// Lowers one graph into a launch table; holds the per-graph scratch buffers.
+class Lowerer {
+public:
+  Lowerer(const ir::Graph& g, KernelSet& k, const LoweringContext& c) : g_(g), k_(k), c_(c) {
+    XSERV_CHECK(c_.memory, "lower_graph needs the activation memory plan");
+    for (ValueId v = 0; v < static_cast<ValueId>(g_.size()); ++v)
+      if (g_.node(v).op == Op::Cache)
+        cache_index_.emplace(v, int(cache_index_.size()));
+  }
+
+  runtime::LaunchTable run();
+
+private:
+  /// The argument for result `r` of value `v`: step inputs by name, weights by name, caches by
+  /// index, everything else at its offset in the activation arena.
+  LaunchArg addr(ValueId v, int r = 0) const;
+
+  /// A scratch buffer of `bytes` that lives as long as the engine, holding `f64` if given.
+  LaunchArg allocate(size_t bytes, std::vector<double> f64 = {}) {
+    t_.scratch.push_back({bytes, std::move(f64)});
+    LaunchArg a;
+    a.kind = Kind::Scratch;
+    a.index = int(t_.scratch.size() - 1);
+    return a;
+  }
+
+  /// Appends a table entry launching `kernel` when the step's rows lie in [lo, hi] (hi -1:
+  /// unbounded) and within outer_. Entries no step within capacity reaches are left out.
+  void emit(int kernel, Rows rows, int lo, int hi, std::vector<LaunchArg> args, int chunk = 0,
+            int splits_window = -1, int min_splits = 1);
+
+  /// The per-graph scratch buffers (attention partials, router logits, MoE activations and
+  /// pairs, inv-rms) sized for the context's capacities.
+  void allocate_scratch();
+
+  /// Steps of more tokens than the decode kernels take use the tensor-core gemm kernels.
+  bool gemm_path() const { return c_.max_tokens > kDecodeTokens; }
+
+  /// Row tile of a grouped gemm: about the rows one expert gets, tokens * k / experts.
+  static int moe_tile_index(int tokens, int k, int experts) {
+    const int per_expert = tokens * k / std::max(1, experts);
+    return per_expert <= 24 ? 0 : per_expert <= 80 ? 1 : 2;
+  }
+
+  /// The gemm kernels that serve linear `d` on steps of more than 8 rows: for at most
+  /// kSmallGemmRows rows split-K kernels (row tiles 32 and 64) and their reduce, else row tile
+  /// 64 over all of K; for a normed linear the inv-rms prologue.
+  struct DenseGemm {
+    int small32 = -1, small64 = -1, large = -1, reduce = -1, inv = -1;
+    int splitk = 1;
+    LaunchArg part; ///< [splitk, kSmallGemmRows, n] fp32 partial sums
+  };
+
+  DenseGemm dense_gemm(const codegen::LinearDims& d, ValueId v);
+
+  /// Launches a linear over `rows` of x: one decode GEMV launch per 8 rows (chunks) for at
+  /// most 8 rows or when no gemm fits, else the tensor-core gemm (after the rows' inv-rms,
+  /// unless `inv_ready`: an earlier launch of this step computed it for the same x).
+  void linear(int kernel, const DenseGemm& gemm, const codegen::LinearDims& d, Rows rows,
+              LaunchArg x, LaunchArg ln, LaunchArg w, LaunchArg b, LaunchArg h, LaunchArg y,
+              bool inv_ready = false, int kernel1 = -1);
+
+  /// linear / rms_norm_linear / linear_residual: decode GEMVs (a 1-token kernel for o_proj)
+  /// and the gemms.
+  void lower_linear(ValueId v);
+
+  /// The YaRN table (float64 inv_freq, a constant scratch buffer) and attention factor of a
+  /// rope node.
+  std::pair<LaunchArg, double> yarn_table(ValueId v, int head_dim);
+
+  /// rope_yarn of [T, heads, head_dim] from `x` into `y` (may alias), the node's YaRN attributes.
+  void rope(ValueId v, int heads, int head_dim, LaunchArg x, LaunchArg y);
+
+  /// qkv_rope: for at most 8 tokens one qkv_decode launch (the norm staged once, q, k and v
+  /// rows in one grid), else three gemms after one inv-rms; then q and k rotate in place in one
+  /// launch.
+  void lower_qkv_rope(ValueId v);
+
+  /// The kv_write nodes that store qkv_rope `v`'s k and v (results 1 and 2, through extract)
+  /// at its positions into two caches of one shape and dtype; {-1, -1} when there is not
+  /// exactly that pair.
+  std::pair<ValueId, ValueId> kv_writes_of(ValueId v) const;
+
+  /// The KV cache node a cache operand (a cache or an earlier kv_write of it) stands for.
+  ValueId cache_node(ValueId v) const;
+
+  /// Positions a cache holds: its static slot count (sliding-window ring) or max_seq.
+  int cache_slots(ValueId cache) const;
+
+  /// attention: the split-key decode kernel and its combine for few tokens, the query-tiled
+  /// prefill kernel above.
+  void lower_attention(ValueId v);
+
+  /// kv_write, unless the rope launch already stores it in decode steps (kv_in_rope_).
+  void lower_kv_write(ValueId v);
+
+  /// router_topk of `logits` ([T, experts]) into v's weights and ids.
+  void topk(ValueId v, int experts, int k, LaunchArg logits);
+
+  /// router: norm_router_topk for decode steps when router_of_norm allows it, else the router
+  /// linear then topk.
+  void lower_router(ValueId v);
+
+  /// The router node that fuses rms_norm node `norm` into its decode launch (norm_router_topk),
+  /// or -1: a router whose input is this norm, with an even expert count and a row length the
+  /// GEMV takes.
+  ValueId router_of_norm(ValueId norm) const;
+
+  /// moe_experts(_residual): gate_up / down per (token, slot) and the ordered combine for
+  /// decode steps, moe_sort and the grouped gemms above.
+  void lower_moe(ValueId v);
+
+  /// The sampling epilogue: every step ends with the greedy pick of each sequence's logits row,
+  /// so a greedy decode step copies back a few keys per sequence, not the vocabulary's logits.
+  void lower_sampling();
+
+  /// The kernels and table entries of node v (nothing for sources and aliases).
+  void lower(ValueId v);
+
+  const ir::Graph& g_;
+  KernelSet& k_;
+  const LoweringContext& c_;
+  runtime::LaunchTable t_;
+  std::map<ValueId, int> cache_index_; ///< cache nodes in graph order
+  std::string label_;                  ///< op of the node being lowered
+  int outer_per_seq_ = 0;              ///< PlanLaunch::one_per_seq of every emitted entry
+  std::set<ValueId> kv_in_rope_;       ///< kv_writes rope_yarn_qk_kv does in decode steps
+  int outer_lo_ = 0, outer_hi_ = -1;   ///< row range every emitted entry is limited to
+  LaunchArg part_ml_, part_o_, router_logits_, moe_act_;
+  LaunchArg inv_rms_, moe_pair_, moe_tiles_, moe_part_;
+  LaunchArg splitk_part_;
+  size_t splitk_bytes_ = 0;
+};
+
+} // namespace xserv::cli::lowering

@@ -1,0 +1,426 @@
+// The kernels and launch table entries of each fused op (Lowerer's lower_* members): dense
+// linears (decode GEMVs, split-K and tiled gemms), q/k/v with RoPE and the KV writes,
+// attention, the router, the MoE experts.
+#include <algorithm>
+
+#include "cli/cuda_lower_detail.h"
+#include "codegen/emit_prefill.h"
+#include "ir/interpreter.h"
+#include "ir/reference.h"
+
+namespace xserv::cli::lowering {
+
+Lowerer::DenseGemm Lowerer::dense_gemm(const codegen::LinearDims& d, ValueId v) {
+  DenseGemm k;
+  if (!gemm_path() || !codegen::gemm_fits(d.k))
+    return k; // steps of many tokens run the decode GEMV 8 tokens at a time
+  codegen::GemmDims gd;
+  gd.k = d.k;
+  gd.n = d.n;
+  gd.norm = d.norm;
+  gd.bias = d.bias;
+  gd.residual = d.residual;
+  gd.split = c_.gemm_split;
+  gd.bm = 64;
+  k.large = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+  k.splitk = codegen::gemm_splitk(d.k, d.n);
+  gd.splitk = k.splitk;
+  if (k.splitk > 1) { // raw partial sums; bias and residual come in the reduce
+    gd.bias = gd.residual = false;
+    k.reduce = k_.add(codegen::emit_gemm_splitk_reduce(d.n, k.splitk, d.bias, d.residual,
+                                                       {"sums the split-K partials of a gemm"}));
+    const size_t bytes = size_t(k.splitk) * kSmallGemmRows * size_t(d.n) * sizeof(float);
+    if (bytes > splitk_bytes_) {
+      splitk_part_ = allocate(bytes);
+      splitk_bytes_ = bytes;
+    }
+    k.part = splitk_part_;
+  }
+  gd.bm = 32;
+  k.small32 = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+  gd.bm = 64;
+  k.small64 = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+  if (d.norm)
+    k.inv = k_.add(codegen::emit_row_inv_rms(
+        d.k, d.eps, {"1 / rms of each row: the prologue of a normed gemm"}));
+  return k;
+}
+
+void Lowerer::linear(int kernel, const DenseGemm& gemm, const codegen::LinearDims& d, Rows rows,
+                     LaunchArg x, LaunchArg ln, LaunchArg w, LaunchArg b, LaunchArg h, LaunchArg y,
+                     bool inv_ready, int kernel1) {
+  const LaunchArg null;
+  if (gemm.large >= 0) {
+    const int lo = d.max_tokens + 1;
+    if (d.norm && !inv_ready)
+      emit(gemm.inv, rows, lo, -1, {x, inv_rms_});
+    const LaunchArg norm_inv = d.norm ? inv_rms_ : null;
+    const std::vector<LaunchArg> whole = {x, norm_inv, ln,   w,    b,         h,
+                                          y, null,     null, null, rows_arg()};
+    if (gemm.splitk == 1) {
+      emit(gemm.small32, rows, lo, 32, whole);
+      emit(gemm.small64, rows, 33, kSmallGemmRows, whole);
+    } else { // raw partial sums, then the reduce adds bias and residual
+      const std::vector<LaunchArg> part = {x,         norm_inv, ln,   w,    null,      null,
+                                           gemm.part, null,     null, null, rows_arg()};
+      emit(gemm.small32, rows, lo, 32, part);
+      emit(gemm.small64, rows, 33, kSmallGemmRows, part);
+      emit(gemm.reduce, rows, lo, kSmallGemmRows, {gemm.part, b, h, y, rows_arg()});
+    }
+    emit(gemm.large, rows, kSmallGemmRows + 1, -1, whole);
+  }
+  // The decode GEMV, d.max_tokens rows per launch, pointers advanced per chunk.
+  const uint64_t fk = uint64_t(d.k) * sizeof(float), fn = uint64_t(d.n) * sizeof(float);
+  std::vector<LaunchArg> args = {strided(x, fk)};
+  if (d.norm)
+    args.push_back(ln);
+  args.push_back(w);
+  if (d.bias)
+    args.push_back(b);
+  if (d.residual)
+    args.push_back(strided(h, fn));
+  args.push_back(strided(y, fn));
+  args.push_back(rows_arg());
+  if (kernel1 >= 0) // a one-row step has a kernel of its own (fewer registers)
+    emit(kernel1, rows, 0, 1, args, 1);
+  emit(kernel, rows, kernel1 >= 0 ? 2 : 0, gemm.large >= 0 ? d.max_tokens : -1, std::move(args),
+       d.max_tokens);
+}
+
+void Lowerer::lower_linear(ValueId v) {
+  const Node& n = g_.node(v);
+  codegen::LinearDims d;
+  const bool norm = n.op == Op::RmsNormLinear, residual = n.op == Op::LinearResidual;
+  const size_t wi = norm ? 2 : 1;
+  d.norm = norm;
+  d.residual = residual;
+  d.k = static_dim(g_, n.inputs[wi], 1);
+  d.n = static_dim(g_, n.inputs[wi], 0);
+  const size_t plain = norm ? 4 : 3; // inputs without the optional bias
+  d.bias = residual ? n.inputs.size() == 4 : n.inputs.size() == plain;
+  if (norm)
+    d.eps = n.attr_float("eps");
+  const int kernel = k_.add(codegen::emit_linear(d, ir_lines(g_, v)));
+  // The attention output projection of a one-token step: a 1-token kernel with 8 loads in
+  // flight per lane (13.2 against 15.1 us for the 20b's o_proj in the bandwidth test).
+  int kernel1 = -1;
+  if (residual) {
+    codegen::LinearDims d1 = d;
+    d1.max_tokens = 1;
+    d1.unroll = 8;
+    kernel1 = k_.add(codegen::emit_linear(d1, ir_lines(g_, v)));
+  }
+  linear(kernel, dense_gemm(d, v), d, rows_kind(g_, v), addr(n.inputs[0]),
+         norm ? addr(n.inputs[1]) : LaunchArg{}, addr(n.inputs[wi]),
+         d.bias ? addr(n.inputs[wi + 1]) : LaunchArg{},
+         residual ? addr(n.inputs.back()) : LaunchArg{}, addr(v), false, kernel1);
+}
+
+std::pair<LaunchArg, double> Lowerer::yarn_table(ValueId v, int head_dim) {
+  const ir::ref::Yarn yarn = ir::yarn_of(g_.node(v));
+  std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
+  const size_t bytes = inv.size() * sizeof(double);
+  return {allocate(bytes, std::move(inv)), ir::ref::yarn_attention_factor(yarn)};
+}
+
+void Lowerer::rope(ValueId v, int heads, int head_dim, LaunchArg x, LaunchArg y) {
+  const auto [table, att] = yarn_table(v, head_dim);
+  const codegen::RopeDims d{heads, head_dim, att};
+  const int kernel = k_.add(codegen::emit_rope_yarn(d, ir_lines(g_, v)));
+  emit(kernel, Rows::Tokens, 0, -1, {x, addr(g_.node(v).inputs.back()), table, y});
+}
+
+void Lowerer::lower_qkv_rope(ValueId v) {
+  const Node& n = g_.node(v);
+  const int head_dim = as_int(n.attr_int("head_dim"));
+  const double eps = n.attr_float("eps");
+  codegen::QkvDims qd;
+  qd.k = static_dim(g_, n.inputs[2], 1);
+  qd.nq = static_dim(g_, n.inputs[2], 0);
+  qd.nk = static_dim(g_, n.inputs[4], 0);
+  qd.nv = static_dim(g_, n.inputs[6], 0);
+  qd.eps = eps;
+  const bool fused = codegen::qkv_decode_fits(qd);
+  std::vector<DenseGemm> gemms;
+  std::vector<codegen::LinearDims> dims;
+  std::vector<int> gemv;
+  for (int r = 0; r < 3; ++r) {
+    const ValueId w = n.inputs[size_t(2 + 2 * r)];
+    codegen::LinearDims d;
+    d.norm = true;
+    d.eps = eps;
+    d.k = static_dim(g_, w, 1);
+    d.n = static_dim(g_, w, 0);
+    dims.push_back(d);
+    gemms.push_back(dense_gemm(d, v));
+    gemv.push_back(fused ? -1 : k_.add(codegen::emit_linear(d, ir_lines(g_, v))));
+  }
+  if (!fused) {
+    for (int r = 0; r < 3; ++r) // one inv-rms for the three projections of the same x
+      linear(gemv[size_t(r)], gemms[size_t(r)], dims[size_t(r)], Rows::Tokens, addr(n.inputs[0]),
+             addr(n.inputs[1]), addr(n.inputs[size_t(2 + 2 * r)]),
+             addr(n.inputs[size_t(3 + 2 * r)]), LaunchArg{}, addr(v, r), r > 0);
+  } else {
+    const int qkv = k_.add(codegen::emit_qkv_decode(qd, ir_lines(g_, v)));
+    codegen::QkvDims qd1 = qd; // one-token steps: 15.9 against 17.1 us for the 20b's qkv
+    qd1.max_tokens = 1;
+    const int qkv1 = k_.add(codegen::emit_qkv_decode(qd1, ir_lines(g_, v)));
+    std::vector<LaunchArg> args;
+    for (size_t i = 0; i < 8; ++i)
+      args.push_back(addr(n.inputs[i]));
+    for (int r = 0; r < 3; ++r)
+      args.push_back(addr(v, r));
+    args.push_back(rows_arg());
+    emit(qkv1, Rows::Tokens, 0, 1, args);
+    emit(qkv, Rows::Tokens, 2, kDecodeTokens, std::move(args));
+    // Steps of more than 8 tokens: the three gemm linears.
+    outer_lo_ = kDecodeTokens + 1;
+    for (int r = 0; r < 3; ++r)
+      linear(-1, gemms[size_t(r)], dims[size_t(r)], Rows::Tokens, addr(n.inputs[0]),
+             addr(n.inputs[1]), addr(n.inputs[size_t(2 + 2 * r)]),
+             addr(n.inputs[size_t(3 + 2 * r)]), LaunchArg{}, addr(v, r), r > 0);
+    outer_lo_ = 0;
+  }
+  const auto [table, att] = yarn_table(v, head_dim);
+  const int hq = static_dim(g_, v, 1, 0), hk = static_dim(g_, v, 1, 1);
+  const int rope = k_.add(codegen::emit_rope_yarn_qk(hq, hk, head_dim, att, ir_lines(g_, v)));
+  const auto [kw, vw] = kv_writes_of(v);
+  if (kw < 0) {
+    emit(rope, Rows::Tokens, 0, -1, {addr(v, 0), addr(v, 1), addr(n.inputs.back()), table});
+    return;
+  }
+  // Decode steps (one token per sequence): the rotation and both cache writes in one launch;
+  // other steps rotate here and write the caches after attention (kv_write).
+  const Node& kn = g_.node(kw);
+  const ValueId kc = cache_node(kn.inputs[0]), vc = cache_node(g_.node(vw).inputs[0]);
+  const int rope_kv =
+      k_.add(codegen::emit_rope_yarn_qk_kv(hq, hk, head_dim, att, cache_slots(kc),
+                                           g_.type(kc).dtype == ir::DType::F32, ir_lines(g_, v)));
+  outer_per_seq_ = -1;
+  emit(rope, Rows::Tokens, 0, -1, {addr(v, 0), addr(v, 1), addr(n.inputs.back()), table});
+  outer_per_seq_ = 1;
+  emit(rope_kv, Rows::Tokens, 0, -1,
+       {addr(v, 0), addr(v, 1), addr(v, 2), addr(n.inputs.back()), addr(kn.inputs[3]),
+        addr(kn.inputs[4]), table, addr(kc), addr(vc)});
+  outer_per_seq_ = 0;
+  kv_in_rope_.insert(kw);
+  kv_in_rope_.insert(vw);
+}
+
+std::pair<ValueId, ValueId> Lowerer::kv_writes_of(ValueId v) const {
+  const ValueId positions = g_.node(v).inputs.back();
+  ValueId found[3] = {-1, -1, -1};
+  for (ValueId u = v + 1; u < static_cast<ValueId>(g_.size()); ++u) {
+    const Node& w = g_.node(u);
+    if (w.op != Op::KvWrite || w.inputs[2] != positions)
+      continue;
+    const Node& x = g_.node(w.inputs[1]);
+    if (x.op != Op::Extract || x.inputs[0] != v)
+      continue;
+    const int64_t r = x.attr_int("index");
+    if (r < 1 || r > 2 || found[r] >= 0)
+      return {-1, -1};
+    found[r] = u;
+  }
+  if (found[1] < 0 || found[2] < 0)
+    return {-1, -1};
+  const Node &kn = g_.node(found[1]), &vn = g_.node(found[2]);
+  const ValueId kc = cache_node(kn.inputs[0]), vc = cache_node(vn.inputs[0]);
+  if (g_.type(kc) != g_.type(vc) || kn.inputs[3] != vn.inputs[3] || kn.inputs[4] != vn.inputs[4])
+    return {-1, -1};
+  return {found[1], found[2]};
+}
+
+ValueId Lowerer::cache_node(ValueId v) const {
+  while (g_.node(v).op == Op::KvWrite)
+    v = g_.node(v).inputs[0];
+  XSERV_CHECK(g_.node(v).op == Op::Cache, "cache operand is not a cache: " + ir::print_node(g_, v));
+  return v;
+}
+
+int Lowerer::cache_slots(ValueId cache) const {
+  const ir::Dim& d = g_.type(cache).shape.at(1);
+  return as_int(d.name.empty() ? d.size : c_.max_seq);
+}
+
+void Lowerer::lower_attention(ValueId v) {
+  const Node& n = g_.node(v);
+  const ValueId kc = cache_node(n.inputs[3]);
+  codegen::AttentionDims d;
+  d.heads = static_dim(g_, v, 1);
+  d.head_dim = static_dim(g_, v, 2);
+  d.kv_heads = static_dim(g_, n.inputs[1], 1);
+  d.slots = cache_slots(kc);
+  d.window = as_int(n.attr_int("window"));
+  d.scale = n.attr_float("scale");
+  d.f32_cache = g_.type(kc).dtype == ir::DType::F32;
+  const int dec = k_.add(codegen::emit_attention_decode(d, ir_lines(g_, v)));
+  // Steps of many tokens: query tiles that load each key/value tile once for all of them.
+  const bool tiled = gemm_path() && 128 % (d.heads / d.kv_heads) == 0 && d.head_dim % 16 == 0;
+  const int pre = tiled ? k_.add(codegen::emit_attention_prefill(d, ir_lines(g_, v))) : -1;
+  // The combine step depends only on heads and head_dim: one generic header for every node.
+  const int comb = k_.add(codegen::emit_attention_combine(
+      d, {"merges the key splits of attention(...) for any window and scale"}));
+  std::vector<LaunchArg> in;
+  for (size_t i = 0; i < 10; ++i)
+    in.push_back(i == 3 || i == 4 ? addr(cache_node(n.inputs[i])) : addr(n.inputs[i]));
+  const LaunchArg out = addr(v);
+  // Splits from the bucketed key count of the step (the executor's splits rule, window 0:
+  // none); a split past a token's keys stays empty. Many tokens fill the GPU without key
+  // splits (and their buffers stay small).
+  const int window = std::max(0, d.window);
+  std::vector<LaunchArg> dec_args = in;
+  for (const LaunchArg& a : {out, part_ml_, part_o_})
+    dec_args.push_back(a);
+  emit(dec, Rows::Tokens, 0, kSplitTokens, dec_args, 0, window);
+  if (pre >= 0) {
+    std::vector<LaunchArg> pre_args = in;
+    pre_args.push_back(out);
+    pre_args.push_back(rows_arg());
+    emit(pre, Rows::Tokens, kSplitTokens + 1, -1, std::move(pre_args));
+  } else {
+    emit(dec, Rows::Tokens, kSplitTokens + 1, -1, dec_args);
+  }
+  emit(comb, Rows::Tokens, 0, kSplitTokens, {part_ml_, part_o_, in[5], splits_arg(), out}, 0,
+       window, 2);
+}
+
+void Lowerer::lower_kv_write(ValueId v) {
+  const Node& n = g_.node(v);
+  const ValueId cache = cache_node(n.inputs[0]);
+  const codegen::KvWriteDims d{static_dim(g_, n.inputs[1], 1), static_dim(g_, n.inputs[1], 2),
+                               cache_slots(cache), g_.type(cache).dtype == ir::DType::F32};
+  const int kernel = k_.add(codegen::emit_kv_write(d, ir_lines(g_, v)));
+  // In decode steps rope_yarn_qk_kv already wrote this one (kv_in_rope_).
+  outer_per_seq_ = kv_in_rope_.count(v) ? -1 : 0;
+  emit(kernel, Rows::Tokens, 0, -1,
+       {addr(cache), addr(n.inputs[1]), addr(n.inputs[2]), addr(n.inputs[3]), addr(n.inputs[4])});
+  outer_per_seq_ = 0;
+}
+
+void Lowerer::topk(ValueId v, int experts, int k, LaunchArg logits) {
+  const int kernel = k_.add(codegen::emit_router_topk({experts, k}, ir_lines(g_, v)));
+  emit(kernel, Rows::Tokens, 0, -1, {logits, addr(v, 0), addr(v, 1)});
+}
+
+void Lowerer::lower_router(ValueId v) {
+  const Node& n = g_.node(v);
+  codegen::LinearDims d;
+  d.k = static_dim(g_, n.inputs[1], 1);
+  d.n = static_dim(g_, n.inputs[1], 0);
+  d.bias = n.inputs.size() == 3;
+  const int k = as_int(n.attr_int("k"));
+  const ValueId norm = n.inputs[0];
+  const bool fused_decode = router_of_norm(norm) == v;
+  if (fused_decode) {
+    // Decode steps: the norm before the router, the router's logits and top-k in one launch
+    // (writing the norm's output for the experts too); longer steps as below.
+    const Node& nn = g_.node(norm);
+    const int fused = k_.add(codegen::emit_norm_router_topk(d.k, {d.n, k}, nn.attr_float("eps"),
+                                                            d.bias, ir_lines(g_, v)));
+    std::vector<LaunchArg> args = {addr(nn.inputs[0]), addr(nn.inputs[1]), addr(n.inputs[1])};
+    if (d.bias)
+      args.push_back(addr(n.inputs[2]));
+    for (const LaunchArg& a : {addr(norm), addr(v, 0), addr(v, 1)})
+      args.push_back(a);
+    emit(fused, Rows::Tokens, 0, kDecodeTokens, std::move(args));
+    outer_lo_ = kDecodeTokens + 1;
+  }
+  // The router's own GEMV serves what the fused launch does not: every step when there is no
+  // fused launch, the longer ones when no gemm takes them.
+  const bool gemv_used = !fused_decode || !(gemm_path() && codegen::gemm_fits(d.k));
+  const int kernel = gemv_used ? k_.add(codegen::emit_linear(d, ir_lines(g_, v))) : -1;
+  linear(kernel, dense_gemm(d, v), d, Rows::Tokens, addr(n.inputs[0]), LaunchArg{},
+         addr(n.inputs[1]), d.bias ? addr(n.inputs[2]) : LaunchArg{}, LaunchArg{}, router_logits_);
+  topk(v, d.n, k, router_logits_);
+  outer_lo_ = 0;
+}
+
+ValueId Lowerer::router_of_norm(ValueId norm) const {
+  if (g_.node(norm).op != Op::RmsNorm || rows_kind(g_, norm) != Rows::Tokens)
+    return -1;
+  for (ValueId u = norm + 1; u < static_cast<ValueId>(g_.size()); ++u) {
+    const Node& r = g_.node(u);
+    if (r.op != Op::Router || r.inputs[0] != norm)
+      continue;
+    const int experts = static_dim(g_, r.inputs[1], 0), dim = static_dim(g_, r.inputs[1], 1);
+    return experts % 2 == 0 && experts <= 256 && dim % 8 == 0 && as_int(r.attr_int("k")) <= experts
+               ? u
+               : -1;
+  }
+  return -1;
+}
+
+void Lowerer::lower_moe(ValueId v) {
+  const Node& n = g_.node(v);
+  codegen::MoeDims d;
+  d.experts = static_dim(g_, n.inputs[3], 0);
+  d.hidden = static_dim(g_, n.inputs[3], 2);
+  d.inter = static_dim(g_, n.inputs[5], 2);
+  d.k = static_dim(g_, n.inputs[1], 1);
+  d.residual = n.op == Op::MoeExpertsResidual;
+  d.limit = n.attr_float("limit");
+  d.alpha = n.attr_float("alpha");
+  const int gu = k_.add(codegen::emit_moe_gate_up(d, ir_lines(g_, v)));
+  // Decode: gate_up + SwiGLU per (token, slot), the down rows per (token, slot), combine.
+  const int dn = k_.add(codegen::emit_moe_down_part(d, ir_lines(g_, v)));
+  const int combine = k_.add(codegen::emit_moe_combine(d.hidden, d.k, d.residual, ir_lines(g_, v)));
+  std::vector<LaunchArg> in;
+  for (ValueId i : n.inputs)
+    in.push_back(addr(i));
+  const LaunchArg act = moe_act_, y = addr(v), null;
+  // Many tokens: sort the (token, slot) pairs by expert, one grouped gemm per matrix (gate_up
+  // with the SwiGLU epilogue, down scattering weighted rows), and a deterministic combine.
+  bool use_gemm = false;
+  if (gemm_path() && codegen::gemm_fits(d.hidden) && codegen::gemm_fits(d.inter)) {
+    for (size_t i = 0; i < 3; ++i) {
+      const int bm = kMoeTileRows[i];
+      codegen::MoeSortDims sd{d.experts, d.k, bm, c_.max_tokens * d.k};
+      const int sort = k_.add(
+          codegen::emit_moe_sort(sd, {"groups moe_experts(...)'s (token, slot) pairs by expert"}));
+      codegen::GemmDims gd;
+      gd.grouped = true;
+      gd.experts = d.experts;
+      gd.ksel = d.k;
+      gd.bm = bm;
+      gd.split = c_.gemm_split;
+      gd.k = d.hidden;
+      gd.n = 2 * d.inter;
+      gd.gather = true;
+      gd.epilogue = codegen::GemmEpilogue::Swiglu;
+      gd.limit = d.limit;
+      gd.alpha = d.alpha;
+      const int gate_up = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+      gd.k = d.inter;
+      gd.n = d.hidden;
+      gd.gather = false;
+      gd.epilogue = codegen::GemmEpilogue::Scatter;
+      const int down = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
+      // The tile is the one moe_tile_index picks: the tokens (above 8) that pick it.
+      int lo = -1, hi = -1;
+      for (int t = kDecodeTokens + 1; t <= c_.max_tokens; ++t)
+        if (moe_tile_index(t, d.k, d.experts) == int(i)) {
+          lo = lo < 0 ? t : lo;
+          hi = t;
+        }
+      if (lo < 0)
+        continue;
+      emit(sort, Rows::Tokens, lo, hi, {in[2], moe_pair_, moe_tiles_, rows_arg()});
+      emit(gate_up, Rows::Tokens, lo, hi,
+           {in[0], null, null, in[3], in[4], null, act, moe_pair_, moe_tiles_, null, rows_arg()});
+      emit(down, Rows::Tokens, lo, hi,
+           {act, null, null, in[5], in[6], null, moe_part_, moe_pair_, moe_tiles_, in[1],
+            rows_arg()});
+    }
+    use_gemm = true;
+  }
+  const int dec_hi = use_gemm ? kDecodeTokens : -1;
+  emit(gu, Rows::Tokens, 0, dec_hi, {in[0], in[2], in[3], in[4], act});
+  emit(dn, Rows::Tokens, 0, dec_hi, {act, in[1], in[2], in[5], in[6], moe_part_});
+  if (d.residual)
+    emit(combine, Rows::Tokens, 0, -1, {moe_part_, in[7], y});
+  else
+    emit(combine, Rows::Tokens, 0, -1, {moe_part_, y});
+}
+
+} // namespace xserv::cli::lowering
