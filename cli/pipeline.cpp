@@ -1,10 +1,12 @@
-// The multi-process pipeline: messages are a JSON header (kind, step, tensor names, dtypes,
-// shapes) followed by the tensors' bytes; rank 0 sends each worker the step (token ids, context
-// lengths, cache rows) and the activations its stage receives, and gets back what it sends on
-// (the last rank: the logits). A StageRunner runs one stage's program on the CPU interpreter or
-// on this process's GPU.
+// The multi-process pipeline, rank 0's side: PipelineEngine spawns or awaits the workers
+// (cli/pipeline_worker.cpp), sends each the step (token ids, context lengths, cache rows) and the
+// activations its stage receives, and gets back what it sends on (the last rank: the logits or
+// the greedy ids), over the frames of cli/pipeline_wire.h; with NCCL the activations go GPU to
+// GPU instead. A StageRunner runs one stage's program on the CPU interpreter or on this
+// process's GPU.
 #include "cli/pipeline.h"
 #include "cli/pipeline_stage.h"
+#include "cli/pipeline_wire.h"
 
 #include <signal.h>
 #include <spawn.h>
@@ -41,177 +43,9 @@ namespace fs = std::filesystem;
 using runtime::Connection;
 using runtime::Frame;
 using Clock = std::chrono::steady_clock;
+using namespace wire;
 
 namespace {
-
-enum FrameType : uint8_t {
-  kHello = 1,   ///< worker -> rank 0: {rank, world, digest}
-  kWelcome = 2, ///< rank 0 -> worker: accepted
-  kStep = 3,    ///< rank 0 -> worker: step inputs and received activations
-  kResult = 4,  ///< worker -> rank 0: what the stage sends on
-  kAlive = 5,   ///< worker -> rank 0 while computing
-  kReset = 6,   ///< rank 0 -> worker: clear the KV caches
-  kQuit = 7,    ///< rank 0 -> worker: exit
-  kFail = 8,    ///< either way: {message}; the sender stops
-  kReady = 9,   ///< worker -> rank 0: its stage is loaded
-};
-
-std::string encode(const nlohmann::json& head, const Named& tensors) {
-  nlohmann::json h = head;
-  h["tensors"] = nlohmann::json::array();
-  std::string data;
-  for (const auto& [name, t] : tensors) {
-    const bool ints = t.is_int();
-    h["tensors"].push_back(
-        {{"name", name}, {"dtype", std::string(ir::dtype_name(t.dtype))}, {"shape", t.shape}});
-    if (ints)
-      data.append(reinterpret_cast<const char*>(t.i.data()), t.i.size() * sizeof(int32_t));
-    else
-      data.append(reinterpret_cast<const char*>(t.f.data()), t.f.size() * sizeof(float));
-  }
-  const std::string text = h.dump();
-  const uint64_t len = text.size();
-  std::string out(reinterpret_cast<const char*>(&len), sizeof(len));
-  return out + text + data;
-}
-
-nlohmann::json decode(const std::string& payload, Named* tensors) {
-  uint64_t len = 0;
-  if (payload.size() < sizeof(len))
-    throw Error("pipeline message too short");
-  std::memcpy(&len, payload.data(), sizeof(len));
-  if (len > payload.size() - sizeof(len))
-    throw Error("pipeline message header overruns the message");
-  nlohmann::json h = nlohmann::json::parse(payload.substr(sizeof(len), len));
-  size_t at = sizeof(len) + len;
-  if (tensors)
-    for (const auto& d : h.value("tensors", nlohmann::json::array())) {
-      const std::optional<ir::DType> dt = ir::parse_dtype(d.at("dtype").get<std::string>());
-      if (!dt)
-        throw Error("pipeline message: unknown dtype");
-      const std::vector<int64_t> shape = d.at("shape").get<std::vector<int64_t>>();
-      ir::Tensor t = ir::Tensor::zeros(*dt, shape);
-      const size_t bytes = t.is_int() ? t.i.size() * 4 : t.f.size() * 4;
-      if (at + bytes > payload.size())
-        throw Error("pipeline message: tensor data overruns the message");
-      std::memcpy(t.is_int() ? static_cast<void*>(t.i.data()) : static_cast<void*>(t.f.data()),
-                  payload.data() + at, bytes);
-      at += bytes;
-      tensors->emplace_back(d.at("name").get<std::string>(), std::move(t));
-    }
-  return h;
-}
-
-Frame message(uint8_t type, const nlohmann::json& head, const Named& tensors = {}) {
-  return Frame{type, encode(head, tensors)};
-}
-
-std::vector<ir::Graph> read_stages(const fs::path& plan_dir) {
-  std::ifstream in(plan_dir / "plan.json");
-  const nlohmann::json pj = nlohmann::json::parse(in);
-  std::vector<ir::Graph> stages;
-  for (const auto& st : pj.at("pipeline").at("stages")) {
-    std::ifstream g(plan_dir / st.at("graph").get<std::string>());
-    std::string text((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
-    stages.push_back(ir::parse(text));
-  }
-  return stages;
-}
-
-/// The step inputs of a kStep message's header.
-nlohmann::json step_header(const models::StepInput& in, int64_t step) {
-  return {{"step", step},
-          {"tokens", in.tokens},
-          {"ctx_lens", in.ctx_lens},
-          {"cache_rows", in.cache_rows}};
-}
-
-models::StepInput step_from_header(const nlohmann::json& h) {
-  models::StepInput in;
-  in.tokens = h.at("tokens").get<std::vector<std::vector<int32_t>>>();
-  in.ctx_lens = h.at("ctx_lens").get<std::vector<int32_t>>();
-  in.cache_rows = h.at("cache_rows").get<std::vector<int32_t>>();
-  return in;
-}
-
-/// Bytes as lowercase hex (the NCCL unique id inside a JSON frame), and back.
-std::string to_hex(const std::string& bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += digits[c >> 4];
-    out += digits[c & 15];
-  }
-  return out;
-}
-
-std::string from_hex(const std::string& hex) {
-  auto nibble = [](char c) -> int {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-  };
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    const int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
-    if (hi < 0 || lo < 0)
-      throw Error("pipeline handshake: the NCCL id is not hex");
-    out += static_cast<char>(hi * 16 + lo);
-  }
-  return out;
-}
-
-/// How long one pipelined step's NCCL transfers may take on a rank (receiving includes the
-/// previous stage's compute): three rank timeouts.
-std::chrono::milliseconds nccl_step_timeout(std::chrono::milliseconds rank_timeout) {
-  return 3 * rank_timeout;
-}
-
-/// Sends kAlive on `c` every second until destroyed (a rank computing or loading); the
-/// destructor returns at once, not at the next beat.
-class Heartbeat {
-public:
-  Heartbeat(Connection& c, std::mutex& send_lock)
-      : thread_([this, &c, &send_lock] {
-          std::unique_lock<std::mutex> lock(mu_);
-          while (!wake_.wait_for(lock, std::chrono::seconds(1), [this] { return done_; })) {
-            std::lock_guard<std::mutex> g(send_lock);
-            try {
-              c.send(message(kAlive, nlohmann::json::object()));
-            } catch (const Error&) {
-              return;
-            }
-          }
-        }) {}
-  ~Heartbeat() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    wake_.notify_one();
-    thread_.join();
-  }
-
-private:
-  std::mutex mu_;
-  std::condition_variable wake_;
-  bool done_ = false;
-  std::thread thread_; ///< last: starts after the members it uses
-};
-
-/// Fault injection for the tests: XSERV_PIPELINE_FAULT="RANK:exit@STEP" or "RANK:hang@STEP".
-void maybe_fault(int rank, int64_t step) {
-  const char* f = std::getenv("XSERV_PIPELINE_FAULT");
-  if (!f)
-    return;
-  int r = -1;
-  long long at = -1;
-  char what[8] = {0};
-  if (std::sscanf(f, "%d:%7[a-z]@%lld", &r, what, &at) != 3 || r != rank || at != step)
-    return;
-  if (std::string(what) == "exit")
-    std::_Exit(3);
-  for (;;) // hang: no heartbeats, no reply
-    std::this_thread::sleep_for(std::chrono::hours(1));
-}
 
 class PipelineEngine : public Engine {
 public:
@@ -604,93 +438,6 @@ std::unique_ptr<Engine> make_pipeline_engine(const fs::path& plan_dir, const fs:
                                              const PipelineLaunch& launch) {
   return std::make_unique<PipelineEngine>(plan_dir, model_dir, max_batch, max_seq,
                                           std::move(stages), launch);
-}
-
-int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int rank, int world,
-                        const std::string& coordinator) {
-  std::vector<ir::Graph> stages = read_stages(plan_dir);
-  if (world != static_cast<int>(stages.size()))
-    throw Error(
-        fmt::format("--world {} but the plan has {} pipeline stages", world, stages.size()));
-  if (rank < 1 || rank >= world)
-    throw Error(fmt::format("--rank {} is outside 1..{} (rank 0 is `xserv run`)", rank, world - 1));
-  std::ifstream in(plan_dir / "plan.json");
-  const nlohmann::json pj = nlohmann::json::parse(in);
-  const int64_t plan_batch = pj["options"].value("max_batch", int64_t{1});
-  const int64_t plan_seq = pj["options"].value("max_seq", int64_t{4096});
-  if (plan_batch < 1 || plan_seq < 1)
-    throw Error(fmt::format("{}: max_batch {} and max_seq {} must be positive",
-                            (plan_dir / "plan.json").string(), plan_batch, plan_seq));
-  Connection c = Connection::connect(coordinator, Clock::now() + std::chrono::seconds(30));
-  c.send(message(kHello,
-                 {{"rank", rank}, {"world", world}, {"digest", pipeline_plan_digest(plan_dir)}}));
-  const Frame w = c.receive(std::chrono::seconds(30));
-  if (w.type == kFail)
-    throw Error("refused by rank 0: " + decode(w.payload, nullptr).value("message", "?"));
-  if (w.type != kWelcome)
-    throw Error("rank 0 answered the handshake with something else");
-  const nlohmann::json welcome = decode(w.payload, nullptr);
-  const std::string backend = welcome.value("backend", "cpu");
-  const int64_t max_batch =
-      std::clamp(welcome.value("max_batch", plan_batch), int64_t{1}, plan_batch);
-  const int64_t max_seq = std::clamp(welcome.value("max_seq", plan_seq), int64_t{1}, plan_seq);
-  const ir::Graph& stage = stages[size_t(rank)];
-  std::mutex send_lock;
-  std::unique_ptr<StageRunner> engine;
-  try {
-    Heartbeat alive(c, send_lock); // loading a stage onto a GPU takes seconds
-    engine = make_stage(backend, model_dir, max_batch, max_seq, stage);
-  } catch (const Error& e) {
-    c.send(message(
-        kFail, {{"message", fmt::format("rank {} cannot load its stage: {}", rank, e.what())}}));
-    throw;
-  }
-  c.send(message(kReady, nlohmann::json::object()));
-  std::unique_ptr<runtime::NcclComm> comm;
-  if (welcome.contains("nccl_id")) { // joins with the other ranks; rank 0 joins last
-    try {
-      comm = std::make_unique<runtime::NcclComm>(from_hex(welcome["nccl_id"].get<std::string>()),
-                                                 world, rank, std::chrono::seconds(60));
-      comm->connect_pipeline(std::chrono::seconds(60));
-      engine->use_nccl(comm.get(), rank, nccl_step_timeout(pipeline_rank_timeout()));
-    } catch (const Error& e) {
-      c.send(message(kFail, {{"message", e.what()}}));
-      throw;
-    }
-  }
-  for (;;) {
-    // Between steps rank 0 may be idle for long (a chat): wait, but not forever.
-    const Frame f = c.receive(std::chrono::hours(24));
-    if (f.type == kQuit)
-      return 0;
-    if (f.type == kReset) {
-      engine->reset();
-      continue;
-    }
-    if (f.type != kStep)
-      throw Error(fmt::format("rank {}: unexpected message {} from rank 0", rank, f.type));
-    Named in;
-    const nlohmann::json h = decode(f.payload, &in);
-    maybe_fault(rank, h.value("step", int64_t{-1}));
-    Named out;
-    nlohmann::json reply = nlohmann::json::object();
-    std::string failure;
-    try {
-      Heartbeat alive(c, send_lock);
-      if (rank + 1 == world && h.value("greedy", false)) // the last stage: only the ids go back
-        reply["ids"] = engine->run_greedy(step_from_header(h), in);
-      else
-        out = engine->run(step_from_header(h), in);
-    } catch (const Error& e) {
-      failure = e.what();
-    }
-    std::lock_guard<std::mutex> g(send_lock);
-    if (!failure.empty()) {
-      c.send(message(kFail, {{"message", failure}}));
-      throw Error(failure);
-    }
-    c.send(message(kResult, reply, out));
-  }
 }
 
 } // namespace xserv::cli

@@ -1,0 +1,78 @@
+// The pipeline's wire protocol between rank 0 (cli/pipeline.cpp) and the workers
+// (cli/pipeline_worker.cpp): frames of a JSON header (kind, step, tensor names, dtypes, shapes)
+// followed by the tensors' bytes, the step inputs inside a header, the NCCL id as hex, the
+// heartbeat a busy rank sends, and the tests' fault injection. Internal to those two files.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/pipeline_stage.h"
+#include "ir/graph.h"
+#include "models/step.h"
+#include "runtime/net.h"
+
+namespace xserv::cli::wire {
+
+enum FrameType : uint8_t {
+  kHello = 1,   ///< worker -> rank 0: {rank, world, digest}
+  kWelcome = 2, ///< rank 0 -> worker: accepted
+  kStep = 3,    ///< rank 0 -> worker: step inputs and received activations
+  kResult = 4,  ///< worker -> rank 0: what the stage sends on
+  kAlive = 5,   ///< worker -> rank 0 while computing
+  kReset = 6,   ///< rank 0 -> worker: clear the KV caches
+  kQuit = 7,    ///< rank 0 -> worker: exit
+  kFail = 8,    ///< either way: {message}; the sender stops
+  kReady = 9,   ///< worker -> rank 0: its stage is loaded
+};
+
+/// A frame's payload: the header as JSON (with a "tensors" list added) and the tensors' bytes.
+std::string encode(const nlohmann::json& head, const Named& tensors);
+/// The header of a payload, and its tensors into `tensors` when given; clear errors for a
+/// truncated or inconsistent payload.
+nlohmann::json decode(const std::string& payload, Named* tensors);
+runtime::Frame message(uint8_t type, const nlohmann::json& head, const Named& tensors = {});
+
+/// The stage programs of a pipelined plan, in order.
+std::vector<ir::Graph> read_stages(const std::filesystem::path& plan_dir);
+
+/// The step inputs of a kStep message's header, and back.
+nlohmann::json step_header(const models::StepInput& in, int64_t step);
+models::StepInput step_from_header(const nlohmann::json& h);
+
+/// Bytes as lowercase hex (the NCCL unique id inside a JSON frame), and back.
+std::string to_hex(const std::string& bytes);
+std::string from_hex(const std::string& hex);
+
+/// How long one pipelined step's NCCL transfers may take on a rank (receiving includes the
+/// previous stage's compute): three rank timeouts.
+inline std::chrono::milliseconds nccl_step_timeout(std::chrono::milliseconds rank_timeout) {
+  return 3 * rank_timeout;
+}
+
+/// Sends kAlive on `c` every second until destroyed (a rank computing or loading); the
+/// destructor returns at once, not at the next beat.
+class Heartbeat {
+public:
+  Heartbeat(runtime::Connection& c, std::mutex& send_lock);
+  ~Heartbeat();
+
+private:
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_; ///< last: starts after the members it uses
+};
+
+/// Fault injection for the tests: XSERV_PIPELINE_FAULT="RANK:exit@STEP" or "RANK:hang@STEP".
+void maybe_fault(int rank, int64_t step);
+
+} // namespace xserv::cli::wire

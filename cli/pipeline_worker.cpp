@@ -1,0 +1,114 @@
+// `xserv worker`: pipeline rank R > 0. It joins rank 0 over TCP (the plan's digest in the
+// handshake), loads its stage, joins NCCL when rank 0 offers it, then runs each step rank 0
+// sends until told to quit, with heartbeats while it computes.
+#include "cli/pipeline.h"
+
+#include <algorithm>
+#include <fstream>
+#include <memory>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/pipeline_stage.h"
+#include "cli/pipeline_wire.h"
+#include "ir/error.h"
+#include "runtime/nccl.h"
+#include "runtime/net.h"
+
+namespace xserv::cli {
+namespace fs = std::filesystem;
+using runtime::Connection;
+using runtime::Frame;
+using Clock = std::chrono::steady_clock;
+using namespace wire;
+
+int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int rank, int world,
+                        const std::string& coordinator) {
+  std::vector<ir::Graph> stages = read_stages(plan_dir);
+  if (world != static_cast<int>(stages.size()))
+    throw Error(
+        fmt::format("--world {} but the plan has {} pipeline stages", world, stages.size()));
+  if (rank < 1 || rank >= world)
+    throw Error(fmt::format("--rank {} is outside 1..{} (rank 0 is `xserv run`)", rank, world - 1));
+  std::ifstream in(plan_dir / "plan.json");
+  const nlohmann::json pj = nlohmann::json::parse(in);
+  const int64_t plan_batch = pj["options"].value("max_batch", int64_t{1});
+  const int64_t plan_seq = pj["options"].value("max_seq", int64_t{4096});
+  if (plan_batch < 1 || plan_seq < 1)
+    throw Error(fmt::format("{}: max_batch {} and max_seq {} must be positive",
+                            (plan_dir / "plan.json").string(), plan_batch, plan_seq));
+  Connection c = Connection::connect(coordinator, Clock::now() + std::chrono::seconds(30));
+  c.send(message(kHello,
+                 {{"rank", rank}, {"world", world}, {"digest", pipeline_plan_digest(plan_dir)}}));
+  const Frame w = c.receive(std::chrono::seconds(30));
+  if (w.type == kFail)
+    throw Error("refused by rank 0: " + decode(w.payload, nullptr).value("message", "?"));
+  if (w.type != kWelcome)
+    throw Error("rank 0 answered the handshake with something else");
+  const nlohmann::json welcome = decode(w.payload, nullptr);
+  const std::string backend = welcome.value("backend", "cpu");
+  const int64_t max_batch =
+      std::clamp(welcome.value("max_batch", plan_batch), int64_t{1}, plan_batch);
+  const int64_t max_seq = std::clamp(welcome.value("max_seq", plan_seq), int64_t{1}, plan_seq);
+  const ir::Graph& stage = stages[size_t(rank)];
+  std::mutex send_lock;
+  std::unique_ptr<StageRunner> engine;
+  try {
+    Heartbeat alive(c, send_lock); // loading a stage onto a GPU takes seconds
+    engine = make_stage(backend, model_dir, max_batch, max_seq, stage);
+  } catch (const Error& e) {
+    c.send(message(
+        kFail, {{"message", fmt::format("rank {} cannot load its stage: {}", rank, e.what())}}));
+    throw;
+  }
+  c.send(message(kReady, nlohmann::json::object()));
+  std::unique_ptr<runtime::NcclComm> comm;
+  if (welcome.contains("nccl_id")) { // joins with the other ranks; rank 0 joins last
+    try {
+      comm = std::make_unique<runtime::NcclComm>(from_hex(welcome["nccl_id"].get<std::string>()),
+                                                 world, rank, std::chrono::seconds(60));
+      comm->connect_pipeline(std::chrono::seconds(60));
+      engine->use_nccl(comm.get(), rank, nccl_step_timeout(pipeline_rank_timeout()));
+    } catch (const Error& e) {
+      c.send(message(kFail, {{"message", e.what()}}));
+      throw;
+    }
+  }
+  for (;;) {
+    // Between steps rank 0 may be idle for long (a chat): wait, but not forever.
+    const Frame f = c.receive(std::chrono::hours(24));
+    if (f.type == kQuit)
+      return 0;
+    if (f.type == kReset) {
+      engine->reset();
+      continue;
+    }
+    if (f.type != kStep)
+      throw Error(fmt::format("rank {}: unexpected message {} from rank 0", rank, f.type));
+    Named in;
+    const nlohmann::json h = decode(f.payload, &in);
+    maybe_fault(rank, h.value("step", int64_t{-1}));
+    Named out;
+    nlohmann::json reply = nlohmann::json::object();
+    std::string failure;
+    try {
+      Heartbeat alive(c, send_lock);
+      if (rank + 1 == world && h.value("greedy", false)) // the last stage: only the ids go back
+        reply["ids"] = engine->run_greedy(step_from_header(h), in);
+      else
+        out = engine->run(step_from_header(h), in);
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+    std::lock_guard<std::mutex> g(send_lock);
+    if (!failure.empty()) {
+      c.send(message(kFail, {{"message", failure}}));
+      throw Error(failure);
+    }
+    c.send(message(kResult, reply, out));
+  }
+}
+
+} // namespace xserv::cli
