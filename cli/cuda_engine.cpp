@@ -455,6 +455,10 @@ size_t CudaEngine::graphs_captured() const {
   return impl_->graph_execs.size();
 }
 
+bool CudaEngine::picks_greedy() const {
+  return impl_->argmax_keys != nullptr;
+}
+
 namespace {
 
 /// Two CUDA events on the engine's stream: the time the GPU's queue took between them.

@@ -116,6 +116,9 @@ public:
   bool replays_plan() const;
   /// How many CUDA graphs the engine has captured so far (0 with cuda_graphs off).
   size_t graphs_captured() const;
+  /// Whether the graph ends in per-sequence logits with the sampling epilogue, so greedy steps
+  /// pick on the GPU (step_greedy, step_stage_device with `greedy`).
+  bool picks_greedy() const;
 
   /// Device address of the buffer holding value `v` (result `r`) of the engine's graph, for
   /// tests that compare intermediate activations; valid until the next step.

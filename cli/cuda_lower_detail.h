@@ -71,14 +71,14 @@ inline LaunchArg strided(LaunchArg a, uint64_t bytes) {
 }
 
 /// The most tokens the decode kernels take in one launch (linear_decode's MAX_T).
-constexpr int kDecodeTokens = 8;
+inline constexpr int kDecodeTokens = 8;
 /// Attention splits over keys only in steps of at most this many tokens.
-constexpr int kSplitTokens = 64;
+inline constexpr int kSplitTokens = 64;
 /// Dense gemms of at most this many rows split K over blocks (few row tiles would leave most
 /// SMs idle).
-constexpr int kSmallGemmRows = 64;
+inline constexpr int kSmallGemmRows = 64;
 /// Row tiles of the grouped MoE gemms, chosen by the rows each expert gets.
-constexpr std::array<int, 3> kMoeTileRows = {32, 64, 128};
+inline constexpr std::array<int, 3> kMoeTileRows = {32, 64, 128};
 
 /// Lowers one graph into a launch table; holds the per-graph scratch buffers.
 class Lowerer {

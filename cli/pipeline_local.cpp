@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cli/cuda_engine.h"
 #include "ir/error.h"
@@ -19,7 +20,9 @@ void check(cudaError_t e, const char* what) {
 
 /// One hop's activations in flight: stage s copies each sub-step's send value into the next free
 /// slot (and synchronises, StageTransport::wait), stage s + 1 then copies the slots out in the
-/// same order. Slots grow to the largest sub-step seen and are reused across steps.
+/// same order. Slots grow to the largest sub-step seen and are reused across steps; a step of
+/// many sub-steps (a long prompt) holds all of its sub-steps' rows at once, since each stage runs
+/// its whole step before the next starts (20b: 11.8 MB per 1024-token sub-step).
 class DeviceQueue {
 public:
   DeviceQueue() = default;
@@ -79,13 +82,23 @@ public:
                     const std::vector<ir::Graph>& stages) {
     if (stages.empty())
       throw Error("a pipeline needs at least one stage");
+    std::string sent; // the name stage s - 1 sends on
     for (size_t s = 0; s < stages.size(); ++s) {
       const ir::Graph& g = stages[s];
+      std::vector<std::string> received;
+      for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(g.size()); ++v)
+        if (g.node(v).op == ir::Op::Recv)
+          received.push_back(g.node(v).attr_str("name"));
+      if (s == 0 ? !received.empty() : received != std::vector<std::string>{sent})
+        throw Error(fmt::format("pipeline stage {} receives {} value(s) ({}) where the previous "
+                                "stage sends '{}'; the same-device transport passes exactly one",
+                                s, received.size(), fmt::join(received, ", "), sent));
       if (s + 1 < stages.size()) {
         if (g.outputs.size() != 1 || g.node(g.outputs[0]).op != ir::Op::Send)
           throw Error(fmt::format("pipeline stage {} sends {} values; the same-device transport "
                                   "passes exactly one",
                                   s, g.outputs.size()));
+        sent = g.node(g.outputs[0]).attr_str("name");
       }
       std::fprintf(stderr, "[pipeline] stage %zu of %zu on this GPU\n", s, stages.size());
       engines_.push_back(
@@ -104,6 +117,8 @@ public:
     return engines_.back()->step_stage_device(in, transport(engines_.size() - 1));
   }
   std::vector<int32_t> step_greedy(const models::StepInput& in) override {
+    if (!engines_.back()->picks_greedy()) // e.g. a plan of every token's logits: pick on the host
+      return Engine::step_greedy(in);
     run_sending_stages(in);
     std::vector<int32_t> ids;
     engines_.back()->step_stage_device(in, transport(engines_.size() - 1), &ids);
@@ -139,11 +154,12 @@ private:
   /// stream, so the next stage reads finished copies.
   StageTransport transport(size_t s) {
     StageTransport t;
+    // The constructor checked that stage 0 receives nothing and the last stage sends nothing.
     t.receive = [this, s](const std::string&, void* dst, size_t bytes, Stream stream) {
-      hops_.at(s - 1).pop(dst, bytes, stream);
+      hops_[s - 1].pop(dst, bytes, stream);
     };
     t.send = [this, s](const void* src, size_t bytes, Stream stream) {
-      hops_.at(s).push(src, bytes, stream);
+      hops_[s].push(src, bytes, stream);
     };
     t.wait = [](Stream stream) {
       check(cudaStreamSynchronize(stream), "finishing a pipeline stage's sub-step");

@@ -1,13 +1,13 @@
 // plan_launch_table() and load_plan_kernels(): what the CUDA engine needs to replay a plan.
 #include "cli/plan_replay.h"
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "codegen/emit.h"
 #include "ir/error.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/plan_json.h"
@@ -56,6 +56,20 @@ std::optional<runtime::LaunchTable> plan_launch_table(const fs::path& plan_dir, 
   return runtime::launch_table_from_json(cg["launch_table"]);
 }
 
+std::map<std::string, std::string> plan_kernel_headers(const fs::path& plan_dir) {
+  const fs::path dir = plan_dir / "kernels";
+  std::map<std::string, std::string> headers;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file() && it->path().extension() == ".cuh")
+      headers[fs::relative(it->path(), dir).generic_string()] = read_bytes(it->path());
+  if (headers.empty())
+    throw Error(fmt::format("{}: no kernel headers (*.cuh) to compile the plan's sources with; "
+                            "recompile the plan",
+                            dir.string()));
+  return headers;
+}
+
 PlanKernels load_plan_kernels(const fs::path& plan_dir, const runtime::LaunchTable& table,
                               const std::string& arch, const fs::path& cache_dir) {
   PlanKernels out;
@@ -63,8 +77,11 @@ PlanKernels load_plan_kernels(const fs::path& plan_dir, const runtime::LaunchTab
   const bool same_arch = pj["codegen"].value("arch", std::string()) == arch;
   runtime::CompileOptions opts;
   opts.arch = arch;
-  opts.headers = codegen::kernel_headers();
-  out.modules.reserve(table.kernels.size()); // stable addresses for the executor
+  if (!same_arch || !std::all_of(table.kernels.begin(), table.kernels.end(), [&](const auto& k) {
+        return fs::exists(plan_dir / "kernels" / (k.name + ".cubin"));
+      }))
+    opts.headers = plan_kernel_headers(plan_dir); // compile as the plan was compiled
+  out.modules.reserve(table.kernels.size());      // stable addresses for the executor
   out.kernels.reserve(table.kernels.size());
   for (const runtime::PlanKernel& k : table.kernels) {
     const fs::path cubin = plan_dir / "kernels" / (k.name + ".cubin");

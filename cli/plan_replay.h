@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,9 +32,16 @@ struct PlanKernels {
   std::vector<runtime::LoadedKernel> loaded() const;
 };
 
+/// The kernel headers a plan's sources include, as the plan directory holds them
+/// (kernels/**/*.cuh, keyed by their path under kernels/): the templates the plan was compiled
+/// with, which may differ from this build's (codegen::kernel_headers()). Throws xserv::Error
+/// when the plan has none.
+std::map<std::string, std::string> plan_kernel_headers(const std::filesystem::path& plan_dir);
+
 /// Loads `table`'s kernels from the plan directory: the plan's cubins when it was compiled for
-/// `arch`, else its kernel sources compiled through the kernel cache in `cache_dir`. Throws
-/// xserv::Error naming a missing or unreadable file.
+/// `arch`, else its kernel sources compiled, with the plan's own headers (plan_kernel_headers:
+/// the launch table's shared-memory sizes belong to them), through the kernel cache in
+/// `cache_dir`. Throws xserv::Error naming a missing or unreadable file.
 PlanKernels load_plan_kernels(const std::filesystem::path& plan_dir,
                               const runtime::LaunchTable& table, const std::string& arch,
                               const std::filesystem::path& cache_dir);

@@ -409,10 +409,11 @@ int gemm_splitk(int k, int n, int sms) {
   const int ktiles = k / kGemmBK, ntiles = (n + kGemmBN - 1) / kGemmBN;
   if (k % kGemmBK != 0 || ntiles >= 2 * sms)
     return 1;
-  // A block's time ~ its K tiles; the launch's ~ waves (2 blocks per SM at the gemms' 83-111
-  // KB of shared memory) x K tiles per block. The fewest waves x tiles wins, ties to the
-  // smaller split (less partial-sum traffic): 4096 x 2880 takes 8 (184 blocks, one wave of 8
-  // tiles) rather than 16 (368 blocks: two waves of 4).
+  // A block's time ~ its K tiles; the launch's ~ waves (2 blocks per SM: every row tile's
+  // pipeline takes 110.6 KB of shared memory) x K tiles per block. Split-K launches have one row
+  // tile (32-row tiles up to 32 rows, 64-row tiles up to 64), so blocks = N tiles x split. The
+  // fewest waves x tiles wins, ties to the smaller split (less partial-sum traffic): 4096 x 2880
+  // takes 8 (184 blocks, one wave of 8 tiles) rather than 16 (368 blocks: two waves of 4).
   const int slots = 2 * sms;
   int best = 1, best_cost = ((ntiles + slots - 1) / slots) * ktiles;
   for (int s = 2; s <= 16 && ktiles / s >= 4; ++s) {

@@ -19,8 +19,8 @@ constexpr int kGemmBN = 128, kGemmBK = 64;
 constexpr int kGemmStride = kGemmBK + 8;
 constexpr int kGemmStrideA = kGemmBK + 8;
 /// K tiles in flight (cp.async): as many as keep two blocks on an SM (228 KB of shared memory):
-/// 4 x 27.6 KB for BM 32 (the batched-decode MoE tiles, which stream weights for few rows), 3 x
-/// 36.9 KB for BM 64, 2 x 55.3 KB for BM 128.
+/// 4 x 27.6 KB for BM 32 (tiles of few rows: batched-decode MoE experts and dense split-K gemms
+/// of up to 32 rows, which stream weights), 3 x 36.9 KB for BM 64, 2 x 55.3 KB for BM 128.
 __host__ __device__ constexpr int gemm_stages(int bm) {
   return bm == 128 ? 2 : bm == 32 ? 4 : 3;
 }

@@ -7,6 +7,7 @@ VOCAB, default 201088) and prints, per prompt, B's worst relative L2 distance to
 the first row's (the prompt step's), and how many rows are bitwise equal. Exits 1 when any row
 is further than 1e-3 (the pipeline issue's bound) or the row counts differ.
 """
+import os
 import sys
 
 import numpy as np
@@ -17,8 +18,14 @@ def main():
     vocab = int(sys.argv[5]) if len(sys.argv) > 5 else 201088
     bad = False
     for i in range(prompts):
-        a = np.fromfile(f"{d}/logits_{a_name}_p{i}.f32", "<f4").reshape(-1, vocab)
-        b = np.fromfile(f"{d}/logits_{b_name}_p{i}.f32", "<f4").reshape(-1, vocab)
+        files = [f"{d}/logits_{n}_p{i}.f32" for n in (a_name, b_name)]
+        missing = [f for f in files if not os.path.isfile(f)]
+        if missing:
+            print(f"prompt {i}: no logits file {', '.join(missing)} (its run failed)")
+            bad = True
+            continue
+        a = np.fromfile(files[0], "<f4").reshape(-1, vocab)
+        b = np.fromfile(files[1], "<f4").reshape(-1, vocab)
         if a.shape != b.shape:
             print(f"prompt {i}: {len(b)} rows of {b_name} against {len(a)} of {a_name}")
             bad = True

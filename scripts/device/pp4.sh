@@ -30,9 +30,10 @@ done
 python3 scripts/device/compare_logits.py /tmp pp1 pp4 4
 for i in "${!prompts[@]}"; do # greedy picks on the GPU (no logits to the host)
   timeout 150 $X run /tmp/pp4 --backend cuda $local_flag --prompt-ids "${prompts[$i]}" \
-    --max-tokens 64 > "$OUT/pp4g_p$i.txt" 2> /dev/null
+    --max-tokens 64 > "$OUT/pp4g_p$i.txt" 2> "$OUT/pp4g_p$i.err"
+  rc=$?
   cmp -s "$OUT/pp1_p$i.txt" "$OUT/pp4g_p$i.txt" && echo "pp4 prompt $i, picks on the GPU: pp1's" \
-    || echo "pp4 prompt $i, picks on the GPU: DIFFER from pp1"
+    || echo "pp4 prompt $i, picks on the GPU: DIFFER from pp1 (rc $rc: $(tail -1 "$OUT/pp4g_p$i.err"))"
 done
 for pp in 1 2 4; do
   lf=""; [ "$pp" -gt 1 ] && lf=$local_flag

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on nvidia-h200-x2: every GPU test (the pipeline and NCCL cases use both GPUs), the
 # synthetic 20b's bench rows on GPU 0, then the 20b with --pp 2 as two processes on two GPUs
-# against --pp 1 (greedy tokens and every step's logits, 4 prompts) and its prefill /
+# against --pp 1 (greedy tokens and every step's logits, 4 prompts; pp_exact.sh: which rows
+# are bitwise with whole prompt steps, and pp 4 on one GPU) and its prefill /
 # batched-decode speed with the activations over TCP and over NCCL (TRANSPORTS). Needs
 # .device/bin/{xserv,*_gpu_tests} and .device/data/gpt-oss-20b.json (carry [".device/bin",
 # ".device/data"]). Logs land in $OUT.
@@ -35,7 +36,7 @@ for i in "${!prompts[@]}"; do
     || echo "pp2 prompt $i: DIFFERS from pp1"
 done
 python3 scripts/device/compare_logits.py /tmp pp1 pp2 4 # every step, 4 prompts x 64 steps
-bash scripts/device/pp_exact.sh # whole prompt steps: which rows are bitwise
+REUSE_PP1=1 bash scripts/device/pp_exact.sh # whole prompt steps: which rows are bitwise
 grep -h "pipeline\]" "$OUT/pp2_p0.err" | head -3
 echo "== bench pp1"
 timeout 150 $X bench /tmp/pp1 --backend cuda -p 512 -n 32 -b 1,32 -r 2 2> /dev/null | tail -3

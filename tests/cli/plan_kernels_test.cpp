@@ -1,5 +1,6 @@
 // The kernels a plan carries: every kernel of the tiny, 20b and 120b plans compiles with NVRTC
-// for sm_90 (no GPU needed), and the tiny plan's generated source stays byte-stable.
+// for sm_90 (no GPU needed), the tiny plan's generated source stays byte-stable, and a plan's
+// sources recompile with the headers it carries.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -10,8 +11,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include <map>
+
 #include <nlohmann/json.hpp>
 
+#include "cli/plan_replay.h"
+#include "codegen/emit.h"
+#include "ir/error.h"
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
@@ -115,4 +121,29 @@ TEST_CASE("the tiny plan's generated source is byte-stable (golden file)") {
     second += read_file(plan / k["source"].get<std::string>());
   CHECK(second == all);
   fs::remove_all(plan);
+}
+
+TEST_CASE("a plan's kernel sources compile with the headers the plan carries") {
+  // A plan replayed without usable cubins recompiles its kernels/*.cu: with the templates it was
+  // compiled with (its launch table's shared-memory sizes belong to them), not this build's.
+  const fs::path src = xserv::testing::source_dir();
+  xserv::testing::TempDir tmp("plan_headers");
+  const fs::path plan = tmp.path / "plan";
+  compile_plan(src / "examples/tiny", plan, "--no-cubins");
+  std::map<std::string, std::string> headers = xserv::cli::plan_kernel_headers(plan);
+  CHECK(headers == xserv::codegen::kernel_headers());
+  const fs::path gemm = plan / "kernels" / "xserv_kernels" / "gemm.cuh";
+  REQUIRE(fs::exists(gemm));
+  std::ofstream(gemm, std::ios::app) << "// as an older build wrote it\n";
+  headers = xserv::cli::plan_kernel_headers(plan);
+  CHECK(headers.at("xserv_kernels/gemm.cuh").ends_with("// as an older build wrote it\n"));
+  CHECK(headers.size() == xserv::codegen::kernel_headers().size());
+  fs::remove_all(plan / "kernels" / "xserv_kernels");
+  try {
+    xserv::cli::plan_kernel_headers(plan);
+    FAIL("a plan without headers must be refused");
+  } catch (const xserv::Error& e) {
+    CHECK(std::string(e.what()).find((plan / "kernels").string()) != std::string::npos);
+    CHECK(std::string(e.what()).find("recompile the plan") != std::string::npos);
+  }
 }

@@ -194,7 +194,15 @@ TEST_CASE("gemm emitter: names, launch rules and refusals") {
   d.bm = 32;
   const KernelSource split = emit_gemm(d, {"qkv"});
   CHECK(split.name.ends_with("_m32_x2_splitk5")); // 40 N tiles x 5: one wave of 9 K tiles
+  // The rule's arithmetic at 40 rows (two 32-row tiles; the lowering takes a 64-row tile there).
   CHECK(split.launch.grid(40) == std::array<unsigned, 3>{40, 2, 5});
+  // Every row tile's pipeline is 110.6 KB (gemm.cuh's gemm_stages x tile bytes): 2 blocks per SM,
+  // which gemm_splitk's cost model counts on.
+  CHECK(split.launch.smem(1) == 110592);
+  CHECK(dense.launch.smem(1) == 110592);
+  // The reduce spreads N over blocks of 256 threads, a row of blocks per token.
+  const KernelSource reduce = emit_gemm_splitk_reduce(5120, 5, true, false, {});
+  CHECK(reduce.launch.grid(3) == std::array<unsigned, 3>{20, 3, 1});
 
   GemmDims g; // the 20b gate_up, grouped over 32 experts, top-4
   g.k = 2880;
