@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/model_source.h"
 #include "cli/roofline.h"
 #include "ir/graph.h"
 #include "models/config.h"
@@ -40,11 +41,7 @@ int cmd_inspect(const ParsedArgs& args) {
   const nlohmann::json pj = read_plan(dir);
   const models::ModelConfig cfg =
       models::ModelConfig::from_json(pj.at("config"), (dir / "plan.json").string());
-  std::ifstream gin(dir / pj.value("graph", "graph.ir"));
-  if (!gin)
-    throw Error(fmt::format("{}: graph file missing", (dir / "graph.ir").string()));
-  std::string text((std::istreambuf_iterator<char>(gin)), std::istreambuf_iterator<char>());
-  const ir::Graph g = ir::parse(text);
+  const ir::Graph g = read_graph(dir / pj.value("graph", "graph.ir"), "graph file");
   ir::verify_or_throw(g, "in the plan");
 
   const auto& opt = pj.at("options");

@@ -17,7 +17,6 @@
 #include "cli/cuda_engine.h"
 #include "cli/model_source.h"
 #include "models/step.h"
-#include "runtime/device.h"
 
 namespace xserv::cli {
 namespace {
@@ -58,22 +57,11 @@ int cmd_trace(const ParsedArgs& args) {
   const std::string out = args.get("-o", "");
   if (out.empty())
     throw UsageError("xserv trace needs -o FILE");
-  std::string backend = args.get("--backend", "cpu");
-  if (backend != "cpu" && backend != "cuda")
-    throw UsageError(fmt::format("--backend must be cpu or cuda, got '{}'", backend));
-  std::ifstream gin(src.plan_dir / "graph.ir");
-  const std::string text((std::istreambuf_iterator<char>(gin)), std::istreambuf_iterator<char>());
-  ir::Graph g = ir::parse(text);
+  const std::string backend = resolve_backend(src, args.get("--backend", "cpu"));
+  ir::Graph g = read_graph(src.plan_dir / "graph.ir", "the plan's graph");
   const models::ModelConfig config = models::ModelConfig::load(src.model_dir / "config.json");
   const int64_t tokens = static_cast<int64_t>(ids.size()), hidden = config.hidden_size;
-  if (tokens > src.max_seq)
-    throw Error(fmt::format("the prompt has {} tokens, more than the plan's maximum sequence "
-                            "length of {}",
-                            tokens, src.max_seq));
-  for (int32_t id : ids)
-    if (id >= config.vocab_size)
-      throw Error(
-          fmt::format("prompt token {} is outside the vocabulary [0, {})", id, config.vocab_size));
+  check_prompt(ids, src.max_seq, config.vocab_size);
   const models::StepInput step{{ids}, {0}, {0}};
 
   std::vector<std::vector<float>> rows; // per tracked value: tokens x hidden
@@ -93,10 +81,6 @@ int cmd_trace(const ParsedArgs& args) {
     }
     names = t.names;
   } else {
-    const runtime::DeviceInfo dev = runtime::probe_device();
-    if (!dev.available)
-      throw Error("no GPU: " + dev.reason + " (use --backend cpu)");
-    check_plan_arch(src.arch, dev.arch(), dev.name);
     CudaEngineOptions opts;
     opts.keep_activations = true; // every value keeps its own buffer until the next step
     opts.cuda_graphs = false;

@@ -166,7 +166,7 @@ const std::vector<Command>& commands() {
         "tools/hf_layer_compare.py)",
         {{"--prompt-ids", "IDS", "comma-separated prompt token ids"},
          {"-o", "FILE", "float32 [embedding + layers, tokens, hidden]; FILE.json describes it"},
-         {"--backend", "cpu|cuda", "the interpreter (default) or the GPU engine"},
+         {"--backend", "cpu|cuda|auto", "the interpreter (default), the GPU engine, or auto"},
          {"--weights", "DIR", "checkpoint directory (default: the one the plan was built from)"}},
         1,
         1},

@@ -72,6 +72,10 @@ using TokenCallback = std::function<bool(size_t, int32_t)>;
 /// logits). Setting one brings every step's logits to the host (greedy picks included).
 using LogitsCallback = std::function<void(size_t, const std::vector<float>&)>;
 
+/// Throws xserv::Error when a prompt of `ids` exceeds `max_seq` tokens or holds an id outside
+/// [0, vocab): what generate() and `xserv trace` check before the first step.
+void check_prompt(const std::vector<int32_t>& ids, int64_t max_seq, int64_t vocab);
+
 /// Generates for every request, batched up to the engine's max_batch at a time: one prefill
 /// step over the prompts, then one decode step per token over the sequences still running.
 /// Throws xserv::Error naming the limit when a prompt does not fit max_seq.

@@ -72,9 +72,8 @@ void run_batch(Engine& engine, const std::vector<GenRequest>& reqs, size_t first
   // Greedy requests need no logits on the host (unless asked for): the engine may pick on the
   // device.
   const bool all_greedy =
-      !on_logits && std::all_of(samplers.begin(), samplers.end(), [](const auto& s) {
-        return s.options().temperature <= 0.0f;
-      });
+      !on_logits && std::all_of(samplers.begin(), samplers.end(),
+                                [](const auto& s) { return s.options().temperature <= 0.0f; });
   bool prefill = true;
   while (!active.empty()) {
     auto t0 = std::chrono::steady_clock::now();
@@ -119,21 +118,23 @@ void run_batch(Engine& engine, const std::vector<GenRequest>& reqs, size_t first
 
 } // namespace
 
+void check_prompt(const std::vector<int32_t>& ids, int64_t max_seq, int64_t vocab) {
+  if (static_cast<int64_t>(ids.size()) > max_seq)
+    throw Error(fmt::format("the prompt has {} tokens, more than the maximum sequence length "
+                            "of {} (compile with a larger --max-seq)",
+                            ids.size(), max_seq));
+  for (int32_t id : ids)
+    if (id < 0 || id >= vocab)
+      throw Error(fmt::format("prompt token {} is outside the vocabulary [0, {})", id, vocab));
+}
+
 std::vector<GenResult> generate(Engine& engine, const std::vector<GenRequest>& requests,
                                 const TokenCallback& on_token, GenStats* stats,
                                 const LogitsCallback& on_logits) {
   for (size_t i = 0; i < requests.size(); ++i) {
-    const auto& r = requests[i];
-    if (r.prompt.empty())
+    if (requests[i].prompt.empty())
       throw Error(fmt::format("request {}: the prompt is empty", i));
-    if (static_cast<int64_t>(r.prompt.size()) > engine.max_seq())
-      throw Error(fmt::format("the prompt has {} tokens, more than the maximum sequence length "
-                              "of {} (compile with a larger --max-seq)",
-                              r.prompt.size(), engine.max_seq()));
-    for (int32_t id : r.prompt)
-      if (id < 0 || id >= engine.config().vocab_size)
-        throw Error(fmt::format("prompt token {} is outside the vocabulary [0, {})", id,
-                                engine.config().vocab_size));
+    check_prompt(requests[i].prompt, engine.max_seq(), engine.config().vocab_size);
   }
   std::vector<GenResult> results(requests.size());
   GenStats local;

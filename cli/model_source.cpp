@@ -112,34 +112,37 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
   return src;
 }
 
+std::string resolve_backend(const ModelSource& src, const std::string& requested) {
+  if (requested != "cpu" && requested != "cuda" && requested != "auto")
+    throw UsageError(fmt::format("--backend must be auto, cpu or cuda, got '{}'", requested));
+  if (requested == "cpu")
+    return requested;
+  const runtime::DeviceInfo dev = runtime::probe_device();
+  if (!dev.available && requested == "cuda")
+    throw Error("no GPU: " + dev.reason + " (use --backend cpu)");
+  if (!dev.available)
+    return "cpu";
+  check_plan_arch(src.arch, dev.arch(), dev.name);
+  return "cuda";
+}
+
+ir::Graph read_graph(const fs::path& file, std::string_view what) {
+  std::ifstream in(file);
+  if (!in)
+    throw Error(fmt::format("{}: {} missing", file.string(), what));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return ir::parse(text);
+}
+
 std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& args) {
-  std::string backend = args.get("--backend", "auto");
-  if (backend != "cpu" && backend != "cuda" && backend != "auto")
-    throw UsageError(fmt::format("--backend must be auto, cpu or cuda, got '{}'", backend));
-  if (backend != "cpu") {
-    const runtime::DeviceInfo dev = runtime::probe_device();
-    if (!dev.available && backend == "cuda")
-      throw Error("no GPU: " + dev.reason + " (use --backend cpu)");
-    backend = dev.available ? "cuda" : "cpu";
-    if (dev.available)
-      check_plan_arch(src.arch, dev.arch(), dev.name);
-  }
+  const std::string backend = resolve_backend(src, args.get("--backend", "auto"));
   std::optional<ir::Graph> plan_graph;
-  if (!src.plan_dir.empty()) {
-    std::ifstream in(src.plan_dir / "graph.ir");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    plan_graph = ir::parse(text);
-  }
+  if (!src.plan_dir.empty())
+    plan_graph = read_graph(src.plan_dir / "graph.ir", "the plan's graph");
   const ir::Graph* g = plan_graph ? &*plan_graph : nullptr;
   std::vector<ir::Graph> stages;
-  for (const std::string& file : src.stage_graphs) {
-    std::ifstream in(src.plan_dir / file);
-    if (!in)
-      throw Error(
-          fmt::format("{}: pipeline stage program missing", (src.plan_dir / file).string()));
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    stages.push_back(ir::parse(text));
-  }
+  for (const std::string& file : src.stage_graphs)
+    stages.push_back(read_graph(src.plan_dir / file, "pipeline stage program"));
   if (backend == "cuda" && !stages.empty() && args.has("--pp-local")) {
     std::fprintf(stderr, "[plan] %zu pipeline stages on this GPU (same-device transport)\n",
                  stages.size());

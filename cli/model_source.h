@@ -5,10 +5,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/args.h"
 #include "cli/engine.h"
+#include "ir/graph.h"
 #include "models/tokenizer.h"
 
 namespace xserv::cli {
@@ -37,8 +39,16 @@ void check_plan_arch(const std::string& plan_arch, const std::string& gpu_arch,
 /// files of other sizes than at compile time).
 ModelSource resolve_source(const std::string& path, const ParsedArgs& args);
 
-/// Builds the engine `--backend` asks for: cpu, cuda (Error "no GPU: ..." without one) or
-/// auto (the default: cuda when a GPU is usable, else cpu).
+/// The backend a run takes for `requested`: cpu, cuda (Error "no GPU: ..." without one, and
+/// check_plan_arch against the plan) or auto (cuda when a GPU is usable, else cpu). UsageError
+/// for anything else.
+std::string resolve_backend(const ModelSource& src, const std::string& requested);
+
+/// The IR program in `file` (a plan's graph.ir or stageN.ir), parsed; Error "FILE: WHAT
+/// missing" when it cannot be read.
+ir::Graph read_graph(const std::filesystem::path& file, std::string_view what);
+
+/// Builds the engine `--backend` asks for (resolve_backend; auto by default).
 std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& args);
 
 /// The tokenizer: --tokenizer PATH, else the checkpoint's tokenizer.json, else

@@ -1,6 +1,8 @@
 // The pipeline's wire protocol (cli/pipeline_wire.h).
 #include "cli/pipeline_wire.h"
 
+#include "cli/model_source.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -67,11 +69,9 @@ std::vector<ir::Graph> read_stages(const std::filesystem::path& plan_dir) {
   std::ifstream in(plan_dir / "plan.json");
   const nlohmann::json pj = nlohmann::json::parse(in);
   std::vector<ir::Graph> stages;
-  for (const auto& st : pj.at("pipeline").at("stages")) {
-    std::ifstream g(plan_dir / st.at("graph").get<std::string>());
-    std::string text((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
-    stages.push_back(ir::parse(text));
-  }
+  for (const auto& st : pj.at("pipeline").at("stages"))
+    stages.push_back(
+        read_graph(plan_dir / st.at("graph").get<std::string>(), "pipeline stage program"));
   return stages;
 }
 
