@@ -24,16 +24,15 @@ namespace {
 
 /// A fresh tiny checkpoint in its own temp dir, removed at scope exit.
 struct TinyCheckpoint {
+  xserv::testing::TempDir tmp;
   fs::path dir;
-  explicit TinyCheckpoint(const std::string& tag, const std::string& extra = "") {
-    dir = fs::temp_directory_path() / ("xserv_bad_input_" + tag + "_" + std::to_string(getpid()));
-    fs::remove_all(dir);
+  explicit TinyCheckpoint(const std::string& tag, const std::string& extra = "")
+      : tmp("bad_input_" + tag), dir(tmp.path / "model") {
     RunResult r = run_xserv("synth --config " +
                             (xserv::testing::source_dir() / "examples/tiny/config.json").string() +
                             " -o " + dir.string() + " --seed 3 " + extra);
     REQUIRE(r.code == 0);
   }
-  ~TinyCheckpoint() { fs::remove_all(dir); }
   fs::path shard() const { return dir / "model-00001-of-00001.safetensors"; }
 };
 

@@ -1,8 +1,6 @@
 // xserv bench: statistics, the three output formats, argument handling, and a CPU run end to end.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <string>
 
 #include <algorithm>
@@ -100,9 +98,8 @@ TEST_CASE("bench argument errors exit 2 with a clear line") {
 }
 
 TEST_CASE("bench runs on the CPU backend and prints one row per test") {
-  const fs::path dir =
-      fs::temp_directory_path() / ("xserv_bench_tiny_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const testing::TempDir tmp("bench_tiny");
+  const fs::path dir = tmp.path / "model";
   REQUIRE(run_split("synth --config " +
                     (testing::source_dir() / "examples/tiny/config.json").string() + " -o " +
                     dir.string() + " --seed 2")
@@ -130,13 +127,13 @@ TEST_CASE("bench runs on the CPU backend and prints one row per test") {
   CHECK(r.err.find("the plan allows 8 and 1") != std::string::npos);
   // A pipelined plan benches with its stages in this process (--pp-local) or one per rank.
   const fs::path pp2 = dir / "pp2";
-  REQUIRE(run_split("compile " + dir.string() + " -o " + pp2.string() + " --pp 2 --no-cubins")
-              .code == 0);
+  REQUIRE(
+      run_split("compile " + dir.string() + " -o " + pp2.string() + " --pp 2 --no-cubins").code ==
+      0);
   for (const char* where : {" --pp-local", ""}) {
     CAPTURE(where);
     r = run_split("bench " + pp2.string() + " -p 4 -n 2 -r 1 -o json --backend cpu" + where);
     REQUIRE(r.code == 0);
     CHECK(nlohmann::json::parse(r.out)["results"].size() == 2);
   }
-  fs::remove_all(dir);
 }

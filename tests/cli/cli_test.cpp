@@ -1,8 +1,6 @@
 // The xserv binary as a user meets it: help, exit codes, clear messages, compile --emit ir.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -57,14 +55,12 @@ TEST_CASE("usage mistakes: one clear message, exit code 2") {
 }
 
 TEST_CASE("a config of another model fails with exit 1 and names the field") {
-  auto dir =
-      std::filesystem::temp_directory_path() / ("xserv_cli_llama_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const xserv::testing::TempDir tmp("cli_llama");
+  const std::filesystem::path& dir = tmp.path;
   std::ofstream(dir / "config.json") << R"({"model_type": "llama"})";
   RunResult r = run_xserv("compile " + dir.string() + " --emit ir");
   CHECK(r.code == 1);
   CHECK(r.out.find("model_type is \"llama\", not \"gpt_oss\"") != std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("compile --emit ir prints a verified graph, -o writes a plan directory") {
@@ -72,18 +68,12 @@ TEST_CASE("compile --emit ir prints a verified graph, -o writes a plan directory
   CHECK(r.code == 0);
   CHECK(r.out.find("= attention(") != std::string::npos);
   CHECK(r.out.find("return %") != std::string::npos);
-  auto plan =
-      std::filesystem::temp_directory_path() / ("xserv_cli_plan_" + std::to_string(::getpid()));
-  auto dump =
-      std::filesystem::temp_directory_path() / ("xserv_cli_dump_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(plan);
-  std::filesystem::remove_all(dump);
+  const xserv::testing::TempDir tmp("cli_plan");
+  const auto plan = tmp.path / "plan", dump = tmp.path / "dump";
   r = run_xserv("compile " + tiny() + " -o " + plan.string() + " --dump-dir " + dump.string());
   CHECK(r.code == 0);
   CHECK(std::filesystem::exists(plan / "graph.ir"));
   CHECK(std::filesystem::exists(plan / "plan.json"));
   CHECK(std::filesystem::exists(dump / "00_input.ir"));
   CHECK(std::filesystem::exists(dump / "01_cse.ir"));
-  std::filesystem::remove_all(plan);
-  std::filesystem::remove_all(dump);
 }

@@ -8,7 +8,6 @@
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -25,22 +24,8 @@ using xserv::testing::RunResult;
 
 namespace {
 
-/// A scratch directory removed when the test binary exits.
-struct ScratchDir {
-  fs::path path;
-  ScratchDir() {
-    path = fs::temp_directory_path() / ("xserv_eval_test_" + std::to_string(getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
 const fs::path& scratch() {
-  static ScratchDir dir;
+  static const xserv::testing::TempDir dir("eval_test"); // removed when the binary exits
   return dir.path;
 }
 

@@ -1,8 +1,6 @@
 // Roofline arithmetic against the shared TARGETS.md figures, and `xserv inspect` on real plans.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <string>
 
 #include <filesystem>
@@ -42,9 +40,8 @@ TEST_CASE("20b floors agree with the ceiling arithmetic of TARGETS.md") {
 }
 
 TEST_CASE("inspect prints the stage table and roofline, and --json the same facts") {
-  const fs::path plan =
-      fs::temp_directory_path() / ("xserv_inspect_plan_" + std::to_string(::getpid()));
-  fs::remove_all(plan);
+  const xserv::testing::TempDir tmp("inspect_plan");
+  const fs::path plan = tmp.path / "plan";
   REQUIRE(run_xserv("compile " + (xserv::testing::source_dir() / "examples/gpt-oss-120b").string() +
                     " -o " + plan.string() + " --max-seq 4096 --max-batch 8")
               .code == 0);
@@ -69,9 +66,8 @@ TEST_CASE("inspect prints the stage table and roofline, and --json the same fact
 }
 
 TEST_CASE("compile --pp writes one program per stage; inspect shows their share and balance") {
-  const fs::path plan =
-      fs::temp_directory_path() / ("xserv_inspect_pp_plan_" + std::to_string(::getpid()));
-  fs::remove_all(plan);
+  const xserv::testing::TempDir tmp("inspect_pp");
+  const fs::path plan = tmp.path / "plan";
   const std::string model = (xserv::testing::source_dir() / "examples/gpt-oss-120b").string();
   REQUIRE(run_xserv("compile " + model + " -o " + plan.string() +
                     " --max-seq 4096 --max-batch 8 --pp 3 --no-cubins")
@@ -107,14 +103,11 @@ TEST_CASE("compile --pp writes one program per stage; inspect shows their share 
   CHECK(r.out.find("imbalance") != std::string::npos);
   CHECK(r.out.find("+h") != std::string::npos);
   // More stages than layers: one clear error, no plan written.
-  const fs::path bad =
-      fs::temp_directory_path() / ("xserv_inspect_pp_bad_" + std::to_string(::getpid()));
-  fs::remove_all(bad);
+  const fs::path bad = tmp.path / "bad";
   RunResult e =
       run_xserv("compile " + model + " -o " + bad.string() + " --pp 40 --no-cubins", "", true);
   CHECK(e.code == 1);
   CHECK(e.err.find("cannot split 36 layers into 40 pipeline stages: --pp must be 1 to 36") !=
         std::string::npos);
   CHECK_FALSE(fs::exists(bad / "plan.json"));
-  fs::remove_all(plan);
 }

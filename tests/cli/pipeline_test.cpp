@@ -54,11 +54,7 @@ std::string read_file(const fs::path& f) {
 
 /// `xserv ARGS` with environment assignments `env` in front; stderr kept apart.
 RunResult run_with_env(const std::string& env, const std::string& args, const fs::path& dir) {
-  const fs::path err = dir / "stderr.txt";
-  RunResult r =
-      run_shell(fmt::format("{} {} {} 2>{} </dev/null", env, XSERV_BINARY, args, err.string()));
-  r.err = read_file(err);
-  return r;
+  return xserv::testing::run_binary(XSERV_BINARY, args, dir, env);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {

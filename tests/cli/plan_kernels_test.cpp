@@ -3,8 +3,6 @@
 // sources recompile with the headers it carries.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <string>
 
 #include <cstdlib>
@@ -63,8 +61,8 @@ TEST_CASE("every kernel of the tiny and 120b plans compiles for sm_90") {
   xserv::testing::TempDir cache("kernel_cache"); // a cold cache: NVRTC really compiles
   setenv("XSERV_KERNEL_CACHE", cache.path.c_str(), 1);
   const fs::path src = xserv::testing::source_dir();
-  const fs::path tiny =
-      fs::temp_directory_path() / ("xserv_plan_tiny_" + std::to_string(::getpid()));
+  const xserv::testing::TempDir tmp("plan_kernels");
+  const fs::path tiny = tmp.path / "tiny";
   const nlohmann::json tj = compile_plan(src / "examples/tiny", tiny, "");
   check_cubins(tiny, tj, 12);
   // Counted launches. Decode, per layer: qkv_decode, rope with both KV cache writes, attention
@@ -77,31 +75,27 @@ TEST_CASE("every kernel of the tiny and 120b plans compiles for sm_90") {
   CHECK(tj["codegen"]["launches_per_decode_step"] == 2 * 8 + 5);
   CHECK(tj["codegen"]["prefill_step_tokens"] == 512);
   CHECK(tj["codegen"]["launches_per_prefill_step"] == 2 * 16 + 5);
-  const fs::path big =
-      fs::temp_directory_path() / ("xserv_plan_120b_" + std::to_string(::getpid()));
+  const fs::path big = tmp.path / "120b";
   nlohmann::json pj = compile_plan(src / "examples/gpt-oss-120b", big, "--kv-dtype bf16");
   check_cubins(big, pj, 12);
   CHECK(pj["codegen"]["launches_per_decode_step"].get<int>() > 36 * 8);
-  fs::remove_all(tiny);
-  fs::remove_all(big);
 }
 
 TEST_CASE("every kernel of the 20b plan compiles for sm_90") {
   XSERV_REQUIRE_DATA(data);
   xserv::testing::TempDir cache("kernel_cache");
   setenv("XSERV_KERNEL_CACHE", cache.path.c_str(), 1);
-  const fs::path plan =
-      fs::temp_directory_path() / ("xserv_plan_20b_" + std::to_string(::getpid()));
+  const xserv::testing::TempDir tmp("plan_20b");
+  const fs::path plan = tmp.path / "plan";
   check_cubins(plan, compile_plan(data / "gpt-oss-20b", plan, ""), 12);
-  fs::remove_all(plan);
 }
 
 TEST_CASE("the tiny plan's generated source is byte-stable (golden file)") {
   // An intended change to the generated code regenerates the golden file in the same commit:
   //   XSERV_UPDATE_GOLDEN=1 build/tests/cli_tests -tc="*byte-stable*"
   const fs::path src = xserv::testing::source_dir();
-  const fs::path plan =
-      fs::temp_directory_path() / ("xserv_plan_golden_" + std::to_string(::getpid()));
+  const xserv::testing::TempDir tmp("plan_golden");
+  const fs::path plan = tmp.path / "plan";
   nlohmann::json pj = compile_plan(src / "examples/tiny", plan, "--no-cubins");
   std::string all;
   for (const auto& k : pj["codegen"]["kernels"]) {
@@ -120,7 +114,6 @@ TEST_CASE("the tiny plan's generated source is byte-stable (golden file)") {
   for (const auto& k : again["codegen"]["kernels"])
     second += read_file(plan / k["source"].get<std::string>());
   CHECK(second == all);
-  fs::remove_all(plan);
 }
 
 TEST_CASE("a plan's kernel sources compile with the headers the plan carries") {
