@@ -79,6 +79,7 @@ struct CudaEngine::Impl {
   PlanKernels plan_kernels;
   ir::ValueId output = -1;
   bool per_token = false;
+  bool sends = false; ///< the graph ends in a pipeline send (a stage that is not the last)
   int64_t vocab = 0;
   bool cuda_graphs = true;
   /// Captured decode graphs by (tokens, sequences, attention key bucket).
@@ -308,6 +309,7 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
       m.recvs.emplace(m.graph.node(v).attr_str("name"), v);
   const ir::Type& out_type = m.graph.type(m.output);
   m.per_token = out_type.shape.at(0).name == models::dims::kTokens;
+  m.sends = m.graph.node(m.output).op == ir::Op::Send;
   m.vocab = out_type.shape.back().size;
 
   check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "creating a stream");
@@ -552,7 +554,7 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
   }
   const size_t n = static_cast<size_t>(per_token ? tokens : seqs);
   const size_t v = static_cast<size_t>(vocab);
-  if (transport && graph.node(output).op == ir::Op::Send) { // on to the next stage
+  if (transport && sends) { // on to the next stage
     transport->send(address(output, 0), size_t(tokens) * row_bytes(output), stream);
     transport->wait(stream);
     return;
@@ -629,7 +631,7 @@ std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& i
     std::vector<std::vector<float>> rows;
     std::vector<int32_t> ids;
     m.run_substep(sub, rows, all, greedy ? &ids : nullptr, inputs, input_rows, transport);
-    if (transport && m.graph.node(m.output).op == ir::Op::Send)
+    if (transport && m.sends)
       continue; // sent on the device: nothing comes back
     if (greedy) {
       greedy->resize(in.tokens.size());
@@ -679,7 +681,7 @@ std::vector<int32_t> CudaEngine::step_stage_greedy(const models::StepInput& in,
 std::vector<std::vector<float>> CudaEngine::step_stage_device(const models::StepInput& in,
                                                               const StageTransport& transport,
                                                               std::vector<int32_t>* greedy) {
-  if (greedy && !impl_->argmax_keys)
+  if (greedy && !picks_greedy())
     throw Error("step_stage_device: greedy tokens need the last stage's per-sequence logits");
   return impl_->run(in, false, {}, greedy, &transport);
 }

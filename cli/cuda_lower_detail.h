@@ -184,8 +184,7 @@ private:
   void lower_router(ValueId v);
 
   /// The router node that fuses rms_norm node `norm` into its decode launch (norm_router_topk),
-  /// or -1: a router whose input is this norm, with an even expert count and a row length the
-  /// GEMV takes.
+  /// or -1: a router whose input is this norm, of sizes codegen::norm_router_topk_fits takes.
   ValueId router_of_norm(ValueId norm) const;
 
   /// moe_experts(_residual): gate_up / down per (token, slot) and the ordered combine for

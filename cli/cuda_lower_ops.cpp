@@ -344,9 +344,7 @@ ValueId Lowerer::router_of_norm(ValueId norm) const {
     if (r.op != Op::Router || r.inputs[0] != norm)
       continue;
     const int experts = static_dim(g_, r.inputs[1], 0), dim = static_dim(g_, r.inputs[1], 1);
-    return experts % 2 == 0 && experts <= 256 && dim % 8 == 0 && as_int(r.attr_int("k")) <= experts
-               ? u
-               : -1;
+    return codegen::norm_router_topk_fits(dim, {experts, as_int(r.attr_int("k"))}) ? u : -1;
   }
   return -1;
 }

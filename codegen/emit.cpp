@@ -135,6 +135,25 @@ int attention_splits(int max_keys) {
   return std::clamp((max_keys + 63) / 64, 1, 32);
 }
 
+namespace {
+
+/// The decode GEMVs' warps per row group (K splits): 1, 2, 4 or 8.
+bool valid_ksplit(int ksplit) {
+  return ksplit == 1 || ksplit == 2 || ksplit == 4 || ksplit == 8;
+}
+
+/// Rows one block of a decode GEMV (8 warps) computes: 8 / ksplit row groups of `rows`.
+int gemv_block_rows(int rows, int ksplit) {
+  return 8 / ksplit * rows;
+}
+
+/// qkv_decode's rows per warp (0: 2).
+int qkv_rows(const QkvDims& d) {
+  return d.rows > 0 ? d.rows : 2;
+}
+
+} // namespace
+
 KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir_lines) {
   check_positive("linear", {d.k, d.n, d.max_tokens});
   if (d.k % 8 != 0)
@@ -143,8 +162,7 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
     throw Error(
         fmt::format("codegen: decode linear takes at most 8 tokens, asked {}", d.max_tokens));
   const int rows = d.rows > 0 ? d.rows : d.n % 2 == 0 ? 2 : 1; // rows per warp
-  if (d.n % rows != 0 || d.unroll < 1 ||
-      !(d.ksplit == 1 || d.ksplit == 2 || d.ksplit == 4 || d.ksplit == 8))
+  if (d.n % rows != 0 || d.unroll < 1 || !valid_ksplit(d.ksplit))
     throw Error(fmt::format("codegen: linear tuning rows {} unroll {} K splits {} do not fit N {}",
                             rows, d.unroll, d.ksplit, d.n));
   std::string name = fmt::format(
@@ -160,7 +178,7 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
   params.push_back({"float* y", "y"});
   params.push_back({"int tokens", "tokens"});
   LaunchRule launch;
-  const int block_rows = 8 / d.ksplit * rows;
+  const int block_rows = gemv_block_rows(rows, d.ksplit);
   launch.blocks_x = (d.n + block_rows - 1) / block_rows;
   launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
   launch.max_tokens = d.max_tokens;
@@ -171,9 +189,9 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
 }
 
 bool qkv_decode_fits(const QkvDims& d) {
-  if (!(d.ksplit == 1 || d.ksplit == 2 || d.ksplit == 4 || d.ksplit == 8))
+  if (!valid_ksplit(d.ksplit))
     return false;
-  const int block_rows = 8 / d.ksplit * (d.rows > 0 ? d.rows : 2);
+  const int block_rows = gemv_block_rows(qkv_rows(d), d.ksplit);
   return d.k > 0 && d.k % 8 == 0 && d.nq > 0 && d.nk > 0 && d.nv > 0 && d.nq % block_rows == 0 &&
          d.nk % block_rows == 0 && d.nv % block_rows == 0 && d.max_tokens >= 1 &&
          d.max_tokens <= 8 && d.unroll >= 1;
@@ -185,8 +203,8 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
                             "multiples of a block's rows (8 x rows per warp / K splits), 1 to 8 "
                             "tokens and K splits of 1, 2, 4 or 8; got K {}, {}/{}/{}, rows {}, "
                             "K splits {}",
-                            d.k, d.nq, d.nk, d.nv, d.rows > 0 ? d.rows : 2, d.ksplit));
-  const int rows = d.rows > 0 ? d.rows : 2;
+                            d.k, d.nq, d.nk, d.nv, qkv_rows(d), d.ksplit));
+  const int rows = qkv_rows(d);
   std::string name = fmt::format("qkv_decode_k{}_q{}_k{}_v{}{}{}", d.k, d.nq, d.nk, d.nv,
                                  attr_suffix("eps", d.eps, 1e-5),
                                  gemv_tuning_suffix(d.max_tokens, d.rows, d.unroll, d.ksplit));
@@ -200,7 +218,7 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
     params.push_back({fmt::format("float* y{}", n), fmt::format("y{}", n)});
   params.push_back({"int tokens", "tokens"});
   LaunchRule launch;
-  launch.blocks_x = (d.nq + d.nk + d.nv) / (8 / d.ksplit * rows);
+  launch.blocks_x = (d.nq + d.nk + d.nv) / gemv_block_rows(rows, d.ksplit);
   launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
   launch.max_tokens = d.max_tokens;
   std::string call = fmt::format("qkv_decode<{}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.nq, d.nk,
@@ -584,10 +602,18 @@ int router_ksplit(int experts) {
   return ks;
 }
 
+bool norm_router_topk_fits(int dim, const RouterTopKDims& d) {
+  return dim > 0 && d.experts > 0 && d.k > 0 && d.k <= d.experts && d.experts % 2 == 0 &&
+         d.experts <= 256 && dim % 8 == 0;
+}
+
 KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps, bool bias,
                                    const std::vector<std::string>& ir_lines) {
   check_positive("norm_router_topk", {dim, d.experts, d.k});
-  if (d.k > d.experts || d.experts % 2 != 0 || dim % 8 != 0)
+  if (d.experts > 256)
+    throw Error(
+        fmt::format("codegen: norm_router_topk takes at most 256 experts, got {}", d.experts));
+  if (!norm_router_topk_fits(dim, d))
     throw Error(fmt::format("codegen: norm_router_topk needs an even expert count, k <= experts "
                             "and a dimension divisible by 8 (got {} experts, k {}, dim {})",
                             d.experts, d.k, dim));
@@ -598,9 +624,6 @@ KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps,
   params.push_back(bias ? Param{fmt::format("{} b", kBf16), "b"} : Param{"", "nullptr"});
   for (const char* p : {"float* xn", "float* weights", "int* ids"})
     params.push_back({p, std::string(p).substr(std::string(p).find(' ') + 1)});
-  if (d.experts > 256)
-    throw Error(
-        fmt::format("codegen: norm_router_topk takes at most 256 experts, got {}", d.experts));
   LaunchRule launch = per_row(256);
   launch.blocks_x = router_cluster_blocks(d.experts);
   launch.cluster_x = launch.blocks_x;

@@ -235,6 +235,9 @@ int router_cluster_blocks(int experts);
 /// Warps per pair of router rows in norm_router_topk (K splits): as many as the block's 8 warps
 /// allow for its pairs, 1, 2, 4 or 8.
 int router_ksplit(int experts);
+/// Whether emit_norm_router_topk takes these sizes: an even expert count up to 256 (the
+/// clustered kernel gathers one logit per thread), k <= experts, a dimension divisible by 8.
+bool norm_router_topk_fits(int dim, const RouterTopKDims& d);
 /// rms_norm + the router's linear + router_topk of a decode step in one launch (router.cuh
 /// norm_router_topk), for an even expert count up to 256 and a dimension divisible by 8. On
 /// sm_90 the results are bitwise those of rms_norm, linear_decode with ksplit =

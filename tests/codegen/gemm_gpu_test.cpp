@@ -147,12 +147,6 @@ void routing(Rng& rng, int tokens, int experts, int k, bool skew, Tensor& w, Ten
   }
 }
 
-std::vector<int32_t> download_i32(const DevBuf& b, size_t n) {
-  std::vector<int32_t> v(n);
-  cuda_ok(cudaMemcpy(v.data(), b.p, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "download");
-  return v;
-}
-
 /// moe_sort's output against the definition: pairs grouped by expert in order, ascending within
 /// an expert; tiles of at most bm rows covering each expert's run exactly.
 void check_sort(const Tensor& ids, int experts, int bm, const std::vector<int32_t>& pair,
@@ -232,8 +226,8 @@ void check_grouped(const MoeDims& d, int tokens, int bm, bool split, bool skew, 
   else
     launch(comb, tokens, 1, part->p, y->p);
   device_sync();
-  check_sort(ids, d.experts, bm, download_i32(*pair, size_t(pairs)),
-             download_i32(*tiles, tile_ints));
+  check_sort(ids, d.experts, bm, download_ints(*pair, size_t(pairs)),
+             download_ints(*tiles, tile_ints));
   const double err = rel_l2(download(*y, want.f.size()), want.f);
   MESSAGE(gu.src.name << " + " << dn.src.name << " T=" << tokens
                       << std::string(skew ? " skewed" : "") << ": rel L2 " << err);

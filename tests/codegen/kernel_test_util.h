@@ -106,6 +106,12 @@ inline std::vector<float> download(const DevBuf& b, size_t n) {
   return v;
 }
 
+inline std::vector<int32_t> download_ints(const DevBuf& b, size_t n) {
+  std::vector<int32_t> v(n);
+  cuda_ok(cudaMemcpy(v.data(), b.p, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "download");
+  return v;
+}
+
 /// ||got - want|| / ||want||; NaN when any element of got is not finite.
 inline double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
   REQUIRE(got.size() == want.size());

@@ -29,16 +29,6 @@ constexpr double kTol = 1e-3;
 
 // ---- small per-row kernels: embedding, rms_norm, select_rows, rope_yarn, kv_write, top-k -------
 
-namespace {
-
-std::vector<int32_t> download_ints(const DevBuf& b, size_t n) {
-  std::vector<int32_t> v(n);
-  cuda_ok(cudaMemcpy(v.data(), b.p, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "download");
-  return v;
-}
-
-} // namespace
-
 TEST_CASE("argmax kernel picks the largest logit, ties to the lower id, never a NaN") {
   XSERV_REQUIRE_GPU();
   Rng rng{800};
