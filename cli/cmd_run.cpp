@@ -1,12 +1,13 @@
 // `xserv run`: generate from token ids or from text (harmony chat format), streaming the answer.
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/float_file.h"
 #include "cli/model_source.h"
 #include "models/harmony.h"
 
@@ -69,35 +70,19 @@ int cmd_run(const ParsedArgs& args) {
         req.stop_ids.push_back(static_cast<int32_t>(id));
     GenStats st;
     LogitsCallback on_logits;
-    std::FILE* logits_file = nullptr;
+    std::optional<FloatFile> logits_file;
     size_t rows = 0;
     const std::string logits_path = args.get("--logits-out", "");
     if (!logits_path.empty()) {
-      logits_file = std::fopen(logits_path.c_str(), "wb");
-      if (!logits_file)
-        throw Error(
-            fmt::format("--logits-out: cannot write {}: {}", logits_path, std::strerror(errno)));
+      logits_file.emplace(logits_path, "--logits-out: ");
       on_logits = [&](size_t, const std::vector<float>& row) {
-        if (std::fwrite(row.data(), sizeof(float), row.size(), logits_file) != row.size())
-          throw Error(fmt::format("--logits-out: writing {} failed", logits_path));
+        logits_file->write(row.data(), row.size());
         ++rows;
       };
     }
-    std::vector<GenResult> out;
-    try {
-      out = generate(*engine, {req}, {}, &st, on_logits);
-    } catch (...) {
-      if (logits_file) { // no partial file that looks like a result
-        std::fclose(logits_file);
-        std::remove(logits_path.c_str());
-      }
-      throw;
-    }
+    const std::vector<GenResult> out = generate(*engine, {req}, {}, &st, on_logits);
     if (logits_file) {
-      if (std::fclose(logits_file) != 0) {
-        std::remove(logits_path.c_str());
-        throw Error(fmt::format("--logits-out: closing {} failed", logits_path));
-      }
+      logits_file->commit();
       std::fprintf(stderr, "[run] %zu logits rows of %lld float32 values in %s\n", rows,
                    static_cast<long long>(engine->config().vocab_size), logits_path.c_str());
     }

@@ -2,9 +2,7 @@
 // with another implementation (tools/hf_layer_compare.py does it against HF transformers).
 #include <cuda_runtime.h>
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -15,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/cpu_engine.h"
 #include "cli/cuda_engine.h"
+#include "cli/float_file.h"
 #include "cli/model_source.h"
 #include "models/step.h"
 
@@ -104,17 +103,10 @@ int cmd_trace(const ParsedArgs& args) {
 
   const std::string meta_path = out + ".json";
   std::remove(meta_path.c_str()); // never a stale description beside a new trace
-  std::FILE* f = std::fopen(out.c_str(), "wb");
-  if (!f)
-    throw Error(fmt::format("cannot write {}: {}", out, std::strerror(errno)));
-  bool ok = true;
+  FloatFile file(out, "");
   for (const auto& r : rows)
-    ok = ok && std::fwrite(r.data(), sizeof(float), r.size(), f) == r.size();
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok) {
-    std::remove(out.c_str());
-    throw Error(fmt::format("writing {} failed", out));
-  }
+    file.write(r.data(), r.size());
+  file.commit();
   const nlohmann::json meta = {{"format", "float32 little-endian [values, tokens, hidden]"},
                                {"values", names},
                                {"tokens", tokens},
@@ -127,7 +119,7 @@ int cmd_trace(const ParsedArgs& args) {
   meta_out << meta.dump(1) << "\n";
   meta_out.close();
   if (!meta_out) {
-    std::remove(out.c_str());
+    file.discard();
     std::remove(meta_path.c_str());
     throw Error(fmt::format("writing {} failed", meta_path));
   }
