@@ -41,7 +41,7 @@ int cmd_worker(const ParsedArgs& args) {
   const int rank = static_cast<int>(args.get_int("--rank", 0, 0, 1 << 16));
   const int world = static_cast<int>(args.get_int("--world", 0, 1, 1 << 16));
   try {
-    return run_pipeline_worker(src.plan_dir, src.model_dir, rank, world, args.get("--coordinator"));
+    return run_pipeline_worker(src, rank, world, args.get("--coordinator"));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "xserv worker (rank %d): error: %s\n", rank, e.what());
     return 1;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli/engine.h"
+#include "cli/model_source.h"
 #include "ir/graph.h"
 
 namespace xserv::cli {
@@ -69,12 +70,12 @@ std::unique_ptr<Engine> make_pipeline_engine(const std::filesystem::path& plan_d
                                              std::vector<ir::Graph> stages,
                                              const PipelineLaunch& launch);
 
-/// The body of `xserv worker`: connects to the coordinator, handshakes as `rank` of `world`,
+/// The body of `xserv worker` for the pipelined plan `src` (its stage programs and limits, as
+/// resolve_source read them): connects to the coordinator, handshakes as `rank` of `world`,
 /// then runs its stage (on the backend rank 0 names) for every step until told to quit.
 /// Returns the exit code. With the CUDA backend the process uses its first visible GPU
 /// (`xserv worker --device D` narrows CUDA_VISIBLE_DEVICES before any CUDA call).
-int run_pipeline_worker(const std::filesystem::path& plan_dir,
-                        const std::filesystem::path& model_dir, int rank, int world,
+int run_pipeline_worker(const ModelSource& src, int rank, int world,
                         const std::string& coordinator);
 
 } // namespace xserv::cli

@@ -1,12 +1,9 @@
 // The pipeline's wire protocol (cli/pipeline_wire.h).
 #include "cli/pipeline_wire.h"
 
-#include "cli/model_source.h"
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <optional>
 
 #include <fmt/format.h>
@@ -63,16 +60,6 @@ nlohmann::json decode(const std::string& payload, Named* tensors) {
 
 runtime::Frame message(uint8_t type, const nlohmann::json& head, const Named& tensors) {
   return runtime::Frame{type, encode(head, tensors)};
-}
-
-std::vector<ir::Graph> read_stages(const std::filesystem::path& plan_dir) {
-  std::ifstream in(plan_dir / "plan.json");
-  const nlohmann::json pj = nlohmann::json::parse(in);
-  std::vector<ir::Graph> stages;
-  for (const auto& st : pj.at("pipeline").at("stages"))
-    stages.push_back(
-        read_graph(plan_dir / st.at("graph").get<std::string>(), "pipeline stage program"));
-  return stages;
 }
 
 nlohmann::json step_header(const models::StepInput& in, int64_t step) {

@@ -41,9 +41,6 @@ std::string encode(const nlohmann::json& head, const Named& tensors);
 nlohmann::json decode(const std::string& payload, Named* tensors);
 runtime::Frame message(uint8_t type, const nlohmann::json& head, const Named& tensors = {});
 
-/// The stage programs of a pipelined plan, in order.
-std::vector<ir::Graph> read_stages(const std::filesystem::path& plan_dir);
-
 /// The step inputs of a kStep message's header, and back.
 nlohmann::json step_header(const models::StepInput& in, int64_t step);
 models::StepInput step_from_header(const nlohmann::json& h);

@@ -4,7 +4,6 @@
 #include "cli/pipeline.h"
 
 #include <algorithm>
-#include <fstream>
 #include <memory>
 #include <mutex>
 
@@ -24,18 +23,15 @@ using runtime::Frame;
 using Clock = std::chrono::steady_clock;
 using namespace wire;
 
-int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int rank, int world,
+int run_pipeline_worker(const ModelSource& src, int rank, int world,
                         const std::string& coordinator) {
-  std::vector<ir::Graph> stages = read_stages(plan_dir);
-  if (world != static_cast<int>(stages.size()))
-    throw Error(
-        fmt::format("--world {} but the plan has {} pipeline stages", world, stages.size()));
+  const fs::path& plan_dir = src.plan_dir;
+  if (world != static_cast<int>(src.stage_graphs.size()))
+    throw Error(fmt::format("--world {} but the plan has {} pipeline stages", world,
+                            src.stage_graphs.size()));
   if (rank < 1 || rank >= world)
     throw Error(fmt::format("--rank {} is outside 1..{} (rank 0 is `xserv run`)", rank, world - 1));
-  std::ifstream in(plan_dir / "plan.json");
-  const nlohmann::json pj = nlohmann::json::parse(in);
-  const int64_t plan_batch = pj["options"].value("max_batch", int64_t{1});
-  const int64_t plan_seq = pj["options"].value("max_seq", int64_t{4096});
+  const int64_t plan_batch = src.max_batch, plan_seq = src.max_seq;
   if (plan_batch < 1 || plan_seq < 1)
     throw Error(fmt::format("{}: max_batch {} and max_seq {} must be positive",
                             (plan_dir / "plan.json").string(), plan_batch, plan_seq));
@@ -52,12 +48,13 @@ int run_pipeline_worker(const fs::path& plan_dir, const fs::path& model_dir, int
   const int64_t max_batch =
       std::clamp(welcome.value("max_batch", plan_batch), int64_t{1}, plan_batch);
   const int64_t max_seq = std::clamp(welcome.value("max_seq", plan_seq), int64_t{1}, plan_seq);
-  const ir::Graph& stage = stages[size_t(rank)];
+  const ir::Graph stage =
+      read_graph(plan_dir / src.stage_graphs[size_t(rank)], "pipeline stage program");
   std::mutex send_lock;
   std::unique_ptr<StageRunner> engine;
   try {
     Heartbeat alive(c, send_lock); // loading a stage onto a GPU takes seconds
-    engine = make_stage(backend, model_dir, max_batch, max_seq, stage);
+    engine = make_stage(backend, src.model_dir, max_batch, max_seq, stage);
   } catch (const Error& e) {
     c.send(message(
         kFail, {{"message", fmt::format("rank {} cannot load its stage: {}", rank, e.what())}}));
