@@ -615,14 +615,7 @@ std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& i
     for (size_t b = 0; b < in.tokens.size(); ++b)
       seq_offset[b + 1] = seq_offset[b] + in.tokens[b].size();
   for (const std::vector<Piece>& pieces : split_step(in, static_cast<size_t>(m.tcap))) {
-    models::StepInput sub;
-    for (const Piece& pc : pieces) {
-      const auto& toks = in.tokens[pc.seq];
-      sub.tokens.emplace_back(toks.begin() + static_cast<long>(pc.start),
-                              toks.begin() + static_cast<long>(pc.start + pc.len));
-      sub.ctx_lens.push_back(in.ctx_lens[pc.seq] + static_cast<int32_t>(pc.start));
-      sub.cache_rows.push_back(in.cache_rows[pc.seq]);
-    }
+    const models::StepInput sub = piece_step(in, pieces);
     std::vector<size_t> input_rows; // a stage's received rows this sub-step holds, in order
     if (!inputs.empty())
       for (const Piece& pc : pieces)
@@ -636,7 +629,7 @@ std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& i
     if (greedy) {
       greedy->resize(in.tokens.size());
       for (size_t i = 0; i < pieces.size(); ++i)
-        if (pieces[i].start + pieces[i].len == in.tokens[pieces[i].seq].size())
+        if (ends_sequence(in, pieces[i]))
           (*greedy)[pieces[i].seq] = ids[i];
       continue;
     }
@@ -646,7 +639,7 @@ std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& i
       continue;
     }
     for (size_t i = 0; i < pieces.size(); ++i)
-      if (pieces[i].start + pieces[i].len == in.tokens[pieces[i].seq].size())
+      if (ends_sequence(in, pieces[i]))
         result[pieces[i].seq] = std::move(rows[i]);
   }
   return result;

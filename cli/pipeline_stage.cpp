@@ -7,6 +7,7 @@
 
 #include "cli/cpu_engine.h"
 #include "cli/cuda_engine.h"
+#include "cli/step_split.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 #include "runtime/nccl.h"
@@ -32,25 +33,16 @@ std::vector<MicroBatch> micro_batches(const models::StepInput& in, int count) {
   const size_t parts = std::clamp<size_t>(static_cast<size_t>(std::max(count, 1)), 1, total);
   // Part i holds total / parts tokens, one more for the first total % parts.
   auto capacity = [&](size_t i) { return total / parts + (i < total % parts ? 1 : 0); };
-  std::vector<MicroBatch> out(1);
-  size_t used = 0;
-  for (size_t b = 0; b < in.tokens.size(); ++b)
-    for (size_t off = 0; off < in.tokens[b].size();) {
-      if (used == capacity(out.size() - 1)) {
-        out.emplace_back();
-        used = 0;
-      }
-      const size_t take = std::min(in.tokens[b].size() - off, capacity(out.size() - 1) - used);
-      MicroBatch& mb = out.back();
-      mb.in.tokens.emplace_back(in.tokens[b].begin() + static_cast<long>(off),
-                                in.tokens[b].begin() + static_cast<long>(off + take));
-      mb.in.ctx_lens.push_back(in.ctx_lens[b] + static_cast<int32_t>(off));
-      mb.in.cache_rows.push_back(in.cache_rows[b]);
-      mb.seq.push_back(b);
-      mb.last.push_back(off + take == in.tokens[b].size());
-      off += take;
-      used += take;
+  std::vector<MicroBatch> out;
+  for (const std::vector<Piece>& pieces : split_step(in, capacity)) {
+    MicroBatch mb;
+    mb.in = piece_step(in, pieces);
+    for (const Piece& p : pieces) {
+      mb.seq.push_back(p.seq);
+      mb.last.push_back(ends_sequence(in, p));
     }
+    out.push_back(std::move(mb));
+  }
   return out;
 }
 

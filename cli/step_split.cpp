@@ -23,21 +23,38 @@ ParamLayout::ParamLayout(size_t tokens, size_t seqs) {
   }
 }
 
-std::vector<std::vector<Piece>> split_step(const models::StepInput& in, size_t cap) {
+std::vector<std::vector<Piece>> split_step(const models::StepInput& in,
+                                           const std::function<size_t(size_t)>& cap) {
   std::vector<std::vector<Piece>> subs(1);
   size_t used = 0;
   for (size_t b = 0; b < in.tokens.size(); ++b)
     for (size_t off = 0; off < in.tokens[b].size();) {
-      if (used == cap) {
+      if (used == cap(subs.size() - 1)) {
         subs.emplace_back();
         used = 0;
       }
-      const size_t take = std::min(in.tokens[b].size() - off, cap - used);
+      const size_t take = std::min(in.tokens[b].size() - off, cap(subs.size() - 1) - used);
       subs.back().push_back({b, off, take});
       off += take;
       used += take;
     }
   return subs;
+}
+
+std::vector<std::vector<Piece>> split_step(const models::StepInput& in, size_t cap) {
+  return split_step(in, [cap](size_t) { return cap; });
+}
+
+models::StepInput piece_step(const models::StepInput& in, const std::vector<Piece>& pieces) {
+  models::StepInput sub;
+  for (const Piece& p : pieces) {
+    const auto& toks = in.tokens[p.seq];
+    sub.tokens.emplace_back(toks.begin() + static_cast<long>(p.start),
+                            toks.begin() + static_cast<long>(p.start + p.len));
+    sub.ctx_lens.push_back(in.ctx_lens[p.seq] + static_cast<int32_t>(p.start));
+    sub.cache_rows.push_back(in.cache_rows[p.seq]);
+  }
+  return sub;
 }
 
 void validate_step(const models::StepInput& in, int64_t max_batch, int64_t max_seq, int64_t vocab) {

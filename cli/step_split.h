@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -26,9 +27,22 @@ struct Piece {
   size_t start, len;
 };
 
-/// Splits a step into sub-steps of at most `cap` tokens, sequence by sequence; the pieces of a
-/// sequence keep their order, so each sub-step sees the earlier ones in the KV cache.
+/// Splits a step into sub-steps, sub-step i of at most cap(i) tokens (cap(i) >= 1), sequence by
+/// sequence; the pieces of a sequence keep their order, so each sub-step sees the earlier ones
+/// in the KV cache.
+std::vector<std::vector<Piece>> split_step(const models::StepInput& in,
+                                           const std::function<size_t(size_t)>& cap);
+/// split_step with the same capacity `cap` for every sub-step.
 std::vector<std::vector<Piece>> split_step(const models::StepInput& in, size_t cap);
+
+/// A sub-step's own step input: its pieces' tokens, context lengths (advanced by each piece's
+/// start) and cache rows.
+models::StepInput piece_step(const models::StepInput& in, const std::vector<Piece>& pieces);
+
+/// Whether `p` holds its sequence's last token of the step (its logits row is the sequence's).
+inline bool ends_sequence(const models::StepInput& in, const Piece& p) {
+  return p.start + p.len == in.tokens[p.seq].size();
+}
 
 /// Checks a step against an engine's limits: throws xserv::Error naming the limit (batch,
 /// sequence length, cache rows, vocabulary) or the malformed part.
