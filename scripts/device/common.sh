@@ -19,3 +19,13 @@ run_tests() {
   echo "$t rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/$t.log" | tr '\n' ' ')"
   grep -E "ERROR|FAILED" -A3 "$OUT/$t.log" | head -30
 }
+
+# The 4 prompts (token ids) every pp N against pp 1 comparison runs: 49, 98, 6 and 11 tokens.
+PROMPTS=("$(seq -s, 1000 37 2800)" "$(seq -s, 7 3 300)" "200002,1,2,3,4,5" "$(seq -s, 50000 911 60000)")
+
+# synth20b [--reuse]: the synthetic 20b (seed 0) at /tmp/g20; --reuse keeps one already there.
+synth20b() {
+  [ "${1:-}" = --reuse ] && [ -d /tmp/g20 ] && return 0
+  $X synth --config $D/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
+}
+

@@ -3,16 +3,9 @@
 # transformers (BF16 and fp32), for a 256-token random prompt and 64 greedy tokens. Build here
 # and copy into .device/: bin/{xserv,cli_gpu_tests}, data/gpt-oss-20b.json; call the device tool
 # with carry [".device/bin", ".device/data"]. Logs land in $OUT. About 5 minutes.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} XSERV_SOURCE_DIR=$PWD
-export XSERV_KERNEL_CACHE=/tmp/xserv-kernels
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-B=.device/bin D=.device/data
-start=$SECONDS
+source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-$B/xserv synth --config $D/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
+synth20b
 echo "== synth done at $((SECONDS - start)) s"
 timeout 200 python3 tools/hf_20b_reference.py /tmp/g20 --ids-seed 0 --tokens 256 --greedy 64 \
   --out /tmp/ref > "$OUT/hf_ref.log" 2>&1

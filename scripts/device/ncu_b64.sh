@@ -5,7 +5,7 @@
 # those kernels skipped first). Needs .device/bin/xserv and .device/data/gpt-oss-20b.json (carry
 # [".device/bin", ".device/data"]). Logs land in $OUT.
 source "$(dirname "$0")/common.sh"
-[ -d /tmp/g20 ] || $X synth --config $D/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
+synth20b --reuse
 $X compile /tmp/g20 -o /tmp/p64 --max-seq 8192 --max-batch 64 2>&1 | tail -1
 timeout 120 $X bench /tmp/p64 --backend cuda -p 512 -n 32 -b 64 -r 2 2>/dev/null | grep -E "^\| gpt"
 XSERV_PROFILE=1 timeout 120 $X bench /tmp/p64 --backend cuda -p 512 -n 16 -b 64 -r 1 2>&1 \

@@ -5,7 +5,7 @@
 # rules' advice. Needs .device/bin/xserv and .device/data/gpt-oss-20b.json (carry
 # [".device/bin", ".device/data"]). Logs land in $OUT.
 source "$(dirname "$0")/common.sh"
-[ -d /tmp/g20 ] || $X synth --config $D/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
+synth20b --reuse
 $X compile /tmp/g20 -o /tmp/p512 --max-seq 4096 --max-batch 8 2>&1 | tail -1
 XSERV_CUDA_GRAPHS=0 timeout 300 ncu --clock-control none --kernel-name regex:"${NCU_KERNELS:-gemm_}" \
   --launch-skip "${NCU_SKIP:-12}" --launch-count "${NCU_COUNT:-5}" --section SpeedOfLight \

@@ -8,12 +8,12 @@
 source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 local_flag=""; [ "${PP_LOCAL:-0}" = 1 ] && local_flag="--pp-local"
-$X synth --config $D/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
+synth20b
 for pp in 1 2 4; do
   flags=""; [ "$pp" -gt 1 ] && flags="--pp $pp"
   $X compile /tmp/g20 -o /tmp/pp$pp --max-seq 4096 --max-batch 32 $flags 2>&1 | tail -1
 done
-prompts=("$(seq -s, 1000 37 2800)" "$(seq -s, 7 3 300)" "200002,1,2,3,4,5" "$(seq -s, 50000 911 60000)")
+prompts=("${PROMPTS[@]}")
 for pp in 1 4; do
   lf=""; [ "$pp" -gt 1 ] && lf=$local_flag
   for i in "${!prompts[@]}"; do

@@ -11,14 +11,13 @@ source "$(dirname "$0")/common.sh"
 reuse=${REUSE_PP1:-0}
 rm -f /tmp/logits_pp2w_p*.f32 /tmp/logits_pp4l_p*.f32
 [ "$reuse" = 1 ] || rm -f /tmp/logits_pp1_p*.f32
-[ "$reuse" = 1 ] && [ -d /tmp/g20 ] ||
-  $X synth --config $D/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
+if [ "$reuse" = 1 ]; then synth20b --reuse; else synth20b; fi
 for pp in 1 2 4; do
   flags=""; [ "$pp" -gt 1 ] && flags="--pp $pp"
   [ "$reuse" = 1 ] && [ "$pp" -lt 4 ] && [ -f /tmp/pp$pp/plan.json ] ||
     $X compile /tmp/g20 -o /tmp/pp$pp --max-seq 4096 --max-batch 32 $flags 2>&1 | tail -1
 done
-prompts=("$(seq -s, 1000 37 2800)" "$(seq -s, 7 3 300)" "200002,1,2,3,4,5" "$(seq -s, 50000 911 60000)")
+prompts=("${PROMPTS[@]}")
 for name in pp1 pp2w pp4l; do
   case $name in
     pp1) plan=/tmp/pp1 flags="" ;;

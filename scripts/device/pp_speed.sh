@@ -11,7 +11,7 @@ if [ -n "${GPU_TESTS:-}" ]; then
   run_tests cli_gpu_tests -tc="$GPU_TESTS"
   grep -E "MESSAGE" "$OUT/cli_gpu_tests.log" | head
 fi
-[ -d /tmp/g20 ] || $X synth --config $D/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
+synth20b --reuse
 for pp in 1 2; do
   flags=""; [ "$pp" -gt 1 ] && flags="--pp $pp"
   $X compile /tmp/g20 -o /tmp/pp$pp --max-seq 4096 --max-batch 32 $flags 2>&1 | tail -1

@@ -6,7 +6,7 @@
 source "$(dirname "$0")/common.sh"
 run_tests codegen_gpu_tests -tc="${TUNE_TESTS:-*norm_router_topk*,*tuning variants*}"
 grep -E "MESSAGE" "$OUT/codegen_gpu_tests.log" | sed 's/.*MESSAGE: //' | head -40
-[ -d /tmp/g20 ] || $X synth --config $D/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
+synth20b --reuse
 $X compile /tmp/g20 -o /tmp/p1 --max-seq 8192 --max-batch 1 2>&1 | tail -1
 timeout 120 $X bench /tmp/p1 --backend cuda -p 0 -n 128 -d 0,4096 -r 3 2> "$OUT/bench.err" |
   grep -E "^\| gpt"

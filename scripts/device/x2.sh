@@ -13,7 +13,7 @@ for t in ${TESTS-codegen_gpu_tests cli_gpu_tests runtime_gpu_tests}; do
 done
 grep -hE "GB/s|TB/s|us per|pp 2 over|missing sender|bitwise" "$OUT"/*_gpu_tests.log | head -30
 echo "== tests done at $((SECONDS - start)) s"
-$X synth --config .device/data/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
+synth20b
 $X compile /tmp/g20 -o /tmp/p64 --max-seq 8192 --max-batch 64 2>&1 | tail -1
 CUDA_VISIBLE_DEVICES=0 timeout 240 $X bench /tmp/p64 --backend cuda -p 512,2048 -n 128 -b 1,64 -r 3 2> "$OUT/bench.err"
 tail -1 "$OUT/bench.err"
@@ -23,7 +23,7 @@ for pp in 1 2; do
   flags=""; [ "$pp" -gt 1 ] && flags="--pp $pp"
   $X compile /tmp/g20 -o /tmp/pp$pp --max-seq 4096 --max-batch 32 $flags 2>&1 | tail -1
 done
-prompts=("$(seq -s, 1000 37 2800)" "$(seq -s, 7 3 300)" "200002,1,2,3,4,5" "$(seq -s, 50000 911 60000)")
+prompts=("${PROMPTS[@]}")
 for pp in 1 2; do
   for i in "${!prompts[@]}"; do
     timeout 120 $X run /tmp/pp$pp --backend cuda --prompt-ids "${prompts[$i]}" --max-tokens 64 \
