@@ -70,6 +70,18 @@ def run(model, ids, greedy, out_dir, tag):
     return logits, tokens, seconds
 
 
+def draw_ids(seed, tokens, vocab):
+    """The random prompt of --ids-seed SEED (scripts/device/pp120b.sh hands xserv the same)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (1, tokens), generator=gen)
+
+
+def write_meta(out_dir, meta):
+    with open(os.path.join(out_dir, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+        f.write("\n")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("checkpoint")
@@ -90,24 +102,21 @@ def main():
     torch.cuda.synchronize()
     load_s = time.time() - t0
     vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(a.ids_seed)
-    ids = torch.randint(0, vocab, (1, a.tokens), generator=gen)
+    ids = draw_ids(a.ids_seed, a.tokens, vocab)
     with open(os.path.join(a.out, "ids.txt"), "w") as f:
         f.write(" ".join(str(int(i)) for i in ids[0]) + "\n")
     ids = ids.to(model.device)
     print(f"loaded {a.checkpoint} in {load_s:.1f} s; vocab {vocab}, {a.tokens} ids", flush=True)
 
     bf16, bf16_tokens, bf16_s = run(model, ids, a.greedy, a.out, "bf16")
+    meta = {"checkpoint": a.checkpoint, "ids_seed": a.ids_seed, "tokens": a.tokens,
+            "greedy": a.greedy, "vocab_size": vocab, "transformers": transformers.__version__,
+            "torch": torch.__version__, "load_s": load_s, "bf16_s": bf16_s}
     if a.bf16_only:
-        meta = {"checkpoint": a.checkpoint, "ids_seed": a.ids_seed, "tokens": a.tokens,
-                "greedy": a.greedy, "vocab_size": vocab, "transformers": transformers.__version__,
-                "torch": torch.__version__, "load_s": load_s, "bf16_s": bf16_s,
-                "device_map": a.device_map,
-                "peak_gib_per_gpu": [torch.cuda.max_memory_allocated(d) / 2**30
-                                     for d in range(torch.cuda.device_count())]}
-        with open(os.path.join(a.out, "meta.json"), "w") as f:
-            json.dump(meta, f, indent=1)
-            f.write("\n")
+        meta["device_map"] = a.device_map
+        meta["peak_gib_per_gpu"] = [torch.cuda.max_memory_allocated(d) / 2**30
+                                    for d in range(torch.cuda.device_count())]
+        write_meta(a.out, meta)
         return
     torch.cuda.empty_cache()
     model.float()
@@ -117,25 +126,14 @@ def main():
     rel = (bf16 - fp32).norm(dim=-1) / fp32.norm(dim=-1)
     shared = next((i for i, (x, y) in enumerate(zip(bf16_tokens, fp32_tokens)) if x != y),
                   len(bf16_tokens))
-    meta = {
-        "checkpoint": a.checkpoint,
-        "ids_seed": a.ids_seed,
-        "tokens": a.tokens,
-        "greedy": a.greedy,
-        "vocab_size": vocab,
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "load_s": load_s,
-        "bf16_s": bf16_s,
+    meta.update({
         "fp32_s": fp32_s,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
         "bf16_vs_fp32_rel_l2_median": float(rel.median()),
         "bf16_vs_fp32_rel_l2_max": float(rel.max()),
         "bf16_fp32_greedy_shared": shared,
-    }
-    with open(os.path.join(a.out, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
-        f.write("\n")
+    })
+    write_meta(a.out, meta)
     print(f"HF bf16 vs fp32: rel L2 median {rel.median():.4g}, max {rel.max():.4g}; greedy "
           f"shared {shared} of {a.greedy}", flush=True)
 

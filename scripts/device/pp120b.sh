@@ -10,9 +10,9 @@ source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 $X synth --config examples/gpt-oss-120b/config.json -o /tmp/g120 --seed 0 2>&1 | tail -1
 echo "== synth done at $((SECONDS - start)) s"
-# The prompt tools/hf_20b_reference.py draws for --ids-seed 0 --tokens 64.
-ids=$(python3 -c 'import torch; g = torch.Generator().manual_seed(0)
-print(",".join(str(int(i)) for i in torch.randint(0, 201088, (1, 64), generator=g)[0]))')
+# The prompt tools/hf_20b_reference.py draws for --ids-seed 0 --tokens 64 (the 120b's vocabulary).
+ids=$(python3 -c 'import sys; sys.path.insert(0, "tools"); from hf_20b_reference import draw_ids
+print(",".join(str(int(i)) for i in draw_ids(0, 64, 201088)[0]))')
 $X compile /tmp/g120 -o /tmp/p120 --pp 2 --max-seq 4096 --max-batch 8 2>&1 | tail -1
 timeout 240 $X run /tmp/p120 --backend cuda --prompt-ids "$ids" --max-tokens 32 \
   > "$OUT/x120.txt" 2> "$OUT/x120.err"
