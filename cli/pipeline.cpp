@@ -58,9 +58,9 @@ public:
     const std::string digest = pipeline_plan_digest(plan_dir);
     std::string why;
     const bool cuda = launch.backend == "cuda";
+    const int gpus = cuda ? runtime::probe_device().count : 0;
     const std::string transport =
-        resolve_transport(launch, world, cuda ? runtime::probe_device().count : 0,
-                          cuda && runtime::nccl_available(&why), &why);
+        resolve_transport(launch, world, gpus, cuda && runtime::nccl_available(&why), &why);
     const bool nccl = transport == "nccl";
     if (launch.transport == "auto" && !nccl && cuda)
       std::fprintf(stderr, "[pipeline] activations over TCP: %s\n", why.c_str());
@@ -68,7 +68,7 @@ public:
       throw Error("the NCCL transport moves activations between GPUs: it needs --backend cuda");
     const std::string nccl_id = nccl ? runtime::nccl_unique_id() : std::string();
     if (launch.coordinator.empty())
-      spawn_workers(plan_dir, world);
+      spawn_workers(plan_dir, world, gpus);
     std::fprintf(stderr, "[pipeline] rank 0 of %d, waiting for %d rank(s) on port %u\n", world,
                  world - 1, listener_.port());
     ranks_.resize(static_cast<size_t>(world));
@@ -207,8 +207,7 @@ private:
         const int m = t - r;
         if (m < 0 || m >= m_count)
           continue;
-        nlohmann::json head = step_header(mbs[size_t(m)].in, steps_);
-        head["greedy"] = greedy;
+        const nlohmann::json head = step_header(mbs[size_t(m)].in, steps_, greedy);
         try {
           ranks_[size_t(r)].send(message(kStep, head, out[size_t(r - 1)][size_t(m)]));
         } catch (const Error& e) {
@@ -240,8 +239,7 @@ private:
     const int world = static_cast<int>(stages_.size());
     for (int r = 1; r < world; ++r)
       for (const MicroBatch& mb : mbs) {
-        nlohmann::json head = step_header(mb.in, steps_);
-        head["greedy"] = greedy;
+        const nlohmann::json head = step_header(mb.in, steps_, greedy);
         try {
           ranks_[size_t(r)].send(message(kStep, head));
         } catch (const Error& e) {
@@ -316,7 +314,7 @@ private:
     throw Error(fmt::format("pipeline rank {} stopped: {}", r, e.what()));
   }
 
-  void spawn_workers(const fs::path& plan_dir, int world) {
+  void spawn_workers(const fs::path& plan_dir, int world, int gpus) {
     const std::string self = fs::read_symlink("/proc/self/exe").string();
     for (int r = 1; r < world; ++r) {
       std::vector<std::string> argv = {self,
@@ -329,9 +327,8 @@ private:
                                        "--coordinator",
                                        fmt::format("127.0.0.1:{}", listener_.port())};
       if (launch_.backend == "cuda") { // one GPU per rank, round robin over the visible ones
-        const int gpus = std::max(1, runtime::probe_device().count);
         argv.push_back("--device");
-        argv.push_back(std::to_string(r % gpus));
+        argv.push_back(std::to_string(r % std::max(1, gpus)));
       }
       if (!launch_.weights.empty()) {
         argv.push_back("--weights");

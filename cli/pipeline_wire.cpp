@@ -62,11 +62,12 @@ runtime::Frame message(uint8_t type, const nlohmann::json& head, const Named& te
   return runtime::Frame{type, encode(head, tensors)};
 }
 
-nlohmann::json step_header(const models::StepInput& in, int64_t step) {
+nlohmann::json step_header(const models::StepInput& in, int64_t step, bool greedy) {
   return {{"step", step},
           {"tokens", in.tokens},
           {"ctx_lens", in.ctx_lens},
-          {"cache_rows", in.cache_rows}};
+          {"cache_rows", in.cache_rows},
+          {"greedy", greedy}};
 }
 
 models::StepInput step_from_header(const nlohmann::json& h) {

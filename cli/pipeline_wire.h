@@ -41,8 +41,9 @@ std::string encode(const nlohmann::json& head, const Named& tensors);
 nlohmann::json decode(const std::string& payload, Named* tensors);
 runtime::Frame message(uint8_t type, const nlohmann::json& head, const Named& tensors = {});
 
-/// The step inputs of a kStep message's header, and back.
-nlohmann::json step_header(const models::StepInput& in, int64_t step);
+/// The step inputs of a kStep message's header (`greedy`: the last rank sends back only the
+/// sequences' greedy ids), and back.
+nlohmann::json step_header(const models::StepInput& in, int64_t step, bool greedy);
 models::StepInput step_from_header(const nlohmann::json& h);
 
 /// Bytes as lowercase hex (the NCCL unique id inside a JSON frame), and back.
