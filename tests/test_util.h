@@ -1,16 +1,38 @@
 // Helpers shared by tests: locating ../shared/data and the source tree, raw float files.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <unistd.h>
 #include <vector>
 
 namespace xserv::testing {
+
+/// ||got - want|| / ||want|| over n values, in double; NaN when got holds a non-finite value.
+inline double rel_l2(const float* got, const float* want, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(got[i]))
+      return std::numeric_limits<double>::quiet_NaN();
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+/// rel_l2 of two vectors; NaN when their sizes differ.
+inline double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  return got.size() == want.size() ? rel_l2(got.data(), want.data(), got.size())
+                                   : std::numeric_limits<double>::quiet_NaN();
+}
 
 /// The shared data directory: $XSERV_DATA, else ../shared/data beside the source tree.
 /// Empty when neither exists; callers skip with a message then.

@@ -26,6 +26,7 @@
 #include "models/config.h"
 #include "models/gpt_oss.h"
 #include "runtime/device.h"
+#include "tests/test_util.h"
 
 namespace {
 
@@ -66,18 +67,7 @@ std::vector<std::vector<float>> read_rows(const fs::path& path, size_t rows, siz
   return out;
 }
 
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  REQUIRE(got.size() == want.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i]))
-      return NAN;
-    const double d = static_cast<double>(got[i]) - want[i];
-    diff += d * d;
-    norm += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(diff / norm);
-}
+using xserv::testing::rel_l2; // tests/test_util.h
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -8,6 +8,7 @@
 #include "runtime/device.h"
 #include "runtime/module.h"
 #include "runtime/nvrtc.h"
+#include "tests/test_util.h"
 
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
@@ -112,18 +113,7 @@ inline std::vector<int32_t> download_ints(const DevBuf& b, size_t n) {
   return v;
 }
 
-/// ||got - want|| / ||want||; NaN when any element of got is not finite.
-inline double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  REQUIRE(got.size() == want.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i]))
-      return std::numeric_limits<double>::quiet_NaN();
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using xserv::testing::rel_l2; // tests/test_util.h
 
 /// A compiled and loaded kernel with its launch rule.
 struct Loaded {
