@@ -7,7 +7,7 @@
 //    engine's Stopwatch: CUDA events on its stream for the GPU, the host clock for the CPU),
 //    step by step: one prefill step of p tokens (ppP), or n decode steps of one token per
 //    sequence (tgN), the next random inputs made between the timed steps. Steps
-//    are greedy ones (Engine::step_greedy: the CUDA engine picks on the GPU and copies back only
+//    are greedy ones (Model::step_greedy: the CUDA engine picks on the GPU and copies back only
 //    the ids, as a decode loop does); no tokenizer and no sampling run inside the timed region,
 //    and the next input ids are random.
 // 3. Batched decode rows also give time to first token (the prefill of a 1-token prompt for
@@ -41,7 +41,7 @@ std::vector<int64_t> int_list(const ParsedArgs& args, const std::string& name,
 
 class Bench {
 public:
-  Bench(Engine& e, uint64_t seed) : e_(e), rng_(seed) {}
+  Bench(Model& e, uint64_t seed) : e_(e), rng_(seed) {}
 
   std::vector<int32_t> random_ids(int64_t n) {
     std::uniform_int_distribution<int32_t> u(0, static_cast<int32_t>(e_.config().vocab_size - 1));
@@ -110,7 +110,7 @@ public:
   }
 
 private:
-  Engine& e_;
+  Model& e_;
   std::mt19937_64 rng_;
   std::unique_ptr<Stopwatch> each_ = e_.stopwatch(); ///< around each timed step
 };
@@ -144,7 +144,7 @@ int cmd_bench(const ParsedArgs& args) {
     src.max_seq = need_seq;
     src.max_batch = need_batch;
   }
-  auto engine = make_engine(src, args);
+  auto engine = make_model(src, args);
   Bench bench(*engine, static_cast<uint64_t>(args.get_int("--seed", 1, 0, INT64_MAX)));
   std::vector<BenchRow> rows;
   auto depth_suffix = [](int64_t d) { return d ? fmt::format(" @ d{}", d) : std::string(); };

@@ -39,10 +39,10 @@ struct TurnStats {
 
 /// Everything a conversation needs across turns.
 struct ChatSession {
-  ChatSession(models::Tokenizer t, Engine& e) : tok(std::move(t)), engine(e) {}
+  ChatSession(models::Tokenizer t, Model& m) : tok(std::move(t)), model(m) {}
 
   models::Tokenizer tok;
-  Engine& engine;
+  Model& model;
   std::string instructions, date;
   models::ReasoningEffort effort = models::ReasoningEffort::Medium;
   runtime::SamplerOptions sampling;
@@ -68,21 +68,24 @@ struct ChatSession {
   /// prefill; a cache keyed by the rendered prefix would make a turn cost only its new tokens.
   void turn(const std::string& text) {
     conversation.push_back(models::Message::user(text));
-    GenRequest req;
+    engine::Request req;
     auto ids = models::render_for_completion(tok, full_conversation());
     req.prompt.assign(ids.begin(), ids.end());
     req.max_tokens = max_tokens;
     req.sampling = sampling;
     req.sampling.seed = sampling.seed + static_cast<uint64_t>(total.turns);
-    req.stop_ids = {200002, 200012}; // <|return|>, <|call|>
+    req.stop_ids = models::stop_token_ids();
     models::StreamParser parser(tok);
     std::string last_channel;
-    GenStats st;
+    engine::GenerateStats st;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      generate(
-          engine, {req},
-          [&](size_t, int32_t id) {
+      engine::generate(
+          model, {req},
+          [&](size_t, const engine::Event& ev) {
+            if (ev.token < 0)
+              return true;
+            const int32_t id = ev.token;
             std::string piece = parser.push(static_cast<models::TokenId>(id));
             const std::string& ch = parser.current_channel();
             if (ch == "final" || (show_reasoning && !ch.empty())) {
@@ -93,7 +96,7 @@ struct ChatSession {
             }
             return !parser.stopped();
           },
-          &st);
+          {}, &st);
     } catch (const Error& e) {
       conversation.pop_back();
       std::cout << std::endl;
@@ -184,8 +187,8 @@ struct ChatSession {
 int cmd_chat(const ParsedArgs& args) {
   ModelSource src = resolve_source(args.positional()[0], args);
   src.max_batch = 1;
-  std::unique_ptr<Engine> engine = make_engine(src, args);
-  ChatSession chat(load_tokenizer(src, args), *engine);
+  std::unique_ptr<Model> model = make_model(src, args);
+  ChatSession chat(load_tokenizer(src, args), *model);
   chat.instructions = args.get("--system");
   chat.date = args.get("--date");
   try {
@@ -199,7 +202,7 @@ int cmd_chat(const ParsedArgs& args) {
 
   const bool tty = isatty(STDIN_FILENO) != 0;
   if (tty)
-    std::cout << "xserv chat (" << engine->backend() << "): /help for commands, /quit to leave\n";
+    std::cout << "xserv chat (" << model->backend() << "): /help for commands, /quit to leave\n";
   std::string line;
   while (true) {
     if (tty)

@@ -28,7 +28,8 @@ double seconds_since(Clock::time_point t0) {
 struct SampleRecord {
   std::vector<models::TokenId> ids;
   bool done = false;
-  double seconds = 0;
+  Clock::time_point first_token;
+  double seconds = 0; ///< from the first generated token to the last
 };
 
 /// The options and state of one run.
@@ -40,7 +41,7 @@ struct EvalRun {
   int64_t max_tokens = 0;
   models::ReasoningEffort effort = models::ReasoningEffort::Medium;
   runtime::SamplerOptions sampling;
-  std::vector<GenRequest> requests; // problem p, sample k at p * K + k
+  std::vector<engine::Request> requests; // problem p, sample k at p * K + k
 };
 
 /// Checks the options and reads the problems: every usage mistake surfaces before the model loads.
@@ -79,13 +80,13 @@ void add_requests(EvalRun& run, const models::Tokenizer& tok) {
     run.user_prompts.push_back(chat.user);
     auto ids = models::render_for_completion(tok, models::make_chat(chat));
     for (size_t k = 0; k < run.samples_per_problem; ++k) {
-      GenRequest req;
+      engine::Request req;
       req.prompt.assign(ids.begin(), ids.end());
       req.max_tokens = run.max_tokens;
       req.sampling = sampling;
       if (sampling.temperature > 0)
         req.sampling.seed = sampling.seed + k;
-      req.stop_ids = {200002, 200012}; // <|return|>, <|call|>
+      req.stop_ids = models::stop_token_ids();
       run.requests.push_back(std::move(req));
     }
   }
@@ -94,7 +95,7 @@ void add_requests(EvalRun& run, const models::Tokenizer& tok) {
 /// Fits the engine's limits to the run: every prompt plus --max-tokens, --batch sequences.
 void size_source(ModelSource& src, const ParsedArgs& args, const EvalRun& run) {
   size_t longest = 0;
-  for (const GenRequest& r : run.requests)
+  for (const engine::Request& r : run.requests)
     longest = std::max(longest, r.prompt.size());
   if (src.plan_dir.empty() && !args.has("--max-seq"))
     src.max_seq = static_cast<int64_t>(longest) + run.max_tokens;
@@ -120,16 +121,17 @@ int cmd_eval(const ParsedArgs& args) {
     if (!out)
       throw UsageError(fmt::format("cannot write --out file '{}'", args.get("--out")));
   }
-  auto engine = make_engine(src, args);
+  auto model = make_model(src, args);
   const size_t n_req = run.requests.size(), k_samples = run.samples_per_problem;
   std::fprintf(stderr, "[eval] %s: %zu problems x %zu samples, batch %lld, max %lld tokens, %s\n",
                std::string(eval_task_name(run.task)).c_str(), run.problems.size(), k_samples,
-               static_cast<long long>(engine->max_batch()), static_cast<long long>(run.max_tokens),
-               engine->backend().c_str());
+               static_cast<long long>(model->max_batch()), static_cast<long long>(run.max_tokens),
+               model->backend().c_str());
   if (k_samples > 1 && run.sampling.temperature == 0)
     std::fputs("[eval] note: greedy decoding makes the samples of a problem identical; give "
                "--temperature for distinct ones\n",
                stderr);
+  const size_t batch = static_cast<size_t>(model->max_batch());
   std::vector<SampleRecord> records(n_req);
   std::vector<SampleScore> scores;
   std::vector<size_t> samples_done(run.problems.size(), 0);
@@ -137,15 +139,12 @@ int cmd_eval(const ParsedArgs& args) {
   int64_t tokens = 0;
   EvalProgressBar bar(run.problems.size(), isatty(STDERR_FILENO) != 0);
   const auto t0 = Clock::now();
-  auto batch_start = t0;
-  const size_t batch = static_cast<size_t>(engine->max_batch());
-  size_t batch_left = std::min(batch, n_req);
 
   // Scores request i, writes its line and advances the progress bar.
   auto complete = [&](size_t i) {
     SampleRecord& rec = records[i];
     rec.done = true;
-    rec.seconds = seconds_since(batch_start);
+    rec.seconds = seconds_since(rec.first_token);
     const size_t p = i / k_samples;
     const EvalProblem& prob = run.problems[p];
     auto msgs = models::parse_completion(tok, rec.ids);
@@ -175,28 +174,26 @@ int cmd_eval(const ParsedArgs& args) {
     }
     if (++samples_done[p] == k_samples)
       bar.update(++problems_done, correct, scores.size(), tokens, seconds_since(t0));
-    // generate() runs the batches one after another: the next one starts when this one ends.
-    if (--batch_left == 0) {
-      batch_start = Clock::now();
-      const size_t next_first = (i / batch + 1) * batch;
-      batch_left = next_first < n_req ? std::min(batch, n_req - next_first) : 0;
-    }
   };
 
-  generate(*engine, run.requests, [&](size_t i, int32_t id) {
-    SampleRecord& rec = records[i];
-    rec.ids.push_back(static_cast<models::TokenId>(id));
-    const GenRequest& r = run.requests[i];
-    const int64_t n = static_cast<int64_t>(rec.ids.size());
-    // The same end conditions as generate(): a stop id, max_tokens, or the sequence is full.
-    if (!rec.done && (models::is_stop_token(rec.ids.back()) || n >= r.max_tokens ||
-                      static_cast<int64_t>(r.prompt.size()) + n > engine->max_seq()))
-      complete(i);
-    return true;
-  });
-  for (size_t i = 0; i < n_req; ++i)
-    if (!records[i].done)
-      complete(i);
+  // Every request is queued at once; the engine runs up to --batch of them at a time and
+  // starts the next as soon as one ends.
+  engine::EngineOptions eo;
+  eo.max_running = static_cast<int64_t>(batch);
+  engine::generate(
+      *model, run.requests,
+      [&](size_t i, const engine::Event& ev) {
+        SampleRecord& rec = records[i];
+        if (ev.token >= 0) {
+          if (rec.ids.empty())
+            rec.first_token = Clock::now();
+          rec.ids.push_back(static_cast<models::TokenId>(ev.token));
+        }
+        if (ev.finish != engine::FinishReason::None)
+          complete(i);
+        return true;
+      },
+      eo);
   bar.finish();
 
   const double wall = seconds_since(t0);

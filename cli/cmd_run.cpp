@@ -1,4 +1,5 @@
 // `xserv run`: generate from token ids or from text (harmony chat format), streaming the answer.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -14,14 +15,23 @@
 namespace xserv::cli {
 namespace {
 
-void print_stats(const GenStats& st, const Engine& e) {
+void print_stats(const engine::GenerateStats& st, const Model& e) {
   std::fprintf(stderr,
                "[run] %s: prompt %lld tokens in %.1f ms (%.1f tok/s), generated %lld tokens in "
                "%.1f ms (%.2f tok/s)\n",
-               e.backend().c_str(), static_cast<long long>(st.prompt_tokens), st.prefill_ms,
-               st.prompt_tokens / std::max(st.prefill_ms, 1e-9) * 1e3,
-               static_cast<long long>(st.generated_tokens), st.prefill_ms + st.decode_ms,
-               st.generated_tokens / std::max(st.prefill_ms + st.decode_ms, 1e-9) * 1e3);
+               e.backend().c_str(), static_cast<long long>(st.prompt_tokens), st.prompt_ms,
+               st.prompt_tokens / std::max(st.prompt_ms, 1e-9) * 1e3,
+               static_cast<long long>(st.generated_tokens), st.prompt_ms + st.decode_ms,
+               st.generated_tokens / std::max(st.prompt_ms + st.decode_ms, 1e-9) * 1e3);
+}
+
+/// Says on stderr when a generation stopped because its sequence filled the plan's max-seq.
+void note_max_seq(const engine::Generation& g, int64_t max_seq) {
+  if (g.hit_max_seq)
+    std::fprintf(stderr,
+                 "[run] stopped after %zu tokens: the sequence reached the maximum length of %lld "
+                 "(compile with a larger --max-seq)\n",
+                 g.tokens.size(), static_cast<long long>(max_seq));
 }
 
 } // namespace
@@ -44,10 +54,17 @@ runtime::SamplerOptions sampling_options(const ParsedArgs& args) {
   runtime::SamplerOptions s;
   s.temperature = static_cast<float>(args.get_double("--temperature", 0.0));
   s.top_p = static_cast<float>(args.get_double("--top-p", 1.0));
+  s.min_p = static_cast<float>(args.get_double("--min-p", 0.0));
   s.top_k = static_cast<int>(args.get_int("--top-k", 0, 0, 1 << 20));
   s.seed = static_cast<uint64_t>(args.get_int("--seed", 0, 0, INT64_MAX));
-  if (s.temperature < 0 || s.top_p <= 0 || s.top_p > 1)
-    throw UsageError("--temperature must be >= 0 and --top-p in (0, 1]");
+  try {
+    runtime::validate(s);
+  } catch (const Error& e) {
+    // "top_p nan is outside (0, 1]" -> "--top-p nan is outside (0, 1]"
+    std::string what = e.what();
+    std::replace(what.begin(), what.begin() + std::ptrdiff_t(what.find(' ')), '_', '-');
+    throw UsageError("--" + what);
+  }
   return s;
 }
 
@@ -58,33 +75,37 @@ int cmd_run(const ParsedArgs& args) {
   ModelSource src = resolve_source(args.positional()[0], args);
   if (!args.has("--max-batch"))
     src.max_batch = 1;
-  GenRequest req;
+  engine::Request req;
   req.max_tokens = args.get_int("--max-tokens", 128, 1, 1 << 24);
   req.sampling = sampling_options(args);
 
   if (ids_mode) {
     req.prompt = parse_prompt_ids(args);
-    auto engine = make_engine(src, args);
-    for (int64_t id : engine->config().eos_token_ids)
+    auto model = make_model(src, args);
+    for (int64_t id : model->config().eos_token_ids)
       if (args.has("--stop-at-eos"))
         req.stop_ids.push_back(static_cast<int32_t>(id));
-    GenStats st;
-    LogitsCallback on_logits;
+    engine::GenerateStats st;
+    engine::EventCallback on_event;
     std::optional<FloatFile> logits_file;
     size_t rows = 0;
     const std::string logits_path = args.get("--logits-out", "");
     if (!logits_path.empty()) {
       logits_file.emplace(logits_path, "--logits-out: ");
-      on_logits = [&](size_t, const std::vector<float>& row) {
-        logits_file->write(row.data(), row.size());
-        ++rows;
+      req.return_logits = true;
+      on_event = [&](size_t, const engine::Event& ev) {
+        if (!ev.logits.empty()) {
+          logits_file->write(ev.logits.data(), ev.logits.size());
+          ++rows;
+        }
+        return true;
       };
     }
-    const std::vector<GenResult> out = generate(*engine, {req}, {}, &st, on_logits);
+    const std::vector<engine::Generation> out = engine::generate(*model, {req}, on_event, {}, &st);
     if (logits_file) {
       logits_file->commit();
       std::fprintf(stderr, "[run] %zu logits rows of %lld float32 values in %s\n", rows,
-                   static_cast<long long>(engine->config().vocab_size), logits_path.c_str());
+                   static_cast<long long>(model->config().vocab_size), logits_path.c_str());
     }
     std::string line;
     for (size_t i = 0; i < out[0].tokens.size(); ++i) {
@@ -92,7 +113,8 @@ int cmd_run(const ParsedArgs& args) {
       line += std::to_string(out[0].tokens[i]);
     }
     std::cout << line << std::endl;
-    print_stats(st, *engine);
+    note_max_seq(out[0], model->max_seq());
+    print_stats(st, *model);
     return 0;
   }
 
@@ -112,16 +134,19 @@ int cmd_run(const ParsedArgs& args) {
     auto msgs = models::make_chat(chat);
     auto ids = models::render_for_completion(tok, msgs);
     req.prompt.assign(ids.begin(), ids.end());
-    req.stop_ids = {200002, 200012};
+    req.stop_ids = models::stop_token_ids();
   }
-  auto engine = make_engine(src, args);
+  auto model = make_model(src, args);
   models::StreamParser parser(tok);
   models::StreamDecoder decoder(tok);
   std::string last_channel;
-  GenStats st;
-  generate(
-      *engine, {req},
-      [&](size_t, int32_t id) {
+  engine::GenerateStats st;
+  const std::vector<engine::Generation> out = engine::generate(
+      *model, {req},
+      [&](size_t, const engine::Event& ev) {
+        if (ev.token < 0)
+          return true;
+        const int32_t id = ev.token;
         if (raw) {
           std::cout << decoder.push(static_cast<models::TokenId>(id)) << std::flush;
           return true;
@@ -136,11 +161,12 @@ int cmd_run(const ParsedArgs& args) {
         }
         return !parser.stopped();
       },
-      &st);
+      {}, &st);
   if (raw)
     std::cout << decoder.flush();
   std::cout << std::endl;
-  print_stats(st, *engine);
+  note_max_seq(out[0], model->max_seq());
+  print_stats(st, *model);
   return 0;
 }
 

@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/cpu_engine.h"
-#include "cli/cuda_engine.h"
+#include "cli/cpu_model.h"
+#include "cli/cuda_model.h"
 #include "cli/float_file.h"
 #include "cli/model_source.h"
 #include "models/step.h"
@@ -69,7 +69,7 @@ int cmd_trace(const ParsedArgs& args) {
     const Tracked t = tracked_values(g);
     for (ir::ValueId v : t.values)
       g.outputs.push_back(v);
-    CpuEngine cpu(src.model_dir, 1, src.max_seq, &g);
+    CpuModel cpu(src.model_dir, 1, src.max_seq, &g);
     const std::vector<ir::Tensor> res = cpu.run_graph(g, models::step_params(step));
     for (size_t i = 0; i < t.values.size(); ++i) {
       const ir::Tensor& x = res.at(res.size() - t.values.size() + i);
@@ -80,14 +80,14 @@ int cmd_trace(const ParsedArgs& args) {
     }
     names = t.names;
   } else {
-    CudaEngineOptions opts;
+    CudaModelOptions opts;
     opts.keep_activations = true; // every value keeps its own buffer until the next step
     opts.cuda_graphs = false;
     if (tokens > opts.prefill_chunk)
       throw Error(fmt::format("xserv trace --backend cuda takes at most {} tokens (one prefill "
                               "sub-step), got {}",
                               opts.prefill_chunk, tokens));
-    CudaEngine gpu(src.model_dir, 1, src.max_seq, &g, opts);
+    CudaModel gpu(src.model_dir, 1, src.max_seq, &g, opts);
     const Tracked t = tracked_values(gpu.graph());
     gpu.step(step);
     gpu.synchronize();

@@ -10,8 +10,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/cpu_engine.h"
-#include "cli/cuda_engine.h"
+#include "cli/cpu_model.h"
+#include "cli/cuda_model.h"
 #include "cli/pipeline.h"
 #include "cli/pipeline_local.h"
 #include "ir/graph.h"
@@ -134,7 +134,7 @@ ir::Graph read_graph(const fs::path& file, std::string_view what) {
   return ir::parse(text);
 }
 
-std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& args) {
+std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args) {
   const std::string backend = resolve_backend(src, args.get("--backend", "auto"));
   std::optional<ir::Graph> plan_graph;
   if (!src.plan_dir.empty())
@@ -149,9 +149,9 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
     return make_local_cuda_pipeline(src.model_dir, src.max_batch, src.max_seq, stages);
   }
   if (backend == "cuda" && stages.empty()) {
-    CudaEngineOptions opts;
+    CudaModelOptions opts;
     opts.plan_dir = src.plan_dir; // replay the plan's launch table and cubins when they fit
-    return std::make_unique<CudaEngine>(src.model_dir, src.max_batch, src.max_seq, g, opts);
+    return std::make_unique<CudaModel>(src.model_dir, src.max_batch, src.max_seq, g, opts);
   }
   if (!stages.empty() && !args.has("--pp-local")) {
     // One process per stage (per GPU with cuda): this one is rank 0 and drives; the others run
@@ -174,13 +174,13 @@ std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& ar
         args.get_int("--world", 1, 1, 1 << 16) != static_cast<int64_t>(stages.size()))
       throw UsageError(fmt::format("--world {} but the plan has {} pipeline stages",
                                    args.get("--world"), stages.size()));
-    return make_pipeline_engine(src.plan_dir, src.model_dir, src.max_batch, src.max_seq,
+    return make_pipeline_model(src.plan_dir, src.model_dir, src.max_batch, src.max_seq,
                                 std::move(stages), launch);
   }
   if (!stages.empty())
     std::fprintf(stderr, "[plan] %zu pipeline stages, run one after another in this process\n",
                  stages.size());
-  return std::make_unique<CpuEngine>(src.model_dir, src.max_batch, src.max_seq, g,
+  return std::make_unique<CpuModel>(src.model_dir, src.max_batch, src.max_seq, g,
                                      std::move(stages));
 }
 

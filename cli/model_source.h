@@ -49,7 +49,7 @@ std::string resolve_backend(const ModelSource& src, const std::string& requested
 ir::Graph read_graph(const std::filesystem::path& file, std::string_view what);
 
 /// Builds the engine `--backend` asks for (resolve_backend; auto by default).
-std::unique_ptr<Engine> make_engine(const ModelSource& src, const ParsedArgs& args);
+std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args);
 
 /// The tokenizer: --tokenizer PATH, else the checkpoint's tokenizer.json, else
 /// $XSERV_DATA/o200k_base.tiktoken. Throws UsageError saying what was tried.

@@ -1,4 +1,4 @@
-// The multi-process pipeline, rank 0's side: PipelineEngine spawns or awaits the workers
+// The multi-process pipeline, rank 0's side: PipelineModel spawns or awaits the workers
 // (cli/pipeline_worker.cpp), sends each the step (token ids, context lengths, cache rows) and the
 // activations its stage receives, and gets back what it sends on (the last rank: the logits or
 // the greedy ids), over the frames of cli/pipeline_wire.h; with NCCL the activations go GPU to
@@ -27,7 +27,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/cpu_engine.h"
+#include "cli/cpu_model.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
@@ -47,9 +47,9 @@ using namespace wire;
 
 namespace {
 
-class PipelineEngine : public Engine {
+class PipelineModel : public Model {
 public:
-  PipelineEngine(const fs::path& plan_dir, const fs::path& model_dir, int64_t max_batch,
+  PipelineModel(const fs::path& plan_dir, const fs::path& model_dir, int64_t max_batch,
                  int64_t max_seq, std::vector<ir::Graph> stages, const PipelineLaunch& launch)
       : stages_(std::move(stages)), launch_(launch), max_batch_(max_batch), max_seq_(max_seq),
         listener_(launch.coordinator.empty() ? 0
@@ -127,7 +127,7 @@ public:
                  launch.backend.c_str(), nccl ? "NCCL" : "TCP");
   }
 
-  ~PipelineEngine() override {
+  ~PipelineModel() override {
     for (size_t r = 1; r < ranks_.size(); ++r)
       if (ranks_[r].valid()) {
         try {
@@ -163,7 +163,7 @@ public:
   /// The last rank picks the greedy tokens and sends back only them.
   std::vector<int32_t> step_greedy(const models::StepInput& in) override {
     if (stages_.size() == 1)
-      return Engine::step_greedy(in);
+      return Model::step_greedy(in);
     std::vector<int32_t> ids(in.tokens.size());
     run_ranks(in, true, nullptr, &ids);
     return ids;
@@ -429,11 +429,11 @@ std::string pipeline_plan_digest(const fs::path& plan_dir) {
   return h.hex_digest();
 }
 
-std::unique_ptr<Engine> make_pipeline_engine(const fs::path& plan_dir, const fs::path& model_dir,
+std::unique_ptr<Model> make_pipeline_model(const fs::path& plan_dir, const fs::path& model_dir,
                                              int64_t max_batch, int64_t max_seq,
                                              std::vector<ir::Graph> stages,
                                              const PipelineLaunch& launch) {
-  return std::make_unique<PipelineEngine>(plan_dir, model_dir, max_batch, max_seq,
+  return std::make_unique<PipelineModel>(plan_dir, model_dir, max_batch, max_seq,
                                           std::move(stages), launch);
 }
 

@@ -1,6 +1,6 @@
 // Pipeline parallelism, one process per stage: rank 0 drives generation and runs stage 0, ranks
 // 1..N-1 (`xserv worker`) run theirs, on the CPU (interpreter) or each on its own GPU (a
-// CudaEngine over the stage's program). Step inputs and activations travel over TCP
+// CudaModel over the stage's program). Step inputs and activations travel over TCP
 // (runtime/net), through rank 0. The control plane: a handshake that refuses a rank holding
 // another compile's plan and tells every rank the backend, heartbeats while a stage computes,
 // and every wait bounded so a dead or hung rank ends the run with a message naming it.
@@ -63,8 +63,8 @@ int pipeline_micro_batches(int requested, size_t tokens, bool prompt, int world)
 /// XSERV_PIPELINE_TIMEOUT seconds (at least 0.1), else 10 s.
 std::chrono::milliseconds pipeline_rank_timeout();
 
-/// Rank 0 of a pipeline: an Engine whose steps run stage 0 here and the rest on the workers.
-std::unique_ptr<Engine> make_pipeline_engine(const std::filesystem::path& plan_dir,
+/// Rank 0 of a pipeline: an Model whose steps run stage 0 here and the rest on the workers.
+std::unique_ptr<Model> make_pipeline_model(const std::filesystem::path& plan_dir,
                                              const std::filesystem::path& model_dir,
                                              int64_t max_batch, int64_t max_seq,
                                              std::vector<ir::Graph> stages,

@@ -1,4 +1,4 @@
-// make_local_cuda_pipeline(): CudaEngine::step_stage_device chained through device copies, one
+// make_local_cuda_pipeline(): CudaModel::step_stage_device chained through device copies, one
 // boundary value per stage.
 #include "cli/pipeline_local.h"
 
@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "cli/cuda_engine.h"
+#include "cli/cuda_model.h"
 #include "ir/error.h"
 
 namespace xserv::cli {
@@ -76,7 +76,7 @@ private:
   size_t sent_ = 0, received_ = 0;
 };
 
-class LocalCudaPipeline : public Engine {
+class LocalCudaPipeline : public Model {
 public:
   LocalCudaPipeline(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
                     const std::vector<ir::Graph>& stages) {
@@ -102,7 +102,7 @@ public:
       }
       std::fprintf(stderr, "[pipeline] stage %zu of %zu on this GPU\n", s, stages.size());
       engines_.push_back(
-          std::make_unique<CudaEngine>(model_dir, max_batch, max_seq, &g, CudaEngineOptions{}));
+          std::make_unique<CudaModel>(model_dir, max_batch, max_seq, &g, CudaModelOptions{}));
     }
     hops_ = std::vector<DeviceQueue>(stages.size() - 1);
   }
@@ -118,7 +118,7 @@ public:
   }
   std::vector<int32_t> step_greedy(const models::StepInput& in) override {
     if (!engines_.back()->picks_greedy()) // e.g. a plan of every token's logits: pick on the host
-      return Engine::step_greedy(in);
+      return Model::step_greedy(in);
     run_sending_stages(in);
     std::vector<int32_t> ids;
     engines_.back()->step_stage_device(in, transport(engines_.size() - 1), &ids);
@@ -167,13 +167,13 @@ private:
     return t;
   }
 
-  std::vector<std::unique_ptr<CudaEngine>> engines_;
+  std::vector<std::unique_ptr<CudaModel>> engines_;
   std::vector<DeviceQueue> hops_; ///< hop s: stage s -> s + 1
 };
 
 } // namespace
 
-std::unique_ptr<Engine> make_local_cuda_pipeline(const std::filesystem::path& model_dir,
+std::unique_ptr<Model> make_local_cuda_pipeline(const std::filesystem::path& model_dir,
                                                  int64_t max_batch, int64_t max_seq,
                                                  const std::vector<ir::Graph>& stages) {
   return std::make_unique<LocalCudaPipeline>(model_dir, max_batch, max_seq, stages);

@@ -1,12 +1,12 @@
-// StageRunner for the interpreter and for a CudaEngine, and the step's micro-batches.
+// StageRunner for the interpreter and for a CudaModel, and the step's micro-batches.
 #include "cli/pipeline_stage.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
-#include "cli/cpu_engine.h"
-#include "cli/cuda_engine.h"
+#include "cli/cpu_model.h"
+#include "cli/cuda_model.h"
 #include "cli/step_split.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
@@ -72,10 +72,10 @@ public:
 
 private:
   const ir::Graph& stage_;
-  CpuEngine engine_;
+  CpuModel engine_;
 };
 
-/// A CudaEngine over the stage's program on this process's GPU; activations cross the host.
+/// A CudaModel over the stage's program on this process's GPU; activations cross the host.
 class CudaStage : public StageRunner {
 public:
   CudaStage(const fs::path& model_dir, int64_t max_batch, int64_t max_seq, const ir::Graph& stage)
@@ -150,7 +150,7 @@ private:
   }
 
   const ir::Graph& stage_;
-  CudaEngine engine_;
+  CudaModel engine_;
   std::string name_;
   bool sends_ = false; ///< not the last stage
   runtime::NcclComm* comm_ = nullptr;

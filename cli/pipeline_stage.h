@@ -1,6 +1,6 @@
 // A pipeline stage's side of a step: the named activations it receives and sends, the
 // micro-batches rank 0 cuts a step into, and StageRunner, one stage's program on this process's
-// device (the CPU interpreter or a CudaEngine).
+// device (the CPU interpreter or a CudaModel).
 #pragma once
 
 #include <chrono>
@@ -58,7 +58,7 @@ public:
   virtual void use_nccl(runtime::NcclComm* comm, int rank, std::chrono::milliseconds timeout);
 };
 
-/// The stage's program on `backend` ("cpu": the interpreter; "cuda": a CudaEngine on this
+/// The stage's program on `backend` ("cpu": the interpreter; "cuda": a CudaModel on this
 /// process's GPU, activations crossing the host). Throws xserv::Error for another backend.
 std::unique_ptr<StageRunner> make_stage(const std::string& backend,
                                         const std::filesystem::path& model_dir, int64_t max_batch,

@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "cli/cuda_engine.h"
+#include "cli/cuda_model.h"
 #include "cli/cuda_lower.h"
 #include "codegen/emit.h"
 #include "compiler/memory_plan.h"

@@ -241,6 +241,10 @@ bool is_stop_token(TokenId id) {
   return id == kReturn || id == kCall;
 }
 
+std::vector<int32_t> stop_token_ids() {
+  return {static_cast<int32_t>(kReturn), static_cast<int32_t>(kCall)};
+}
+
 std::string final_text(std::span<const Message> messages) {
   for (auto it = messages.rbegin(); it != messages.rend(); ++it)
     if (it->role == Role::Assistant && it->channel == "final")

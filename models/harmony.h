@@ -107,6 +107,8 @@ std::vector<Message> make_chat(const ChatPrompt& prompt);
 
 /// Ids that end generation: <|return|> (200002) and <|call|> (200012).
 bool is_stop_token(TokenId id);
+/// The same ids as a list, for a generation request's stop ids.
+std::vector<int32_t> stop_token_ids();
 
 /// Incremental parser of generated ids (what follows the prompt's `<|start|>assistant`). After
 /// each push() the caller knows which message and channel the id belongs to and what text it

@@ -6,7 +6,23 @@
 #include <numeric>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "ir/error.h"
+
 namespace xserv::runtime {
+
+void validate(const SamplerOptions& o) {
+  // Written so that NaN fails every check (every comparison with NaN is false).
+  if (!(o.temperature >= 0.0f && o.temperature <= 2.0f))
+    throw Error(fmt::format("temperature {} is outside [0, 2]", o.temperature));
+  if (o.top_k < 0)
+    throw Error(fmt::format("top_k {} is negative (0 turns the cut off)", o.top_k));
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f))
+    throw Error(fmt::format("top_p {} is outside (0, 1]", o.top_p));
+  if (!(o.min_p >= 0.0f && o.min_p <= 1.0f))
+    throw Error(fmt::format("min_p {} is outside [0, 1]", o.min_p));
+}
 
 Sampler::Sampler(SamplerOptions opts) : opts_(opts), rng_(opts.seed) {}
 
@@ -34,6 +50,14 @@ int32_t Sampler::sample(std::span<const float> logits) {
   for (size_t i = 0; i < k; ++i) {
     p[i] = std::exp((logits[static_cast<size_t>(ids[i])] - top) * inv_t);
     sum += p[i];
+  }
+  if (opts_.min_p > 0.0f) { // p[0] is the most likely candidate's weight
+    size_t keep = 1;
+    while (keep < k && p[keep] >= opts_.min_p * p[0])
+      ++keep;
+    k = keep;
+    p.resize(k);
+    sum = std::accumulate(p.begin(), p.end(), 0.0);
   }
   if (opts_.top_p < 1.0f) {
     double cum = 0;

@@ -1,4 +1,4 @@
-// The full-size synthetic gpt-oss-20b through CudaEngine against HF transformers' own BF16 and
+// The full-size synthetic gpt-oss-20b through CudaModel against HF transformers' own BF16 and
 // fp32 runs (made by tools/hf_20b_reference.py; scripts/device/hf20b.sh runs both on the GPU).
 //
 // Gate (never loosened to pass): for a 256-token random prompt, at every position xserv's relative
@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/cuda_engine.h"
+#include "cli/cuda_model.h"
 #include "cli/engine.h"
 #include "models/config.h"
 #include "models/gpt_oss.h"
@@ -119,9 +119,9 @@ TEST_CASE("gpu: synthetic 20b against HF transformers") {
   }
 
   const xserv::ir::Graph all = models::build_gpt_oss(config, {.last_logits_only = false});
-  cli::CudaEngineOptions opts;
+  cli::CudaModelOptions opts;
   opts.quiet = true;
-  cli::CudaEngine engine(ckpt, 1, static_cast<int64_t>(T + G + 8), &all, opts);
+  cli::CudaModel engine(ckpt, 1, static_cast<int64_t>(T + G + 8), &all, opts);
 
   // 1. Teacher-forced: one step of all T tokens (sub-steps through the cache).
   std::vector<double> err(T), ratio(T);
@@ -156,10 +156,10 @@ TEST_CASE("gpu: synthetic 20b against HF transformers") {
 
   // 2. Greedy continuation of G tokens (one prefill, then one decode step per token).
   engine.reset();
-  cli::GenRequest req;
+  xserv::engine::Request req;
   req.prompt = ids;
   req.max_tokens = static_cast<int64_t>(G);
-  const auto gen = cli::generate(engine, {req});
+  const auto gen = xserv::engine::generate(engine, {req});
   const auto& got = gen.at(0).tokens;
   REQUIRE(got.size() == G);
   size_t gated = 0; // steps before HF bf16's first margin under the floor

@@ -5,8 +5,8 @@
 // continuation (tools/README.md). Here the checkpoint is re-synthesized into a temp dir, its
 // bytes checked, and then:
 //   1. one prefill of all 48 tokens through ir::interpret with per-token logits,
-//   2. the same 48 tokens fed one decode step at a time through CpuEngine (the KV cache path),
-//   3. a 16-token greedy continuation through cli::generate(),
+//   2. the same 48 tokens fed one decode step at a time through CpuModel (the KV cache path),
+//   3. a 16-token greedy continuation through engine::generate(),
 // must give HF's logits within 1e-4 relative L2 per position and exactly HF's greedy tokens.
 #include <doctest/doctest.h>
 
@@ -26,7 +26,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/cpu_engine.h"
+#include "cli/cpu_model.h"
 #include "ir/interpreter.h"
 #include "models/checkpoint.h"
 #include "models/gpt_oss.h"
@@ -143,7 +143,7 @@ void check_fixture(const std::string& name) {
     prefill.add(rel_l2(out[0].f.data() + p * vocab, want[p]), p);
 
   // 2. Decode: one token per step, so each step attends over the KV cache alone.
-  cli::CpuEngine engine(tmp.path, 1, kMaxSeq, &all_logits);
+  cli::CpuModel engine(tmp.path, 1, kMaxSeq, &all_logits);
   Worst decode;
   for (size_t p = 0; p < ids.size(); ++p) {
     const auto rows = engine.step(
@@ -160,10 +160,10 @@ void check_fixture(const std::string& name) {
 
   // 3. Greedy continuation: prefill then 16 decode steps, exactly HF's tokens.
   engine.reset();
-  cli::GenRequest req;
+  xserv::engine::Request req;
   req.prompt = ids;
   req.max_tokens = static_cast<int64_t>(greedy.size());
-  const std::vector<cli::GenResult> gen = cli::generate(engine, {req});
+  const std::vector<xserv::engine::Generation> gen = xserv::engine::generate(engine, {req});
   CHECK(gen.at(0).tokens == greedy);
 }
 

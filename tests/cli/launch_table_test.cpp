@@ -19,7 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/cuda_engine.h"
+#include "cli/cuda_model.h"
 #include "cli/cuda_lower.h"
 #include "cli/plan_kernels.h"
 #include "compiler/memory_plan.h"

@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "cli/cuda_engine.h"
+#include "cli/cuda_model.h"
 #include "ir/graph.h"
 #include "models/step.h"
 #include "runtime/device.h"
@@ -44,16 +44,16 @@ TEST_CASE("gpu: a plan's launch table and cubins give the engine's own lowering'
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   const xserv::ir::Graph graph = xserv::ir::parse(text);
 
-  xserv::cli::CudaEngineOptions quiet;
+  xserv::cli::CudaModelOptions quiet;
   quiet.quiet = true;
-  xserv::cli::CudaEngineOptions from_plan = quiet;
+  xserv::cli::CudaModelOptions from_plan = quiet;
   from_plan.plan_dir = plan;
-  xserv::cli::CudaEngine replay(model, 3, 512, &graph, from_plan);
-  xserv::cli::CudaEngine lowered(model, 3, 512, &graph, quiet);
+  xserv::cli::CudaModel replay(model, 3, 512, &graph, from_plan);
+  xserv::cli::CudaModel lowered(model, 3, 512, &graph, quiet);
   CHECK(replay.replays_plan());
   CHECK_FALSE(lowered.replays_plan());
   { // another max batch than the plan's: the engine lowers for the run
-    xserv::cli::CudaEngine other(model, 2, 512, &graph, from_plan);
+    xserv::cli::CudaModel other(model, 2, 512, &graph, from_plan);
     CHECK_FALSE(other.replays_plan());
   }
   // A prefill over three sequences (the gemm path), then decode steps (CUDA graphs).

@@ -1,4 +1,4 @@
-// CudaEngine: construction (passes, memory plan, kernels, weights, caches) and the step loop.
+// CudaModel: construction (passes, memory plan, kernels, weights, caches) and the step loop.
 //
 // A step runs in sub-steps of at most the prefill chunk (1024 tokens) and synchronises once per
 // sub-step. Decode sub-steps (one token per sequence) are captured as CUDA graphs, one per
@@ -6,7 +6,7 @@
 // params buffer and write to fixed addresses, so only the params upload before the replay
 // changes between steps. The launches are data: lower_graph's launch table, replayed by
 // runtime::Executor. XSERV_PROFILE=1 times every table entry instead (graphs off).
-#include "cli/cuda_engine.h"
+#include "cli/cuda_model.h"
 
 #include <cuda_runtime_api.h>
 
@@ -51,7 +51,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 } // namespace
 
-struct CudaEngine::Impl {
+struct CudaModel::Impl {
   models::Checkpoint ckpt;
   ir::Graph graph;
   int64_t max_batch = 1, max_seq = 1;
@@ -171,7 +171,7 @@ struct CudaEngine::Impl {
                                       const StageTransport* transport = nullptr);
 };
 
-void CudaEngine::Impl::upload_weights(const fs::path& cache_dir) {
+void CudaModel::Impl::upload_weights(const fs::path& cache_dir) {
   // The graph's tensors go up in one streamed pass (runtime/weights: MXFP4 experts are
   // dequantised to BF16 on the GPU), then are looked up by name and checked.
   runtime::UploadOptions o;
@@ -198,7 +198,7 @@ void CudaEngine::Impl::upload_weights(const fs::path& cache_dir) {
   allocated += device_weights.device_bytes();
 }
 
-cudaGraphExec_t CudaEngine::Impl::capture(const runtime::StepShape& s) {
+cudaGraphExec_t CudaModel::Impl::capture(const runtime::StepShape& s) {
   // Relaxed: a first launch of a kernel may set its shared-memory attribute, which is no stream
   // operation and safe to run while capturing.
   check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "starting a graph capture");
@@ -219,7 +219,7 @@ cudaGraphExec_t CudaEngine::Impl::capture(const runtime::StepShape& s) {
   return exec;
 }
 
-void CudaEngine::Impl::print_profile() const {
+void CudaModel::Impl::print_profile() const {
   // Per phase: each op's share of the summed launch times, largest first.
   std::map<std::string, std::vector<std::pair<std::string, OpTime>>> by_phase;
   for (const auto& [key, t] : op_times)
@@ -239,7 +239,7 @@ void CudaEngine::Impl::print_profile() const {
   }
 }
 
-void* CudaEngine::Impl::address(ir::ValueId v, int r) {
+void* CudaModel::Impl::address(ir::ValueId v, int r) {
   const ir::Node& n = graph.node(v);
   switch (n.op) {
   case ir::Op::Param: {
@@ -262,8 +262,8 @@ void* CudaEngine::Impl::address(ir::ValueId v, int r) {
   }
 }
 
-CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max_seq,
-                       const ir::Graph* graph, const CudaEngineOptions& options) {
+CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_seq,
+                       const ir::Graph* graph, const CudaModelOptions& options) {
   const runtime::DeviceInfo dev = runtime::probe_device();
   if (!dev.available)
     throw Error("no GPU: " + dev.reason);
@@ -424,40 +424,40 @@ CudaEngine::CudaEngine(const fs::path& model_dir, int64_t max_batch, int64_t max
                     double(m.allocated) / 1e9, seconds_since(t0)));
 }
 
-CudaEngine::~CudaEngine() = default;
+CudaModel::~CudaModel() = default;
 
-const models::ModelConfig& CudaEngine::config() const {
+const models::ModelConfig& CudaModel::config() const {
   return impl_->ckpt.config();
 }
-int64_t CudaEngine::max_batch() const {
+int64_t CudaModel::max_batch() const {
   return impl_->max_batch;
 }
-int64_t CudaEngine::max_seq() const {
+int64_t CudaModel::max_seq() const {
   return impl_->max_seq;
 }
-const ir::Graph& CudaEngine::graph() const {
+const ir::Graph& CudaModel::graph() const {
   return impl_->graph;
 }
 
-const void* CudaEngine::debug_address(int v, int r) const {
+const void* CudaModel::debug_address(int v, int r) const {
   return impl_->address(v, r);
 }
 
-void CudaEngine::reset() {
+void CudaModel::reset() {
   for (auto& [v, c] : impl_->caches)
     check(cudaMemsetAsync(c.first, 0, c.second, impl_->stream), "clearing the KV cache");
   check(cudaStreamSynchronize(impl_->stream), "clearing the KV cache");
 }
 
-void CudaEngine::synchronize() {
+void CudaModel::synchronize() {
   check(cudaStreamSynchronize(impl_->stream), "synchronize");
 }
 
-size_t CudaEngine::graphs_captured() const {
+size_t CudaModel::graphs_captured() const {
   return impl_->graph_execs.size();
 }
 
-bool CudaEngine::picks_greedy() const {
+bool CudaModel::picks_greedy() const {
   return impl_->argmax_keys != nullptr;
 }
 
@@ -490,19 +490,19 @@ private:
 
 } // namespace
 
-std::unique_ptr<Stopwatch> CudaEngine::stopwatch() {
+std::unique_ptr<Stopwatch> CudaModel::stopwatch() {
   return std::make_unique<EventStopwatch>(impl_->stream);
 }
 
-bool CudaEngine::replays_plan() const {
+bool CudaModel::replays_plan() const {
   return !impl_->plan_kernels.kernels.empty();
 }
 
-double CudaEngine::peak_memory_gib() const {
+double CudaModel::peak_memory_gib() const {
   return double(impl_->allocated) / double(1ull << 30);
 }
 
-void CudaEngine::Impl::run_substep(const models::StepInput& sub,
+void CudaModel::Impl::run_substep(const models::StepInput& sub,
                                    std::vector<std::vector<float>>& rows, bool all,
                                    std::vector<int32_t>* greedy, const StageInputs& inputs,
                                    const std::vector<size_t>& input_rows,
@@ -603,7 +603,7 @@ void CudaEngine::Impl::run_substep(const models::StepInput& sub,
   }
 }
 
-std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& in, bool all,
+std::vector<std::vector<float>> CudaModel::Impl::run(const models::StepInput& in, bool all,
                                                       const StageInputs& inputs,
                                                       std::vector<int32_t>* greedy,
                                                       const StageTransport* transport) {
@@ -645,24 +645,24 @@ std::vector<std::vector<float>> CudaEngine::Impl::run(const models::StepInput& i
   return result;
 }
 
-std::vector<std::vector<float>> CudaEngine::step(const models::StepInput& in) {
+std::vector<std::vector<float>> CudaModel::step(const models::StepInput& in) {
   return impl_->run(in, false);
 }
 
-std::vector<int32_t> CudaEngine::step_greedy(const models::StepInput& in) {
+std::vector<int32_t> CudaModel::step_greedy(const models::StepInput& in) {
   if (!impl_->argmax_keys)
-    return Engine::step_greedy(in);
+    return Model::step_greedy(in);
   std::vector<int32_t> ids;
   impl_->run(in, false, {}, &ids);
   return ids;
 }
 
-std::vector<std::vector<float>> CudaEngine::step_stage(const models::StepInput& in,
+std::vector<std::vector<float>> CudaModel::step_stage(const models::StepInput& in,
                                                        const StageInputs& inputs) {
   return impl_->run(in, impl_->per_token, inputs);
 }
 
-std::vector<int32_t> CudaEngine::step_stage_greedy(const models::StepInput& in,
+std::vector<int32_t> CudaModel::step_stage_greedy(const models::StepInput& in,
                                                    const StageInputs& inputs) {
   if (!impl_->argmax_keys)
     throw Error("step_stage_greedy needs the last stage's per-sequence logits");
@@ -671,7 +671,7 @@ std::vector<int32_t> CudaEngine::step_stage_greedy(const models::StepInput& in,
   return ids;
 }
 
-std::vector<std::vector<float>> CudaEngine::step_stage_device(const models::StepInput& in,
+std::vector<std::vector<float>> CudaModel::step_stage_device(const models::StepInput& in,
                                                               const StageTransport& transport,
                                                               std::vector<int32_t>* greedy) {
   if (greedy && !picks_greedy())
@@ -679,7 +679,7 @@ std::vector<std::vector<float>> CudaEngine::step_stage_device(const models::Step
   return impl_->run(in, false, {}, greedy, &transport);
 }
 
-std::vector<std::vector<float>> CudaEngine::step_all(const models::StepInput& in) {
+std::vector<std::vector<float>> CudaModel::step_all(const models::StepInput& in) {
   if (!impl_->per_token)
     throw Error("step_all needs a graph that returns every token's logits");
   return impl_->run(in, true);

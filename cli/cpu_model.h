@@ -17,13 +17,13 @@ namespace xserv::cli {
 /// Runs build_gpt_oss()'s graph (or a compiled plan's graph.ir) on the interpreter in fp32.
 /// Slow by design; it is the reference the GPU path is checked against and the fallback when
 /// there is no GPU.
-class CpuEngine : public Engine {
+class CpuModel : public Model {
 public:
   /// Opens and validates the checkpoint in `model_dir` (weights are memory-mapped and decoded
   /// lazily, each once). `graph` defaults to build_gpt_oss(config) with last-token logits.
   /// With `stages` (a --pp plan's stage*.ir) every step runs them one after another, each
   /// stage's sends passed to the next (compiler::interpret_stages); `graph` is then unused.
-  CpuEngine(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
+  CpuModel(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
             const ir::Graph* graph = nullptr, std::vector<ir::Graph> stages = {});
 
   const models::ModelConfig& config() const override { return ckpt_.config(); }

@@ -1,5 +1,5 @@
-// CpuEngine: checkpoint weights decoded to fp32 on first use, then the interpreter per step.
-#include "cli/cpu_engine.h"
+// CpuModel: checkpoint weights decoded to fp32 on first use, then the interpreter per step.
+#include "cli/cpu_model.h"
 
 #include <map>
 
@@ -11,7 +11,7 @@
 
 namespace xserv::cli {
 
-CpuEngine::CpuEngine(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
+CpuModel::CpuModel(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
                      const ir::Graph* graph, std::vector<ir::Graph> stages)
     : ckpt_(models::Checkpoint::open(model_dir, {.map_data = true, .validate = true})),
       max_batch_(max_batch), max_seq_(max_seq) {
@@ -44,13 +44,13 @@ CpuEngine::CpuEngine(const std::filesystem::path& model_dir, int64_t max_batch, 
   env_.dims = {{models::dims::kCacheRows, max_batch_}, {models::dims::kMaxSeq, max_seq_}};
 }
 
-std::vector<ir::Tensor> CpuEngine::run_graph(const ir::Graph& g,
+std::vector<ir::Tensor> CpuModel::run_graph(const ir::Graph& g,
                                              std::map<std::string, ir::Tensor> params) {
   env_.params = std::move(params);
   return ir::interpret(g, env_);
 }
 
-std::vector<std::vector<float>> CpuEngine::step(const models::StepInput& in) {
+std::vector<std::vector<float>> CpuModel::step(const models::StepInput& in) {
   if (static_cast<int64_t>(in.tokens.size()) > max_batch_)
     throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
                             in.tokens.size(), max_batch_));

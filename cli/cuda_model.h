@@ -34,8 +34,8 @@ struct StageTransport {
 /// Default tokens per prefill sub-step of the CUDA engine (and of the kernels a plan carries).
 constexpr int kPrefillChunk = 1024;
 
-/// How a CudaEngine is built.
-struct CudaEngineOptions {
+/// How a CudaModel is built.
+struct CudaModelOptions {
   /// Cubin cache; empty: $XSERV_KERNEL_CACHE, else $XDG_CACHE_HOME/xserv/kernels, else
   /// ~/.cache/xserv/kernels.
   std::filesystem::path cache_dir;
@@ -69,17 +69,17 @@ struct CudaEngineOptions {
 /// fp32 in one planned arena, KV caches in the plan's dtype (fp32 by default). A step of more
 /// tokens than the arena holds (step_token_capacity) runs as several consecutive sub-steps, which
 /// is exact because attention reads the earlier sub-steps' keys from the cache.
-class CudaEngine : public Engine {
+class CudaModel : public Model {
 public:
   /// Opens the checkpoint in `model_dir`, runs the default pass pipeline over `graph` (default:
   /// build_gpt_oss(config) with last-token logits), compiles its kernels and uploads the
   /// weights. Throws xserv::Error "no GPU: ..." without a usable GPU, and for graphs with ops
   /// it cannot lower.
-  CudaEngine(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
-             const ir::Graph* graph = nullptr, const CudaEngineOptions& options = {});
-  ~CudaEngine() override;
-  CudaEngine(const CudaEngine&) = delete;
-  CudaEngine& operator=(const CudaEngine&) = delete;
+  CudaModel(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
+             const ir::Graph* graph = nullptr, const CudaModelOptions& options = {});
+  ~CudaModel() override;
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
 
   const models::ModelConfig& config() const override;
   int64_t max_batch() const override;
@@ -111,7 +111,7 @@ public:
   double peak_memory_gib() const override;
   /// CUDA events on the engine's stream.
   std::unique_ptr<Stopwatch> stopwatch() override;
-  /// Whether the engine replays the plan's launch table and cubins (CudaEngineOptions::plan_dir)
+  /// Whether the engine replays the plan's launch table and cubins (CudaModelOptions::plan_dir)
   /// rather than a lowering of its own.
   bool replays_plan() const;
   /// How many CUDA graphs the engine has captured so far (0 with cuda_graphs off).

@@ -1,4 +1,4 @@
-// GPU checks of CudaEngine: HF transformers' golden logits and greedy tokens on the fixtures,
+// GPU checks of CudaModel: HF transformers' golden logits and greedy tokens on the fixtures,
 // and agreement with the CPU interpreter engine over a batch of prefill and decode steps.
 //
 // Tolerances (never loosened to pass): at each position xserv's relative L2 to HF float32 must
@@ -24,8 +24,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cli/cpu_engine.h"
-#include "cli/cuda_engine.h"
+#include "cli/cpu_model.h"
+#include "cli/cuda_model.h"
 #include "cli/pipeline_local.h"
 #include "compiler/partition.h"
 #include "compiler/pass.h"
@@ -56,8 +56,8 @@ using xserv::testing::TempDir;
 
 constexpr int64_t kMaxSeq = 64;
 
-cli::CudaEngineOptions quiet() {
-  cli::CudaEngineOptions o;
+cli::CudaModelOptions quiet() {
+  cli::CudaModelOptions o;
   o.quiet = true;
   return o;
 }
@@ -161,7 +161,7 @@ void check_fixture(const std::string& name) {
   synthesize(dir / "config.json", fx.at("seed").get<uint64_t>(), tmp.path, &fx.at("files"));
   const auto config = models::ModelConfig::load(tmp.path / "config.json");
   const xserv::ir::Graph all = models::build_gpt_oss(config, {.last_logits_only = false});
-  cli::CudaEngine engine(tmp.path, 1, kMaxSeq, &all, quiet());
+  cli::CudaModel engine(tmp.path, 1, kMaxSeq, &all, quiet());
 
   // 1. One step of all 48 tokens (run as sub-steps of 8 through the cache).
   Judge prefill = judge;
@@ -187,10 +187,10 @@ void check_fixture(const std::string& name) {
   // 3. Greedy continuation of 16 tokens: equal to HF's where its top-2 margin exceeds 0.05,
   // compared while the tokens before agree (after a low-margin divergence the contexts differ).
   engine.reset();
-  cli::GenRequest req;
+  xserv::engine::Request req;
   req.prompt = ids;
   req.max_tokens = static_cast<int64_t>(greedy.size());
-  const auto gen = cli::generate(engine, {req});
+  const auto gen = xserv::engine::generate(engine, {req});
   const auto& got = gen.at(0).tokens;
   REQUIRE(got.size() == greedy.size());
   size_t compared = 0, agreed = 0;
@@ -232,9 +232,9 @@ TEST_CASE("cuda engine agrees with the CPU engine on a batch of 3: prefill, then
   XSERV_REQUIRE_GPU();
   TempDir tmp("tiny");
   synthesize(source_dir() / "examples/tiny/config.json", 7, tmp.path);
-  cli::CpuEngine cpu(tmp.path, 3, kMaxSeq);
-  cli::CudaEngine gpu(tmp.path, 3, kMaxSeq, nullptr, quiet());
-  cli::CudaEngine greedy(tmp.path, 3, kMaxSeq, nullptr, quiet()); // the same steps, step_greedy
+  cli::CpuModel cpu(tmp.path, 3, kMaxSeq);
+  cli::CudaModel gpu(tmp.path, 3, kMaxSeq, nullptr, quiet());
+  cli::CudaModel greedy(tmp.path, 3, kMaxSeq, nullptr, quiet()); // the same steps, step_greedy
   models::StepInput step;
   step.tokens = {{11, 22, 33, 44, 55}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, {200005}};
   step.ctx_lens = {0, 0, 0};
@@ -278,9 +278,9 @@ void diagnose(const std::string& name) {
   TempDir tmp(name + "_diag");
   synthesize(dir / "config.json", fx.at("seed").get<uint64_t>(), tmp.path);
   const auto config = models::ModelConfig::load(tmp.path / "config.json");
-  cli::CudaEngineOptions opts = quiet();
+  cli::CudaModelOptions opts = quiet();
   opts.keep_activations = true;
-  cli::CudaEngine gpu(tmp.path, 1, kMaxSeq, nullptr, opts);
+  cli::CudaModel gpu(tmp.path, 1, kMaxSeq, nullptr, opts);
   xserv::ir::Graph g = gpu.graph();
   std::vector<xserv::ir::ValueId> tracked;
   for (xserv::ir::ValueId v = 0; v < static_cast<xserv::ir::ValueId>(g.size()); ++v) {
@@ -385,10 +385,10 @@ struct GreedyRun {
 
 GreedyRun greedy_run(const fs::path& model, const std::vector<std::vector<int32_t>>& prompts,
                      int64_t max_seq, int steps, bool graphs) {
-  cli::CudaEngineOptions opts = quiet();
+  cli::CudaModelOptions opts = quiet();
   opts.cuda_graphs = graphs;
   const auto nseq = static_cast<int64_t>(prompts.size());
-  cli::CudaEngine engine(model, nseq, max_seq, nullptr, opts);
+  cli::CudaModel engine(model, nseq, max_seq, nullptr, opts);
   GreedyRun out;
   out.tokens.resize(prompts.size());
   models::StepInput step;
@@ -454,7 +454,7 @@ TEST_CASE("gpu: the engine's stopwatch times steps on the GPU timeline") {
   XSERV_REQUIRE_GPU();
   TempDir tmp("stopwatch");
   synthesize(source_dir() / "examples/tiny/config.json", 3, tmp.path);
-  cli::CudaEngine gpu(tmp.path, 1, kMaxSeq, nullptr, quiet());
+  cli::CudaModel gpu(tmp.path, 1, kMaxSeq, nullptr, quiet());
   models::StepInput step;
   step.tokens = {some_ids(kMaxSeq - 4, 201088, 4)};
   step.ctx_lens = {0};
@@ -505,7 +505,7 @@ TEST_CASE("gpu: pipeline stages on one GPU (same-device transport) give the whol
   pm.add_pipeline(xserv::compiler::kDefaultPipeline);
   const xserv::ir::Graph fused = pm.run(models::build_gpt_oss(cfg));
   const xserv::compiler::Pipeline p = xserv::compiler::partition_pipeline(fused, 2);
-  cli::CudaEngine whole(tmp.path, 3, kMaxSeq, &fused, quiet());
+  cli::CudaModel whole(tmp.path, 3, kMaxSeq, &fused, quiet());
   auto staged = cli::make_local_cuda_pipeline(tmp.path, 3, kMaxSeq, p.stages);
   // A prefill of 18 tokens over three sequences (the gemm path), then decode steps (GEMVs).
   models::StepInput step;

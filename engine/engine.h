@@ -1,0 +1,180 @@
+// The Engine: continuous batching of generation requests over one Model. Requests join and
+// leave between steps; each step runs one decode token of every running sequence and fills the
+// rest of a token budget with prompt chunks of the others (the shape of MLC-LLM's serve engine
+// and of vLLM's scheduler with chunked prefill).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/model.h"
+#include "ir/error.h"
+#include "runtime/sampler.h"
+
+namespace xserv::engine {
+
+using RequestId = uint64_t;
+
+/// Why a request ended.
+enum class FinishReason {
+  None,   ///< still running
+  Stop,   ///< it emitted one of its stop ids (the id is its last token)
+  Length, ///< max_tokens generated, or its sequence reached the model's max_seq
+  Abort,  ///< abort() was called, or its event callback asked to stop
+};
+
+/// "stop", "length", "abort" ("" for None): the names OpenAI-style APIs use.
+std::string_view finish_name(FinishReason r);
+
+/// One generation request.
+struct Request {
+  std::vector<int32_t> prompt; ///< token ids: at least one, at most the model's max_seq
+  int64_t max_tokens = 128;    ///< at most this many generated tokens (>= 1)
+  runtime::SamplerOptions sampling;
+  /// Generation ends after emitting one of these (the id is reported as the last token).
+  std::vector<int32_t> stop_ids;
+  /// -1: no log-probabilities; 0..20: each token's log-probability (of the sampled
+  /// distribution's logits at temperature 1, as OpenAI reports them) and the `top_logprobs`
+  /// most likely alternatives.
+  int top_logprobs = -1;
+  /// Every generated token's event carries the full logits row it was picked from.
+  bool return_logits = false;
+};
+
+/// A candidate token and its log-probability.
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+/// What a step reports for one request: a new token, its end, or both.
+struct Event {
+  RequestId id = 0;
+  int32_t token = -1; ///< the new token, or -1 when the request ended without one (abort)
+  FinishReason finish = FinishReason::None; ///< set on the request's last event
+  /// Length finishes: the sequence filled the model's max_seq (not max_tokens).
+  bool hit_max_seq = false;
+  int64_t prompt_tokens = 0;    ///< of the request
+  int64_t generated_tokens = 0; ///< so far, this token included
+  float logprob = 0;            ///< of `token` (top_logprobs >= 0)
+  std::vector<TokenLogprob> top_logprobs;
+  std::vector<float> logits; ///< return_logits: the row `token` was picked from
+};
+
+/// How an Engine schedules.
+struct EngineOptions {
+  /// Sequences running at once, each owning a KV-cache row; 0: the model's max_batch (and
+  /// never more).
+  int64_t max_running = 0;
+  /// Requests waiting for a row; add() beyond this throws QueueFull.
+  int64_t max_queue = 4096;
+  /// Tokens per step: one decode token of each running sequence first, then prompt chunks in
+  /// arrival order up to this budget (vLLM's max_num_batched_tokens). At least 1; raised to
+  /// max_running, so that no running sequence ever waits for a step.
+  int64_t max_tokens_per_step = 2048;
+};
+
+/// Counters and gauges of an Engine, a consistent snapshot.
+struct EngineStats {
+  int64_t running = 0;        ///< requests holding a KV row (in prefill or decode)
+  int64_t waiting = 0;        ///< queued for a row
+  int64_t kv_rows_in_use = 0; ///< == running
+  int64_t kv_rows = 0;        ///< rows the engine may use
+  int64_t steps = 0;
+  int64_t prompt_tokens = 0;    ///< prompt tokens processed
+  int64_t generated_tokens = 0; ///< tokens generated
+  int64_t finished_stop = 0, finished_length = 0, finished_abort = 0;
+  double model_ms = 0;    ///< host wall time inside the model's step calls
+  double schedule_ms = 0; ///< host wall time of step() outside the model (scheduling, sampling)
+};
+
+/// add() with the queue at max_queue.
+class QueueFull : public Error {
+public:
+  using Error::Error;
+};
+
+/// Continuous batching over one Model. add(), abort(), stats() and wait_for_work() may be called
+/// from any thread; step() from one thread at a time.
+class Engine {
+public:
+  /// The model must outlive the engine. Starts with every KV row free (resets the model).
+  explicit Engine(Model& model, EngineOptions options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Queues a request; it joins at the next step that has a free row and budget. Throws
+  /// xserv::Error naming the field or limit for a request the model cannot run (empty prompt,
+  /// prompt longer than max_seq, an id outside the vocabulary, max_tokens < 1, top_logprobs
+  /// above 20, sampling options out of range) and QueueFull when max_queue are waiting.
+  RequestId add(Request request);
+  /// The request leaves at the next step: its last event has finish Abort and its row is free
+  /// for that step's newcomers. Unknown or finished ids are ignored.
+  void abort(RequestId id);
+  /// Runs one step: takes in new requests and aborts, picks the step's sequences, runs the model
+  /// and samples. Returns this step's events in order (a request's events in token order).
+  std::vector<Event> step();
+  /// Nothing running, waiting or pending.
+  bool idle() const;
+  /// Blocks until a request or an abort is pending or `timeout` passes; returns !idle().
+  bool wait_for_work(std::chrono::milliseconds timeout);
+  EngineStats stats() const;
+  /// Prompt tokens the last step() processed (0: a decode-only step). For step()'s thread.
+  int64_t last_step_prompt_tokens() const { return last_prompt_tokens_; }
+  Model& model() { return model_; }
+  const EngineOptions& options() const { return options_; }
+
+private:
+  struct Sequence;
+
+  Model& model_;
+  EngineOptions options_;
+  mutable std::mutex mu_; ///< guards pending_, aborts_, next_id_, stats_ and the counts
+  std::condition_variable work_;
+  RequestId next_id_ = 1;
+  std::deque<std::pair<RequestId, Request>> pending_; ///< added, not yet seen by step()
+  std::vector<RequestId> aborts_;
+  EngineStats stats_;
+  // Owned by step():
+  std::deque<std::unique_ptr<Sequence>> waiting_; ///< in arrival order, no row yet
+  std::vector<std::unique_ptr<Sequence>> running_; ///< holding a row, in admission order
+  std::vector<int32_t> free_rows_;
+  int64_t last_prompt_tokens_ = 0;
+};
+
+/// A finished request, as generate() returns it.
+struct Generation {
+  std::vector<int32_t> tokens; ///< generated ids (a stop id included when one ended it)
+  FinishReason finish = FinishReason::None;
+  bool hit_max_seq = false;
+};
+
+/// Called with each event of request `index` (its position in generate()'s list); returning
+/// false aborts that request.
+using EventCallback = std::function<bool(size_t index, const Event&)>;
+
+/// Time and token totals of a generate() call.
+struct GenerateStats {
+  double prompt_ms = 0;   ///< wall time of steps that processed prompt tokens
+  double decode_ms = 0;   ///< wall time of the other steps
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+};
+
+/// Runs every request through an Engine over `model` to its end (`while (!idle()) step()`),
+/// all queued at once (so up to max_running at a time, the rest joining as rows free up).
+/// Throws xserv::Error naming the request for one the model cannot run, before any step.
+std::vector<Generation> generate(Model& model, const std::vector<Request>& requests,
+                                 const EventCallback& on_event = {}, EngineOptions options = {},
+                                 GenerateStats* stats = nullptr);
+
+} // namespace xserv::engine

@@ -1,0 +1,71 @@
+// A model: forward steps of one gpt-oss network over KV-cache rows (CPU interpreter, CUDA plan,
+// pipelined stages). The Engine (engine/engine.h) schedules requests onto one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/config.h"
+#include "models/step.h"
+
+namespace xserv::engine {
+
+/// Times work on a model's own timeline (CUDA events on its stream for the GPU; the host clock
+/// after synchronize() otherwise), for benchmarks.
+class Stopwatch {
+public:
+  virtual ~Stopwatch() = default;
+  /// Marks the start, after the work queued so far.
+  virtual void start() = 0;
+  /// Milliseconds from start() to the end of the work queued since; waits for that work.
+  virtual double stop() = 0;
+};
+
+/// What one step brings back: per sequence of the step, its greedy token (always) and its
+/// logits row where the caller asked for it (empty rows elsewhere).
+struct StepOutput {
+  std::vector<int32_t> greedy;
+  std::vector<std::vector<float>> logits;
+};
+
+/// Runs forward steps of one model over up to max_batch KV-cache rows of up to max_seq tokens.
+/// A step (models::StepInput) mixes sequences freely: each brings one or more new tokens, its
+/// context length and the cache row it owns. A row's cached positions below a sequence's
+/// context length are the only ones read, so a row needs no clearing before a new sequence
+/// takes it.
+class Model {
+public:
+  virtual ~Model() = default;
+  virtual const models::ModelConfig& config() const = 0;
+  /// KV-cache rows: the most sequences a step may hold.
+  virtual int64_t max_batch() const = 0;
+  /// Positions per row: the longest sequence.
+  virtual int64_t max_seq() const = 0;
+  virtual std::string backend() const = 0;
+  /// One step: returns the logits of each sequence's last new token, one row per sequence.
+  virtual std::vector<std::vector<float>> step(const models::StepInput& in) = 0;
+  /// One step that returns each sequence's greedy token: runtime::argmax of the row step()
+  /// would return (ties to the lower id). Backends may pick on the device and skip the logits.
+  virtual std::vector<int32_t> step_greedy(const models::StepInput& in);
+  /// One step that returns every sequence's greedy token and the logits rows of the sequences
+  /// with need_logits[b] set (need_logits has one entry per sequence). The default runs
+  /// step_greedy when no row is wanted, else step() and picks on the host.
+  virtual StepOutput step_mixed(const models::StepInput& in, const std::vector<bool>& need_logits);
+  /// Forgets every cached sequence.
+  virtual void reset() = 0;
+  /// Waits until queued work is done, so host timers bracket it (a no-op on the CPU).
+  virtual void synchronize() {}
+  /// Peak device memory in GiB since the model was loaded, or -1 when the backend cannot tell.
+  virtual double peak_memory_gib() const { return -1; }
+  /// A stopwatch on this model's timeline; the default uses the host clock around
+  /// synchronize().
+  virtual std::unique_ptr<Stopwatch> stopwatch();
+};
+
+/// Throws xserv::Error when a prompt of `ids` is empty, exceeds `max_seq` tokens or holds an id
+/// outside [0, vocab), naming both numbers.
+void check_prompt(const std::vector<int32_t>& ids, int64_t max_seq, int64_t vocab);
+
+} // namespace xserv::engine
