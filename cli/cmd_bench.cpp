@@ -20,6 +20,7 @@
 #include "cli/bench_report.h"
 #include "cli/commands.h"
 #include "cli/model_source.h"
+#include "cli/serving_bench.h"
 
 namespace xserv::cli {
 namespace {
@@ -115,9 +116,90 @@ private:
   std::unique_ptr<Stopwatch> each_ = e_.stopwatch(); ///< around each timed step
 };
 
+/// `xserv bench --requests N ...`: the serving benchmark, in this process or against --endpoint.
+int serving_bench(const ParsedArgs& args) {
+  ServingOptions o;
+  o.requests = args.get_int("--requests", 256, 1, 1 << 24);
+  o.concurrency = args.get_int("--concurrency", 64, 1, 1 << 16);
+  o.rate = args.get_double("--rate", 0.0);
+  if (!(o.rate >= 0))
+    throw UsageError("--rate must be >= 0 requests per second (0: all at once)");
+  o.input_len = args.get_int("--input-len", 512, 1, 1 << 24);
+  o.output_len = args.get_int("--output-len", 256, 1, 1 << 24);
+  o.len_range = args.get_double("--len-range", 0.0);
+  if (!(o.len_range >= 0 && o.len_range < 1))
+    throw UsageError("--len-range must be in [0, 1)");
+  o.seed = static_cast<uint64_t>(args.get_int("--seed", 1, 0, INT64_MAX));
+  const std::string format = args.get("-o", "md");
+  if (format != "md" && format != "json" && format != "csv")
+    throw UsageError(fmt::format("-o must be md, json or csv, got '{}'", format));
+
+  if (args.has("--endpoint")) {
+    Endpoint ep;
+    ep.url = args.get("--endpoint");
+    ep.model = args.get("--model", "");
+    ep.api_key = args.get("--api-key", "");
+    o.vocab = args.get_int("--vocab", 199998, 1, 1 << 24);
+    const Workload w = make_workload(o);
+    double seconds = 0;
+    const auto records = run_http_load(ep, w, o, &seconds);
+    std::cout << render_serving(summarize(records, seconds), o, ep.url, {}, format)
+              << std::flush;
+    return 0;
+  }
+
+  if (args.positional().empty())
+    throw UsageError("give a plan or model directory, or --endpoint URL");
+  ModelSource src = resolve_source(args.positional()[0], args);
+  const int64_t need_seq =
+      static_cast<int64_t>(double(o.input_len) * (1 + o.len_range)) + 1 +
+      static_cast<int64_t>(double(o.output_len) * (1 + o.len_range)) + 1;
+  if (src.plan_dir.empty()) {
+    src.max_seq = need_seq;
+    src.max_batch = std::min<int64_t>(o.concurrency, 64);
+  } else if (need_seq > src.max_seq) {
+    throw UsageError(fmt::format("requests of up to {} tokens need --max-seq {}, the plan allows {} "
+                                 "(compile with a larger --max-seq)",
+                                 need_seq, need_seq, src.max_seq));
+  }
+  auto model = make_model(src, args);
+  o.vocab = model->config().vocab_size;
+  engine::EngineOptions eo;
+  eo.max_running = args.get_int("--max-running", 0, 0, 1 << 20);
+  eo.max_tokens_per_step = args.get_int("--max-tokens-per-step", 2048, 1, 1 << 24);
+  const Workload w = make_workload(o);
+  // Warm-up: one short request, so that kernel loading and first launches stay out of the run.
+  {
+    ServingOptions wo = o;
+    wo.requests = 1;
+    Workload ww = make_workload(wo);
+    ww.output_lens[0] = std::min<int64_t>(ww.output_lens[0], 4);
+    run_engine_load(*model, ww, wo, eo, nullptr, nullptr);
+  }
+  engine::EngineStats st;
+  double seconds = 0;
+  const auto records = run_engine_load(*model, w, o, eo, &st, &seconds);
+  const double steps = double(std::max<int64_t>(st.steps, 1));
+  const std::vector<std::pair<std::string, std::string>> extra = {
+      {"engine steps", std::to_string(st.steps)},
+      {"model time per step (ms)", fmt::format("{:.3f}", st.model_ms / steps)},
+      {"scheduler host time per step (ms)", fmt::format("{:.3f}", st.schedule_ms / steps)},
+      {"scheduler share of a step", fmt::format("{:.2f}%", 100 * st.schedule_ms /
+                                                               std::max(st.model_ms + st.schedule_ms,
+                                                                        1e-9))},
+      {"max running", std::to_string(st.kv_rows)},
+      {"token budget per step", args.get("--max-tokens-per-step", "2048")}};
+  std::cout << render_serving(summarize(records, seconds), o,
+                              fmt::format("xserv engine ({})", model->backend()), extra, format)
+            << std::flush;
+  return 0;
+}
+
 } // namespace
 
 int cmd_bench(const ParsedArgs& args) {
+  if (args.has("--requests") || args.has("--endpoint"))
+    return serving_bench(args);
   const auto prompts = int_list(args, "-p", {512}, 0, 1 << 20);
   const auto gens = int_list(args, "-n", {128}, 0, 1 << 20);
   const auto depths = int_list(args, "-d", {0}, 0, 1 << 24);
@@ -126,6 +208,8 @@ int cmd_bench(const ParsedArgs& args) {
   const std::string format = args.get("-o", "md");
   if (format != "md" && format != "json" && format != "csv")
     throw UsageError(fmt::format("-o must be md, json or csv, got '{}'", format));
+  if (args.positional().empty())
+    throw UsageError("give a plan or model directory");
   ModelSource src = resolve_source(args.positional()[0], args);
   int64_t need_seq = 1, need_batch = 1;
   for (int64_t d : depths) {
