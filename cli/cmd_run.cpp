@@ -15,14 +15,17 @@
 namespace xserv::cli {
 namespace {
 
+/// The prompt's rate, then the decode rate of the tokens after the first: the first token comes
+/// with the prompt's last step, so counting it with the decode would charge the prompt to it.
 void print_stats(const engine::GenerateStats& st, const Model& e) {
+  const int64_t after_first = std::max<int64_t>(st.generated_tokens - 1, 0);
   std::fprintf(stderr,
-               "[run] %s: prompt %lld tokens in %.1f ms (%.1f tok/s), generated %lld tokens in "
-               "%.1f ms (%.2f tok/s)\n",
+               "[run] %s: prompt %lld tokens in %.1f ms (%.1f tok/s, first token included), "
+               "then %lld tokens in %.1f ms (%.2f tok/s)\n",
                e.backend().c_str(), static_cast<long long>(st.prompt_tokens), st.prompt_ms,
-               st.prompt_tokens / std::max(st.prompt_ms, 1e-9) * 1e3,
-               static_cast<long long>(st.generated_tokens), st.prompt_ms + st.decode_ms,
-               st.generated_tokens / std::max(st.prompt_ms + st.decode_ms, 1e-9) * 1e3);
+               double(st.prompt_tokens) / std::max(st.prompt_ms, 1e-9) * 1e3,
+               static_cast<long long>(after_first), st.decode_ms,
+               double(after_first) / std::max(st.decode_ms, 1e-9) * 1e3);
 }
 
 /// Says on stderr when a generation stopped because its sequence filled the plan's max-seq.

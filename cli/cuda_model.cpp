@@ -151,10 +151,13 @@ struct CudaModel::Impl {
   }
   cudaGraphExec_t capture(const runtime::StepShape& s);
   void* address(ir::ValueId v, int r);
+  /// With `greedy`, also the logits rows of the sub-step's sequences b with want_rows[b] come
+  /// back in `rows` (an empty row for the others).
   void run_substep(const models::StepInput& sub, std::vector<std::vector<float>>& rows, bool all,
                    std::vector<int32_t>* greedy, const StageInputs& inputs = {},
                    const std::vector<size_t>& input_rows = {},
-                   const StageTransport* transport = nullptr);
+                   const StageTransport* transport = nullptr,
+                   const std::vector<bool>* want_rows = nullptr);
   /// Bytes of one token's row of value `v` (fp32 [T, ...]).
   size_t row_bytes(ir::ValueId v) const {
     size_t bytes = sizeof(float);
@@ -165,10 +168,12 @@ struct CudaModel::Impl {
   }
   /// One step, sub-step by sub-step. With `greedy`, the sequences' greedy tokens go there
   /// (needs the sampling epilogue) and no logits come back.
+  /// With `greedy` and `want`, the sequences b with want[b] also get their logits rows back.
   std::vector<std::vector<float>> run(const models::StepInput& in, bool all,
                                       const StageInputs& inputs = {},
                                       std::vector<int32_t>* greedy = nullptr,
-                                      const StageTransport* transport = nullptr);
+                                      const StageTransport* transport = nullptr,
+                                      const std::vector<bool>* want = nullptr);
 };
 
 void CudaModel::Impl::upload_weights(const fs::path& cache_dir) {
@@ -506,7 +511,8 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
                                    std::vector<std::vector<float>>& rows, bool all,
                                    std::vector<int32_t>* greedy, const StageInputs& inputs,
                                    const std::vector<size_t>& input_rows,
-                                   const StageTransport* transport) {
+                                   const StageTransport* transport,
+                                   const std::vector<bool>* want_rows) {
   const std::map<std::string, ir::Tensor> p = models::step_params(sub);
   const int tokens = static_cast<int>(p.at(models::params::kTokenIds).numel());
   const int seqs = static_cast<int>(sub.tokens.size());
@@ -559,11 +565,22 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
     transport->wait(stream);
     return;
   }
-  if (greedy) // the sampling epilogue's keys only (greedy is only set when it exists)
+  const std::vector<int32_t>& last = p.at(models::params::kLogitRows).i;
+  if (greedy) { // the sampling epilogue's keys (greedy is only set when it exists) ...
     check(cudaMemcpyAsync(keys_host, argmax_keys, n * argmax_chunks * sizeof(uint64_t),
                           cudaMemcpyDeviceToHost, stream),
           "copying the greedy tokens back");
-  else
+    // ... and the logits rows a sampling request needs, each where step() would put it.
+    if (want_rows)
+      for (size_t b = 0; b < static_cast<size_t>(seqs); ++b)
+        if ((*want_rows)[b]) {
+          const size_t r = per_token ? static_cast<size_t>(last[b]) : b;
+          check(cudaMemcpyAsync(out_host + r * v,
+                                static_cast<const float*>(address(output, 0)) + r * v,
+                                v * sizeof(float), cudaMemcpyDeviceToHost, stream),
+                "copying a logits row back");
+        }
+  } else
     check(cudaMemcpyAsync(out_host, address(output, 0), n * v * sizeof(float),
                           cudaMemcpyDeviceToHost, stream),
           "copying the logits back");
@@ -588,6 +605,13 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
   if (greedy) {
     for (size_t b = 0; b < n; ++b)
       greedy->push_back(codegen::argmax_of_keys(keys_host + b * argmax_chunks, argmax_chunks));
+    if (want_rows)
+      for (size_t b = 0; b < static_cast<size_t>(seqs); ++b) {
+        const size_t r = per_token ? static_cast<size_t>(last[b]) : b;
+        rows.emplace_back();
+        if ((*want_rows)[b])
+          rows.back().assign(out_host + r * v, out_host + (r + 1) * v);
+      }
     return;
   }
   if (all) {
@@ -596,7 +620,6 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
     return;
   }
   // One row per sequence whose last token is in this sub-step (the caller marks which).
-  const std::vector<int32_t>& last = p.at(models::params::kLogitRows).i;
   for (size_t b = 0; b < static_cast<size_t>(seqs); ++b) {
     const size_t r = per_token ? static_cast<size_t>(last[b]) : b;
     rows.emplace_back(out_host + r * v, out_host + (r + 1) * v);
@@ -606,7 +629,8 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
 std::vector<std::vector<float>> CudaModel::Impl::run(const models::StepInput& in, bool all,
                                                       const StageInputs& inputs,
                                                       std::vector<int32_t>* greedy,
-                                                      const StageTransport* transport) {
+                                                      const StageTransport* transport,
+                                                      const std::vector<bool>* want) {
   Impl& m = *this;
   validate_step(in, m.max_batch, m.max_seq, m.ckpt.config().vocab_size);
   std::vector<std::vector<float>> result(all ? 0 : in.tokens.size());
@@ -623,14 +647,22 @@ std::vector<std::vector<float>> CudaModel::Impl::run(const models::StepInput& in
           input_rows.push_back(seq_offset[pc.seq] + pc.start + i);
     std::vector<std::vector<float>> rows;
     std::vector<int32_t> ids;
-    m.run_substep(sub, rows, all, greedy ? &ids : nullptr, inputs, input_rows, transport);
+    std::vector<bool> want_rows; // the pieces whose sequence's logits row is wanted
+    if (want)
+      for (const Piece& pc : pieces)
+        want_rows.push_back((*want)[pc.seq] && ends_sequence(in, pc));
+    m.run_substep(sub, rows, all, greedy ? &ids : nullptr, inputs, input_rows, transport,
+                  want ? &want_rows : nullptr);
     if (transport && m.sends)
       continue; // sent on the device: nothing comes back
     if (greedy) {
       greedy->resize(in.tokens.size());
       for (size_t i = 0; i < pieces.size(); ++i)
-        if (ends_sequence(in, pieces[i]))
+        if (ends_sequence(in, pieces[i])) {
           (*greedy)[pieces[i].seq] = ids[i];
+          if (want)
+            result[pieces[i].seq] = std::move(rows[i]);
+        }
       continue;
     }
     if (all) {
@@ -647,6 +679,17 @@ std::vector<std::vector<float>> CudaModel::Impl::run(const models::StepInput& in
 
 std::vector<std::vector<float>> CudaModel::step(const models::StepInput& in) {
   return impl_->run(in, false);
+}
+
+engine::StepOutput CudaModel::step_mixed(const models::StepInput& in,
+                                         const std::vector<bool>& need_logits) {
+  if (!impl_->argmax_keys)
+    return Model::step_mixed(in, need_logits);
+  XSERV_CHECK(need_logits.size() == in.tokens.size(), "step_mixed: one flag per sequence");
+  // Greedy picks on the GPU for every sequence; only the wanted logits rows come back.
+  engine::StepOutput out;
+  out.logits = impl_->run(in, false, {}, &out.greedy, nullptr, &need_logits);
+  return out;
 }
 
 std::vector<int32_t> CudaModel::step_greedy(const models::StepInput& in) {

@@ -89,6 +89,9 @@ public:
   /// Greedy tokens picked on the GPU (the plan's argmax kernel): only a few bytes per sequence
   /// come back.
   std::vector<int32_t> step_greedy(const models::StepInput& in) override;
+  /// Greedy picks on the GPU for every sequence, and only the wanted logits rows copied back.
+  engine::StepOutput step_mixed(const models::StepInput& in,
+                                const std::vector<bool>& need_logits) override;
   /// Every row the graph returns, sub-steps concatenated: one per token, in the step's
   /// flattened order, for a graph built with last_logits_only = false.
   std::vector<std::vector<float>> step_all(const models::StepInput& in);
