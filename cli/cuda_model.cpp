@@ -422,6 +422,22 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
                       int(m.kernels.size()) - compiled, cache_dir.string()));
   }
   m.executor->set_dependent_launch(dependent);
+  if (m.cuda_graphs && options.capture_at_start) {
+    // Every decode shape a run can meet, captured now rather than inside a request (as vLLM
+    // does): batch sizes 1..max_batch x attention key buckets up to max_seq's.
+    auto t3 = std::chrono::steady_clock::now();
+    const int top = runtime::attention_key_bucket(static_cast<int>(max_seq));
+    int buckets = 0;
+    for (int b = 1; b <= static_cast<int>(max_batch) && b <= m.tcap; ++b)
+      for (int bucket = 64, n = 0; bucket <= top; bucket *= 2, ++n) {
+        buckets = std::max(buckets, n + 1);
+        runtime::StepShape s{b, b, bucket - 1};
+        m.graph_execs.emplace(std::make_tuple(b, b, bucket), m.capture(s));
+      }
+    m.log(fmt::format("captured {} decode graphs (batch 1..{} x {} key buckets) in {:.2f} s",
+                      m.graph_execs.size(), std::min<int64_t>(max_batch, m.tcap), buckets,
+                      seconds_since(t3)));
+  }
   m.log(fmt::format("ready: {} launch table entries{}, arena {:.1f} MiB, KV caches for {} x {}, "
                     "{:.2f} GB in all, {:.1f} s",
                     m.executor->size(), m.cuda_graphs ? " (decode as CUDA graphs)" : "",

@@ -47,6 +47,9 @@ struct CudaModelOptions {
   /// size, attention key bucket) and replayed; off: every launch goes out eagerly. The
   /// environment variable XSERV_CUDA_GRAPHS=0 turns them off whatever this says.
   bool cuda_graphs = true;
+  /// With cuda_graphs: capture the graph of every decode shape (batch 1..max_batch x attention
+  /// key buckets up to max_seq) when the model loads, so no request waits for a capture.
+  bool capture_at_start = true;
   /// Tokens per prefill sub-step (at least 8): steps of more than 8 tokens run the tensor-core
   /// gemm kernels; 8 keeps every step on the decode kernels. XSERV_PREFILL_CHUNK overrides it.
   int prefill_chunk = kPrefillChunk;
