@@ -140,6 +140,9 @@ int serving_bench(const ParsedArgs& args) {
     ep.model = args.get("--model", "");
     ep.api_key = args.get("--api-key", "");
     o.vocab = args.get_int("--vocab", 199998, 1, 1 << 24);
+    o.disconnect = args.get_double("--disconnect", 0.0);
+    if (!(o.disconnect >= 0 && o.disconnect <= 1))
+      throw UsageError("--disconnect must be a fraction in [0, 1]");
     const Workload w = make_workload(o);
     double seconds = 0;
     const auto records = run_http_load(ep, w, o, &seconds);
@@ -167,6 +170,7 @@ int serving_bench(const ParsedArgs& args) {
   engine::EngineOptions eo;
   eo.max_running = args.get_int("--max-running", 0, 0, 1 << 20);
   eo.max_tokens_per_step = args.get_int("--max-tokens-per-step", 2048, 1, 1 << 24);
+  eo.admit_batch = args.get_int("--admit-batch", 1, 1, 1 << 16);
   const Workload w = make_workload(o);
   // Warm-up: one short request, so that kernel loading and first launches stay out of the run.
   {
@@ -188,7 +192,8 @@ int serving_bench(const ParsedArgs& args) {
                                                                std::max(st.model_ms + st.schedule_ms,
                                                                         1e-9))},
       {"max running", std::to_string(st.kv_rows)},
-      {"token budget per step", args.get("--max-tokens-per-step", "2048")}};
+      {"token budget per step", args.get("--max-tokens-per-step", "2048")},
+      {"admit batch", std::to_string(eo.admit_batch)}};
   std::cout << render_serving(summarize(records, seconds), o,
                               fmt::format("xserv engine ({})", model->backend()), extra, format)
             << std::flush;

@@ -181,6 +181,7 @@ int cmd_compile(const ParsedArgs& args) {
   ko.arch = args.get("--arch", "sm_90");
   ko.max_batch = max_batch;
   ko.max_seq = max_seq;
+  ko.prefill_chunk = static_cast<int>(chunk);
   ko.cubins = cubins;
   pj["codegen"] = write_plan_kernels(g, plan, ko);
   // Each stage lowers to kernels of the whole graph (checked here, so a plan never holds a

@@ -31,8 +31,10 @@ struct StageTransport {
   std::function<void(Stream stream)> wait;
 };
 
-/// Default tokens per prefill sub-step of the CUDA engine (and of the kernels a plan carries).
-constexpr int kPrefillChunk = 1024;
+/// Default tokens per prefill sub-step of the CUDA model, and `xserv compile --prefill-chunk`'s
+/// default for max-seq >= 2048: a serving step that mixes 64 decode tokens with four 512-token
+/// prompts runs as one sub-step (docs/PERF.md, session 6: 1024 split it in two).
+constexpr int kPrefillChunk = 2048;
 
 /// How a CudaModel is built.
 struct CudaModelOptions {

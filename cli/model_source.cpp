@@ -87,6 +87,7 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
     src.max_batch = pj["options"].value("max_batch", int64_t{1});
     src.max_seq = pj["options"].value("max_seq", int64_t{4096});
     src.arch = pj["options"].value("arch", std::string());
+    src.prefill_chunk = pj["options"].value("prefill_chunk", int64_t{0});
     if (pj.contains("pipeline"))
       for (const auto& st : pj["pipeline"]["stages"])
         src.stage_graphs.push_back(st.value("graph", std::string()));
@@ -151,6 +152,8 @@ std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args
   if (backend == "cuda" && stages.empty()) {
     CudaModelOptions opts;
     opts.plan_dir = src.plan_dir; // replay the plan's launch table and cubins when they fit
+    if (src.prefill_chunk > 0)
+      opts.prefill_chunk = static_cast<int>(src.prefill_chunk);
     return std::make_unique<CudaModel>(src.model_dir, src.max_batch, src.max_seq, g, opts);
   }
   if (!stages.empty() && !args.has("--pp-local")) {

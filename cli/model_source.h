@@ -22,6 +22,7 @@ struct ModelSource {
   int64_t max_batch = 1;
   int64_t max_seq = 4096;
   std::string arch; ///< the GPU architecture the plan was compiled for ("sm_90"); empty: any
+  int64_t prefill_chunk = 0; ///< tokens per prefill sub-step the plan was lowered for; 0: default
   std::vector<std::string> stage_graphs; ///< a --pp plan's stage programs, in stage order
 };
 

@@ -35,7 +35,7 @@ struct PlanLowering {
 
 void lower_for_plan(const ir::Graph& g, const PlanKernelOptions& opts, PlanLowering& out) {
   LoweringContext& ctx = out.ctx;
-  ctx.max_tokens = step_token_capacity(opts.max_batch, kPrefillChunk);
+  ctx.max_tokens = step_token_capacity(opts.max_batch, opts.prefill_chunk);
   ctx.max_seqs = static_cast<int>(opts.max_batch);
   ctx.cache_rows = opts.max_batch;
   ctx.max_seq = opts.max_seq;

@@ -13,6 +13,7 @@ namespace xserv::cli {
 struct PlanKernelOptions {
   std::string arch = "sm_90"; ///< GPU architecture the cubins are compiled for
   int64_t max_batch = 1, max_seq = 1;
+  int prefill_chunk = 2048; ///< tokens per prefill sub-step (`xserv compile --prefill-chunk`)
   bool cubins = true; ///< also compile every kernel with NVRTC (no GPU needed)
 };
 

@@ -64,6 +64,13 @@ Workload make_workload(const ServingOptions& o) {
       t += gap(rng);
     w.arrivals.push_back(t);
   }
+  // Drawn after the rest, so a workload's prompts do not depend on `disconnect`.
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int64_t i = 0; i < o.requests; ++i) {
+    const int64_t half = std::max<int64_t>(1, w.output_lens[size_t(i)] / 2);
+    w.hang_up_after.push_back(
+        u(rng) < o.disconnect ? std::uniform_int_distribution<int64_t>(1, half)(rng) : 0);
+  }
   return w;
 }
 
@@ -183,6 +190,10 @@ std::vector<RequestRecord> run_http_load(const Endpoint& ep, const Workload& w,
               r.first_token = t;
             r.token_times.push_back(t);
             ++chunks;
+            if (w.hang_up_after[i] > 0 && chunks >= w.hang_up_after[i]) {
+              r.disconnected = true;
+              return false; // hang up: httplib closes the connection
+            }
           }
         }
         return true;
@@ -192,6 +203,8 @@ std::vector<RequestRecord> run_http_load(const Endpoint& ep, const Workload& w,
       const httplib::Result res = client.send(req);
       r.end = seconds_since(t0);
       r.output_tokens = usage >= 0 ? usage : chunks;
+      if (r.disconnected)
+        continue;
       if (!res)
         r.error = "HTTP error: " + httplib::to_string(res.error());
       else if (res->status != 200)
@@ -217,6 +230,10 @@ ServingReport summarize(const std::vector<RequestRecord>& records, double durati
   r.duration_s = duration_s;
   std::vector<double> ttft, tpot, itl, e2e;
   for (const RequestRecord& q : records) {
+    if (q.disconnected) {
+      ++r.disconnected;
+      continue;
+    }
     if (!q.ok) {
       ++r.failed;
       if (r.first_error.empty())
@@ -257,6 +274,7 @@ std::string render_serving(const ServingReport& r, const ServingOptions& o,
        fmt::format("{} / {}{}", o.input_len, o.output_len,
                    o.len_range > 0 ? fmt::format(" (+-{:g}%)", 100 * o.len_range) : "")},
       {"completed / failed", fmt::format("{} / {}", r.completed, r.failed)},
+      {"disconnected on purpose", std::to_string(r.disconnected)},
       {"duration (s)", fmt::format("{:.2f}", r.duration_s)},
       {"request throughput (req/s)", fmt::format("{:.2f}", r.request_rate)},
       {"output token throughput (tok/s)", fmt::format("{:.1f}", r.output_tps)},
@@ -296,6 +314,7 @@ std::string render_serving(const ServingReport& r, const ServingOptions& o,
     j["len_range"] = o.len_range;
     j["completed"] = r.completed;
     j["failed"] = r.failed;
+    j["disconnected"] = r.disconnected;
     j["duration_s"] = r.duration_s;
     j["request_throughput"] = r.request_rate;
     j["output_throughput"] = r.output_tps;

@@ -21,6 +21,9 @@ struct ServingOptions {
   double len_range = 0;
   uint64_t seed = 1;
   int64_t vocab = 0; ///< prompt ids are uniform in [0, vocab)
+  /// HTTP only: this fraction of the requests (drawn from the seed) hang up mid-stream, after a
+  /// random number of tokens in [1, output_len / 2], as impatient clients do.
+  double disconnect = 0;
 };
 
 /// One request as the client saw it; times in seconds since the run began.
@@ -29,6 +32,7 @@ struct RequestRecord {
   std::vector<double> token_times; ///< arrival of each output token (or of each chunk)
   int64_t prompt_tokens = 0, output_tokens = 0;
   bool ok = false;
+  bool disconnected = false; ///< the client hung up on purpose (ServingOptions::disconnect)
   std::string error;
 };
 
@@ -37,6 +41,7 @@ struct Workload {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int64_t> output_lens;
   std::vector<double> arrivals; ///< seconds since the start, non-decreasing
+  std::vector<int64_t> hang_up_after; ///< tokens before the client hangs up; 0: never
 };
 Workload make_workload(const ServingOptions& o);
 
@@ -61,7 +66,7 @@ std::vector<RequestRecord> run_http_load(const Endpoint& ep, const Workload& w,
 
 /// The report's figures.
 struct ServingReport {
-  int64_t requests = 0, completed = 0, failed = 0;
+  int64_t requests = 0, completed = 0, failed = 0, disconnected = 0;
   double duration_s = 0;
   int64_t prompt_tokens = 0, output_tokens = 0;
   double request_rate = 0, output_tps = 0, total_tps = 0;

@@ -7,7 +7,8 @@
 //      the budget never holds one back, so it is raised to max_running).
 //   3. Prefill: sequences still in their prompt, in admission order, then waiting requests in
 //      arrival order (each taking the lowest free row while fewer than max_running run), get
-//      prompt chunks until the step holds max_tokens_per_step tokens.
+//      prompt chunks until the step holds max_tokens_per_step tokens. Waiting requests join
+//      only in groups of admit_batch (or when nothing runs, or after max_admit_wait steps).
 //   4. One model step over all of them. Sequences whose step ends at their prompt's end or that
 //      decode get a token: the model's greedy pick, or the request's own sampler over its
 //      logits row (only rows that need logits bring them back).
@@ -75,6 +76,7 @@ struct Engine::Sequence {
   runtime::Sampler sampler;
   int32_t row = -1;           ///< KV-cache row while running
   size_t cached = 0;          ///< tokens in the row: prompt tokens, then generated ones fed back
+  int64_t waited = 0;         ///< steps spent waiting for a row
   std::vector<int32_t> generated;
 
   Sequence(RequestId i, Request r) : id(i), req(std::move(r)), sampler(req.sampling) {}
@@ -93,6 +95,9 @@ Engine::Engine(Model& model, EngineOptions options) : model_(model), options_(op
   if (options_.max_tokens_per_step < 1)
     throw Error(fmt::format("max_tokens_per_step {} is below 1", options_.max_tokens_per_step));
   options_.max_tokens_per_step = std::max(options_.max_tokens_per_step, options_.max_running);
+  if (options_.admit_batch < 1 || options_.max_admit_wait < 0)
+    throw Error(fmt::format("admit_batch {} must be >= 1 and max_admit_wait {} >= 0",
+                            options_.admit_batch, options_.max_admit_wait));
   // Rows are handed out lowest first; the stack keeps the lowest on top.
   for (int32_t r = static_cast<int32_t>(options_.max_running) - 1; r >= 0; --r)
     free_rows_.push_back(r);
@@ -211,7 +216,16 @@ std::vector<Event> Engine::step() {
     if (s->in_prompt() && budget > 0)
       add_chunk(*s);
   int64_t admitted = 0;
-  while (budget > 0 && !waiting_.empty() && !free_rows_.empty() &&
+  // Newcomers join in groups of admit_batch (one prompt step then serves several), unless
+  // nothing runs or the oldest has waited max_admit_wait steps.
+  const int64_t can_join = std::min<int64_t>(
+      {int64_t(waiting_.size()), int64_t(free_rows_.size()),
+       options_.max_running - int64_t(running_.size())});
+  const bool join_now = can_join >= options_.admit_batch || running_.empty() ||
+                        (!waiting_.empty() && waiting_.front()->waited >= options_.max_admit_wait);
+  for (auto& w : waiting_)
+    ++w->waited;
+  while (join_now && budget > 0 && !waiting_.empty() && !free_rows_.empty() &&
          int64_t(running_.size()) < options_.max_running) {
     std::unique_ptr<Sequence> s = std::move(waiting_.front());
     waiting_.pop_front();

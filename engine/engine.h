@@ -81,6 +81,12 @@ struct EngineOptions {
   /// arrival order up to this budget (vLLM's max_num_batched_tokens). At least 1; raised to
   /// max_running, so that no running sequence ever waits for a step.
   int64_t max_tokens_per_step = 2048;
+  /// Waiting requests join only when this many can join at once (free rows), so that one
+  /// prompt step serves several of them, unless nothing is running or the oldest has waited
+  /// max_admit_wait steps. 1: each joins as soon as a row is free (the lowest time to first
+  /// token); larger trades time to first token for throughput.
+  int64_t admit_batch = 1;
+  int64_t max_admit_wait = 16;
 };
 
 /// Counters and gauges of an Engine, a consistent snapshot.

@@ -152,7 +152,7 @@ TEST_CASE("gpu: engine batch invariance on the 20b (XSERV_20B_CKPT)") {
   check_invariance(ckpt, 64, 512);
 }
 
-TEST_CASE("gpu: sampled and greedy requests share steps; the sampled ones follow their seeds") {
+TEST_CASE("gpu: sampled and greedy requests share steps, the sampled ones follow their seeds") {
   XSERV_REQUIRE_GPU();
   xserv::testing::TempDir tmp("engine_gpu_mixed");
   models::SynthOptions so;

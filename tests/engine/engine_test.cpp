@@ -387,3 +387,33 @@ TEST_CASE("engine: generate() runs every request to its end and reports the call
   bad[2].prompt.clear();
   CHECK_THROWS_WITH(engine::generate(m, bad), "request 2: the prompt is empty");
 }
+
+TEST_CASE("engine: admit_batch makes newcomers join together, or after max_admit_wait steps") {
+  FakeModel m(4, 64);
+  EngineOptions o;
+  o.admit_batch = 2;
+  o.max_admit_wait = 3;
+  Engine e(m, o);
+  Drained d;
+  const auto a = e.add(make_request({1}, 50)); // nothing runs: joins at once
+  step(e, d);
+  CHECK(e.stats().running == 1);
+  const auto b = e.add(make_request({2}, 5)); // one newcomer: waits for a second one
+  step(e, d);
+  step(e, d);
+  CHECK(e.stats().running == 1);
+  e.add(make_request({3}, 5)); // two can join: both do
+  step(e, d);
+  CHECK(e.stats().running == 3);
+  CHECK(d.tokens[b].size() == 1);
+  const auto c = e.add(make_request({4}, 5)); // alone again: joins after 3 steps of waiting
+  for (int i = 0; i < 3; ++i) {
+    step(e, d);
+    CHECK(d.tokens[c].empty());
+  }
+  step(e, d);
+  CHECK(d.tokens[c].size() == 1);
+  e.abort(a);
+  d = drain(e, d);
+  CHECK(e.stats().finished_length == 3);
+}

@@ -44,7 +44,7 @@ TEST_CASE("layering: runtime/ and engine/ include nothing from compiler/ or code
   CHECK_FALSE(including("cli", compile_side).empty());
 }
 
-TEST_CASE("layering: engine/ includes no CUDA header; cli/ no more than the listed models") {
+TEST_CASE("layering: engine/ includes no CUDA header, cli/ no more than the listed models") {
   const std::regex cuda(R"(#include\s+<(cuda|cuda_runtime|cuda_runtime_api|nccl|nvrtc)[^>]*>)");
   CHECK(including("engine", cuda).empty());
   const std::set<std::string> allowed = {"cli/cmd_trace.cpp", "cli/cuda_model.cpp",
