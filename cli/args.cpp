@@ -2,6 +2,8 @@
 #include "cli/args.h"
 
 #include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -24,8 +26,10 @@ std::vector<std::string> ParsedArgs::list(const std::string& name) const {
       size_t end = v.find(',', start);
       if (end == std::string::npos)
         end = v.size();
-      if (end > start)
-        out.push_back(v.substr(start, end - start));
+      if (end == start)
+        throw UsageError(
+            fmt::format("{}: empty element in '{}' (a list is VALUE,VALUE,...)", name, v));
+      out.push_back(v.substr(start, end - start));
       start = end + 1;
     }
   }
@@ -36,14 +40,17 @@ int64_t ParsedArgs::get_int(const std::string& name, int64_t fallback, int64_t l
                             int64_t hi) const {
   if (!has(name))
     return fallback;
-  const std::string v = get(name);
+  return parse_int(get(name), name, lo, hi);
+}
+
+int64_t parse_int(const std::string& v, const std::string& what, int64_t lo, int64_t hi) {
   char* end = nullptr;
   errno = 0;
   long long x = std::strtoll(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0' || errno != 0)
-    throw UsageError(fmt::format("{} expects an integer, got '{}'", name, v));
+    throw UsageError(fmt::format("{} expects an integer, got '{}'", what, v));
   if (x < lo || x > hi)
-    throw UsageError(fmt::format("{} must be in [{}, {}], got {}", name, lo, hi, x));
+    throw UsageError(fmt::format("{} must be in [{}, {}], got {}", what, lo, hi, x));
   return x;
 }
 
@@ -55,6 +62,8 @@ double ParsedArgs::get_double(const std::string& name, double fallback) const {
   double x = std::strtod(v.c_str(), &end);
   if (v.empty() || *end != '\0')
     throw UsageError(fmt::format("{} expects a number, got '{}'", name, v));
+  if (!std::isfinite(x))
+    throw UsageError(fmt::format("{} expects a finite number, got '{}'", name, v));
   return x;
 }
 

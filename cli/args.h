@@ -38,9 +38,11 @@ class ParsedArgs {
 public:
   bool has(const std::string& name) const { return values_.count(name) > 0; }
   std::string get(const std::string& name, const std::string& fallback = "") const;
-  /// All values given for a repeatable option, comma lists split.
+  /// All values given for a repeatable option, comma lists split; UsageError on an empty
+  /// element ("1,,2", "1,2,", "").
   std::vector<std::string> list(const std::string& name) const;
   int64_t get_int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const;
+  /// UsageError unless the value is a finite number (nan and inf are refused).
   double get_double(const std::string& name, double fallback) const;
   const std::vector<std::string>& positional() const { return positional_; }
 
@@ -56,6 +58,9 @@ ParsedArgs parse_args(const CommandSpec& spec, const std::vector<std::string>& a
 
 /// The help text of one command.
 std::string command_help(const CommandSpec& spec);
+
+/// `text` as an integer in [lo, hi]; UsageError naming `what` otherwise.
+int64_t parse_int(const std::string& text, const std::string& what, int64_t lo, int64_t hi);
 
 /// Parses sizes like "5GB", "512MiB", "1000" (bytes). Throws UsageError.
 uint64_t parse_size(const std::string& text, const std::string& what);

@@ -3,11 +3,14 @@
 #include <fstream>
 #include <iostream>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/model_source.h"
+#include "cli/plan_file.h"
 #include "cli/plan_kernels.h"
 #include "compiler/memory_plan.h"
 #include "compiler/partition.h"
@@ -18,6 +21,83 @@
 
 namespace xserv::cli {
 namespace fs = std::filesystem;
+
+namespace {
+
+/// Writes `text` to `path`; throws naming the file when it cannot.
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out.flush())
+    throw Error(fmt::format("{}: cannot write", path.string()));
+}
+
+/// A plan written into a temporary sibling directory and renamed into place by commit() once
+/// complete, so that a failed compile leaves the previous plan (or nothing) behind, never a mix.
+class PlanWriter {
+public:
+  explicit PlanWriter(fs::path plan) : plan_(std::move(plan)) {
+    const fs::path abs = fs::absolute(plan_).lexically_normal();
+    const fs::path name = abs.has_filename() ? abs.filename() : abs.parent_path().filename();
+    const fs::path parent =
+        abs.has_filename() ? abs.parent_path() : abs.parent_path().parent_path();
+    std::error_code ec;
+    if (fs::exists(plan_, ec) && !fs::is_directory(plan_, ec))
+      throw UsageError(fmt::format("-o {}: exists and is not a directory", plan_.string()));
+    if (fs::is_directory(plan_, ec) && !fs::is_empty(plan_, ec) && !fs::exists(plan_ / "plan.json"))
+      throw UsageError(fmt::format("-o {}: a non-empty directory that holds no plan.json; "
+                                   "compile will not replace it (choose another -o)",
+                                   plan_.string()));
+    fs::create_directories(parent, ec);
+    const std::string tag = fmt::format(".{}.{}", name.string(), ::getpid());
+    tmp_ = parent / (tag + ".tmp");
+    old_ = parent / (tag + ".old");
+    fs::remove_all(tmp_, ec);
+    fs::create_directories(tmp_, ec);
+    if (ec)
+      throw Error(fmt::format("{}: cannot create directory: {}", tmp_.string(), ec.message()));
+  }
+  ~PlanWriter() {
+    std::error_code ec;
+    if (!committed_)
+      fs::remove_all(tmp_, ec);
+  }
+  PlanWriter(const PlanWriter&) = delete;
+  PlanWriter& operator=(const PlanWriter&) = delete;
+
+  /// Where the files go until commit().
+  const fs::path& dir() const { return tmp_; }
+
+  /// Replaces the plan directory with the temporary one.
+  void commit() {
+    std::error_code ec;
+    const bool had_old = fs::exists(plan_, ec);
+    if (had_old) {
+      fs::remove_all(old_, ec);
+      fs::rename(plan_, old_, ec);
+      if (ec)
+        throw Error(fmt::format("{}: cannot move the previous plan aside: {}", plan_.string(),
+                                ec.message()));
+    }
+    fs::rename(tmp_, plan_, ec);
+    if (ec) {
+      std::error_code ignored;
+      if (had_old)
+        fs::rename(old_, plan_, ignored);
+      throw Error(fmt::format("{}: cannot rename {} into place: {}", plan_.string(), tmp_.string(),
+                              ec.message()));
+    }
+    committed_ = true;
+    if (had_old)
+      fs::remove_all(old_, ec);
+  }
+
+private:
+  fs::path plan_, tmp_, old_;
+  bool committed_ = false;
+};
+
+} // namespace
 
 int cmd_compile(const ParsedArgs& args) {
   const fs::path model = args.positional()[0];
@@ -58,7 +138,9 @@ int cmd_compile(const ParsedArgs& args) {
         models::Checkpoint::open(model, {.map_data = false, .validate = true});
     uint64_t total = 0;
     for (const auto& f : ckpt.files()) {
-      weight_files.push_back({{"file", f.path().filename().string()}, {"bytes", f.file_size()}});
+      weight_files.push_back({{"file", f.path().filename().string()},
+                              {"bytes", f.file_size()},
+                              {"sample_sha256", sampled_file_digest(f.path())}});
       total += f.file_size();
     }
     progress.finish(fmt::format("{} tensors in {} file(s), {:.2f} GB", ckpt.tensor_names().size(),
@@ -116,13 +198,14 @@ int cmd_compile(const ParsedArgs& args) {
     std::cout << ir::print(g);
     return 0;
   }
-  const fs::path plan = args.get("-o");
-  progress.step(fmt::format("writing {}", plan.string()));
-  fs::create_directories(plan);
-  std::ofstream(plan / "graph.ir") << ir::print(g);
+  const fs::path plan_out = args.get("-o");
+  progress.step(fmt::format("writing {}", plan_out.string()));
+  PlanWriter writer(plan_out);
+  const fs::path& plan = writer.dir();
+  write_file(plan / "graph.ir", ir::print(g));
   nlohmann::json pj = {
       {"format", "xserv-plan"},
-      {"version", 1},
+      {"version", kPlanVersion},
       {"model_dir", fs::absolute(fs::is_directory(model) ? model : model.parent_path()).string()},
       {"model_digest", config_digest(config_file)},
       {"config", cfg.to_json()},
@@ -149,7 +232,7 @@ int cmd_compile(const ParsedArgs& args) {
   nlohmann::json stages = nlohmann::json::array();
   for (size_t i = 0; i < pipeline.stages.size(); ++i) {
     const std::string file = fmt::format("stage{}.ir", i);
-    std::ofstream(plan / file) << ir::print(pipeline.stages[i]);
+    write_file(plan / file, ir::print(pipeline.stages[i]));
     const compiler::StageInfo& in = pipeline.info[i];
     stages.push_back({{"stage", i},
                       {"graph", file},
@@ -193,7 +276,9 @@ int cmd_compile(const ParsedArgs& args) {
                               pj["codegen"]["kernels"].size(),
                               pj["codegen"]["launches_per_decode_step"].get<size_t>()));
   progress.step("writing plan.json");
-  std::ofstream(plan / "plan.json") << pj.dump(2) << "\n";
+  pj["digests"] = digest_plan_files(plan); // run refuses a plan whose files changed since
+  write_file(plan / "plan.json", pj.dump(2) + "\n");
+  writer.commit();
   progress.finish();
   std::fprintf(stderr, "[compile] done in %.1f ms\n", progress.total_ms());
   return 0;

@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/model_source.h"
+#include "cli/plan_file.h"
 #include "cli/roofline.h"
 #include "ir/graph.h"
 #include "models/config.h"
@@ -23,30 +24,28 @@ double gb(double bytes) {
   return bytes / 1e9;
 }
 
-nlohmann::json read_plan(const fs::path& dir) {
-  const fs::path file = dir / "plan.json";
-  if (!fs::exists(file))
+PlanFile read_plan(const fs::path& dir) {
+  if (!fs::exists(dir / "plan.json"))
     throw UsageError(fmt::format("'{}' is not a plan directory (no plan.json)", dir.string()));
-  std::ifstream in(file);
-  auto pj = nlohmann::json::parse(in, nullptr, false);
-  if (pj.is_discarded() || !pj.is_object() || pj.value("format", "") != "xserv-plan")
-    throw Error(fmt::format("{}: not an xserv plan", file.string()));
-  return pj;
+  PlanFile plan = read_plan_file(dir);
+  verify_plan_files(plan);
+  return plan;
 }
 
 } // namespace
 
 int cmd_inspect(const ParsedArgs& args) {
   const fs::path dir = args.positional()[0];
-  const nlohmann::json pj = read_plan(dir);
+  const PlanFile plan = read_plan(dir);
+  const nlohmann::json& pj = plan.doc; // every field below was checked by read_plan_file
   const models::ModelConfig cfg =
-      models::ModelConfig::from_json(pj.at("config"), (dir / "plan.json").string());
-  const ir::Graph g = read_graph(dir / pj.value("graph", "graph.ir"), "graph file");
-  ir::verify_or_throw(g, "in the plan");
+      models::ModelConfig::from_json(plan.config, plan.file.string() + " (field 'config')");
+  const ir::Graph g = read_graph(plan.graph_path(), "graph file");
+  ir::verify_or_throw(g, "in " + plan.graph_path().string());
 
   const auto& opt = pj.at("options");
-  const int64_t max_batch = opt.value("max_batch", int64_t{1});
-  const int64_t max_seq = opt.value("max_seq", int64_t{1});
+  const int64_t max_batch = plan.max_batch;
+  const int64_t max_seq = plan.max_seq;
   const WeightBytes w = weight_bytes(cfg);
   // KV cache: full layers hold max_seq positions, sliding layers a ring of sliding_window.
   double kv_elem = 2;

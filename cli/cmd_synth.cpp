@@ -32,10 +32,10 @@ int cmd_synth(const ParsedArgs& args) {
     auto r = args.list("--expert-scale-range");
     if (r.size() != 2)
       throw UsageError("--expert-scale-range takes LO,HI (scale bytes uniform in [LO, HI))");
-    o.expert_scale_lo = std::stoi(r[0]);
-    o.expert_scale_hi = std::stoi(r[1]);
-    if (o.expert_scale_lo < 0 || o.expert_scale_hi > 256 || o.expert_scale_lo >= o.expert_scale_hi)
-      throw UsageError("--expert-scale-range needs 0 <= LO < HI <= 256");
+    o.expert_scale_lo = static_cast<int>(parse_int(r[0], "--expert-scale-range", 0, 255));
+    o.expert_scale_hi = static_cast<int>(parse_int(r[1], "--expert-scale-range", 0, 255));
+    if (o.expert_scale_lo < 0 || o.expert_scale_hi > 255 || o.expert_scale_lo >= o.expert_scale_hi)
+      throw UsageError("--expert-scale-range needs 0 <= LO < HI <= 255 (scale byte 0xFF is NaN)");
   }
   Progress progress("synth");
   o.progress = [](const std::string& line) { std::fprintf(stderr, "[synth] %s\n", line.c_str()); };

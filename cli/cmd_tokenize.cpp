@@ -1,4 +1,6 @@
 // `xserv tokenize`: print the token ids of a text (or decode ids back to text).
+#include <cerrno>
+#include <cstdlib>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -16,8 +18,17 @@ int cmd_tokenize(const ParsedArgs& args) {
   const std::string text = args.positional().size() > 1 ? args.positional()[1] : "";
   if (args.has("--decode")) {
     std::vector<models::TokenId> ids;
-    for (const auto& s : args.list("--decode"))
-      ids.push_back(static_cast<models::TokenId>(std::stoul(s)));
+    const auto vocab = static_cast<int64_t>(tok.vocab_size());
+    for (const auto& s : args.list("--decode")) {
+      char* end = nullptr;
+      errno = 0;
+      const long long id = std::strtoll(s.c_str(), &end, 10);
+      if (*end != '\0' || errno != 0 || id < 0 || id >= vocab)
+        throw UsageError(fmt::format("--decode: '{}' is not a token id (ids are integers in [0, "
+                                     "{}), comma-separated)",
+                                     s, vocab));
+      ids.push_back(static_cast<models::TokenId>(id));
+    }
     std::cout << tok.decode(ids) << std::endl;
     return 0;
   }

@@ -14,6 +14,7 @@
 #include "cli/cuda_model.h"
 #include "cli/pipeline.h"
 #include "cli/pipeline_local.h"
+#include "cli/plan_file.h"
 #include "ir/graph.h"
 #include "runtime/device.h"
 
@@ -44,29 +45,32 @@ void check_plan_arch(const std::string& plan_arch, const std::string& gpu_arch,
 namespace {
 
 /// The checkpoint must still be the one the plan was compiled from: same config bytes, and the
-/// same safetensors files with the same sizes (contents are not hashed: 13.8 GB per run).
-void check_checkpoint_matches(const nlohmann::json& pj, const ModelSource& src) {
-  const fs::path plan_file = src.plan_dir / "plan.json";
-  const std::string want = pj.value("model_digest", "");
+/// same safetensors files with the same sizes and sampled contents (sampled_file_digest: about
+/// 320 KiB read per shard, not 13.8 GB).
+void check_checkpoint_matches(const PlanFile& plan, const ModelSource& src) {
+  const fs::path plan_file = plan.file;
   const std::string have = config_digest(src.model_dir / "config.json");
-  if (!want.empty() && want != have)
+  if (plan.model_digest != have)
     throw Error(fmt::format("{}: the plan was compiled for another config than {} (digest {} vs "
                             "{}): recompile the plan",
-                            plan_file.string(), (src.model_dir / "config.json").string(), want,
-                            have));
-  for (const auto& w : pj.value("weights", nlohmann::json::array())) {
-    const fs::path file = src.model_dir / w.value("file", "");
-    const uint64_t bytes = w.value("bytes", uint64_t{0});
+                            plan_file.string(), (src.model_dir / "config.json").string(),
+                            plan.model_digest, have));
+  for (const PlanWeightFile& w : plan.weights) {
+    const fs::path file = src.model_dir / w.file;
     std::error_code ec;
     const uint64_t size = fs::file_size(file, ec);
     if (ec)
       throw Error(fmt::format("{}: the plan was compiled with {}, which is gone: recompile the "
                               "plan or give --weights DIR",
                               plan_file.string(), file.string()));
-    if (size != bytes)
+    if (size != w.bytes)
       throw Error(fmt::format("{}: {} is {} bytes, but {} when the plan was compiled: the "
                               "checkpoint changed, recompile the plan",
-                              plan_file.string(), file.string(), size, bytes));
+                              plan_file.string(), file.string(), size, w.bytes));
+    if (sampled_file_digest(file) != w.sample_digest)
+      throw Error(fmt::format("{}: {} holds other bytes than when the plan was compiled (sampled "
+                              "sha256): the checkpoint changed, recompile the plan",
+                              plan_file.string(), file.string()));
   }
 }
 
@@ -74,24 +78,19 @@ void check_checkpoint_matches(const nlohmann::json& pj, const ModelSource& src) 
 
 ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
   ModelSource src;
-  nlohmann::json plan_doc;
+  std::optional<PlanFile> plan;
   if (!fs::is_directory(path))
     throw UsageError(fmt::format("'{}' is not a plan or checkpoint directory", path));
   if (fs::exists(fs::path(path) / "plan.json")) {
+    plan = read_plan_file(path);
+    verify_plan_files(*plan);
     src.plan_dir = path;
-    std::ifstream in(src.plan_dir / "plan.json");
-    auto pj = nlohmann::json::parse(in, nullptr, false);
-    if (pj.is_discarded() || !pj.contains("options") || !pj.contains("model_dir"))
-      throw Error(fmt::format("{}: not a valid xserv plan", (src.plan_dir / "plan.json").string()));
-    src.model_dir = pj["model_dir"].get<std::string>();
-    src.max_batch = pj["options"].value("max_batch", int64_t{1});
-    src.max_seq = pj["options"].value("max_seq", int64_t{4096});
-    src.arch = pj["options"].value("arch", std::string());
-    src.prefill_chunk = pj["options"].value("prefill_chunk", int64_t{0});
-    if (pj.contains("pipeline"))
-      for (const auto& st : pj["pipeline"]["stages"])
-        src.stage_graphs.push_back(st.value("graph", std::string()));
-    plan_doc = std::move(pj);
+    src.model_dir = plan->model_dir;
+    src.max_batch = plan->max_batch;
+    src.max_seq = plan->max_seq;
+    src.arch = plan->arch;
+    src.prefill_chunk = plan->prefill_chunk;
+    src.stage_graphs = plan->stage_graphs;
   } else if (fs::exists(fs::path(path) / "config.json")) {
     src.model_dir = path;
   } else {
@@ -103,8 +102,8 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
     throw UsageError(fmt::format("checkpoint directory '{}' does not exist{}",
                                  src.model_dir.string(),
                                  src.plan_dir.empty() ? "" : " (give --weights DIR)"));
-  if (!src.plan_dir.empty())
-    check_checkpoint_matches(plan_doc, src);
+  if (plan)
+    check_checkpoint_matches(*plan, src);
   const int64_t plan_seq = src.max_seq, plan_batch = src.max_batch;
   src.max_seq =
       args.get_int("--max-seq", src.max_seq, 1, src.plan_dir.empty() ? (1 << 20) : plan_seq);
@@ -132,11 +131,20 @@ ir::Graph read_graph(const fs::path& file, std::string_view what) {
   if (!in)
     throw Error(fmt::format("{}: {} missing", file.string(), what));
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return ir::parse(text);
+  return ir::parse(text, file.string());
 }
 
 std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args) {
   const std::string backend = resolve_backend(src, args.get("--backend", "auto"));
+  if (backend == "cuda" && src.stage_graphs.empty()) {
+    // The plan's stage layout, launch table and kernels: graph.ir is read only when the plan
+    // does not fit the run (and then the run lowers the graph itself, saying why).
+    CudaModelOptions opts;
+    opts.plan_dir = src.plan_dir;
+    if (src.prefill_chunk > 0)
+      opts.prefill_chunk = static_cast<int>(src.prefill_chunk);
+    return std::make_unique<CudaModel>(src.model_dir, src.max_batch, src.max_seq, nullptr, opts);
+  }
   std::optional<ir::Graph> plan_graph;
   if (!src.plan_dir.empty())
     plan_graph = read_graph(src.plan_dir / "graph.ir", "the plan's graph");
@@ -148,13 +156,6 @@ std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args
     std::fprintf(stderr, "[plan] %zu pipeline stages on this GPU (same-device transport)\n",
                  stages.size());
     return make_local_cuda_pipeline(src.model_dir, src.max_batch, src.max_seq, stages);
-  }
-  if (backend == "cuda" && stages.empty()) {
-    CudaModelOptions opts;
-    opts.plan_dir = src.plan_dir; // replay the plan's launch table and cubins when they fit
-    if (src.prefill_chunk > 0)
-      opts.prefill_chunk = static_cast<int>(src.prefill_chunk);
-    return std::make_unique<CudaModel>(src.model_dir, src.max_batch, src.max_seq, g, opts);
   }
   if (!stages.empty() && !args.has("--pp-local")) {
     // One process per stage (per GPU with cuda): this one is rank 0 and drives; the others run

@@ -7,6 +7,7 @@
 #include "cli/pipeline.h"
 #include "cli/pipeline_stage.h"
 #include "cli/pipeline_wire.h"
+#include "cli/plan_file.h"
 
 #include <signal.h>
 #include <spawn.h>
@@ -50,10 +51,14 @@ namespace {
 class PipelineModel : public Model {
 public:
   PipelineModel(const fs::path& plan_dir, const fs::path& model_dir, int64_t max_batch,
-                 int64_t max_seq, std::vector<ir::Graph> stages, const PipelineLaunch& launch)
+                int64_t max_seq, std::vector<ir::Graph> stages, const PipelineLaunch& launch)
       : stages_(std::move(stages)), launch_(launch), max_batch_(max_batch), max_seq_(max_seq),
-        listener_(launch.coordinator.empty() ? 0
-                                             : runtime::split_address(launch.coordinator).second) {
+        token_(pipeline_token(launch.coordinator.empty())),
+        listener_(
+            launch.coordinator.empty()
+                ? runtime::Listener("127.0.0.1", 0) // spawned workers are on this host
+                : runtime::Listener(runtime::split_address(launch.coordinator, true).first,
+                                    runtime::split_address(launch.coordinator, true).second)) {
     const int world = static_cast<int>(stages_.size());
     const std::string digest = pipeline_plan_digest(plan_dir);
     std::string why;
@@ -72,6 +77,8 @@ public:
     std::fprintf(stderr, "[pipeline] rank 0 of %d, waiting for %d rank(s) on port %u\n", world,
                  world - 1, listener_.port());
     ranks_.resize(static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r)
+      send_mu_.push_back(std::make_unique<std::mutex>());
     const auto deadline = Clock::now() + launch.connect_timeout;
     for (int got = 0; got < world - 1;) {
       check_children();
@@ -84,9 +91,17 @@ public:
                                   world - 1, launch.connect_timeout.count() / 1000));
         continue;
       }
-      const Frame hello = c.receive(std::chrono::milliseconds(5000));
-      const nlohmann::json h = hello.type == kHello ? decode(hello.payload, nullptr) : nullptr;
-      const int rank = h.is_object() ? h.value("rank", -1) : -1;
+      // Until a peer proves it holds the token, what it sends is only logged: a stray,
+      // garbage, idle or unauthenticated connection is dropped and the wait goes on.
+      nlohmann::json h;
+      try {
+        h = authenticate(c);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "[pipeline] dropped a connection from %s: %s\n", c.peer().c_str(),
+                     e.what());
+        continue;
+      }
+      const int rank = h.value("rank", -1);
       std::string refusal;
       if (rank < 1 || rank >= world)
         refusal = fmt::format("rank {} is outside 1..{}", rank, world - 1);
@@ -98,7 +113,7 @@ public:
                               h.value("digest", "").substr(0, 12), digest.substr(0, 12));
       else if (ranks_[size_t(rank)].valid())
         refusal = fmt::format("rank {} connected twice", rank);
-      if (!refusal.empty()) {
+      if (!refusal.empty()) { // a rank of this run (it holds the token), misconfigured
         c.send(message(kFail, {{"message", refusal}}));
         throw Error("pipeline handshake: " + refusal);
       }
@@ -107,31 +122,41 @@ public:
       nlohmann::json welcome = {{"ok", true},
                                 {"backend", launch.backend},
                                 {"max_batch", max_batch},
-                                {"max_seq", max_seq}};
+                                {"max_seq", max_seq},
+                                {"proof", welcome_proof(token_, h["nonce"], rank)}};
       if (nccl)
         welcome["nccl_id"] = to_hex(nccl_id);
       c.send(message(kWelcome, welcome));
       ranks_[size_t(rank)] = std::move(c);
       ++got;
     }
-    // Rank 0's own stage loads while the workers load theirs; then each reports ready.
-    local_ = make_stage(launch.backend, model_dir, max_batch, max_seq, stages_[0]);
-    for (int r = 1; r < world; ++r)
-      await(r, kReady, nullptr);
-    if (nccl) { // every rank joins the communicator once its stage is loaded
-      comm_ = std::make_unique<runtime::NcclComm>(nccl_id, world, 0, launch.connect_timeout);
-      comm_->connect_pipeline(launch.connect_timeout); // not in the first step
-      local_->use_nccl(comm_.get(), 0, nccl_step_timeout(launch.rank_timeout));
+    // From now on every worker hears from rank 0 at least once a second, so a frozen rank 0
+    // ends the workers' runs (XSERV_PIPELINE_TIMEOUT) instead of leaving them waiting.
+    beat_ = std::thread([this] { beat_workers(); });
+    try {
+      // Rank 0's own stage loads while the workers load theirs; then each reports ready.
+      local_ = make_stage(launch.backend, model_dir, max_batch, max_seq, stages_[0]);
+      for (int r = 1; r < world; ++r)
+        await(r, kReady, nullptr);
+      if (nccl) { // every rank joins the communicator once its stage is loaded
+        comm_ = std::make_unique<runtime::NcclComm>(nccl_id, world, 0, launch.connect_timeout);
+        comm_->connect_pipeline(launch.connect_timeout); // not in the first step
+        local_->use_nccl(comm_.get(), 0, nccl_step_timeout(launch.rank_timeout));
+      }
+    } catch (...) {
+      stop_beat(); // no destructor runs for a constructor that throws
+      throw;
     }
     std::fprintf(stderr, "[pipeline] %d ranks ready (%s, activations over %s)\n", world,
                  launch.backend.c_str(), nccl ? "NCCL" : "TCP");
   }
 
   ~PipelineModel() override {
+    stop_beat();
     for (size_t r = 1; r < ranks_.size(); ++r)
       if (ranks_[r].valid()) {
         try {
-          ranks_[r].send(message(kQuit, nlohmann::json::object()));
+          send_to(int(r), message(kQuit, nlohmann::json::object()));
         } catch (const Error&) {
         }
       }
@@ -172,7 +197,7 @@ public:
   void reset() override {
     local_->reset();
     for (size_t r = 1; r < ranks_.size(); ++r)
-      ranks_[r].send(message(kReset, nlohmann::json::object()));
+      send_to(int(r), message(kReset, nlohmann::json::object()));
   }
 
 private:
@@ -183,6 +208,7 @@ private:
   /// its id).
   void run_ranks(const models::StepInput& in, bool greedy, std::vector<std::vector<float>>* logits,
                  std::vector<int32_t>* ids) {
+    maybe_fault(0, steps_); // tests: "0:stop@STEP" freezes rank 0 here
     if (static_cast<int64_t>(in.tokens.size()) > max_batch_)
       throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
                               in.tokens.size(), max_batch_));
@@ -209,7 +235,7 @@ private:
           continue;
         const nlohmann::json head = step_header(mbs[size_t(m)].in, steps_, greedy);
         try {
-          ranks_[size_t(r)].send(message(kStep, head, out[size_t(r - 1)][size_t(m)]));
+          send_to(r, message(kStep, head, out[size_t(r - 1)][size_t(m)]));
         } catch (const Error& e) {
           fail(r, e);
         }
@@ -224,7 +250,7 @@ private:
         Named& got = out[size_t(r)][size_t(m)];
         const nlohmann::json head = await(r, kResult, &got);
         if (r == world - 1)
-          take_results(mbs[size_t(m)], head, got, logits, ids);
+          take_results(r, mbs[size_t(m)], head, got, logits, ids);
       }
     }
     ++steps_;
@@ -241,7 +267,7 @@ private:
       for (const MicroBatch& mb : mbs) {
         const nlohmann::json head = step_header(mb.in, steps_, greedy);
         try {
-          ranks_[size_t(r)].send(message(kStep, head));
+          send_to(r, message(kStep, head));
         } catch (const Error& e) {
           fail(r, e);
         }
@@ -258,7 +284,7 @@ private:
         Named got;
         const nlohmann::json head = await(r, kResult, &got);
         if (r == world - 1)
-          take_results(mb, head, got, logits, ids);
+          take_results(r, mb, head, got, logits, ids);
       }
     ++steps_;
   }
@@ -266,15 +292,37 @@ private:
   /// The last rank's reply for micro-batch `mb`: each piece that ends its sequence gives that
   /// sequence's logits row (the stage returns one row per piece, or per token with
   /// --all-logits) or greedy id.
-  static void take_results(const MicroBatch& mb, const nlohmann::json& head, const Named& got,
-                           std::vector<std::vector<float>>* logits, std::vector<int32_t>* ids) {
+  /// The last rank's answer for `mb`, checked against what the step asked for before use: one id
+  /// per sequence inside the vocabulary, or one float logits tensor of [sequences or tokens,
+  /// vocabulary].
+  void take_results(int r, const MicroBatch& mb, const nlohmann::json& head, const Named& got,
+                    std::vector<std::vector<float>>* logits, std::vector<int32_t>* ids) {
+    const int64_t vocab = local_->config().vocab_size;
+    auto bad = [&](const std::string& what) {
+      return Error(fmt::format("pipeline rank {} sent a malformed result: {}", r, what));
+    };
     if (ids) {
-      const std::vector<int32_t> picked = head.at("ids").get<std::vector<int32_t>>();
+      const auto it = head.find("ids");
+      if (it == head.end() || !it->is_array() || it->size() != mb.seq.size())
+        throw bad(fmt::format("expected {} ids", mb.seq.size()));
+      for (const auto& id : *it)
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab)
+          throw bad(fmt::format("id {} is outside the vocabulary of {}", id.dump(), vocab));
+      const std::vector<int32_t> picked = it->get<std::vector<int32_t>>();
       for (size_t i = 0; i < mb.seq.size(); ++i)
         if (mb.last[i])
           (*ids)[mb.seq[i]] = picked.at(i);
       return;
     }
+    size_t tokens = 0;
+    for (const auto& t : mb.in.tokens)
+      tokens += t.size();
+    if (got.size() != 1 || got[0].second.is_int() || got[0].second.shape.size() != 2 ||
+        got[0].second.shape[1] != vocab ||
+        (got[0].second.shape[0] != static_cast<int64_t>(mb.in.tokens.size()) &&
+         got[0].second.shape[0] != static_cast<int64_t>(tokens)))
+      throw bad(fmt::format("expected one float logits tensor of [{} or {}, {}]",
+                            mb.in.tokens.size(), tokens, vocab));
     std::vector<std::vector<float>> rows =
         sequence_logits(got.at(0).second, mb.in.tokens.size(),
                         models::step_params(mb.in).at(models::params::kLogitRows));
@@ -287,9 +335,28 @@ private:
   /// tensors into `tensors` and returning its header; a failure, a silence past the rank timeout
   /// or a dropped connection throws naming the rank.
   nlohmann::json await(int r, uint8_t type, Named* tensors) {
+    // Heartbeats prove a rank alive, not that it progresses: the whole wait is bounded too.
+    const auto deadline = Clock::now() + step_timeout_;
     try {
       for (;;) {
-        const Frame f = ranks_[size_t(r)].receive(launch_.rank_timeout);
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        const auto past_deadline = [&] {
+          return Error(fmt::format("no result within the step deadline of {:g} s, only "
+                                   "heartbeats (XSERV_PIPELINE_STEP_TIMEOUT)",
+                                   double(step_timeout_.count()) / 1000));
+        };
+        if (left.count() <= 0)
+          throw past_deadline();
+        Frame f;
+        try {
+          f = ranks_[size_t(r)].receive(std::min(launch_.rank_timeout, left));
+        } catch (const Error&) {
+          if (left < launch_.rank_timeout &&
+              Clock::now() + std::chrono::milliseconds(10) >= deadline)
+            throw past_deadline(); // the deadline, not the rank's silence, cut the wait short
+          throw;
+        }
         if (f.type == kAlive)
           continue;
         if (f.type == kFail)
@@ -301,6 +368,66 @@ private:
     } catch (const Error& e) {
       fail(r, e);
     }
+  }
+
+  /// The handshake of a new connection up to its proof: send a fresh challenge, read a small
+  /// hello, check its fields' types and its HMAC over the challenge. Returns the hello; throws
+  /// (the caller drops the connection) for anything else, after telling an unauthenticated
+  /// xserv worker why.
+  nlohmann::json authenticate(Connection& c) {
+    const std::string challenge = to_hex(random_bytes(32));
+    c.send(message(kChallenge, {{"nonce", challenge}}));
+    const Frame hello = c.receive(std::chrono::milliseconds(5000), kMaxHandshakeBytes);
+    if (hello.type != kHello)
+      throw Error(fmt::format("its first frame is of type {}, not a hello", int(hello.type)));
+    const nlohmann::json h = decode(hello.payload, nullptr);
+    for (const char* k : {"digest", "nonce", "proof"})
+      if (!h.contains(k) || !h[k].is_string())
+        throw Error(fmt::format("its hello has no string '{}'", k));
+    for (const char* k : {"rank", "world"})
+      if (!h.contains(k) || !h[k].is_number_integer() || h[k].get<int64_t>() < 0 ||
+          h[k].get<int64_t>() > (1 << 16))
+        throw Error(fmt::format("its hello has no valid '{}'", k));
+    const std::string want = hello_proof(token_, challenge, h["rank"].get<int>(),
+                                         h["world"].get<int>(), h["digest"], h["nonce"]);
+    if (!same_digest(h["proof"].get<std::string>(), want)) {
+      c.send(message(kFail, {{"message", "authentication failed: this rank does not hold the "
+                                         "pipeline token (XSERV_PIPELINE_TOKEN) of rank 0"}}));
+      throw Error(
+          fmt::format("claims rank {} but does not hold the pipeline token", h["rank"].get<int>()));
+    }
+    return h;
+  }
+
+  /// Sends `f` to rank `r` (serialised with the heartbeat thread's sends).
+  void send_to(int r, const Frame& f) {
+    std::lock_guard<std::mutex> lock(*send_mu_[size_t(r)]);
+    ranks_[size_t(r)].send(f);
+  }
+
+  void stop_beat() {
+    {
+      std::lock_guard<std::mutex> lock(beat_mu_);
+      beat_done_ = true;
+    }
+    beat_wake_.notify_one();
+    if (beat_.joinable())
+      beat_.join();
+  }
+
+  /// The heartbeat thread: kAlive to every connected worker each second until the destructor.
+  void beat_workers() {
+    std::unique_lock<std::mutex> lock(beat_mu_);
+    while (!beat_wake_.wait_for(lock, std::chrono::seconds(1), [this] { return beat_done_; }))
+      for (size_t r = 1; r < ranks_.size(); ++r) {
+        std::lock_guard<std::mutex> g(*send_mu_[r]);
+        if (!ranks_[r].valid())
+          continue;
+        try {
+          ranks_[r].send(message(kAlive, nlohmann::json::object()));
+        } catch (const Error&) { // a dead rank is reported by the next await
+        }
+      }
   }
 
   [[noreturn]] void fail(int r, const Error& e) {
@@ -338,8 +465,18 @@ private:
       for (std::string& a : argv)
         cargv.push_back(a.data());
       cargv.push_back(nullptr);
+      // The token reaches the workers through their environment, never their command line.
+      std::vector<std::string> env;
+      for (char** e = environ; *e; ++e)
+        if (std::string_view(*e).rfind("XSERV_PIPELINE_TOKEN=", 0) != 0)
+          env.emplace_back(*e);
+      env.push_back("XSERV_PIPELINE_TOKEN=" + token_);
+      std::vector<char*> cenv;
+      for (std::string& e : env)
+        cenv.push_back(e.data());
+      cenv.push_back(nullptr);
       pid_t pid = 0;
-      if (::posix_spawn(&pid, self.c_str(), nullptr, nullptr, cargv.data(), environ) != 0)
+      if (::posix_spawn(&pid, self.c_str(), nullptr, nullptr, cargv.data(), cenv.data()) != 0)
         throw Error(fmt::format("cannot start pipeline rank {}: {}", r, std::strerror(errno)));
       children_.push_back(pid);
       child_rank_[pid] = r;
@@ -372,10 +509,18 @@ private:
   std::vector<ir::Graph> stages_;
   PipelineLaunch launch_;
   int64_t max_batch_, max_seq_;
+  std::string token_; ///< the shared secret every rank proves it holds
+  /// The most one wait for a rank's answer may take, heartbeats or not.
+  std::chrono::milliseconds step_timeout_ = pipeline_step_timeout();
   runtime::Listener listener_;
   std::unique_ptr<StageRunner> local_;      ///< stage 0, made after the handshake
   std::unique_ptr<runtime::NcclComm> comm_; ///< with the NCCL transport
   std::vector<Connection> ranks_;
+  std::vector<std::unique_ptr<std::mutex>> send_mu_; ///< per rank: main thread vs heartbeats
+  std::mutex beat_mu_;
+  std::condition_variable beat_wake_;
+  bool beat_done_ = false;
+  std::thread beat_; ///< started once every rank has connected
   std::vector<pid_t> children_;
   std::map<pid_t, int> child_rank_;
   int64_t steps_ = 0;
@@ -405,6 +550,13 @@ int pipeline_micro_batches(int requested, size_t tokens, bool prompt, int world)
   return prompt && tokens >= size_t(2 * world) ? world : 1;
 }
 
+std::chrono::milliseconds pipeline_step_timeout() {
+  double s = 600;
+  if (const char* t = std::getenv("XSERV_PIPELINE_STEP_TIMEOUT"); t && *t)
+    s = std::max(0.1, std::atof(t));
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
 std::chrono::milliseconds pipeline_rank_timeout() {
   double s = 10;
   if (const char* t = std::getenv("XSERV_PIPELINE_TIMEOUT"); t && *t)
@@ -413,16 +565,16 @@ std::chrono::milliseconds pipeline_rank_timeout() {
 }
 
 std::string pipeline_plan_digest(const fs::path& plan_dir) {
-  std::ifstream in(plan_dir / "plan.json");
-  const nlohmann::json pj = nlohmann::json::parse(in, nullptr, false);
-  if (pj.is_discarded() || !pj.contains("pipeline"))
-    throw Error(fmt::format("{}: not a pipelined plan (compile with --pp N)",
-                            (plan_dir / "plan.json").string()));
+  const PlanFile plan = read_plan_file(plan_dir);
+  if (plan.stage_graphs.empty())
+    throw Error(fmt::format("{}: not a pipelined plan (compile with --pp N)", plan.file.string()));
   runtime::Sha256 h;
-  h.update_field(pj.at("options").dump());
-  h.update_field(pj.value("model_digest", ""));
-  for (const auto& st : pj["pipeline"]["stages"]) {
-    std::ifstream g(plan_dir / st.at("graph").get<std::string>());
+  h.update_field(plan.doc.at("options").dump());
+  h.update_field(plan.model_digest);
+  for (const std::string& file : plan.stage_graphs) {
+    std::ifstream g(plan_dir / file, std::ios::binary);
+    if (!g)
+      throw Error(fmt::format("{}: pipeline stage program missing", (plan_dir / file).string()));
     std::string text((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
     h.update_field(text);
   }

@@ -63,6 +63,11 @@ int pipeline_micro_batches(int requested, size_t tokens, bool prompt, int world)
 /// XSERV_PIPELINE_TIMEOUT seconds (at least 0.1), else 10 s.
 std::chrono::milliseconds pipeline_rank_timeout();
 
+/// XSERV_PIPELINE_STEP_TIMEOUT in seconds (default 600): the most rank 0 waits for one rank's
+/// answer in a step, however many heartbeats arrive meanwhile; past it the run ends naming the
+/// rank.
+std::chrono::milliseconds pipeline_step_timeout();
+
 /// Rank 0 of a pipeline: an Model whose steps run stage 0 here and the rest on the workers.
 std::unique_ptr<Model> make_pipeline_model(const std::filesystem::path& plan_dir,
                                              const std::filesystem::path& model_dir,

@@ -1,14 +1,18 @@
 // The pipeline's wire protocol (cli/pipeline_wire.h).
 #include "cli/pipeline_wire.h"
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
 
 #include <fmt/format.h>
 
+#include "cli/args.h"
 #include "ir/error.h"
+#include "runtime/sha256.h"
 
 namespace xserv::cli::wire {
 
@@ -38,14 +42,37 @@ nlohmann::json decode(const std::string& payload, Named* tensors) {
   std::memcpy(&len, payload.data(), sizeof(len));
   if (len > payload.size() - sizeof(len))
     throw Error("pipeline message header overruns the message");
-  nlohmann::json h = nlohmann::json::parse(payload.substr(sizeof(len), len));
+  nlohmann::json h = nlohmann::json::parse(payload.substr(sizeof(len), len), nullptr, false);
+  if (h.is_discarded() || !h.is_object())
+    throw Error("pipeline message: the header is not a JSON object");
   size_t at = sizeof(len) + len;
-  if (tensors)
-    for (const auto& d : h.value("tensors", nlohmann::json::array())) {
-      const std::optional<ir::DType> dt = ir::parse_dtype(d.at("dtype").get<std::string>());
+  if (tensors) {
+    const auto it = h.find("tensors");
+    if (it != h.end() && !it->is_array())
+      throw Error("pipeline message: 'tensors' is not a list");
+    for (const auto& d : it == h.end() ? nlohmann::json::array() : *it) {
+      if (!d.is_object() || !d.contains("name") || !d["name"].is_string() || !d.contains("dtype") ||
+          !d["dtype"].is_string() || !d.contains("shape") || !d["shape"].is_array())
+        throw Error("pipeline message: a tensor entry needs a name, a dtype and a shape");
+      const std::optional<ir::DType> dt = ir::parse_dtype(d["dtype"].get<std::string>());
       if (!dt)
         throw Error("pipeline message: unknown dtype");
-      const std::vector<int64_t> shape = d.at("shape").get<std::vector<int64_t>>();
+      // The shape must describe no more bytes than the message still holds, checked before
+      // anything is allocated (every element travels as 4 bytes: fp32 or int32).
+      std::vector<int64_t> shape;
+      uint64_t elems = 1;
+      const uint64_t room = (payload.size() - at) / 4;
+      for (const auto& x : d["shape"]) {
+        if (!x.is_number_integer() || x.get<int64_t>() < 0)
+          throw Error("pipeline message: a tensor dimension is not a non-negative integer");
+        const auto n = static_cast<uint64_t>(x.get<int64_t>());
+        if (n != 0 && elems > room / n)
+          throw Error("pipeline message: tensor data overruns the message");
+        elems *= n;
+        shape.push_back(static_cast<int64_t>(n));
+      }
+      if (elems > room)
+        throw Error("pipeline message: tensor data overruns the message");
       ir::Tensor t = ir::Tensor::zeros(*dt, shape);
       const size_t bytes = t.is_int() ? t.i.size() * 4 : t.f.size() * 4;
       if (at + bytes > payload.size())
@@ -53,9 +80,74 @@ nlohmann::json decode(const std::string& payload, Named* tensors) {
       std::memcpy(t.is_int() ? static_cast<void*>(t.i.data()) : static_cast<void*>(t.f.data()),
                   payload.data() + at, bytes);
       at += bytes;
-      tensors->emplace_back(d.at("name").get<std::string>(), std::move(t));
+      tensors->emplace_back(d["name"].get<std::string>(), std::move(t));
     }
+  }
   return h;
+}
+
+std::string hmac_sha256(const std::string& key, const std::string& msg) {
+  constexpr size_t kBlock = 64;
+  std::string k = key;
+  if (k.size() > kBlock) {
+    runtime::Sha256 h;
+    h.update(k);
+    const auto d = h.digest();
+    k.assign(reinterpret_cast<const char*>(d.data()), d.size());
+  }
+  k.resize(kBlock, '\0');
+  std::string ipad(kBlock, '\0'), opad(kBlock, '\0');
+  for (size_t i = 0; i < kBlock; ++i) {
+    ipad[i] = static_cast<char>(k[i] ^ 0x36);
+    opad[i] = static_cast<char>(k[i] ^ 0x5c);
+  }
+  runtime::Sha256 inner;
+  inner.update(ipad);
+  inner.update(msg);
+  const auto id = inner.digest();
+  runtime::Sha256 outer;
+  outer.update(opad);
+  outer.update(reinterpret_cast<const char*>(id.data()), id.size());
+  const auto od = outer.digest();
+  return to_hex(std::string(reinterpret_cast<const char*>(od.data()), od.size()));
+}
+
+std::string random_bytes(size_t n) {
+  std::string out(n, '\0');
+  std::ifstream in("/dev/urandom", std::ios::binary);
+  if (!in.read(out.data(), static_cast<std::streamsize>(n)))
+    throw Error("cannot read /dev/urandom for a pipeline nonce");
+  return out;
+}
+
+bool same_digest(const std::string& a, const std::string& b) {
+  if (a.size() != b.size())
+    return false;
+  unsigned char diff = 0; // constant time: no early exit on the first difference
+  for (size_t i = 0; i < a.size(); ++i)
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+std::string hello_proof(const std::string& token, const std::string& challenge, int rank, int world,
+                        const std::string& digest, const std::string& nonce) {
+  return hmac_sha256(token, fmt::format("xserv-pipeline hello\n{}\n{}\n{}\n{}\n{}", challenge, rank,
+                                        world, digest, nonce));
+}
+
+std::string welcome_proof(const std::string& token, const std::string& nonce, int rank) {
+  return hmac_sha256(token, fmt::format("xserv-pipeline welcome\n{}\n{}", nonce, rank));
+}
+
+std::string pipeline_token(bool spawned_here) {
+  const char* t = std::getenv("XSERV_PIPELINE_TOKEN");
+  if (t && *t)
+    return t;
+  if (spawned_here)
+    return to_hex(random_bytes(32)); // given to the spawned workers only, in their environment
+  throw UsageError("XSERV_PIPELINE_TOKEN is not set: ranks on other hosts prove they belong to "
+                   "this run with a shared secret; give every rank the same value (e.g. "
+                   "`openssl rand -hex 32`)");
 }
 
 runtime::Frame message(uint8_t type, const nlohmann::json& head, const Named& tensors) {
@@ -135,7 +227,46 @@ void maybe_fault(int rank, int64_t step) {
     return;
   if (std::string(what) == "exit")
     std::_Exit(3);
+  if (std::string(what) == "stall" || std::string(what) == "narrow")
+    return; // maybe_stall's and maybe_corrupt's
+  if (std::string(what) == "stop") {
+    std::raise(SIGSTOP); // the whole process frozen, heartbeat threads included
+    return;
+  }
   for (;;) // hang: no heartbeats, no reply
+    std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+void maybe_corrupt(int rank, int64_t step, Named& out, nlohmann::json& reply) {
+  const char* f = std::getenv("XSERV_PIPELINE_FAULT");
+  int r = -1;
+  long long at = -1;
+  char what[8] = {0};
+  if (!f || std::sscanf(f, "%d:%7[a-z]@%lld", &r, what, &at) != 3 || r != rank || at != step ||
+      std::string(what) != "narrow")
+    return;
+  if (reply.contains("ids"))
+    reply["ids"] = nlohmann::json::array({int64_t{1} << 30});
+  for (auto& [name, t] : out)
+    if (!t.is_int() && t.shape.size() == 2 && t.shape[1] > 10) { // keep 10 columns of each row
+      std::vector<float> narrow;
+      for (int64_t row = 0; row < t.shape[0]; ++row)
+        narrow.insert(narrow.end(), t.f.begin() + row * t.shape[1],
+                      t.f.begin() + row * t.shape[1] + 10);
+      t.f = std::move(narrow);
+      t.shape[1] = 10;
+    }
+}
+
+void maybe_stall(int rank, int64_t step) {
+  const char* f = std::getenv("XSERV_PIPELINE_FAULT");
+  int r = -1;
+  long long at = -1;
+  char what[8] = {0};
+  if (!f || std::sscanf(f, "%d:%7[a-z]@%lld", &r, what, &at) != 3 || r != rank || at != step ||
+      std::string(what) != "stall")
+    return;
+  for (;;) // heartbeats go on (the caller holds a Heartbeat), a result never comes
     std::this_thread::sleep_for(std::chrono::hours(1));
 }
 

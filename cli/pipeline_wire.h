@@ -23,16 +23,36 @@
 namespace xserv::cli::wire {
 
 enum FrameType : uint8_t {
-  kHello = 1,   ///< worker -> rank 0: {rank, world, digest}
-  kWelcome = 2, ///< rank 0 -> worker: accepted
-  kStep = 3,    ///< rank 0 -> worker: step inputs and received activations
-  kResult = 4,  ///< worker -> rank 0: what the stage sends on
-  kAlive = 5,   ///< worker -> rank 0 while computing
-  kReset = 6,   ///< rank 0 -> worker: clear the KV caches
-  kQuit = 7,    ///< rank 0 -> worker: exit
-  kFail = 8,    ///< either way: {message}; the sender stops
-  kReady = 9,   ///< worker -> rank 0: its stage is loaded
+  kHello = 1,      ///< worker -> rank 0: {rank, world, digest}
+  kWelcome = 2,    ///< rank 0 -> worker: accepted
+  kStep = 3,       ///< rank 0 -> worker: step inputs and received activations
+  kResult = 4,     ///< worker -> rank 0: what the stage sends on
+  kAlive = 5,      ///< worker -> rank 0 while computing
+  kReset = 6,      ///< rank 0 -> worker: clear the KV caches
+  kQuit = 7,       ///< rank 0 -> worker: exit
+  kFail = 8,       ///< either way: {message}; the sender stops
+  kReady = 9,      ///< worker -> rank 0: its stage is loaded
+  kChallenge = 10, ///< rank 0 -> a new connection, first: {nonce}
 };
+
+/// Bounds on what a frame may announce before the peer has proven it holds the token: the
+/// challenge, hello and welcome are small JSON headers.
+inline constexpr uint64_t kMaxHandshakeBytes = 64 << 10;
+
+/// HMAC-SHA256 of `msg` under `key`, as 64 hex characters.
+std::string hmac_sha256(const std::string& key, const std::string& msg);
+/// `n` bytes from /dev/urandom.
+std::string random_bytes(size_t n);
+/// Equal strings, compared in time independent of where they differ.
+bool same_digest(const std::string& a, const std::string& b);
+/// The handshake's proofs: a worker's over rank 0's challenge and what it claims (rank, world,
+/// plan digest, its own nonce); rank 0's over the worker's nonce. Neither reveals the token.
+std::string hello_proof(const std::string& token, const std::string& challenge, int rank, int world,
+                        const std::string& digest, const std::string& nonce);
+std::string welcome_proof(const std::string& token, const std::string& nonce, int rank);
+/// The pipeline's shared secret: XSERV_PIPELINE_TOKEN; else, for a rank 0 that spawns its
+/// workers on this host (`spawned_here`), a random one it passes to them; else UsageError.
+std::string pipeline_token(bool spawned_here);
 
 /// A frame's payload: the header as JSON (with a "tensors" list added) and the tensors' bytes.
 std::string encode(const nlohmann::json& head, const Named& tensors);
@@ -70,7 +90,14 @@ private:
   std::thread thread_; ///< last: starts after the members it uses
 };
 
-/// Fault injection for the tests: XSERV_PIPELINE_FAULT="RANK:exit@STEP" or "RANK:hang@STEP".
+/// Fault injection for the tests: XSERV_PIPELINE_FAULT="RANK:exit@STEP", "RANK:hang@STEP" or
+/// "RANK:stop@STEP" (SIGSTOP: the whole process frozen).
 void maybe_fault(int rank, int64_t step);
+/// XSERV_PIPELINE_FAULT="RANK:stall@STEP": called while the rank sends heartbeats, it never
+/// returns (alive, no progress).
+void maybe_stall(int rank, int64_t step);
+/// XSERV_PIPELINE_FAULT="RANK:narrow@STEP": the result of that step goes back malformed (ids
+/// outside the vocabulary, logits cut to 10 columns).
+void maybe_corrupt(int rank, int64_t step, Named& out, nlohmann::json& reply);
 
 } // namespace xserv::cli::wire

@@ -35,15 +35,36 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world,
   if (plan_batch < 1 || plan_seq < 1)
     throw Error(fmt::format("{}: max_batch {} and max_seq {} must be positive",
                             (plan_dir / "plan.json").string(), plan_batch, plan_seq));
+  const std::string token = pipeline_token(false);
   Connection c = Connection::connect(coordinator, Clock::now() + std::chrono::seconds(30));
+  // Rank 0 speaks first with a challenge; the hello proves this rank holds the token, and the
+  // welcome proves rank 0 does (over this rank's own nonce).
+  const Frame ch = c.receive(std::chrono::seconds(30), kMaxHandshakeBytes);
+  const nlohmann::json challenge = ch.type == kChallenge ? decode(ch.payload, nullptr) : nullptr;
+  if (!challenge.is_object() || !challenge.contains("nonce") || !challenge["nonce"].is_string())
+    throw Error(fmt::format("{} did not open an xserv pipeline handshake", coordinator));
+  const std::string digest = pipeline_plan_digest(plan_dir), nonce = to_hex(random_bytes(32));
   c.send(message(kHello,
-                 {{"rank", rank}, {"world", world}, {"digest", pipeline_plan_digest(plan_dir)}}));
-  const Frame w = c.receive(std::chrono::seconds(30));
+                 {{"rank", rank},
+                  {"world", world},
+                  {"digest", digest},
+                  {"nonce", nonce},
+                  {"proof", hello_proof(token, challenge["nonce"], rank, world, digest, nonce)}}));
+  const Frame w = c.receive(std::chrono::seconds(30), kMaxHandshakeBytes);
   if (w.type == kFail)
     throw Error("refused by rank 0: " + decode(w.payload, nullptr).value("message", "?"));
   if (w.type != kWelcome)
     throw Error("rank 0 answered the handshake with something else");
   const nlohmann::json welcome = decode(w.payload, nullptr);
+  if (!welcome.contains("proof") || !welcome["proof"].is_string() ||
+      !same_digest(welcome["proof"].get<std::string>(), welcome_proof(token, nonce, rank)))
+    throw Error(fmt::format("{} did not prove it holds the pipeline token (XSERV_PIPELINE_TOKEN)",
+                            coordinator));
+  for (const char* k : {"max_batch", "max_seq"})
+    if (welcome.contains(k) && !welcome[k].is_number_integer())
+      throw Error(fmt::format("rank 0's welcome: '{}' is not an integer", k));
+  if (welcome.contains("backend") && !welcome["backend"].is_string())
+    throw Error("rank 0's welcome: 'backend' is not a string");
   const std::string backend = welcome.value("backend", "cpu");
   const int64_t max_batch =
       std::clamp(welcome.value("max_batch", plan_batch), int64_t{1}, plan_batch);
@@ -74,8 +95,16 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world,
     }
   }
   for (;;) {
-    // Between steps rank 0 may be idle for long (a chat): wait, but not forever.
-    const Frame f = c.receive(std::chrono::hours(24));
+    // Between steps rank 0 may be idle for long (a chat), but it sends a heartbeat every
+    // second: silence past the rank timeout means it is frozen or gone.
+    Frame f;
+    try {
+      f = c.receive(pipeline_rank_timeout());
+    } catch (const Error& e) {
+      throw Error(fmt::format("rank {}: rank 0 ({}) stopped: {}", rank, coordinator, e.what()));
+    }
+    if (f.type == kAlive)
+      continue;
     if (f.type == kQuit)
       return 0;
     if (f.type == kReset) {
@@ -92,6 +121,7 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world,
     std::string failure;
     try {
       Heartbeat alive(c, send_lock);
+      maybe_stall(rank, h.value("step", int64_t{-1}));
       if (rank + 1 == world && h.value("greedy", false)) // the last stage: only the ids go back
         reply["ids"] = engine->run_greedy(step_from_header(h), in);
       else
@@ -104,6 +134,7 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world,
       c.send(message(kFail, {{"message", failure}}));
       throw Error(failure);
     }
+    maybe_corrupt(rank, h.value("step", int64_t{-1}), out, reply);
     c.send(message(kResult, reply, out));
   }
 }

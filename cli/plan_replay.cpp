@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/plan_file.h"
 #include "ir/error.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/plan_json.h"
@@ -29,15 +30,14 @@ std::string read_bytes(const fs::path& f) {
 std::optional<runtime::LaunchTable> plan_launch_table(const fs::path& plan_dir, int64_t max_batch,
                                                       int64_t max_seq, int tcap, bool gemm_split,
                                                       int64_t arena_bytes, std::string& why) {
-  const fs::path file = plan_dir / "plan.json";
-  const nlohmann::json pj = nlohmann::json::parse(read_bytes(file), nullptr, false);
-  if (pj.is_discarded() || !pj.contains("codegen") || !pj["codegen"].contains("launch_table")) {
-    why = file.string() + " has no launch table (compiled by an older xserv)";
+  const PlanFile plan = read_plan_file(plan_dir); // types and ranges checked there
+  if (!plan.has_codegen || !plan.doc["codegen"].contains("launch_table")) {
+    why = plan.file.string() + " has no launch table (compiled by an older xserv)";
     return std::nullopt;
   }
-  const nlohmann::json& cg = pj["codegen"];
-  const int64_t plan_batch = pj["options"].value("max_batch", int64_t{-1});
-  const int64_t plan_seq = pj["options"].value("max_seq", int64_t{-1});
+  const nlohmann::json& cg = plan.doc["codegen"];
+  const int64_t plan_batch = plan.max_batch;
+  const int64_t plan_seq = plan.max_seq;
   if (plan_batch != max_batch || plan_seq != max_seq)
     why = fmt::format("the plan is for max batch {} and max sequence {}, this run {} and {}",
                       plan_batch, plan_seq, max_batch, max_seq);
@@ -53,7 +53,11 @@ std::optional<runtime::LaunchTable> plan_launch_table(const fs::path& plan_dir, 
                       cg.value("arena_bytes", int64_t{-1}), arena_bytes);
   if (!why.empty())
     return std::nullopt;
-  return runtime::launch_table_from_json(cg["launch_table"]);
+  try {
+    return runtime::launch_table_from_json(cg["launch_table"]);
+  } catch (const Error& e) {
+    throw Error(plan.field_error("codegen.launch_table", e.what()));
+  }
 }
 
 std::map<std::string, std::string> plan_kernel_headers(const fs::path& plan_dir) {
@@ -73,8 +77,9 @@ std::map<std::string, std::string> plan_kernel_headers(const fs::path& plan_dir)
 PlanKernels load_plan_kernels(const fs::path& plan_dir, const runtime::LaunchTable& table,
                               const std::string& arch, const fs::path& cache_dir) {
   PlanKernels out;
-  const nlohmann::json pj = nlohmann::json::parse(read_bytes(plan_dir / "plan.json"));
-  const bool same_arch = pj["codegen"].value("arch", std::string()) == arch;
+  const PlanFile plan = read_plan_file(plan_dir);
+  const bool same_arch =
+      plan.has_codegen && plan.doc["codegen"].value("arch", std::string()) == arch;
   runtime::CompileOptions opts;
   opts.arch = arch;
   if (!same_arch || !std::all_of(table.kernels.begin(), table.kernels.end(), [&](const auto& k) {

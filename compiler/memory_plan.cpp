@@ -91,22 +91,37 @@ MemoryPlan plan_memory(const ir::Graph& g, const ir::DimBindings& dims, int64_t 
       if (b >= 0)
         plan.buffers[static_cast<size_t>(b)].last = end;
 
-  // 3. Packing, largest first (ties: earlier definition first, for determinism).
+  // 3. Packing, largest first (ties: earlier definition first, for determinism). The buffers
+  //    alive at the same time as a new one are found through per-node lists of the short-lived
+  //    buffers placed so far, plus one list of long-lived ones (params, outputs), so the cost is
+  //    the sum of lifetimes, not buffers squared: compile time stays linear in layers.
   std::vector<size_t> order(plan.buffers.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return plan.buffers[a].bytes > plan.buffers[b].bytes;
   });
-  std::vector<size_t> placed;
-  for (size_t idx : order) {
+  constexpr int32_t kLongLife = 64;
+  std::vector<std::vector<uint32_t>> alive_at(static_cast<size_t>(end) + 1);
+  std::vector<uint32_t> long_lived;
+  std::vector<size_t> seen(plan.buffers.size(), 0); // stamp: 1 + index in `order` of the query
+  std::vector<std::pair<int64_t, int64_t>> taken;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t idx = order[k];
     PlannedBuffer& b = plan.buffers[idx];
     // Intervals already taken by buffers alive at the same time, sorted by offset.
-    std::vector<std::pair<int64_t, int64_t>> taken;
-    for (size_t p : placed) {
+    taken.clear();
+    auto consider = [&](uint32_t p) {
       const PlannedBuffer& o = plan.buffers[p];
-      if (o.first <= b.last && b.first <= o.last)
-        taken.emplace_back(o.offset, o.offset + o.bytes);
-    }
+      if (seen[p] == k + 1 || !(o.first <= b.last && b.first <= o.last))
+        return;
+      seen[p] = k + 1;
+      taken.emplace_back(o.offset, o.offset + o.bytes);
+    };
+    for (uint32_t p : long_lived)
+      consider(p);
+    for (int32_t t = b.first; t <= b.last; ++t)
+      for (uint32_t p : alive_at[static_cast<size_t>(t)])
+        consider(p);
     std::sort(taken.begin(), taken.end());
     int64_t offset = 0;
     for (const auto& [lo, hi] : taken) {
@@ -116,17 +131,22 @@ MemoryPlan plan_memory(const ir::Graph& g, const ir::DimBindings& dims, int64_t 
     }
     b.offset = offset;
     plan.arena_bytes = std::max(plan.arena_bytes, offset + b.bytes);
-    placed.push_back(idx);
+    if (b.last - b.first >= kLongLife)
+      long_lived.push_back(static_cast<uint32_t>(idx));
+    else
+      for (int32_t t = b.first; t <= b.last; ++t)
+        alive_at[static_cast<size_t>(t)].push_back(static_cast<uint32_t>(idx));
   }
-  for (const auto& b : plan.buffers)
+  // 4. Peak live bytes: a sweep over lifetime starts and ends.
+  std::vector<int64_t> delta(static_cast<size_t>(end) + 2, 0);
+  for (const auto& b : plan.buffers) {
     plan.unpacked += b.bytes;
-  for (int32_t t = 0; t <= end; ++t) {
-    int64_t live = 0;
-    for (const auto& b : plan.buffers)
-      if (b.first <= t && t <= b.last)
-        live += b.bytes;
-    plan.peak_live = std::max(plan.peak_live, live);
+    delta[static_cast<size_t>(std::max(b.first, 0))] += b.bytes;
+    delta[static_cast<size_t>(std::min(b.last, end)) + 1] -= b.bytes;
   }
+  int64_t live = 0;
+  for (int32_t t = 0; t <= end; ++t)
+    plan.peak_live = std::max(plan.peak_live, live += delta[static_cast<size_t>(t)]);
   return plan;
 }
 

@@ -100,8 +100,9 @@ std::string print(const Graph& g);
 /// Prints one node as in print() (its own id and inputs as %N).
 std::string print_node(const Graph& g, ValueId v);
 
-/// Parses the text form. Throws xserv::Error with "line:column: message" on bad input.
-/// Value names in the text may be any %identifier; they are renumbered in order.
-Graph parse(std::string_view text);
+/// Parses the text form. Throws xserv::Error with "line:column: message" on bad input, or
+/// "SOURCE:line:column: message" when `source` (a file name) is given. Value names in the text
+/// may be any %identifier; they are renumbered in order.
+Graph parse(std::string_view text, std::string_view source = {});
 
 } // namespace xserv::ir

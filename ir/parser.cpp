@@ -14,7 +14,7 @@ namespace {
 /// A cursor over the text that knows its line and column for error messages.
 class Parser {
 public:
-  explicit Parser(std::string_view text) : s_(text) {}
+  Parser(std::string_view text, std::string where) : s_(text), where_(std::move(where)) {}
 
   Graph run() {
     Graph g;
@@ -36,7 +36,7 @@ public:
 
 private:
   [[noreturn]] void error(const std::string& msg) const {
-    throw Error(fmt::format("{}:{}: {}", line_, col_, msg));
+    throw Error(fmt::format("{}{}:{}: {}", where_, line_, col_, msg));
   }
   bool eof() const { return pos_ >= s_.size(); }
   char peek() const { return eof() ? '\0' : s_[pos_]; }
@@ -110,7 +110,7 @@ private:
     std::string name = take_word();
     auto it = names_.find(name);
     if (it == names_.end())
-      throw Error(fmt::format("{}:{}: use of undefined value %{}", line, col, name));
+      throw Error(fmt::format("{}{}:{}: use of undefined value %{}", where_, line, col, name));
     return it->second;
   }
 
@@ -185,7 +185,7 @@ private:
     std::string dt = take_word();
     auto t = parse_dtype(dt);
     if (!t)
-      throw Error(fmt::format("{}:{}: unknown element type '{}'", line, col, dt));
+      throw Error(fmt::format("{}{}:{}: unknown element type '{}'", where_, line, col, dt));
     Type out{*t, {}};
     expect('[');
     if (!accept(']')) {
@@ -211,14 +211,14 @@ private:
     advance();
     std::string name = take_word();
     if (names_.count(name))
-      throw Error(fmt::format("{}:{}: value %{} is defined twice", line, col, name));
+      throw Error(fmt::format("{}{}:{}: value %{} is defined twice", where_, line, col, name));
     expect('=');
     skip_space_and_comments();
     int op_line = line_, op_col = col_;
     std::string opname = take_word();
     Node n;
     if (!parse_op(opname, n.op))
-      throw Error(fmt::format("{}:{}: unknown op '{}'", op_line, op_col, opname));
+      throw Error(fmt::format("{}{}:{}: unknown op '{}'", where_, op_line, op_col, opname));
     expect('(');
     if (!accept(')')) {
       do
@@ -260,6 +260,7 @@ private:
   }
 
   std::string_view s_;
+  std::string where_; ///< "FILE:" or empty: the prefix of every position in a message
   size_t pos_ = 0;
   int line_ = 1, col_ = 1;
   bool saw_return_ = false;
@@ -268,8 +269,8 @@ private:
 
 } // namespace
 
-Graph parse(std::string_view text) {
-  return Parser(text).run();
+Graph parse(std::string_view text, std::string_view source) {
+  return Parser(text, source.empty() ? std::string() : std::string(source) + ":").run();
 }
 
 } // namespace xserv::ir

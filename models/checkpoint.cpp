@@ -9,6 +9,7 @@
 #include "models/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -174,8 +175,15 @@ std::vector<float> Checkpoint::read_bf16(std::string_view name) const {
         fmt::format("{}: tensor {} is {}, expected BF16", file_of(name).string(), name, t.dtype));
   std::span<const uint8_t> b = bytes(name);
   std::vector<float> out(b.size() / 2);
-  for (size_t i = 0; i < out.size(); ++i)
-    out[i] = bf16_to_float(static_cast<uint16_t>(b[2 * i] | (b[2 * i + 1] << 8)));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const auto bits = static_cast<uint16_t>(b[2 * i] | (b[2 * i + 1] << 8));
+    if ((bits & 0x7F80) == 0x7F80)
+      throw Error(fmt::format("{}: tensor {} element {} is {}: the checkpoint holds non-finite "
+                              "weights",
+                              file_of(name).string(), name, i,
+                              (bits & 0x7F) != 0 ? "NaN" : "infinite"));
+    out[i] = bf16_to_float(bits);
+  }
   return out;
 }
 
@@ -206,13 +214,30 @@ void Mxfp4Tensor::decode_expert(int64_t e, std::span<float> out) const {
                       scales.subspan(i * per, per), rows, cols, out);
 }
 
+void Checkpoint::decode_checked(const Mxfp4Tensor& m, int64_t e, std::span<float> out) const {
+  const auto per = static_cast<size_t>(m.rows * (m.cols / kMxfp4BlockValues));
+  const std::span<const uint8_t> scales = m.scales.subspan(static_cast<size_t>(e) * per, per);
+  if (const auto hit = std::find(scales.begin(), scales.end(), uint8_t{0xFF}); hit != scales.end())
+    throw Error(fmt::format("{}: tensor {}_scales holds scale byte 0xFF (E8M0 NaN) at index {}: "
+                            "the checkpoint is corrupt",
+                            file_of(m.base + "_scales").string(), m.base,
+                            static_cast<size_t>(e) * per + size_t(hit - scales.begin())));
+  m.decode_expert(e, out);
+  for (size_t i = 0; i < out.size(); ++i)
+    if (!std::isfinite(out[i]))
+      throw Error(fmt::format("{}: tensor {} expert {} element {} is infinite after MXFP4 "
+                              "decoding (a scale byte too large for its values): the checkpoint "
+                              "holds non-finite weights",
+                              file_of(m.base + "_blocks").string(), m.base, e, i));
+}
+
 std::vector<float> Checkpoint::decode_expert(std::string_view base, int64_t e) const {
   Mxfp4Tensor m = mxfp4(base);
   if (e < 0 || e >= m.experts)
     throw Error(fmt::format("{}: expert {} out of range: {} has {} experts", dir_.string(), e, base,
                             m.experts));
   std::vector<float> out(static_cast<size_t>(m.rows * m.cols));
-  m.decode_expert(e, out);
+  decode_checked(m, e, out);
   return out;
 }
 
@@ -221,7 +246,7 @@ std::vector<float> Checkpoint::decode_mxfp4(std::string_view base) const {
   auto per = static_cast<size_t>(m.rows * m.cols);
   std::vector<float> out(per * static_cast<size_t>(m.experts));
   for (int64_t e = 0; e < m.experts; ++e)
-    m.decode_expert(e, std::span<float>(out).subspan(static_cast<size_t>(e) * per, per));
+    decode_checked(m, e, std::span<float>(out).subspan(static_cast<size_t>(e) * per, per));
   return out;
 }
 

@@ -84,16 +84,22 @@ public:
 
   /// The raw bytes of tensor `name`. Needs a mapped checkpoint (throws xserv::Error otherwise).
   std::span<const uint8_t> bytes(std::string_view name) const;
-  /// Tensor `name`, which must be BF16, converted to floats (row-major).
+  /// Tensor `name`, which must be BF16, converted to floats (row-major). Throws xserv::Error
+  /// naming the file, tensor and element when one is NaN or infinite.
   std::vector<float> read_bf16(std::string_view name) const;
   /// The MXFP4 expert weight `base` (`base`_blocks and `base`_scales), checked for consistency.
   Mxfp4Tensor mxfp4(std::string_view base) const;
-  /// Expert `e` of `base` decoded to [rows, cols]; touches only that expert's bytes.
+  /// Expert `e` of `base` decoded to [rows, cols]; touches only that expert's bytes. Throws
+  /// xserv::Error naming the file and tensor for a scale byte 0xFF (E8M0's NaN) and for a
+  /// value that decodes to infinity (Mxfp4Tensor::decode_expert is the unchecked decode).
   std::vector<float> decode_expert(std::string_view base, int64_t e) const;
-  /// All experts of `base` decoded to [experts, rows, cols] (large: 2 GB for 20b gate_up).
+  /// All experts of `base` decoded to [experts, rows, cols] (large: 2 GB for 20b gate_up),
+  /// checked as decode_expert().
   std::vector<float> decode_mxfp4(std::string_view base) const;
 
 private:
+  /// Mxfp4Tensor::decode_expert into `out`, with decode_expert()'s checks.
+  void decode_checked(const Mxfp4Tensor& m, int64_t e, std::span<float> out) const;
   struct Location {
     size_t file;
     size_t tensor;

@@ -1,8 +1,10 @@
 // Reading and validating gpt-oss config.json files: every problem is collected, then reported once.
 #include "models/config.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -21,7 +23,8 @@ public:
 
   void problem(const std::string& msg) { problems_.push_back(msg); }
 
-  int64_t positive_int(const char* key) {
+  /// An integer field in [lo, hi] (the limits of config_limits.h's table); 0 when it is not.
+  int64_t bounded_int(const char* key, int64_t lo, int64_t hi) {
     auto it = doc_.find(key);
     if (it == doc_.end()) {
       problem(fmt::format("missing field '{}'", key));
@@ -31,12 +34,23 @@ public:
       problem(fmt::format("field '{}' must be an integer, found {}", key, it->dump()));
       return 0;
     }
+    if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX)) {
+      problem(fmt::format("field '{}' must be in [{}, {}], found {}", key, lo, hi, it->dump()));
+      return 0;
+    }
     int64_t v = it->get<int64_t>();
-    if (v <= 0 || v > (int64_t{1} << 31)) {
-      problem(fmt::format("field '{}' must be in [1, 2^31], found {}", key, v));
+    if (v < lo || v > hi) {
+      problem(fmt::format("field '{}' must be in [{}, {}], found {}", key, lo, hi, v));
       return 0;
     }
     return v;
+  }
+
+  int64_t positive_int(const char* key) {
+    for (const FieldLimit& l : kConfigLimits)
+      if (std::string_view(l.field) == key)
+        return bounded_int(key, l.lo, l.hi);
+    return bounded_int(key, 1, int64_t{1} << 31);
   }
 
   double number(const json& obj, const char* key, const std::string& where, double fallback,
@@ -51,7 +65,13 @@ public:
       problem(fmt::format("field '{}{}' must be a number, found {}", where, key, it->dump()));
       return fallback;
     }
-    return it->get<double>();
+    const double v = it->get<double>();
+    if (!std::isfinite(v)) {
+      problem(
+          fmt::format("field '{}{}' must be a finite number, found {}", where, key, it->dump()));
+      return fallback;
+    }
+    return v;
   }
 
   bool boolean(const char* key, bool fallback) {
@@ -102,7 +122,8 @@ void read_rope(Reader& r, ModelConfig& c) {
   c.rope_scaling.beta_fast = r.number(rs, "beta_fast", "rope_scaling.", 32.0, false);
   c.rope_scaling.beta_slow = r.number(rs, "beta_slow", "rope_scaling.", 1.0, false);
   double orig = r.number(rs, "original_max_position_embeddings", "rope_scaling.", 4096, true);
-  c.rope_scaling.original_max_position_embeddings = static_cast<int64_t>(orig);
+  c.rope_scaling.original_max_position_embeddings =
+      orig >= 1 && orig <= double(kMaxPositions) ? static_cast<int64_t>(orig) : 4096;
   if (auto t = rs.find("truncate"); t != rs.end()) {
     if (t->is_boolean())
       c.rope_scaling.truncate = t->get<bool>();
@@ -113,8 +134,10 @@ void read_rope(Reader& r, ModelConfig& c) {
     r.problem("field 'rope_scaling.factor' must be positive");
   if (c.rope_scaling.beta_fast <= c.rope_scaling.beta_slow)
     r.problem("'rope_scaling.beta_fast' must exceed 'rope_scaling.beta_slow'");
-  if (c.rope_scaling.original_max_position_embeddings <= 0)
-    r.problem("field 'rope_scaling.original_max_position_embeddings' must be positive");
+  if (orig < 1 || orig > double(kMaxPositions))
+    r.problem(fmt::format("field 'rope_scaling.original_max_position_embeddings' must be in "
+                          "[1, {}], found {}",
+                          kMaxPositions, orig));
 }
 
 void read_layer_types(Reader& r, ModelConfig& c) {
@@ -146,6 +169,32 @@ void read_layer_types(Reader& r, ModelConfig& c) {
       c.sliding.push_back(false);
     }
   }
+}
+
+/// Products of fields that size one tensor or one row: each must stay within what the kernels
+/// index (32-bit offsets in places) and the IR accepts.
+void check_products(Reader& r, const ModelConfig& c) {
+  auto check = [&](const char* what, std::initializer_list<int64_t> factors, int64_t limit,
+                   const char* why) {
+    int64_t p = 1;
+    for (int64_t f : factors) {
+      if (f <= 0)
+        return; // already reported
+      p *= f;   // each factor is at most 2^24: no overflow before the comparison
+      if (p > limit) {
+        r.problem(fmt::format("{} is above {} ({})", what, limit, why));
+        return;
+      }
+    }
+  };
+  check("vocab_size * hidden_size", {c.vocab_size, c.hidden_size}, kMaxTensorElements,
+        "elements of the embedding and lm_head");
+  check("num_attention_heads * head_dim * hidden_size",
+        {c.num_attention_heads, c.head_dim, c.hidden_size}, kMaxTensorElements,
+        "elements of q_proj and o_proj");
+  check("num_local_experts * intermediate_size * hidden_size",
+        {c.num_local_experts, c.intermediate_size, c.hidden_size}, kMaxTensorElements,
+        "bytes of one layer's MXFP4 gate_up_proj blocks");
 }
 
 } // namespace
@@ -198,6 +247,9 @@ ModelConfig ModelConfig::from_json(const json& doc, const std::string& source) {
 
   if (c.rms_norm_eps <= 0 || c.rms_norm_eps > 1)
     r.problem(fmt::format("'rms_norm_eps' must be in (0, 1], found {}", c.rms_norm_eps));
+  if (c.num_key_value_heads > c.num_attention_heads && c.num_attention_heads > 0)
+    r.problem(fmt::format("num_key_value_heads ({}) exceeds num_attention_heads ({})",
+                          c.num_key_value_heads, c.num_attention_heads));
   if (c.swiglu_limit <= 0)
     r.problem("'swiglu_limit' must be positive");
   if (c.rope_theta <= 1)
@@ -232,6 +284,7 @@ ModelConfig ModelConfig::from_json(const json& doc, const std::string& source) {
       r.problem(fmt::format("'q_width' ({}) != num_attention_heads * head_dim ({})",
                             qw->get<int64_t>(), c.q_width()));
   }
+  check_products(r, c);
   if (auto q = doc.find("quantization_config"); q != doc.end() && !q->is_null()) {
     if (!q->is_object() || !q->contains("quant_method") || !(*q)["quant_method"].is_string())
       r.problem("'quantization_config' must be an object with a string 'quant_method'");

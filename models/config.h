@@ -10,6 +10,32 @@
 
 namespace xserv::models {
 
+/// The range config.json's integer fields are checked against: what the graph builder, the IR's
+/// attribute checks, the kernels and the memory plan accept, with room far above gpt-oss-120b
+/// (36 layers, hidden 2880, 64 heads of 64, 128 experts, vocabulary 201088).
+struct FieldLimit {
+  const char* field;
+  int64_t lo, hi;
+};
+inline constexpr int64_t kMaxPositions = int64_t{1} << 24; ///< compile's --max-seq bound
+inline constexpr FieldLimit kConfigLimits[] = {
+    {"num_hidden_layers", 1, 4096}, // ~33 IR nodes each; int32 value ids and intervals
+    {"hidden_size", 32, 65536},     // a multiple of 32 (MXFP4 blocks)
+    {"num_attention_heads", 1, 1024},
+    {"num_key_value_heads", 1, 1024},
+    {"head_dim", 2, 1024}, // even (rotary pairs); IR: qkv_rope head_dim <= 2^20
+    {"num_local_experts", 1, 1024},
+    {"num_experts_per_tok", 1, 1024},
+    {"experts_per_token", 1, 1024},
+    {"intermediate_size", 32, 262144},   // a multiple of 32 (MXFP4 blocks)
+    {"vocab_size", 1, int64_t{1} << 24}, // token ids are int32 in the IR and the sampler
+    {"sliding_window", 1, kMaxPositions},
+    {"max_position_embeddings", 1, kMaxPositions},
+};
+/// Elements (bytes for MXFP4 blocks) of one weight tensor: kernels index within a tensor with
+/// 32-bit offsets.
+inline constexpr int64_t kMaxTensorElements = (int64_t{1} << 31) - 1;
+
 /// YaRN rope scaling parameters (MODEL.md, "YaRN RoPE").
 struct RopeScaling {
   double factor = 32.0;
@@ -51,7 +77,9 @@ struct ModelConfig {
 
   /// Parses and validates a config.json document. `source` names the file in messages.
   /// Throws xserv::Error listing every problem found (one line each), e.g. a model_type that
-  /// is not gpt_oss, a missing field, a layer_types list of the wrong length.
+  /// is not gpt_oss, a missing field, a layer_types list of the wrong length, a size outside
+  /// kConfigLimits ("field 'head_dim' must be in [2, 1024], found 2097152") or a product of
+  /// sizes above kMaxTensorElements, a non-finite number.
   static ModelConfig from_json(const nlohmann::json& doc, const std::string& source);
 
   /// Reads `path`, which is a config.json file or a directory holding one.

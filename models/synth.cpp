@@ -6,6 +6,8 @@
 //    let a pool of threads generate each chunk from its own stream (seed, name, chunk) and
 //    pwrite it at its final offset; only the calling thread reports progress.
 // 3. Write the index and config.json, then rename the temporaries into place.
+// Before anything is written the total size is checked against the free space; a failure or
+// SIGINT/SIGTERM/SIGHUP while writing removes every temporary.
 #include "models/synth.h"
 
 #include <algorithm>
@@ -19,6 +21,8 @@
 #include <numbers>
 #include <thread>
 #include <vector>
+
+#include <csignal>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -226,12 +230,57 @@ void write_text(const fs::path& path, const std::string& text) {
     throw Error(fmt::format("{}: cannot write", path.string()));
 }
 
+/// Paths the signal handler unlinks: set before the handler is installed, unchanged while it is.
+std::atomic<const std::vector<std::string>*> g_temporaries{nullptr};
+
+extern "C" void remove_temporaries_and_die(int sig) {
+  if (const std::vector<std::string>* temps = g_temporaries.load())
+    for (const std::string& p : *temps)
+      ::unlink(p.c_str()); // async-signal-safe; c_str() of an unchanging string allocates nothing
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+/// While alive, SIGINT, SIGTERM and SIGHUP remove `temps` before the process dies of them.
+class TemporariesGuard {
+public:
+  explicit TemporariesGuard(const std::vector<std::string>& temps) {
+    g_temporaries.store(&temps);
+    struct sigaction sa {};
+    sa.sa_handler = remove_temporaries_and_die;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < std::size(kSignals); ++i)
+      ::sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~TemporariesGuard() {
+    for (size_t i = 0; i < std::size(kSignals); ++i)
+      ::sigaction(kSignals[i], &old_[i], nullptr);
+    g_temporaries.store(nullptr);
+  }
+  TemporariesGuard(const TemporariesGuard&) = delete;
+  TemporariesGuard& operator=(const TemporariesGuard&) = delete;
+
+private:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old_[std::size(kSignals)]{};
+};
+
+/// The nearest existing directory at or above `p`, where free space is measured.
+fs::path existing_ancestor(fs::path p) {
+  p = fs::absolute(p);
+  std::error_code ec;
+  while (!p.empty() && !fs::exists(p, ec) && p.has_parent_path() && p.parent_path() != p)
+    p = p.parent_path();
+  return p;
+}
+
 } // namespace
 
 void synth_checkpoint(const ModelConfig& config, const fs::path& out_dir, const SynthOptions& o) {
-  if (o.expert_scale_lo < 0 || o.expert_scale_hi > 256 || o.expert_scale_lo >= o.expert_scale_hi)
+  // 0xFF is E8M0's NaN, which loaders refuse.
+  if (o.expert_scale_lo < 0 || o.expert_scale_hi > 255 || o.expert_scale_lo >= o.expert_scale_hi)
     throw Error(fmt::format("synth: expert scale range [{}, {}) must be a non-empty part of "
-                            "[0, 256)",
+                            "[0, 255) (0xFF is NaN)",
                             o.expert_scale_lo, o.expert_scale_hi));
   if (o.shard_size == 0 || o.threads < 0)
     throw Error("synth: shard_size must be positive and threads non-negative");
@@ -254,7 +303,35 @@ void synth_checkpoint(const ModelConfig& config, const fs::path& out_dir, const 
     shards.back().bytes += tensors[i].size;
   }
 
+  // Names and headers first: the total size is known before a byte is written.
+  std::vector<std::string> headers;
+  nlohmann::json weight_map = nlohmann::json::object();
+  uint64_t total = 0, on_disk = 0;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    Shard& shard = shards[s];
+    shard.name = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
+    std::vector<TensorSpec> specs;
+    for (size_t ti : shard.tensors)
+      specs.push_back(tensors[ti].spec);
+    headers.push_back(make_safetensors_header(specs, {{"format", "pt"}}));
+    uint64_t off = headers.back().size();
+    for (size_t ti : shard.tensors) {
+      tensors[ti].offset = off;
+      off += tensors[ti].size;
+      weight_map[tensors[ti].spec.name] = shard.name;
+    }
+    total += shard.bytes;
+    on_disk += off;
+  }
   std::error_code ec;
+  const fs::space_info space = fs::space(existing_ancestor(out_dir), ec);
+  const uint64_t margin = 64ull << 20; // index, config and file system slack
+  if (!ec && space.available < on_disk + margin)
+    throw Error(fmt::format("{}: the checkpoint needs {} but only {} are free there; nothing was "
+                            "written",
+                            out_dir.string(), human(double(on_disk)),
+                            human(double(space.available))));
+
   fs::create_directories(out_dir, ec);
   if (ec)
     throw Error(fmt::format("{}: cannot create directory: {}", out_dir.string(), ec.message()));
@@ -264,28 +341,19 @@ void synth_checkpoint(const ModelConfig& config, const fs::path& out_dir, const 
                             out_dir.string()));
   int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::pair<fs::path, fs::path>> renames; // temporary -> final
-  auto tmp = [&](const std::string& name) {
-    renames.emplace_back(out_dir / (name + ".tmp"), out_dir / name);
-    return renames.back().first;
-  };
+  for (const Shard& shard : shards)
+    renames.emplace_back(out_dir / (shard.name + ".tmp"), out_dir / shard.name);
+  for (const char* name : {"model.safetensors.index.json", "config.json"})
+    renames.emplace_back(out_dir / (std::string(name) + ".tmp"), out_dir / name);
+  std::vector<std::string> temporaries;
+  for (const auto& r : renames)
+    temporaries.push_back(r.first.string());
+  const TemporariesGuard guard(temporaries);
   try {
-    nlohmann::json weight_map = nlohmann::json::object();
-    uint64_t total = 0;
     for (size_t s = 0; s < shards.size(); ++s) {
-      Shard& shard = shards[s];
-      shard.name = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
-      std::vector<TensorSpec> specs;
-      for (size_t ti : shard.tensors)
-        specs.push_back(tensors[ti].spec);
-      std::string header = make_safetensors_header(specs, {{"format", "pt"}});
-      uint64_t off = header.size();
-      for (size_t ti : shard.tensors) {
-        tensors[ti].offset = off;
-        off += tensors[ti].size;
-        weight_map[tensors[ti].spec.name] = shard.name;
-      }
-      total += shard.bytes;
-      fs::path path = tmp(shard.name);
+      const Shard& shard = shards[s];
+      const std::string& header = headers[s];
+      fs::path path = renames[s].first;
       int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (fd < 0)
         throw Error(fmt::format("{}: cannot create: {}", path.string(), std::strerror(errno)));
@@ -301,8 +369,8 @@ void synth_checkpoint(const ModelConfig& config, const fs::path& out_dir, const 
         throw Error(fmt::format("{}: cannot write: {}", path.string(), std::strerror(errno)));
     }
     nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    write_text(tmp("model.safetensors.index.json"), index.dump(2) + "\n");
-    write_text(tmp("config.json"), cfg.to_json().dump(2) + "\n");
+    write_text(renames[shards.size()].first, index.dump(2) + "\n");
+    write_text(renames[shards.size() + 1].first, cfg.to_json().dump(2) + "\n");
     for (const auto& [from, to] : renames) {
       fs::rename(from, to, ec);
       if (ec)

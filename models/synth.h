@@ -20,7 +20,8 @@ struct SynthOptions {
   float norm_std = 0.1f;    ///< norm weights are 1 + N(0, norm_std)
   float sink_std = 1.0f;
   float router_std = 0.2f;
-  /// MXFP4 scale bytes are uniform in [lo, hi); block bytes uniform over all 256 values.
+  /// MXFP4 scale bytes are uniform in [lo, hi), hi <= 255 (0xFF is E8M0's NaN); block bytes
+  /// uniform over all 256 values.
   int expert_scale_lo = 116, expert_scale_hi = 119;
   int threads = 0; ///< 0: std::thread::hardware_concurrency()
   /// Called from the calling thread with lines like "shard 1/3: 4.9 GB, 1.2 GB/s".

@@ -15,6 +15,39 @@ namespace {
 // o200k_harmony has 201088 ids; the model's logits cover all of them.
 constexpr size_t kHarmonyVocab = 201088;
 
+// o200k_base's ordinary tokens: 199998 ranks, and a digest of their bytes (rank_digest) that
+// both tiktoken's o200k_base.tiktoken and gpt-oss's tokenizer.json give. A truncated, edited or
+// other vocabulary would tokenize differently without any other sign, so it is refused. The
+// digest is FNV-1a 64, which catches accidents and edits; it is no defence against a file
+// crafted to collide.
+constexpr size_t kO200kRanks = 199998;
+constexpr uint64_t kO200kDigest = 0xd987f19f1f0fd7d3ull;
+
+/// FNV-1a 64 over (length, bytes) of every rank in order.
+uint64_t rank_digest(const std::vector<std::string>& by_rank) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  auto feed = [&](unsigned char c) { h = (h ^ c) * 0x100000001B3ull; };
+  for (const std::string& r : by_rank) {
+    for (int k = 0; k < 4; ++k)
+      feed(static_cast<unsigned char>(r.size() >> (8 * k)));
+    for (char c : r)
+      feed(static_cast<unsigned char>(c));
+  }
+  return h;
+}
+
+/// Throws unless `by_rank` is o200k_base's vocabulary, naming `source`.
+void check_o200k(const std::vector<std::string>& by_rank, const std::string& source) {
+  if (by_rank.size() != kO200kRanks)
+    throw Error(fmt::format("{}: {} ranks, but o200k_base has {}: a truncated or other "
+                            "vocabulary, which gpt-oss cannot use",
+                            source, by_rank.size(), kO200kRanks));
+  if (const uint64_t d = rank_digest(by_rank); d != kO200kDigest)
+    throw Error(fmt::format("{}: the ranks' digest is {:016x}, not o200k_base's {:016x}: an edited "
+                            "or other vocabulary, which gpt-oss cannot use",
+                            source, d, kO200kDigest));
+}
+
 // The named harmony specials (MODEL.md); 200018 is <|endofprompt|> as in o200k_base and the HF
 // tokenizer.json (it also answers to <|reserved_200018|>).
 const std::vector<std::pair<TokenId, std::string>>& harmony_specials() {
@@ -139,6 +172,7 @@ Tokenizer Tokenizer::from_tiktoken(const std::filesystem::path& path) {
   if (by_rank.size() > harmony_specials().front().first)
     throw Error(fmt::format("{}: {} ranks overlap the harmony special ids (from {})", source,
                             by_rank.size(), harmony_specials().front().first));
+  check_o200k(by_rank, source);
   return TokenizerBuilder::build(std::move(by_rank), harmony_specials(), kHarmonyVocab, source);
 }
 
@@ -191,6 +225,7 @@ Tokenizer Tokenizer::from_hf_json(const std::filesystem::path& path) {
       specials.emplace_back(static_cast<TokenId>(id), content);
     }
   }
+  check_o200k(ordinary, source);
   return TokenizerBuilder::build(std::move(ordinary), std::move(specials), kHarmonyVocab, source);
 }
 

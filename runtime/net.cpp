@@ -20,7 +20,6 @@ namespace xserv::runtime {
 namespace {
 
 constexpr uint32_t kMagic = 0x46505358; // "XSPF" little-endian
-constexpr uint64_t kMaxPayload = uint64_t{1} << 34;
 
 std::string errno_text() {
   return std::strerror(errno);
@@ -41,15 +40,16 @@ bool wait_fd(int fd, short events, int ms) {
 
 } // namespace
 
-std::pair<std::string, uint16_t> split_address(const std::string& address) {
+std::pair<std::string, uint16_t> split_address(const std::string& address, bool allow_port_0) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
     throw Error("address '" + address + "' is not HOST:PORT");
   const std::string port = address.substr(colon + 1);
   char* end = nullptr;
   const long p = std::strtol(port.c_str(), &end, 10);
-  if (*end != '\0' || p < 1 || p > 65535)
-    throw Error("address '" + address + "': port must be 1 to 65535");
+  if (port.empty() || *end != '\0' || p < (allow_port_0 ? 0 : 1) || p > 65535)
+    throw Error("address '" + address + "': port must be " + (allow_port_0 ? "0" : "1") +
+                " to 65535");
   return {address.substr(0, colon), static_cast<uint16_t>(p)};
 }
 
@@ -128,7 +128,7 @@ void Connection::send(const Frame& f) {
   }
 }
 
-Frame Connection::receive(std::chrono::milliseconds timeout) {
+Frame Connection::receive(std::chrono::milliseconds timeout, uint64_t max_payload) {
   if (fd_ < 0)
     throw Error("receiving from " + peer_ + ": the connection is closed");
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -155,8 +155,11 @@ Frame Connection::receive(std::chrono::milliseconds timeout) {
   uint64_t len = 0;
   std::memcpy(&magic, head, 4);
   std::memcpy(&len, head + 5, 8);
-  if (magic != kMagic || len > kMaxPayload)
+  if (magic != kMagic)
     throw Error(peer_ + " sent a malformed frame (not an xserv pipeline peer?)");
+  if (len > max_payload)
+    throw Error(peer_ + " announced a frame of " + std::to_string(len) + " bytes, more than the " +
+                std::to_string(max_payload) + " expected here");
   Frame f;
   f.type = static_cast<uint8_t>(head[4]);
   f.payload.resize(len);
@@ -164,21 +167,29 @@ Frame Connection::receive(std::chrono::milliseconds timeout) {
   return f;
 }
 
-Listener::Listener(uint16_t port) {
+Listener::Listener(uint16_t port) : Listener("127.0.0.1", port) {}
+
+Listener::Listener(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (const int gai = ::getaddrinfo(host.c_str(), nullptr, &hints, &res); gai != 0 || !res)
+    throw Error("cannot listen on '" + host + "': " + ::gai_strerror(gai));
+  sockaddr_in addr = *reinterpret_cast<const sockaddr_in*>(res->ai_addr);
+  ::freeaddrinfo(res);
+  addr.sin_port = htons(port);
   fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd_ < 0)
     throw Error("cannot create a socket: " + errno_text());
   const int one = 1;
   ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(port);
   if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       ::listen(fd_, 64) != 0) {
     const std::string why = errno_text();
     ::close(fd_);
-    throw Error("cannot listen on port " + std::to_string(port) + ": " + why);
+    throw Error("cannot listen on " + host + ":" + std::to_string(port) + ": " + why);
   }
   socklen_t len = sizeof(addr);
   ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);

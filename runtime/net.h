@@ -10,6 +10,9 @@
 
 namespace xserv::runtime {
 
+/// The largest frame payload Connection::receive accepts unless told a smaller bound.
+inline constexpr uint64_t kMaxFramePayload = uint64_t{1} << 34;
+
 /// A frame: a type byte and a payload.
 struct Frame {
   uint8_t type = 0;
@@ -34,8 +37,9 @@ public:
   /// Sends one frame (whole, or throws xserv::Error naming the peer).
   void send(const Frame& f);
   /// Receives one frame, waiting at most `timeout`; throws xserv::Error naming the peer when
-  /// it closes the connection, on a socket error, a malformed frame, or the timeout.
-  Frame receive(std::chrono::milliseconds timeout);
+  /// it closes the connection, on a socket error, a malformed frame, a frame announcing more
+  /// than `max_payload` bytes (checked before anything is allocated), or the timeout.
+  Frame receive(std::chrono::milliseconds timeout, uint64_t max_payload = kMaxFramePayload);
 
   bool valid() const { return fd_ >= 0; }
   int fd_for_tests() const { return fd_; } ///< raw socket, for tests that send foreign bytes
@@ -47,11 +51,13 @@ private:
   std::string peer_;
 };
 
-/// A listening socket on all interfaces.
+/// A listening socket on one address.
 class Listener {
 public:
-  /// Listens on `port` (0: an ephemeral port, see port()).
+  /// Listens on 127.0.0.1:`port` (0: an ephemeral port, see port()).
   explicit Listener(uint16_t port);
+  /// Listens on `host` (a name or IPv4 address; "0.0.0.0" for every interface) and `port`.
+  Listener(const std::string& host, uint16_t port);
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
   ~Listener();
@@ -64,7 +70,9 @@ private:
   uint16_t port_ = 0;
 };
 
-/// Splits "host:port"; throws xserv::Error for anything else.
-std::pair<std::string, uint16_t> split_address(const std::string& address);
+/// Splits "host:port"; throws xserv::Error for anything else. `allow_port_0` for an address to
+/// listen on (0: an ephemeral port).
+std::pair<std::string, uint16_t> split_address(const std::string& address,
+                                               bool allow_port_0 = false);
 
 } // namespace xserv::runtime

@@ -1,6 +1,9 @@
 // launch_table_to_json / launch_table_from_json: the launch table's plan.json form.
 #include "runtime/plan_json.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include <fmt/format.h>
 
 #include "ir/error.h"
@@ -213,6 +216,21 @@ LaunchTable launch_table_from_json(const json& j) {
   } catch (const json::exception& e) {
     throw Error(fmt::format("launch table in plan.json is malformed: {}", e.what()));
   }
+  // Kernel names become file names (kernels/NAME.cubin): identifiers only, never a path.
+  for (size_t i = 0; i < t.kernels.size(); ++i) {
+    const std::string& n = t.kernels[i].name;
+    const bool ident = !n.empty() && std::all_of(n.begin(), n.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+    });
+    if (!ident)
+      throw Error(fmt::format("launch table: kernels[{}].name \"{}\" is not a kernel name "
+                              "(letters, digits and _)",
+                              i, n));
+  }
+  for (size_t i = 0; i < t.launches.size(); ++i)
+    if (t.launches[i].kernel < 0 || static_cast<size_t>(t.launches[i].kernel) >= t.kernels.size())
+      throw Error(fmt::format("launch table: launches[{}].k is {}, outside the {} kernels", i,
+                              t.launches[i].kernel, t.kernels.size()));
   return t;
 }
 

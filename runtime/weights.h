@@ -63,6 +63,12 @@ struct UploadOptions {
   /// Fill the arena with 0xFF bytes (BF16 NaN) before the upload, so that a byte the upload
   /// fails to write shows in a comparison (tests).
   bool poison = false;
+  /// Refuse bad values, naming the tensor and its file: an MXFP4 scale byte 0xFF (E8M0's NaN)
+  /// is found on the host before the GPU is touched; an infinity or NaN in any BF16 or F32
+  /// tensor on the GPU (dequantised experts included, where a scale of 0xFE overflows) by one
+  /// read of the arena at memory bandwidth after the transfer. false only for tests
+  /// of the dequantisation itself.
+  bool check_values = true;
   /// Receives "[load] 12.3 / 38.9 GB, 3.1 GB/s" lines about every `progress_interval_s`
   /// seconds, and a final "[load] done: ..." summary; called on the uploading thread.
   std::function<void(const std::string&)> progress;
@@ -100,8 +106,9 @@ public:
   /// through a device scratch buffer and the dequant kernel, whose BF16 output lands in place.
   /// The dequantised bits equal models::float_to_bf16 of models' MXFP4 decode for every scale
   /// byte 0..255 (infinities for the largest, exact subnormals for the smallest, -0.0 kept).
-  /// Throws xserv::Error naming the file and tensor for a missing or short file, and for CUDA
-  /// failures (out of memory says how much was asked and how much is free).
+  /// Throws xserv::Error naming the file and tensor for a missing or short file, for values that
+  /// options.check_values refuses, and for CUDA failures (out of memory says how much was asked
+  /// and how much is free).
   static DeviceWeights upload(const std::vector<WeightSpec>& specs, const UploadOptions& options);
 
   DeviceWeights() = default;
@@ -134,7 +141,9 @@ private:
 
 /// The CUDA source of the MXFP4 -> BF16 kernel `xserv_mxfp4_to_bf16(const uint4* blocks, const
 /// unsigned char* scales, uint4* out, unsigned long long nblocks)`: one thread per 16-byte
-/// block, 64 bytes of BF16 out. Exposed for tests and `--dump-dir`.
+/// block, 64 bytes of BF16 out; and of `xserv_first_nonfinite(const void* data, unsigned long
+/// long n, int bytes, unsigned long long* first)`, the upload's value check. Exposed for tests
+/// and `--dump-dir`.
 const std::string& mxfp4_dequant_source();
 
 } // namespace xserv::runtime

@@ -54,6 +54,26 @@ extern "C" __global__ void __launch_bounds__(256)
     o[3] = xserv_decode_word(q.w, e);
   }
 }
+
+// kernel: xserv_first_nonfinite
+// The smallest index i < n at which `data` (elements of `bytes` = 2 (bf16), 4 (f32)) holds an
+// infinity or a NaN, folded into *first by atomicMin (which starts at ~0ull: none).
+extern "C" __global__ void __launch_bounds__(256)
+    xserv_first_nonfinite(const void* __restrict__ data, unsigned long long n, int bytes,
+                          unsigned long long* __restrict__ first) {
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const bool bad =
+        bytes == 2
+            ? (((const unsigned short*)data)[i] & 0x7F80u) == 0x7F80u
+            : (((const unsigned int*)data)[i] & 0x7F800000u) == 0x7F800000u;
+    if (bad) {
+      atomicMin(first, i);
+      return; // later indices of this thread are larger
+    }
+  }
+}
 )cuda";
   return source;
 }

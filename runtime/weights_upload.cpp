@@ -348,6 +348,73 @@ Module load_dequant_module(const std::string& arch, const UploadOptions& options
   return Module::load(cubin, "xserv_mxfp4_to_bf16");
 }
 
+/// Throws when an MXFP4 scale byte is 0xFF, E8M0's NaN (1 byte per 32 weights: cheap on the host).
+void check_scales(const WeightSpec& spec, const uint8_t* scales) {
+  const auto* hit = static_cast<const uint8_t*>(std::memchr(scales, 0xFF, spec.scales->bytes));
+  if (hit)
+    throw Error("weight '" + spec.name + "': scale byte 0xFF (E8M0 NaN) at index " +
+                std::to_string(hit - scales) + " of '" + spec.scales->name + "' in " +
+                spec.scales->file + ": the checkpoint is corrupt");
+}
+
+/// Scans every BF16 and F32 tensor of the uploaded arena for infinities and NaNs with one
+/// kernel launch per tensor, then throws naming the first tensor (in spec order) holding one.
+void check_finite(const Module& module, const Kernel& kernel, cudaStream_t stream,
+                  const std::vector<WeightSpec>& specs, const WeightLayout& layout,
+                  const uint8_t* arena) {
+  std::vector<size_t> checked;
+  for (size_t i = 0; i < layout.tensors.size(); ++i)
+    if (layout.tensors[i].dtype == "BF16" || layout.tensors[i].dtype == "F32")
+      checked.push_back(i);
+  if (checked.empty())
+    return;
+  unsigned long long* first = nullptr;
+  cuda_check(
+      cudaMalloc(reinterpret_cast<void**>(&first), checked.size() * sizeof(unsigned long long)),
+      "allocating the value check's results");
+  struct Free {
+    void* p;
+    ~Free() { cudaFree(p); }
+  } free_first{first};
+  cuda_check(cudaMemsetAsync(first, 0xFF, checked.size() * sizeof(unsigned long long), stream),
+             "clearing the value check's results");
+  for (size_t k = 0; k < checked.size(); ++k) {
+    const DeviceTensor& t = layout.tensors[checked[k]];
+    const int bytes = t.dtype == "BF16" ? 2 : 4;
+    const unsigned long long n = t.bytes / uint64_t(bytes);
+    if (n == 0)
+      continue;
+    const void* data = arena + t.offset;
+    unsigned long long* slot = first + k;
+    const unsigned grid = unsigned(std::min<uint64_t>((n + 255) / 256, 4096));
+    module.launch(kernel, dim3(grid), dim3(256), 0, stream, data, n, bytes, slot);
+  }
+  std::vector<unsigned long long> host(checked.size());
+  cuda_check(cudaMemcpyAsync(host.data(), first, host.size() * sizeof(unsigned long long),
+                             cudaMemcpyDeviceToHost, stream),
+             "reading the value check's results");
+  cuda_check(cudaStreamSynchronize(stream), "checking the weights' values");
+  for (size_t k = 0; k < checked.size(); ++k) {
+    if (host[k] == ~0ull)
+      continue;
+    const size_t i = checked[k];
+    const DeviceTensor& t = layout.tensors[i];
+    const int bytes = t.dtype == "BF16" ? 2 : 4;
+    uint32_t bits = 0;
+    cuda_check(cudaMemcpy(&bits, arena + t.offset + host[k] * uint64_t(bytes), size_t(bytes),
+                          cudaMemcpyDeviceToHost),
+               "reading a non-finite weight");
+    const bool nan = bytes == 2 ? (bits & 0x7Fu) != 0 : (bits & 0x7FFFFFu) != 0;
+    const WeightSpec& s = specs[i];
+    throw Error("weight '" + s.name + "': element " + std::to_string(host[k]) + " is " +
+                (nan ? "NaN" : "infinite") +
+                (s.transform == WeightSpec::Transform::Mxfp4ToBf16
+                     ? " after MXFP4 dequantisation (a scale byte too large for its values)"
+                     : "") +
+                " (" + s.data.file + "): the checkpoint holds non-finite weights");
+  }
+}
+
 } // namespace
 
 DeviceWeights DeviceWeights::upload(const std::vector<WeightSpec>& specs,
@@ -367,6 +434,10 @@ DeviceWeights DeviceWeights::upload(const std::vector<WeightSpec>& specs,
   // 1. Files: mapped and checked before the GPU is touched, so bad input fails fast anywhere.
   FileMaps files(specs);
   st.files = files.count();
+  if (options.check_values)
+    for (const WeightSpec& s : specs)
+      if (s.transform == WeightSpec::Transform::Mxfp4ToBf16)
+        check_scales(s, files.bytes(*s.scales));
   st.map_s = seconds_since(t_start);
 
   // 2. The GPU: arena, staging buffers, stream.
@@ -421,9 +492,9 @@ DeviceWeights DeviceWeights::upload(const std::vector<WeightSpec>& specs,
   }
   st.gpu_init_s = seconds_since(t0);
 
-  // 3. The dequant kernel.
+  // 3. The dequant kernel (and, in the same module, the value check).
   t0 = Clock::now();
-  if (any_mxfp4) {
+  if (any_mxfp4 || options.check_values) {
     module = load_dequant_module("sm_" + std::to_string(major * 10 + minor), options,
                                  &st.kernel_compiled);
     dequant = module.kernel("xserv_mxfp4_to_bf16");
@@ -518,6 +589,9 @@ DeviceWeights DeviceWeights::upload(const std::vector<WeightSpec>& specs,
   cuda_check(cudaStreamSynchronize(stg.stream), "finishing the upload");
   st.wait_s += seconds_since(t0);
   st.transfer_s = seconds_since(t_stream);
+  if (options.check_values && w.layout_.total_bytes > 0)
+    check_finite(module, module.kernel("xserv_first_nonfinite"), stg.stream, specs, w.layout_,
+                 arena);
 
   for (size_t i = 0; i < w.layout_.tensors.size(); ++i)
     w.index_.emplace(w.layout_.tensors[i].name, i);

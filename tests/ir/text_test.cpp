@@ -89,3 +89,23 @@ TEST_CASE("parse errors name line and column") {
         std::string::npos);
   CHECK(parse_error("return %0").find("undefined value %0") != std::string::npos);
 }
+
+TEST_CASE("parse errors name the file when given one") {
+  auto error_in = [](std::string_view text) {
+    try {
+      parse(text, "PLAN/graph.ir");
+    } catch (const xserv::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(error_in("%0 = param() {name=\"x\"} : f32[4]\n%1 = frobnicate(%0) : f32[4]") ==
+        "PLAN/graph.ir:2:6: unknown op 'frobnicate'");
+  CHECK(error_in("%0 = add(%1, %1) : f32[4]") == "PLAN/graph.ir:1:10: use of undefined value %1");
+  CHECK(error_in("%0 = param() {name=\"x\"} : q7[4]") ==
+        "PLAN/graph.ir:1:27: unknown element type 'q7'");
+  CHECK(error_in("%0 = param() {name=\"x\"} : f32[4]\n%0 = param() {name=\"y\"} : f32[4]") ==
+        "PLAN/graph.ir:2:1: value %0 is defined twice");
+  CHECK(error_in("%0 = param() : f32[4,\n").rfind("PLAN/graph.ir:2:1: expected a dimension", 0) ==
+        0);
+}

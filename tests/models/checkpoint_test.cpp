@@ -251,3 +251,64 @@ TEST_CASE("checkpoint: a corrupt shard, another model type, and no weights are c
 
 } // namespace
 } // namespace xserv::models
+
+namespace xserv::models {
+namespace {
+
+/// The message read_bf16 / decode_mxfp4 throws for tensor `name` of the checkpoint in `dir`.
+std::string read_error(const fs::path& dir, const std::string& name, bool mxfp4) {
+  Checkpoint ck = Checkpoint::open(dir, {.map_data = true});
+  try {
+    if (mxfp4)
+      ck.decode_mxfp4(name);
+    else
+      ck.read_bf16(name);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_CASE("checkpoint: non-finite weights and scale byte 0xFF are refused as they are read") {
+  testing::TempDir dir;
+  make_valid(dir.path / "ok");
+  const std::string norm = "model.norm.weight", lm = "lm_head.weight";
+  const std::string experts = "model.layers.1.mlp.experts.gate_up_proj";
+  CHECK(read_error(dir.path / "ok", norm, false).empty());
+  CHECK(read_error(dir.path / "ok", experts, true).empty());
+
+  std::vector<Entry> es = load_entries(dir.path / "ok");
+  const json config = json::parse(slurp(dir.path / "ok" / "config.json"));
+  find(es, norm)->data[2 * 3 + 1] = char(0x7F); // element 3: 0x7FC0, NaN
+  find(es, norm)->data[2 * 3] = char(0xC0);
+  find(es, lm)->data[2 * 70 + 1] = char(0x7F); // element 70: 0x7F80, +inf
+  find(es, lm)->data[2 * 70] = char(0x80);
+  write_single(dir.path / "bad", es, config);
+  const std::string file = (dir.path / "bad" / "model.safetensors").string();
+  CHECK(read_error(dir.path / "bad", norm, false) ==
+        file + ": tensor model.norm.weight element 3 is NaN: the checkpoint holds non-finite "
+               "weights");
+  CHECK(read_error(dir.path / "bad", lm, false)
+            .find("tensor lm_head.weight element 70 is "
+                  "infinite") != std::string::npos);
+
+  es = load_entries(dir.path / "ok");
+  const int64_t per_expert = 2 * 64 * (64 / 32); // scales of one expert: rows x blocks
+  find(es, experts + "_scales")->data[size_t(per_expert) + 5] = char(0xFF); // expert 1
+  write_single(dir.path / "scale", es, config);
+  CHECK(read_error(dir.path / "scale", experts, true) ==
+        (dir.path / "scale" / "model.safetensors").string() + ": tensor " + experts +
+            "_scales holds scale byte 0xFF (E8M0 NaN) at index " + std::to_string(per_expert + 5) +
+            ": the checkpoint is corrupt");
+
+  es = load_entries(dir.path / "ok");
+  find(es, experts + "_scales")->data[0] = char(0xFE); // 2^127 times
+  find(es, experts + "_blocks")->data[0] = char(0x77); // 6.0: infinite
+  write_single(dir.path / "big", es, config);
+  CHECK(read_error(dir.path / "big", experts, true)
+            .find("tensor " + experts + " expert 0 element 0 is infinite after MXFP4 decoding") !=
+        std::string::npos);
+}
+
+} // namespace
+} // namespace xserv::models

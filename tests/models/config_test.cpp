@@ -2,7 +2,9 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <limits>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ir/error.h"
@@ -109,10 +111,10 @@ TEST_CASE("bad values") {
 TEST_CASE("unreadable files") {
   CHECK_THROWS_WITH_AS(ModelConfig::load("/nonexistent/dir"),
                        doctest::Contains("/nonexistent/dir: cannot open config"), xserv::Error);
-  auto tmp = std::filesystem::temp_directory_path() / "xserv_config_test.json";
+  xserv::testing::TempDir dir("config");
+  const auto tmp = dir.path / "config.json";
   std::ofstream(tmp) << "{ not json";
   CHECK_THROWS_WITH_AS(ModelConfig::load(tmp), doctest::Contains("not valid JSON"), xserv::Error);
-  std::filesystem::remove(tmp);
 }
 
 TEST_CASE("pad_token_id must lie inside the vocabulary and survives to_json") {
@@ -125,4 +127,63 @@ TEST_CASE("pad_token_id must lie inside the vocabulary and survives to_json") {
         std::string::npos);
   doc.erase("pad_token_id");
   CHECK_FALSE(ModelConfig::from_json(doc, "config.json").to_json().contains("pad_token_id"));
+}
+
+TEST_CASE("every integer field is bounded by the limits the compiler and kernels accept") {
+  for (const auto& l : xserv::models::kConfigLimits) {
+    CAPTURE(l.field);
+    json doc = tiny_doc();
+    doc[l.field] = l.hi + 1;
+    CHECK(error_of(doc).find(fmt::format("field '{}' must be in [{}, {}], found {}", l.field, l.lo,
+                                         l.hi, l.hi + 1)) != std::string::npos);
+    doc[l.field] = l.lo - 1;
+    CHECK(error_of(doc).find(fmt::format("field '{}' must be in [{}, {}], found {}", l.field, l.lo,
+                                         l.hi, l.lo - 1)) != std::string::npos);
+  }
+  json doc = tiny_doc();
+  doc["head_dim"] = int64_t{1} << 21; // used to pass here and abort in GraphEdit
+  CHECK(error_of(doc).find("field 'head_dim' must be in [2, 1024], found 2097152") !=
+        std::string::npos);
+  doc["head_dim"] = 18446744073709551615ull;
+  CHECK(error_of(doc).find("field 'head_dim' must be in [2, 1024], found 18446744073709551615") !=
+        std::string::npos);
+  doc = tiny_doc();
+  doc["num_hidden_layers"] = 200000;
+  doc.erase("layer_types");
+  CHECK(error_of(doc).find("field 'num_hidden_layers' must be in [1, 4096], found 200000") !=
+        std::string::npos);
+}
+
+TEST_CASE("products of sizes are bounded: tensor elements and row widths") {
+  json doc = tiny_doc();
+  doc["hidden_size"] = 65536; // x vocabulary 201088: an embedding of 13e9 elements
+  CHECK(error_of(doc).find("vocab_size * hidden_size is above 2147483647") != std::string::npos);
+  doc = tiny_doc();
+  doc["num_attention_heads"] = 1024;
+  doc["num_key_value_heads"] = 1024;
+  doc["head_dim"] = 1024;
+  doc["hidden_size"] = 4096;
+  doc["vocab_size"] = 1000;
+  doc.erase("pad_token_id");
+  CHECK(error_of(doc).find("num_attention_heads * head_dim * hidden_size is above") !=
+        std::string::npos);
+  doc = tiny_doc();
+  doc["num_local_experts"] = 1024;
+  doc["intermediate_size"] = 262144;
+  CHECK(error_of(doc).find("num_local_experts * intermediate_size * hidden_size is above") !=
+        std::string::npos);
+  doc = tiny_doc();
+  doc["num_key_value_heads"] = 8; // more kv heads than the 4 query heads
+  CHECK(error_of(doc).find("num_key_value_heads (8) exceeds num_attention_heads (4)") !=
+        std::string::npos);
+}
+
+TEST_CASE("floating-point fields must be finite and rope's original length bounded") {
+  json doc = tiny_doc();
+  doc["rope_theta"] = std::numeric_limits<double>::infinity(); // a document built in code
+  CHECK(error_of(doc).find("field 'rope_theta' must be a finite number") != std::string::npos);
+  doc = tiny_doc();
+  doc["rope_scaling"]["original_max_position_embeddings"] = 1e30;
+  CHECK(error_of(doc).find("field 'rope_scaling.original_max_position_embeddings' must be in "
+                           "[1, 16777216]") != std::string::npos);
 }

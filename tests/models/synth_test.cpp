@@ -10,6 +10,10 @@
 #include <set>
 #include <string>
 
+#include <csignal>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
@@ -171,6 +175,52 @@ TEST_CASE("synth: seeds differ, bad options are refused") {
   o.expert_scale_hi = 120;
   CHECK_THROWS_WITH_AS(synth_checkpoint(c, a.path, o), doctest::Contains("expert scale range"),
                        Error);
+  o.expert_scale_lo = 254;
+  o.expert_scale_hi = 256; // would write 0xFF, E8M0's NaN
+  CHECK_THROWS_WITH_AS(synth_checkpoint(c, a.path, o), doctest::Contains("0xFF is NaN"), Error);
+}
+
+TEST_CASE("synth: a checkpoint larger than the free space is refused before anything is written") {
+  ModelConfig c = tiny();
+  c.num_hidden_layers = 4096; // 4096 layers of 1024 experts of 2880 x 2 * 16384: ~300 TB
+  c.sliding.assign(4096, false);
+  c.hidden_size = 2880;
+  c.num_local_experts = 1024;
+  c.intermediate_size = 16384;
+  TempDir dir;
+  const fs::path out = dir.path / "big";
+  const std::string want = out.string() + ": the checkpoint needs";
+  CHECK_THROWS_WITH_AS(synth_checkpoint(c, out, {}), doctest::Contains(want.c_str()), Error);
+  CHECK_FALSE(fs::exists(out));
+}
+
+TEST_CASE("synth: SIGTERM while writing leaves no temporary behind") {
+  ModelConfig c = tiny();
+  c.vocab_size = 64;
+  c.pad_token_id = -1;
+  TempDir dir;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    SynthOptions o;
+    o.shard_size = 1; // one shard per tensor: progress is reported after each
+    o.threads = 1;
+    int shards = 0;
+    o.progress = [&](const std::string&) {
+      if (++shards == 3) // two shards complete, the third's temporary exists
+        ::raise(SIGTERM);
+    };
+    synth_checkpoint(c, dir.path, o);
+    ::_exit(0); // not reached when the signal works
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGTERM);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir.path))
+    left.push_back(e.path().filename().string());
+  CHECK(left.empty());
 }
 
 } // namespace

@@ -155,16 +155,17 @@ TEST_CASE("upload: a tiny checkpoint lands on the GPU bit for bit") {
   upload_and_compare(dir.path / "ck", o);
 }
 
-TEST_CASE("upload: MXFP4 scale bytes 0..255 (overflow to inf, subnormals, -0.0) match the CPU") {
+TEST_CASE("upload: MXFP4 scale bytes 0..254 (overflow to inf, subnormals, -0.0) match the CPU") {
   XSERV_REQUIRE_GPU(dev);
   TempDir dir;
   models::SynthOptions so;
   so.seed = 5;
   so.expert_scale_lo = 0;
-  so.expert_scale_hi = 256;
+  so.expert_scale_hi = 255; // synth never writes 0xFF, E8M0's NaN
   so.shard_size = 10'000'000;
   models::synth_checkpoint(tiny(), dir.path / "ck", so);
   runtime::UploadOptions o;
+  o.check_values = false;    // scale 0xFE overflows to inf, which the value check would refuse
   o.staging_bytes = 1 << 20; // the smallest: many pieces, tensors split across buffers
   o.staging_buffers = 2;
   o.host_threads = 3;
@@ -198,6 +199,7 @@ TEST_CASE("upload: every (scale byte, block byte) pair decodes as the CPU refere
   s.shape = {256, 512};
   runtime::UploadOptions o;
   o.poison = true;
+  o.check_values = false; // scale 0xFF is refused by the check; the decode itself is tested here
   runtime::DeviceWeights w = runtime::DeviceWeights::upload({s}, o);
   std::vector<uint8_t> got = download(w, "all");
   REQUIRE(got.size() == size_t(nblocks) * 64);
@@ -217,6 +219,66 @@ TEST_CASE("upload: every (scale byte, block byte) pair decodes as the CPU refere
   CHECK(at(255 * 16 + 15, 1) == 0xFF80); // -6 * 2^128 -> -inf
   CHECK(at(0, 2) == 0x0020);             // byte 1, low nibble 1: 0.5 * 2^-127 = 2^-128
   CHECK(at(0, 16) == 0x8000);            // byte 8, low nibble 8: -0.0
+}
+
+namespace {
+
+/// Overwrites `bytes` at element `index` (of `elem` bytes) of tensor `name` in checkpoint `dir`.
+void patch_tensor(const fs::path& dir, const std::string& name, size_t index, size_t elem,
+                  std::vector<uint8_t> bytes) {
+  auto ck = models::Checkpoint::open(dir, {.map_data = false});
+  const models::TensorInfo& t = ck.info(name);
+  std::fstream f(ck.file_of(name), std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(std::streamoff(t.offset + index * elem));
+  f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  REQUIRE(f.good());
+}
+
+/// The message of the upload of checkpoint `dir`, or "" when it succeeds.
+std::string upload_error(const fs::path& dir) {
+  auto ck = models::Checkpoint::open(dir, {.map_data = true});
+  try {
+    runtime::DeviceWeights::upload(cli::weight_specs(ck), {});
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+} // namespace
+
+TEST_CASE("upload: non-finite weights and scale byte 0xFF are refused naming the tensor") {
+  XSERV_REQUIRE_GPU(dev);
+  TempDir dir;
+  models::synth_checkpoint(tiny(), dir.path / "ck", {});
+  CHECK(upload_error(dir.path / "ck").empty());
+
+  const std::string norm = "model.layers.1.post_attention_layernorm.weight";
+  models::synth_checkpoint(tiny(), dir.path / "nan", {});
+  patch_tensor(dir.path / "nan", norm, 5, 2, {0xC0, 0x7F}); // bf16 0x7FC0: NaN
+  std::string e = upload_error(dir.path / "nan");
+  CHECK(e.find("weight '" + norm + "': element 5 is NaN") != std::string::npos);
+  CHECK(e.find("non-finite") != std::string::npos);
+
+  models::synth_checkpoint(tiny(), dir.path / "inf", {});
+  patch_tensor(dir.path / "inf", "lm_head.weight", 64 * 7, 2, {0x80, 0xFF}); // -inf, row 7
+  e = upload_error(dir.path / "inf");
+  CHECK(e.find("weight 'lm_head.weight': element 448 is infinite") != std::string::npos);
+
+  const std::string experts = "model.layers.0.mlp.experts.down_proj";
+  models::synth_checkpoint(tiny(), dir.path / "scale", {});
+  patch_tensor(dir.path / "scale", experts + "_scales", 3, 1, {0xFF});
+  e = upload_error(dir.path / "scale");
+  CHECK(e.find("weight '" + experts + "': scale byte 0xFF (E8M0 NaN) at index 3 of '" + experts +
+               "_scales'") != std::string::npos);
+
+  // Scale 0xFE with code 7 (6.0) is 6 * 2^127: infinite once dequantised.
+  models::synth_checkpoint(tiny(), dir.path / "big", {});
+  patch_tensor(dir.path / "big", experts + "_scales", 0, 1, {0xFE});
+  patch_tensor(dir.path / "big", experts + "_blocks", 0, 1, {0x77});
+  e = upload_error(dir.path / "big");
+  CHECK(e.find("weight '" + experts + "': element 0 is infinite after MXFP4 dequantisation") !=
+        std::string::npos);
 }
 
 TEST_CASE("upload: a multi-shard ~1.7 GB checkpoint with odd staging sizes, then from the cache") {
