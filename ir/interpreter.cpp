@@ -2,6 +2,7 @@
 #include "ir/interpreter.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include <fmt/format.h>
@@ -237,30 +238,59 @@ double rel_l2(const Tensor& a, const Tensor& b) {
 
 namespace xserv::ir {
 
+namespace {
+
+/// "" when `a` and `b` agree (same shape and kind; integers equal; floats bitwise equal when
+/// rtol is 0, else within rtol relative L2), else what differs, prefixed by `what`.
+std::string compare_tensors(const Tensor& a, const Tensor& b, double rtol, const std::string& what) {
+  if (a.shape != b.shape)
+    return fmt::format("{}: shapes differ", what);
+  if (a.is_int() != b.is_int())
+    return fmt::format("{}: element kinds differ", what);
+  if (a.is_int())
+    return a.i == b.i ? "" : fmt::format("{}: integer values differ", what);
+  if (rtol == 0) {
+    for (size_t k = 0; k < a.f.size(); ++k)
+      if (std::memcmp(&a.f[k], &b.f[k], sizeof(float)) != 0)
+        return fmt::format("{}: element {} differs ({} vs {}), expected bitwise equal", what, k,
+                           a.f[k], b.f[k]);
+    return "";
+  }
+  double err = rel_l2(a, b);
+  if (!(err <= rtol))
+    return fmt::format("{}: relative L2 {:.3g} > {:.3g}", what, err, rtol);
+  return "";
+}
+
+} // namespace
+
 std::string compare_runs(const Graph& a, const Graph& b, const InterpretEnv& env, double rtol) {
-  auto run = [&](const Graph& g) {
-    InterpretEnv copy = env;
+  auto run = [&](const Graph& g, InterpretEnv& copy) {
+    copy = env;
     for (auto& [name, t] : copy.state)
       t = std::make_shared<Tensor>(*t);
     return interpret(g, copy);
   };
-  std::vector<Tensor> ra = run(a), rb = run(b);
+  InterpretEnv ea, eb;
+  std::vector<Tensor> ra = run(a, ea), rb = run(b, eb);
   if (ra.size() != rb.size())
     return fmt::format("{} outputs vs {}", ra.size(), rb.size());
-  for (size_t i = 0; i < ra.size(); ++i) {
-    if (ra[i].shape != rb[i].shape)
-      return fmt::format("output {}: shapes differ", i);
-    if (ra[i].is_int() != rb[i].is_int())
-      return fmt::format("output {}: element kinds differ", i);
-    if (ra[i].is_int()) {
-      if (ra[i].i != rb[i].i)
-        return fmt::format("output {}: integer values differ", i);
-      continue;
-    }
-    double err = rel_l2(ra[i], rb[i]);
-    if (!(err <= rtol))
-      return fmt::format("output {}: relative L2 {:.3g} > {:.3g}", i, err, rtol);
+  for (size_t i = 0; i < ra.size(); ++i)
+    if (std::string d = compare_tensors(ra[i], rb[i], rtol, fmt::format("output {}", i));
+        !d.empty())
+      return d;
+  // The caches each run left behind: a dropped, duplicated or misrouted kv_write shows here
+  // even when this step's outputs do not read it.
+  for (const auto& [name, t] : ea.state) {
+    auto it = eb.state.find(name);
+    if (it == eb.state.end())
+      return fmt::format("cache '{}' written by the first graph only", name);
+    if (std::string d = compare_tensors(*t, *it->second, rtol, "cache '" + name + "'"); !d.empty())
+      return d;
   }
+  for (const auto& [name, t] : eb.state)
+    if (!ea.state.count(name))
+      return fmt::format("cache '{}' written by the second graph only", name);
   return "";
 }
 

@@ -53,8 +53,9 @@ double rel_l2(const Tensor& a, const Tensor& b);
 namespace xserv::ir {
 
 /// Runs `a` and `b` on the same inputs, weights and initial cache state (each on its own copy)
-/// and compares their outputs: float outputs within `rtol` relative L2, integer outputs equal.
-/// Returns "" when they agree, else which output differs and by how much.
+/// and compares every output and every cache both runs leave (the same cache names, the same
+/// contents): floats within `rtol` relative L2, or bitwise equal when `rtol` is 0; integers
+/// equal. Returns "" when they agree, else which output or cache differs and by how much.
 std::string compare_runs(const Graph& a, const Graph& b, const InterpretEnv& env, double rtol);
 
 } // namespace xserv::ir

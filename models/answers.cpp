@@ -98,6 +98,19 @@ std::optional<std::string> last_of(std::string_view s) {
   return nums.back().value;
 }
 
+/// The number an "answer" marker introduces, read from `rest` (the text after the marker): the
+/// first number of its line, or, when that line states a computation ("7 + 4 = 11"), the first
+/// number after its last '='. "The answer is 7 apples, from 3 + 4." gives 7, not 4.
+std::optional<std::string> answer_after_marker(std::string_view rest) {
+  std::string_view line = rest.substr(0, rest.find('\n'));
+  if (size_t eq = line.rfind('='); eq != std::string_view::npos)
+    line = line.substr(eq + 1);
+  auto nums = scan_numbers(unlatex(line));
+  if (nums.empty())
+    return std::nullopt;
+  return nums.front().value;
+}
+
 bool is_integer(const std::string& canonical_value) {
   return canonical_value.find('.') == std::string::npos;
 }
@@ -175,9 +188,12 @@ std::optional<std::string> extract_gsm8k_answer(std::string_view text) {
   if (auto box = last_boxed(text))
     if (auto n = last_of(*box))
       return n;
-  std::string low = lower(text);
-  if (size_t at = low.rfind("answer"); at != std::string::npos)
-    if (auto n = last_of(text.substr(at + 6)))
+  // The last "answer" marker whose line carries a number ("Answer: 18", "The answer is 7
+  // apples, ..."); markers without one ("I hope this answer helps!") are passed over.
+  const std::string low = lower(text);
+  for (size_t at = low.rfind("answer"); at != std::string::npos;
+       at = at == 0 ? std::string::npos : low.rfind("answer", at - 1))
+    if (auto n = answer_after_marker(text.substr(at + 6)))
       return n;
   return last_of(text);
 }

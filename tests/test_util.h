@@ -11,6 +11,9 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <vector>
 
@@ -81,6 +84,34 @@ private:
   }
 };
 
+/// A TCP port of this machine held for the life of the object, instead of a fixed number: a
+/// socket bound to port 0 (the kernel picks a free one) with SO_REUSEADDR and never listening.
+/// No other process gets the port from the kernel meanwhile, and nothing connects to it
+/// (connections are refused), but a listener that sets SO_REUSEADDR, as runtime::Listener does,
+/// can still bind and listen on it: hand `port` to the process under test.
+struct ReservedPort {
+  int fd = -1;
+  uint16_t port = 0;
+  ReservedPort() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t len = sizeof(addr);
+    if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      port = ntohs(addr.sin_port);
+  }
+  ~ReservedPort() {
+    if (fd >= 0)
+      ::close(fd);
+  }
+  ReservedPort(const ReservedPort&) = delete;
+  ReservedPort& operator=(const ReservedPort&) = delete;
+};
+
 /// The float32 values of a raw little-endian file (what --logits-out and xserv trace write).
 inline std::vector<float> read_floats(const std::filesystem::path& f) {
   std::ifstream in(f, std::ios::binary);
@@ -91,7 +122,9 @@ inline std::vector<float> read_floats(const std::filesystem::path& f) {
 
 } // namespace xserv::testing
 
-/// Skips the rest of a test case when the shared data directory is absent, saying why.
+/// Skips the rest of a test case when the shared data directory is absent, saying why. Put it
+/// before any assertion: ctest reports an entry that prints "skipped:" as skipped whatever its
+/// exit code (tests/CMakeLists.txt), so a failure before the skip would be hidden.
 #define XSERV_REQUIRE_DATA(var)                                                                    \
   auto var##_opt = ::xserv::testing::data_dir();                                                   \
   if (!var##_opt) {                                                                                \

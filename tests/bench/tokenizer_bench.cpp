@@ -92,6 +92,15 @@ int main(int argc, char** argv) {
                 static_cast<double>(whole.size()) / static_cast<double>(tokens_whole));
     std::printf("per-document encode: %.2f MB/s (%zu tokens)\n", mb / per_doc, tokens);
     std::printf("single-call encode:  %.2f MB/s\n", mb / one_call);
+
+    // A hostile prompt: one 200 KB pre-token must not stall the quadratic merge (it took well
+    // under 2 s when the heap merge went in; tokenizer_test checks only that it round-trips).
+    for (char c : {' ', 'a', '='}) {
+      const std::string big(200000, c);
+      t0 = std::chrono::steady_clock::now();
+      const size_t n = tok.encode(big).size();
+      std::printf("one 200 KB pre-token of '%c': %.3f s (%zu tokens)\n", c, seconds_since(t0), n);
+    }
     return 0;
   } catch (const xserv::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -2,9 +2,10 @@
 // and agreement with the CPU interpreter engine over a batch of prefill and decode steps.
 //
 // Tolerances (never loosened to pass): at each position xserv's relative L2 to HF float32 must
-// be <= 1.25 x HF bfloat16's own relative L2 to HF float32 at that position, or <= 1e-2 where
-// HF bfloat16's error is below 8e-3. Greedy tokens must equal HF float32's wherever HF's top-2
-// margin exceeds 0.05 (and the earlier tokens agreed).
+// be <= 5e-6, 10x the measured worst 5e-7 on the three fixtures (H200, fp32 KV, docs/PERF.md;
+// HF bfloat16's own error, 4.6e-3..6.7e-3, is reported beside it), and the CUDA engine's
+// logits within 5e-6 of the CPU engine's. Greedy tokens must equal HF float32's wherever HF's
+// top-2 margin exceeds 0.05 (and the earlier tokens agreed).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -55,6 +56,7 @@ using xserv::testing::TempDir;
   }
 
 constexpr int64_t kMaxSeq = 64;
+constexpr double kFixtureTol = 5e-6; // relative L2; see the file comment
 
 cli::CudaModelOptions quiet() {
   cli::CudaModelOptions o;
@@ -115,10 +117,8 @@ struct Judge {
   double worst_err = 0, worst_ratio = 0, worst_limit_use = 0;
   size_t worst_pos = 0, failures = 0;
 
-  double limit(size_t p) const {
-    const double b = bf16_err[p][0];
-    return std::max(1.25 * b, b < 8e-3 ? 1e-2 : 0.0);
-  }
+  /// 10x the measured worst, 5e-7 (file comment); the same at every position.
+  double limit(size_t) const { return kFixtureTol; }
   void add(const std::vector<float>& got, size_t p) {
     const double e = rel_l2(got, f32[p]);
     const double use = e / limit(p);
@@ -252,7 +252,7 @@ TEST_CASE("cuda engine agrees with the CPU engine on a batch of 3: prefill, then
       CHECK_MESSAGE(picked[b] == xserv::runtime::argmax(got[b]), "step " << s << " sequence " << b);
       const double e = rel_l2(got[b], as_double(want[b]));
       worst = std::max(worst, e);
-      CHECK_MESSAGE(e < 1e-2, "step " << s << " sequence " << b << ": rel L2 " << e);
+      CHECK_MESSAGE(e <= kFixtureTol, "step " << s << " sequence " << b << ": rel L2 " << e);
     }
     models::StepInput next;
     for (size_t b = 0; b < 3; ++b) {
@@ -265,112 +265,6 @@ TEST_CASE("cuda engine agrees with the CPU engine on a batch of 3: prefill, then
     step = std::move(next);
   }
   MESSAGE("CPU vs CUDA, tiny example, 3 sequences, prefill + 5 decodes: worst rel L2 " << worst);
-}
-
-namespace {
-
-/// Token-by-token decode of a fixture on the GPU and the interpreter side by side, printing where
-/// the router's choices or the residual stream first depart (debugging aid, XSERV_CUDA_DIAG=1).
-void diagnose(const std::string& name) {
-  const fs::path dir = source_dir() / "tests/fixtures" / name;
-  const json fx = read_json(dir / "fixture.json");
-  const auto ids = fx.at("ids").get<std::vector<int32_t>>();
-  TempDir tmp(name + "_diag");
-  synthesize(dir / "config.json", fx.at("seed").get<uint64_t>(), tmp.path);
-  const auto config = models::ModelConfig::load(tmp.path / "config.json");
-  cli::CudaModelOptions opts = quiet();
-  opts.keep_activations = true;
-  cli::CudaModel gpu(tmp.path, 1, kMaxSeq, nullptr, opts);
-  xserv::ir::Graph g = gpu.graph();
-  std::vector<xserv::ir::ValueId> tracked;
-  for (xserv::ir::ValueId v = 0; v < static_cast<xserv::ir::ValueId>(g.size()); ++v) {
-    const auto op = g.node(v).op;
-    if (op == xserv::ir::Op::Extract || op == xserv::ir::Op::LinearResidual ||
-        op == xserv::ir::Op::MoeExpertsResidual || op == xserv::ir::Op::Attention ||
-        op == xserv::ir::Op::RmsNorm)
-      tracked.push_back(v);
-  }
-  for (auto v : tracked)
-    g.outputs.push_back(v);
-  auto ck = std::make_shared<const models::Checkpoint>(
-      models::Checkpoint::open(tmp.path, {.map_data = true, .validate = true}));
-  xserv::ir::InterpretEnv env;
-  env.weights = [ck](const std::string& n, const xserv::ir::Type& t) {
-    std::vector<int64_t> shape;
-    for (const auto& d : t.shape)
-      shape.push_back(d.size);
-    return std::make_shared<const xserv::ir::Tensor>(xserv::ir::Tensor::from_floats(
-        shape, t.dtype == xserv::ir::DType::MXFP4 ? ck->decode_mxfp4(n) : ck->read_bf16(n)));
-  };
-  env.dims = {{models::dims::kCacheRows, 1}, {models::dims::kMaxSeq, kMaxSeq}};
-  int reported = 0;
-  for (size_t p = 0; p < ids.size() && reported < 8; ++p) {
-    const models::StepInput in{{{ids[p]}}, {static_cast<int32_t>(p)}, {0}};
-    gpu.step(in);
-    env.params = models::step_params(in);
-    const auto cpu = xserv::ir::interpret(g, env);
-    for (size_t i = 0; i < tracked.size() && reported < 8; ++i) {
-      const xserv::ir::Tensor& want = cpu[i + 1];
-      const auto v = tracked[i];
-      const int r = 0;
-      const size_t n = static_cast<size_t>(want.numel());
-      if (want.is_int()) {
-        std::vector<int32_t> got(n);
-        cudaMemcpy(got.data(), gpu.debug_address(v, r), n * 4, cudaMemcpyDeviceToHost);
-        if (got != want.i) {
-          ++reported;
-          // The router logits from the interpreter's router input, in double on the host.
-          const auto& router = g.node(g.node(v).inputs[0]);
-          const auto xv = router.inputs[0];
-          const size_t xi =
-              static_cast<size_t>(std::find(tracked.begin(), tracked.end(), xv) - tracked.begin());
-          std::string gaps = "?";
-          if (xi < tracked.size()) {
-            const auto w = ck->read_bf16(g.node(router.inputs[1]).attr_str("name"));
-            const auto b = ck->read_bf16(g.node(router.inputs[2]).attr_str("name"));
-            const auto& x = cpu[xi + 1].f;
-            std::vector<double> logit(b.size());
-            for (size_t e = 0; e < b.size(); ++e) {
-              double a = b[e];
-              for (size_t c = 0; c < x.size(); ++c)
-                a += double(w[e * x.size() + c]) * x[c];
-              logit[e] = a;
-            }
-            std::vector<double> sorted = logit;
-            std::sort(sorted.rbegin(), sorted.rend());
-            const size_t k = want.i.size();
-            gaps = fmt::format("logit {}th {:.6g} vs {}th {:.6g}: gap {:.3g}", k, sorted[k - 1],
-                               k + 1, sorted[k], sorted[k - 1] - sorted[k]);
-          }
-          MESSAGE(fmt::format("{} position {}: {} ids GPU {} CPU {}; CPU {}", name, p,
-                              xserv::ir::print_node(g, v), fmt::join(got, ","),
-                              fmt::join(want.i, ","), gaps));
-        }
-      } else {
-        std::vector<float> got(n);
-        cudaMemcpy(got.data(), gpu.debug_address(v, r), n * 4, cudaMemcpyDeviceToHost);
-        const double e = rel_l2(got, as_double(want.f));
-        if (e > 1e-2) {
-          ++reported;
-          MESSAGE(fmt::format("{} position {}: rel L2 {:.3g} at {}", name, p, e,
-                              xserv::ir::print_node(g, v)));
-        }
-      }
-    }
-  }
-  MESSAGE(name << ": " << reported << " departures reported");
-}
-
-} // namespace
-
-TEST_CASE("cuda engine diagnostics: where decode departs from the interpreter") {
-  XSERV_REQUIRE_GPU();
-  if (!std::getenv("XSERV_CUDA_DIAG")) {
-    MESSAGE("skipped: set XSERV_CUDA_DIAG=1");
-    return;
-  }
-  diagnose("deep4l");
-  diagnose("window16");
 }
 
 namespace {

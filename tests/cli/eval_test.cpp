@@ -203,7 +203,20 @@ TEST_CASE("xserv eval runs GSM8K and AIME on the tiny model and writes one line 
   CHECK(lines[0]["task"] == "aime25");
   CHECK(lines[0]["id"] == "0");
   CHECK(lines[0]["reference"] == "70");
-  CHECK(lines[0]["sample"] != lines[1]["sample"]);
+  CHECK(lines[0]["sample"] == 0);
+  CHECK(lines[1]["sample"] == 1);
+  // The two samples are different draws at temperature 1 (8 tokens each from the random tiny
+  // model's near-uniform 201k-way distribution: equal only by a bug) ...
+  CHECK(lines[0]["completion"] != lines[1]["completion"]);
+  // ... and the same seed draws them again.
+  const fs::path out3 = scratch() / "r3.jsonl";
+  r = run_xserv("eval " + model + " --task aime25 --data " + (data / "aime2025.jsonl").string() +
+                " --limit 1 --samples 2 --temperature 1 --seed 3" + common + out3.string());
+  REQUIRE(r.code == 0);
+  const auto again = read_jsonl(out3);
+  REQUIRE(again.size() == 2);
+  for (size_t i = 0; i < 2; ++i)
+    CHECK(again[i]["completion"] == lines[i]["completion"]);
 }
 
 TEST_CASE("xserv chat keeps a conversation and answers commands from stdin") {

@@ -2,7 +2,8 @@
 // fp32 runs (made by tools/hf_20b_reference.py; scripts/device/hf20b.sh runs both on the GPU).
 //
 // Gate (never loosened to pass): for a 256-token random prompt, at every position xserv's relative
-// L2 to HF fp32 must be <= 1.25 x HF BF16's own relative L2 to HF fp32; greedy decoding of 64
+// L2 to HF fp32 must be <= 0.014 x HF BF16's own relative L2 to HF fp32 and <= 3e-4 outright
+// (10x the measured worst ratio 0.0014 and max 3.0e-5, docs/PERF.md); greedy decoding of 64
 // tokens must equal HF BF16's up to the first step where HF BF16's top-2 margin is below 0.05.
 // Also reported: how many greedy steps xserv (and HF BF16) share with HF fp32.
 //
@@ -35,7 +36,11 @@ namespace cli = xserv::cli;
 namespace models = xserv::models;
 using json = nlohmann::json;
 
-constexpr double kRatio = 1.25;
+// 10x the measured worst: ratio xserv / HF BF16 0.0014, max rel L2 to HF fp32 3.019e-5 (H200,
+// 2026-11-29, docs/PERF.md "the 20b against HF"). A 1.25 x BF16 gate let errors ~900x the
+// measured one through.
+constexpr double kRatio = 0.014;
+constexpr double kMaxErr = 3e-4;
 constexpr double kMarginFloor = 0.05;
 
 json read_json(const fs::path& path) {
@@ -153,6 +158,7 @@ TEST_CASE("gpu: synthetic 20b against HF transformers") {
                       ratio[worst], worst, err[worst], bf16_err[worst], over, kRatio));
   CHECK_MESSAGE(over == 0, over << " positions over " << kRatio
                                 << " x HF bf16's error (pos:xserv/bf16=ratio):" << failing);
+  CHECK(*std::max_element(err.begin(), err.end()) <= kMaxErr);
 
   // 2. Greedy continuation of G tokens (one prefill, then one decode step per token).
   engine.reset();

@@ -7,7 +7,7 @@
 //   1. one prefill of all 48 tokens through ir::interpret with per-token logits,
 //   2. the same 48 tokens fed one decode step at a time through CpuModel (the KV cache path),
 //   3. a 16-token greedy continuation through engine::generate(),
-// must give HF's logits within 1e-4 relative L2 per position and exactly HF's greedy tokens.
+// must give HF's logits within 1e-6 relative L2 per position and exactly HF's greedy tokens.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -43,7 +43,10 @@ namespace models = xserv::models;
 using json = nlohmann::json;
 using xserv::testing::TempDir;
 
-constexpr double kTolerance = 1e-4; // relative L2 per position, fp32 against fp32
+// Relative L2 per position, fp32 against fp32: 2x to 4x the measured worst (2.4e-7..4.9e-7, see
+// the test cases), below what small errors in the model description give (swiglu_alpha 1.702 ->
+// 1.7: 1.2e-6..1.9e-6; YaRN truncate flipped: 4.2e-5..6.8e-5; issue 19).
+constexpr double kTolerance = 1e-6;
 constexpr int64_t kMaxSeq = 64;     // 48 prompt ids + 16 generated
 
 json read_json(const fs::path& path) {
@@ -170,7 +173,8 @@ void check_fixture(const std::string& name) {
 } // namespace
 
 // Measured 2026-11-29 against HF transformers 5.24 / torch 2.15 float32 on the CPU, worst position
-// of prefill and decode alike: tiny2l 2.4e-7, deep4l 4.9e-7, window16 3.0e-7 (tolerance 1e-4).
+// of prefill and decode alike, and again 2026-12-01 (this test's MESSAGE): tiny2l 2.44e-7,
+// deep4l 4.91e-7, window16 3.01e-7 (tolerance 1e-6).
 TEST_CASE("hf fixture tiny2l: CPU interpreter matches HF float32 logits and greedy tokens") {
   check_fixture("tiny2l");
 }

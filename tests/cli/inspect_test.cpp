@@ -65,7 +65,7 @@ TEST_CASE("inspect prints the stage table and roofline, and --json the same fact
   CHECK(r.out.find("is not a plan directory") != std::string::npos);
 }
 
-TEST_CASE("compile --pp writes one program per stage; inspect shows their share and balance") {
+TEST_CASE("compile --pp writes one program per stage, inspect shows their share and balance") {
   const xserv::testing::TempDir tmp("inspect_pp");
   const fs::path plan = tmp.path / "plan";
   const std::string model = (xserv::testing::source_dir() / "examples/gpt-oss-120b").string();

@@ -58,6 +58,7 @@ TEST_CASE("gpu: xserv trace on the GPU follows the interpreter layer by layer") 
     worst = std::isnan(e) || e > worst ? e : worst;
   }
   MESSAGE("trace, GPU against the interpreter over 5 values x 40 tokens: worst rel L2 " << worst);
-  // Same bf16 weights, fp32 activations, gemm activations as bf16 hi + lo: far below BF16's 1e-2.
-  CHECK(worst <= 1e-3);
+  // Same bf16 weights, fp32 activations, gemm activations as bf16 hi + lo. Measured worst 4.3e-6
+  // (H200, deep4l, 40 tokens, docs/PERF.md); the limit is 10x that.
+  CHECK(worst <= 4e-5);
 }

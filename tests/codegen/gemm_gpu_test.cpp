@@ -93,7 +93,7 @@ GemmDims dense(int k, int n, bool norm, bool bias, bool residual, int bm, bool s
 
 } // namespace
 
-TEST_CASE("dense gemm kernels match ir::ref (norm, bias, residual; row tiles 32 and 64)") {
+TEST_CASE("dense gemm kernels match ir::ref (norm, bias, residual, row tiles 32 and 64)") {
   XSERV_REQUIRE_GPU();
   uint64_t seed = 2000;
   for (int bm : {32, 64}) {

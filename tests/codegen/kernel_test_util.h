@@ -148,6 +148,20 @@ inline void device_sync() {
   cuda_ok(cudaDeviceSynchronize(), "kernel");
 }
 
+/// The random weights of an MoE block, uploaded.
+struct MoeWeights {
+  Bf16Weight gate_up, gate_up_b, down, down_b;
+  std::unique_ptr<DevBuf> d_gate_up, d_gate_up_b, d_down, d_down_b;
+  MoeWeights(Rng& rng, const codegen::MoeDims& d)
+      : gate_up(random_bf16(rng, {d.experts, 2 * d.inter, d.hidden},
+                            4.0f / std::sqrt(float(d.hidden)))),
+        gate_up_b(random_bf16(rng, {d.experts, 2 * d.inter}, 0.5f)),
+        down(random_bf16(rng, {d.experts, d.hidden, d.inter}, 1.0f / std::sqrt(float(d.inter)))),
+        down_b(random_bf16(rng, {d.experts, d.hidden}, 0.5f)), d_gate_up(upload(gate_up.bits)),
+        d_gate_up_b(upload(gate_up_b.bits)), d_down(upload(down.bits)),
+        d_down_b(upload(down_b.bits)) {}
+};
+
 /// Median kernel time in ms of `run(i)` over 20 runs after 3 warm-ups, by CUDA events.
 template <typename F> double median_ms(F&& run) {
   cudaEvent_t a, b;

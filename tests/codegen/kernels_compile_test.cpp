@@ -83,7 +83,7 @@ TEST_CASE("decode kernels compile for gpt-oss-120b") {
   compile_all(testing::source_dir() / "examples/gpt-oss-120b/config.json");
 }
 
-TEST_CASE("decode tuning variants and the clustered router compile for sm_90; bad knobs refused") {
+TEST_CASE("decode tuning variants and the clustered router compile for sm_90, bad knobs refused") {
   runtime::CompileOptions opts;
   opts.arch = "sm_90";
   opts.headers = kernel_headers();

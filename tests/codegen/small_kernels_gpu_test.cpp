@@ -23,7 +23,9 @@ using ir::Tensor;
 
 namespace {
 
-constexpr double kTol = 1e-3;
+// Relative L2 against ir::ref: every kernel measured at worst 3.2e-7 on these random inputs
+// (H200, 2026-11-29, docs/PERF.md "Decode kernels"); the limit is 10x that.
+constexpr double kTol = 3e-6;
 
 } // namespace
 

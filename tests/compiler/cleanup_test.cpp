@@ -1,5 +1,7 @@
 // The cleanup passes (dce, cse): text in -> pass -> verify -> expected text, changed flag, and
 // the interpreter giving the same outputs before and after.
+#include <string>
+
 #include <doctest/doctest.h>
 
 #include "compiler/cse.h"
@@ -11,12 +13,23 @@ using compiler::PassOptions;
 
 namespace {
 
-/// interpret(before) == interpret(after) on random inputs and weights.
+/// interpret(before) == interpret(after) bitwise, outputs and caches, on random inputs and
+/// weights: dce and cse only remove nodes, so nothing is computed differently.
 std::string equivalent(const ir::Graph& a, const ir::Graph& b, uint64_t seed) {
   ir::InterpretEnv env;
   env.params = ir::random_params(a, {{"T", 5}}, seed);
   env.weights = ir::random_weights(seed + 1);
-  return ir::compare_runs(a, b, env, 1e-6);
+  return ir::compare_runs(a, b, env, /*rtol=*/0);
+}
+
+/// Inputs for a graph with one cache k_cache[N=1, 16 slots]: 5 tokens of one sequence at
+/// positions 0..4, random keys.
+ir::InterpretEnv kv_env(const ir::Graph& g) {
+  ir::InterpretEnv env;
+  env.params = ir::random_params(g, {{"T", 5}, {"B", 1}}, 4, /*int_hi=*/1);
+  env.params.at("positions").i = {0, 1, 2, 3, 4};
+  env.dims = {{"N", 1}, {"S", 16}};
+  return env;
 }
 
 const char* kDeadBranch = R"(
@@ -60,8 +73,42 @@ TEST_CASE("dce keeps cache writes, whose effect outlives the step") {
   )");
   auto out = compiler::dce(in, PassOptions{});
   CHECK(out.changed);
-  CHECK(out.graph.size() == 6);
+  REQUIRE(out.graph.size() == 6);
   CHECK(out.graph.nodes.back().op == ir::Op::KvWrite);
+  // The cache holds the same keys afterwards: compare_runs compares the caches too.
+  ir::InterpretEnv env = kv_env(in);
+  CHECK(ir::compare_runs(in, out.graph, env, /*rtol=*/0) == "");
+}
+
+TEST_CASE("compare_runs reports a dropped or misrouted cache write though outputs agree") {
+  const char* head = R"(
+    %pos = param() {name="positions"} : i32[T]
+    %seq = param() {name="token_seq"} : i32[T]
+    %rows = param() {name="cache_rows"} : i32[B]
+    %k = param() {name="k"} : f32[T,2,8]
+    %c = cache() {name="k_cache"} : bf16[N,16,2,8]
+  )";
+  ir::Graph in = ir::parse(std::string(head) + R"(
+    %w = kv_write(%c, %k, %pos, %seq, %rows) : bf16[N,16,2,8]
+    %y = add(%k, %k) : f32[T,2,8]
+    return %y
+  )");
+  ir::Graph dropped = ir::parse(std::string(head) + R"(
+    %y = add(%k, %k) : f32[T,2,8]
+    return %y
+  )");
+  ir::Graph misrouted = ir::parse(std::string(head) + R"(
+    %k2 = add(%k, %k) : f32[T,2,8]
+    %w = kv_write(%c, %k2, %pos, %seq, %rows) : bf16[N,16,2,8]
+    %y = add(%k, %k) : f32[T,2,8]
+    return %y
+  )");
+  ir::InterpretEnv env = kv_env(in);
+  CHECK(ir::compare_runs(in, in, env, 0) == "");
+  CHECK(ir::compare_runs(in, dropped, env, 0).find("cache 'k_cache'") == 0);
+  CHECK(ir::compare_runs(in, misrouted, env, 0).find("cache 'k_cache'") == 0);
+  // Keys doubled: relative L2 0.5 against the second run's cache.
+  CHECK(ir::compare_runs(in, misrouted, env, 0.4).find("cache 'k_cache': relative L2 0.5") == 0);
 }
 
 TEST_CASE("cse merges identical pure nodes, including duplicate weights") {

@@ -119,7 +119,7 @@ TEST_CASE("partition: chained stages equal the whole graph, before and after fus
   check_chained(fused(models::build_gpt_oss(tiny_layers(4))), 4); // one layer per stage
 }
 
-TEST_CASE("partition: contiguous ranges covering every layer; more stages than layers refused") {
+TEST_CASE("partition: contiguous ranges covering every layer, more stages than layers refused") {
   const ir::Graph g = fused(models::build_gpt_oss(tiny_layers(7)));
   for (int n = 1; n <= 7; ++n) {
     CAPTURE(n);

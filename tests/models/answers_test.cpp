@@ -46,8 +46,15 @@ TEST_CASE("GSM8K answers from final-channel text") {
   CHECK(extract_gsm8k_answer("Each costs 2.50, so \\boxed{70} in total, not 80.") == "70");
   // A later mention of "answer" without a number does not hide the answer line.
   CHECK(extract_gsm8k_answer("Answer: 18\n\nI hope this answer helps!") == "18");
-  // "answer" wins over numbers after it only when it has a number itself.
-  CHECK(extract_gsm8k_answer("The answer is 7 apples, from 3 + 4.") == "4");
+  // The number an "answer" marker introduces, not the last number of its line.
+  CHECK(extract_gsm8k_answer("The answer is 7 apples, from 3 + 4.") == "7");
+  CHECK(extract_gsm8k_answer("Answer: 18 (9 eggs at $2 each)") == "18");
+  // A computation after the marker: its result.
+  CHECK(extract_gsm8k_answer("The answer is 7 + 4 = 11.") == "11");
+  // An earlier marker with a number is used when the last one has none on its line.
+  CHECK(extract_gsm8k_answer("Answer: 18\nThat is my answer.") == "18");
+  // Without any marker: the last number.
+  CHECK(extract_gsm8k_answer("3 + 4 makes 7") == "7");
   CHECK_FALSE(extract_gsm8k_answer("I cannot solve this.").has_value());
   CHECK_FALSE(extract_gsm8k_answer("").has_value());
 }

@@ -1,7 +1,6 @@
 // Tests of the o200k_harmony tokenizer against tiktoken's vectors, with both loaders.
 #include <doctest/doctest.h>
 
-#include <chrono>
 #include <fstream>
 #include <map>
 
@@ -162,8 +161,8 @@ TEST_CASE("streaming decode holds back a character split across tokens") {
 TEST_CASE("bad input gives a clear error") {
   CHECK_THROWS_WITH_AS(Tokenizer::load("/nonexistent/tokenizer.json"),
                        doctest::Contains("/nonexistent/tokenizer.json"), xserv::Error);
-  auto dir = std::filesystem::temp_directory_path() / "xserv_tokenizer_test";
-  std::filesystem::create_directories(dir);
+  xserv::testing::TempDir tmp("tokenizer");
+  const auto& dir = tmp.path;
   {
     std::ofstream(dir / "bad.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": [1]}}";
     std::ofstream(dir / "bad.tiktoken") << "IQ== 0\nnot-base64! x\n";
@@ -172,12 +171,15 @@ TEST_CASE("bad input gives a clear error") {
                        xserv::Error);
   CHECK_THROWS_WITH_AS(Tokenizer::load(dir / "bad.tiktoken"), doctest::Contains("bad.tiktoken:2"),
                        xserv::Error);
-  std::filesystem::remove_all(dir);
+}
+
+// Apart from the case above: a skip marks the whole ctest entry skipped, failures before it too.
+TEST_CASE("text that is not UTF-8 is refused") {
   XSERV_REQUIRE_DATA(data);
   CHECK_THROWS_AS(tiktoken_tok(data).encode("ab\xFF"), xserv::Error);
 }
 
-TEST_CASE("long pre-tokens merge like tiktoken and stay fast") {
+TEST_CASE("long pre-tokens merge like tiktoken, a 200 KB one round-trips") {
   XSERV_REQUIRE_DATA(data);
   const Tokenizer& tok = tiktoken_tok(data);
   // Expected ids from tiktoken 0.14 (Rust) on these strings; all are longer than the length at
@@ -193,13 +195,37 @@ TEST_CASE("long pre-tokens merge like tiktoken and stay fast") {
   for (int i = 0; i < 20; ++i)
     emoji += "😀";
   CHECK(tok.encode(emoji) == std::vector<TokenId>(20, 84083));
-  // A hostile prompt (one 200 KB pre-token) must not stall the quadratic merge.
+  // A hostile prompt (one 200 KB pre-token) goes through the heap merge intact; its speed is
+  // measured by tests/bench/tokenizer_bench.cpp, not asserted here.
   for (char c : {' ', 'a', '='}) {
     std::string big(200000, c);
-    auto t0 = std::chrono::steady_clock::now();
-    auto ids = tok.encode(big);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    CHECK(tok.decode(ids) == big);
-    CHECK(s < 2.0);
+    CHECK(tok.decode(tok.encode(big)) == big);
   }
+}
+
+TEST_CASE("a tiktoken file that is not o200k_base (cut short, or a rank edited) is refused") {
+  XSERV_REQUIRE_DATA(data);
+  xserv::testing::TempDir dir;
+  std::ifstream in(data / "o200k_base.tiktoken");
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);)
+    lines.push_back(l);
+  REQUIRE(lines.size() == 199998);
+  auto write = [&](const std::filesystem::path& p, size_t n) {
+    std::ofstream out(p);
+    for (size_t i = 0; i < n; ++i)
+      out << lines[i] << "\n";
+  };
+  write(dir.path / "short.tiktoken", 1000);
+  const std::string want =
+      (dir.path / "short.tiktoken").string() +
+      ": 1000 ranks, but o200k_base has 199998: a truncated or other vocabulary";
+  CHECK_THROWS_WITH_AS(Tokenizer::load(dir.path / "short.tiktoken"),
+                       doctest::Contains(want.c_str()), xserv::Error);
+  // Rank 1000 given another token's bytes ("IQ==" is "!", rank 0's): same count, other digest.
+  lines[1000] = "IQ== 1000";
+  write(dir.path / "edited.tiktoken", lines.size());
+  CHECK_THROWS_WITH_AS(Tokenizer::load(dir.path / "edited.tiktoken"),
+                       doctest::Contains("not o200k_base's d987f19f1f0fd7d3: an edited"),
+                       xserv::Error);
 }

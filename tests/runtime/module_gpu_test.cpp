@@ -4,6 +4,7 @@
 #include "runtime/kernel_cache.h"
 #include "runtime/module.h"
 #include "runtime/nvrtc.h"
+#include "tests/test_util.h"
 
 #include <doctest/doctest.h>
 
@@ -108,7 +109,8 @@ CompileOptions options_for(const DeviceInfo& dev) {
 
 TEST_CASE("gpu: a bf16 vector add compiled by NVRTC matches the CPU") {
   XSERV_REQUIRE_GPU(dev);
-  fs::path cache = fs::temp_directory_path() / ("xserv_gpu_cache_" + std::to_string(::getpid()));
+  xserv::testing::TempDir tmp("gpu_cache");
+  const fs::path cache = tmp.path;
   CachedCubin cubin = get_or_compile(kKernels, "module_gpu_test", options_for(dev), cache);
   Module module = Module::load(cubin.cubin, "module_gpu_test");
   CHECK(module.kernel_names() == std::vector<std::string>{"bf16_add", "row_sum_f32"});

@@ -287,5 +287,5 @@ TEST_CASE("weight_specs_for: a pipeline stage uploads its own weights only") {
       n.set_attr("name", std::string("lm_head.missing"));
   CHECK_THROWS_WITH(
       cli::weight_specs_for(ck, bad),
-      doctest::Contains("the graph reads weights the checkpoint lacks: lm_head.missing"));
+      doctest::Contains("the model reads weights the checkpoint lacks: lm_head.missing"));
 }
