@@ -186,7 +186,8 @@ struct ChatSession {
 
 int cmd_chat(const ParsedArgs& args) {
   ModelSource src = resolve_source(args.positional()[0], args);
-  src.max_batch = 1;
+  if (src.plan_dir.empty()) // a plan keeps the batch its launch table was compiled for
+    src.max_batch = 1;
   std::unique_ptr<Model> model = make_model(src, args);
   ChatSession chat(load_tokenizer(src, args), *model);
   chat.instructions = args.get("--system");

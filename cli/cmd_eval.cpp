@@ -92,8 +92,9 @@ void add_requests(EvalRun& run, const models::Tokenizer& tok) {
   }
 }
 
-/// Fits the engine's limits to the run: every prompt plus --max-tokens, --batch sequences.
-void size_source(ModelSource& src, const ParsedArgs& args, const EvalRun& run) {
+/// Fits the model's limits to the run (every prompt plus --max-tokens; a plan keeps its own) and
+/// returns how many requests run at once (--batch, at most the plan's max batch).
+int64_t size_source(ModelSource& src, const ParsedArgs& args, const EvalRun& run) {
   size_t longest = 0;
   for (const engine::Request& r : run.requests)
     longest = std::max(longest, r.prompt.size());
@@ -104,17 +105,24 @@ void size_source(ModelSource& src, const ParsedArgs& args, const EvalRun& run) {
   if (batch > plan_batch)
     throw UsageError(
         fmt::format("--batch {} exceeds the plan's maximum batch of {}", batch, plan_batch));
-  src.max_batch = std::min<int64_t>(batch, static_cast<int64_t>(run.requests.size()));
+  batch = std::min<int64_t>(batch, static_cast<int64_t>(run.requests.size()));
+  if (src.plan_dir.empty())
+    src.max_batch = batch;
+  return batch;
 }
 
 } // namespace
 
 int cmd_eval(const ParsedArgs& args) {
+  if (args.has("--endpoint"))
+    return eval_endpoint(args); // cli/eval_endpoint.cpp
+  if (args.positional().empty())
+    throw UsageError("give a PLAN_OR_MODEL, or --endpoint URL of an OpenAI-compatible server");
   EvalRun run = read_run(args);
   ModelSource src = resolve_source(args.positional()[0], args);
   const models::Tokenizer tok = load_tokenizer(src, args);
   add_requests(run, tok);
-  size_source(src, args, run);
+  const int64_t running = size_source(src, args, run);
   std::ofstream out;
   if (args.has("--out")) {
     out.open(args.get("--out"));
@@ -125,13 +133,13 @@ int cmd_eval(const ParsedArgs& args) {
   const size_t n_req = run.requests.size(), k_samples = run.samples_per_problem;
   std::fprintf(stderr, "[eval] %s: %zu problems x %zu samples, batch %lld, max %lld tokens, %s\n",
                std::string(eval_task_name(run.task)).c_str(), run.problems.size(), k_samples,
-               static_cast<long long>(model->max_batch()), static_cast<long long>(run.max_tokens),
+               static_cast<long long>(running), static_cast<long long>(run.max_tokens),
                model->backend().c_str());
   if (k_samples > 1 && run.sampling.temperature == 0)
     std::fputs("[eval] note: greedy decoding makes the samples of a problem identical; give "
                "--temperature for distinct ones\n",
                stderr);
-  const size_t batch = static_cast<size_t>(model->max_batch());
+  const size_t batch = static_cast<size_t>(running);
   std::vector<SampleRecord> records(n_req);
   std::vector<SampleScore> scores;
   std::vector<size_t> samples_done(run.problems.size(), 0);

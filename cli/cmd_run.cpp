@@ -75,8 +75,10 @@ int cmd_run(const ParsedArgs& args) {
   const bool ids_mode = args.has("--prompt-ids"), text_mode = args.has("--prompt");
   if (ids_mode == text_mode)
     throw UsageError("give exactly one of --prompt-ids 1,2,3 or --prompt \"text\"");
+  // A plan runs with the batch it was compiled for (its launch table is for that many rows);
+  // a checkpoint directory needs one row.
   ModelSource src = resolve_source(args.positional()[0], args);
-  if (!args.has("--max-batch"))
+  if (!args.has("--max-batch") && src.plan_dir.empty())
     src.max_batch = 1;
   engine::Request req;
   req.max_tokens = args.get_int("--max-tokens", 128, 1, 1 << 24);

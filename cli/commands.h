@@ -25,6 +25,9 @@ int cmd_eval(const ParsedArgs& args);
 int cmd_inspect(const ParsedArgs& args);
 int cmd_worker(const ParsedArgs& args);
 int cmd_run(const ParsedArgs& args);
+int cmd_serve(const ParsedArgs& args);
+/// `xserv eval --endpoint URL`: the evaluation through an OpenAI-compatible chat endpoint.
+int eval_endpoint(const ParsedArgs& args);
 int cmd_synth(const ParsedArgs& args);
 int cmd_tokenize(const ParsedArgs& args);
 int cmd_trace(const ParsedArgs& args);

@@ -1,0 +1,96 @@
+// `xserv serve`: load a plan, serve it over OpenAI-compatible HTTP, drain on SIGTERM/SIGINT.
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <pthread.h>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "cli/model_source.h"
+#include "cli/serve_server.h"
+
+namespace xserv::cli {
+namespace {
+
+void say(const std::string& line) {
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+/// Blocks SIGTERM and SIGINT in this thread and in every thread it starts later, so that only
+/// sigwait() sees them.
+sigset_t block_stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::signal(SIGPIPE, SIG_IGN); // a client gone mid-write is an error return, not a kill
+  return set;
+}
+
+} // namespace
+
+int cmd_serve(const ParsedArgs& args) {
+  ServeOptions opt;
+  opt.model_name = args.get("--served-model-name", "gpt-oss");
+  opt.api_key = args.get("--api-key");
+  if (const char* env = std::getenv("XSERV_API_KEY"); opt.api_key.empty() && env)
+    opt.api_key = env;
+  opt.engine.max_running = args.get_int("--max-running", 0, 0, 1 << 20);
+  opt.engine.max_queue = args.get_int("--max-queue", 4096, 0, 1 << 24);
+  opt.engine.max_tokens_per_step = args.get_int("--max-tokens-per-step", 2048, 1, 1 << 24);
+  opt.max_body_bytes = parse_size(args.get("--max-body", "16MiB"), "--max-body");
+  opt.http_threads = static_cast<int>(args.get_int("--http-threads", 0, 0, 1 << 16));
+  const std::string host = args.get("--host", "127.0.0.1");
+  const int port = static_cast<int>(args.get_int("--port", 8000, 0, 65535));
+  const auto grace =
+      std::chrono::milliseconds(static_cast<int64_t>(args.get_double("--grace", 30.0) * 1000.0));
+  if (grace.count() < 0)
+    throw UsageError("--grace must be >= 0 seconds");
+
+  ModelSource src = resolve_source(args.positional()[0], args);
+  const sigset_t stop_signals = block_stop_signals();
+  std::atomic<int> signal_seen{0};
+  std::atomic<bool> loaded{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    signal_seen = sig;
+    if (!loaded) {
+      say(fmt::format("[serve] signal {} while loading: exiting", sig));
+      std::_Exit(0);
+    }
+  });
+  waiter.detach();
+
+  Server server(opt);
+  const int bound = server.listen(host, port);
+  say(fmt::format("[serve] listening on http://{}:{} (loading the model; /health is 503)", host,
+                  bound));
+  Progress progress("serve");
+  progress.step("loading the tokenizer");
+  models::Tokenizer tok = load_tokenizer(src, args);
+  progress.finish();
+  progress.step(fmt::format("loading {}", args.positional()[0]));
+  std::unique_ptr<Model> model = make_model(src, args);
+  progress.finish(fmt::format("{} backend, {} rows of {} tokens", model->backend(),
+                              model->max_batch(), model->max_seq()));
+  server.attach(*model, tok);
+  loaded = true;
+  say(fmt::format("[serve] ready: model '{}' at http://{}:{}/v1", opt.model_name, host, bound));
+  while (signal_seen == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  say(fmt::format("[serve] signal {}: draining (grace {:.1f} s)", signal_seen.load(),
+                  grace.count() / 1e3));
+  server.drain(grace);
+  const auto st = server.stats();
+  say(fmt::format("[serve] stopped: {} prompt and {} generated tokens served", st.prompt_tokens,
+                  st.generated_tokens));
+  return 0;
+}
+
+} // namespace xserv::cli

@@ -1,0 +1,198 @@
+// `xserv eval --endpoint URL`: GSM8K / AIME through any OpenAI-compatible chat endpoint (xserv
+// serve, llama-server, vLLM), scored as the in-process eval scores.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/eval_data.h"
+#include "models/harmony.h"
+
+namespace xserv::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+/// "http://host:port[/v1][/]" -> "http://host:port"; UsageError for anything else.
+std::string endpoint_base(std::string url) {
+  if (!url.starts_with("http://") && !url.starts_with("https://"))
+    throw UsageError(fmt::format("--endpoint '{}' must start with http:// or https://", url));
+  while (url.ends_with("/"))
+    url.pop_back();
+  if (url.ends_with("/v1"))
+    url.resize(url.size() - 3);
+  if (url.find('/', url.find("//") + 2) != std::string::npos)
+    throw UsageError(fmt::format("--endpoint '{}': give the server's root or its /v1", url));
+  return url;
+}
+
+/// What one sample came back with.
+struct EndpointSample {
+  std::string content, reasoning, error;
+  int64_t tokens = 0;
+  double seconds = 0;
+};
+
+/// One chat completion, non-streaming; errors (HTTP or transport) go into `error`.
+EndpointSample ask(httplib::Client& cli, const Json& body, const httplib::Headers& headers) {
+  EndpointSample s;
+  const auto t0 = Clock::now();
+  auto res = cli.Post("/v1/chat/completions", headers, body.dump(), "application/json");
+  s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!res) {
+    s.error = "request failed: " + httplib::to_string(res.error());
+    return s;
+  }
+  Json j = Json::parse(res->body, nullptr, false);
+  if (res->status != 200 || j.is_discarded() || !j.contains("choices")) {
+    s.error = fmt::format("HTTP {}: {}", res->status, res->body.substr(0, 300));
+    return s;
+  }
+  const Json& m = j["choices"][0]["message"];
+  if (m.contains("content") && m["content"].is_string())
+    s.content = m["content"].get<std::string>();
+  for (const char* k : {"reasoning", "reasoning_content"})
+    if (m.contains(k) && m[k].is_string())
+      s.reasoning = m[k].get<std::string>();
+  if (j.contains("usage") && j["usage"].contains("completion_tokens"))
+    s.tokens = j["usage"]["completion_tokens"].get<int64_t>();
+  return s;
+}
+
+} // namespace
+
+int eval_endpoint(const ParsedArgs& args) {
+  if (!args.positional().empty())
+    throw UsageError("give a PLAN or --endpoint URL, not both");
+  const std::string base = endpoint_base(args.get("--endpoint"));
+  if (!args.has("--task"))
+    throw UsageError("missing --task gsm8k|aime25");
+  const EvalTask task = parse_eval_task(args.get("--task"));
+  if (!args.has("--data"))
+    throw UsageError("missing --data FILE (a JSONL file of problems)");
+  const std::filesystem::path data = args.get("--data");
+  if (!std::filesystem::is_regular_file(data))
+    throw UsageError(fmt::format("data file '{}' does not exist", data.string()));
+  const int64_t limit = args.get_int("--limit", 0, 1, INT32_MAX);
+  const size_t k_samples = static_cast<size_t>(args.get_int("--samples", 1, 1, 1 << 16));
+  const int64_t max_tokens = args.get_int("--max-tokens", 2048, 1, 1 << 24);
+  const std::string effort = args.get("--reasoning", "medium");
+  if (effort != "low" && effort != "medium" && effort != "high")
+    throw UsageError(fmt::format("--reasoning must be low, medium or high, not '{}'", effort));
+  const runtime::SamplerOptions sampling = sampling_options(args);
+  const size_t concurrency = static_cast<size_t>(args.get_int("--batch", 8, 1, 4096));
+  const std::vector<EvalProblem> problems = read_eval_problems(data, task, limit);
+  if (problems.empty())
+    throw Error(fmt::format("{}: no problems in the file", data.string()));
+  std::ofstream out;
+  if (args.has("--out")) {
+    out.open(args.get("--out"));
+    if (!out)
+      throw UsageError(fmt::format("cannot write --out file '{}'", args.get("--out")));
+  }
+  httplib::Headers headers;
+  if (args.has("--api-key"))
+    headers.emplace("Authorization", "Bearer " + args.get("--api-key"));
+  std::string model = args.get("--model");
+  if (model.empty()) { // the server's first model
+    httplib::Client cli(base);
+    auto res = cli.Get("/v1/models", headers);
+    Json j = res ? Json::parse(res->body, nullptr, false) : Json();
+    if (!res || res->status != 200 || j.is_discarded() || !j.contains("data") || j["data"].empty())
+      throw Error(
+          fmt::format("{}/v1/models: {} (give --model NAME)", base,
+                      res ? fmt::format("HTTP {}", res->status) : httplib::to_string(res.error())));
+    model = j["data"][0]["id"].get<std::string>();
+  }
+  const size_t n_req = problems.size() * k_samples;
+  std::fprintf(stderr,
+               "[eval] %s: %zu problems x %zu samples against %s (model %s), %zu at a "
+               "time, max %lld tokens\n",
+               std::string(eval_task_name(task)).c_str(), problems.size(), k_samples, base.c_str(),
+               model.c_str(), concurrency, static_cast<long long>(max_tokens));
+
+  std::mutex mu; // guards everything below that the workers share
+  std::vector<SampleScore> scores;
+  std::vector<size_t> samples_done(problems.size(), 0);
+  size_t problems_done = 0, correct = 0, errors = 0;
+  int64_t tokens = 0;
+  EvalProgressBar bar(problems.size(), isatty(STDERR_FILENO) != 0);
+  const auto t0 = Clock::now();
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    httplib::Client cli(base);
+    cli.set_read_timeout(std::chrono::hours(1));
+    for (size_t i = next++; i < n_req; i = next++) {
+      const size_t p = i / k_samples, k = i % k_samples;
+      const std::string user = eval_user_prompt(task, problems[p].question);
+      Json body = {{"model", model},
+                   {"messages", Json::array({{{"role", "user"}, {"content", user}}})},
+                   {"max_tokens", max_tokens},
+                   {"temperature", sampling.temperature},
+                   {"top_p", sampling.top_p},
+                   {"seed", sampling.seed + (sampling.temperature > 0 ? k : 0)},
+                   {"reasoning_effort", effort}};
+      if (sampling.top_k > 0) // not OpenAI's, but vLLM, SGLang and llama-server take them
+        body["top_k"] = sampling.top_k;
+      if (sampling.min_p > 0)
+        body["min_p"] = sampling.min_p;
+      EndpointSample s = ask(cli, body, headers);
+      const auto answer = extract_eval_answer(task, s.content);
+      SampleScore sc{p, answer && *answer == problems[p].reference, answer.has_value(), s.tokens};
+      std::lock_guard<std::mutex> lock(mu);
+      scores.push_back(sc);
+      correct += sc.correct;
+      tokens += sc.tokens;
+      errors += !s.error.empty();
+      if (!s.error.empty() && errors <= 3)
+        std::fprintf(stderr, "[eval] problem %s sample %zu: %s\n", problems[p].id.c_str(), k,
+                     s.error.c_str());
+      if (out.is_open()) {
+        Json j = {{"task", eval_task_name(task)},
+                  {"id", problems[p].id},
+                  {"sample", k},
+                  {"prompt", user},
+                  {"output", s.content},
+                  {"reasoning", s.reasoning},
+                  {"extracted", answer ? Json(*answer) : Json()},
+                  {"reference", problems[p].reference},
+                  {"correct", sc.correct},
+                  {"tokens", sc.tokens},
+                  {"seconds", s.seconds}};
+        if (!s.error.empty())
+          j["error"] = s.error;
+        out << j.dump(-1, ' ', false, Json::error_handler_t::replace) << '\n' << std::flush;
+      }
+      if (++samples_done[p] == k_samples)
+        bar.update(++problems_done, correct, scores.size(), tokens,
+                   std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t w = 0; w < std::min(concurrency, n_req); ++w)
+    pool.emplace_back(worker);
+  for (auto& t : pool)
+    t.join();
+  bar.finish();
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::cout << format_summary(task, summarize(scores), wall) << std::flush;
+  if (errors)
+    std::fprintf(stderr, "[eval] %zu of %zu requests failed (scored as unanswered)\n", errors,
+                 n_req);
+  if (out.is_open())
+    std::fprintf(stderr, "[eval] wrote %zu samples to %s\n", n_req, args.get("--out").c_str());
+  return errors == n_req ? 1 : 0;
+}
+
+} // namespace xserv::cli

@@ -1,0 +1,62 @@
+// Per-request conversion of engine events into OpenAI chat / text completion JSON.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cli/openai_output.h"
+#include "cli/openai_request.h"
+#include "engine/engine.h"
+
+namespace xserv::cli {
+
+/// Turns one chat request's events into message deltas (streaming) and the final message.
+/// Stop strings apply to the content (final channel) text; when one matches, the caller is
+/// told to abort the request (stop_hit()) and later text is dropped.
+class ChatSession {
+public:
+  ChatSession(models::Tokenizer tok, const openai::GenParams& params, const std::string& id);
+  /// The deltas ({"content": ...}, {"reasoning": ...}, {"tool_calls": [...]}) an event adds;
+  /// `logprobs` receives its logprobs entries ({"token", "logprob", "bytes", "top_logprobs"}).
+  std::vector<openai::Json> on_event(const engine::Event& ev, openai::Json& logprobs);
+  bool stop_hit() const { return stop_.matched(); }
+  /// The reason for the client: stop, length, tool_calls or abort (after the finish event).
+  const std::string& finish_reason() const { return finish_; }
+  /// The assistant message of the non-streaming response.
+  openai::Json message() const;
+
+private:
+  void add_pieces(std::vector<openai::OutputPiece> pieces, std::vector<openai::Json>& deltas);
+  models::Tokenizer tok_;
+  openai::HarmonyOutput out_;
+  openai::StopMatcher stop_;
+  int top_logprobs_;
+  std::string content_, finish_;
+};
+
+/// The same for a text completion: generated text without specials, stop strings applied.
+class CompletionSession {
+public:
+  CompletionSession(models::Tokenizer tok, const openai::GenParams& params);
+  /// The text an event adds; `logprobs` (legacy completions format, an object of arrays)
+  /// receives its tokens.
+  std::string on_event(const engine::Event& ev, openai::Json& logprobs);
+  bool stop_hit() const { return stop_.matched(); }
+  const std::string& finish_reason() const { return finish_; }
+  const std::string& text() const { return text_; }
+
+private:
+  models::Tokenizer tok_;
+  models::StreamDecoder decoder_;
+  openai::StopMatcher stop_;
+  int top_logprobs_;
+  std::string text_, finish_;
+};
+
+/// OpenAI's name for an engine finish: "stop", "length", "abort".
+std::string finish_reason_name(engine::FinishReason r);
+
+/// {"prompt_tokens", "completion_tokens", "total_tokens"}.
+openai::Json usage_json(int64_t prompt, int64_t completion);
+
+} // namespace xserv::cli

@@ -1,0 +1,234 @@
+// The server's protocol layer without HTTP: request validation, chat -> harmony, and harmony
+// output -> message on hand-written token sequences (the tiny model only writes garbage).
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "cli/openai_output.h"
+#include "cli/openai_request.h"
+#include "cli/serve_session.h"
+#include "tests/test_util.h"
+
+using namespace xserv::cli;
+using namespace xserv::cli::openai;
+using xserv::models::Tokenizer;
+
+namespace {
+
+const Tokenizer& tokenizer() {
+  static const Tokenizer tok = [] {
+    auto dir = xserv::testing::data_dir();
+    REQUIRE(dir.has_value());
+    return Tokenizer::load(*dir / "o200k_base.tiktoken");
+  }();
+  return tok;
+}
+
+std::vector<xserv::models::TokenId> ids(const std::string& text) {
+  return tokenizer().encode(text, xserv::models::AllowedSpecial::all());
+}
+
+/// Parses `text` (with specials) through a HarmonyOutput; returns it finished.
+HarmonyOutput parse_output(const std::string& text) {
+  HarmonyOutput out(tokenizer(), "call_t_");
+  for (auto id : ids(text))
+    out.push(id);
+  out.finish();
+  return out;
+}
+
+/// The status, param and message of the ApiError `f` throws (status 0 when none).
+template <class F> ApiError caught(F f) {
+  try {
+    f();
+  } catch (const ApiError& e) {
+    return e;
+  }
+  return ApiError(0, "no error");
+}
+
+} // namespace
+
+TEST_CASE("serve: request validation names the field") {
+  auto chat = [](const std::string& body) {
+    return caught([&] { parse_chat_request(parse_body(body)); });
+  };
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  CHECK(chat("{" + msgs + "}").status == 0);
+  CHECK(chat("{" + msgs + R"(, "bogus": 1})").param == "bogus");
+  CHECK(chat("{" + msgs + R"(, "temperature": 2.5})").param == "temperature");
+  CHECK(chat("{" + msgs + R"(, "temperature": "hot"})").param == "temperature");
+  CHECK(chat("{" + msgs + R"(, "top_p": 0})").param == "top_p");
+  CHECK(chat("{" + msgs + R"(, "max_tokens": 0})").param == "max_tokens");
+  CHECK(chat("{" + msgs + R"(, "max_tokens": 1.5})").param == "max_tokens");
+  CHECK(chat("{" + msgs + R"(, "n": 2})").param == "n");
+  CHECK(chat("{" + msgs + R"(, "top_logprobs": 3})").param == "top_logprobs");
+  CHECK(chat("{" + msgs + R"(, "logprobs": true, "top_logprobs": 21})").param == "top_logprobs");
+  CHECK(chat("{" + msgs + R"(, "reasoning_effort": "max"})").param == "reasoning_effort");
+  CHECK(chat("{" + msgs + R"(, "stop": [""]})").param == "stop");
+  CHECK(chat("{" + msgs + R"(, "presence_penalty": 1})").param == "presence_penalty");
+  CHECK(chat("{" + msgs + R"(, "stream_options": {"include_usage": true}})").param ==
+        "stream_options");
+  CHECK(chat(R"({"messages": []})").param == "messages");
+  CHECK(chat(R"({"messages": [{"role": "robot", "content": "x"}]})").param == "messages[0].role");
+  CHECK(chat(R"({"messages": [{"role": "user", "content": "x", "extra": 1}]})").param ==
+        "messages[0].extra");
+  CHECK(chat(R"({"messages": [{"role": "tool", "tool_call_id": "nope", "content": "x"}]})").param ==
+        "messages[0].tool_call_id");
+  CHECK(caught([] { parse_body("{not json"); }).status == 400);
+  CHECK(caught([] { parse_body("[1]"); }).status == 400);
+
+  ChatRequest r = parse_chat_request(parse_body(
+      "{" + msgs + R"(, "temperature": 0.5, "top_k": -1, "seed": 7, "max_completion_tokens": 9,
+      "stop": "END", "logprobs": true, "top_logprobs": 2, "stream": true,
+      "stream_options": {"include_usage": true}})"));
+  CHECK(r.params.sampling.temperature == doctest::Approx(0.5));
+  CHECK(r.params.sampling.top_k == 0);
+  CHECK(r.params.sampling.seed == 7);
+  CHECK(*r.params.max_tokens == 9);
+  CHECK(r.params.stop == std::vector<std::string>{"END"});
+  CHECK(r.params.top_logprobs == 2);
+  CHECK(r.params.include_usage);
+
+  auto comp = [](const std::string& body) {
+    return caught([&] { parse_completion_request(parse_body(body)); });
+  };
+  CHECK(comp(R"({"prompt": "hi"})").status == 0);
+  CHECK(comp(R"({"prompt": [1, 2, 3]})").status == 0);
+  CHECK(comp(R"({"prompt": ["a", "b"]})").param == "prompt");
+  CHECK(comp(R"({"prompt": [1, -2]})").param == "prompt");
+  CHECK(comp(R"({})").param == "prompt");
+  CHECK(comp(R"({"prompt": "x", "logprobs": 21})").param == "logprobs");
+}
+
+TEST_CASE("serve: chat messages render as harmony, tools and a tool round trip included") {
+  XSERV_REQUIRE_DATA(data);
+  const Json body = parse_body(R"({
+    "messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+      {"role": "assistant", "reasoning_content": "Need the tool.", "content": null,
+       "tool_calls": [{"id": "c1", "type": "function",
+                       "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 20}"}
+    ],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+    "reasoning_effort": "high"})");
+  ChatRequest r = parse_chat_request(body);
+  const auto prompt = xserv::models::render_for_completion(tokenizer(), r.messages);
+  const std::string text = tokenizer().decode(prompt);
+  CHECK(text.find("Reasoning: high") != std::string::npos);
+  CHECK(text.find("# Instructions\n\nBe brief.") != std::string::npos);
+  CHECK(text.find("namespace functions") != std::string::npos);
+  CHECK(text.find("type get_weather = (_: {") != std::string::npos);
+  CHECK(text.find("<|start|>assistant<|channel|>analysis<|message|>Need the tool.<|end|>") !=
+        std::string::npos);
+  CHECK(text.find("<|start|>assistant to=functions.get_weather<|channel|>commentary "
+                  "<|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>") != std::string::npos);
+  CHECK(text.find("<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+                  "{\"temp\": 20}<|end|>") != std::string::npos);
+  CHECK(text.ends_with("<|start|>assistant"));
+}
+
+TEST_CASE("serve: harmony output becomes content, reasoning and tool calls") {
+  XSERV_REQUIRE_DATA(data);
+  HarmonyOutput a = parse_output("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant"
+                                 "<|channel|>final<|message|>Hello!<|return|>");
+  CHECK(a.reasoning() == "Think.");
+  CHECK(a.content() == "Hello!");
+  CHECK(a.tool_calls().empty());
+
+  // Two calls in one turn, a preamble on commentary.
+  HarmonyOutput t = parse_output(
+      "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant to=functions.a"
+      "<|channel|>commentary <|constrain|>json<|message|>{\"x\":1}<|call|><|start|>assistant"
+      "<|channel|>commentary to=functions.b <|constrain|>json<|message|>{}<|call|>");
+  CHECK(t.content() == "Checking.");
+  REQUIRE(t.tool_calls().size() == 2);
+  CHECK(t.tool_calls()[0].name == "a");
+  CHECK(t.tool_calls()[0].arguments == "{\"x\":1}");
+  CHECK(t.tool_calls()[0].id == "call_t_0");
+  CHECK(t.tool_calls()[1].name == "b");
+  CHECK(t.tool_calls()[1].arguments == "{}");
+}
+
+TEST_CASE("serve: malformed harmony output degrades to content, never throws") {
+  XSERV_REQUIRE_DATA(data);
+  // Text without any channel markup.
+  CHECK(parse_output("Just some text.").content() == "Just some text.");
+  // A header with no channel before <|message|>.
+  CHECK(parse_output("oops<|message|>rest<|end|>").content() == "oopsrest");
+  // A broken channel header (nothing after the marker) still yields the text.
+  CHECK(parse_output("<|channel|><|message|>body<|return|>").content() == "body");
+  // A header that never ends: after 64 ids its text is content.
+  std::string long_text;
+  for (int i = 0; i < 100; ++i)
+    long_text += " word";
+  CHECK(parse_output("<|channel|>" + long_text).content().find("word word") != std::string::npos);
+  // Specials inside a message are not leaked; <|channel|> mid-message starts a new one.
+  HarmonyOutput m = parse_output("<|channel|>analysis<|message|>a<|constrain|>b<|channel|>final"
+                                 "<|message|>c");
+  CHECK(m.reasoning() == "ab");
+  CHECK(m.content() == "c");
+  // Cut by max_tokens inside analysis: the reasoning so far, no content.
+  HarmonyOutput cut = parse_output("<|channel|>analysis<|message|>Let me think about");
+  CHECK(cut.reasoning() == "Let me think about");
+  CHECK(cut.content().empty());
+  // Cut inside a header: nothing invented.
+  HarmonyOutput h = parse_output("<|channel|>analysis<|message|>x<|end|><|start|>assistant"
+                                 "<|channel|>fin");
+  CHECK(h.reasoning() == "x");
+  CHECK(h.content().empty());
+}
+
+TEST_CASE("serve: stop strings are held back until they cannot match") {
+  StopMatcher m({"STOP", "xyz"});
+  CHECK(m.push("hello ST") == "hello ");
+  CHECK(m.push("O") == "");
+  CHECK(m.push("x") == "STO"); // "x" may begin "xyz"
+  CHECK(m.push("yzabc") == "");
+  CHECK(m.matched());
+  CHECK(m.push("more") == "");
+  StopMatcher n({"END"});
+  CHECK(n.push("abcE") == "abc");
+  CHECK(n.flush() == "E");
+  CHECK(!n.matched());
+}
+
+TEST_CASE("serve: chat session finish reasons, stop strings and usage") {
+  XSERV_REQUIRE_DATA(data);
+  using xserv::engine::Event;
+  using xserv::engine::FinishReason;
+  auto run = [](const std::string& text, FinishReason finish, GenParams p = {}) {
+    auto session = std::make_unique<ChatSession>(tokenizer(), p, "chatcmpl-0123456789abcdef");
+    auto toks = ids(text);
+    Json lp = Json::array();
+    for (size_t i = 0; i < toks.size(); ++i) {
+      Event ev;
+      ev.token = int32_t(toks[i]);
+      ev.finish = i + 1 == toks.size() ? finish : FinishReason::None;
+      session->on_event(ev, lp);
+    }
+    return session;
+  };
+  auto call = run("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>",
+                  FinishReason::Stop);
+  CHECK(call->finish_reason() == "tool_calls");
+  Json m = call->message();
+  CHECK(m["content"].is_null());
+  CHECK(m["tool_calls"][0]["function"]["name"] == "f");
+  CHECK(m["tool_calls"][0]["type"] == "function");
+
+  auto length = run("<|channel|>analysis<|message|>thinking hard", FinishReason::Length);
+  CHECK(length->finish_reason() == "length");
+  CHECK(length->message()["reasoning"] == "thinking hard");
+  CHECK(length->message()["content"] == "");
+
+  GenParams p;
+  p.stop = {" world"};
+  auto stopped = run("<|channel|>final<|message|>hello world and more", FinishReason::Length, p);
+  CHECK(stopped->stop_hit());
+  CHECK(stopped->finish_reason() == "stop");
+  CHECK(stopped->message()["content"] == "hello");
+}

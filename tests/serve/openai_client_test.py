@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""`xserv serve` through the official `openai` Python client: chat, streaming with usage,
+completions, a tool call round trip, and the client's error types for 400 / 401 / 404.
+
+usage: openai_client_test.py XSERV_BINARY SOURCE_DIR DATA_DIR
+Exits 77 (ctest SKIP_RETURN_CODE) when the openai package or the shared data is missing.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+SKIP = 77
+
+
+def main() -> int:
+    if len(sys.argv) != 4:
+        print(__doc__)
+        return 2
+    binary, source, data = sys.argv[1:]
+    try:
+        import openai
+    except ImportError:
+        print("skipped: the openai package is not installed (pip install openai)")
+        return SKIP
+    tokenizer = os.path.join(os.environ.get("XSERV_DATA", data), "o200k_base.tiktoken")
+    if not os.path.exists(tokenizer):
+        print(f"skipped: {tokenizer} not found (set XSERV_DATA)")
+        return SKIP
+
+    with tempfile.TemporaryDirectory(prefix="xserv_openai_") as tmp:
+        model = os.path.join(tmp, "tiny")
+        subprocess.run([binary, "synth", "--config", os.path.join(source, "examples/tiny/config.json"),
+                        "-o", model, "--seed", "1"], check=True, capture_output=True)
+        log_path = os.path.join(tmp, "serve.log")
+        log = open(log_path, "w")
+        server = subprocess.Popen(
+            [binary, "serve", model, "--port", "0", "--backend", "cpu", "--max-seq", "192",
+             "--max-batch", "2", "--tokenizer", tokenizer, "--api-key", "test-key",
+             "--served-model-name", "tiny"], stderr=log)
+        try:
+            port = None
+            deadline = time.time() + 300
+            while port is None and time.time() < deadline and server.poll() is None:
+                m = re.search(r"\[serve\] ready: model 'tiny' at http://127\.0\.0\.1:(\d+)",
+                              open(log_path).read())
+                port = int(m.group(1)) if m else None
+                time.sleep(0.05)
+            assert port is not None, "server did not start:\n" + open(log_path).read()
+            run_checks(openai, f"http://127.0.0.1:{port}/v1")
+        finally:
+            server.send_signal(signal.SIGTERM)
+            code = server.wait(timeout=120)
+            log.close()
+        assert code == 0, f"xserv serve exited {code}:\n" + open(log_path).read()
+    print("ok: chat, stream with usage, completions, tool round trip, 400/401/404")
+    return 0
+
+
+def run_checks(openai, base_url: str) -> None:
+    client = openai.OpenAI(base_url=base_url, api_key="test-key", max_retries=0)
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+
+    chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8,
+                                          temperature=0, reasoning_effort="low")
+    choice = chat.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length", "tool_calls"), choice.finish_reason
+    assert chat.usage.completion_tokens == 8, chat.usage
+    assert chat.usage.total_tokens == chat.usage.prompt_tokens + 8
+
+    stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    assert chunks[-1].choices == []
+    assert chunks[-2].choices[0].finish_reason == "length"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == (choice.message.content or ""), (streamed, choice.message.content)
+
+    comp = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5,
+                                     temperature=0)
+    assert comp.choices[0].finish_reason == "length"
+    assert comp.usage.completion_tokens == 5
+    ids = client.completions.create(model="tiny", prompt=[1000, 2000, 3000], max_tokens=3)
+    assert ids.usage.prompt_tokens == 3
+
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]
+    history = messages + [
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_abc", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_abc", "content": '{"temp_c": 21}'}]
+    tool_reply = client.chat.completions.create(model="tiny", messages=history, tools=tools,
+                                                max_tokens=6, temperature=0)
+    msg = tool_reply.choices[0].message
+    assert msg.role == "assistant"
+    assert msg.content is not None or msg.tool_calls
+
+    def expect(error_type, call, param=None):
+        try:
+            call()
+        except error_type as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            if param is not None:
+                assert body.get("param") == param, body
+            return
+        raise AssertionError(f"expected {error_type.__name__}")
+
+    expect(openai.BadRequestError, lambda: client.chat.completions.create(
+        model="tiny", messages=messages, temperature=5), "temperature")
+    expect(openai.BadRequestError, lambda: client.chat.completions.create(
+        model="tiny", messages=messages, extra_body={"frobnicate": 1}), "frobnicate")
+    expect(openai.NotFoundError, lambda: client.chat.completions.create(
+        model="gpt-5", messages=messages))
+    bad_key = openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0)
+    expect(openai.AuthenticationError, lambda: bad_key.chat.completions.create(
+        model="tiny", messages=messages))
+    assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
