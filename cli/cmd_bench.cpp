@@ -187,12 +187,13 @@ int serving_bench(const ParsedArgs& args) {
   const std::vector<std::pair<std::string, std::string>> extra = {
       {"engine steps", std::to_string(st.steps)},
       {"model time per step (ms)", fmt::format("{:.3f}", st.model_ms / steps)},
-      {"scheduler host time per step (ms)", fmt::format("{:.3f}", st.schedule_ms / steps)},
-      {"scheduler share of a step", fmt::format("{:.2f}%", 100 * st.schedule_ms /
+      {"engine host time per step (ms)", fmt::format("{:.3f}", st.schedule_ms / steps)},
+      {"engine host share of a step", fmt::format("{:.2f}%", 100 * st.schedule_ms /
                                                                std::max(st.model_ms + st.schedule_ms,
                                                                         1e-9))},
-      {"max running", std::to_string(st.kv_rows)},
-      {"token budget per step", args.get("--max-tokens-per-step", "2048")},
+      {"max running (KV rows)", std::to_string(st.kv_rows)},
+      {"token budget per step",
+       std::to_string(std::max(eo.max_tokens_per_step, st.kv_rows))}, // raised to max running
       {"admit batch", std::to_string(eo.admit_batch)}};
   std::cout << render_serving(summarize(records, seconds), o,
                               fmt::format("xserv engine ({})", model->backend()), extra, format)

@@ -71,4 +71,9 @@ struct LoweringContext {
 runtime::LaunchTable lower_graph(const ir::Graph& g, KernelSet& kernels,
                                  const LoweringContext& ctx);
 
+/// What the CUDA model binds and allocates for `g` lowered with `ctx` (whose memory plan it
+/// reads): the arena, the first output's and every recv's place in it, the caches' concrete
+/// shapes in graph order, and the weights by name and shape.
+runtime::StageLayout stage_layout(const ir::Graph& g, const LoweringContext& ctx);
+
 } // namespace xserv::cli

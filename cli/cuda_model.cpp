@@ -1,7 +1,8 @@
-// CudaModel: construction (passes, memory plan, kernels, weights, caches) and the step loop.
+// CudaModel: construction (plan mode: the plan's stage layout and launch table, no graph; graph
+// mode: passes, memory plan and lowering), weights, caches, and the step loop.
 //
-// A step runs in sub-steps of at most the prefill chunk (1024 tokens) and synchronises once per
-// sub-step. Decode sub-steps (one token per sequence) are captured as CUDA graphs, one per
+// A step runs in sub-steps of at most the prefill chunk (the plan's --prefill-chunk, 2048 by
+// default) and synchronises once per sub-step. Decode sub-steps (one token per sequence) are captured as CUDA graphs, one per
 // (batch size, attention key bucket), and replayed: launches read every step input from the
 // params buffer and write to fixed addresses, so only the params upload before the replay
 // changes between steps. The launches are data: lower_graph's launch table, replayed by
@@ -14,6 +15,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -21,6 +24,7 @@
 #include <fmt/format.h>
 
 #include "cli/cuda_lower.h"
+#include "cli/plan_file.h"
 #include "cli/plan_replay.h"
 #include "cli/step_split.h"
 #include "cli/weight_specs.h"
@@ -33,6 +37,8 @@
 #include "models/step.h"
 #include "runtime/device.h"
 #include "runtime/executor.h"
+#include "runtime/layout_json.h"
+#include "runtime/plan_json.h"
 #include "runtime/weights.h"
 
 namespace xserv::cli {
@@ -71,13 +77,17 @@ struct CudaModel::Impl {
   ParamLayout layout{8, 1};
   runtime::DeviceWeights device_weights;
   std::map<std::string, void*> weights;
-  std::map<ir::ValueId, std::pair<void*, size_t>> caches;
+  std::vector<std::pair<void*, size_t>> caches;      ///< in the graph's order
+  std::map<ir::ValueId, size_t> cache_index;          ///< graph mode: a cache node's index
   cudaStream_t stream = nullptr;
   KernelSet kernels;
   std::unique_ptr<runtime::Executor> executor; ///< the launch table bound to this engine's memory
   /// Kernels loaded from the plan directory when its launch table is replayed (else `kernels`).
   PlanKernels plan_kernels;
-  ir::ValueId output = -1;
+  /// What the model binds and allocates: from the plan (plan mode, no graph at all) or from
+  /// the graph's lowering (graph mode).
+  runtime::StageLayout stage;
+  bool has_graph = false; ///< graph mode: `graph` and `plan` (the memory plan) are set
   bool per_token = false;
   bool sends = false; ///< the graph ends in a pipeline send (a stage that is not the last)
   int64_t vocab = 0;
@@ -141,14 +151,15 @@ struct CudaModel::Impl {
 
   void upload_weights(const fs::path& cache_dir);
   /// A pipeline stage's recv nodes by name (found once, at construction).
-  std::map<std::string, ir::ValueId> recvs;
-  /// The recv node named `name` (a pipeline stage's input).
-  ir::ValueId recv_value(const std::string& name) const {
-    const auto it = recvs.find(name);
-    if (it == recvs.end())
+  /// The recv named `name` (a pipeline stage's input).
+  const runtime::StageLayout::Recv& recv(const std::string& name) const {
+    const auto it = std::find_if(stage.recvs.begin(), stage.recvs.end(),
+                                 [&](const auto& r) { return r.name == name; });
+    if (it == stage.recvs.end())
       throw Error(fmt::format("this stage receives nothing called '{}'", name));
-    return it->second;
+    return *it;
   }
+  char* output_ptr() const { return arena + stage.output.offset; }
   cudaGraphExec_t capture(const runtime::StepShape& s);
   void* address(ir::ValueId v, int r);
   /// With `greedy`, also the logits rows of the sub-step's sequences b with want_rows[b] come
@@ -158,14 +169,12 @@ struct CudaModel::Impl {
                    const std::vector<size_t>& input_rows = {},
                    const StageTransport* transport = nullptr,
                    const std::vector<bool>* want_rows = nullptr);
-  /// Bytes of one token's row of value `v` (fp32 [T, ...]).
-  size_t row_bytes(ir::ValueId v) const {
-    size_t bytes = sizeof(float);
-    const auto& shape = graph.type(v).shape;
-    for (size_t i = 1; i < shape.size(); ++i)
-      bytes *= static_cast<size_t>(shape[i].size);
-    return bytes;
-  }
+  /// Plan mode: the stage layout and launch table of `plan_dir` when they are for this run
+  /// (max batch, max sequence, step capacity, gemm precision); else nullopt and why.
+  std::optional<std::pair<runtime::StageLayout, runtime::LaunchTable>>
+  plan_stage(const fs::path& plan_dir, std::string& why) const;
+  /// Allocates the arena, the caches and the host buffers `stage` asks for.
+  void allocate_stage();
   /// One step, sub-step by sub-step. With `greedy`, the sequences' greedy tokens go there
   /// (needs the sampling epilogue) and no logits come back.
   /// With `greedy` and `want`, the sequences b with want[b] also get their logits rows back.
@@ -183,19 +192,19 @@ void CudaModel::Impl::upload_weights(const fs::path& cache_dir) {
   o.cache_dir = cache_dir;
   if (!quiet)
     o.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-  device_weights = runtime::DeviceWeights::upload(weight_specs_for(ckpt, graph), o);
-  for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(graph.size()); ++v) {
-    const ir::Node& n = graph.node(v);
-    if (n.op != ir::Op::Weight)
-      continue;
-    const std::string& name = n.attr_str("name");
+  std::vector<std::string> names;
+  for (const runtime::StageLayout::Weight& w : stage.weights)
+    names.push_back(w.name);
+  device_weights = runtime::DeviceWeights::upload(weight_specs_named(ckpt, names), o);
+  for (const runtime::StageLayout::Weight& w : stage.weights) {
+    const std::string& name = w.name;
     const runtime::DeviceTensor* t = device_weights.find(name);
     int64_t numel = 1;
-    for (const ir::Dim& d : n.type().shape)
-      numel *= d.size;
+    for (int64_t d : w.shape)
+      numel *= d;
     if (!t || t->dtype != "BF16" || t->bytes != static_cast<uint64_t>(numel) * 2)
-      throw Error(fmt::format("weight '{}': the graph wants {} in BF16, the checkpoint {}", name,
-                              ir::type_str(n.type()),
+      throw Error(fmt::format("weight '{}': the model wants BF16 [{}], the checkpoint {}", name,
+                              fmt::join(w.shape, ", "),
                               t ? fmt::format("holds {} ({} bytes)", t->dtype, t->bytes)
                                 : std::string("has no such tensor")));
     weights[name] = const_cast<void*>(device_weights.get(name));
@@ -245,6 +254,8 @@ void CudaModel::Impl::print_profile() const {
 }
 
 void* CudaModel::Impl::address(ir::ValueId v, int r) {
+  if (!has_graph)
+    throw Error("this CUDA model runs a compiled plan without its graph: no value addresses");
   const ir::Node& n = graph.node(v);
   switch (n.op) {
   case ir::Op::Param: {
@@ -256,7 +267,7 @@ void* CudaModel::Impl::address(ir::ValueId v, int r) {
   case ir::Op::Weight:
     return weights.at(n.attr_str("name"));
   case ir::Op::Cache:
-    return caches.at(v).first;
+    return caches.at(cache_index.at(v)).first;
   case ir::Op::KvWrite:
     return address(n.inputs[0], 0);
   default: {
@@ -265,6 +276,59 @@ void* CudaModel::Impl::address(ir::ValueId v, int r) {
     return arena + plan.buffers.at(static_cast<size_t>(b)).offset;
   }
   }
+}
+
+void CudaModel::Impl::allocate_stage() {
+  layout = ParamLayout(static_cast<size_t>(tcap), static_cast<size_t>(max_batch));
+  params_dev = static_cast<int32_t*>(allocate(layout.total * sizeof(int32_t)));
+  check(cudaMallocHost(reinterpret_cast<void**>(&params_host), layout.total * sizeof(int32_t)),
+        "pinned params");
+  const size_t out_rows = static_cast<size_t>(per_token ? tcap : max_batch);
+  check(cudaMallocHost(reinterpret_cast<void**>(&out_host),
+                       out_rows * static_cast<size_t>(vocab) * sizeof(float)),
+        "pinned logits");
+  arena = static_cast<char*>(allocate(static_cast<size_t>(stage.arena_bytes)));
+  for (const runtime::StageLayout::Cache& c : stage.caches) {
+    size_t bytes = static_cast<size_t>(c.elem_bytes);
+    for (int64_t d : c.shape)
+      bytes *= static_cast<size_t>(d);
+    caches.emplace_back(allocate(bytes), bytes);
+  }
+}
+
+std::optional<std::pair<runtime::StageLayout, runtime::LaunchTable>>
+CudaModel::Impl::plan_stage(const fs::path& plan_dir, std::string& why) const {
+  const PlanFile plan = read_plan_file(plan_dir);
+  if (!plan.has_codegen || !plan.doc["codegen"].contains("layout") ||
+      !plan.doc["codegen"].contains("launch_table")) {
+    why = plan.file.string() + " has no stage layout (compiled by an older xserv: recompile it)";
+    return std::nullopt;
+  }
+  const nlohmann::json& cg = plan.doc["codegen"];
+  runtime::StageLayout l;
+  try {
+    l = runtime::stage_layout_from_json(cg["layout"]);
+  } catch (const Error& e) {
+    throw Error(plan.field_error("codegen.layout", e.what()));
+  }
+  if (l.max_batch != max_batch || l.max_seq != max_seq)
+    why = fmt::format("the plan is for max batch {} and max sequence {}, this run {} and {}",
+                      l.max_batch, l.max_seq, max_batch, max_seq);
+  else if (l.tokens != tcap)
+    why = fmt::format("the plan's steps hold {} tokens, this run's {} (XSERV_PREFILL_CHUNK)",
+                      l.tokens, tcap);
+  else if (l.gemm_split != gemm_split)
+    why = fmt::format("the plan's gemms take {} activations (XSERV_GEMM_PRECISION)",
+                      l.gemm_split ? "split" : "bf16");
+  if (!why.empty())
+    return std::nullopt;
+  runtime::LaunchTable table;
+  try {
+    table = runtime::launch_table_from_json(cg["launch_table"]);
+  } catch (const Error& e) {
+    throw Error(plan.field_error("codegen.launch_table", e.what()));
+  }
+  return std::make_pair(std::move(l), std::move(table));
 }
 
 CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_seq,
@@ -304,60 +368,66 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
   m.log(fmt::format("{} ({}, {} SMs, {:.0f} GiB)", dev.name, dev.arch(), dev.multiprocessors,
                     double(dev.memory_bytes) / (1ull << 30)));
 
-  compiler::PassManager pm;
-  pm.add_pipeline(compiler::kDefaultPipeline);
-  m.graph = pm.run(graph ? *graph : models::build_gpt_oss(m.ckpt.config()));
-  XSERV_CHECK(m.graph.outputs.size() >= 1, "graph without outputs");
-  m.output = m.graph.outputs[0];
-  for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(m.graph.size()); ++v)
-    if (m.graph.node(v).op == ir::Op::Recv)
-      m.recvs.emplace(m.graph.node(v).attr_str("name"), v);
-  const ir::Type& out_type = m.graph.type(m.output);
-  m.per_token = out_type.shape.at(0).name == models::dims::kTokens;
-  m.sends = m.graph.node(m.output).op == ir::Op::Send;
-  m.vocab = out_type.shape.back().size;
-
-  check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "creating a stream");
-  m.layout = ParamLayout(static_cast<size_t>(m.tcap), static_cast<size_t>(max_batch));
-  m.params_dev = static_cast<int32_t*>(m.allocate(m.layout.total * sizeof(int32_t)));
-  check(cudaMallocHost(reinterpret_cast<void**>(&m.params_host), m.layout.total * sizeof(int32_t)),
-        "pinned params");
-  const size_t out_rows = static_cast<size_t>(m.per_token ? m.tcap : max_batch);
-  check(cudaMallocHost(reinterpret_cast<void**>(&m.out_host),
-                       out_rows * static_cast<size_t>(m.vocab) * sizeof(float)),
-        "pinned logits");
-
-  m.plan = compiler::plan_memory(
-      m.graph, {{models::dims::kTokens, m.tcap}, {models::dims::kSeqs, max_batch}});
-  if (options.keep_activations) {
-    int64_t end = 0;
-    for (compiler::PlannedBuffer& b : m.plan.buffers) {
-      b.offset = end;
-      end += (b.bytes + 255) / 256 * 256;
+  // Plan mode: a compiled plan whose stage layout and launch table are for this run needs no
+  // graph, no pass and no lowering. Otherwise graph mode: the default passes over the graph
+  // (the plan's graph.ir, or build_gpt_oss), its memory plan and, unless the plan's launch
+  // table fits, a lowering of our own.
+  std::optional<runtime::LaunchTable> planned;
+  std::string why;
+  if (!graph && !options.plan_dir.empty() && !options.keep_activations) {
+    if (auto ps = m.plan_stage(options.plan_dir, why)) {
+      m.stage = std::move(ps->first);
+      planned = std::move(ps->second);
+    } else {
+      m.log("lowering the graph for this run: " + why);
     }
-    m.plan.arena_bytes = end;
   }
-  m.arena = static_cast<char*>(m.allocate(static_cast<size_t>(m.plan.arena_bytes)));
-  for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(m.graph.size()); ++v) {
-    if (m.graph.node(v).op != ir::Op::Cache)
-      continue;
-    const std::vector<int64_t> shape =
-        ir::concrete(m.graph.type(v).shape,
-                     {{models::dims::kCacheRows, max_batch}, {models::dims::kMaxSeq, max_seq}});
-    size_t bytes = m.graph.type(v).dtype == ir::DType::F32 ? 4 : 2;
-    for (int64_t s : shape)
-      bytes *= static_cast<size_t>(s);
-    m.caches[v] = {m.allocate(bytes), bytes};
-  }
-  reset();
-
   LoweringContext ctx;
   ctx.max_tokens = m.tcap;
   ctx.gemm_split = m.gemm_split;
   ctx.max_seqs = static_cast<int>(max_batch);
   ctx.cache_rows = max_batch;
   ctx.max_seq = max_seq;
-  ctx.memory = &m.plan;
+  if (!planned) {
+    std::optional<ir::Graph> plan_graph;
+    if (!graph && !options.plan_dir.empty()) {
+      const fs::path file = options.plan_dir / "graph.ir";
+      std::ifstream in(file);
+      if (!in)
+        throw Error(fmt::format("{}: the plan's graph is missing, and the plan's launch table "
+                                "does not fit this run ({})",
+                                file.string(), why));
+      plan_graph = ir::parse(std::string(std::istreambuf_iterator<char>(in), {}), file.string());
+      graph = &*plan_graph;
+    }
+    compiler::PassManager pm;
+    pm.add_pipeline(compiler::kDefaultPipeline);
+    m.graph = pm.run(graph ? *graph : models::build_gpt_oss(m.ckpt.config()));
+    XSERV_CHECK(m.graph.outputs.size() >= 1, "graph without outputs");
+    m.has_graph = true;
+    m.plan = compiler::plan_memory(
+        m.graph, {{models::dims::kTokens, m.tcap}, {models::dims::kSeqs, max_batch}});
+    if (options.keep_activations) {
+      int64_t end = 0;
+      for (compiler::PlannedBuffer& b : m.plan.buffers) {
+        b.offset = end;
+        end += (b.bytes + 255) / 256 * 256;
+      }
+      m.plan.arena_bytes = end;
+    }
+    ctx.memory = &m.plan;
+    m.stage = stage_layout(m.graph, ctx);
+    for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(m.graph.size()); ++v)
+      if (m.graph.node(v).op == ir::Op::Cache)
+        m.cache_index.emplace(v, m.cache_index.size());
+  }
+  m.per_token = m.stage.output.per_token;
+  m.sends = m.stage.output.sends;
+  m.vocab = m.stage.output.vocab;
+
+  check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "creating a stream");
+  m.allocate_stage();
+  reset();
 
   const fs::path cache_dir = options.cache_dir.empty() ? kernel_cache_dir() : options.cache_dir;
   auto t1 = std::chrono::steady_clock::now();
@@ -368,10 +438,10 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
   m.log(fmt::format("loaded {} weight tensors, {:.2f} GB on the GPU, {:.1f} s", m.weights.size(),
                     double(weight_bytes) / 1e9, seconds_since(t1)));
 
-  // The launch table: the plan's when this run is what it was compiled for, else lowered here.
-  std::optional<runtime::LaunchTable> planned;
-  if (!options.plan_dir.empty()) {
-    std::string why;
+  // Graph mode with a plan: the plan's launch table when this run is what it was compiled
+  // for, else lowered here.
+  if (!planned && !options.plan_dir.empty() && !options.keep_activations) {
+    why.clear();
     planned = plan_launch_table(options.plan_dir, max_batch, max_seq, m.tcap, m.gemm_split,
                                 m.plan.arena_bytes, why);
     if (!planned)
@@ -384,7 +454,7 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
   bind.arena = m.arena;
   for (const auto& [name, p] : m.weights)
     bind.weights[name] = p;
-  for (const auto& [v, c] : m.caches) // by value id: the graph's cache nodes in order
+  for (const auto& c : m.caches) // the graph's cache nodes in order
     bind.caches.push_back(c.first);
   for (const auto& [name, off] : m.layout.offset)
     bind.params[name] = m.params_dev + off;
@@ -441,7 +511,7 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
   m.log(fmt::format("ready: {} launch table entries{}, arena {:.1f} MiB, KV caches for {} x {}, "
                     "{:.2f} GB in all, {:.1f} s",
                     m.executor->size(), m.cuda_graphs ? " (decode as CUDA graphs)" : "",
-                    double(m.plan.arena_bytes) / (1 << 20), max_batch, max_seq,
+                    double(m.stage.arena_bytes) / (1 << 20), max_batch, max_seq,
                     double(m.allocated) / 1e9, seconds_since(t0)));
 }
 
@@ -465,7 +535,7 @@ const void* CudaModel::debug_address(int v, int r) const {
 }
 
 void CudaModel::reset() {
-  for (auto& [v, c] : impl_->caches)
+  for (auto& c : impl_->caches)
     check(cudaMemsetAsync(c.first, 0, c.second, impl_->stream), "clearing the KV cache");
   check(cudaStreamSynchronize(impl_->stream), "clearing the KV cache");
 }
@@ -541,8 +611,7 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
         "uploading the step inputs");
   // A pipeline stage's received activations: this sub-step's rows of each recv value.
   for (const auto& [name, full] : inputs) {
-    const ir::ValueId v = recv_value(name);
-    char* dst = static_cast<char*>(address(v, 0));
+    char* dst = arena + recv(name).offset;
     for (size_t i = 0; i < input_rows.size(); ++i) {
       const std::vector<float>& row = full.at(input_rows[i]);
       check(cudaMemcpyAsync(dst + i * row.size() * sizeof(float), row.data(),
@@ -551,8 +620,8 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
     }
   }
   if (transport) // received on the device, into each recv value's buffer
-    for (const auto& [name, v] : recvs)
-      transport->receive(name, address(v, 0), size_t(tokens) * row_bytes(v), stream);
+    for (const runtime::StageLayout::Recv& r : stage.recvs)
+      transport->receive(r.name, arena + r.offset, size_t(tokens) * r.row_bytes, stream);
   runtime::StepShape s;
   s.tokens = tokens;
   s.seqs = seqs;
@@ -577,7 +646,7 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
   const size_t n = static_cast<size_t>(per_token ? tokens : seqs);
   const size_t v = static_cast<size_t>(vocab);
   if (transport && sends) { // on to the next stage
-    transport->send(address(output, 0), size_t(tokens) * row_bytes(output), stream);
+    transport->send(output_ptr(), size_t(tokens) * stage.output.row_bytes, stream);
     transport->wait(stream);
     return;
   }
@@ -592,12 +661,12 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
         if ((*want_rows)[b]) {
           const size_t r = per_token ? static_cast<size_t>(last[b]) : b;
           check(cudaMemcpyAsync(out_host + r * v,
-                                static_cast<const float*>(address(output, 0)) + r * v,
+                                reinterpret_cast<const float*>(output_ptr()) + r * v,
                                 v * sizeof(float), cudaMemcpyDeviceToHost, stream),
                 "copying a logits row back");
         }
   } else
-    check(cudaMemcpyAsync(out_host, address(output, 0), n * v * sizeof(float),
+    check(cudaMemcpyAsync(out_host, output_ptr(), n * v * sizeof(float),
                           cudaMemcpyDeviceToHost, stream),
           "copying the logits back");
   if (transport)

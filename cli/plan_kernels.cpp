@@ -13,6 +13,7 @@
 #include "cli/cuda_lower.h"
 #include "codegen/emit.h"
 #include "compiler/memory_plan.h"
+#include "runtime/layout_json.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 #include "runtime/executor.h"
@@ -147,6 +148,7 @@ nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
           {"arena_tokens", pl.ctx.max_tokens},
           {"gemm_precision", pl.ctx.gemm_split ? "split" : "bf16"},
           {"arena_bytes", pl.memory.arena_bytes},
+          {"layout", runtime::stage_layout_to_json(stage_layout(g, pl.ctx))},
           {"launch_table", runtime::launch_table_to_json(pl.table)}};
 }
 

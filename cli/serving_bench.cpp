@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <queue>
 #include <random>
 #include <thread>
 
@@ -82,8 +83,12 @@ std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w,
   engine::Engine e(model, opts);
   const size_t n = w.prompts.size();
   std::vector<RequestRecord> rec(n);
-  std::vector<size_t> index_of; // engine id - first id -> request
   engine::RequestId first = 0;
+  // The client's semaphore: when each of its `concurrency` slots came free (a request is sent
+  // at max(its arrival, the earliest free slot), as a client blocked on the semaphore would).
+  std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
+  for (int64_t c = 0; c < o.concurrency; ++c)
+    free_at.push(0.0);
   size_t sent = 0, done = 0;
   int64_t in_flight = 0;
   const auto t0 = Clock::now();
@@ -97,7 +102,8 @@ std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w,
       const engine::RequestId id = e.add(std::move(r));
       if (sent == 0)
         first = id;
-      rec[sent].sent = now;
+      rec[sent].sent = std::max(w.arrivals[sent], free_at.top());
+      free_at.pop();
       rec[sent].prompt_tokens = static_cast<int64_t>(w.prompts[sent].size());
       ++sent;
       ++in_flight;
@@ -125,6 +131,7 @@ std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w,
           r.error = fmt::format("finished with '{}'", engine::finish_name(ev.finish));
         ++done;
         --in_flight;
+        free_at.push(t);
       }
     }
   }
@@ -168,6 +175,10 @@ std::vector<RequestRecord> run_http_load(const Endpoint& ep, const Workload& w,
       int64_t chunks = 0, usage = -1;
       req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
         buffer.append(data, len);
+        if (buffer.size() > (1 << 20)) { // not a stream of events: keep the start for the error
+          r.error = "the server sent no event stream: " + buffer.substr(0, 200);
+          return false;
+        }
         for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
           const std::string line = buffer.substr(0, nl);
           if (line.rfind("data: ", 0) != 0 || line == "data: [DONE]")
@@ -181,9 +192,10 @@ std::vector<RequestRecord> run_http_load(const Endpoint& ep, const Workload& w,
           }
           if (j.contains("usage") && j["usage"].is_object())
             usage = j["usage"].value("completion_tokens", int64_t(-1));
+          // Every chunk with a choice is a token (or tokens) arriving, even one whose text is
+          // empty (a special token, a partial UTF-8 character), as vllm bench serve counts.
           const bool text = j.contains("choices") && j["choices"].is_array() &&
-                            !j["choices"].empty() &&
-                            !j["choices"][0].value("text", std::string()).empty();
+                            !j["choices"].empty();
           if (text) {
             const double t = seconds_since(t0);
             if (r.token_times.empty())
@@ -207,8 +219,9 @@ std::vector<RequestRecord> run_http_load(const Endpoint& ep, const Workload& w,
         continue;
       if (!res)
         r.error = "HTTP error: " + httplib::to_string(res.error());
-      else if (res->status != 200)
-        r.error = fmt::format("HTTP {}: {}", res->status, res->body.substr(0, 200));
+      else if (res->status != 200) // the body went to the receiver: what is left of it
+        r.error = fmt::format("HTTP {}: {}", res->status,
+                              (res->body.empty() ? buffer : res->body).substr(0, 200));
       r.ok = r.error.empty() && !r.token_times.empty();
       if (r.error.empty() && r.token_times.empty())
         r.error = "no tokens in the stream";

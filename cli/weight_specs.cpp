@@ -81,16 +81,22 @@ std::vector<runtime::WeightSpec> weight_specs(const models::Checkpoint& checkpoi
 
 std::vector<runtime::WeightSpec> weight_specs_for(const models::Checkpoint& checkpoint,
                                                   const ir::Graph& g) {
-  std::set<std::string> wanted;
+  std::vector<std::string> names;
   for (const ir::Node& n : g.nodes)
     if (n.op == ir::Op::Weight)
-      wanted.insert(n.attr_str("name"));
+      names.push_back(n.attr_str("name"));
+  return weight_specs_named(checkpoint, names);
+}
+
+std::vector<runtime::WeightSpec> weight_specs_named(const models::Checkpoint& checkpoint,
+                                                    const std::vector<std::string>& names) {
+  std::set<std::string> wanted(names.begin(), names.end());
   std::vector<runtime::WeightSpec> specs = weight_specs(checkpoint);
   std::erase_if(specs, [&](const runtime::WeightSpec& s) { return !wanted.count(s.name); });
   if (specs.size() != wanted.size()) {
     for (const runtime::WeightSpec& s : specs)
       wanted.erase(s.name);
-    throw Error(fmt::format("{}: the graph reads weights the checkpoint lacks: {}",
+    throw Error(fmt::format("{}: the model reads weights the checkpoint lacks: {}",
                             checkpoint.dir().string(), fmt::join(wanted, ", ")));
   }
   return specs;

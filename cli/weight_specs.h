@@ -1,6 +1,7 @@
 // Turning an opened gpt-oss checkpoint into the runtime's weight upload list (runtime/plan.h).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "ir/graph.h"
@@ -21,5 +22,10 @@ std::vector<runtime::WeightSpec> weight_specs(const models::Checkpoint& checkpoi
 /// throws xserv::Error naming any weight of the graph the checkpoint lacks.
 std::vector<runtime::WeightSpec> weight_specs_for(const models::Checkpoint& checkpoint,
                                                   const ir::Graph& g);
+
+/// weight_specs() restricted to the logical tensors `names` (a plan's stage layout): throws
+/// xserv::Error naming any the checkpoint lacks.
+std::vector<runtime::WeightSpec> weight_specs_named(const models::Checkpoint& checkpoint,
+                                                    const std::vector<std::string>& names);
 
 } // namespace xserv::cli

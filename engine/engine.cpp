@@ -153,7 +153,8 @@ EngineStats Engine::stats() const {
 
 std::vector<Event> Engine::step() {
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<Event> events;
+  std::vector<Event> events = std::move(undelivered_);
+  undelivered_.clear();
   std::vector<RequestId> aborts;
   {
     std::lock_guard lock(mu_);
@@ -248,10 +249,26 @@ std::vector<Event> Engine::step() {
       need[b] = samples && s.needs_logits();
     }
     const auto tm = std::chrono::steady_clock::now();
-    StepOutput out = model_.step_mixed(in, need);
+    StepOutput out;
+    try {
+      out = model_.step_mixed(in, need);
+    } catch (...) {
+      // The step did not happen: every sequence keeps its state (the next step runs the same
+      // tokens again); what this step took in and ended is counted, and the error goes up.
+      std::lock_guard lock(mu_);
+      stats_.waiting -= admitted + aborted_waiting;
+      stats_.running = static_cast<int64_t>(running_.size());
+      stats_.kv_rows_in_use = stats_.running;
+      stats_.finished_abort += aborted_running + aborted_waiting;
+      undelivered_ = std::move(events); // the aborts' last events come with the next step
+      throw;
+    }
     model_ms = ms_since(tm);
     XSERV_CHECK(out.greedy.size() == seqs.size() && out.logits.size() == seqs.size(),
                 "the model returned another number of rows than the step has sequences");
+    for (size_t b = 0; b < seqs.size(); ++b)
+      XSERV_CHECK(!need[b] || int64_t(out.logits[b].size()) == model_.config().vocab_size,
+                  "the model returned a logits row of another size than the vocabulary");
 
     // 5. Tokens and finishes.
     const auto max_seq = static_cast<size_t>(model_.max_seq());

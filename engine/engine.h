@@ -129,6 +129,9 @@ public:
   void abort(RequestId id);
   /// Runs one step: takes in new requests and aborts, picks the step's sequences, runs the model
   /// and samples. Returns this step's events in order (a request's events in token order).
+  /// When the model throws, the error goes up and nothing is lost: the step's sequences keep
+  /// their state (the next step runs the same tokens again) and its abort events come with the
+  /// next step.
   std::vector<Event> step();
   /// Nothing running, waiting or pending.
   bool idle() const;
@@ -156,6 +159,7 @@ private:
   std::vector<std::unique_ptr<Sequence>> running_; ///< holding a row, in admission order
   std::vector<int32_t> free_rows_;
   int64_t last_prompt_tokens_ = 0;
+  std::vector<Event> undelivered_; ///< events of a step whose model call threw
 };
 
 /// A finished request, as generate() returns it.

@@ -160,4 +160,50 @@ struct LaunchTable {
   bool operator==(const LaunchTable&) const = default;
 };
 
+/// Where a stage's values live and what it owns, so that the CUDA model runs a compiled plan
+/// without its graph: with the launch table, everything the model binds and allocates. Written
+/// by compile into plan.json ("codegen"."layout"); a run whose max batch, max sequence, step
+/// capacity or gemm precision differ cannot use it.
+struct StageLayout {
+  int64_t max_batch = 0; ///< KV-cache rows and sequences per step
+  int64_t max_seq = 0;   ///< positions per row
+  int64_t tokens = 0;    ///< step capacity (T) the arena and the launch table are for
+  bool gemm_split = true;
+  uint64_t arena_bytes = 0;
+  /// The graph's first output: logits (one row per sequence, or per token with --all-logits),
+  /// or the activation a pipeline stage sends on.
+  struct Output {
+    uint64_t offset = 0;    ///< in the arena
+    uint64_t row_bytes = 0; ///< one row (fp32)
+    bool per_token = false; ///< rows are the step's tokens, not its sequences
+    bool sends = false;     ///< a pipeline send: the rows go to the next stage
+    int64_t vocab = 0;      ///< values per row
+    bool operator==(const Output&) const = default;
+  } output;
+  /// A pipeline stage's received value: its buffer in the arena, one row per token.
+  struct Recv {
+    std::string name;
+    uint64_t offset = 0, row_bytes = 0;
+    bool operator==(const Recv&) const = default;
+  };
+  std::vector<Recv> recvs;
+  /// A KV cache, in the graph's order (the launch table's Cache index): its concrete shape
+  /// [rows, slots, kv heads, head dim] and element size.
+  struct Cache {
+    std::vector<int64_t> shape;
+    int elem_bytes = 4;
+    bool operator==(const Cache&) const = default;
+  };
+  std::vector<Cache> caches;
+  /// A weight the launches read (BF16 on the device), by its logical name and shape.
+  struct Weight {
+    std::string name;
+    std::vector<int64_t> shape;
+    bool operator==(const Weight&) const = default;
+  };
+  std::vector<Weight> weights;
+
+  bool operator==(const StageLayout&) const = default;
+};
+
 } // namespace xserv::runtime

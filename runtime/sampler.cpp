@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -33,49 +34,70 @@ int32_t argmax(std::span<const float> logits) {
 int32_t Sampler::sample(std::span<const float> logits) {
   if (opts_.temperature <= 0.0f)
     return argmax(logits);
-  // Candidates sorted by logit; top-k first (cheap partial sort), then the nucleus.
+  // Candidates in one pass over the vocabulary (the min-p cut is a logit threshold: weight
+  // exp((l - top) / T) >= min_p), then top-k by a partial sort of the survivors; only top-p needs
+  // them in order, and sorts growing prefixes until the nucleus is complete. Without cuts
+  // nothing is sorted: a draw costs O(V), not a sort of 201k ids.
   const size_t n = logits.size();
-  size_t k = opts_.top_k > 0 ? std::min<size_t>(static_cast<size_t>(opts_.top_k), n) : n;
-  std::vector<int32_t> ids(n);
-  std::iota(ids.begin(), ids.end(), 0);
+  const float top = *std::max_element(logits.begin(), logits.end());
+  const double t = opts_.temperature, inv_t = 1.0 / t;
+  const double floor = opts_.min_p > 0.0f ? double(top) + t * std::log(double(opts_.min_p))
+                                          : -std::numeric_limits<double>::infinity();
+  std::vector<int32_t> ids;
+  ids.reserve(n);
+  for (size_t i = 0; i < n; ++i)
+    if (double(logits[i]) >= floor) // NaN never passes
+      ids.push_back(static_cast<int32_t>(i));
+  if (ids.empty())
+    return argmax(logits);
   auto by_logit = [&](int32_t a, int32_t b) {
     return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
            (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
   };
-  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), by_logit);
-  ids.resize(k);
-  const double inv_t = 1.0 / opts_.temperature, top = logits[static_cast<size_t>(ids[0])];
-  std::vector<double> p(k);
+  size_t sorted = 0; // ids[0, sorted) hold the most likely candidates in order
+  if (opts_.top_k > 0 && static_cast<size_t>(opts_.top_k) < ids.size()) {
+    const auto k = static_cast<std::ptrdiff_t>(opts_.top_k);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), by_logit);
+    ids.resize(static_cast<size_t>(k));
+    sorted = ids.size();
+  }
+  auto weight = [&](int32_t id) {
+    return std::exp((double(logits[static_cast<size_t>(id)]) - double(top)) * inv_t);
+  };
   double sum = 0;
-  for (size_t i = 0; i < k; ++i) {
-    p[i] = std::exp((logits[static_cast<size_t>(ids[i])] - top) * inv_t);
-    sum += p[i];
-  }
-  if (opts_.min_p > 0.0f) { // p[0] is the most likely candidate's weight
-    size_t keep = 1;
-    while (keep < k && p[keep] >= opts_.min_p * p[0])
-      ++keep;
-    k = keep;
-    p.resize(k);
-    sum = std::accumulate(p.begin(), p.end(), 0.0);
-  }
+  for (int32_t id : ids)
+    sum += weight(id);
+  size_t keep = ids.size();
   if (opts_.top_p < 1.0f) {
+    // The smallest prefix (by logit) whose weight reaches top_p of the whole.
+    const double want = double(opts_.top_p) * sum;
     double cum = 0;
-    size_t keep = 0;
-    while (keep < k && cum < opts_.top_p * sum)
-      cum += p[keep++];
-    k = std::max<size_t>(keep, 1);
-    p.resize(k);
-    sum = std::accumulate(p.begin(), p.end(), 0.0);
+    size_t i = 0;
+    for (size_t chunk = 256;; chunk *= 4) {
+      const size_t end = std::min(ids.size(), std::max(sorted, i + chunk));
+      if (end > sorted) {
+        std::partial_sort(ids.begin() + static_cast<std::ptrdiff_t>(sorted),
+                          ids.begin() + static_cast<std::ptrdiff_t>(end), ids.end(), by_logit);
+        sorted = end;
+      }
+      while (i < end && cum < want)
+        cum += weight(ids[i++]);
+      if (cum >= want || end == ids.size())
+        break;
+    }
+    keep = std::max<size_t>(i, 1);
+    sum = 0;
+    for (size_t j = 0; j < keep; ++j)
+      sum += weight(ids[j]);
   }
   std::uniform_real_distribution<double> u(0.0, sum);
   double r = u(rng_);
-  for (size_t i = 0; i < k; ++i) {
-    r -= p[i];
+  for (size_t i = 0; i < keep; ++i) {
+    r -= weight(ids[i]);
     if (r <= 0)
       return ids[i];
   }
-  return ids[k - 1];
+  return ids[keep - 1];
 }
 
 } // namespace xserv::runtime

@@ -233,7 +233,7 @@ TEST_CASE("serve: a tool call round trip gives a well-formed answer") {
   CHECK((m["content"].is_string() || m["content"].is_null()));
 }
 
-TEST_CASE("serve: completions from text and ids, streamed; tokenize and detokenize") {
+TEST_CASE("serve: completions from text and ids, streamed, then tokenize and detokenize") {
   XSERV_REQUIRE_DATA(data);
   TinyServer s;
   HttpResponse tk = s.post("/tokenize", R"({"prompt": "Hello world"})");

@@ -18,6 +18,7 @@
 #include "models/config.h"
 #include "models/synth.h"
 #include "runtime/device.h"
+#include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -175,4 +176,58 @@ TEST_CASE("gpu: sampled and greedy requests share steps, the sampled ones follow
   CHECK(both[0].tokens == g_alone);
   CHECK(both[1].tokens == s_alone);
   CHECK(s_alone.size() == 16);
+}
+
+TEST_CASE("gpu: a compiled plan runs from its layout and launch table, graph.ir deleted") {
+  XSERV_REQUIRE_GPU_AND_BINARY(dev, bin);
+  xserv::testing::TempDir tmp("engine_gpu_plan");
+  const std::string config = (source_dir() / "examples/tiny/config.json").string();
+  REQUIRE(xserv::testing::run_binary(bin, "synth --config " + config + " -o " +
+                                              (tmp.path / "m").string() + " --seed 4",
+                                     tmp.path)
+              .code == 0);
+  const fs::path plan = tmp.path / "p";
+  const auto c = xserv::testing::run_binary(
+      bin, "compile " + (tmp.path / "m").string() + " -o " + plan.string() +
+               " --max-seq 256 --max-batch 4",
+      tmp.path);
+  INFO(c.err);
+  REQUIRE(c.code == 0);
+  std::mt19937_64 rng(9);
+  std::vector<Request> reqs;
+  for (size_t len : {3, 30, 70}) {
+    Request r;
+    r.prompt = random_prompt(rng, len, 201088);
+    r.max_tokens = 12;
+    reqs.push_back(std::move(r));
+  }
+  cli::CudaModelOptions o = quiet();
+  o.prefill_chunk = 256; // the plan's: compile's default min(2048, max-seq)
+  cli::CudaModelOptions lower = o;
+  o.plan_dir = plan;
+  auto tokens_of = [&](engine::Model& m) {
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& g : engine::generate(m, reqs))
+      out.push_back(g.tokens);
+    return out;
+  };
+  std::vector<std::vector<int32_t>> with_graph, lowered;
+  {
+    cli::CudaModel m(tmp.path / "m", 4, 256, nullptr, o); // plan mode: no graph read
+    CHECK(m.replays_plan());
+    with_graph = tokens_of(m);
+  }
+  {
+    cli::CudaModel m(tmp.path / "m", 4, 256, nullptr, lower); // graph mode: its own lowering
+    CHECK_FALSE(m.replays_plan());
+    lowered = tokens_of(m);
+  }
+  CHECK(with_graph == lowered);
+  fs::remove(plan / "graph.ir");
+  cli::CudaModel m(tmp.path / "m", 4, 256, nullptr, o);
+  CHECK(m.replays_plan());
+  CHECK(tokens_of(m) == with_graph);
+  // A run the plan was not compiled for needs the graph, and says so naming the file.
+  CHECK_THROWS_WITH_AS(cli::CudaModel(tmp.path / "m", 2, 256, nullptr, o),
+                       doctest::Contains("graph.ir: the plan's graph is missing"), xserv::Error);
 }

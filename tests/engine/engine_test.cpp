@@ -417,3 +417,54 @@ TEST_CASE("engine: admit_batch makes newcomers join together, or after max_admit
   d = drain(e, d);
   CHECK(e.stats().finished_length == 3);
 }
+
+TEST_CASE("engine: a request aborted before any step ends without a token") {
+  FakeModel m(2, 64);
+  Engine e(m);
+  const auto a = e.add(make_request({1, 2, 3}, 5));
+  const auto b = e.add(make_request({4, 5}, 3));
+  e.abort(a); // still pending: step() meets the add and the abort together
+  Drained d = drain(e);
+  CHECK(d.last[a].finish == FinishReason::Abort);
+  CHECK(d.tokens[a].empty());
+  CHECK(d.tokens[b] == alone(make_request({4, 5}, 3)));
+  CHECK(e.stats().waiting == 0);
+  CHECK(e.stats().finished_abort == 1);
+}
+
+namespace {
+
+/// Throws from its step number `fail_at` (0-based), once.
+class FailingModel : public FakeModel {
+public:
+  FailingModel(int64_t rows, int64_t max_seq, int fail_at)
+      : FakeModel(rows, max_seq), fail_at_(fail_at) {}
+  std::vector<std::vector<float>> step(const xserv::models::StepInput& in) override {
+    if (calls_++ == fail_at_)
+      throw xserv::Error("device lost");
+    return FakeModel::step(in);
+  }
+
+private:
+  int fail_at_, calls_ = 0;
+};
+
+} // namespace
+
+TEST_CASE("engine: a model error leaves the engine consistent and the requests resumable") {
+  const Request r = make_request(iota_prompt(6, 2), 5);
+  FailingModel m(2, 64, 1);
+  Engine e(m);
+  Drained d;
+  const auto a = e.add(r);
+  step(e, d); // the prompt: one token
+  const auto b = e.add(make_request({9}, 2));
+  e.abort(12345);
+  CHECK_THROWS_WITH(e.step(), "device lost"); // b was admitted, a decoding: nothing advanced
+  CHECK(e.stats().waiting == 0);
+  CHECK(e.stats().running == 2);
+  d = drain(e, d);
+  CHECK(d.tokens[a] == alone(r)); // the failed step ran again, and the tokens are a fresh run's
+  CHECK(d.tokens[b].size() == 2);
+  CHECK(e.idle());
+}

@@ -37,7 +37,8 @@ std::set<std::string> including(const std::string& folder, const std::regex& pat
 } // namespace
 
 TEST_CASE("layering: runtime/ and engine/ include nothing from compiler/ or codegen/") {
-  const std::regex compile_side(R"(#include\s+"(compiler|codegen)/)");
+  // cli/ is included neither: it links the compiler side, so it would bring it in indirectly.
+  const std::regex compile_side(R"(#include\s+"(compiler|codegen|cli)/)");
   CHECK(including("runtime", compile_side).empty());
   CHECK(including("engine", compile_side).empty());
   // The rule must be able to fail: the lowering itself includes the compiler side.
