@@ -2,9 +2,11 @@
 // and agreement with the CPU interpreter engine over a batch of prefill and decode steps.
 //
 // Tolerances (never loosened to pass): at each position xserv's relative L2 to HF float32 must
-// be <= 5e-6, 10x the measured worst 5e-7 on the three fixtures (H200, fp32 KV, docs/PERF.md;
-// HF bfloat16's own error, 4.6e-3..6.7e-3, is reported beside it), and the CUDA engine's
-// logits within 5e-6 of the CPU engine's. Greedy tokens must equal HF float32's wherever HF's
+// be <= 5e-6 token by token (10x the measured worst, 5.2e-7 on deep4l) and <= 3e-5 for a
+// 48-token prefill step (6x the measured worst, 4.9e-6 on deep4l: the tensor-core gemm path
+// with bf16 hi + lo activations); both measured on an H200, fp32 KV, session 6 (docs/PERF.md;
+// HF bfloat16's own error, 4.6e-3..6.7e-3, is reported beside them), and the CUDA engine's
+// logits within 5e-6 of the CPU engine's (measured 2.6e-6). Greedy tokens must equal HF float32's wherever HF's
 // top-2 margin exceeds 0.05 (and the earlier tokens agreed).
 #include <doctest/doctest.h>
 
@@ -56,7 +58,8 @@ using xserv::testing::TempDir;
   }
 
 constexpr int64_t kMaxSeq = 64;
-constexpr double kFixtureTol = 5e-6; // relative L2; see the file comment
+constexpr double kFixtureTol = 5e-6;  // relative L2, token by token; see the file comment
+constexpr double kPrefillTol = 3e-5; // relative L2, one prefill step; see the file comment
 
 cli::CudaModelOptions quiet() {
   cli::CudaModelOptions o;
@@ -117,8 +120,8 @@ struct Judge {
   double worst_err = 0, worst_ratio = 0, worst_limit_use = 0;
   size_t worst_pos = 0, failures = 0;
 
-  /// 10x the measured worst, 5e-7 (file comment); the same at every position.
-  double limit(size_t) const { return kFixtureTol; }
+  double tol = kFixtureTol; ///< the file comment says which and why
+  double limit(size_t) const { return tol; }
   void add(const std::vector<float>& got, size_t p) {
     const double e = rel_l2(got, f32[p]);
     const double use = e / limit(p);
@@ -165,6 +168,7 @@ void check_fixture(const std::string& name) {
 
   // 1. One step of all 48 tokens (run as sub-steps of 8 through the cache).
   Judge prefill = judge;
+  prefill.tol = kPrefillTol;
   const auto rows = engine.step_all({.tokens = {ids}, .ctx_lens = {0}, .cache_rows = {0}});
   REQUIRE(rows.size() == ids.size());
   for (size_t p = 0; p < ids.size(); ++p)

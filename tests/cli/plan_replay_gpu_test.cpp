@@ -46,6 +46,7 @@ TEST_CASE("gpu: a plan's launch table and cubins give the engine's own lowering'
 
   xserv::cli::CudaModelOptions quiet;
   quiet.quiet = true;
+  quiet.prefill_chunk = 512; // the plan's: compile's default min(2048, max-seq)
   xserv::cli::CudaModelOptions from_plan = quiet;
   from_plan.plan_dir = plan;
   xserv::cli::CudaModel replay(model, 3, 512, &graph, from_plan);
