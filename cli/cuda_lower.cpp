@@ -17,7 +17,8 @@ namespace xserv::cli {
 namespace lowering {
 
 std::vector<std::string> ir_lines(const ir::Graph& g, ValueId v) {
-  return {std::regex_replace(ir::print_node(g, v), std::regex("%[0-9]+"), "%_")};
+  static const std::regex value_id("%[0-9]+"); // compiled once: a node per kernel calls this
+  return {std::regex_replace(ir::print_node(g, v), value_id, "%_")};
 }
 
 LaunchArg Lowerer::addr(ValueId v, int r) const {

@@ -162,6 +162,10 @@ private:
   /// at its positions into two caches of one shape and dtype; {-1, -1} when there is not
   /// exactly that pair.
   std::pair<ValueId, ValueId> kv_writes_of(ValueId v) const;
+  /// kv_write nodes by the value their rows come from (the source of their Extract input),
+  /// in node order: built once, so kv_writes_of costs its candidates, not the graph.
+  mutable std::map<ValueId, std::vector<ValueId>> kv_writes_by_source_;
+  mutable bool kv_writes_indexed_ = false;
 
   /// The KV cache node a cache operand (a cache or an earlier kv_write of it) stands for.
   ValueId cache_node(ValueId v) const;

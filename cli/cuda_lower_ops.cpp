@@ -208,15 +208,22 @@ void Lowerer::lower_qkv_rope(ValueId v) {
 }
 
 std::pair<ValueId, ValueId> Lowerer::kv_writes_of(ValueId v) const {
+  if (!kv_writes_indexed_) { // one pass over the graph (a scan per rope was quadratic in layers)
+    for (ValueId u = 0; u < static_cast<ValueId>(g_.size()); ++u) {
+      const Node& w = g_.node(u);
+      if (w.op == Op::KvWrite && g_.node(w.inputs[1]).op == Op::Extract)
+        kv_writes_by_source_[g_.node(w.inputs[1]).inputs[0]].push_back(u);
+    }
+    kv_writes_indexed_ = true;
+  }
   const ValueId positions = g_.node(v).inputs.back();
   ValueId found[3] = {-1, -1, -1};
-  for (ValueId u = v + 1; u < static_cast<ValueId>(g_.size()); ++u) {
+  const auto users = kv_writes_by_source_.find(v);
+  for (ValueId u : users == kv_writes_by_source_.end() ? std::vector<ValueId>{} : users->second) {
     const Node& w = g_.node(u);
-    if (w.op != Op::KvWrite || w.inputs[2] != positions)
+    if (u <= v || w.inputs[2] != positions)
       continue;
     const Node& x = g_.node(w.inputs[1]);
-    if (x.op != Op::Extract || x.inputs[0] != v)
-      continue;
     const int64_t r = x.attr_int("index");
     if (r < 1 || r > 2 || found[r] >= 0)
       return {-1, -1};

@@ -1,5 +1,6 @@
 // stage_layout(): the graph facts a compiled plan carries so that run needs no graph.
-#include <algorithm>
+#include <set>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -30,6 +31,7 @@ runtime::StageLayout stage_layout(const ir::Graph& g, const LoweringContext& ctx
       bytes *= static_cast<uint64_t>(shape[i].size);
     return bytes;
   };
+  std::set<std::string> weight_names; // each weight once, however many nodes read it
   const ir::ValueId out = g.outputs[0];
   const ir::Type& out_type = g.type(out);
   l.output.offset = offset_of(out);
@@ -47,9 +49,7 @@ runtime::StageLayout stage_layout(const ir::Graph& g, const LoweringContext& ctx
                                                {models::dims::kMaxSeq, ctx.max_seq}});
       c.elem_bytes = g.type(v).dtype == ir::DType::F32 ? 4 : 2;
       l.caches.push_back(std::move(c));
-    } else if (n.op == ir::Op::Weight &&
-               std::none_of(l.weights.begin(), l.weights.end(),
-                            [&](const auto& w) { return w.name == n.attr_str("name"); })) {
+    } else if (n.op == ir::Op::Weight && weight_names.insert(n.attr_str("name")).second) {
       runtime::StageLayout::Weight w;
       w.name = n.attr_str("name");
       for (const ir::Dim& d : n.type().shape)
