@@ -134,7 +134,7 @@ void handle_chat(Server::State& st, const httplib::Request& req, httplib::Respon
     st.check_model(cr.model);
     const auto ids = models::render_for_completion(*st.tok, cr.messages);
     engine::Request er = make_request(st, std::vector<int32_t>(ids.begin(), ids.end()), cr.params,
-                                      {200002, 200012}); // <|return|>, <|call|>
+                                      models::stop_token_ids()); // <|return|>, <|call|>
     auto d = std::make_shared<Driver>(st, st.make_id("chatcmpl-"));
     d->job = st.submit(std::move(er), arrival, "messages");
     auto session = std::make_shared<ChatSession>(*st.tok, cr.params, d->id);
