@@ -146,24 +146,23 @@ int serving_bench(const ParsedArgs& args) {
     const Workload w = make_workload(o);
     double seconds = 0;
     const auto records = run_http_load(ep, w, o, &seconds);
-    std::cout << render_serving(summarize(records, seconds), o, ep.url, {}, format)
-              << std::flush;
+    std::cout << render_serving(summarize(records, seconds), o, ep.url, {}, format) << std::flush;
     return 0;
   }
 
   if (args.positional().empty())
     throw UsageError("give a plan or model directory, or --endpoint URL");
   ModelSource src = resolve_source(args.positional()[0], args);
-  const int64_t need_seq =
-      static_cast<int64_t>(double(o.input_len) * (1 + o.len_range)) + 1 +
-      static_cast<int64_t>(double(o.output_len) * (1 + o.len_range)) + 1;
+  const int64_t need_seq = static_cast<int64_t>(double(o.input_len) * (1 + o.len_range)) + 1 +
+                           static_cast<int64_t>(double(o.output_len) * (1 + o.len_range)) + 1;
   if (src.plan_dir.empty()) {
     src.max_seq = need_seq;
     src.max_batch = std::min<int64_t>(o.concurrency, 64);
   } else if (need_seq > src.max_seq) {
-    throw UsageError(fmt::format("requests of up to {} tokens need --max-seq {}, the plan allows {} "
-                                 "(compile with a larger --max-seq)",
-                                 need_seq, need_seq, src.max_seq));
+    throw UsageError(
+        fmt::format("requests of up to {} tokens need --max-seq {}, the plan allows {} "
+                    "(compile with a larger --max-seq)",
+                    need_seq, need_seq, src.max_seq));
   }
   auto model = make_model(src, args);
   o.vocab = model->config().vocab_size;
@@ -188,9 +187,8 @@ int serving_bench(const ParsedArgs& args) {
       {"engine steps", std::to_string(st.steps)},
       {"model time per step (ms)", fmt::format("{:.3f}", st.model_ms / steps)},
       {"engine host time per step (ms)", fmt::format("{:.3f}", st.schedule_ms / steps)},
-      {"engine host share of a step", fmt::format("{:.2f}%", 100 * st.schedule_ms /
-                                                               std::max(st.model_ms + st.schedule_ms,
-                                                                        1e-9))},
+      {"engine host share of a step",
+       fmt::format("{:.2f}%", 100 * st.schedule_ms / std::max(st.model_ms + st.schedule_ms, 1e-9))},
       {"max running (KV rows)", std::to_string(st.kv_rows)},
       {"token budget per step",
        std::to_string(std::max(eo.max_tokens_per_step, st.kv_rows))}, // raised to max running

@@ -2,11 +2,11 @@
 // mode: passes, memory plan and lowering), weights, caches, and the step loop.
 //
 // A step runs in sub-steps of at most the prefill chunk (the plan's --prefill-chunk, 2048 by
-// default) and synchronises once per sub-step. Decode sub-steps (one token per sequence) are captured as CUDA graphs, one per
-// (batch size, attention key bucket), and replayed: launches read every step input from the
-// params buffer and write to fixed addresses, so only the params upload before the replay
-// changes between steps. The launches are data: lower_graph's launch table, replayed by
-// runtime::Executor. XSERV_PROFILE=1 times every table entry instead (graphs off).
+// default) and synchronises once per sub-step. Decode sub-steps (one token per sequence) are
+// captured as CUDA graphs, one per (batch size, attention key bucket), and replayed: launches read
+// every step input from the params buffer and write to fixed addresses, so only the params upload
+// before the replay changes between steps. The launches are data: lower_graph's launch table,
+// replayed by runtime::Executor. XSERV_PROFILE=1 times every table entry instead (graphs off).
 #include "cli/cuda_model.h"
 
 #include <cuda_runtime_api.h>
@@ -77,8 +77,8 @@ struct CudaModel::Impl {
   ParamLayout layout{8, 1};
   runtime::DeviceWeights device_weights;
   std::map<std::string, void*> weights;
-  std::vector<std::pair<void*, size_t>> caches;      ///< in the graph's order
-  std::map<ir::ValueId, size_t> cache_index;          ///< graph mode: a cache node's index
+  std::vector<std::pair<void*, size_t>> caches; ///< in the graph's order
+  std::map<ir::ValueId, size_t> cache_index;    ///< graph mode: a cache node's index
   cudaStream_t stream = nullptr;
   KernelSet kernels;
   std::unique_ptr<runtime::Executor> executor; ///< the launch table bound to this engine's memory
@@ -332,7 +332,7 @@ CudaModel::Impl::plan_stage(const fs::path& plan_dir, std::string& why) const {
 }
 
 CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_seq,
-                       const ir::Graph* graph, const CudaModelOptions& options) {
+                     const ir::Graph* graph, const CudaModelOptions& options) {
   const runtime::DeviceInfo dev = runtime::probe_device();
   if (!dev.available)
     throw Error("no GPU: " + dev.reason);
@@ -594,11 +594,11 @@ double CudaModel::peak_memory_gib() const {
 }
 
 void CudaModel::Impl::run_substep(const models::StepInput& sub,
-                                   std::vector<std::vector<float>>& rows, bool all,
-                                   std::vector<int32_t>* greedy, const StageInputs& inputs,
-                                   const std::vector<size_t>& input_rows,
-                                   const StageTransport* transport,
-                                   const std::vector<bool>* want_rows) {
+                                  std::vector<std::vector<float>>& rows, bool all,
+                                  std::vector<int32_t>* greedy, const StageInputs& inputs,
+                                  const std::vector<size_t>& input_rows,
+                                  const StageTransport* transport,
+                                  const std::vector<bool>* want_rows) {
   const std::map<std::string, ir::Tensor> p = models::step_params(sub);
   const int tokens = static_cast<int>(p.at(models::params::kTokenIds).numel());
   const int seqs = static_cast<int>(sub.tokens.size());
@@ -666,8 +666,8 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
                 "copying a logits row back");
         }
   } else
-    check(cudaMemcpyAsync(out_host, output_ptr(), n * v * sizeof(float),
-                          cudaMemcpyDeviceToHost, stream),
+    check(cudaMemcpyAsync(out_host, output_ptr(), n * v * sizeof(float), cudaMemcpyDeviceToHost,
+                          stream),
           "copying the logits back");
   if (transport)
     transport->wait(stream);
@@ -712,10 +712,10 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
 }
 
 std::vector<std::vector<float>> CudaModel::Impl::run(const models::StepInput& in, bool all,
-                                                      const StageInputs& inputs,
-                                                      std::vector<int32_t>* greedy,
-                                                      const StageTransport* transport,
-                                                      const std::vector<bool>* want) {
+                                                     const StageInputs& inputs,
+                                                     std::vector<int32_t>* greedy,
+                                                     const StageTransport* transport,
+                                                     const std::vector<bool>* want) {
   Impl& m = *this;
   validate_step(in, m.max_batch, m.max_seq, m.ckpt.config().vocab_size);
   std::vector<std::vector<float>> result(all ? 0 : in.tokens.size());
@@ -786,12 +786,12 @@ std::vector<int32_t> CudaModel::step_greedy(const models::StepInput& in) {
 }
 
 std::vector<std::vector<float>> CudaModel::step_stage(const models::StepInput& in,
-                                                       const StageInputs& inputs) {
+                                                      const StageInputs& inputs) {
   return impl_->run(in, impl_->per_token, inputs);
 }
 
 std::vector<int32_t> CudaModel::step_stage_greedy(const models::StepInput& in,
-                                                   const StageInputs& inputs) {
+                                                  const StageInputs& inputs) {
   if (!impl_->argmax_keys)
     throw Error("step_stage_greedy needs the last stage's per-sequence logits");
   std::vector<int32_t> ids;
@@ -800,8 +800,8 @@ std::vector<int32_t> CudaModel::step_stage_greedy(const models::StepInput& in,
 }
 
 std::vector<std::vector<float>> CudaModel::step_stage_device(const models::StepInput& in,
-                                                              const StageTransport& transport,
-                                                              std::vector<int32_t>* greedy) {
+                                                             const StageTransport& transport,
+                                                             std::vector<int32_t>* greedy) {
   if (greedy && !picks_greedy())
     throw Error("step_stage_device: greedy tokens need the last stage's per-sequence logits");
   return impl_->run(in, false, {}, greedy, &transport);

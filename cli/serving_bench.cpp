@@ -75,8 +75,8 @@ Workload make_workload(const ServingOptions& o) {
   return w;
 }
 
-std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w,
-                                           const ServingOptions& o, const engine::EngineOptions& eo,
+std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w, const ServingOptions& o,
+                                           const engine::EngineOptions& eo,
                                            engine::EngineStats* stats, double* duration_s) {
   engine::EngineOptions opts = eo;
   opts.max_queue = std::max<int64_t>(opts.max_queue, o.requests);
@@ -194,8 +194,8 @@ std::vector<RequestRecord> run_http_load(const Endpoint& ep, const Workload& w,
             usage = j["usage"].value("completion_tokens", int64_t(-1));
           // Every chunk with a choice is a token (or tokens) arriving, even one whose text is
           // empty (a special token, a partial UTF-8 character), as vllm bench serve counts.
-          const bool text = j.contains("choices") && j["choices"].is_array() &&
-                            !j["choices"].empty();
+          const bool text =
+              j.contains("choices") && j["choices"].is_array() && !j["choices"].empty();
           if (text) {
             const double t = seconds_since(t0);
             if (r.token_times.empty())

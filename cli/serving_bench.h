@@ -40,7 +40,7 @@ struct RequestRecord {
 struct Workload {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int64_t> output_lens;
-  std::vector<double> arrivals; ///< seconds since the start, non-decreasing
+  std::vector<double> arrivals;       ///< seconds since the start, non-decreasing
   std::vector<int64_t> hang_up_after; ///< tokens before the client hangs up; 0: never
 };
 Workload make_workload(const ServingOptions& o);
@@ -48,8 +48,8 @@ Workload make_workload(const ServingOptions& o);
 /// Runs the workload through an Engine over `model` (its options as given; every request
 /// ignores end-of-sequence ids and generates exactly its output length). Returns one record per
 /// request; `stats` gets the engine's counters at the end.
-std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w,
-                                           const ServingOptions& o, const engine::EngineOptions& eo,
+std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w, const ServingOptions& o,
+                                           const engine::EngineOptions& eo,
                                            engine::EngineStats* stats, double* duration_s);
 
 /// An OpenAI-compatible endpoint: base URL ("http://127.0.0.1:8000"), model name, API key.

@@ -50,8 +50,7 @@ void fill_logprobs(const std::vector<float>& logits, int32_t token, int n, Event
                              (logits[size_t(a)] == logits[size_t(b)] && a < b);
                     });
   for (size_t i = 0; i < k; ++i)
-    ev.top_logprobs.push_back(
-        {ids[i], static_cast<float>(double(logits[size_t(ids[i])]) - log_z)});
+    ev.top_logprobs.push_back({ids[i], static_cast<float>(double(logits[size_t(ids[i])]) - log_z)});
 }
 
 } // namespace
@@ -74,9 +73,9 @@ struct Engine::Sequence {
   RequestId id = 0;
   Request req;
   runtime::Sampler sampler;
-  int32_t row = -1;           ///< KV-cache row while running
-  size_t cached = 0;          ///< tokens in the row: prompt tokens, then generated ones fed back
-  int64_t waited = 0;         ///< steps spent waiting for a row
+  int32_t row = -1;   ///< KV-cache row while running
+  size_t cached = 0;  ///< tokens in the row: prompt tokens, then generated ones fed back
+  int64_t waited = 0; ///< steps spent waiting for a row
   std::vector<int32_t> generated;
 
   Sequence(RequestId i, Request r) : id(i), req(std::move(r)), sampler(req.sampling) {}
@@ -219,9 +218,8 @@ std::vector<Event> Engine::step() {
   int64_t admitted = 0;
   // Newcomers join in groups of admit_batch (one prompt step then serves several), unless
   // nothing runs or the oldest has waited max_admit_wait steps.
-  const int64_t can_join = std::min<int64_t>(
-      {int64_t(waiting_.size()), int64_t(free_rows_.size()),
-       options_.max_running - int64_t(running_.size())});
+  const int64_t can_join = std::min<int64_t>({int64_t(waiting_.size()), int64_t(free_rows_.size()),
+                                              options_.max_running - int64_t(running_.size())});
   const bool join_now = can_join >= options_.admit_batch || running_.empty() ||
                         (!waiting_.empty() && waiting_.front()->waited >= options_.max_admit_wait);
   for (auto& w : waiting_)
@@ -279,8 +277,8 @@ std::vector<Event> Engine::step() {
       if (s.in_prompt())
         continue; // a prompt chunk that does not end the prompt: no token yet
       const std::vector<float>& row = out.logits[b];
-      const int32_t tok = need[b] && s.req.sampling.temperature > 0 ? s.sampler.sample(row)
-                                                                       : out.greedy[b];
+      const int32_t tok =
+          need[b] && s.req.sampling.temperature > 0 ? s.sampler.sample(row) : out.greedy[b];
       s.generated.push_back(tok);
       ++generated;
       Event ev;

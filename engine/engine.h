@@ -155,7 +155,7 @@ private:
   std::vector<RequestId> aborts_;
   EngineStats stats_;
   // Owned by step():
-  std::deque<std::unique_ptr<Sequence>> waiting_; ///< in arrival order, no row yet
+  std::deque<std::unique_ptr<Sequence>> waiting_;  ///< in arrival order, no row yet
   std::vector<std::unique_ptr<Sequence>> running_; ///< holding a row, in admission order
   std::vector<int32_t> free_rows_;
   int64_t last_prompt_tokens_ = 0;
@@ -175,8 +175,8 @@ using EventCallback = std::function<bool(size_t index, const Event&)>;
 
 /// Time and token totals of a generate() call.
 struct GenerateStats {
-  double prompt_ms = 0;   ///< wall time of steps that processed prompt tokens
-  double decode_ms = 0;   ///< wall time of the other steps
+  double prompt_ms = 0; ///< wall time of steps that processed prompt tokens
+  double decode_ms = 0; ///< wall time of the other steps
   int64_t prompt_tokens = 0, generated_tokens = 0;
 };
 

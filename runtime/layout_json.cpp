@@ -17,8 +17,7 @@ const json& field(const json& j, const char* name, const std::string& where) {
   return j.at(name);
 }
 
-int64_t integer(const json& j, const char* name, const std::string& where, int64_t lo,
-                int64_t hi) {
+int64_t integer(const json& j, const char* name, const std::string& where, int64_t lo, int64_t hi) {
   const json& v = field(j, name, where);
   if (!v.is_number_integer())
     throw Error(fmt::format("layout: {}{} must be an integer", where, name));
@@ -111,8 +110,8 @@ StageLayout stage_layout_from_json(const json& j) {
     cv.shape = shape(c, "shape", "caches[].");
     cv.elem_bytes = static_cast<int>(integer(c, "elem_bytes", "caches[].", 2, 4));
     if (cv.shape[0] != l.max_batch)
-      throw Error(fmt::format("layout: a cache has {} rows, the layout {} sequences",
-                              cv.shape[0], l.max_batch));
+      throw Error(fmt::format("layout: a cache has {} rows, the layout {} sequences", cv.shape[0],
+                              l.max_batch));
     l.caches.push_back(std::move(cv));
   }
   for (const json& w : field(j, "weights", "")) {

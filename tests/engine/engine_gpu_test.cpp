@@ -48,7 +48,8 @@ fs::path source_dir() {
 }
 
 std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t len, int64_t vocab) {
-  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(std::min<int64_t>(vocab, 199998) - 1));
+  std::uniform_int_distribution<int32_t> id(
+      0, static_cast<int32_t>(std::min<int64_t>(vocab, 199998) - 1));
   std::vector<int32_t> p(len);
   for (int32_t& x : p)
     x = id(rng);
@@ -124,8 +125,8 @@ void check_invariance(const fs::path& model_dir, int steps, int64_t max_seq) {
     }
   }
   MESSAGE("batch invariance (" << model_dir.filename().string() << "): " << same_tokens
-                               << " of 4 prompts with identical tokens over " << steps
-                               << " steps; " << bitwise << " of " << rows
+                               << " of 4 prompts with identical tokens over " << steps << " steps; "
+                               << bitwise << " of " << rows
                                << " logits rows bitwise, worst relative L2 " << worst);
   // The gemm and GEMV paths agree to ~1e-6 (kernel tests); anything larger is a scheduling bug.
   CHECK(worst < 1e-4);
@@ -182,15 +183,15 @@ TEST_CASE("gpu: a compiled plan runs from its layout and launch table, graph.ir 
   XSERV_REQUIRE_GPU_AND_BINARY(dev, bin);
   xserv::testing::TempDir tmp("engine_gpu_plan");
   const std::string config = (source_dir() / "examples/tiny/config.json").string();
-  REQUIRE(xserv::testing::run_binary(bin, "synth --config " + config + " -o " +
-                                              (tmp.path / "m").string() + " --seed 4",
-                                     tmp.path)
+  REQUIRE(xserv::testing::run_binary(
+              bin, "synth --config " + config + " -o " + (tmp.path / "m").string() + " --seed 4",
+              tmp.path)
               .code == 0);
   const fs::path plan = tmp.path / "p";
-  const auto c = xserv::testing::run_binary(
-      bin, "compile " + (tmp.path / "m").string() + " -o " + plan.string() +
-               " --max-seq 256 --max-batch 4",
-      tmp.path);
+  const auto c = xserv::testing::run_binary(bin,
+                                            "compile " + (tmp.path / "m").string() + " -o " +
+                                                plan.string() + " --max-seq 256 --max-batch 4",
+                                            tmp.path);
   INFO(c.err);
   REQUIRE(c.code == 0);
   std::mt19937_64 rng(9);

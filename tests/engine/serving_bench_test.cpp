@@ -99,11 +99,11 @@ TEST_CASE("serving bench: the report's latencies follow the records") {
   CHECK(r.completed == 2);
   CHECK(r.failed == 1);
   CHECK(r.first_error == "HTTP 500");
-  CHECK(r.ttft.mean == doctest::Approx(200));       // (100 + 300) / 2
-  CHECK(r.tpot.mean == doctest::Approx(150));       // a only: 300 ms over 2 tokens
-  CHECK(r.itl.mean == doctest::Approx(150));        // 100 and 200
+  CHECK(r.ttft.mean == doctest::Approx(200));  // (100 + 300) / 2
+  CHECK(r.tpot.mean == doctest::Approx(150));  // a only: 300 ms over 2 tokens
+  CHECK(r.itl.mean == doctest::Approx(150));   // 100 and 200
   CHECK(r.e2e.median == doctest::Approx(300)); // nearest rank: the first of {300, 400}
   CHECK(r.e2e.p99 == doctest::Approx(400));
-  CHECK(r.output_tps == doctest::Approx(2.0));      // 4 tokens in 2 s
-  CHECK(r.total_tps == doctest::Approx(9.5));       // 19 tokens in 2 s
+  CHECK(r.output_tps == doctest::Approx(2.0)); // 4 tokens in 2 s
+  CHECK(r.total_tps == doctest::Approx(9.5));  // 19 tokens in 2 s
 }
