@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 
 #include "cli/cuda_lower.h"
+#include "cli/args.h"
 #include "cli/plan_file.h"
 #include "cli/plan_replay.h"
 #include "cli/step_split.h"
@@ -171,8 +172,9 @@ struct CudaModel::Impl {
                    const std::vector<bool>* want_rows = nullptr);
   /// Plan mode: the stage layout and launch table of `plan_dir` when they are for this run
   /// (max batch, max sequence, step capacity, gemm precision); else nullopt and why.
+  /// `sizes` is set when the run's max batch or max sequence is not the plan's.
   std::optional<std::pair<runtime::StageLayout, runtime::LaunchTable>>
-  plan_stage(const fs::path& plan_dir, std::string& why) const;
+  plan_stage(const fs::path& plan_dir, std::string& why, bool& sizes) const;
   /// Allocates the arena, the caches and the host buffers `stage` asks for.
   void allocate_stage();
   /// One step, sub-step by sub-step. With `greedy`, the sequences' greedy tokens go there
@@ -297,7 +299,7 @@ void CudaModel::Impl::allocate_stage() {
 }
 
 std::optional<std::pair<runtime::StageLayout, runtime::LaunchTable>>
-CudaModel::Impl::plan_stage(const fs::path& plan_dir, std::string& why) const {
+CudaModel::Impl::plan_stage(const fs::path& plan_dir, std::string& why, bool& sizes) const {
   const PlanFile plan = read_plan_file(plan_dir);
   if (!plan.has_codegen || !plan.doc["codegen"].contains("layout") ||
       !plan.doc["codegen"].contains("launch_table")) {
@@ -311,7 +313,8 @@ CudaModel::Impl::plan_stage(const fs::path& plan_dir, std::string& why) const {
   } catch (const Error& e) {
     throw Error(plan.field_error("codegen.layout", e.what()));
   }
-  if (l.max_batch != max_batch || l.max_seq != max_seq)
+  sizes = l.max_batch != max_batch || l.max_seq != max_seq;
+  if (sizes)
     why = fmt::format("the plan is for max batch {} and max sequence {}, this run {} and {}",
                       l.max_batch, l.max_seq, max_batch, max_seq);
   else if (l.tokens != tcap)
@@ -375,9 +378,15 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
   std::optional<runtime::LaunchTable> planned;
   std::string why;
   if (!graph && !options.plan_dir.empty() && !options.keep_activations) {
-    if (auto ps = m.plan_stage(options.plan_dir, why)) {
+    bool sizes = false;
+    if (auto ps = m.plan_stage(options.plan_dir, why, sizes)) {
       m.stage = std::move(ps->first);
       planned = std::move(ps->second);
+    } else if (sizes && options.plan_only) {
+      throw UsageError(fmt::format(
+          "{}: {}; a plan runs as compiled: recompile it with xserv compile --max-batch {} "
+          "--max-seq {}, or leave --max-batch / --max-seq out",
+          options.plan_dir.string(), why, max_batch, max_seq));
     } else {
       m.log("lowering the graph for this run: " + why);
     }

@@ -68,6 +68,10 @@ struct CudaModelOptions {
   /// absent or built for another GPU) instead of lowering the graph itself; otherwise it says
   /// why and lowers for the run. Empty: always lower.
   std::filesystem::path plan_dir;
+  /// With plan_dir: a run whose max batch or max sequence is not the plan's is refused
+  /// (UsageError naming the compile flags) instead of lowering the graph for it. The
+  /// developer knobs XSERV_PREFILL_CHUNK and XSERV_GEMM_PRECISION still lower, saying why.
+  bool plan_only = false;
 };
 
 /// Runs a gpt-oss graph on the GPU: weights in BF16 (MXFP4 experts dequantised), activations

@@ -141,6 +141,7 @@ std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args
     // does not fit the run (and then the run lowers the graph itself, saying why).
     CudaModelOptions opts;
     opts.plan_dir = src.plan_dir;
+    opts.plan_only = true;
     if (src.prefill_chunk > 0)
       opts.prefill_chunk = static_cast<int>(src.prefill_chunk);
     return std::make_unique<CudaModel>(src.model_dir, src.max_batch, src.max_seq, nullptr, opts);

@@ -13,6 +13,7 @@
 #include <map>
 #include <random>
 
+#include "cli/args.h"
 #include "cli/cuda_model.h"
 #include "engine/engine.h"
 #include "models/config.h"
@@ -228,7 +229,13 @@ TEST_CASE("gpu: a compiled plan runs from its layout and launch table, graph.ir 
   cli::CudaModel m(tmp.path / "m", 4, 256, nullptr, o);
   CHECK(m.replays_plan());
   CHECK(tokens_of(m) == with_graph);
-  // A run the plan was not compiled for needs the graph, and says so naming the file.
+  // With plan_only (what xserv run sets) another max batch is refused, naming the flags.
+  cli::CudaModelOptions only = o;
+  only.plan_only = true;
+  CHECK_THROWS_WITH_AS(cli::CudaModel(tmp.path / "m", 2, 256, nullptr, only),
+                       doctest::Contains("recompile it with xserv compile --max-batch 2"),
+                       cli::UsageError);
+  // Without it, a run the plan was not compiled for needs the graph, and says so naming the file.
   CHECK_THROWS_WITH_AS(cli::CudaModel(tmp.path / "m", 2, 256, nullptr, o),
                        doctest::Contains("graph.ir: the plan's graph is missing"), xserv::Error);
 }
