@@ -1,4 +1,5 @@
 // The completion endpoints: /v1/chat/completions, /v1/completions, /tokenize, /detokenize.
+#include <algorithm>
 #include <ctime>
 
 #include <fmt/format.h>
@@ -133,8 +134,16 @@ void handle_chat(Server::State& st, const httplib::Request& req, httplib::Respon
     openai::ChatRequest cr = openai::parse_chat_request(openai::parse_body(req.body));
     st.check_model(cr.model);
     const auto ids = models::render_for_completion(*st.tok, cr.messages);
-    engine::Request er = make_request(st, std::vector<int32_t>(ids.begin(), ids.end()), cr.params,
-                                      models::stop_token_ids()); // <|return|>, <|call|>
+    // With tools, <|call|> does not end generation: the model may make several calls in one
+    // turn (ChatSession ends the turn at the first id after a call that is not <|start|>).
+    const bool tools = std::any_of(cr.messages.begin(), cr.messages.end(), [](const auto& m) {
+      return m.developer && !m.developer->tools.empty();
+    });
+    std::vector<int32_t> stops = models::stop_token_ids(); // <|return|>, <|call|>
+    if (tools)
+      stops = {st.tok->special_id("<|return|>")};
+    engine::Request er =
+        make_request(st, std::vector<int32_t>(ids.begin(), ids.end()), cr.params, std::move(stops));
     auto d = std::make_shared<Driver>(st, st.make_id("chatcmpl-"));
     d->job = st.submit(std::move(er), arrival, "messages");
     auto session = std::make_shared<ChatSession>(*st.tok, cr.params, d->id);

@@ -44,7 +44,8 @@ Json usage_json(int64_t prompt, int64_t completion) {
 ChatSession::ChatSession(models::Tokenizer tok, const openai::GenParams& params,
                          const std::string& id)
     : tok_(tok), out_(tok, "call_" + id.substr(id.size() > 12 ? id.size() - 12 : 0) + "_"),
-      stop_(params.stop), top_logprobs_(params.top_logprobs) {}
+      stop_(params.stop), top_logprobs_(params.top_logprobs), call_id_(tok.special_id("<|call|>")),
+      start_id_(tok.special_id("<|start|>")) {}
 
 void ChatSession::add_pieces(std::vector<OutputPiece> pieces, std::vector<Json>& deltas) {
   for (OutputPiece& p : pieces) {
@@ -83,7 +84,14 @@ std::vector<Json> ChatSession::on_event(const engine::Event& ev, Json& logprobs)
   std::vector<Json> deltas;
   // The id that ended a Stop finish is a stop id: it closes the output, it is not text.
   const bool stop_id = ev.finish == engine::FinishReason::Stop;
-  if (ev.token >= 0 && !stop_id && !stop_.matched()) {
+  if (ev.token >= 0 && !stop_id && after_call_) { // what follows a tool call
+    after_call_ = false;
+    if (ev.token != static_cast<int32_t>(start_id_))
+      calls_done_ = true; // not another call: the turn ends here, without this id
+  }
+  if (ev.token == static_cast<int32_t>(call_id_) && !stop_id)
+    after_call_ = true;
+  if (ev.token >= 0 && !stop_id && !stop_.matched() && !calls_done_) {
     if (top_logprobs_ >= 0)
       logprobs.push_back(chat_logprob(tok_, ev));
     add_pieces(out_.push(static_cast<models::TokenId>(ev.token)), deltas);
@@ -98,7 +106,7 @@ std::vector<Json> ChatSession::on_event(const engine::Event& ev, Json& logprobs)
     }
     if (stop_.matched())
       finish_ = "stop";
-    else if (ev.finish == engine::FinishReason::Stop && !out_.tool_calls().empty())
+    else if ((ev.finish == engine::FinishReason::Stop || calls_done_) && !out_.tool_calls().empty())
       finish_ = "tool_calls";
     else
       finish_ = finish_reason_name(ev.finish);

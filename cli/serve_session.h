@@ -19,7 +19,8 @@ public:
   /// The deltas ({"content": ...}, {"reasoning": ...}, {"tool_calls": [...]}) an event adds;
   /// `logprobs` receives its logprobs entries ({"token", "logprob", "bytes", "top_logprobs"}).
   std::vector<openai::Json> on_event(const engine::Event& ev, openai::Json& logprobs);
-  bool stop_hit() const { return stop_.matched(); }
+  /// A stop string matched, or the model made its last tool call: abort the engine request.
+  bool stop_hit() const { return stop_.matched() || calls_done_; }
   /// The reason for the client: stop, length, tool_calls or abort (after the finish event).
   const std::string& finish_reason() const { return finish_; }
   /// The assistant message of the non-streaming response.
@@ -32,6 +33,11 @@ private:
   openai::StopMatcher stop_;
   int top_logprobs_;
   std::string content_, finish_;
+  // Several tool calls in one turn: when <|call|> is not a stop id (a request with tools), a
+  // <|call|> closes one call; a <|start|> right after it begins another, anything else ends
+  // the turn (calls_done_: the id is dropped and the request is aborted).
+  models::TokenId call_id_, start_id_;
+  bool after_call_ = false, calls_done_ = false;
 };
 
 /// The same for a text completion: generated text without specials, stop strings applied.

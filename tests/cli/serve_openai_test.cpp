@@ -220,6 +220,32 @@ TEST_CASE("serve: chat session finish reasons, stop strings and usage") {
   CHECK(m["tool_calls"][0]["function"]["name"] == "f");
   CHECK(m["tool_calls"][0]["type"] == "function");
 
+  // A request with tools does not stop at <|call|>: a second call follows <|start|>, and the
+  // first id after a call that is not <|start|> ends the turn (stop_hit: the server aborts).
+  {
+    auto session = std::make_unique<ChatSession>(tokenizer(), GenParams{}, "chatcmpl-0123");
+    const auto toks = ids("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}"
+                          "<|call|><|start|>assistant<|channel|>commentary to=functions.g "
+                          "<|constrain|>json<|message|>{\"a\":1}<|call|>Hello");
+    Json lp = Json::array();
+    for (size_t i = 0; i < toks.size(); ++i) {
+      Event ev;
+      ev.token = int32_t(toks[i]);
+      session->on_event(ev, lp);
+      CHECK(session->stop_hit() == (i + 1 == toks.size()));
+    }
+    Event end; // the abort the server asked for
+    end.finish = FinishReason::Abort;
+    session->on_event(end, lp);
+    CHECK(session->finish_reason() == "tool_calls");
+    const Json m2 = session->message();
+    REQUIRE(m2["tool_calls"].size() == 2);
+    CHECK(m2["tool_calls"][0]["function"]["name"] == "f");
+    CHECK(m2["tool_calls"][1]["function"]["name"] == "g");
+    CHECK(m2["tool_calls"][1]["function"]["arguments"] == "{\"a\":1}");
+    CHECK(m2["content"].is_null());
+  }
+
   auto length = run("<|channel|>analysis<|message|>thinking hard", FinishReason::Length);
   CHECK(length->finish_reason() == "length");
   CHECK(length->message()["reasoning"] == "thinking hard");
