@@ -1,0 +1,157 @@
+// CudaModel's set-up pieces: weights, caches and the arena, decode-graph capture, the per-op
+// profile, value addresses (graph mode) and the plan's stage layout (plan mode).
+#include "cli/cuda_model_impl.h"
+
+namespace xserv::cli {
+namespace fs = std::filesystem;
+using cuda_impl::check;
+using cuda_impl::seconds_since;
+
+void CudaModel::Impl::upload_weights(const fs::path& cache_dir) {
+  // The graph's tensors go up in one streamed pass (runtime/weights: MXFP4 experts are
+  // dequantised to BF16 on the GPU), then are looked up by name and checked.
+  runtime::UploadOptions o;
+  o.cache_dir = cache_dir;
+  if (!quiet)
+    o.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  std::vector<std::string> names;
+  for (const runtime::StageLayout::Weight& w : stage.weights)
+    names.push_back(w.name);
+  device_weights = runtime::DeviceWeights::upload(weight_specs_named(ckpt, names), o);
+  for (const runtime::StageLayout::Weight& w : stage.weights) {
+    const std::string& name = w.name;
+    const runtime::DeviceTensor* t = device_weights.find(name);
+    int64_t numel = 1;
+    for (int64_t d : w.shape)
+      numel *= d;
+    if (!t || t->dtype != "BF16" || t->bytes != static_cast<uint64_t>(numel) * 2)
+      throw Error(fmt::format("weight '{}': the model wants BF16 [{}], the checkpoint {}", name,
+                              fmt::join(w.shape, ", "),
+                              t ? fmt::format("holds {} ({} bytes)", t->dtype, t->bytes)
+                                : std::string("has no such tensor")));
+    weights[name] = const_cast<void*>(device_weights.get(name));
+  }
+  allocated += device_weights.device_bytes();
+}
+
+cudaGraphExec_t CudaModel::Impl::capture(const runtime::StepShape& s) {
+  // Relaxed: a first launch of a kernel may set its shared-memory attribute, which is no stream
+  // operation and safe to run while capturing.
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "starting a graph capture");
+  cudaGraph_t g = nullptr;
+  try {
+    executor->run(s, stream);
+  } catch (...) {
+    if (cudaStreamEndCapture(stream, &g) == cudaSuccess && g)
+      cudaGraphDestroy(g);
+    cudaGetLastError();
+    throw;
+  }
+  check(cudaStreamEndCapture(stream, &g), "capturing a decode step");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  check(err, "instantiating a decode graph");
+  return exec;
+}
+
+void CudaModel::Impl::print_profile() const {
+  // Per phase: each op's share of the summed launch times, largest first.
+  std::map<std::string, std::vector<std::pair<std::string, OpTime>>> by_phase;
+  for (const auto& [key, t] : op_times)
+    by_phase[key.first].push_back({key.second, t});
+  for (auto& [phase, ops] : by_phase) {
+    double total = 0;
+    for (const auto& [op, t] : ops)
+      total += t.ms;
+    std::sort(ops.begin(), ops.end(),
+              [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    const double steps = double(phase_steps.at(phase));
+    std::fprintf(stderr, "[profile] %s: %lld steps, %.3f ms per step (launch to launch)\n",
+                 phase.c_str(), static_cast<long long>(phase_steps.at(phase)), total / steps);
+    for (const auto& [op, t] : ops)
+      std::fprintf(stderr, "[profile]   %-24s %9.3f ms/step %5.1f%%  %6.1f us/entry\n", op.c_str(),
+                   t.ms / steps, 100.0 * t.ms / total, 1e3 * t.ms / double(t.calls));
+  }
+}
+
+void* CudaModel::Impl::address(ir::ValueId v, int r) {
+  if (!has_graph)
+    throw Error("this CUDA model runs a compiled plan without its graph: no value addresses");
+  const ir::Node& n = graph.node(v);
+  switch (n.op) {
+  case ir::Op::Param: {
+    auto it = layout.offset.find(n.attr_str("name"));
+    if (it == layout.offset.end())
+      throw Error(fmt::format("the CUDA engine has no input called '{}'", n.attr_str("name")));
+    return params_dev + it->second;
+  }
+  case ir::Op::Weight:
+    return weights.at(n.attr_str("name"));
+  case ir::Op::Cache:
+    return caches.at(cache_index.at(v)).first;
+  case ir::Op::KvWrite:
+    return address(n.inputs[0], 0);
+  default: {
+    const int32_t b = plan.buffer_of.at(static_cast<size_t>(v)).at(static_cast<size_t>(r));
+    XSERV_CHECK(b >= 0, "value without a buffer: " + ir::print_node(graph, v));
+    return arena + plan.buffers.at(static_cast<size_t>(b)).offset;
+  }
+  }
+}
+
+void CudaModel::Impl::allocate_stage() {
+  layout = ParamLayout(static_cast<size_t>(tcap), static_cast<size_t>(max_batch));
+  params_dev = static_cast<int32_t*>(allocate(layout.total * sizeof(int32_t)));
+  check(cudaMallocHost(reinterpret_cast<void**>(&params_host), layout.total * sizeof(int32_t)),
+        "pinned params");
+  const size_t out_rows = static_cast<size_t>(per_token ? tcap : max_batch);
+  check(cudaMallocHost(reinterpret_cast<void**>(&out_host),
+                       out_rows * static_cast<size_t>(vocab) * sizeof(float)),
+        "pinned logits");
+  arena = static_cast<char*>(allocate(static_cast<size_t>(stage.arena_bytes)));
+  for (const runtime::StageLayout::Cache& c : stage.caches) {
+    size_t bytes = static_cast<size_t>(c.elem_bytes);
+    for (int64_t d : c.shape)
+      bytes *= static_cast<size_t>(d);
+    caches.emplace_back(allocate(bytes), bytes);
+  }
+}
+
+std::optional<std::pair<runtime::StageLayout, runtime::LaunchTable>>
+CudaModel::Impl::plan_stage(const fs::path& plan_dir, std::string& why, bool& sizes) const {
+  const PlanFile plan = read_plan_file(plan_dir);
+  if (!plan.has_codegen || !plan.doc["codegen"].contains("layout") ||
+      !plan.doc["codegen"].contains("launch_table")) {
+    why = plan.file.string() + " has no stage layout (compiled by an older xserv: recompile it)";
+    return std::nullopt;
+  }
+  const nlohmann::json& cg = plan.doc["codegen"];
+  runtime::StageLayout l;
+  try {
+    l = runtime::stage_layout_from_json(cg["layout"]);
+  } catch (const Error& e) {
+    throw Error(plan.field_error("codegen.layout", e.what()));
+  }
+  sizes = l.max_batch != max_batch || l.max_seq != max_seq;
+  if (sizes)
+    why = fmt::format("the plan is for max batch {} and max sequence {}, this run {} and {}",
+                      l.max_batch, l.max_seq, max_batch, max_seq);
+  else if (l.tokens != tcap)
+    why = fmt::format("the plan's steps hold {} tokens, this run's {} (XSERV_PREFILL_CHUNK)",
+                      l.tokens, tcap);
+  else if (l.gemm_split != gemm_split)
+    why = fmt::format("the plan's gemms take {} activations (XSERV_GEMM_PRECISION)",
+                      l.gemm_split ? "split" : "bf16");
+  if (!why.empty())
+    return std::nullopt;
+  runtime::LaunchTable table;
+  try {
+    table = runtime::launch_table_from_json(cg["launch_table"]);
+  } catch (const Error& e) {
+    throw Error(plan.field_error("codegen.launch_table", e.what()));
+  }
+  return std::make_pair(std::move(l), std::move(table));
+}
+
+} // namespace xserv::cli
