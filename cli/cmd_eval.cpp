@@ -32,41 +32,15 @@ struct SampleRecord {
   double seconds = 0; ///< from the first generated token to the last
 };
 
-/// The options and state of one run.
-struct EvalRun {
-  EvalTask task;
-  std::vector<EvalProblem> problems;
+/// The options (cli/eval_data.h) and the requests of one run.
+struct EvalRun : EvalOptions {
   std::vector<std::string> user_prompts;
-  size_t samples_per_problem = 1;
-  int64_t max_tokens = 0;
-  models::ReasoningEffort effort = models::ReasoningEffort::Medium;
-  runtime::SamplerOptions sampling;
   std::vector<engine::Request> requests; // problem p, sample k at p * K + k
 };
 
-/// Checks the options and reads the problems: every usage mistake surfaces before the model loads.
 EvalRun read_run(const ParsedArgs& args) {
   EvalRun run;
-  if (!args.has("--task"))
-    throw UsageError("missing --task gsm8k|aime25");
-  run.task = parse_eval_task(args.get("--task"));
-  if (!args.has("--data"))
-    throw UsageError("missing --data FILE (a JSONL file of problems)");
-  const std::filesystem::path data = args.get("--data");
-  if (!std::filesystem::is_regular_file(data))
-    throw UsageError(fmt::format("data file '{}' does not exist", data.string()));
-  const int64_t limit = args.get_int("--limit", 0, 1, INT32_MAX);
-  run.samples_per_problem = static_cast<size_t>(args.get_int("--samples", 1, 1, 1 << 16));
-  run.max_tokens = args.get_int("--max-tokens", 2048, 1, 1 << 24);
-  try {
-    run.effort = models::parse_reasoning_effort(args.get("--reasoning", "medium"));
-  } catch (const Error& e) {
-    throw UsageError(fmt::format("--reasoning: {}", e.what()));
-  }
-  run.sampling = sampling_options(args);
-  run.problems = read_eval_problems(data, run.task, limit);
-  if (run.problems.empty())
-    throw Error(fmt::format("{}: no problems in the file", data.string()));
+  static_cast<EvalOptions&>(run) = read_eval_options(args);
   return run;
 }
 

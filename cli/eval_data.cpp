@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/args.h"
+#include "cli/commands.h"
 #include "models/answers.h"
 
 namespace xserv::cli {
@@ -181,6 +182,31 @@ void EvalProgressBar::finish() {
   if (drawn_)
     std::fputs("\n", stderr);
   drawn_ = false;
+}
+
+EvalOptions read_eval_options(const ParsedArgs& args) {
+  EvalOptions o;
+  if (!args.has("--task"))
+    throw UsageError("missing --task gsm8k|aime25");
+  o.task = parse_eval_task(args.get("--task"));
+  if (!args.has("--data"))
+    throw UsageError("missing --data FILE (a JSONL file of problems)");
+  o.data = args.get("--data");
+  if (!std::filesystem::is_regular_file(o.data))
+    throw UsageError(fmt::format("data file '{}' does not exist", o.data.string()));
+  const int64_t limit = args.get_int("--limit", 0, 1, INT32_MAX);
+  o.samples_per_problem = static_cast<size_t>(args.get_int("--samples", 1, 1, 1 << 16));
+  o.max_tokens = args.get_int("--max-tokens", 2048, 1, 1 << 24);
+  try {
+    o.effort = models::parse_reasoning_effort(args.get("--reasoning", "medium"));
+  } catch (const Error& e) {
+    throw UsageError(fmt::format("--reasoning: {}", e.what()));
+  }
+  o.sampling = sampling_options(args);
+  o.problems = read_eval_problems(o.data, o.task, limit);
+  if (o.problems.empty())
+    throw Error(fmt::format("{}: no problems in the file", o.data.string()));
+  return o;
 }
 
 } // namespace xserv::cli

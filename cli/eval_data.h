@@ -8,6 +8,10 @@
 #include <string_view>
 #include <vector>
 
+#include "cli/args.h"
+#include "models/harmony.h"
+#include "runtime/sampler.h"
+
 namespace xserv::cli {
 
 enum class EvalTask { Gsm8k, Aime25 };
@@ -29,6 +33,23 @@ struct EvalProblem {
 /// first malformed record, and UsageError when the file cannot be opened.
 std::vector<EvalProblem> read_eval_problems(const std::filesystem::path& path, EvalTask task,
                                             int64_t limit = 0);
+
+/// What `xserv eval` runs, with a plan or against --endpoint: --task, --data (its problems, up
+/// to --limit), --samples, --max-tokens, --reasoning and the sampling flags.
+struct EvalOptions {
+  EvalTask task = EvalTask::Gsm8k;
+  std::filesystem::path data;
+  std::vector<EvalProblem> problems;
+  size_t samples_per_problem = 1;
+  int64_t max_tokens = 2048;
+  models::ReasoningEffort effort = models::ReasoningEffort::Medium;
+  runtime::SamplerOptions sampling;
+};
+
+/// Reads and checks those options and the problems, so every usage mistake surfaces before a
+/// model loads or a server is called: UsageError for a missing or bad flag, xserv::Error for a
+/// data file without problems.
+EvalOptions read_eval_options(const ParsedArgs& args);
 
 /// The user message of a problem (eval::gsm8k_prompt or eval::aime_prompt).
 std::string eval_user_prompt(EvalTask task, std::string_view question);

@@ -76,25 +76,14 @@ int eval_endpoint(const ParsedArgs& args) {
   if (!args.positional().empty())
     throw UsageError("give a PLAN or --endpoint URL, not both");
   const std::string base = endpoint_base(args.get("--endpoint"));
-  if (!args.has("--task"))
-    throw UsageError("missing --task gsm8k|aime25");
-  const EvalTask task = parse_eval_task(args.get("--task"));
-  if (!args.has("--data"))
-    throw UsageError("missing --data FILE (a JSONL file of problems)");
-  const std::filesystem::path data = args.get("--data");
-  if (!std::filesystem::is_regular_file(data))
-    throw UsageError(fmt::format("data file '{}' does not exist", data.string()));
-  const int64_t limit = args.get_int("--limit", 0, 1, INT32_MAX);
-  const size_t k_samples = static_cast<size_t>(args.get_int("--samples", 1, 1, 1 << 16));
-  const int64_t max_tokens = args.get_int("--max-tokens", 2048, 1, 1 << 24);
-  const std::string effort = args.get("--reasoning", "medium");
-  if (effort != "low" && effort != "medium" && effort != "high")
-    throw UsageError(fmt::format("--reasoning must be low, medium or high, not '{}'", effort));
-  const runtime::SamplerOptions sampling = sampling_options(args);
+  const EvalOptions opts = read_eval_options(args);
+  const EvalTask task = opts.task;
+  const std::vector<EvalProblem>& problems = opts.problems;
+  const size_t k_samples = opts.samples_per_problem;
+  const int64_t max_tokens = opts.max_tokens;
+  const std::string effort(models::effort_name(opts.effort));
+  const runtime::SamplerOptions& sampling = opts.sampling;
   const size_t concurrency = static_cast<size_t>(args.get_int("--batch", 8, 1, 4096));
-  const std::vector<EvalProblem> problems = read_eval_problems(data, task, limit);
-  if (problems.empty())
-    throw Error(fmt::format("{}: no problems in the file", data.string()));
   std::ofstream out;
   if (args.has("--out")) {
     out.open(args.get("--out"));
