@@ -41,38 +41,22 @@
 #include "runtime/device.h"
 #include "runtime/sampler.h"
 #include "tests/cli/run_xserv.h"
+#include "tests/cli/cuda_test_util.h"
 #include "tests/test_util.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using xserv::testing::quiet;
+using xserv::testing::source_dir;
 namespace cli = xserv::cli;
 namespace models = xserv::models;
 using json = nlohmann::json;
 using xserv::testing::TempDir;
 
-#define XSERV_REQUIRE_GPU()                                                                        \
-  if (const xserv::runtime::DeviceInfo dev = xserv::runtime::probe_device(); !dev.available) {     \
-    MESSAGE("skipped: no GPU (" << dev.reason << ")");                                             \
-    return;                                                                                        \
-  }
-
 constexpr int64_t kMaxSeq = 64;
 constexpr double kFixtureTol = 5e-6;  // relative L2, token by token; see the file comment
 constexpr double kPrefillTol = 3e-5; // relative L2, one prefill step; see the file comment
-
-cli::CudaModelOptions quiet() {
-  cli::CudaModelOptions o;
-  o.quiet = true;
-  return o;
-}
-
-/// The source tree: $XSERV_SOURCE_DIR (the GPU machine runs a copy elsewhere), else the build's.
-fs::path source_dir() {
-  if (const char* d = std::getenv("XSERV_SOURCE_DIR"); d && *d)
-    return d;
-  return xserv::testing::source_dir();
-}
 
 json read_json(const fs::path& path) {
   std::ifstream in(path);

@@ -20,33 +20,18 @@
 #include "models/synth.h"
 #include "runtime/device.h"
 #include "tests/cli/run_xserv.h"
+#include "tests/cli/cuda_test_util.h"
 #include "tests/test_util.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using xserv::testing::quiet;
+using xserv::testing::source_dir;
 using namespace xserv;
 using engine::Engine;
 using engine::Event;
 using engine::Request;
-
-#define XSERV_REQUIRE_GPU()                                                                        \
-  if (const runtime::DeviceInfo dev = runtime::probe_device(); !dev.available) {                   \
-    MESSAGE("skipped: no GPU (" << dev.reason << ")");                                             \
-    return;                                                                                        \
-  }
-
-cli::CudaModelOptions quiet() {
-  cli::CudaModelOptions o;
-  o.quiet = true;
-  return o;
-}
-
-fs::path source_dir() {
-  if (const char* d = std::getenv("XSERV_SOURCE_DIR"); d && *d)
-    return d;
-  return xserv::testing::source_dir();
-}
 
 std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t len, int64_t vocab) {
   std::uniform_int_distribution<int32_t> id(
