@@ -45,6 +45,21 @@ struct Driver {
   std::function<bool()> stop_hit; ///< a stop string matched: abort the engine request
   std::function<std::string()> finish_reason;
 
+  /// Answers a request without a stream: runs it to its end, then the `object` response with
+  /// the one choice `choice()` builds, and the usage.
+  void respond(const httplib::Request& req, httplib::Response& res, const char* object,
+               int64_t created, const std::function<Json()>& choice) {
+    run_blocking(req);
+    Json out = {{"id", id},
+                {"object", object},
+                {"created", created},
+                {"model", st.options.model_name},
+                {"choices", Json::array({choice()})},
+                {"usage", usage_json(job->prompt_tokens(), job->generated())}};
+    res.set_content(dump_json(out), "application/json");
+    job.reset(); // counts as done for drain() now, not when the lambdas let go of the driver
+  }
+
   /// Runs to the finish event without a stream (the handler thread waits); a client that
   /// closed its connection meanwhile aborts the request.
   void run_blocking(const httplib::Request& req) {
@@ -193,19 +208,12 @@ void handle_chat(Server::State& st, const httplib::Request& req, httplib::Respon
           });
       return;
     }
-    d->run_blocking(req);
-    Json choice = {{"index", 0},
-                   {"message", session->message()},
-                   {"logprobs", want_logprobs ? Json{{"content", *all_logprobs}} : Json(nullptr)},
-                   {"finish_reason", session->finish_reason()}};
-    Json out = {{"id", d->id},
-                {"object", "chat.completion"},
-                {"created", created},
-                {"model", st.options.model_name},
-                {"choices", Json::array({choice})},
-                {"usage", usage_json(d->job->prompt_tokens(), d->job->generated())}};
-    res.set_content(dump_json(out), "application/json");
-    d->job.reset(); // counts as done for drain() now, not when the lambdas let go of d
+    d->respond(req, res, "chat.completion", created, [&] {
+      return Json{{"index", 0},
+                  {"message", session->message()},
+                  {"logprobs", want_logprobs ? Json{{"content", *all_logprobs}} : Json(nullptr)},
+                  {"finish_reason", session->finish_reason()}};
+    });
   } catch (const ApiError& e) {
     set_error(res, e);
   } catch (const Error& e) {
@@ -279,19 +287,12 @@ void handle_completion(Server::State& st, const httplib::Request& req, httplib::
           });
       return;
     }
-    d->run_blocking(req);
-    Json choice = {{"index", 0},
-                   {"text", session->text()},
-                   {"logprobs", *all_logprobs},
-                   {"finish_reason", session->finish_reason()}};
-    Json out = {{"id", d->id},
-                {"object", "text_completion"},
-                {"created", created},
-                {"model", st.options.model_name},
-                {"choices", Json::array({choice})},
-                {"usage", usage_json(d->job->prompt_tokens(), d->job->generated())}};
-    res.set_content(dump_json(out), "application/json");
-    d->job.reset(); // counts as done for drain() now, not when the lambdas let go of d
+    d->respond(req, res, "text_completion", created, [&] {
+      return Json{{"index", 0},
+                  {"text", session->text()},
+                  {"logprobs", *all_logprobs},
+                  {"finish_reason", session->finish_reason()}};
+    });
   } catch (const ApiError& e) {
     set_error(res, e);
   } catch (const Error& e) {
