@@ -9,6 +9,8 @@
 #   XSERV_MUTANTS_DIR=/tmp/m XSERV_JOBS=8 scripts/mutants.sh
 #   XSERV_MUTANTS_TESTS='hf fixture|^compiler/' scripts/mutants.sh yarn_   # a narrower suite
 #   XSERV_MUTANTS_REFRESH=0 scripts/mutants.sh   # reuse the last copy of the tree as it is
+#   XSERV_MUTANTS_TARGETS='xserv cli_tests' XSERV_MUTANTS_TESTS='^cli/hf ' scripts/mutants.sh
+#                                      # the HF fixtures alone: which mutants they kill by themselves
 #
 # Steps:
 #   1. Copy the working tree (tracked and untracked files, not build outputs) to
@@ -67,10 +69,19 @@ tokenizer_special_return~models/tokenizer_load.cpp~{200002, "<|return|>"}~{20000
 pass_rmsnorm_linear_eps~compiler/fuse_rmsnorm_linear.cpp~{{"eps", *norm.find_attr("eps")}}~{{"eps", ir::Attr{1e-6}}}~passes: fuse_rmsnorm_linear
 pass_qkv_eps~compiler/fuse_qkv.cpp~attrs.emplace_back("eps", *norm.find_attr("eps"));~attrs.emplace_back("eps", ir::Attr{1e-6});~passes: fuse_qkv
 pass_dce_kv_write~compiler/dce.cpp~if (ir::has_trait(g.nodes[i].op, ir::kWritesState))~if (false)~passes: dce keeps kv_write
-sampler_temperature~runtime/sampler.cpp~const double inv_t = 1.0 / opts_.temperature~const double inv_t = opts_.temperature~sampler: temperature
-sampler_min_p~runtime/sampler.cpp~p[keep] >= opts_.min_p * p[0]~p[keep] >= opts_.min_p * sum~sampler: min_p
-sampler_top_p~runtime/sampler.cpp~while (keep < k && cum < opts_.top_p * sum)~while (keep < k && cum < opts_.top_p * sum * 0.9)~sampler: top_p
+sampler_temperature~runtime/sampler.cpp~const double t = opts_.temperature, inv_t = 1.0 / t;~const double t = opts_.temperature, inv_t = t;~sampler: temperature
+sampler_min_p~runtime/sampler.cpp~double(top) + t * std::log(double(opts_.min_p))~double(top) + std::log(double(opts_.min_p))~sampler: min_p
+sampler_top_p~runtime/sampler.cpp~const double want = double(opts_.top_p) * sum;~const double want = double(opts_.top_p) * sum * 0.9;~sampler: top_p
 answers_marker~models/answers.cpp~return nums.front().value;~return nums.back().value;~eval: answer extraction
+moe_gate_unclamped~ir/reference.cpp~const double gate = std::min(gu[0], limit);~const double gate = gu[0];~MoE: gate clamped above (fixtures hit it)
+moe_up_no_floor~ir/reference.cpp~const double up = std::clamp(gu[1], -limit, limit);~const double up = std::min(gu[1], limit);~MoE: up clamped below -7
+moe_up_no_ceiling~ir/reference.cpp~const double up = std::clamp(gu[1], -limit, limit);~const double up = std::max(gu[1], -limit);~MoE: up clamped above +7
+kv_ring_read~ir/reference.cpp~(s.row * slots + j % slots) * g_count~(s.row * slots + (j - lo) % slots) * g_count~Attention: ring read once it wraps
+yarn_position_wrap~ir/reference.cpp~const double p = positions.i[idx(i)];~const double p = positions.i[idx(i)] % 4096;~YaRN: positions past 4096
+batch_cache_row~ir/reference.cpp~const int64_t row = batch.cache_rows.i[idx(b)];~const int64_t row = b;~batch: cache row of a sequence
+batch_positions~models/step.cpp~pos.push_back(step.ctx_lens[b] + static_cast<int32_t>(i));~pos.push_back(step.ctx_lens[0] + static_cast<int32_t>(i));~batch: positions per sequence
+batch_logit_rows~models/step.cpp~last.push_back(static_cast<int32_t>(ids.size()) - 1);~last.push_back(static_cast<int32_t>(step.tokens[b].size()) - 1);~batch: each sequence's last row
+engine_chunk_ctx~engine/engine.cpp~in.ctx_lens.push_back(static_cast<int32_t>(s.cached));\n    in.cache_rows.push_back(s.row);\n    seqs.push_back(&s);~in.ctx_lens.push_back(0);\n    in.cache_rows.push_back(s.row);\n    seqs.push_back(&s);~engine: a prompt chunk continues the cache
 EOF
 )
 
@@ -94,7 +105,8 @@ if [ ! -f "$BUILD/build.ninja" ]; then
     -DCUDAToolkit_ROOT="${CUDAToolkit_ROOT:-/usr/local/cuda}" > "$LOG/configure.log"
 fi
 
-TARGETS="xserv ir_tests models_tests compiler_tests cli_tests runtime_tests codegen_tests"
+# XSERV_MUTANTS_TARGETS narrows what is rebuilt to the binaries a narrowed suite runs.
+TARGETS="${XSERV_MUTANTS_TARGETS:-xserv ir_tests models_tests compiler_tests cli_tests engine_tests runtime_tests codegen_tests}"
 build() { cmake --build "$BUILD" --target $TARGETS -j "$JOBS" < /dev/null > "$1" 2>&1; }
 suite() {
   # XSERV_MUTANTS_TESTS (a ctest -R regex) narrows the suite for a quick look; a mutant has
