@@ -80,7 +80,7 @@ struct ChatSession {
     engine::GenerateStats st;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      engine::generate(
+      const std::vector<engine::Generation> gens = engine::generate(
           model, {req},
           [&](size_t, const engine::Event& ev) {
             if (ev.token < 0)
@@ -97,6 +97,7 @@ struct ChatSession {
             return !parser.stopped();
           },
           {}, &st);
+      engine::throw_if_failed(gens);
     } catch (const Error& e) {
       conversation.pop_back();
       std::cout << std::endl;

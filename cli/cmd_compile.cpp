@@ -1,4 +1,5 @@
 // `xserv compile`: config (and safetensors headers) -> IR -> passes -> plan directory.
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -6,11 +7,9 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/model_source.h"
-#include "cli/plan_file.h"
+#include "cli/env.h"
 #include "cli/plan_kernels.h"
 #include "compiler/memory_plan.h"
 #include "compiler/partition.h"
@@ -18,6 +17,8 @@
 #include "models/checkpoint.h"
 #include "models/config.h"
 #include "models/gpt_oss.h"
+#include "runtime/plan_checkpoint.h"
+#include "runtime/plan_io.h"
 
 namespace xserv::cli {
 namespace fs = std::filesystem;
@@ -97,6 +98,25 @@ private:
   bool committed_ = false;
 };
 
+/// The send and recv nodes of a stage's program.
+void stage_transfers(const ir::Graph& g, runtime::PlanStage& s) {
+  for (const ir::Node& n : g.nodes)
+    if (n.op == ir::Op::Send || n.op == ir::Op::Recv)
+      (n.op == ir::Op::Send ? s.sends : s.recvs)
+          .push_back({n.attr_str("name"), static_cast<int>(n.attr_int("peer"))});
+}
+
+/// --arch: "sm_" and a number, optionally a feature letter ("sm_90a").
+std::string arch_flag(const ParsedArgs& args) {
+  const std::string arch = args.get("--arch", "sm_90");
+  const size_t digits = arch.find_first_not_of("0123456789", 3);
+  if (arch.rfind("sm_", 0) != 0 || arch.size() < 4 || digits == 3 ||
+      (digits != std::string::npos &&
+       (digits + 1 != arch.size() || !std::islower(static_cast<unsigned char>(arch[digits])))))
+    throw UsageError(fmt::format("--arch must be a GPU architecture like sm_90, got '{}'", arch));
+  return arch;
+}
+
 } // namespace
 
 int cmd_compile(const ParsedArgs& args) {
@@ -111,10 +131,16 @@ int cmd_compile(const ParsedArgs& args) {
     throw UsageError(fmt::format("--emit must be 'ir' or 'plan', got '{}'", emit));
   if (emit == "plan" && !args.has("-o"))
     throw UsageError("missing -o PLAN_DIR (or use --emit ir to print the IR)");
-  const int64_t max_batch = args.get_int("--max-batch", 64, 1, 4096);
-  const int64_t max_seq = args.get_int("--max-seq", 8192, 1, int64_t{1} << 24);
+  const int64_t max_batch = args.get_int("--max-batch", 64, 1, runtime::kPlanMaxBatch);
+  const int64_t max_seq = args.get_int("--max-seq", 8192, 1, runtime::kPlanMaxSeq);
   const int64_t chunk =
       args.get_int("--prefill-chunk", std::min<int64_t>(2048, max_seq), 1, int64_t{1} << 20);
+  const std::string arch = arch_flag(args);
+  const std::string experts = args.get("--expert-format", "bf16");
+  runtime::ExpertFormat expert_format = runtime::ExpertFormat::Bf16;
+  if (!runtime::parse_expert_format(experts, expert_format))
+    throw UsageError(
+        fmt::format("--expert-format must be bf16, mxfp4 or both, got '{}'", experts));
 
   Progress progress("compile");
   progress.step(fmt::format("reading {}", config_file.string()));
@@ -128,7 +154,7 @@ int cmd_compile(const ParsedArgs& args) {
   // With weights present, check them now from the safetensors headers alone (the tensor bytes,
   // 13.8 GB for 20b, are never read here); a directory with only config.json compiles too and
   // its weights are checked when the plan runs.
-  nlohmann::json weight_files = nlohmann::json::array();
+  std::vector<runtime::PlanWeightFile> weight_files;
   const bool has_weights =
       fs::is_directory(model) && (fs::exists(model / "model.safetensors") ||
                                   fs::exists(model / "model.safetensors.index.json"));
@@ -138,9 +164,8 @@ int cmd_compile(const ParsedArgs& args) {
         models::Checkpoint::open(model, {.map_data = false, .validate = true});
     uint64_t total = 0;
     for (const auto& f : ckpt.files()) {
-      weight_files.push_back({{"file", f.path().filename().string()},
-                              {"bytes", f.file_size()},
-                              {"sample_sha256", sampled_file_digest(f.path())}});
+      weight_files.push_back(
+          {f.path().filename().string(), f.file_size(), runtime::sampled_file_digest(f.path())});
       total += f.file_size();
     }
     progress.finish(fmt::format("{} tensors in {} file(s), {:.2f} GB", ckpt.tensor_names().size(),
@@ -161,11 +186,11 @@ int cmd_compile(const ParsedArgs& args) {
   popts.dump_after = args.list("--dump-after");
   popts.verify_after_all = args.has("--verify-after-all");
   popts.stop_after = static_cast<int>(args.get_int("--stop-after", -1, 0, 1000));
-  popts.debug = compiler::debug_level_from_env();
+  popts.debug = env().debug;
   if (args.has("--dump-dir"))
     popts.dump_dir = args.get("--dump-dir");
   compiler::PassOptions pass_opts;
-  pass_opts.pipeline_stages = static_cast<int>(args.get_int("--pp", 1, 1, 64));
+  pass_opts.pipeline_stages = static_cast<int>(args.get_int("--pp", 1, 1, runtime::kPlanMaxStages));
   compiler::PassManager pm(popts, pass_opts);
   pm.add_pipeline(args.get("--passes", compiler::kDefaultPipeline));
   progress.step(fmt::format("running {} passes", pm.passes().size()));
@@ -203,81 +228,92 @@ int cmd_compile(const ParsedArgs& args) {
   PlanWriter writer(plan_out);
   const fs::path& plan = writer.dir();
   write_file(plan / "graph.ir", ir::print(g));
-  nlohmann::json pj = {
-      {"format", "xserv-plan"},
-      {"version", kPlanVersion},
-      {"model_dir", fs::absolute(fs::is_directory(model) ? model : model.parent_path()).string()},
-      {"model_digest", config_digest(config_file)},
-      {"config", cfg.to_json()},
-      {"options",
-       {{"max_batch", max_batch},
-        {"max_seq", max_seq},
-        {"pp", pass_opts.pipeline_stages},
-        {"prefill_chunk", chunk},
-        {"last_logits_only", bopts.last_logits_only},
-        {"kv_dtype", kv},
-        {"arch", args.get("--arch", "sm_90")}}},
-      {"weights", weight_files},
-      {"memory",
-       {{"arena_bytes", mem.arena_bytes},
-        {"peak_live_bytes", mem.peak_live},
-        {"unpacked_bytes", mem.unpacked},
-        {"buffers", mem.buffers.size()}}},
-      {"graph", "graph.ir"},
-      {"passes", nlohmann::json::array()},
-  };
+  runtime::Plan pf;
+  pf.model_dir = fs::absolute(fs::is_directory(model) ? model : model.parent_path()).string();
+  pf.model_digest = runtime::config_digest(config_file);
+  pf.config = cfg.to_json();
+  if (fs::is_directory(model) && fs::exists(model / "tokenizer.json"))
+    pf.tokenizer = "tokenizer.json";
+  pf.options = {.max_batch = max_batch,
+                .max_seq = max_seq,
+                .prefill_chunk = chunk,
+                .pp = pass_opts.pipeline_stages,
+                .last_logits_only = bopts.last_logits_only,
+                .kv_dtype = kv == "bf16" ? runtime::KvDtype::Bf16 : runtime::KvDtype::F32,
+                .gemm_split = true,
+                .arch = arch,
+                .expert_format = expert_format};
+  pf.weights = std::move(weight_files);
+  pf.memory = {mem.arena_bytes, mem.peak_live, mem.unpacked,
+               static_cast<int64_t>(mem.buffers.size())};
+  pf.graph = "graph.ir";
   for (const auto& t : pm.timings())
-    pj["passes"].push_back({{"name", t.name}, {"ms", t.ms}, {"changed", t.changed}});
+    pf.passes.push_back({t.name, t.ms, t.changed});
   // One program per stage (graph.ir stays the whole model, which one device can also run).
-  nlohmann::json stages = nlohmann::json::array();
   for (size_t i = 0; i < pipeline.stages.size(); ++i) {
-    const std::string file = fmt::format("stage{}.ir", i);
-    write_file(plan / file, ir::print(pipeline.stages[i]));
+    runtime::PlanStage st;
+    st.graph = fmt::format("stage{}.ir", i);
+    write_file(plan / st.graph, ir::print(pipeline.stages[i]));
     const compiler::StageInfo& in = pipeline.info[i];
-    stages.push_back({{"stage", i},
-                      {"graph", file},
-                      {"layers", {in.first_layer, in.last_layer}},
-                      {"embedding", in.embedding},
-                      {"head", in.head},
-                      {"weight_bytes", in.weight_bytes},
-                      {"kv_cache_bytes", in.kv_bytes},
-                      {"decode_bytes_per_token", in.decode_bytes},
-                      {"prefill_flops_per_token", in.prefill_flops},
-                      {"estimated_decode_ms", in.decode_seconds * 1e3},
-                      {"estimated_prefill_us_per_token", in.prefill_seconds * 1e6},
-                      {"sends", in.sends},
-                      {"recvs", in.recvs},
-                      {"activation_arena_bytes",
-                       compiler::plan_memory(pipeline.stages[i],
-                                             {{models::dims::kTokens, std::max(chunk, max_batch)},
-                                              {models::dims::kSeqs, max_batch}})
-                           .arena_bytes}});
+    st.first_layer = in.first_layer;
+    st.last_layer = in.last_layer;
+    st.embedding = in.embedding;
+    st.head = in.head;
+    stage_transfers(pipeline.stages[i], st);
+    st.weight_bytes = in.weight_bytes;
+    st.kv_cache_bytes = in.kv_bytes;
+    st.decode_bytes_per_token = in.decode_bytes;
+    st.prefill_flops_per_token = in.prefill_flops;
+    st.estimated_decode_ms = in.decode_seconds * 1e3;
+    st.estimated_prefill_us_per_token = in.prefill_seconds * 1e6;
+    st.activation_arena_bytes =
+        compiler::plan_memory(
+            pipeline.stages[i],
+            {{models::dims::kTokens, std::max(chunk, max_batch)}, {models::dims::kSeqs, max_batch}})
+            .arena_bytes;
+    pf.stages.push_back(std::move(st));
   }
-  if (!stages.empty())
-    pj["pipeline"] = {{"stages", stages}, {"imbalance", pipeline.imbalance}};
+  pf.imbalance = pipeline.imbalance;
   progress.finish();
   const bool cubins = !args.has("--no-cubins");
-  progress.step(cubins ? fmt::format("generating kernels and compiling them for {}",
-                                     args.get("--arch", "sm_90"))
+  progress.step(cubins ? fmt::format("generating kernels and compiling them for {}", arch)
                        : std::string("generating kernels"));
   PlanKernelOptions ko;
-  ko.arch = args.get("--arch", "sm_90");
+  ko.arch = arch;
   ko.max_batch = max_batch;
   ko.max_seq = max_seq;
   ko.prefill_chunk = static_cast<int>(chunk);
   ko.cubins = cubins;
-  pj["codegen"] = write_plan_kernels(g, plan, ko);
+  ko.expert_format = expert_format;
+  PlanKernelsResult whole = write_plan_kernels(g, plan, ko);
+  pf.codegen = std::move(whole.codegen);
+  pf.options.gemm_split = whole.code.layout.gemm_split;
+  if (pf.stages.empty()) { // pp 1: the whole graph is the one stage
+    runtime::PlanStage st;
+    st.graph = pf.graph;
+    st.first_layer = 0;
+    st.last_layer = static_cast<int>(cfg.num_hidden_layers) - 1;
+    st.activation_arena_bytes = mem.arena_bytes;
+    st.launches_per_decode_step = whole.code.launches_per_decode_step;
+    st.layout = std::move(whole.code.layout);
+    st.table = std::move(whole.code.table);
+    pf.stages.push_back(std::move(st));
+  }
   // Each stage lowers to kernels of the whole graph (checked here, so a plan never holds a
-  // stage the CUDA runtime cannot run).
-  for (size_t i = 0; i < pipeline.stages.size(); ++i)
-    pj["pipeline"]["stages"][i]["launches_per_decode_step"] =
-        stage_launches(pipeline.stages[i], pj["codegen"], ko)["launches_per_decode_step"];
-  progress.finish(fmt::format("{} kernels, {} launches per decode step",
-                              pj["codegen"]["kernels"].size(),
-                              pj["codegen"]["launches_per_decode_step"].get<size_t>()));
+  // stage the CUDA runtime cannot run), and its launch table and layout go into the plan.
+  for (size_t i = 0; i < pipeline.stages.size(); ++i) {
+    PlanStageCode code = stage_launches(pipeline.stages[i], pf.codegen, ko);
+    pf.stages[i].launches_per_decode_step = code.launches_per_decode_step;
+    pf.stages[i].layout = std::move(code.layout);
+    pf.stages[i].table = std::move(code.table);
+  }
+  for (runtime::PlanStage& st : pf.stages)
+    st.layout.expert_format = expert_format; // the upload follows it (the lowering did too)
+  progress.finish(fmt::format("{} kernels, {} launches per decode step", pf.codegen.kernels.size(),
+                              pf.codegen.launches_per_decode_step));
   progress.step("writing plan.json");
-  pj["digests"] = digest_plan_files(plan); // run refuses a plan whose files changed since
-  write_file(plan / "plan.json", pj.dump(2) + "\n");
+  pf.digests = runtime::digest_plan_files(plan); // run refuses a plan whose files changed since
+  runtime::write_plan(plan, pf);
   writer.commit();
   progress.finish();
   std::fprintf(stderr, "[compile] done in %.1f ms\n", progress.total_ms());

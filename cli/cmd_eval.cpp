@@ -162,7 +162,7 @@ int cmd_eval(const ParsedArgs& args) {
   // starts the next as soon as one ends.
   engine::EngineOptions eo;
   eo.max_running = static_cast<int64_t>(batch);
-  engine::generate(
+  const std::vector<engine::Generation> gens = engine::generate(
       *model, run.requests,
       [&](size_t i, const engine::Event& ev) {
         SampleRecord& rec = records[i];
@@ -177,6 +177,7 @@ int cmd_eval(const ParsedArgs& args) {
       },
       eo);
   bar.finish();
+  engine::throw_if_failed(gens); // a model that broke down scores nothing
 
   const double wall = seconds_since(t0);
   std::cout << format_summary(run.task, summarize(scores), wall) << std::flush;

@@ -107,6 +107,7 @@ int cmd_run(const ParsedArgs& args) {
       };
     }
     const std::vector<engine::Generation> out = engine::generate(*model, {req}, on_event, {}, &st);
+    engine::throw_if_failed(out); // before the logits file is committed
     if (logits_file) {
       logits_file->commit();
       std::fprintf(stderr, "[run] %zu logits rows of %lld float32 values in %s\n", rows,
@@ -170,6 +171,7 @@ int cmd_run(const ParsedArgs& args) {
   if (raw)
     std::cout << decoder.flush();
   std::cout << std::endl;
+  engine::throw_if_failed(out);
   note_max_seq(out[0], model->max_seq());
   print_stats(st, *model);
   return 0;

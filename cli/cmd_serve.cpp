@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/env.h"
 #include "cli/model_source.h"
 #include "cli/serve_server.h"
 
@@ -38,8 +39,8 @@ int cmd_serve(const ParsedArgs& args) {
   ServeOptions opt;
   opt.model_name = args.get("--served-model-name", "gpt-oss");
   opt.api_key = args.get("--api-key");
-  if (const char* env = std::getenv("XSERV_API_KEY"); opt.api_key.empty() && env)
-    opt.api_key = env;
+  if (opt.api_key.empty())
+    opt.api_key = env().api_key;
   opt.engine.max_running = args.get_int("--max-running", 0, 0, 1 << 20);
   opt.engine.max_queue = args.get_int("--max-queue", 4096, 0, 1 << 24);
   opt.engine.max_tokens_per_step = args.get_int("--max-tokens-per-step", 2048, 1, 1 << 24);

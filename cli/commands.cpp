@@ -23,6 +23,9 @@ const std::vector<Command>& commands() {
          {"--max-seq", "S", "cache length (default: what the tests need, or the plan's)"},
          {"--max-batch", "B", "cache rows (default: what the tests need, or the plan's)"},
          {"--pp-local", "", "pipelined plan: run every stage in this process (one GPU)"},
+         {"--pipeline-token", "TOKEN",
+          "pipelined plan: the secret every rank proves it holds (default: $XSERV_PIPELINE_TOKEN; "
+          "visible to other users in ps, prefer the variable on shared hosts)"},
          {"--requests", "N", "serving benchmark: N random requests through the engine"},
          {"--concurrency", "C", "serving: requests in flight at most (default 64)"},
          {"--rate", "R", "serving: Poisson arrivals per second (default 0: all at once)"},
@@ -57,7 +60,10 @@ const std::vector<Command>& commands() {
          {"--backend", "auto|cpu|cuda", "where to run (default auto: cuda when a GPU is usable)"},
          {"--weights", "DIR", "checkpoint directory (default: the one the plan was built from)"},
          {"--tokenizer", "PATH", "tokenizer.json or o200k_base.tiktoken"},
-         {"--max-seq", "S", "longest conversation in tokens (default: the plan's, else 4096)"}},
+         {"--max-seq", "S", "longest conversation in tokens (default: the plan's, else 4096)"},
+         {"--pipeline-token", "TOKEN",
+          "pipelined plan: the secret every rank proves it holds (default: $XSERV_PIPELINE_TOKEN; "
+          "visible to other users in ps, prefer the variable on shared hosts)"}},
         1,
         1},
        &cmd_chat},
@@ -78,6 +84,9 @@ const std::vector<Command>& commands() {
          {"--prefill-chunk", "T", "most prompt tokens per step (default min(2048, max-seq))"},
          {"--pp", "N", "pipeline stages (default 1)"},
          {"--arch", "sm_XX", "GPU architecture of the kernels (default sm_90)"},
+         {"--expert-format", "bf16|mxfp4|both",
+          "MoE expert weights on the GPU: dequantised to bf16 (default), kept as mxfp4 (decoded "
+          "in the kernels), or both (mxfp4 for decode steps, bf16 for prompt gemms)"},
          {"--no-cubins", "", "write kernel sources only, skip NVRTC"}},
         1,
         1},
@@ -106,7 +115,10 @@ const std::vector<Command>& commands() {
           "instead of a plan: an OpenAI-compatible server (http://HOST:PORT[/v1]); --batch "
           "requests at a time"},
          {"--model", "NAME", "with --endpoint: the model to ask for (default: its first)"},
-         {"--api-key", "KEY", "with --endpoint: sent as Authorization: Bearer KEY"}},
+         {"--api-key", "KEY", "with --endpoint: sent as Authorization: Bearer KEY"},
+         {"--pipeline-token", "TOKEN",
+          "pipelined plan: the secret every rank proves it holds (default: $XSERV_PIPELINE_TOKEN; "
+          "visible to other users in ps, prefer the variable on shared hosts)"}},
         0,
         1},
        &cmd_eval},
@@ -146,7 +158,10 @@ const std::vector<Command>& commands() {
           "pipelined plan: listen here for ranks started with `xserv worker` (default: start "
           "them on this host)"},
          {"--world", "N", "pipelined plan: ranks in all (must equal the plan's stages)"},
-         {"--pp-local", "", "pipelined plan: run every stage in this process instead"}},
+         {"--pp-local", "", "pipelined plan: run every stage in this process instead"},
+         {"--pipeline-token", "TOKEN",
+          "pipelined plan: the secret every rank proves it holds (default: $XSERV_PIPELINE_TOKEN; "
+          "visible to other users in ps, prefer the variable on shared hosts)"}},
         1,
         1},
        &cmd_run},
@@ -172,18 +187,25 @@ const std::vector<Command>& commands() {
           "pipelined plan: listen here for ranks started with `xserv worker` (default: start "
           "them on this host)"},
          {"--world", "N", "pipelined plan: ranks in all (must equal the plan's stages)"},
-         {"--pp-local", "", "pipelined plan: run every stage in this process instead"}},
+         {"--pp-local", "", "pipelined plan: run every stage in this process instead"},
+         {"--pipeline-token", "TOKEN",
+          "pipelined plan: the secret every rank proves it holds (default: $XSERV_PIPELINE_TOKEN; "
+          "visible to other users in ps, prefer the variable on shared hosts)"}},
         1,
         1},
        &cmd_serve},
       {{"worker",
-        "PLAN_DIR --rank R --world N --coordinator HOST:PORT [--device D] [--weights DIR]",
+        "PLAN_DIR --rank R --world N --coordinator HOST:PORT [--device D] [--weights DIR] "
+        "[--pipeline-token TOKEN]",
         "run pipeline stage R of a plan compiled with --pp N for the rank 0 at HOST:PORT",
         {{"--rank", "R", "this process's stage, 1..N-1 (rank 0 is `xserv run`)"},
          {"--world", "N", "ranks in all"},
          {"--coordinator", "HOST:PORT", "where rank 0 listens"},
          {"--device", "D", "with the CUDA backend: run on this host's visible GPU D (default 0)"},
-         {"--weights", "DIR", "checkpoint directory (default: the one the plan was built from)"}},
+         {"--weights", "DIR", "checkpoint directory (default: the one the plan was built from)"},
+         {"--pipeline-token", "TOKEN",
+          "pipelined plan: the secret every rank proves it holds (default: $XSERV_PIPELINE_TOKEN; "
+          "visible to other users in ps, prefer the variable on shared hosts)"}},
         1,
         1},
        &cmd_worker},

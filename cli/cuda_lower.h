@@ -56,6 +56,8 @@ struct LoweringContext {
   /// Gemm activations as a bf16 hi + lo pair (about fp32 precision, twice the MMAs) rather than
   /// one bf16 value.
   bool gemm_split = true;
+  /// How the expert matrices lie on the device: the MoE kernels read BF16 or decode MXFP4.
+  runtime::ExpertFormat expert_format = runtime::ExpertFormat::Bf16;
   /// The activation arena's layout (plan_memory of the graph for max_tokens and max_seqs):
   /// activation arguments are offsets into it.
   const compiler::MemoryPlan* memory = nullptr;

@@ -366,6 +366,10 @@ void Lowerer::lower_moe(ValueId v) {
   d.residual = n.op == Op::MoeExpertsResidual;
   d.limit = n.attr_float("limit");
   d.alpha = n.attr_float("alpha");
+  // MXFP4 on the device: the decode kernels read it (Both: its copy); the gemms only when
+  // there is no BF16 copy.
+  d.mxfp4 = c_.expert_format != runtime::ExpertFormat::Bf16;
+  const bool both = c_.expert_format == runtime::ExpertFormat::Both;
   const int gu = k_.add(codegen::emit_moe_gate_up(d, ir_lines(g_, v)));
   // Decode: gate_up + SwiGLU per (token, slot), the down rows per (token, slot), combine.
   const int dn = k_.add(codegen::emit_moe_down_part(d, ir_lines(g_, v)));
@@ -395,6 +399,7 @@ void Lowerer::lower_moe(ValueId v) {
       gd.epilogue = codegen::GemmEpilogue::Swiglu;
       gd.limit = d.limit;
       gd.alpha = d.alpha;
+      gd.mxfp4 = d.mxfp4 && !both;
       const int gate_up = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
       gd.k = d.inter;
       gd.n = d.hidden;
@@ -420,8 +425,14 @@ void Lowerer::lower_moe(ValueId v) {
     use_gemm = true;
   }
   const int dec_hi = use_gemm ? kDecodeTokens : -1;
-  emit(gu, Rows::Tokens, 0, dec_hi, {in[0], in[2], in[3], in[4], act});
-  emit(dn, Rows::Tokens, 0, dec_hi, {act, in[1], in[2], in[5], in[6], moe_part_});
+  // Both: the decode kernels read the MXFP4 copies (the gemms above take the BF16 tensors).
+  auto copy = [&](LaunchArg a) {
+    if (both)
+      a.name = runtime::mxfp4_copy_name(a.name);
+    return a;
+  };
+  emit(gu, Rows::Tokens, 0, dec_hi, {in[0], in[2], copy(in[3]), in[4], act});
+  emit(dn, Rows::Tokens, 0, dec_hi, {act, in[1], in[2], copy(in[5]), in[6], moe_part_});
   if (d.residual)
     emit(combine, Rows::Tokens, 0, -1, {moe_part_, in[7], y});
   else

@@ -24,31 +24,22 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
   impl_ = std::make_unique<Impl>(model_dir);
   Impl& m = *impl_;
   m.quiet = options.quiet;
-  m.cuda_graphs = options.cuda_graphs;
-  if (const char* e = std::getenv("XSERV_CUDA_GRAPHS"); e && std::string(e) == "0")
-    m.cuda_graphs = false;
-  if (const char* e = std::getenv("XSERV_PROFILE"); e && std::string(e) == "1") {
+  // The developer knobs (cli/env.h): XSERV_PREFILL_CHUNK and XSERV_GEMM_PRECISION, when they
+  // differ from the plan's, make the run lower the graph itself (graph mode, saying why).
+  const Env& knobs = env();
+  m.cuda_graphs = options.cuda_graphs && knobs.cuda_graphs;
+  if (knobs.profile) {
     m.profile = true;
     m.cuda_graphs = false;
   }
   m.max_batch = max_batch;
   m.max_seq = max_seq;
-  int chunk = options.prefill_chunk;
-  if (const char* e = std::getenv("XSERV_PREFILL_CHUNK"); e && *e)
-    chunk = std::atoi(e);
+  const int chunk = knobs.prefill_chunk.value_or(options.prefill_chunk);
   if (chunk < 8 || chunk > 65536)
     throw Error(fmt::format("prefill chunk {} is outside [8, 65536]", chunk));
   m.tcap = step_token_capacity(max_batch, chunk);
-  m.gemm_split = options.gemm_split;
-  if (const char* e = std::getenv("XSERV_GEMM_PRECISION"); e && *e) {
-    const std::string v = e;
-    if (v != "bf16" && v != "split")
-      throw Error("XSERV_GEMM_PRECISION must be bf16 or split, not '" + v + "'");
-    m.gemm_split = v == "split";
-  }
-  bool dependent = options.dependent_launch && dev.sm_major >= 9;
-  if (const char* e = std::getenv("XSERV_PDL"); e && std::string(e) == "0")
-    dependent = false;
+  m.gemm_split = knobs.gemm_split.value_or(options.gemm_split);
+  const bool dependent = options.dependent_launch && dev.sm_major >= 9 && knobs.pdl;
   m.log(fmt::format("{} ({}, {} SMs, {:.0f} GiB)", dev.name, dev.arch(), dev.multiprocessors,
                     double(dev.memory_bytes) / (1ull << 30)));
 
@@ -75,6 +66,7 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
   LoweringContext ctx;
   ctx.max_tokens = m.tcap;
   ctx.gemm_split = m.gemm_split;
+  ctx.expert_format = options.expert_format;
   ctx.max_seqs = static_cast<int>(max_batch);
   ctx.cache_rows = max_batch;
   ctx.max_seq = max_seq;

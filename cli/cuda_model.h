@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/engine.h"
+#include "runtime/plan.h"
 #include "ir/graph.h"
 
 struct CUstream_st; // cudaStream_t is CUstream_st*
@@ -58,6 +59,9 @@ struct CudaModelOptions {
   /// Gemm activations as bf16 hi + lo pairs (about fp32 precision) rather than plain bf16;
   /// XSERV_GEMM_PRECISION=bf16 turns it off.
   bool gemm_split = true;
+  /// The expert matrices on the device when the model lowers its graph itself (graph mode); a
+  /// plan's stage layout says it in plan mode (compile --expert-format).
+  runtime::ExpertFormat expert_format = runtime::ExpertFormat::Bf16;
   /// Kernels launch with programmatic dependent launch on sm_90 and newer (each grid is
   /// scheduled while the previous one drains; every generated kernel first waits for it).
   /// XSERV_PDL=0 turns it off.

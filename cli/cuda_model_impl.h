@@ -20,6 +20,7 @@
 
 #include "cli/args.h"
 #include "cli/cuda_lower.h"
+#include "cli/env.h"
 #include "cli/plan_file.h"
 #include "cli/plan_replay.h"
 #include "cli/step_split.h"
@@ -33,8 +34,6 @@
 #include "models/step.h"
 #include "runtime/device.h"
 #include "runtime/executor.h"
-#include "runtime/layout_json.h"
-#include "runtime/plan_json.h"
 #include "runtime/weights.h"
 
 namespace xserv::cli {

@@ -9,7 +9,8 @@ using cuda_impl::seconds_since;
 
 void CudaModel::Impl::upload_weights(const fs::path& cache_dir) {
   // The graph's tensors go up in one streamed pass (runtime/weights: MXFP4 experts are
-  // dequantised to BF16 on the GPU), then are looked up by name and checked.
+  // dequantised to BF16 on the GPU, or kept as MXFP4 as the stage layout says), then are looked
+  // up by name and checked.
   runtime::UploadOptions o;
   o.cache_dir = cache_dir;
   if (!quiet)
@@ -17,16 +18,20 @@ void CudaModel::Impl::upload_weights(const fs::path& cache_dir) {
   std::vector<std::string> names;
   for (const runtime::StageLayout::Weight& w : stage.weights)
     names.push_back(w.name);
-  device_weights = runtime::DeviceWeights::upload(weight_specs_named(ckpt, names), o);
+  device_weights =
+      runtime::DeviceWeights::upload(weight_specs_named(ckpt, names, stage.expert_format), o);
   for (const runtime::StageLayout::Weight& w : stage.weights) {
     const std::string& name = w.name;
     const runtime::DeviceTensor* t = device_weights.find(name);
-    int64_t numel = 1;
+    uint64_t numel = 1;
     for (int64_t d : w.shape)
-      numel *= d;
-    if (!t || t->dtype != "BF16" || t->bytes != static_cast<uint64_t>(numel) * 2)
-      throw Error(fmt::format("weight '{}': the model wants BF16 [{}], the checkpoint {}", name,
-                              fmt::join(w.shape, ", "),
+      numel *= static_cast<uint64_t>(d);
+    // MXFP4 on the device: 16 bytes of blocks and one scale byte per 32 values.
+    const bool mx = t && t->dtype == "MXFP4";
+    const uint64_t want = mx ? numel / 2 + numel / 32 : numel * 2;
+    if (!t || (t->dtype != "BF16" && !mx) || t->bytes != want)
+      throw Error(fmt::format("weight '{}': the model wants {} [{}], the checkpoint {}", name,
+                              mx ? "MXFP4" : "BF16", fmt::join(w.shape, ", "),
                               t ? fmt::format("holds {} ({} bytes)", t->dtype, t->bytes)
                                 : std::string("has no such tensor")));
     weights[name] = const_cast<void*>(device_weights.get(name));
@@ -120,19 +125,14 @@ void CudaModel::Impl::allocate_stage() {
 
 std::optional<std::pair<runtime::StageLayout, runtime::LaunchTable>>
 CudaModel::Impl::plan_stage(const fs::path& plan_dir, std::string& why, bool& sizes) const {
-  const PlanFile plan = read_plan_file(plan_dir);
-  if (!plan.has_codegen || !plan.doc["codegen"].contains("layout") ||
-      !plan.doc["codegen"].contains("launch_table")) {
-    why = plan.file.string() + " has no stage layout (compiled by an older xserv: recompile it)";
+  // The plan resolve_source read and checked (plan.json is not read again).
+  const std::shared_ptr<const runtime::Plan> plan = loaded_plan(plan_dir);
+  if (plan->stages.size() != 1) {
+    why = (plan_dir / "plan.json").string() + " is pipelined: its stages run as a pipeline";
     return std::nullopt;
   }
-  const nlohmann::json& cg = plan.doc["codegen"];
-  runtime::StageLayout l;
-  try {
-    l = runtime::stage_layout_from_json(cg["layout"]);
-  } catch (const Error& e) {
-    throw Error(plan.field_error("codegen.layout", e.what()));
-  }
+  const runtime::PlanStage& stage = plan->stages[0];
+  const runtime::StageLayout& l = stage.layout;
   sizes = l.max_batch != max_batch || l.max_seq != max_seq;
   if (sizes)
     why = fmt::format("the plan is for max batch {} and max sequence {}, this run {} and {}",
@@ -145,13 +145,7 @@ CudaModel::Impl::plan_stage(const fs::path& plan_dir, std::string& why, bool& si
                       l.gemm_split ? "split" : "bf16");
   if (!why.empty())
     return std::nullopt;
-  runtime::LaunchTable table;
-  try {
-    table = runtime::launch_table_from_json(cg["launch_table"]);
-  } catch (const Error& e) {
-    throw Error(plan.field_error("codegen.launch_table", e.what()));
-  }
-  return std::make_pair(std::move(l), std::move(table));
+  return std::make_pair(l, stage.table);
 }
 
 } // namespace xserv::cli

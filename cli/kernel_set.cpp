@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <future>
 
+#include "cli/env.h"
 #include "runtime/device.h"
 #include "runtime/kernel_cache.h"
 
@@ -12,7 +13,7 @@ namespace xserv::cli {
 
 std::filesystem::path kernel_cache_dir() {
   namespace fs = std::filesystem;
-  if (const char* d = std::getenv("XSERV_KERNEL_CACHE"); d && *d)
+  if (const std::string& d = env().kernel_cache; !d.empty())
     return d;
   if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d)
     return fs::path(d) / "xserv/kernels";

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/env.h"
 
 namespace {
 
@@ -15,7 +16,8 @@ void print_help() {
       "usage: xserv COMMAND [ARGS]   (xserv COMMAND --help for its options)\n\ncommands:\n";
   for (const auto& c : xserv::cli::commands())
     out += fmt::format("  {:<10} {}\n", c.spec.name, c.spec.summary);
-  out += "\nenvironment: XSERV_DEBUG=1 pass names and timings, =2 also the IR after each pass.\n";
+  out += "\nenvironment: XSERV_DEBUG=1 pass names and timings, =2 also the IR after each pass;\n"
+         "  every XSERV_* variable is listed in docs/DESIGN.md (\"Environment variables\").\n";
   std::fputs(out.c_str(), stdout);
 }
 
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
       return 0;
     }
   try {
+    env(); // every XSERV_* variable checked before the command starts
     return cmd->run(parse_args(cmd->spec, args));
   } catch (const UsageError& e) {
     std::fprintf(stderr, "\nxserv %s: %s\n", name.c_str(), e.what());

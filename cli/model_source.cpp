@@ -8,31 +8,20 @@
 #include <fstream>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "cli/cpu_model.h"
 #include "cli/cuda_model.h"
+#include "cli/env.h"
 #include "cli/pipeline.h"
 #include "cli/pipeline_local.h"
 #include "cli/plan_file.h"
 #include "ir/graph.h"
 #include "runtime/device.h"
+#include "runtime/plan_checkpoint.h"
+#include "runtime/plan_io.h"
 
 namespace xserv::cli {
 namespace fs = std::filesystem;
-
-std::string config_digest(const fs::path& config_file) {
-  std::ifstream in(config_file, std::ios::binary);
-  if (!in)
-    throw Error(fmt::format("{}: cannot read", config_file.string()));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  uint64_t h = 1469598103934665603ull; // FNV-1a: cheap, and enough to notice another config
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return fmt::format("fnv1a64:{:016x}", h);
-}
 
 void check_plan_arch(const std::string& plan_arch, const std::string& gpu_arch,
                      const std::string& gpu_name) {
@@ -42,55 +31,25 @@ void check_plan_arch(const std::string& plan_arch, const std::string& gpu_arch,
                             plan_arch, gpu_name, gpu_arch, gpu_arch));
 }
 
-namespace {
-
-/// The checkpoint must still be the one the plan was compiled from: same config bytes, and the
-/// same safetensors files with the same sizes and sampled contents (sampled_file_digest: about
-/// 320 KiB read per shard, not 13.8 GB).
-void check_checkpoint_matches(const PlanFile& plan, const ModelSource& src) {
-  const fs::path plan_file = plan.file;
-  const std::string have = config_digest(src.model_dir / "config.json");
-  if (plan.model_digest != have)
-    throw Error(fmt::format("{}: the plan was compiled for another config than {} (digest {} vs "
-                            "{}): recompile the plan",
-                            plan_file.string(), (src.model_dir / "config.json").string(),
-                            plan.model_digest, have));
-  for (const PlanWeightFile& w : plan.weights) {
-    const fs::path file = src.model_dir / w.file;
-    std::error_code ec;
-    const uint64_t size = fs::file_size(file, ec);
-    if (ec)
-      throw Error(fmt::format("{}: the plan was compiled with {}, which is gone: recompile the "
-                              "plan or give --weights DIR",
-                              plan_file.string(), file.string()));
-    if (size != w.bytes)
-      throw Error(fmt::format("{}: {} is {} bytes, but {} when the plan was compiled: the "
-                              "checkpoint changed, recompile the plan",
-                              plan_file.string(), file.string(), size, w.bytes));
-    if (sampled_file_digest(file) != w.sample_digest)
-      throw Error(fmt::format("{}: {} holds other bytes than when the plan was compiled (sampled "
-                              "sha256): the checkpoint changed, recompile the plan",
-                              plan_file.string(), file.string()));
-  }
-}
-
-} // namespace
-
 ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
   ModelSource src;
-  std::optional<PlanFile> plan;
   if (!fs::is_directory(path))
     throw UsageError(fmt::format("'{}' is not a plan or checkpoint directory", path));
   if (fs::exists(fs::path(path) / "plan.json")) {
-    plan = read_plan_file(path);
-    verify_plan_files(*plan);
+    auto plan = std::make_shared<const runtime::Plan>(runtime::read_plan(path));
+    runtime::verify_plan_files(path, *plan);
+    share_plan(path, plan);
     src.plan_dir = path;
     src.model_dir = plan->model_dir;
-    src.max_batch = plan->max_batch;
-    src.max_seq = plan->max_seq;
-    src.arch = plan->arch;
-    src.prefill_chunk = plan->prefill_chunk;
-    src.stage_graphs = plan->stage_graphs;
+    src.max_batch = plan->options.max_batch;
+    src.max_seq = plan->options.max_seq;
+    src.arch = plan->options.arch;
+    src.prefill_chunk = plan->options.prefill_chunk;
+    src.expert_format = plan->options.expert_format;
+    if (plan->pipelined())
+      for (const runtime::PlanStage& s : plan->stages)
+        src.stage_graphs.push_back(s.graph);
+    src.plan = std::move(plan);
   } else if (fs::exists(fs::path(path) / "config.json")) {
     src.model_dir = path;
   } else {
@@ -102,8 +61,8 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
     throw UsageError(fmt::format("checkpoint directory '{}' does not exist{}",
                                  src.model_dir.string(),
                                  src.plan_dir.empty() ? "" : " (give --weights DIR)"));
-  if (plan)
-    check_checkpoint_matches(*plan, src);
+  if (src.plan)
+    runtime::check_checkpoint(src.plan_dir, *src.plan, src.model_dir);
   const int64_t plan_seq = src.max_seq, plan_batch = src.max_batch;
   src.max_seq =
       args.get_int("--max-seq", src.max_seq, 1, src.plan_dir.empty() ? (1 << 20) : plan_seq);
@@ -134,6 +93,15 @@ ir::Graph read_graph(const fs::path& file, std::string_view what) {
   return ir::parse(text, file.string());
 }
 
+std::string pipeline_token_flag(const ParsedArgs& args) {
+  if (!args.has("--pipeline-token"))
+    return "";
+  const std::string t = args.get("--pipeline-token", "");
+  if (t.empty())
+    throw UsageError("--pipeline-token is empty: give every rank the same secret");
+  return t;
+}
+
 std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args) {
   const std::string backend = resolve_backend(src, args.get("--backend", "auto"));
   if (backend == "cuda" && src.stage_graphs.empty()) {
@@ -142,6 +110,7 @@ std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args
     CudaModelOptions opts;
     opts.plan_dir = src.plan_dir;
     opts.plan_only = true;
+    opts.expert_format = src.expert_format; // the layout says it too; graph mode needs it
     if (src.prefill_chunk > 0)
       opts.prefill_chunk = static_cast<int>(src.prefill_chunk);
     return std::make_unique<CudaModel>(src.model_dir, src.max_batch, src.max_seq, nullptr, opts);
@@ -165,16 +134,11 @@ std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args
     launch.backend = backend;
     launch.coordinator = args.get("--coordinator", "");
     launch.rank_timeout = pipeline_rank_timeout();
-    if (const char* m = std::getenv("XSERV_PIPELINE_MICROBATCHES"); m && *m)
-      launch.micro_batches = std::max(1, std::atoi(m));
-    if (const char* t = std::getenv("XSERV_PIPELINE_TRANSPORT"); t && *t) {
-      launch.transport = t;
-      if (launch.transport != "tcp" && launch.transport != "nccl" && launch.transport != "auto")
-        throw UsageError(fmt::format("XSERV_PIPELINE_TRANSPORT must be auto, tcp or nccl, got '{}'",
-                                     launch.transport));
-    }
+    launch.micro_batches = env().pipeline_micro_batches;
+    launch.transport = env().pipeline_transport;
     if (args.has("--weights"))
       launch.weights = src.model_dir;
+    launch.token = pipeline_token_flag(args);
     if (args.has("--world") &&
         args.get_int("--world", 1, 1, 1 << 16) != static_cast<int64_t>(stages.size()))
       throw UsageError(fmt::format("--world {} but the plan has {} pipeline stages",
@@ -193,10 +157,12 @@ models::Tokenizer load_tokenizer(const ModelSource& src, const ParsedArgs& args)
   std::vector<fs::path> tried;
   if (args.has("--tokenizer"))
     return models::Tokenizer::load(args.get("--tokenizer"));
-  tried.push_back(src.model_dir / "tokenizer.json");
+  // The tokenizer compile found beside the config, else the usual name.
+  tried.push_back(src.model_dir / (src.plan && !src.plan->tokenizer.empty() ? src.plan->tokenizer
+                                                                            : "tokenizer.json"));
   if (fs::exists(tried.back()))
     return models::Tokenizer::load(tried.back());
-  if (const char* data = std::getenv("XSERV_DATA"); data && *data) {
+  if (const std::string& data = env().data; !data.empty()) {
     tried.push_back(fs::path(data) / "o200k_base.tiktoken");
     if (fs::exists(tried.back()))
       return models::Tokenizer::load(tried.back());

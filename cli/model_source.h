@@ -12,6 +12,7 @@
 #include "cli/engine.h"
 #include "ir/graph.h"
 #include "models/tokenizer.h"
+#include "runtime/plan_file.h"
 
 namespace xserv::cli {
 
@@ -24,10 +25,13 @@ struct ModelSource {
   std::string arch; ///< the GPU architecture the plan was compiled for ("sm_90"); empty: any
   int64_t prefill_chunk = 0; ///< tokens per prefill sub-step the plan was lowered for; 0: default
   std::vector<std::string> stage_graphs; ///< a --pp plan's stage programs, in stage order
+  /// How the plan keeps the MoE experts on the GPU (compile --expert-format); Bf16 for a
+  /// checkpoint directory.
+  runtime::ExpertFormat expert_format = runtime::ExpertFormat::Bf16;
+  /// The plan as resolve_source read and checked it (null for a checkpoint directory): what
+  /// runs it takes this one, plan.json is not read again.
+  std::shared_ptr<const runtime::Plan> plan;
 };
-
-/// Identifies the model a plan was built for: a hash of its config.json bytes.
-std::string config_digest(const std::filesystem::path& config_file);
 
 /// Throws xserv::Error when a plan compiled for `plan_arch` is run on a GPU of `gpu_arch`,
 /// saying how to recompile.
@@ -35,9 +39,11 @@ void check_plan_arch(const std::string& plan_arch, const std::string& gpu_arch,
                      const std::string& gpu_name);
 
 /// Reads PATH (a plan or a checkpoint); `--weights DIR` overrides the checkpoint, `--max-seq`
-/// and `--max-batch` the limits (never above a plan's). Throws UsageError for bad paths, and
-/// xserv::Error when the checkpoint no longer matches the plan (another config, or safetensors
-/// files of other sizes than at compile time).
+/// and `--max-batch` the limits (never above a plan's). A plan is read once, here
+/// (runtime::read_plan, then verify_plan_files and check_checkpoint), and shared
+/// (cli/plan_file.h). Throws UsageError for bad paths, and xserv::Error for a bad plan.json
+/// (naming the field), a plan file changed since compile, or a checkpoint that no longer
+/// matches the plan (another config, or safetensors files of other sizes or contents).
 ModelSource resolve_source(const std::string& path, const ParsedArgs& args);
 
 /// The backend a run takes for `requested`: cpu, cuda (Error "no GPU: ..." without one, and
@@ -48,6 +54,9 @@ std::string resolve_backend(const ModelSource& src, const std::string& requested
 /// The IR program in `file` (a plan's graph.ir or stageN.ir), parsed; Error "FILE: WHAT
 /// missing" when it cannot be read.
 ir::Graph read_graph(const std::filesystem::path& file, std::string_view what);
+
+/// --pipeline-token's value ("" when not given); UsageError when it is given empty.
+std::string pipeline_token_flag(const ParsedArgs& args);
 
 /// Builds the engine `--backend` asks for (resolve_backend; auto by default).
 std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args);

@@ -246,7 +246,8 @@ Json parse_body(const std::string& body) {
   Json j;
   try {
     j = Json::parse(body);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error, and out_of_range for a number no double holds (1e400)
     throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()));
   }
   if (!j.is_object())

@@ -5,9 +5,11 @@
 // GPU instead. A StageRunner runs one stage's program on the CPU interpreter or on this
 // process's GPU.
 #include "cli/pipeline.h"
+#include "cli/env.h"
 #include "cli/pipeline_stage.h"
 #include "cli/pipeline_wire.h"
 #include "cli/plan_file.h"
+#include "runtime/plan_io.h"
 
 #include <signal.h>
 #include <spawn.h>
@@ -53,7 +55,7 @@ public:
   PipelineModel(const fs::path& plan_dir, const fs::path& model_dir, int64_t max_batch,
                 int64_t max_seq, std::vector<ir::Graph> stages, const PipelineLaunch& launch)
       : stages_(std::move(stages)), launch_(launch), max_batch_(max_batch), max_seq_(max_seq),
-        token_(pipeline_token(launch.coordinator.empty())),
+        token_(pipeline_token(launch.token, launch.coordinator.empty())),
         listener_(
             launch.coordinator.empty()
                 ? runtime::Listener("127.0.0.1", 0) // spawned workers are on this host
@@ -213,9 +215,7 @@ private:
       throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
                               in.tokens.size(), max_batch_));
     const int world = static_cast<int>(stages_.size());
-    size_t tokens = 0;
-    for (const auto& t : in.tokens)
-      tokens += t.size();
+    const auto tokens = static_cast<size_t>(token_count(in));
     bool prompt = false;
     for (const auto& t : in.tokens)
       prompt = prompt || t.size() > 1;
@@ -251,6 +251,9 @@ private:
         const nlohmann::json head = await(r, kResult, &got);
         if (r == world - 1)
           take_results(r, mbs[size_t(m)], head, got, logits, ids);
+        else // relayed to rank r + 1 next tick: first checked against the plan's boundary
+          check_boundary(got, stage_sends(stages_[size_t(r)], token_count(mbs[size_t(m)].in)),
+                         fmt::format("pipeline rank {}", r));
       }
     }
     ++steps_;
@@ -305,8 +308,10 @@ private:
       const auto it = head.find("ids");
       if (it == head.end() || !it->is_array() || it->size() != mb.seq.size())
         throw bad(fmt::format("expected {} ids", mb.seq.size()));
-      for (const auto& id : *it)
-        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab)
+      for (const auto& id : *it) // kNonFinite: the last rank's logits row was not finite
+        if (!id.is_number_integer() ||
+            (id.get<int64_t>() < 0 && id.get<int64_t>() != engine::kNonFinite) ||
+            id.get<int64_t>() >= vocab)
           throw bad(fmt::format("id {} is outside the vocabulary of {}", id.dump(), vocab));
       const std::vector<int32_t> picked = it->get<std::vector<int32_t>>();
       for (size_t i = 0; i < mb.seq.size(); ++i)
@@ -314,9 +319,7 @@ private:
           (*ids)[mb.seq[i]] = picked.at(i);
       return;
     }
-    size_t tokens = 0;
-    for (const auto& t : mb.in.tokens)
-      tokens += t.size();
+    const auto tokens = static_cast<size_t>(token_count(mb.in));
     if (got.size() != 1 || got[0].second.is_int() || got[0].second.shape.size() != 2 ||
         got[0].second.shape[1] != vocab ||
         (got[0].second.shape[0] != static_cast<int64_t>(mb.in.tokens.size()) &&
@@ -391,8 +394,10 @@ private:
     const std::string want = hello_proof(token_, challenge, h["rank"].get<int>(),
                                          h["world"].get<int>(), h["digest"], h["nonce"]);
     if (!same_digest(h["proof"].get<std::string>(), want)) {
-      c.send(message(kFail, {{"message", "authentication failed: this rank does not hold the "
-                                         "pipeline token (XSERV_PIPELINE_TOKEN) of rank 0"}}));
+      c.send(message(
+          kFail,
+          {{"message", "authentication failed: this rank does not hold the "
+                       "pipeline token (--pipeline-token or XSERV_PIPELINE_TOKEN) of rank 0"}}));
       throw Error(
           fmt::format("claims rank {} but does not hold the pipeline token", h["rank"].get<int>()));
     }
@@ -551,42 +556,33 @@ int pipeline_micro_batches(int requested, size_t tokens, bool prompt, int world)
 }
 
 std::chrono::milliseconds pipeline_step_timeout() {
-  double s = 600;
-  if (const char* t = std::getenv("XSERV_PIPELINE_STEP_TIMEOUT"); t && *t)
-    s = std::max(0.1, std::atof(t));
-  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  return env().pipeline_step_timeout;
 }
 
 std::chrono::milliseconds pipeline_rank_timeout() {
-  double s = 10;
-  if (const char* t = std::getenv("XSERV_PIPELINE_TIMEOUT"); t && *t)
-    s = std::max(0.1, std::atof(t));
-  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  return env().pipeline_timeout;
 }
 
 std::string pipeline_plan_digest(const fs::path& plan_dir) {
-  const PlanFile plan = read_plan_file(plan_dir);
-  if (plan.stage_graphs.empty())
-    throw Error(fmt::format("{}: not a pipelined plan (compile with --pp N)", plan.file.string()));
+  // The plan resolve_source read, whose stage programs verify_plan_files held to these digests.
+  const std::shared_ptr<const runtime::Plan> plan = loaded_plan(plan_dir);
+  if (!plan->pipelined())
+    throw Error(fmt::format("{}: not a pipelined plan (compile with --pp N)",
+                            (plan_dir / "plan.json").string()));
   runtime::Sha256 h;
-  h.update_field(plan.doc.at("options").dump());
-  h.update_field(plan.model_digest);
-  for (const std::string& file : plan.stage_graphs) {
-    std::ifstream g(plan_dir / file, std::ios::binary);
-    if (!g)
-      throw Error(fmt::format("{}: pipeline stage program missing", (plan_dir / file).string()));
-    std::string text((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
-    h.update_field(text);
-  }
+  h.update_field(runtime::plan_options_to_json(plan->options).dump());
+  h.update_field(plan->model_digest);
+  for (const runtime::PlanStage& s : plan->stages)
+    h.update_field(plan->digests.at(s.graph));
   return h.hex_digest();
 }
 
 std::unique_ptr<Model> make_pipeline_model(const fs::path& plan_dir, const fs::path& model_dir,
-                                             int64_t max_batch, int64_t max_seq,
-                                             std::vector<ir::Graph> stages,
-                                             const PipelineLaunch& launch) {
-  return std::make_unique<PipelineModel>(plan_dir, model_dir, max_batch, max_seq,
-                                          std::move(stages), launch);
+                                           int64_t max_batch, int64_t max_seq,
+                                           std::vector<ir::Graph> stages,
+                                           const PipelineLaunch& launch) {
+  return std::make_unique<PipelineModel>(plan_dir, model_dir, max_batch, max_seq, std::move(stages),
+                                         launch);
 }
 
 } // namespace xserv::cli

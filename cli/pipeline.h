@@ -19,7 +19,8 @@
 namespace xserv::cli {
 
 /// What identifies a compile of a pipelined plan: sha256 over its options, model digest and
-/// stage programs. Ranks must agree on it.
+/// stage programs (their SHA-256 in plan.json's digests, which verify_plan_files checked), of
+/// the plan resolve_source read (loaded_plan). Ranks must agree on it.
 std::string pipeline_plan_digest(const std::filesystem::path& plan_dir);
 
 /// How rank 0 finds its workers.
@@ -28,6 +29,9 @@ struct PipelineLaunch {
   /// ephemeral port; else "HOST:PORT" to listen on, for workers started elsewhere.
   std::string coordinator;
   std::filesystem::path weights; ///< passed to spawned workers as --weights when set
+  /// The shared secret every rank proves it holds (--pipeline-token); empty:
+  /// XSERV_PIPELINE_TOKEN, else a random one for spawned workers (wire::pipeline_token).
+  std::string token;
   /// No frame from a computing rank (not even a heartbeat) for this long: it is declared hung
   /// (XSERV_PIPELINE_TIMEOUT, seconds, sets it for xserv run).
   std::chrono::milliseconds rank_timeout{10000};
@@ -70,17 +74,18 @@ std::chrono::milliseconds pipeline_step_timeout();
 
 /// Rank 0 of a pipeline: an Model whose steps run stage 0 here and the rest on the workers.
 std::unique_ptr<Model> make_pipeline_model(const std::filesystem::path& plan_dir,
-                                             const std::filesystem::path& model_dir,
-                                             int64_t max_batch, int64_t max_seq,
-                                             std::vector<ir::Graph> stages,
-                                             const PipelineLaunch& launch);
+                                           const std::filesystem::path& model_dir,
+                                           int64_t max_batch, int64_t max_seq,
+                                           std::vector<ir::Graph> stages,
+                                           const PipelineLaunch& launch);
 
 /// The body of `xserv worker` for the pipelined plan `src` (its stage programs and limits, as
 /// resolve_source read them): connects to the coordinator, handshakes as `rank` of `world`,
 /// then runs its stage (on the backend rank 0 names) for every step until told to quit.
+/// `token_flag` (--pipeline-token) is the shared secret, else XSERV_PIPELINE_TOKEN.
 /// Returns the exit code. With the CUDA backend the process uses its first visible GPU
 /// (`xserv worker --device D` narrows CUDA_VISIBLE_DEVICES before any CUDA call).
-int run_pipeline_worker(const ModelSource& src, int rank, int world,
-                        const std::string& coordinator);
+int run_pipeline_worker(const ModelSource& src, int rank, int world, const std::string& coordinator,
+                        const std::string& token_flag = "");
 
 } // namespace xserv::cli

@@ -8,10 +8,10 @@
 #include "cli/cpu_model.h"
 #include "cli/cuda_model.h"
 #include "cli/step_split.h"
+#include "engine/model.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 #include "runtime/nccl.h"
-#include "runtime/sampler.h"
 
 namespace xserv::cli {
 namespace fs = std::filesystem;
@@ -65,7 +65,7 @@ public:
     std::vector<int32_t> ids;
     for (const auto& row : sequence_logits(out.at(0).second, in.tokens.size(),
                                            models::step_params(in).at(models::params::kLogitRows)))
-      ids.push_back(runtime::argmax(row));
+      ids.push_back(engine::greedy_pick(row));
     return ids;
   }
   void reset() override { engine_.reset(); }
@@ -89,6 +89,7 @@ public:
   }
   const models::ModelConfig& config() const override { return engine_.config(); }
   Named run(const models::StepInput& in, const Named& received) override {
+    step_tokens_ = token_count(in);
     if (comm_ && sends_) { // sent on to the next rank on the device
       engine_.step_stage_device(in, transport());
       return {};
@@ -102,6 +103,7 @@ public:
     return {{name_, std::move(t)}};
   }
   std::vector<int32_t> run_greedy(const models::StepInput& in, const Named& received) override {
+    step_tokens_ = token_count(in);
     if (comm_) {
       std::vector<int32_t> ids;
       engine_.step_stage_device(in, transport(), &ids);
@@ -121,8 +123,8 @@ private:
   StageTransport transport() const {
     StageTransport t;
     t.receive = [this](const std::string& name, void* dst, size_t bytes, Stream stream) {
+      check_receive(name, bytes);
       comm_->recv(dst, bytes, rank_ - 1, stream, timeout_);
-      (void)name; // one boundary value per hop: the partition sends the residual stream
     };
     t.send = [this](const void* src, size_t bytes, Stream stream) {
       comm_->send(src, bytes, rank_ + 1, stream, timeout_);
@@ -133,6 +135,29 @@ private:
           fmt::format("a pipelined step (rank {} <-> {} and {})", rank_, rank_ - 1, rank_ + 1));
     };
     return t;
+  }
+
+  /// An NCCL receive carries no shape: the bytes the engine posts for `name` (a sub-step's rows
+  /// of the plan's stage layout) must be whole rows of the boundary value the stage program
+  /// declares, no more rows than the step has tokens; NCCL refuses a sender that sends more.
+  void check_receive(const std::string& name, size_t bytes) const {
+    for (const BoundaryTensor& b : stage_receives(stage_, step_tokens_)) {
+      if (b.name != name)
+        continue;
+      uint64_t row = sizeof(float);
+      for (size_t i = 1; i < b.shape.size(); ++i)
+        row *= static_cast<uint64_t>(b.shape[i]);
+      if (row > 0 && bytes % row == 0 && bytes / row <= static_cast<uint64_t>(step_tokens_))
+        return;
+      throw Error(fmt::format("pipeline rank {}: the NCCL receive of activation '{}' from rank {} "
+                              "is {} bytes, not whole rows of the plan's stage boundary {}[{} x "
+                              "{} bytes] for this step",
+                              rank_, name, rank_ - 1, bytes, ir::dtype_name(b.dtype), step_tokens_,
+                              row));
+    }
+    throw Error(fmt::format("pipeline rank {}: an NCCL receive from rank {} of activation '{}', "
+                            "which the plan's stage boundary does not carry",
+                            rank_, rank_ - 1, name));
   }
 
   /// Received tensors [T, ...] fp32 as one row per token.
@@ -156,6 +181,7 @@ private:
   runtime::NcclComm* comm_ = nullptr;
   int rank_ = 0;
   std::chrono::milliseconds timeout_{30000};
+  int64_t step_tokens_ = 0; ///< of the step run() is in, for check_receive
 };
 
 } // namespace

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/pipeline_boundary.h"
 #include "ir/graph.h"
 #include "models/config.h"
 #include "models/step.h"
@@ -20,10 +21,6 @@ class NcclComm;
 }
 
 namespace xserv::cli {
-
-/// Tensors by name: what a stage receives (recv names) and sends on (send names, or "out.0" for
-/// the last stage's logits).
-using Named = std::vector<std::pair<std::string, ir::Tensor>>;
 
 /// The names and tensors a stage's outputs stand for: its sends by name, else "out.I".
 Named name_outputs(const ir::Graph& g, std::vector<ir::Tensor> out);

@@ -1,6 +1,7 @@
 // The pipeline's wire protocol (cli/pipeline_wire.h).
 #include "cli/pipeline_wire.h"
 
+#include <climits>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -77,8 +78,9 @@ nlohmann::json decode(const std::string& payload, Named* tensors) {
       const size_t bytes = t.is_int() ? t.i.size() * 4 : t.f.size() * 4;
       if (at + bytes > payload.size())
         throw Error("pipeline message: tensor data overruns the message");
-      std::memcpy(t.is_int() ? static_cast<void*>(t.i.data()) : static_cast<void*>(t.f.data()),
-                  payload.data() + at, bytes);
+      if (bytes > 0) // an empty tensor's data() may be null, which memcpy may not be given
+        std::memcpy(t.is_int() ? static_cast<void*>(t.i.data()) : static_cast<void*>(t.f.data()),
+                    payload.data() + at, bytes);
       at += bytes;
       tensors->emplace_back(d["name"].get<std::string>(), std::move(t));
     }
@@ -139,15 +141,17 @@ std::string welcome_proof(const std::string& token, const std::string& nonce, in
   return hmac_sha256(token, fmt::format("xserv-pipeline welcome\n{}\n{}", nonce, rank));
 }
 
-std::string pipeline_token(bool spawned_here) {
+std::string pipeline_token(const std::string& flag, bool spawned_here) {
+  if (!flag.empty())
+    return flag;
   const char* t = std::getenv("XSERV_PIPELINE_TOKEN");
   if (t && *t)
     return t;
   if (spawned_here)
     return to_hex(random_bytes(32)); // given to the spawned workers only, in their environment
-  throw UsageError("XSERV_PIPELINE_TOKEN is not set: ranks on other hosts prove they belong to "
-                   "this run with a shared secret; give every rank the same value (e.g. "
-                   "`openssl rand -hex 32`)");
+  throw UsageError("no pipeline token: neither --pipeline-token nor XSERV_PIPELINE_TOKEN is set. "
+                   "Ranks on other hosts prove they belong to this run with a shared secret; give "
+                   "every rank the same value (e.g. `openssl rand -hex 32`)");
 }
 
 runtime::Frame message(uint8_t type, const nlohmann::json& head, const Named& tensors) {
@@ -162,11 +166,41 @@ nlohmann::json step_header(const models::StepInput& in, int64_t step, bool greed
           {"greedy", greedy}};
 }
 
+namespace {
+
+/// A step header's list of int32 `field`, or Error naming the field.
+std::vector<int32_t> int_list(const nlohmann::json& v, const std::string& field) {
+  if (!v.is_array())
+    throw Error(fmt::format("pipeline step: '{}' is not a list", field));
+  std::vector<int32_t> out;
+  out.reserve(v.size());
+  for (const auto& x : v) {
+    if (!x.is_number_integer() || x.get<int64_t>() < INT32_MIN || x.get<int64_t>() > INT32_MAX)
+      throw Error(fmt::format("pipeline step: '{}' holds {}, not a 32-bit integer", field,
+                              x.dump().substr(0, 40)));
+    out.push_back(static_cast<int32_t>(x.get<int64_t>()));
+  }
+  return out;
+}
+
+const nlohmann::json& field_of(const nlohmann::json& h, const char* name) {
+  const auto it = h.find(name);
+  if (it == h.end())
+    throw Error(fmt::format("pipeline step: no '{}'", name));
+  return *it;
+}
+
+} // namespace
+
 models::StepInput step_from_header(const nlohmann::json& h) {
   models::StepInput in;
-  in.tokens = h.at("tokens").get<std::vector<std::vector<int32_t>>>();
-  in.ctx_lens = h.at("ctx_lens").get<std::vector<int32_t>>();
-  in.cache_rows = h.at("cache_rows").get<std::vector<int32_t>>();
+  const nlohmann::json& tokens = field_of(h, "tokens");
+  if (!tokens.is_array())
+    throw Error("pipeline step: 'tokens' is not a list");
+  for (const auto& seq : tokens)
+    in.tokens.push_back(int_list(seq, "tokens"));
+  in.ctx_lens = int_list(field_of(h, "ctx_lens"), "ctx_lens");
+  in.cache_rows = int_list(field_of(h, "cache_rows"), "cache_rows");
   return in;
 }
 

@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/pipeline_stage.h"
+#include "cli/pipeline_boundary.h"
 #include "ir/graph.h"
 #include "models/step.h"
 #include "runtime/net.h"
@@ -50,9 +50,10 @@ bool same_digest(const std::string& a, const std::string& b);
 std::string hello_proof(const std::string& token, const std::string& challenge, int rank, int world,
                         const std::string& digest, const std::string& nonce);
 std::string welcome_proof(const std::string& token, const std::string& nonce, int rank);
-/// The pipeline's shared secret: XSERV_PIPELINE_TOKEN; else, for a rank 0 that spawns its
-/// workers on this host (`spawned_here`), a random one it passes to them; else UsageError.
-std::string pipeline_token(bool spawned_here);
+/// The pipeline's shared secret: `flag` (--pipeline-token) when given, else
+/// XSERV_PIPELINE_TOKEN; else, for a rank 0 that spawns its workers on this host
+/// (`spawned_here`), a random one it passes to them; else UsageError.
+std::string pipeline_token(const std::string& flag, bool spawned_here);
 
 /// A frame's payload: the header as JSON (with a "tensors" list added) and the tensors' bytes.
 std::string encode(const nlohmann::json& head, const Named& tensors);
@@ -62,7 +63,8 @@ nlohmann::json decode(const std::string& payload, Named* tensors);
 runtime::Frame message(uint8_t type, const nlohmann::json& head, const Named& tensors = {});
 
 /// The step inputs of a kStep message's header (`greedy`: the last rank sends back only the
-/// sequences' greedy ids), and back.
+/// sequences' greedy ids), and back; step_from_header throws xserv::Error naming a missing or
+/// mistyped field (the sizes are validate_step's to check).
 nlohmann::json step_header(const models::StepInput& in, int64_t step, bool greedy);
 models::StepInput step_from_header(const nlohmann::json& h);
 

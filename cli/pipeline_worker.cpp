@@ -12,6 +12,7 @@
 
 #include "cli/pipeline_stage.h"
 #include "cli/pipeline_wire.h"
+#include "cli/step_split.h"
 #include "ir/error.h"
 #include "runtime/nccl.h"
 #include "runtime/net.h"
@@ -23,8 +24,8 @@ using runtime::Frame;
 using Clock = std::chrono::steady_clock;
 using namespace wire;
 
-int run_pipeline_worker(const ModelSource& src, int rank, int world,
-                        const std::string& coordinator) {
+int run_pipeline_worker(const ModelSource& src, int rank, int world, const std::string& coordinator,
+                        const std::string& token_flag) {
   const fs::path& plan_dir = src.plan_dir;
   if (world != static_cast<int>(src.stage_graphs.size()))
     throw Error(fmt::format("--world {} but the plan has {} pipeline stages", world,
@@ -35,7 +36,7 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world,
   if (plan_batch < 1 || plan_seq < 1)
     throw Error(fmt::format("{}: max_batch {} and max_seq {} must be positive",
                             (plan_dir / "plan.json").string(), plan_batch, plan_seq));
-  const std::string token = pipeline_token(false);
+  const std::string token = pipeline_token(token_flag, false);
   Connection c = Connection::connect(coordinator, Clock::now() + std::chrono::seconds(30));
   // Rank 0 speaks first with a challenge; the hello proves this rank holds the token, and the
   // welcome proves rank 0 does (over this rank's own nonce).
@@ -58,7 +59,8 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world,
   const nlohmann::json welcome = decode(w.payload, nullptr);
   if (!welcome.contains("proof") || !welcome["proof"].is_string() ||
       !same_digest(welcome["proof"].get<std::string>(), welcome_proof(token, nonce, rank)))
-    throw Error(fmt::format("{} did not prove it holds the pipeline token (XSERV_PIPELINE_TOKEN)",
+    throw Error(fmt::format("{} did not prove it holds the pipeline token (--pipeline-token or "
+                            "XSERV_PIPELINE_TOKEN)",
                             coordinator));
   for (const char* k : {"max_batch", "max_seq"})
     if (welcome.contains(k) && !welcome[k].is_number_integer())
@@ -115,17 +117,29 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world,
       throw Error(fmt::format("rank {}: unexpected message {} from rank 0", rank, f.type));
     Named in;
     const nlohmann::json h = decode(f.payload, &in);
-    maybe_fault(rank, h.value("step", int64_t{-1}));
+    const int64_t step =
+        h.contains("step") && h["step"].is_number_integer() ? h["step"].get<int64_t>() : -1;
+    maybe_fault(rank, step);
     Named out;
     nlohmann::json reply = nlohmann::json::object();
     std::string failure;
     try {
+      // The step and its activations are checked against this stage's program before the
+      // stage reads them: sizes within what this rank loaded, each received tensor of the
+      // dtype and shape the plan's boundary carries for the step's tokens.
+      const models::StepInput step_in = step_from_header(h);
+      validate_step(step_in, max_batch, max_seq, engine->config().vocab_size);
+      check_boundary(in, stage_receives(stage, token_count(step_in)),
+                     rank == 1 ? std::string("pipeline rank 0")
+                               : fmt::format("pipeline rank 0 (relaying rank {})", rank - 1));
+      const bool greedy =
+          h.contains("greedy") && h["greedy"].is_boolean() && h["greedy"].get<bool>();
       Heartbeat alive(c, send_lock);
-      maybe_stall(rank, h.value("step", int64_t{-1}));
-      if (rank + 1 == world && h.value("greedy", false)) // the last stage: only the ids go back
-        reply["ids"] = engine->run_greedy(step_from_header(h), in);
+      maybe_stall(rank, step);
+      if (rank + 1 == world && greedy) // the last stage: only the ids go back
+        reply["ids"] = engine->run_greedy(step_in, in);
       else
-        out = engine->run(step_from_header(h), in);
+        out = engine->run(step_in, in);
     } catch (const Error& e) {
       failure = e.what();
     }
@@ -134,7 +148,7 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world,
       c.send(message(kFail, {{"message", failure}}));
       throw Error(failure);
     }
-    maybe_corrupt(rank, h.value("step", int64_t{-1}), out, reply);
+    maybe_corrupt(rank, step, out, reply);
     c.send(message(kResult, reply, out));
   }
 }

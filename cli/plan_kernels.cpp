@@ -13,13 +13,11 @@
 #include "cli/cuda_lower.h"
 #include "codegen/emit.h"
 #include "compiler/memory_plan.h"
-#include "runtime/layout_json.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 #include "runtime/executor.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/nvrtc.h"
-#include "runtime/plan_json.h"
 
 namespace xserv::cli {
 namespace fs = std::filesystem;
@@ -40,6 +38,7 @@ void lower_for_plan(const ir::Graph& g, const PlanKernelOptions& opts, PlanLower
   ctx.max_seqs = static_cast<int>(opts.max_batch);
   ctx.cache_rows = opts.max_batch;
   ctx.max_seq = opts.max_seq;
+  ctx.expert_format = opts.expert_format;
   out.memory = compiler::plan_memory(
       g, {{models::dims::kTokens, ctx.max_tokens}, {models::dims::kSeqs, opts.max_batch}});
   ctx.memory = &out.memory;
@@ -58,14 +57,14 @@ std::vector<int> count_launches(const runtime::LaunchTable& table, runtime::Step
 
 } // namespace
 
-nlohmann::json stage_launches(const ir::Graph& stage, const nlohmann::json& plan_kernels,
-                              const PlanKernelOptions& opts) {
+PlanStageCode stage_launches(const ir::Graph& stage, const runtime::PlanCodegen& plan_kernels,
+                             const PlanKernelOptions& opts) {
   PlanLowering pl;
   lower_for_plan(stage, opts, pl);
   const std::vector<int> counts = count_launches(pl.table, {1, 1, 0});
   std::set<std::string> known;
-  for (const auto& k : plan_kernels.at("kernels"))
-    known.insert(k.at("name").get<std::string>());
+  for (const runtime::PlanKernelFile& k : plan_kernels.kernels)
+    known.insert(k.name);
   int total = 0;
   for (size_t i = 0; i < pl.kernels.size(); ++i) {
     const std::string& name = pl.kernels.source(static_cast<int>(i)).name;
@@ -74,11 +73,11 @@ nlohmann::json stage_launches(const ir::Graph& stage, const nlohmann::json& plan
           fmt::format("pipeline stage needs kernel {}, which the plan does not hold", name));
     total += counts[i];
   }
-  return {{"launches_per_decode_step", total}, {"kernels", pl.kernels.size()}};
+  return {std::move(pl.table), stage_layout(stage, pl.ctx), total};
 }
 
-nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
-                                  const PlanKernelOptions& opts) {
+PlanKernelsResult write_plan_kernels(const ir::Graph& g, const fs::path& plan,
+                                     const PlanKernelOptions& opts) {
   PlanLowering pl;
   lower_for_plan(g, opts, pl);
   const KernelSet& kernels = pl.kernels;
@@ -97,16 +96,15 @@ nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
     fs::create_directories((dir / name).parent_path());
     std::ofstream(dir / name) << text;
   }
-  nlohmann::json table = nlohmann::json::array();
+  std::vector<runtime::PlanKernelFile> table;
   for (size_t i = 0; i < kernels.size(); ++i) {
     const codegen::KernelSource& k = kernels.source(static_cast<int>(i));
     std::ofstream(dir / (k.name + ".cu")) << k.source;
-    table.push_back({{"name", k.name},
-                     {"source", "kernels/" + k.name + ".cu"},
-                     {"block", k.launch.block},
-                     {"nodes", kernels.uses(static_cast<int>(i))},
-                     {"decode_launches", decode_counts[i]},
-                     {"prefill_launches", prefill_counts[i]}});
+    table.push_back({.name = k.name,
+                     .block = k.launch.block,
+                     .nodes = kernels.uses(static_cast<int>(i)),
+                     .decode_launches = decode_counts[i],
+                     .prefill_launches = prefill_counts[i]});
     decode_total += decode_counts[i];
     prefill_total += prefill_counts[i];
   }
@@ -135,21 +133,19 @@ nlohmann::json write_plan_kernels(const ir::Graph& g, const fs::path& plan,
       std::ofstream(plan / file, std::ios::binary)
           .write(reinterpret_cast<const char*>(c.cubin.data()),
                  static_cast<std::streamsize>(c.cubin.size()));
-      table[i]["cubin"] = file;
+      table[i].cubin = true;
     }
   }
-  // The launch table replays on an arena planned for arena_tokens tokens and max_batch
+  // The launch table replays on an arena planned for layout.tokens tokens and max_batch
   // sequences (the CUDA engine's default prefill chunk).
-  return {{"arch", opts.arch},
-          {"launches_per_decode_step", decode_total},
-          {"prefill_step_tokens", prefill_tokens},
-          {"launches_per_prefill_step", prefill_total},
-          {"kernels", std::move(table)},
-          {"arena_tokens", pl.ctx.max_tokens},
-          {"gemm_precision", pl.ctx.gemm_split ? "split" : "bf16"},
-          {"arena_bytes", pl.memory.arena_bytes},
-          {"layout", runtime::stage_layout_to_json(stage_layout(g, pl.ctx))},
-          {"launch_table", runtime::launch_table_to_json(pl.table)}};
+  PlanKernelsResult out;
+  out.codegen = {.arch = opts.arch,
+                 .kernels = std::move(table),
+                 .launches_per_decode_step = decode_total,
+                 .prefill_step_tokens = prefill_tokens,
+                 .launches_per_prefill_step = prefill_total};
+  out.code = {std::move(pl.table), stage_layout(g, pl.ctx), decode_total};
+  return out;
 }
 
 } // namespace xserv::cli

@@ -4,9 +4,8 @@
 #include <filesystem>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "ir/graph.h"
+#include "runtime/plan_file.h"
 
 namespace xserv::cli {
 
@@ -15,22 +14,36 @@ struct PlanKernelOptions {
   int64_t max_batch = 1, max_seq = 1;
   int prefill_chunk = 2048; ///< tokens per prefill sub-step (`xserv compile --prefill-chunk`)
   bool cubins = true; ///< also compile every kernel with NVRTC (no GPU needed)
+  /// The experts' device format the MoE kernels read (`xserv compile --expert-format`).
+  runtime::ExpertFormat expert_format = runtime::ExpertFormat::Bf16;
+};
+
+/// A graph's code as the plan records it: its launch table and the layout it binds.
+struct PlanStageCode {
+  runtime::LaunchTable table;
+  runtime::StageLayout layout; ///< with the arena the table was lowered for (layout.tokens)
+  int launches_per_decode_step = 0;
+};
+
+/// What write_plan_kernels makes of the whole graph.
+struct PlanKernelsResult {
+  runtime::PlanCodegen codegen; ///< the kernel list and launch counts (runtime/plan_file.h)
+  PlanStageCode code;
 };
 
 /// Lowers the final graph as the CUDA engine does, writes each kernel's source to
 /// PLAN/kernels/NAME.cu (headed by the IR it implements) and, with cubins, its NVRTC output to
-/// PLAN/kernels/NAME.cubin (through the kernel cache). Returns plan.json's "codegen" section:
-/// the kernel list (name, files, how many graph nodes use it, launches per decode and prefill
-/// step), and the launch table (runtime/plan_json.h) with the activation arena it was lowered
-/// for (arena_tokens, arena_bytes). A compile error throws with NVRTC's log and the numbered
-/// source, also written to PLAN/kernels/nvrtc.log.
-nlohmann::json write_plan_kernels(const ir::Graph& g, const std::filesystem::path& plan,
-                                  const PlanKernelOptions& opts);
+/// PLAN/kernels/NAME.cubin (through the kernel cache). Returns the kernel list (name, files,
+/// how many graph nodes use it, launches per decode and prefill step), and the launch table
+/// with the stage layout it was lowered for. A compile error throws with NVRTC's log and the
+/// numbered source, also written to PLAN/kernels/nvrtc.log.
+PlanKernelsResult write_plan_kernels(const ir::Graph& g, const std::filesystem::path& plan,
+                                     const PlanKernelOptions& opts);
 
 /// Lowers a pipeline stage like write_plan_kernels (send and recv launch nothing) and returns
-/// {launches_per_decode_step, kernels}; throws xserv::Error naming a kernel the stage needs that
-/// `plan_kernels` (write_plan_kernels' result for the whole graph) does not hold.
-nlohmann::json stage_launches(const ir::Graph& stage, const nlohmann::json& plan_kernels,
-                              const PlanKernelOptions& opts);
+/// its code; throws xserv::Error naming a kernel the stage needs that `plan_kernels`
+/// (write_plan_kernels' list for the whole graph) does not hold.
+PlanStageCode stage_launches(const ir::Graph& stage, const runtime::PlanCodegen& plan_kernels,
+                             const PlanKernelOptions& opts);
 
 } // namespace xserv::cli

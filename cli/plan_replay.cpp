@@ -6,12 +6,10 @@
 #include <iterator>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "cli/plan_file.h"
 #include "ir/error.h"
 #include "runtime/kernel_cache.h"
-#include "runtime/plan_json.h"
 
 namespace xserv::cli {
 namespace fs = std::filesystem;
@@ -30,34 +28,30 @@ std::string read_bytes(const fs::path& f) {
 std::optional<runtime::LaunchTable> plan_launch_table(const fs::path& plan_dir, int64_t max_batch,
                                                       int64_t max_seq, int tcap, bool gemm_split,
                                                       int64_t arena_bytes, std::string& why) {
-  const PlanFile plan = read_plan_file(plan_dir); // types and ranges checked there
-  if (!plan.has_codegen || !plan.doc["codegen"].contains("launch_table")) {
-    why = plan.file.string() + " has no launch table (compiled by an older xserv)";
+  const std::shared_ptr<const runtime::Plan> plan = loaded_plan(plan_dir); // checked there
+  if (plan->stages.size() != 1) {
+    why = fmt::format("{} is pipelined: its launch tables are per stage",
+                      (plan_dir / "plan.json").string());
     return std::nullopt;
   }
-  const nlohmann::json& cg = plan.doc["codegen"];
-  const int64_t plan_batch = plan.max_batch;
-  const int64_t plan_seq = plan.max_seq;
-  if (plan_batch != max_batch || plan_seq != max_seq)
+  const runtime::PlanStage& stage = plan->stages[0];
+  const runtime::StageLayout& l = stage.layout;
+  if (l.max_batch != max_batch || l.max_seq != max_seq)
     why = fmt::format("the plan is for max batch {} and max sequence {}, this run {} and {}",
-                      plan_batch, plan_seq, max_batch, max_seq);
-  else if (cg.value("arena_tokens", int64_t{-1}) != tcap)
+                      l.max_batch, l.max_seq, max_batch, max_seq);
+  else if (l.tokens != tcap)
     why = fmt::format("the plan's steps hold {} tokens, this run's {} (XSERV_PREFILL_CHUNK)",
-                      cg.value("arena_tokens", int64_t{-1}), tcap);
-  else if (cg.value("gemm_precision", std::string("split")) != (gemm_split ? "split" : "bf16"))
+                      l.tokens, tcap);
+  else if (l.gemm_split != gemm_split)
     why = fmt::format("the plan's gemms take {} activations (XSERV_GEMM_PRECISION)",
-                      cg.value("gemm_precision", std::string("split")));
-  else if (cg.value("arena_bytes", int64_t{-1}) != arena_bytes)
+                      l.gemm_split ? "split" : "bf16");
+  else if (static_cast<int64_t>(l.arena_bytes) != arena_bytes)
     why = fmt::format("the plan's activation arena is {} bytes, this build plans {} (a plan "
                       "from another xserv build: recompile it)",
-                      cg.value("arena_bytes", int64_t{-1}), arena_bytes);
+                      l.arena_bytes, arena_bytes);
   if (!why.empty())
     return std::nullopt;
-  try {
-    return runtime::launch_table_from_json(cg["launch_table"]);
-  } catch (const Error& e) {
-    throw Error(plan.field_error("codegen.launch_table", e.what()));
-  }
+  return stage.table;
 }
 
 std::map<std::string, std::string> plan_kernel_headers(const fs::path& plan_dir) {
@@ -77,9 +71,7 @@ std::map<std::string, std::string> plan_kernel_headers(const fs::path& plan_dir)
 PlanKernels load_plan_kernels(const fs::path& plan_dir, const runtime::LaunchTable& table,
                               const std::string& arch, const fs::path& cache_dir) {
   PlanKernels out;
-  const PlanFile plan = read_plan_file(plan_dir);
-  const bool same_arch =
-      plan.has_codegen && plan.doc["codegen"].value("arch", std::string()) == arch;
+  const bool same_arch = loaded_plan(plan_dir)->codegen.arch == arch;
   runtime::CompileOptions opts;
   opts.arch = arch;
   if (!same_arch || !std::all_of(table.kernels.begin(), table.kernels.end(), [&](const auto& k) {

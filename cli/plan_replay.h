@@ -15,9 +15,10 @@
 
 namespace xserv::cli {
 
-/// The plan's launch table when a run is what the plan was compiled for (same max batch and
-/// sequence, step capacity `tcap`, gemm precision and activation arena size); else nullopt,
-/// with the reason in `why`.
+/// The plan's launch table (of loaded_plan(plan_dir): the plan resolve_source read, not
+/// plan.json again) when a run is what the plan was compiled for (same max batch and
+/// sequence, step capacity `tcap`, gemm precision and activation arena size, pp 1); else
+/// nullopt, with the reason in `why`.
 std::optional<runtime::LaunchTable> plan_launch_table(const std::filesystem::path& plan_dir,
                                                       int64_t max_batch, int64_t max_seq, int tcap,
                                                       bool gemm_split, int64_t arena_bytes,

@@ -6,7 +6,7 @@
 
 namespace xserv::cli {
 
-WeightBytes weight_bytes(const models::ModelConfig& c) {
+WeightBytes weight_bytes(const models::ModelConfig& c, runtime::ExpertFormat experts) {
   const double d = static_cast<double>(c.hidden_size), q = static_cast<double>(c.q_width());
   const double kv = static_cast<double>(c.kv_width()), e = static_cast<double>(c.num_local_experts);
   const double inter = static_cast<double>(c.intermediate_size);
@@ -18,8 +18,15 @@ WeightBytes weight_bytes(const models::ModelConfig& c) {
                             static_cast<double>(c.num_attention_heads) + 2 * d;
   w.attention = attn_layer * layers * bf16;
   w.router = (e * d + e) * layers * bf16;
-  w.expert_one_layer_one = ((2 * inter) * d + 2 * inter + d * inter + d) * bf16;
-  w.experts = w.expert_one_layer_one * e * layers;
+  // Read by a decode step: MXFP4 unless the experts are BF16 only; held: both copies for Both.
+  const double matrices = (2 * inter) * d + d * inter, biases = (2 * inter + d) * bf16;
+  const double mx = matrices * 17.0 / 32.0;
+  w.expert_one_layer_one = (experts == runtime::ExpertFormat::Bf16 ? matrices * bf16 : mx) + biases;
+  w.experts = (experts == runtime::ExpertFormat::Mxfp4 ? mx
+               : experts == runtime::ExpertFormat::Both ? matrices * bf16 + mx
+                                                        : matrices * bf16) *
+                  e * layers +
+              biases * e * layers;
   w.embed = v * d * bf16;
   w.lm_head = v * d * bf16;
   w.final_norm = d * bf16;
@@ -31,8 +38,8 @@ double kv_bytes_per_token(const models::ModelConfig& c) {
 }
 
 DecodeEstimate decode_floor(const models::ModelConfig& c, int64_t batch, int64_t depth,
-                            const Ceilings& ceil) {
-  const WeightBytes w = weight_bytes(c);
+                            const Ceilings& ceil, runtime::ExpertFormat experts) {
+  const WeightBytes w = weight_bytes(c, experts);
   const double layers = static_cast<double>(c.num_hidden_layers);
   // Experts touched: each sequence picks k per layer; a batch touches at most all of them
   // (expected distinct experts under uniform routing: E * (1 - (1 - k/E)^batch)).

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "models/config.h"
+#include "runtime/plan.h"
 
 namespace xserv::cli {
 
@@ -14,7 +15,9 @@ struct Ceilings {
   double flops_per_s = 790e12;
 };
 
-/// Where a model's weight bytes go, as held on the GPU (experts in BF16).
+/// Where a model's weight bytes go, as held on the GPU: the expert matrices in `experts` format
+/// (BF16: 2 bytes a value; MXFP4: 17 bytes per 32 values; Both: the two), everything else BF16.
+/// expert_one_layer_one is what a decode step reads of one expert (MXFP4 unless BF16 only).
 struct WeightBytes {
   double attention = 0; ///< q/k/v/o weights and biases, sinks, both norms, all layers
   double router = 0;
@@ -24,7 +27,8 @@ struct WeightBytes {
   double total() const { return attention + router + experts + embed + lm_head + final_norm; }
 };
 
-WeightBytes weight_bytes(const models::ModelConfig& cfg);
+WeightBytes weight_bytes(const models::ModelConfig& cfg,
+                         runtime::ExpertFormat experts = runtime::ExpertFormat::Bf16);
 
 /// Bytes of KV cache per token of context, over all layers (k and v, BF16); sliding layers only
 /// while the context is within their window.
@@ -39,7 +43,8 @@ struct DecodeEstimate {
   double tokens_per_s = 0; ///< batch / seconds
 };
 DecodeEstimate decode_floor(const models::ModelConfig& cfg, int64_t batch, int64_t depth,
-                            const Ceilings& c = {});
+                            const Ceilings& c = {},
+                            runtime::ExpertFormat experts = runtime::ExpertFormat::Bf16);
 
 /// Flops of one prompt token (2 per active weight multiply-add, plus attention over `depth`
 /// earlier tokens) and the compute floor of a prefill of `tokens` tokens.

@@ -92,8 +92,13 @@ std::optional<TimedEvent> Job::next(std::chrono::milliseconds timeout) {
   if (!ch_->cv.wait_for(lock, timeout, [&] { return !ch_->events.empty() || !ch_->error.empty(); }))
     return std::nullopt;
   if (ch_->events.empty()) {
-    finished_ = true; // the loop thread already aborted it and dropped the channel
-    throw ApiError(500, "the engine failed: " + ch_->error, "", "server_error");
+    // The loop thread already ended it (a failed step aborts every request; non-finite logits
+    // end this one) and dropped the channel.
+    finished_ = true;
+    const std::string error = ch_->error;
+    lock.unlock();
+    complete("request " + std::to_string(id_), "error");
+    throw ApiError(500, "the engine failed: " + error, "", "server_error");
   }
   TimedEvent t = std::move(ch_->events.front());
   ch_->events.pop_front();
@@ -184,9 +189,15 @@ void Server::State::engine_loop() {
       if (it == channels.end())
         continue;
       const bool last = ev.finish != engine::FinishReason::None;
+      if (ev.finish == engine::FinishReason::Error)
+        log(fmt::format("[serve] request {} failed: {}", ev.id, ev.error));
       {
         std::lock_guard<std::mutex> cl(it->second->mu);
-        it->second->events.push_back({std::move(ev), now});
+        if (ev.finish == engine::FinishReason::Error) { // this request alone: a 500 for it
+          it->second->error = ev.error;
+        } else {
+          it->second->events.push_back({std::move(ev), now});
+        }
         it->second->cv.notify_all();
       }
       if (last)

@@ -128,7 +128,9 @@ std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w, cons
         r.end = t;
         r.ok = ev.finish == engine::FinishReason::Length;
         if (!r.ok)
-          r.error = fmt::format("finished with '{}'", engine::finish_name(ev.finish));
+          r.error = ev.error.empty()
+                        ? fmt::format("finished with '{}'", engine::finish_name(ev.finish))
+                        : ev.error;
         ++done;
         --in_flight;
         free_at.push(t);

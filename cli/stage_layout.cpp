@@ -18,6 +18,7 @@ runtime::StageLayout stage_layout(const ir::Graph& g, const LoweringContext& ctx
   l.max_seq = ctx.max_seq;
   l.tokens = ctx.max_tokens;
   l.gemm_split = ctx.gemm_split;
+  l.expert_format = ctx.expert_format;
   l.arena_bytes = static_cast<uint64_t>(mem.arena_bytes);
   auto offset_of = [&](ir::ValueId v) -> uint64_t {
     const int32_t b = mem.buffer_of.at(size_t(v)).at(0);
@@ -54,6 +55,9 @@ runtime::StageLayout stage_layout(const ir::Graph& g, const LoweringContext& ctx
       w.name = n.attr_str("name");
       for (const ir::Dim& d : n.type().shape)
         w.shape.push_back(d.size);
+      // Both: the MXFP4 copy of an expert matrix the decode kernels read, beside it.
+      if (ctx.expert_format == runtime::ExpertFormat::Both && n.type().dtype == ir::DType::MXFP4)
+        l.weights.push_back({runtime::mxfp4_copy_name(w.name), w.shape});
       l.weights.push_back(std::move(w));
     }
   }

@@ -33,7 +33,8 @@ bool is_mxfp4_pair(const models::TensorInfo& blocks, const models::TensorInfo& s
 
 } // namespace
 
-std::vector<runtime::WeightSpec> weight_specs(const models::Checkpoint& checkpoint) {
+std::vector<runtime::WeightSpec> weight_specs(const models::Checkpoint& checkpoint,
+                                             runtime::ExpertFormat experts) {
   const std::string dir = checkpoint.dir().string();
   std::vector<runtime::WeightSpec> specs;
   for (const models::SafetensorsFile& file : checkpoint.files()) {
@@ -68,7 +69,19 @@ std::vector<runtime::WeightSpec> weight_specs(const models::Checkpoint& checkpoi
                                 dir, t.name, t.dtype, fmt::join(t.shape, "x"), scales_name,
                                 scales->dtype, fmt::join(scales->shape, "x")));
       spec.name = base;
-      spec.transform = runtime::WeightSpec::Transform::Mxfp4ToBf16;
+      spec.transform = experts == runtime::ExpertFormat::Mxfp4
+                           ? runtime::WeightSpec::Transform::Mxfp4
+                           : runtime::WeightSpec::Transform::Mxfp4ToBf16;
+      if (experts == runtime::ExpertFormat::Both) { // the MXFP4 copy too, same bytes
+        runtime::WeightSpec copy;
+        copy.name = runtime::mxfp4_copy_name(base);
+        copy.transform = runtime::WeightSpec::Transform::Mxfp4;
+        copy.data = source_of(t, file.path());
+        copy.scales = source_of(*scales, checkpoint.file_of(scales_name));
+        copy.shape.assign(t.shape.begin(), t.shape.end() - 1);
+        copy.shape.back() *= models::kMxfp4BlockValues;
+        specs.push_back(std::move(copy));
+      }
       spec.data = source_of(t, file.path());
       spec.scales = source_of(*scales, checkpoint.file_of(scales_name));
       spec.shape.assign(t.shape.begin(), t.shape.end() - 1);
@@ -80,18 +93,20 @@ std::vector<runtime::WeightSpec> weight_specs(const models::Checkpoint& checkpoi
 }
 
 std::vector<runtime::WeightSpec> weight_specs_for(const models::Checkpoint& checkpoint,
-                                                  const ir::Graph& g) {
+                                                  const ir::Graph& g,
+                                                  runtime::ExpertFormat experts) {
   std::vector<std::string> names;
   for (const ir::Node& n : g.nodes)
     if (n.op == ir::Op::Weight)
       names.push_back(n.attr_str("name"));
-  return weight_specs_named(checkpoint, names);
+  return weight_specs_named(checkpoint, names, experts);
 }
 
 std::vector<runtime::WeightSpec> weight_specs_named(const models::Checkpoint& checkpoint,
-                                                    const std::vector<std::string>& names) {
+                                                    const std::vector<std::string>& names,
+                                                    runtime::ExpertFormat experts) {
   std::set<std::string> wanted(names.begin(), names.end());
-  std::vector<runtime::WeightSpec> specs = weight_specs(checkpoint);
+  std::vector<runtime::WeightSpec> specs = weight_specs(checkpoint, experts);
   std::erase_if(specs, [&](const runtime::WeightSpec& s) { return !wanted.count(s.name); });
   if (specs.size() != wanted.size()) {
     for (const runtime::WeightSpec& s : specs)

@@ -14,18 +14,23 @@ namespace xserv::cli {
 /// then offset), so that an upload reads each file front to back. Every tensor other than an
 /// MXFP4 pair is Copy with its stored dtype and shape; each `<base>_blocks` U8 [E, rows, G, 16]
 /// with its `<base>_scales` U8 [E, rows, G] becomes one Mxfp4ToBf16 spec named `<base>` of
-/// logical shape [E, rows, G * 32]. The checkpoint may be opened headers-only. Throws
-/// xserv::Error when a blocks tensor has no scales (or the reverse) or the two disagree.
-std::vector<runtime::WeightSpec> weight_specs(const models::Checkpoint& checkpoint);
+/// logical shape [E, rows, G * 32] (Mxfp4 instead, kept as stored, when `experts` is Mxfp4).
+/// The checkpoint may be opened headers-only. Throws xserv::Error when a blocks tensor has no
+/// scales (or the reverse) or the two disagree.
+std::vector<runtime::WeightSpec>
+weight_specs(const models::Checkpoint& checkpoint,
+             runtime::ExpertFormat experts = runtime::ExpertFormat::Bf16);
 
 /// weight_specs() restricted to the weights `g` reads (a pipeline stage uploads only its own):
 /// throws xserv::Error naming any weight of the graph the checkpoint lacks.
-std::vector<runtime::WeightSpec> weight_specs_for(const models::Checkpoint& checkpoint,
-                                                  const ir::Graph& g);
+std::vector<runtime::WeightSpec>
+weight_specs_for(const models::Checkpoint& checkpoint, const ir::Graph& g,
+                 runtime::ExpertFormat experts = runtime::ExpertFormat::Bf16);
 
 /// weight_specs() restricted to the logical tensors `names` (a plan's stage layout): throws
 /// xserv::Error naming any the checkpoint lacks.
-std::vector<runtime::WeightSpec> weight_specs_named(const models::Checkpoint& checkpoint,
-                                                    const std::vector<std::string>& names);
+std::vector<runtime::WeightSpec>
+weight_specs_named(const models::Checkpoint& checkpoint, const std::vector<std::string>& names,
+                   runtime::ExpertFormat experts = runtime::ExpertFormat::Bf16);
 
 } // namespace xserv::cli

@@ -108,6 +108,18 @@ std::string gemv_tuning_suffix(int max_tokens, int rows, int unroll, int ksplit)
 }
 
 /// Name suffix of non-default MoE decode tuning (rows per warp, unroll, prefetch).
+/// The parameter declaration of an expert matrix: bf16, or an MXFP4 device tensor's bytes.
+std::string expert_param(bool mxfp4, const char* name) {
+  return mxfp4 ? fmt::format("const unsigned char* {}", name) : fmt::format("{} {}", kBf16, name);
+}
+
+void check_mxfp4_moe(const MoeDims& d) {
+  if (d.mxfp4 && (d.hidden % 32 != 0 || d.inter % 32 != 0))
+    throw Error(fmt::format("codegen: MXFP4 experts need hidden ({}) and intermediate ({}) "
+                            "divisible by 32",
+                            d.hidden, d.inter));
+}
+
 std::string moe_tuning_suffix(const MoeDims& d) {
   std::string s;
   if (d.rows > 0)
@@ -279,12 +291,14 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
   if (d.inter % pairs != 0 || d.unroll < 1)
     throw Error(fmt::format("codegen: moe tuning rows {} unroll {} do not fit intermediate {}",
                             pairs, d.unroll, d.inter));
+  check_mxfp4_moe(d);
   std::string name =
-      fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}", d.experts, d.k, d.hidden, d.inter,
-                  attr_suffix("limit", d.limit, 7.0), attr_suffix("alpha", d.alpha, 1.702));
+      fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}{}", d.experts, d.k, d.hidden, d.inter,
+                  attr_suffix("limit", d.limit, 7.0), attr_suffix("alpha", d.alpha, 1.702),
+                  d.mxfp4 ? "_mx4" : "");
   std::vector<Param> params = {{"const float* x", "x"},
                                {"const int* ids", "ids"},
-                               {fmt::format("{} gate_up", kBf16), "gate_up"},
+                               {expert_param(d.mxfp4, "gate_up"), "gate_up"},
                                {fmt::format("{} gate_up_b", kBf16), "gate_up_b"},
                                {"", float_literal(d.limit)},
                                {"", float_literal(d.alpha)},
@@ -293,8 +307,9 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
   launch.blocks_x = (d.inter + 8 * pairs - 1) / (8 * pairs);
   launch.y_per_token = d.k;
   launch.min_blocks_per_sm = d.min_blocks;
-  std::string call = fmt::format("moe_gate_up<{}, {}, {}, {}, {}, {}, {}>", d.hidden, d.inter,
-                                 d.experts, d.k, pairs, d.unroll, d.prefetch);
+  std::string call = fmt::format("moe_gate_up{}<{}, {}, {}, {}, {}, {}, {}>",
+                                 d.mxfp4 ? "_mx4" : "", d.hidden, d.inter, d.experts, d.k, pairs,
+                                 d.unroll, d.prefetch);
   name += moe_tuning_suffix(d);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }
@@ -331,21 +346,23 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
   if (d.hidden % rows != 0 || d.unroll < 1)
     throw Error(fmt::format("codegen: moe tuning rows {} unroll {} do not fit hidden {}", rows,
                             d.unroll, d.hidden));
-  std::string name =
-      fmt::format("moe_down_part_e{}_k{}_d{}_i{}", d.experts, d.k, d.hidden, d.inter) +
-      moe_tuning_suffix(d);
+  check_mxfp4_moe(d);
+  std::string name = fmt::format("moe_down_part_e{}_k{}_d{}_i{}{}", d.experts, d.k, d.hidden,
+                                 d.inter, d.mxfp4 ? "_mx4" : "") +
+                     moe_tuning_suffix(d);
   std::vector<Param> params = {{"const float* act", "act"},
                                {"const float* weights", "weights"},
                                {"const int* ids", "ids"},
-                               {fmt::format("{} down", kBf16), "down"},
+                               {expert_param(d.mxfp4, "down"), "down"},
                                {fmt::format("{} down_b", kBf16), "down_b"},
                                {"float* part", "part"}};
   LaunchRule launch;
   launch.blocks_x = (d.hidden + 8 * rows - 1) / (8 * rows);
   launch.y_per_token = d.k;
   launch.min_blocks_per_sm = d.min_blocks;
-  std::string call = fmt::format("moe_down_part<{}, {}, {}, {}, {}, {}>", d.hidden, d.inter,
-                                 d.experts, d.k, rows, d.unroll);
+  std::string call = fmt::format("moe_down_part{}<{}, {}, {}, {}, {}, {}>",
+                                 d.mxfp4 ? "_mx4" : "", d.hidden, d.inter, d.experts, d.k, rows,
+                                 d.unroll);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }
 
@@ -354,10 +371,11 @@ namespace {
 /// Mirrors gemm.cuh's tile constants and gemm_smem_bytes().
 constexpr int kGemmBN = 128, kGemmBK = 64, kGemmStride = kGemmBK + 8;
 
-size_t gemm_smem_bytes(int bm) {
-  const int stages = bm == 128 ? 2 : bm == 32 ? 4 : 3;
-  return static_cast<size_t>(stages) *
-         (static_cast<size_t>(bm) * kGemmStride * 4 + size_t(kGemmBN) * kGemmStride * 2);
+size_t gemm_smem_bytes(int bm, bool mxfp4) {
+  const size_t stages = bm == 128 ? 2 : bm == 32 ? 4 : 3;
+  const size_t a = size_t(bm) * kGemmStride * 4, w = size_t(kGemmBN) * kGemmStride * 2;
+  const size_t raw = size_t(kGemmBN) * (kGemmBK / 2 + 8); // blocks and two scale words per row
+  return mxfp4 ? stages * (a + raw) + w : stages * (a + w);
 }
 
 } // namespace
@@ -395,10 +413,12 @@ KernelSource emit_gemm(const GemmDims& d, const std::vector<std::string>& ir_lin
   name += d.split ? "_x2" : "_bf16";
   if (d.splitk > 1)
     name += fmt::format("_splitk{}", d.splitk);
+  if (d.mxfp4)
+    name += "_mx4";
   std::vector<Param> params = {{"const float* x", "x"},
                                {"const float* inv_rms", "inv_rms"},
                                {fmt::format("{} ln", kBf16), "ln"},
-                               {fmt::format("{} w", kBf16), "w"},
+                               {expert_param(d.mxfp4, "w"), "w"},
                                {fmt::format("{} b", kBf16), "b"},
                                {"const float* h", "h"},
                                {"float* y", "y"},
@@ -415,11 +435,12 @@ KernelSource emit_gemm(const GemmDims& d, const std::vector<std::string>& ir_lin
     launch.y_per_token = d.ksel;
     launch.y_extra = d.experts;
   }
-  launch.smem_fixed = gemm_smem_bytes(d.bm);
+  launch.smem_fixed = gemm_smem_bytes(d.bm, d.mxfp4);
   launch.blocks_z = d.splitk;
-  std::string call =
-      fmt::format("gemm_bf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.bm,
-                  d.norm, d.bias, d.residual, epi, d.grouped, d.gather, d.ksel, d.split, d.splitk);
+  std::string call = fmt::format(
+      "gemm_bf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.bm, d.norm,
+      d.bias, d.residual, epi, d.grouped, d.gather, d.ksel, d.split, d.splitk, d.mxfp4,
+      d.experts);
   return assemble(std::move(name), ir_lines, "gemm.cuh", call, params, launch);
 }
 

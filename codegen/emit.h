@@ -118,6 +118,11 @@ struct MoeDims {
   /// > 0: __launch_bounds__' blocks per SM for moe_gate_up and moe_down_part (registers capped
   /// so that more blocks fit: gate_up's 720 blocks took 1.36 waves at 62 registers).
   int min_blocks = 0;
+  /// The expert matrices are MXFP4 device tensors (codegen/kernels/mxfp4.cuh: blocks, then
+  /// scales; parameter type const unsigned char*) decoded in registers: moe_gate_up_mx4 and
+  /// moe_down_part_mx4, `unroll` 16-byte blocks (32 values) per row and lane in flight.
+  /// hidden and inter must be multiples of 32.
+  bool mxfp4 = false;
 };
 
 /// embedding: out[t] = table[ids[t]] widened to fp32. Parameters: table, ids, out; grid.y = tokens.
@@ -178,6 +183,9 @@ struct GemmDims {
   /// (parameter y), which gemm_splitk_reduce finishes.
   int splitk = 1;
   double limit = 7.0, alpha = 1.702;
+  /// W is an MXFP4 device tensor of experts x n x k values (blocks, then scales; parameter type
+  /// const unsigned char*), decoded into bf16 in shared memory tile by tile. k % 64 == 0.
+  bool mxfp4 = false;
 };
 
 /// gemm_splitk_reduce: y = sum of the split-K partials (+ bias) (+ h). Parameters: part, b, h, y,

@@ -12,15 +12,6 @@
 
 namespace xserv::compiler {
 
-int debug_level_from_env() {
-  const char* v = std::getenv("XSERV_DEBUG");
-  if (!v || !*v)
-    return 0;
-  char* end = nullptr;
-  long n = std::strtol(v, &end, 10);
-  return (end && *end == '\0' && n > 0) ? static_cast<int>(n) : 0;
-}
-
 PassManager::PassManager(PipelineOptions opts, PassOptions pass_opts)
     : opts_(std::move(opts)), pass_opts_(pass_opts) {}
 

@@ -16,13 +16,11 @@ struct PipelineOptions {
   bool verify_after_all = false;       ///< run ir::verify after every pass
   int stop_after = -1;                 ///< run only the first N passes (bisecting); -1: all
   std::filesystem::path dump_dir;      ///< when set, write NN_pass.ir after each pass
-  /// 0 quiet; 1 pass names and timings; 2 also the IR after each pass. XSERV_DEBUG sets it.
+  /// 0 quiet; 1 pass names and timings; 2 also the IR after each pass (compile sets it from
+  /// XSERV_DEBUG, cli/env.h).
   int debug = 0;
   std::ostream* log = nullptr; ///< where dumps and timings go (stderr when null)
 };
-
-/// Reads XSERV_DEBUG (0 when unset or not a number).
-int debug_level_from_env();
 
 struct PassTiming {
   std::string name;

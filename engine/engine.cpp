@@ -12,7 +12,8 @@
 //   4. One model step over all of them. Sequences whose step ends at their prompt's end or that
 //      decode get a token: the model's greedy pick, or the request's own sampler over its
 //      logits row (only rows that need logits bring them back).
-//   5. Finishes: a stop id, max_tokens, or a sequence that filled max_seq; the row is free for
+//   5. Finishes: a stop id, max_tokens, or a sequence that filled max_seq; a logits row with a
+//      NaN or an infinity ends its request alone with an error (no token); the row is free for
 //      the next step.
 #include "engine/engine.h"
 
@@ -28,6 +29,10 @@ namespace {
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool all_finite(const std::vector<float>& row) {
+  return std::all_of(row.begin(), row.end(), [](float x) { return std::isfinite(x); });
 }
 
 /// The log-probability of `token` and the `n` most likely tokens (ties to the lower id) under
@@ -65,6 +70,8 @@ std::string_view finish_name(FinishReason r) {
     return "length";
   case FinishReason::Abort:
     return "abort";
+  case FinishReason::Error:
+    return "error";
   }
   return "";
 }
@@ -238,7 +245,12 @@ std::vector<Event> Engine::step() {
   // 4. The model step: logits rows only where a request samples or reports them.
   double model_ms = 0;
   int64_t generated = 0;
-  int64_t finished[3] = {0, 0, 0}; // stop, length, abort
+  int64_t finished[4] = {0, 0, 0, 0}; // stop, length, abort, error
+  int64_t step_index = 0;
+  {
+    std::lock_guard lock(mu_);
+    step_index = stats_.steps;
+  }
   if (!seqs.empty()) {
     std::vector<bool> need(seqs.size());
     for (size_t b = 0; b < seqs.size(); ++b) {
@@ -277,14 +289,29 @@ std::vector<Event> Engine::step() {
       if (s.in_prompt())
         continue; // a prompt chunk that does not end the prompt: no token yet
       const std::vector<float>& row = out.logits[b];
+      Event ev;
+      ev.id = s.id;
+      ev.prompt_tokens = static_cast<int64_t>(s.req.prompt.size());
+      // A NaN or an infinity in the row the token comes from (the model's greedy pick says
+      // kNonFinite when it saw one) makes any token garbage: the request ends here, the others
+      // go on.
+      if (out.greedy[b] == kNonFinite || (need[b] && !all_finite(row))) {
+        ev.finish = FinishReason::Error;
+        ev.generated_tokens = static_cast<int64_t>(s.generated.size());
+        ev.error = fmt::format("non-finite logits (NaN or infinity) at engine step {}, position "
+                               "{} of the sequence (generated token {}): the model's numbers "
+                               "broke down, no token is sampled from them",
+                               step_index, s.cached - 1, s.generated.size() + 1);
+        ++finished[3];
+        done.push_back(s.id);
+        events.push_back(std::move(ev));
+        continue;
+      }
       const int32_t tok =
           need[b] && s.req.sampling.temperature > 0 ? s.sampler.sample(row) : out.greedy[b];
       s.generated.push_back(tok);
       ++generated;
-      Event ev;
-      ev.id = s.id;
       ev.token = tok;
-      ev.prompt_tokens = static_cast<int64_t>(s.req.prompt.size());
       ev.generated_tokens = static_cast<int64_t>(s.generated.size());
       if (s.req.top_logprobs >= 0)
         fill_logprobs(row, tok, s.req.top_logprobs, ev);
@@ -323,6 +350,7 @@ std::vector<Event> Engine::step() {
   stats_.finished_stop += finished[0];
   stats_.finished_length += finished[1];
   stats_.finished_abort += finished[2];
+  stats_.finished_error += finished[3];
   stats_.model_ms += model_ms;
   stats_.schedule_ms += ms_since(t0) - model_ms;
   last_prompt_tokens_ = prompt_tokens;
@@ -360,6 +388,7 @@ std::vector<Generation> generate(Model& model, const std::vector<Request>& reque
       if (ev.finish != FinishReason::None) {
         g.finish = ev.finish;
         g.hit_max_seq = ev.hit_max_seq;
+        g.error = ev.error;
       }
       if (on_event && !on_event(i, ev) && ev.finish == FinishReason::None)
         engine.abort(ev.id);
@@ -371,6 +400,13 @@ std::vector<Generation> generate(Model& model, const std::vector<Request>& reque
   if (stats)
     *stats = local;
   return out;
+}
+
+void throw_if_failed(const std::vector<Generation>& gens) {
+  for (size_t i = 0; i < gens.size(); ++i)
+    if (gens[i].finish == FinishReason::Error)
+      throw Error(gens.size() == 1 ? gens[i].error
+                                   : fmt::format("request {}: {}", i, gens[i].error));
 }
 
 } // namespace xserv::engine

@@ -30,9 +30,12 @@ enum class FinishReason {
   Stop,   ///< it emitted one of its stop ids (the id is its last token)
   Length, ///< max_tokens generated, or its sequence reached the model's max_seq
   Abort,  ///< abort() was called, or its event callback asked to stop
+  /// The model failed for this request alone: the logits row its next token would come from
+  /// held a NaN or an infinity (Event::error says at which step and position). No token.
+  Error,
 };
 
-/// "stop", "length", "abort" ("" for None): the names OpenAI-style APIs use.
+/// "stop", "length", "abort", "error" ("" for None): the names OpenAI-style APIs use.
 std::string_view finish_name(FinishReason r);
 
 /// One generation request.
@@ -68,6 +71,7 @@ struct Event {
   float logprob = 0;            ///< of `token` (top_logprobs >= 0)
   std::vector<TokenLogprob> top_logprobs;
   std::vector<float> logits; ///< return_logits: the row `token` was picked from
+  std::string error;         ///< finish Error: what went wrong, naming the step and position
 };
 
 /// How an Engine schedules.
@@ -98,7 +102,7 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t prompt_tokens = 0;    ///< prompt tokens processed
   int64_t generated_tokens = 0; ///< tokens generated
-  int64_t finished_stop = 0, finished_length = 0, finished_abort = 0;
+  int64_t finished_stop = 0, finished_length = 0, finished_abort = 0, finished_error = 0;
   double model_ms = 0;    ///< host wall time inside the model's step calls
   double schedule_ms = 0; ///< host wall time of step() outside the model (scheduling, sampling)
 };
@@ -167,6 +171,7 @@ struct Generation {
   std::vector<int32_t> tokens; ///< generated ids (a stop id included when one ended it)
   FinishReason finish = FinishReason::None;
   bool hit_max_seq = false;
+  std::string error; ///< finish Error: Event::error
 };
 
 /// Called with each event of request `index` (its position in generate()'s list); returning
@@ -182,9 +187,15 @@ struct GenerateStats {
 
 /// Runs every request through an Engine over `model` to its end (`while (!idle()) step()`),
 /// all queued at once (so up to max_running at a time, the rest joining as rows free up).
-/// Throws xserv::Error naming the request for one the model cannot run, before any step.
+/// Throws xserv::Error naming the request for one the model cannot run, before any step. A
+/// request that finishes with FinishReason::Error does not stop the others; its Generation
+/// says so (throw_if_failed turns the first into an xserv::Error).
 std::vector<Generation> generate(Model& model, const std::vector<Request>& requests,
                                  const EventCallback& on_event = {}, EngineOptions options = {},
                                  GenerateStats* stats = nullptr);
+
+/// Throws xserv::Error with the error of the first generation that finished with
+/// FinishReason::Error (naming its index when there are several); returns otherwise.
+void throw_if_failed(const std::vector<Generation>& gens);
 
 } // namespace xserv::engine

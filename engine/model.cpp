@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -37,10 +38,16 @@ std::unique_ptr<Stopwatch> Model::stopwatch() {
   return std::make_unique<HostStopwatch>(*this);
 }
 
+int32_t greedy_pick(const std::vector<float>& row) {
+  if (!std::all_of(row.begin(), row.end(), [](float x) { return std::isfinite(x); }))
+    return kNonFinite;
+  return runtime::argmax(row);
+}
+
 std::vector<int32_t> Model::step_greedy(const models::StepInput& in) {
   std::vector<int32_t> ids;
   for (const std::vector<float>& row : step(in))
-    ids.push_back(runtime::argmax(row));
+    ids.push_back(greedy_pick(row));
   return ids;
 }
 
@@ -54,7 +61,7 @@ StepOutput Model::step_mixed(const models::StepInput& in, const std::vector<bool
   }
   out.logits = step(in);
   for (size_t b = 0; b < out.logits.size(); ++b) {
-    out.greedy.push_back(runtime::argmax(out.logits[b]));
+    out.greedy.push_back(greedy_pick(out.logits[b]));
     if (!need_logits[b])
       out.logits[b].clear();
   }

@@ -23,8 +23,17 @@ public:
   virtual double stop() = 0;
 };
 
-/// What one step brings back: per sequence of the step, its greedy token (always) and its
-/// logits row where the caller asked for it (empty rows elsewhere).
+/// A greedy pick from a logits row that held a NaN or an infinity: no token (the Engine ends
+/// that request with FinishReason::Error). Host picks report it; the CUDA engine's device pick
+/// skips NaN and cannot tell.
+inline constexpr int32_t kNonFinite = -1;
+
+/// runtime::argmax of `row`, or kNonFinite when the row holds a NaN or an infinity.
+int32_t greedy_pick(const std::vector<float>& row);
+
+/// What one step brings back: per sequence of the step, its greedy token (always; kNonFinite
+/// for a row that was not finite) and its logits row where the caller asked for it (empty rows
+/// elsewhere).
 struct StepOutput {
   std::vector<int32_t> greedy;
   std::vector<std::vector<float>> logits;
@@ -46,8 +55,9 @@ public:
   virtual std::string backend() const = 0;
   /// One step: returns the logits of each sequence's last new token, one row per sequence.
   virtual std::vector<std::vector<float>> step(const models::StepInput& in) = 0;
-  /// One step that returns each sequence's greedy token: runtime::argmax of the row step()
-  /// would return (ties to the lower id). Backends may pick on the device and skip the logits.
+  /// One step that returns each sequence's greedy token: greedy_pick of the row step() would
+  /// return (ties to the lower id; kNonFinite for a row with a NaN or an infinity). Backends may
+  /// pick on the device and skip the logits.
   virtual std::vector<int32_t> step_greedy(const models::StepInput& in);
   /// One step that returns every sequence's greedy token and the logits rows of the sequences
   /// with need_logits[b] set (need_logits has one entry per sequence). The default runs

@@ -55,6 +55,9 @@ public:
   static Tokenizer from_hf_json(const std::filesystem::path& path);
   /// Loads a tiktoken ranks file ("base64(bytes) rank" per line) and adds the harmony specials.
   static Tokenizer from_tiktoken(const std::filesystem::path& path);
+  /// from_tiktoken and from_hf_json over a file's contents; `source` names it in errors.
+  static Tokenizer from_tiktoken_text(std::string_view text, const std::string& source);
+  static Tokenizer from_hf_json_text(std::string_view text, const std::string& source);
 
   /// Encodes UTF-8 text. Specials named by `allowed` become their single ids; everything else is
   /// split by the o200k pre-tokenizer and BPE-merged. Throws xserv::Error on invalid UTF-8.

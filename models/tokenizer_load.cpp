@@ -133,8 +133,10 @@ bool unmap_bytes(std::string_view key, const std::array<int, 324>& map, std::str
 } // namespace
 
 Tokenizer Tokenizer::from_tiktoken(const std::filesystem::path& path) {
-  const std::string source = path.string();
-  const std::string text = read_file(path);
+  return from_tiktoken_text(read_file(path), path.string());
+}
+
+Tokenizer Tokenizer::from_tiktoken_text(std::string_view text, const std::string& source) {
   std::vector<std::string> by_rank;
   std::string bytes;
   size_t line_no = 0;
@@ -177,10 +179,13 @@ Tokenizer Tokenizer::from_tiktoken(const std::filesystem::path& path) {
 }
 
 Tokenizer Tokenizer::from_hf_json(const std::filesystem::path& path) {
-  const std::string source = path.string();
+  return from_hf_json_text(read_file(path), path.string());
+}
+
+Tokenizer Tokenizer::from_hf_json_text(std::string_view text, const std::string& source) {
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(read_file(path));
+    doc = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("{}: not valid JSON: {}", source, e.what()));
   }

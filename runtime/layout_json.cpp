@@ -63,6 +63,7 @@ json stage_layout_to_json(const StageLayout& l) {
           {"max_seq", l.max_seq},
           {"tokens", l.tokens},
           {"gemm_split", l.gemm_split},
+          {"expert_format", expert_format_name(l.expert_format)},
           {"arena_bytes", l.arena_bytes},
           {"output",
            {{"offset", l.output.offset},
@@ -81,6 +82,11 @@ StageLayout stage_layout_from_json(const json& j) {
   l.max_seq = integer(j, "max_seq", "", 1, int64_t{1} << 24);
   l.tokens = integer(j, "tokens", "", 1, 1 << 24);
   l.gemm_split = boolean(j, "gemm_split", "");
+  {
+    const json& f = field(j, "expert_format", "");
+    if (!f.is_string() || !parse_expert_format(f.get<std::string>(), l.expert_format))
+      throw Error("layout: expert_format must be \"bf16\", \"mxfp4\" or \"both\"");
+  }
   l.arena_bytes = uint64_t(integer(j, "arena_bytes", "", 1, kMaxBytes));
   const json& o = field(j, "output", "");
   l.output.offset = uint64_t(integer(o, "offset", "output.", 0, kMaxBytes));

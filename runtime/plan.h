@@ -30,14 +30,57 @@ struct WeightSpec {
     /// `data` holds MXFP4 blocks U8 [..., G, 16] and `scales` the E8M0 scales U8 [..., G]
     /// (MODEL.md "MXFP4"); the device tensor is BF16 [..., G * 32].
     Mxfp4ToBf16,
+    /// The same pair kept as MXFP4 on the device (4.25 bits per weight, decoded in registers
+    /// by the kernels): one tensor holding the blocks [..., G, 16] unchanged, then the scales
+    /// [..., G] unchanged (mxfp4_scales_offset() bytes from its start).
+    Mxfp4,
   };
 
   std::string name; ///< the logical tensor, e.g. "model.layers.0.mlp.experts.gate_up_proj"
   Transform transform = Transform::Copy;
-  WeightSource data;                  ///< the bytes (Copy), or the blocks (Mxfp4ToBf16)
-  std::optional<WeightSource> scales; ///< the scales, for Mxfp4ToBf16 only
+  WeightSource data;                  ///< the bytes (Copy), or the blocks (Mxfp4ToBf16, Mxfp4)
+  std::optional<WeightSource> scales; ///< the scales, for Mxfp4ToBf16 and Mxfp4 only
   std::vector<int64_t> shape;         ///< logical shape on the GPU, e.g. [E, rows, cols]
 };
+
+/// Where the scales start in an Mxfp4 device tensor of logical shape [..., cols]: after the
+/// blocks, numel / 2 bytes (16 bytes per 32 values).
+inline uint64_t mxfp4_scales_offset(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape)
+    n *= static_cast<uint64_t>(d);
+  return n / 2;
+}
+
+/// How a plan keeps the MoE expert matrices on the GPU (compile --expert-format).
+enum class ExpertFormat {
+  Bf16,  ///< dequantised to BF16 at load (2 bytes per weight)
+  Mxfp4, ///< as the checkpoint stores them, decoded in the kernels' registers
+  /// Both copies: steps of few tokens (decode) read the MXFP4 one, the gemms of longer steps
+  /// the BF16 one; 2.53 bytes per weight.
+  Both,
+};
+
+/// The device tensor name of the MXFP4 copy of expert weight `name` under ExpertFormat::Both
+/// (a character no checkpoint name holds).
+inline std::string mxfp4_copy_name(const std::string& name) {
+  return name + "#mxfp4";
+}
+
+/// "bf16" / "mxfp4" / "both".
+inline const char* expert_format_name(ExpertFormat f) {
+  return f == ExpertFormat::Mxfp4 ? "mxfp4" : f == ExpertFormat::Both ? "both" : "bf16";
+}
+
+/// The format `name` names (expert_format_name's inverse); false when it names none.
+inline bool parse_expert_format(const std::string& name, ExpertFormat& f) {
+  for (ExpertFormat e : {ExpertFormat::Bf16, ExpertFormat::Mxfp4, ExpertFormat::Both})
+    if (name == expert_format_name(e)) {
+      f = e;
+      return true;
+    }
+  return false;
+}
 
 /// The key count attention's split count is chosen for when a token sees at most `keys` keys:
 /// `keys` rounded up to a power of two, at least 64 and at most 2048 (where the split count
@@ -169,6 +212,8 @@ struct StageLayout {
   int64_t max_seq = 0;   ///< positions per row
   int64_t tokens = 0;    ///< step capacity (T) the arena and the launch table are for
   bool gemm_split = true;
+  /// The expert matrices' device format: the weight upload and the MoE kernels both follow it.
+  ExpertFormat expert_format = ExpertFormat::Bf16;
   uint64_t arena_bytes = 0;
   /// The graph's first output: logits (one row per sequence, or per token with --all-logits),
   /// or the activation a pipeline stage sends on.
@@ -195,7 +240,8 @@ struct StageLayout {
     bool operator==(const Cache&) const = default;
   };
   std::vector<Cache> caches;
-  /// A weight the launches read (BF16 on the device), by its logical name and shape.
+  /// A weight the launches read, by its logical name and shape (BF16 on the device; the
+  /// experts in expert_format).
   struct Weight {
     std::string name;
     std::vector<int64_t> shape;

@@ -100,9 +100,16 @@ LaunchArg arg_from_json(const json& j) {
   case K::Scratch:
     a.index = static_cast<int>(number(id));
     break;
-  case K::Int:
-    a.value = std::stoi(id);
+  case K::Int: {
+    const bool negative = !id.empty() && id[0] == '-';
+    const uint64_t magnitude = number(negative ? id.substr(1) : id);
+    if (magnitude > (negative ? uint64_t{1} << 31 : (uint64_t{1} << 31) - 1))
+      throw Error(
+          fmt::format("launch table: int argument '{}' is outside 32 bits", j.get<std::string>()));
+    a.value = static_cast<int>(negative ? -static_cast<int64_t>(magnitude)
+                                        : static_cast<int64_t>(magnitude));
     break;
+  }
   default:
     break;
   }
@@ -175,8 +182,10 @@ json launch_table_to_json(const LaunchTable& t) {
 
 LaunchTable launch_table_from_json(const json& j) {
   LaunchTable t;
+  std::string at = "the table"; // the part being read, for messages
   try {
     for (const json& k : j.at("kernels")) {
+      at = fmt::format("kernels[{}]", t.kernels.size());
       PlanKernel p;
       p.name = k.at("name").get<std::string>();
       p.block = k.at("block").get<int>();
@@ -191,6 +200,7 @@ LaunchTable launch_table_from_json(const json& j) {
       t.kernels.push_back(std::move(p));
     }
     for (const json& l : j.at("launches")) {
+      at = fmt::format("launches[{}]", t.launches.size());
       PlanLaunch p;
       p.kernel = l.at("k").get<int>();
       p.label = l.at("label").get<std::string>();
@@ -206,15 +216,22 @@ LaunchTable launch_table_from_json(const json& j) {
       t.launches.push_back(std::move(p));
     }
     for (const json& s : j.at("scratch")) {
+      at = fmt::format("scratch[{}]", t.scratch.size());
       ScratchBuffer b;
       b.bytes = s.at("bytes").get<uint64_t>();
       get_opt(s, "f64", b.f64);
       t.scratch.push_back(std::move(b));
     }
+    at = "the table";
     t.argmax_scratch = j.at("argmax_scratch").get<int>();
     t.argmax_chunks = j.at("argmax_chunks").get<int>();
   } catch (const json::exception& e) {
-    throw Error(fmt::format("launch table in plan.json is malformed: {}", e.what()));
+    // nlohmann's text without its "[json.exception.KIND.N] " tag, after the part it is about.
+    std::string what = e.what();
+    if (const size_t close = what.find("] ");
+        what.rfind("[json.exception", 0) == 0 && close != std::string::npos)
+      what = what.substr(close + 2);
+    throw Error(fmt::format("launch table in plan.json is malformed: {}: {}", at, what));
   }
   // Kernel names become file names (kernels/NAME.cubin): identifiers only, never a path.
   for (size_t i = 0; i < t.kernels.size(); ++i) {

@@ -60,11 +60,11 @@ uint64_t check_copy(const WeightSpec& spec) {
   return d.bytes;
 }
 
-/// Checks an Mxfp4ToBf16 spec and returns its device byte size (BF16).
+/// Checks an Mxfp4ToBf16 or Mxfp4 spec and returns its device byte size as BF16.
 uint64_t check_mxfp4(const WeightSpec& spec) {
   const WeightSource& b = spec.data;
   if (!spec.scales)
-    throw Error(where(spec, b) + ": an Mxfp4ToBf16 weight needs its scales tensor");
+    throw Error(where(spec, b) + ": an MXFP4 weight needs its scales tensor");
   const WeightSource& s = *spec.scales;
   if (b.dtype != "U8" || s.dtype != "U8")
     throw Error(where(spec, b) + ": MXFP4 blocks and scales must be U8, found " + b.dtype +
@@ -120,10 +120,15 @@ WeightLayout layout_weights(const std::vector<WeightSpec>& specs) {
       t.bytes = check_copy(spec);
       t.dtype = spec.data.dtype;
       layout.source_bytes += spec.data.bytes;
-    } else {
+    } else if (spec.transform == WeightSpec::Transform::Mxfp4ToBf16) {
       t.bytes = check_mxfp4(spec);
       t.dtype = "BF16";
       layout.source_bytes += spec.data.bytes + spec.scales->bytes;
+    } else { // Mxfp4: blocks then scales, as stored
+      check_mxfp4(spec);
+      t.bytes = spec.data.bytes + spec.scales->bytes;
+      t.dtype = "MXFP4";
+      layout.source_bytes += t.bytes;
     }
     t.offset = align_up(layout.total_bytes, kWeightAlignment);
     layout.total_bytes = align_up(t.offset + t.bytes, kWeightAlignment);

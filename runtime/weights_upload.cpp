@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -357,6 +358,26 @@ void check_scales(const WeightSpec& spec, const uint8_t* scales) {
                 spec.scales->file + ": the checkpoint is corrupt");
 }
 
+/// Throws when an MXFP4 value kept as MXFP4 on the device is infinite: a scale byte of 253 or
+/// more with a large enough code (the GPU check below sees only dequantised BF16 tensors). Only
+/// blocks with such a scale are decoded: 1 byte per 32 weights is scanned.
+void check_mxfp4_finite(const WeightSpec& spec, const uint8_t* blocks, const uint8_t* scales) {
+  static constexpr float kLut[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (uint64_t i = 0; i < spec.scales->bytes; ++i) {
+    if (scales[i] < 253)
+      continue;
+    for (int j = 0; j < 32; ++j) {
+      const uint8_t byte = blocks[i * 16 + uint64_t(j / 2)];
+      const int code = (j % 2 ? byte >> 4 : byte) & 7;
+      if (std::isinf(std::ldexp(kLut[code], int(scales[i]) - 127)))
+        throw Error("weight '" + spec.name + "': element " + std::to_string(i * 32 + uint64_t(j)) +
+                    " is infinite (scale byte " + std::to_string(scales[i]) + " of '" +
+                    spec.scales->name + "' in " + spec.scales->file +
+                    "): the checkpoint holds non-finite weights");
+    }
+  }
+}
+
 /// Scans every BF16 and F32 tensor of the uploaded arena for infinities and NaNs with one
 /// kernel launch per tensor, then throws naming the first tensor (in spec order) holding one.
 void check_finite(const Module& module, const Kernel& kernel, cudaStream_t stream,
@@ -435,9 +456,13 @@ DeviceWeights DeviceWeights::upload(const std::vector<WeightSpec>& specs,
   FileMaps files(specs);
   st.files = files.count();
   if (options.check_values)
-    for (const WeightSpec& s : specs)
-      if (s.transform == WeightSpec::Transform::Mxfp4ToBf16)
-        check_scales(s, files.bytes(*s.scales));
+    for (const WeightSpec& s : specs) {
+      if (s.transform == WeightSpec::Transform::Copy)
+        continue;
+      check_scales(s, files.bytes(*s.scales));
+      if (s.transform == WeightSpec::Transform::Mxfp4)
+        check_mxfp4_finite(s, files.bytes(s.data), files.bytes(*s.scales));
+    }
   st.map_s = seconds_since(t_start);
 
   // 2. The GPU: arena, staging buffers, stream.
@@ -506,9 +531,12 @@ DeviceWeights DeviceWeights::upload(const std::vector<WeightSpec>& specs,
   for (size_t i = 0; i < specs.size(); ++i) {
     const WeightSpec& s = specs[i];
     const DeviceTensor& t = w.layout_.tensors[i];
-    if (s.transform == WeightSpec::Transform::Copy)
+    if (s.transform == WeightSpec::Transform::Copy) {
       builder.add_copy(files.bytes(s.data), s.data.bytes, t.offset);
-    else
+    } else if (s.transform == WeightSpec::Transform::Mxfp4) { // blocks, then scales
+      builder.add_copy(files.bytes(s.data), s.data.bytes, t.offset);
+      builder.add_copy(files.bytes(*s.scales), s.scales->bytes, t.offset + s.data.bytes);
+    } else
       builder.add_mxfp4(files.bytes(s.data), files.bytes(*s.scales), s.scales->bytes, t.offset);
   }
   const std::vector<Batch> batches = builder.take();

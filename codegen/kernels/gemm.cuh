@@ -6,6 +6,7 @@
 #pragma once
 
 #include "xserv_kernels/common.cuh"
+#include "xserv_kernels/mxfp4.cuh"
 
 namespace xserv_kernels {
 
@@ -88,10 +89,22 @@ __device__ __forceinline__ void row_inv_rms(const float* __restrict__ x, float e
     inv[blockIdx.y] = v;
 }
 
-/// Dynamic shared memory of gemm_bf16<.., BM, ..>: gemm_stages(BM) stages of an fp32 A tile
-/// [BM][kGemmStrideA] and a bf16 W tile [128][kGemmStride].
-__host__ __device__ constexpr int gemm_smem_bytes(int bm) {
-  return gemm_stages(bm) * (bm * kGemmStrideA * 4 + kGemmBN * kGemmStride * 2);
+/// An MXFP4 W tile as it lands (gemm_bf16<.., MX4>): per row its 2 blocks (32 bytes) and the
+/// two aligned 4-byte words that hold their scale bytes.
+constexpr int kGemmRawBytes = kGemmBN * (kGemmBK / 2 + 2 * 4);
+
+/// Dynamic shared memory of gemm_bf16<.., BM, .., MX4>: gemm_stages(BM) stages of an fp32 A tile
+/// [BM][kGemmStrideA] and a bf16 W tile [128][kGemmStride]; with MX4 the stages hold raw MXFP4
+/// W tiles and one bf16 W tile receives the decoded current stage.
+__host__ __device__ constexpr int gemm_smem_bytes(int bm, bool mx4 = false) {
+  return mx4 ? gemm_stages(bm) * (bm * kGemmStrideA * 4 + kGemmRawBytes) +
+                   kGemmBN * kGemmStride * 2
+             : gemm_stages(bm) * (bm * kGemmStrideA * 4 + kGemmBN * kGemmStride * 2);
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 4 : 0));
 }
 
 /// The tile one block computes: `n0` (grid.x) of W's rows and sorted/dense rows [begin, end).
@@ -129,11 +142,16 @@ __device__ __forceinline__ bool gemm_tile(const int* tiles, int tokens, int& exp
 /// by one warp only; A fragments are read from shared memory as fp32 pairs and
 /// rounded to bf16 in registers, with SPLIT as bf16(v) + bf16(v - bf16(v)) (two MMAs per
 /// product, about fp32 precision), else as bf16(v).
+///
+/// MX4: W is an MXFP4 device tensor of EXPERTS x N x K values (mxfp4.cuh: blocks, then
+/// scales). Each stage then holds the tile's raw blocks and scale words (cp.async), and after a
+/// stage lands each thread decodes one (row, block) piece of it into a single bf16 W tile: the
+/// MMAs see exactly the BF16 dequantisation's values.
 template <int K, int N, int BM, bool NORM, bool BIAS, bool RESIDUAL, int EPI, bool GROUPED,
-          bool GATHER, int KSEL, bool SPLIT, int SPLITK = 1>
+          bool GATHER, int KSEL, bool SPLIT, int SPLITK = 1, bool MX4 = false, int EXPERTS = 1>
 __device__ __forceinline__ void
 gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
-          const __nv_bfloat16* __restrict__ ln, const __nv_bfloat16* __restrict__ w,
+          const __nv_bfloat16* __restrict__ ln, const void* __restrict__ wv,
           const __nv_bfloat16* __restrict__ b, const float* h, float* y,
           const int* __restrict__ pair, const int* __restrict__ tiles,
           const float* __restrict__ route_w, float limit, float alpha, int tokens) {
@@ -148,11 +166,15 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
   constexpr int kKT = K / kGemmBK / SPLITK; // K tiles of this block's range
   constexpr int kGemmStages = gemm_stages(BM);
 
+  static_assert(!MX4 || kGemmBN * 2 == kGemmThreads, "MX4: one (row, block) piece per thread");
   extern __shared__ __align__(16) unsigned char smem_gemm[];
   typedef float ATile[BM][kGemmStrideA];
   typedef __nv_bfloat16 BTile[kGemmBN][kGemmStride];
+  typedef unsigned char RawTile[kGemmRawBytes]; // [128][32] block bytes, then [128][2] words
   ATile* sa = reinterpret_cast<ATile*>(smem_gemm);
   BTile* sb = reinterpret_cast<BTile*>(smem_gemm + kGemmStages * sizeof(ATile));
+  RawTile* sraw = reinterpret_cast<RawTile*>(smem_gemm + kGemmStages * sizeof(ATile));
+  BTile* sdec = reinterpret_cast<BTile*>(smem_gemm + kGemmStages * (sizeof(ATile) + sizeof(RawTile)));
   __shared__ int rows_a[BM];
 
   int expert, begin, end;
@@ -163,7 +185,12 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
   const int g = lane / 4, c = lane % 4;               // mma fragment coordinates
   const int n0 = blockIdx.x * kGemmBN;
   const int rows = end - begin;
-  const __nv_bfloat16* we = w + (size_t)expert * N * K;
+  const __nv_bfloat16* we = static_cast<const __nv_bfloat16*>(wv) + (size_t)expert * N * K;
+  // MX4: this block's expert's blocks and scales, and this thread's (row, block) piece.
+  const unsigned char* mblocks = static_cast<const unsigned char*>(wv) + (size_t)expert * N * (K / 2);
+  const unsigned char* mscales = mxfp4_scales<EXPERTS * N, K>(static_cast<const unsigned char*>(wv)) +
+                                 (size_t)expert * N * (K / 32);
+  const int mrow = tid / 2, mblk = tid % 2;
 
   for (int i = tid; i < BM; i += kGemmThreads)
     rows_a[i] = i < rows ? (GATHER ? pair[begin + i] / KSEL : begin + i) : -1;
@@ -189,12 +216,44 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
         cp_async16(&sa[stage][r][col], x + (size_t)(ar >= 0 ? ar : 0) * K + k0 + col, ar >= 0);
       }
     }
+    if constexpr (MX4) { // this thread's block of row mrow: 16 bytes, and the word holding its scale
+      const bool valid = n0 + mrow < N;
+      const size_t row = valid ? n0 + mrow : 0;
+      cp_async16(&sraw[stage][mrow * 32 + mblk * 16],
+                 mblocks + row * (K / 2) + k0 / 2 + mblk * 16, valid);
+      const unsigned char* sp = mscales + row * (K / 32) + k0 / 32 + mblk;
+      cp_async4(&sraw[stage][kGemmBN * 32 + (mrow * 2 + mblk) * 4],
+                reinterpret_cast<const void*>(reinterpret_cast<size_t>(sp) & ~size_t(3)), valid);
+    } else {
 #pragma unroll
-    for (int v = 0; v < kGemmBN * kGemmBK / 8 / kGemmThreads; ++v) { // 16-byte pieces of W
-      const int piece = tid + v * kGemmThreads, r = piece / (kGemmBK / 8);
-      const int col = (piece % (kGemmBK / 8)) * 8;
-      const bool valid = n0 + r < N;
-      cp_async16(&sb[stage][r][col], we + (size_t)(valid ? n0 + r : 0) * K + k0 + col, valid);
+      for (int v = 0; v < kGemmBN * kGemmBK / 8 / kGemmThreads; ++v) { // 16-byte pieces of W
+        const int piece = tid + v * kGemmThreads, r = piece / (kGemmBK / 8);
+        const int col = (piece % (kGemmBK / 8)) * 8;
+        const bool valid = n0 + r < N;
+        cp_async16(&sb[stage][r][col], we + (size_t)(valid ? n0 + r : 0) * K + k0 + col, valid);
+      }
+    }
+  };
+  // MX4: the landed stage's piece of this thread into the bf16 tile.
+  auto decode = [&](int kt) {
+    const int stage = kt % kGemmStages, k0 = (kt0 + kt) * kGemmBK;
+    const uint4 q = *reinterpret_cast<const uint4*>(&sraw[stage][mrow * 32 + mblk * 16]);
+    const unsigned word =
+        *reinterpret_cast<const unsigned*>(&sraw[stage][kGemmBN * 32 + (mrow * 2 + mblk) * 4]);
+    const size_t row = n0 + mrow < N ? n0 + mrow : 0;
+    const size_t at = reinterpret_cast<size_t>(mscales + row * (K / 32) + k0 / 32 + mblk);
+    const unsigned s = n0 + mrow < N ? (word >> (8 * (at & 3))) & 0xffu : 0u;
+    const unsigned words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float v[8];
+      mxfp4_word_to_f32(words[i], s, v);
+      uint4 o;
+      o.x = pack_exact_bf16x2(v[0], v[1]);
+      o.y = pack_exact_bf16x2(v[2], v[3]);
+      o.z = pack_exact_bf16x2(v[4], v[5]);
+      o.w = pack_exact_bf16x2(v[6], v[7]);
+      *reinterpret_cast<uint4*>(&(*sdec)[mrow][mblk * 32 + i * 8]) = o;
     }
   };
 
@@ -218,8 +277,13 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
     if (kt + kGemmStages - 1 < kKT)
       issue(kt + kGemmStages - 1);
     cp_async_commit();
+    if (MX4) {
+      decode(kt); // the previous tile's MMAs are done (barrier above)
+      __syncthreads();
+    }
 
     const int stage = kt % kGemmStages;
+    const BTile& wt = MX4 ? *sdec : sb[stage];
 #pragma unroll
     for (int ks = 0; ks < kGemmBK; ks += 16) {
       unsigned bf[kNI][2];
@@ -229,7 +293,7 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
         const int nr = wn * kWN + nj * 16 + (lane % 8) + (lane / 16) * 8;
         const int kc = ks + ((lane / 8) % 2) * 8;
         unsigned r[4];
-        ldmatrix_x4(r, &sb[stage][nr][kc]);
+        ldmatrix_x4(r, &wt[nr][kc]);
         bf[2 * nj][0] = r[0];
         bf[2 * nj][1] = r[1];
         bf[2 * nj + 1][0] = r[2];

@@ -3,11 +3,34 @@
 #pragma once
 
 #include "xserv_kernels/common.cuh"
+#include "xserv_kernels/mxfp4.cuh"
 
 namespace xserv_kernels {
 
 /// Threads per block of the MoE kernels (8 warps).
 constexpr int kMoeThreads = 256;
+
+/// The end of moe_gate_up for a warp's RI (gate, up) row pairs: lane r < RI adds the biases
+/// b[2r], b[2r + 1] to the pair's dot products acc[2r], acc[2r + 1] (on every lane) and stores
+/// the clamped SwiGLU into act[r].
+template <int I, int RI>
+__device__ __forceinline__ void moe_swiglu_store(const float (&acc)[2 * RI][1],
+                                                 const __nv_bfloat16* __restrict__ b, float limit,
+                                                 float alpha, float* __restrict__ act) {
+  const int lane = threadIdx.x % kWarp;
+  if (lane >= RI)
+    return;
+  // Lane r finishes pair r (register arrays are indexed with unrolled constants).
+#pragma unroll
+  for (int r = 0; r < RI; ++r) {
+    if (r != lane)
+      continue;
+    const float gate = fminf(acc[2 * r][0] + bf16_to_float(b[2 * r]), limit);
+    const float up = fminf(fmaxf(acc[2 * r + 1][0] + bf16_to_float(b[2 * r + 1]), -limit), limit);
+    const float glu = gate / (1.0f + expf(-alpha * gate));
+    act[r] = (up + 1.0f) * glu;
+  }
+}
 
 /// First half of moe_experts for one (token, selected expert) pair tk = blockIdx.y (token
 /// tk / KSEL, slot tk % KSEL): act[tk, i] = (clamp(up, -limit, limit) + 1) * gate' *
@@ -23,7 +46,7 @@ moe_gate_up(const float* __restrict__ x, const int* __restrict__ ids,
   static_assert(I % RI == 0, "pairs per warp must divide I");
   constexpr int kWarps = kMoeThreads / kWarp;
   __shared__ __align__(16) float xs[D];
-  const int tk = blockIdx.y, t = tk / KSEL, lane = threadIdx.x % kWarp;
+  const int tk = blockIdx.y, t = tk / KSEL;
   const int warp = threadIdx.x / kWarp;
   const int e = ids[tk], i0 = (blockIdx.x * kWarps + warp) * RI;
   const size_t row0 = (size_t)e * 2 * I + 2 * i0;
@@ -40,19 +63,39 @@ moe_gate_up(const float* __restrict__ x, const int* __restrict__ ids,
     return; // leave act unwritten rather than read out of bounds
   float acc[2 * RI][1];
   gemv.finish(xs, 1, acc);
-  if (lane < RI) {
-    // Lane r finishes pair i0 + r (register arrays are indexed with unrolled constants).
-#pragma unroll
-    for (int r = 0; r < RI; ++r) {
-      if (r != lane)
-        continue;
-      const float gate = fminf(acc[2 * r][0] + bf16_to_float(gate_up_b[row0 + 2 * r]), limit);
-      const float up = fminf(
-          fmaxf(acc[2 * r + 1][0] + bf16_to_float(gate_up_b[row0 + 2 * r + 1]), -limit), limit);
-      const float glu = gate / (1.0f + expf(-alpha * gate));
-      act[(size_t)tk * I + i0 + r] = (up + 1.0f) * glu;
-    }
-  }
+  moe_swiglu_store<I, RI>(acc, gate_up_b + row0, limit, alpha, act + (size_t)tk * I + i0);
+}
+
+/// moe_gate_up on MXFP4 experts (mxfp4.cuh): gate_up holds the [E, 2I, D] blocks then scales.
+/// Its sums are grouped by block (WarpGemvMx4): within a rounding per block of moe_gate_up on
+/// the BF16 dequantisation.
+template <int D, int I, int E, int KSEL, int RI, int UNROLL = 2, bool PREFETCH = true>
+__device__ __forceinline__ void
+moe_gate_up_mx4(const float* __restrict__ x, const int* __restrict__ ids,
+                const unsigned char* __restrict__ gate_up,
+                const __nv_bfloat16* __restrict__ gate_up_b, float limit, float alpha,
+                float* __restrict__ act) {
+  static_assert(I % RI == 0, "pairs per warp must divide I");
+  constexpr int kWarps = kMoeThreads / kWarp;
+  __shared__ __align__(16) float xs[D / 32 * kMx4XStride];
+  const int tk = blockIdx.y, t = tk / KSEL;
+  const int warp = threadIdx.x / kWarp;
+  const int e = ids[tk], i0 = (blockIdx.x * kWarps + warp) * RI;
+  const size_t row0 = (size_t)e * 2 * I + 2 * i0;
+  const bool active = e >= 0 && e < E && i0 < I;
+  const unsigned char* blocks = gate_up + row0 * (D / 2);
+  if (PREFETCH && active)
+    warp_prefetch_l2(blocks, size_t(2 * RI) * (D / 2));
+  WarpGemvMx4<D, 2 * RI, UNROLL> gemv;
+  if (active)
+    gemv.start(blocks, mxfp4_scales<E * 2 * I, D>(gate_up) + row0 * (D / 32));
+  mxfp4_stage_x<D, kMoeThreads>(x + (size_t)t * D, xs);
+  __syncthreads();
+  if (!active)
+    return;
+  float acc[2 * RI][1];
+  gemv.finish(xs, acc);
+  moe_swiglu_store<I, RI>(acc, gate_up_b + row0, limit, alpha, act + (size_t)tk * I + i0);
 }
 
 /// Second half as one kernel per token (the engine runs moe_down_part + moe_combine, which puts
@@ -137,6 +180,37 @@ moe_down_part(const float* __restrict__ act, const float* __restrict__ weights,
   for (int r = 0; r < R; ++r)
     part[(size_t)tk * D + o0 + r] =
         wt * (acc[r][0] + bf16_to_float(down_b[(size_t)e * D + o0 + r]));
+}
+
+/// moe_down_part on MXFP4 experts (mxfp4.cuh): down holds the [E, D, I] blocks then scales.
+/// Within a rounding per block of moe_down_part on the BF16 dequantisation (WarpGemvMx4).
+template <int D, int I, int E, int KSEL, int R, int UNROLL = 2>
+__device__ __forceinline__ void
+moe_down_part_mx4(const float* __restrict__ act, const float* __restrict__ weights,
+                  const int* __restrict__ ids, const unsigned char* __restrict__ down,
+                  const __nv_bfloat16* __restrict__ down_b, float* __restrict__ part) {
+  static_assert(D % R == 0, "rows per warp must divide D");
+  constexpr int kWarps = kMoeThreads / kWarp;
+  __shared__ __align__(16) float as[I / 32 * kMx4XStride];
+  const int tk = blockIdx.y, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int o0 = (blockIdx.x * kWarps + warp) * R, e = ids[tk];
+  const bool active = o0 < D && e >= 0 && e < E;
+  const size_t row0 = (size_t)e * D + o0;
+  WarpGemvMx4<I, R, UNROLL> gemv;
+  if (active)
+    gemv.start(down + row0 * (I / 2), mxfp4_scales<E * D, I>(down) + row0 * (I / 32));
+  mxfp4_stage_x<I, kMoeThreads>(act + (size_t)tk * I, as);
+  __syncthreads();
+  if (!active)
+    return;
+  float acc[R][1];
+  gemv.finish(as, acc);
+  if (lane != 0)
+    return;
+  const float wt = weights[tk];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    part[(size_t)tk * D + o0 + r] = wt * (acc[r][0] + bf16_to_float(down_b[row0 + r]));
 }
 
 } // namespace xserv_kernels

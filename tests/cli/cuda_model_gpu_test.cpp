@@ -266,9 +266,11 @@ struct GreedyRun {
 };
 
 GreedyRun greedy_run(const fs::path& model, const std::vector<std::vector<int32_t>>& prompts,
-                     int64_t max_seq, int steps, bool graphs) {
+                     int64_t max_seq, int steps, bool graphs,
+                     xserv::runtime::ExpertFormat experts = xserv::runtime::ExpertFormat::Bf16) {
   cli::CudaModelOptions opts = quiet();
   opts.cuda_graphs = graphs;
+  opts.expert_format = experts;
   const auto nseq = static_cast<int64_t>(prompts.size());
   cli::CudaModel engine(model, nseq, max_seq, nullptr, opts);
   GreedyRun out;
@@ -376,6 +378,37 @@ TEST_CASE("gpu: CUDA-graph replay gives the same tokens and logits as eager laun
   check_graphs_match(tmp.path,
                      {some_ids(20, 201088, 1), some_ids(60, 201088, 2), some_ids(110, 201088, 3)},
                      "tiny example batch 3");
+}
+
+TEST_CASE("gpu: MXFP4 experts on the GPU give the BF16 experts' tokens and logits") {
+  XSERV_REQUIRE_GPU();
+  // The in-register decode yields the dequantisation's values: the prompt step's grouped gemms
+  // sum in their BF16 twins' order (its logits bitwise), the decode GEMVs group their sums by
+  // block (within the GPU decode tolerance).
+  TempDir tmp("tiny_mxfp4");
+  synthesize(source_dir() / "examples/tiny/config.json", 11, tmp.path);
+  const std::vector<std::vector<int32_t>> prompts = {some_ids(50, 201088, 7), some_ids(3, 201088, 8),
+                                                     some_ids(120, 201088, 9)};
+  const GreedyRun bf16 = greedy_run(tmp.path, prompts, 512, 12, true);
+  const GreedyRun mx =
+      greedy_run(tmp.path, prompts, 512, 12, true, xserv::runtime::ExpertFormat::Mxfp4);
+  CHECK(mx.tokens == bf16.tokens);
+  REQUIRE(mx.logits.size() == bf16.logits.size());
+  double worst = 0;
+  for (size_t i = 0; i < mx.logits.size(); ++i) {
+    if (i < prompts.size()) // the prompt step
+      CHECK_MESSAGE(mx.logits[i] == bf16.logits[i], "prompt row " << i << " not bitwise");
+    worst = std::max(worst, rel_l2(mx.logits[i], as_double(bf16.logits[i])));
+  }
+  MESSAGE("MXFP4 vs BF16 experts, " << mx.logits.size() << " logits rows: worst rel L2 "
+                                    << worst);
+  CHECK(worst <= kFixtureTol); // the decode tolerance against the CPU reference
+  // Both copies: the prompt step's gemms read BF16 (bitwise MXFP4's gemms), the decode steps
+  // the MXFP4 copies with MXFP4's kernels: every row is the MXFP4 run's, bit for bit.
+  const GreedyRun both =
+      greedy_run(tmp.path, prompts, 512, 12, true, xserv::runtime::ExpertFormat::Both);
+  CHECK(both.tokens == mx.tokens);
+  CHECK(both.logits == mx.logits);
 }
 
 TEST_CASE("gpu: pipeline stages on one GPU (same-device transport) give the whole model's logits") {

@@ -1,14 +1,17 @@
 // Roofline arithmetic against the shared TARGETS.md figures, and `xserv inspect` on real plans.
 #include <doctest/doctest.h>
 
-#include <string>
-
 #include <filesystem>
+#include <fstream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "cli/commands.h"
+#include "cli/model_source.h"
 #include "cli/roofline.h"
 #include "models/config.h"
+#include "runtime/plan_io.h"
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
@@ -37,6 +40,11 @@ TEST_CASE("20b floors agree with the ceiling arithmetic of TARGETS.md") {
   const cli::DecodeEstimate b = cli::decode_floor(cfg, 64, 0);
   CHECK(b.bytes > 5 * d.bytes);
   CHECK(b.tokens_per_s > 10 * d.tokens_per_s);
+  // MXFP4 experts (TARGETS.md): the 4 x 24 active experts read 1.27 GB, 0.86 ms a token.
+  const auto mx = runtime::ExpertFormat::Mxfp4;
+  CHECK(4 * 24 * cli::weight_bytes(cfg, mx).expert_one_layer_one / 1e9 ==
+        doctest::Approx(1.27).epsilon(0.02));
+  CHECK(cli::decode_floor(cfg, 1, 0, {}, mx).seconds * 1e3 == doctest::Approx(0.86).epsilon(0.02));
 }
 
 TEST_CASE("inspect prints the stage table and roofline, and --json the same facts") {
@@ -95,8 +103,9 @@ TEST_CASE("compile --pp writes one program per stage, inspect shows their share 
   CHECK(launches == doc["launches_per_decode_step"].get<int>());
   CHECK(doc["stages"][0]["embedding"] == true);
   CHECK(doc["stages"][2]["head"] == true);
-  CHECK(doc["stages"][1]["recvs"] == 1);
-  CHECK(doc["stages"][1]["sends"] == 1);
+  CHECK(doc["stages"][1]["recvs"].size() == 1);
+  CHECK(doc["stages"][1]["sends"].size() == 1);
+  CHECK(doc["stages"][1]["recvs"] == doc["stages"][0]["sends"]);
   CHECK(weights == doctest::Approx(doc["weights"]["total"].get<double>()).epsilon(1e-9));
   CHECK(doc["imbalance"].get<double>() < 0.1);
   RunResult r = run_xserv("inspect " + plan.string());
@@ -110,4 +119,71 @@ TEST_CASE("compile --pp writes one program per stage, inspect shows their share 
   CHECK(e.err.find("cannot split 36 layers into 40 pipeline stages: --pp must be 1 to 36") !=
         std::string::npos);
   CHECK_FALSE(fs::exists(bad / "plan.json"));
+}
+
+TEST_CASE(
+    "compile --pp 2 records each stage's launch table and layout, which inspect and run read") {
+  const xserv::testing::TempDir tmp("inspect_pp2");
+  const fs::path plan = tmp.path / "plan";
+  const std::string model = (xserv::testing::source_dir() / "examples/tiny").string();
+  RunResult c = run_xserv("compile " + model + " -o " + plan.string() +
+                          " --max-seq 256 --max-batch 4 --pp 2 --no-cubins --expert-format mxfp4");
+  INFO(c.out);
+  REQUIRE(c.code == 0);
+  // The typed plan: one stage per program, each with the code the CUDA runtime replays.
+  const runtime::Plan p = runtime::read_plan(plan);
+  CHECK(p.options.pp == 2);
+  CHECK(p.options.expert_format == runtime::ExpertFormat::Mxfp4);
+  REQUIRE(p.stages.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CAPTURE(i);
+    const runtime::PlanStage& st = p.stages[i];
+    CHECK(st.graph == "stage" + std::to_string(i) + ".ir");
+    CHECK(st.layout.expert_format == runtime::ExpertFormat::Mxfp4);
+    CHECK(st.layout.max_batch == 4);
+    CHECK(st.layout.max_seq == 256);
+    CHECK_FALSE(st.table.launches.empty());
+    CHECK(st.launches_per_decode_step > 0);
+  }
+  // Stage 0 sends what stage 1 receives, and stage 1's layout has a buffer for it.
+  REQUIRE(p.stages[0].sends.size() == 1);
+  CHECK(p.stages[0].sends[0].peer == 1);
+  CHECK(p.stages[1].recvs == std::vector<runtime::PlanTransfer>{{p.stages[0].sends[0].name, 0}});
+  REQUIRE(p.stages[1].layout.recvs.size() == 1);
+  CHECK(p.stages[1].layout.recvs[0].name == p.stages[0].sends[0].name);
+  CHECK(p.stages[0].layout.output.sends);
+  CHECK_FALSE(p.stages[1].layout.output.sends);
+  // The writer writes back what compile wrote.
+  std::ifstream in(plan / "plan.json");
+  CHECK(runtime::plan_to_json(p) == nlohmann::json::parse(in));
+
+  RunResult j = run_xserv("inspect " + plan.string() + " --json", "", true);
+  REQUIRE(j.code == 0);
+  const auto doc = nlohmann::json::parse(j.out);
+  REQUIRE(doc["stages"].size() == 2);
+  CHECK(doc["options"]["expert_format"] == "mxfp4");
+  CHECK(doc["stages"][0]["launch_table_entries"] == p.stages[0].table.launches.size());
+  CHECK(doc["stages"][1]["recvs"][0] == p.stages[0].sends[0].name);
+  RunResult t = run_xserv("inspect " + plan.string());
+  CHECK(t.out.find("experts mxfp4") != std::string::npos);
+  CHECK(t.out.find("launches per decode step") != std::string::npos);
+
+  // run's ModelSource carries the plan's expert format; a checkpoint directory's is bf16.
+  const cli::Command* run = nullptr;
+  for (const auto& cmd : cli::commands())
+    if (cmd.spec.name == "run")
+      run = &cmd;
+  REQUIRE(run != nullptr);
+  const cli::ModelSource src =
+      cli::resolve_source(plan.string(), cli::parse_args(run->spec, {plan.string()}));
+  CHECK(src.expert_format == runtime::ExpertFormat::Mxfp4);
+  REQUIRE(src.plan != nullptr);
+  CHECK(*src.plan == p);
+  CHECK(src.stage_graphs == std::vector<std::string>{"stage0.ir", "stage1.ir"});
+  const cli::ModelSource ck = cli::resolve_source(model, cli::parse_args(run->spec, {model}));
+  CHECK(ck.expert_format == runtime::ExpertFormat::Bf16);
+  CHECK(ck.plan == nullptr);
+  CHECK(
+      run_xserv("compile " + model + " -o " + (tmp.path / "bad").string() + " --expert-format fp8")
+          .code == 2);
 }

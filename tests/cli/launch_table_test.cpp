@@ -434,15 +434,18 @@ TEST_CASE("plan.json's launch table is the engine's, and counts its launches") {
   opts.max_batch = kMaxBatch;
   opts.max_seq = kMaxSeq;
   opts.prefill_chunk = variants()[0].prefill_chunk;
-  const nlohmann::json codegen =
+  const cli::PlanKernelsResult out =
       cli::write_plan_kernels(final_graph(cfg, variants()[0]), dir.path, opts);
-  const runtime::LaunchTable t = runtime::launch_table_from_json(codegen.at("launch_table"));
+  // Through plan.json's form and back, as run reads it.
+  const runtime::LaunchTable t =
+      runtime::launch_table_from_json(runtime::launch_table_to_json(out.code.table));
   Lowered lw;
   lower(cfg, variants()[0], lw);
   CHECK(t == lw.table);
-  CHECK(codegen.at("arena_tokens") == lw.capacity);
-  CHECK(codegen.at("arena_bytes") == lw.memory.arena_bytes);
+  CHECK(out.code.layout.tokens == lw.capacity);
+  CHECK(int64_t(out.code.layout.arena_bytes) == lw.memory.arena_bytes);
   const runtime::Executor ex(t, runtime::placeholder_bindings(t));
-  CHECK(ex.record({1, 1, 0}).size() == codegen.at("launches_per_decode_step").get<size_t>());
-  CHECK(ex.record({512, 1, 511}).size() == codegen.at("launches_per_prefill_step").get<size_t>());
+  CHECK(ex.record({1, 1, 0}).size() == size_t(out.codegen.launches_per_decode_step));
+  CHECK(out.code.launches_per_decode_step == out.codegen.launches_per_decode_step);
+  CHECK(ex.record({512, 1, 511}).size() == size_t(out.codegen.launches_per_prefill_step));
 }

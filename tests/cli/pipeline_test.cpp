@@ -1,6 +1,7 @@
 // Pipelined plans on the CPU backend: one process per stage (xserv run spawns `xserv worker`s, or
 // they are started by hand with --coordinator), the same tokens as the whole model, a handshake
-// that refuses another compile's plan, and a dead or hung rank ending the run with its name.
+// that refuses another compile's plan or token, a dead or hung rank ending the run with its name,
+// and forged frames (the test in a rank's place) refused against the plan's stage boundaries.
 #include <doctest/doctest.h>
 
 #include <csignal>
@@ -20,8 +21,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/model_source.h"
 #include "cli/pipeline.h"
+#include "cli/pipeline_stage.h"
 #include "cli/pipeline_wire.h"
+#include "cli/plan_file.h"
 #include "runtime/net.h"
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
@@ -218,16 +222,19 @@ TEST_CASE("pipelined plan: a rank that only sends heartbeats ends the run at the
 
 namespace {
 
-/// `xserv run PLAN --coordinator 127.0.0.1:0 --world 2` in the background (token `token`), its
-/// output in `log`; port() waits for the port it listens on, as it reports.
+/// `xserv run PLAN --coordinator 127.0.0.1:0 --world N` in the background (XSERV_PIPELINE_TOKEN
+/// `token`, `extra` arguments), its output in `log`; port() waits for the port it listens on, as
+/// it reports.
 struct Rank0 {
   pid_t pid = -1;
   fs::path log;
-  Rank0(const std::string& plan, const fs::path& log_file, const std::string& token) {
+  Rank0(const std::string& plan, const fs::path& log_file, const std::string& token,
+        const std::string& extra = "", int world = 2) {
     log = log_file;
-    const std::string cmd = fmt::format("XSERV_PIPELINE_TOKEN={} exec {} run {} {} "
-                                        "--coordinator 127.0.0.1:0 --world 2 > {} 2>&1",
-                                        token, XSERV_BINARY, plan, kPrompt, log.string());
+    const std::string cmd =
+        fmt::format("XSERV_PIPELINE_TOKEN={} exec {} run {} {} {} "
+                    "--coordinator 127.0.0.1:0 --world {} > {} 2>&1",
+                    token, XSERV_BINARY, plan, kPrompt, extra, world, log.string());
     pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
@@ -354,13 +361,14 @@ TEST_CASE("pipelined plan: stray, garbage and unauthenticated peers are dropped,
   CHECK(log.find(whole.substr(0, whole.find('\n'))) != std::string::npos); // same tokens
 }
 
-TEST_CASE("pipelined plan: --coordinator without XSERV_PIPELINE_TOKEN is a usage error") {
+TEST_CASE("pipelined plan: --coordinator without a pipeline token is a usage error") {
   Plans p;
   RunResult r = run_shell(fmt::format("env -u XSERV_PIPELINE_TOKEN {} run {} {} --coordinator "
                                       "127.0.0.1:0 --world 2 2>&1",
                                       XSERV_BINARY, p.pp2, kPrompt));
   CHECK(r.code == 2);
-  CHECK(r.out.find("XSERV_PIPELINE_TOKEN is not set") != std::string::npos);
+  CHECK(r.out.find("neither --pipeline-token nor XSERV_PIPELINE_TOKEN is set") !=
+        std::string::npos);
 }
 
 TEST_CASE("pipelined plan: a frozen rank 0 ends the workers' runs, naming rank 0") {
@@ -404,4 +412,217 @@ TEST_CASE("pipelined plan: a result of the wrong shape or outside the vocabulary
   CHECK(rows.err.find("pipeline rank 1 sent a malformed result: expected one float logits "
                       "tensor of [1 or ") != std::string::npos); // tokens of the micro-batch
   CHECK(rows.err.find(", 201088]") != std::string::npos);
+}
+
+TEST_CASE("pipelined plan: --pipeline-token takes precedence over XSERV_PIPELINE_TOKEN") {
+  Plans p;
+  // Rank 0's environment holds one secret, its flag another: the flag's is the one asked for.
+  Rank0 r0(p.pp2, p.tmp.path / "rank0.log", "env-secret", "--pipeline-token flag-secret");
+  const std::string address = fmt::format("127.0.0.1:{}", r0.port());
+  RunResult env_only =
+      run_shell(fmt::format("XSERV_PIPELINE_TOKEN=env-secret {} worker {} --rank 1 "
+                            "--world 2 --coordinator {} 2>&1",
+                            XSERV_BINARY, p.pp2, address));
+  CHECK(env_only.code == 1);
+  CHECK(env_only.out.find("refused by rank 0: authentication failed") != std::string::npos);
+  // The worker's flag wins over its own (wrong) environment too.
+  RunResult flag = run_shell(fmt::format("XSERV_PIPELINE_TOKEN=env-secret {} worker {} --rank 1 "
+                                         "--world 2 --coordinator {} --pipeline-token flag-secret "
+                                         "2>&1",
+                                         XSERV_BINARY, p.pp2, address));
+  CHECK(flag.code == 0);
+  CHECK(r0.wait() == 0);
+  // Without the variable the flag alone is enough, and an empty one is a usage error.
+  RunResult empty = run_shell(fmt::format("env -u XSERV_PIPELINE_TOKEN {} run {} {} --coordinator "
+                                          "127.0.0.1:0 --world 2 --pipeline-token '' 2>&1",
+                                          XSERV_BINARY, p.pp2, kPrompt));
+  CHECK(empty.code == 2);
+  CHECK(empty.out.find("--pipeline-token is empty") != std::string::npos);
+  for (const char* cmd : {"run", "chat", "bench", "eval", "serve", "worker"}) {
+    RunResult help = run_xserv(std::string(cmd) + " --help", "", true);
+    INFO(cmd);
+    CHECK(help.out.find("--pipeline-token TOKEN") != std::string::npos);
+  }
+}
+
+namespace {
+
+/// The test in rank 0's place for a real `xserv worker` (rank 1 of 2, CPU backend): the
+/// handshake done with the token, the worker's stage loaded; send() forges what rank 0 sends.
+struct FakeRank0 {
+  xserv::runtime::Listener listener{"127.0.0.1", 0};
+  pid_t pid = -1;
+  xserv::runtime::Connection c;
+  FakeRank0(const std::string& plan, const fs::path& log) {
+    namespace wire = xserv::cli::wire;
+    const std::string cmd =
+        fmt::format("exec {} worker {} --rank 1 --world 2 --coordinator 127.0.0.1:{} "
+                    "--pipeline-token forge-secret > {} 2>&1",
+                    XSERV_BINARY, plan, listener.port(), log.string());
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    c = listener.accept(std::chrono::steady_clock::now() + std::chrono::seconds(60));
+    c.send(wire::message(wire::kChallenge, {{"nonce", "c0ffee"}}));
+    const xserv::runtime::Frame hello = c.receive(std::chrono::seconds(30));
+    REQUIRE(hello.type == wire::kHello);
+    const nlohmann::json h = wire::decode(hello.payload, nullptr);
+    CHECK(h["proof"] == wire::hello_proof("forge-secret", "c0ffee", 1, 2, h["digest"], h["nonce"]));
+    c.send(wire::message(wire::kWelcome,
+                         {{"ok", true},
+                          {"backend", "cpu"},
+                          {"max_batch", 2},
+                          {"max_seq", 64},
+                          {"proof", wire::welcome_proof("forge-secret", h["nonce"], 1)}}));
+    REQUIRE(next().type == wire::kReady);
+  }
+  /// The next frame that is not a heartbeat.
+  xserv::runtime::Frame next() {
+    for (;;) {
+      xserv::runtime::Frame f = c.receive(std::chrono::seconds(60));
+      if (f.type != xserv::cli::wire::kAlive)
+        return f;
+    }
+  }
+  /// The worker's exit status.
+  int wait() {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  ~FakeRank0() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+/// A plan's stage program `s`, parsed.
+xserv::ir::Graph stage_program(const std::string& plan, size_t s) {
+  return xserv::cli::read_graph(fs::path(plan) / xserv::cli::loaded_plan(plan)->stages.at(s).graph,
+                                "stage");
+}
+
+} // namespace
+
+TEST_CASE("pipelined plan: a worker refuses forged activations of the wrong shape, by name") {
+  namespace wire = xserv::cli::wire;
+  using xserv::ir::DType;
+  using xserv::ir::Tensor;
+  Plans p;
+  // What stage 1 receives for a step of 3 tokens, from its program in the plan.
+  const auto want = xserv::cli::stage_receives(stage_program(p.pp2, 1), 3);
+  REQUIRE(want.size() == 1);
+  REQUIRE(want[0].shape.size() == 2);
+  const std::string name = want[0].name;
+  const int64_t width = want[0].shape[1];
+  xserv::models::StepInput step;
+  step.tokens = {{5, 6, 7}};
+  step.ctx_lens = {0};
+  step.cache_rows = {0};
+  const std::string carries = fmt::format("the plan's stage boundary carries f32[3, {}]", width);
+  struct Forgery {
+    const char* what;
+    xserv::models::StepInput in;
+    xserv::cli::Named tensors;
+    std::string message; ///< what the worker answers, in its kFail frame and on stderr
+  };
+  xserv::models::StepInput bad_row = step;
+  bad_row.cache_rows = {99};
+  const std::vector<Forgery> forgeries = {
+      {"one token's activation in a step of 3",
+       step,
+       {{name, Tensor::zeros(DType::F32, {1, width})}},
+       fmt::format("pipeline rank 0 sent activation '{}' as f32[1, {}]; {}", name, width, carries)},
+      {"a wider row",
+       step,
+       {{name, Tensor::zeros(DType::F32, {3, width + 1})}},
+       fmt::format("as f32[3, {}]; {}", width + 1, carries)},
+      {"integers",
+       step,
+       {{name, Tensor::zeros(DType::I32, {3, width})}},
+       fmt::format("as i32[3, {}]; {}", width, carries)},
+      {"nothing", step, {}, fmt::format("pipeline rank 0 did not send activation '{}'", name)},
+      {"a cache row outside the worker's 2",
+       bad_row,
+       {{name, Tensor::zeros(DType::F32, {3, width})}},
+       "sequence 0 uses cache row 99, but there are 2 rows"},
+  };
+  for (const Forgery& f : forgeries) {
+    INFO(f.what);
+    const fs::path log = p.tmp.path / "worker.log";
+    FakeRank0 r0(p.pp2, log);
+    r0.c.send(wire::message(wire::kStep, wire::step_header(f.in, 0, false), f.tensors));
+    const xserv::runtime::Frame answer = r0.next();
+    REQUIRE(answer.type == wire::kFail);
+    CHECK(wire::decode(answer.payload, nullptr)["message"].get<std::string>().find(f.message) !=
+          std::string::npos);
+    CHECK(r0.wait() == 1);
+    CHECK(read_file(log).find(f.message) != std::string::npos);
+  }
+}
+
+TEST_CASE("pipelined plan: rank 0 refuses a forged intermediate activation before relaying it") {
+  namespace wire = xserv::cli::wire;
+  using xserv::runtime::Connection;
+  // Three stages need three layers: the tiny config with one more.
+  xserv::testing::TempDir tmp("pipeline3");
+  nlohmann::json cfg =
+      nlohmann::json::parse(read_file(xserv::testing::source_dir() / "examples/tiny/config.json"));
+  cfg["num_hidden_layers"] = 3;
+  cfg["layer_types"].push_back("sliding_attention");
+  { std::ofstream(tmp.path / "config.json") << cfg.dump(); }
+  const std::string model = (tmp.path / "model").string(), plan = (tmp.path / "pp3").string();
+  REQUIRE(run_xserv("synth --config " + (tmp.path / "config.json").string() + " -o " + model +
+                    " --seed 3")
+              .code == 0);
+  REQUIRE(run_xserv(fmt::format("compile {} -o {} --pp 3 --max-batch 2 --max-seq 64 --no-cubins",
+                                model, plan))
+              .code == 0);
+  const auto sends = xserv::cli::stage_sends(stage_program(plan, 1), 5);
+  REQUIRE(sends.size() == 1);
+  const int64_t width = sends[0].shape.at(1);
+
+  Rank0 r0(plan, tmp.path / "rank0.log", "three-secret", "", 3);
+  const std::string address = fmt::format("127.0.0.1:{}", r0.port());
+  const std::string digest = xserv::cli::pipeline_plan_digest(plan);
+  // Joins as `rank` with the token and reports its stage loaded.
+  auto join = [&](int rank) {
+    Connection c =
+        Connection::connect(address, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+    const xserv::runtime::Frame ch = c.receive(std::chrono::seconds(10));
+    REQUIRE(ch.type == wire::kChallenge);
+    const std::string challenge = wire::decode(ch.payload, nullptr)["nonce"];
+    c.send(wire::message(wire::kHello, {{"rank", rank},
+                                        {"world", 3},
+                                        {"digest", digest},
+                                        {"nonce", "0a"},
+                                        {"proof", wire::hello_proof("three-secret", challenge, rank,
+                                                                    3, digest, "0a")}}));
+    REQUIRE(c.receive(std::chrono::seconds(10)).type == wire::kWelcome);
+    c.send(wire::message(wire::kReady, nlohmann::json::object()));
+    return c;
+  };
+  Connection one = join(1);
+  Connection two = join(2);
+  xserv::runtime::Frame f;
+  do
+    f = one.receive(std::chrono::seconds(60));
+  while (f.type == wire::kAlive || f.type == wire::kReset); // the engine resets at its start
+  REQUIRE(f.type == wire::kStep);
+  CHECK(wire::step_from_header(wire::decode(f.payload, nullptr)).tokens.at(0).size() == 5);
+  // Rank 1 answers the 5-token step with one token's activation: rank 0 must not pass it on.
+  one.send(wire::message(
+      wire::kResult, nlohmann::json::object(),
+      {{sends[0].name, xserv::ir::Tensor::zeros(xserv::ir::DType::F32, {1, width})}}));
+  CHECK(r0.wait() == 1);
+  const std::string log = read_file(r0.log);
+  CHECK(log.find(fmt::format("pipeline rank 1 sent activation '{}' as f32[1, {}]; the plan's "
+                             "stage boundary carries f32[5, {}] for this step",
+                             sends[0].name, width, width)) != std::string::npos);
 }

@@ -77,6 +77,8 @@ TEST_CASE("serve: request validation names the field") {
         "messages[0].tool_call_id");
   CHECK(caught([] { parse_body("{not json"); }).status == 400);
   CHECK(caught([] { parse_body("[1]"); }).status == 400);
+  // A number no double holds is a bad body too, not an internal error (found by fuzzing).
+  CHECK(caught([] { parse_body(R"({"max_tokens": 1e400})"); }).status == 400);
 
   ChatRequest r = parse_chat_request(parse_body(
       "{" + msgs + R"(, "temperature": 0.5, "top_k": -1, "seed": 7, "max_completion_tokens": 9,

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <fstream>
@@ -60,8 +61,13 @@ public:
     }
     if (fail_once_.exchange(false))
       throw std::runtime_error("injected model failure");
-    return inner_.step(in);
+    std::vector<std::vector<float>> rows = inner_.step(in);
+    if (poison_once_.exchange(false)) // a NaN in the first sequence's row
+      rows.at(0).at(7) = std::nanf("");
+    return rows;
   }
+  /// Makes the next step's first logits row hold a NaN.
+  void poison_next_step() { poison_once_ = true; }
   void set_open(bool open) {
     std::lock_guard<std::mutex> lock(mu_);
     open_ = open;
@@ -93,6 +99,7 @@ private:
   bool open_ = true;
   int blocked_ = 0, entered_ = 0, passes_ = 0;
   std::atomic<bool> fail_once_{false};
+  std::atomic<bool> poison_once_{false};
 };
 
 /// An in-process server on a free port over the tiny model.
@@ -424,6 +431,33 @@ TEST_CASE("serve: an engine failure is a 500, or an SSE error event after the st
   CHECK(events.back() == "[DONE]");
   CHECK(Json::parse(events[events.size() - 2]).contains("error"));
   CHECK(s.post("/v1/chat/completions", kChat).status == 200); // and the server goes on
+}
+
+TEST_CASE("serve: non-finite logits are a 500 for that request alone, the server goes on") {
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s;
+  s.model.poison_next_step();
+  HttpResponse plain = s.post("/v1/chat/completions", kChat);
+  CHECK(plain.status == 500);
+  const Json err = error_of(plain);
+  CHECK(err["type"] == "server_error");
+  CHECK(err["message"].get<std::string>().find("non-finite logits (NaN or infinity) at engine "
+                                               "step") != std::string::npos);
+  CHECK(s.server.stats().finished_error == 1);
+  CHECK(s.server.stats().running == 0); // its row is free
+  Json body = Json::parse(kChat);
+  body["stream"] = true;
+  s.model.poison_next_step();
+  HttpResponse st = s.post("/v1/chat/completions", body.dump());
+  CHECK(st.status == 200); // the stream had begun: the error comes as its last event
+  auto events = sse_data(st.body);
+  REQUIRE(events.size() >= 2);
+  CHECK(events.back() == "[DONE]");
+  CHECK(Json::parse(events[events.size() - 2])["error"]["message"].get<std::string>().find(
+            "non-finite logits") != std::string::npos);
+  HttpResponse ok = s.post("/v1/completions", R"({"prompt": "Hi", "max_tokens": 3})");
+  CHECK(ok.status == 200);
+  CHECK(Json::parse(ok.body)["choices"][0]["finish_reason"] == "length");
 }
 
 TEST_CASE("serve: drain past the grace period aborts running streams cleanly") {

@@ -46,6 +46,10 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
               c.swiglu_alpha};
   out.push_back(emit_moe_gate_up(moe, {"moe gate_up"}));
   out.push_back(emit_moe_down(moe, {"moe down"}));
+  out.push_back(emit_moe_down_part(moe, {"moe down part"}));
+  moe.mxfp4 = true; // the same decode kernels on MXFP4 experts
+  out.push_back(emit_moe_gate_up(moe, {"moe gate_up, mxfp4"}));
+  out.push_back(emit_moe_down_part(moe, {"moe down part, mxfp4"}));
   return out;
 }
 
@@ -252,6 +256,25 @@ TEST_CASE("prefill kernels compile for gpt-oss-20b: gemms, MoE sort and combine,
   g.ksel = 4;
   g.epilogue = GemmEpilogue::Scatter;
   g.split = false;
+  GemmDims gm = g; // MXFP4 experts, both epilogues, every tile height
+  gm.mxfp4 = true;
+  std::vector<KernelSource> mx;
+  for (int bm : {32, 64, 128})
+    for (GemmEpilogue epi : {GemmEpilogue::Scatter, GemmEpilogue::Swiglu}) {
+      gm.bm = bm;
+      gm.epilogue = epi;
+      gm.gather = epi == GemmEpilogue::Swiglu;
+      gm.n = epi == GemmEpilogue::Swiglu ? 5760 : 2880;
+      gm.split = bm != 64;
+      mx.push_back(emit_gemm(gm, {}));
+    }
+  CHECK(mx[0].name.find("_mx4") != std::string::npos);
+  for (const KernelSource& k : mx) {
+    INFO(k.name);
+    const runtime::CompileResult r = runtime::compile_cuda(k.source, k.name, opts);
+    CHECK(!r.cubin.empty());
+    CHECK_MESSAGE(r.log.empty(), r.log);
+  }
   for (const KernelSource& k :
        {emit_gemm(d, {}), emit_gemm(g, {}), emit_gemm_splitk_reduce(512, d.splitk, true, false, {}),
         emit_moe_sort({32, 4, 64, 4096}, {}), emit_moe_combine(2880, 4, true, {}),

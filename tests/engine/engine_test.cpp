@@ -468,3 +468,50 @@ TEST_CASE("engine: a model error leaves the engine consistent and the requests r
   CHECK(d.tokens[b].size() == 2);
   CHECK(e.idle());
 }
+
+TEST_CASE("engine: non-finite logits end that request with an error naming step and position") {
+  for (const float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    for (const float temperature : {0.0f, 1.0f}) { // the greedy pick, the sampler's row
+      INFO("poison " << bad << ", temperature " << temperature);
+      FakeModel m(2, 64);
+      Engine e(m);
+      Request broken = make_request({1, 2, 3}, 10);
+      broken.sampling.temperature = temperature;
+      const Request healthy = make_request(iota_prompt(5, 4), 6);
+      const auto a = e.add(broken);  // row 0
+      const auto b = e.add(healthy); // row 1
+      Drained d;
+      step(e, d); // both prompts: a's first token
+      step(e, d); // a decodes its second
+      REQUIRE(d.tokens[a].size() == 2);
+      m.poison(0, bad);
+      step(e, d); // engine step 2: a's third token would come from position 4's logits
+      CHECK(d.last[a].finish == FinishReason::Error);
+      CHECK(d.last[a].token == -1);
+      CHECK(d.last[a].generated_tokens == 2);
+      CHECK(d.last[a].error.find("non-finite logits (NaN or infinity) at engine step 2, "
+                                 "position 4 of the sequence (generated token 3)") == 0);
+      CHECK(d.tokens[a].size() == 2); // no garbage token
+      CHECK(e.stats().finished_error == 1);
+      CHECK(e.stats().running == 1); // a's row is free, b goes on
+      d = drain(e, d);
+      CHECK(d.last[b].finish == FinishReason::Length);
+      CHECK(d.tokens[b] == alone(healthy));
+    }
+  }
+}
+
+TEST_CASE(
+    "engine: generate() reports a non-finite finish, throw_if_failed turns it into an error") {
+  FakeModel m(1, 64);
+  m.poison(0, std::nanf(""));
+  const std::vector<engine::Generation> out =
+      engine::generate(m, {make_request(iota_prompt(3, 1), 4)});
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].finish == FinishReason::Error);
+  CHECK(out[0].tokens.empty());
+  CHECK(out[0].error.find("non-finite logits") == 0);
+  CHECK(std::string(engine::finish_name(FinishReason::Error)) == "error");
+  CHECK_THROWS_WITH_AS(engine::throw_if_failed(out), doctest::Contains("at engine step 0"), Error);
+  CHECK_NOTHROW(engine::throw_if_failed({}));
+}

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -53,10 +54,16 @@ public:
       std::vector<float> logits(kVocab);
       for (int32_t v = 0; v < kVocab; ++v)
         logits[size_t(v)] = float(mix(h + uint64_t(v)) >> 40) / float(1 << 22); // in [0, 4)
+      if (const auto p = poison_.find(int32_t(row)); p != poison_.end())
+        logits[3] = p->second;
       out.push_back(std::move(logits));
     }
     return out;
   }
+
+  /// From now on the logits of the sequence in cache row `row` hold `value` (a NaN, an
+  /// infinity) at id 3, as a model whose numbers broke down would.
+  void poison(int32_t row, float value) { poison_[row] = value; }
 
   const std::vector<models::StepInput>& steps() const { return steps_; }
   size_t max_seqs_in_a_step() const {
@@ -77,6 +84,7 @@ private:
   std::vector<std::vector<int32_t>> rows_;
   int64_t max_seq_;
   std::vector<models::StepInput> steps_;
+  std::map<int32_t, float> poison_;
 };
 
 } // namespace xserv::testing

@@ -133,6 +133,56 @@ TEST_CASE("weight_specs: a tiny checkpoint becomes Copy specs and one Mxfp4ToBf1
   CHECK(layout.source_bytes == source);
 }
 
+TEST_CASE("weight_specs: --expert-format mxfp4 keeps the pairs as stored, both adds copies") {
+  TempDir dir;
+  models::SynthOptions so;
+  so.seed = 4;
+  models::synth_checkpoint(tiny_config(), dir.path, so);
+  auto ck = models::Checkpoint::open(dir.path);
+  const std::vector<WeightSpec> bf16 = cli::weight_specs(ck);
+  const std::vector<WeightSpec> mx = cli::weight_specs(ck, runtime::ExpertFormat::Mxfp4);
+  const std::vector<WeightSpec> both = cli::weight_specs(ck, runtime::ExpertFormat::Both);
+  REQUIRE(mx.size() == bf16.size());
+  const runtime::WeightLayout lm = runtime::layout_weights(mx);
+  size_t pairs = 0;
+  for (size_t i = 0; i < mx.size(); ++i) {
+    CHECK(mx[i].name == bf16[i].name);
+    if (bf16[i].transform != WeightSpec::Transform::Mxfp4ToBf16) {
+      CHECK(mx[i].transform == WeightSpec::Transform::Copy);
+      continue;
+    }
+    ++pairs;
+    CHECK(mx[i].transform == WeightSpec::Transform::Mxfp4);
+    // Blocks then scales, as stored: 17 bytes per 32 values, the scales at numel / 2.
+    const runtime::DeviceTensor& t = lm.tensors[i];
+    CHECK(t.dtype == "MXFP4");
+    CHECK(t.bytes == mx[i].data.bytes + mx[i].scales->bytes);
+    CHECK(runtime::mxfp4_scales_offset(mx[i].shape) == mx[i].data.bytes);
+  }
+  CHECK(pairs == size_t(2 * ck.config().num_hidden_layers));
+  // Both: every BF16 spec, plus an MXFP4 copy of each pair under its own name.
+  REQUIRE(both.size() == bf16.size() + pairs);
+  size_t copies = 0;
+  for (const WeightSpec& s : both) {
+    if (s.transform != WeightSpec::Transform::Mxfp4)
+      continue;
+    ++copies;
+    CHECK(s.name.size() > 6);
+    CHECK(s.name == runtime::mxfp4_copy_name(s.name.substr(0, s.name.size() - 6)));
+  }
+  CHECK(copies == pairs);
+  // Selecting by name (a stage layout) keeps a copy only when it is asked for.
+  const std::string base = "model.layers.0.mlp.experts.gate_up_proj";
+  CHECK(cli::weight_specs_named(ck, {base}, runtime::ExpertFormat::Both).size() == 1);
+  CHECK(cli::weight_specs_named(ck, {base, runtime::mxfp4_copy_name(base)},
+                                runtime::ExpertFormat::Both)
+            .size() == 2);
+  runtime::ExpertFormat f = runtime::ExpertFormat::Bf16;
+  CHECK(runtime::parse_expert_format("both", f));
+  CHECK(f == runtime::ExpertFormat::Both);
+  CHECK_FALSE(runtime::parse_expert_format("fp8", f));
+}
+
 TEST_CASE("weight_specs: MXFP4 blocks without their scales are an error naming both") {
   TempDir dir;
   std::ofstream(dir.path / "config.json") << tiny_config().to_json().dump();

@@ -1,0 +1,43 @@
+// The XSERV_* environment variables, read and checked in one place (docs/DESIGN.md,
+// "Environment variables", lists them all): the rest of xserv asks env() instead of getenv.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace xserv::cli {
+
+/// Every XSERV_* setting the xserv binary reads. An unset or empty variable is its default.
+struct Env {
+  std::string data;         ///< XSERV_DATA: shared data directory (o200k_base.tiktoken, ...)
+  std::string api_key;      ///< XSERV_API_KEY: serve's key when --api-key is not given
+  std::string kernel_cache; ///< XSERV_KERNEL_CACHE: cubin cache directory
+  int debug = 0;            ///< XSERV_DEBUG: 0-3, compile's pass log (1 timings, 2 IR, 3 CUDA)
+  bool cuda_graphs = true;  ///< XSERV_CUDA_GRAPHS=0: decode steps launch eagerly
+  bool profile = false;     ///< XSERV_PROFILE=1: time every launch-table entry (graphs off)
+  bool pdl = true;          ///< XSERV_PDL=0: no programmatic dependent launch
+  /// XSERV_PREFILL_CHUNK: tokens per prefill sub-step, [8, 65536]; a run with it set lowers
+  /// the graph itself instead of replaying the plan (graph mode, saying why).
+  std::optional<int> prefill_chunk;
+  /// XSERV_GEMM_PRECISION=split|bf16 (true: split); like prefill_chunk, it falls back to
+  /// graph mode when it differs from the plan's.
+  std::optional<bool> gemm_split;
+  /// XSERV_PIPELINE_TIMEOUT (seconds, > 0, at least 0.1 is used): a silent rank is hung.
+  std::chrono::milliseconds pipeline_timeout{10000};
+  /// XSERV_PIPELINE_STEP_TIMEOUT (seconds, > 0, at least 0.1 is used): the longest wait for one
+  /// rank's answer in a step.
+  std::chrono::milliseconds pipeline_step_timeout{600000};
+  int pipeline_micro_batches = 0; ///< XSERV_PIPELINE_MICROBATCHES: >= 1; 0 (unset): default
+  std::string pipeline_transport = "auto"; ///< XSERV_PIPELINE_TRANSPORT=auto|nccl|tcp
+};
+
+/// Parses the variables through `get` (getenv's contract: nullptr when unset). Throws UsageError
+/// naming the variable, its value and what it accepts for a value it does not.
+Env parse_env(const std::function<const char*(const char*)>& get);
+
+/// The process's settings: parse_env(std::getenv) on the first call, the same object after.
+const Env& env();
+
+} // namespace xserv::cli

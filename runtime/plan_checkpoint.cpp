@@ -1,0 +1,79 @@
+// config_digest, sampled_file_digest and check_checkpoint: a plan's ties to its checkpoint.
+#include "runtime/plan_checkpoint.h"
+
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "ir/error.h"
+#include "runtime/sha256.h"
+
+namespace xserv::runtime {
+namespace fs = std::filesystem;
+
+std::string config_digest(const fs::path& config_file) {
+  std::ifstream in(config_file, std::ios::binary);
+  if (!in)
+    throw Error(fmt::format("{}: cannot read", config_file.string()));
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t h = 1469598103934665603ull; // FNV-1a: cheap, and enough to notice another config
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return fmt::format("fnv1a64:{:016x}", h);
+}
+
+std::string sampled_file_digest(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in)
+    throw Error(fmt::format("{}: cannot read", file.string()));
+  std::error_code ec;
+  const uint64_t size = fs::file_size(file, ec);
+  Sha256 h;
+  h.update_field(std::to_string(size));
+  std::vector<char> buf(64 << 10);
+  auto take = [&](uint64_t at, size_t n) {
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(at));
+    in.read(buf.data(), static_cast<std::streamsize>(n));
+    h.update_field(std::string_view(buf.data(), static_cast<size_t>(in.gcount())));
+  };
+  take(0, buf.size());
+  constexpr uint64_t kBlock = 4096, kBlocks = 64;
+  if (size > buf.size() + kBlock)
+    for (uint64_t i = 0; i < kBlocks; ++i)
+      take(buf.size() + (size - buf.size() - kBlock) * i / (kBlocks - 1), kBlock);
+  return h.hex_digest();
+}
+
+void check_checkpoint(const fs::path& plan_dir, const Plan& plan, const fs::path& model_dir) {
+  const std::string plan_file = (plan_dir / "plan.json").string();
+  const fs::path config = model_dir / "config.json";
+  const std::string have = config_digest(config);
+  if (plan.model_digest != have)
+    throw Error(fmt::format("{}: the plan was compiled for another config than {} (digest {} vs "
+                            "{}): recompile the plan",
+                            plan_file, config.string(), plan.model_digest, have));
+  for (const PlanWeightFile& w : plan.weights) {
+    const fs::path file = model_dir / w.file;
+    std::error_code ec;
+    const uint64_t size = fs::file_size(file, ec);
+    if (ec)
+      throw Error(fmt::format("{}: the plan was compiled with {}, which is gone: recompile the "
+                              "plan or give --weights DIR",
+                              plan_file, file.string()));
+    if (size != w.bytes)
+      throw Error(fmt::format("{}: {} is {} bytes, but {} when the plan was compiled: the "
+                              "checkpoint changed, recompile the plan",
+                              plan_file, file.string(), size, w.bytes));
+    if (sampled_file_digest(file) != w.sample_sha256)
+      throw Error(fmt::format("{}: {} holds other bytes than when the plan was compiled (sampled "
+                              "sha256): the checkpoint changed, recompile the plan",
+                              plan_file, file.string()));
+  }
+}
+
+} // namespace xserv::runtime

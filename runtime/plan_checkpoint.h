@@ -1,0 +1,28 @@
+// The checkpoint a plan was compiled from: the fingerprints compile records (config digest,
+// shard sizes and sampled hashes) and the check that run's checkpoint is still that one.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "runtime/plan_file.h"
+
+namespace xserv::runtime {
+
+/// Identifies the model a plan was built for: a hash (FNV-1a 64) of its config.json bytes,
+/// "fnv1a64:HEX". Throws xserv::Error naming the file when it cannot be read.
+std::string config_digest(const std::filesystem::path& config_file);
+
+/// A cheap fingerprint of a large file: SHA-256 over its size, its first 64 KiB (a safetensors
+/// header and more) and 64 blocks of 4 KiB spread evenly over the rest: about 320 KiB read
+/// per shard. It tells a shard replaced by another of the same size (other weights) from the
+/// original; an edit confined to bytes it does not sample goes unnoticed.
+std::string sampled_file_digest(const std::filesystem::path& file);
+
+/// Checks that `model_dir` is still the checkpoint `plan` (read from `plan_dir`) was compiled
+/// from: the same config.json bytes, and every listed safetensors file present with its size
+/// and sampled digest. Throws xserv::Error naming plan.json, the file and "recompile the plan".
+void check_checkpoint(const std::filesystem::path& plan_dir, const Plan& plan,
+                      const std::filesystem::path& model_dir);
+
+} // namespace xserv::runtime

@@ -1,0 +1,105 @@
+// cli::parse_env: every XSERV_* variable's default, accepted values, and the error naming a
+// variable whose value is not one; and the xserv binary refusing a bad one before it starts.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "cli/env.h"
+#include "tests/cli/run_xserv.h"
+
+using namespace xserv;
+
+namespace {
+
+cli::Env parse(const std::map<std::string, std::string>& vars) {
+  return cli::parse_env([&](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+} // namespace
+
+TEST_CASE("env: defaults when nothing is set, and an empty variable counts as unset") {
+  for (const auto& vars :
+       {std::map<std::string, std::string>{},
+        std::map<std::string, std::string>{{"XSERV_PDL", ""}, {"XSERV_PREFILL_CHUNK", ""}}}) {
+    const cli::Env e = parse(vars);
+    CHECK(e.data.empty());
+    CHECK(e.debug == 0);
+    CHECK(e.cuda_graphs);
+    CHECK_FALSE(e.profile);
+    CHECK(e.pdl);
+    CHECK_FALSE(e.prefill_chunk.has_value());
+    CHECK_FALSE(e.gemm_split.has_value());
+    CHECK(e.pipeline_timeout == std::chrono::seconds(10));
+    CHECK(e.pipeline_step_timeout == std::chrono::seconds(600));
+    CHECK(e.pipeline_micro_batches == 0);
+    CHECK(e.pipeline_transport == "auto");
+  }
+}
+
+TEST_CASE("env: accepted values") {
+  const cli::Env e = parse({{"XSERV_DATA", "/data"},
+                            {"XSERV_API_KEY", "k"},
+                            {"XSERV_KERNEL_CACHE", "/cache"},
+                            {"XSERV_DEBUG", "2"},
+                            {"XSERV_CUDA_GRAPHS", "0"},
+                            {"XSERV_PROFILE", "1"},
+                            {"XSERV_PDL", "0"},
+                            {"XSERV_PREFILL_CHUNK", "1024"},
+                            {"XSERV_GEMM_PRECISION", "bf16"},
+                            {"XSERV_PIPELINE_TIMEOUT", "2.5"},
+                            {"XSERV_PIPELINE_STEP_TIMEOUT", "0.01"},
+                            {"XSERV_PIPELINE_MICROBATCHES", "3"},
+                            {"XSERV_PIPELINE_TRANSPORT", "tcp"}});
+  CHECK(e.data == "/data");
+  CHECK(e.api_key == "k");
+  CHECK(e.kernel_cache == "/cache");
+  CHECK(e.debug == 2);
+  CHECK_FALSE(e.cuda_graphs);
+  CHECK(e.profile);
+  CHECK_FALSE(e.pdl);
+  CHECK(e.prefill_chunk == 1024);
+  CHECK(e.gemm_split == false);
+  CHECK(e.pipeline_timeout == std::chrono::milliseconds(2500));
+  CHECK(e.pipeline_step_timeout == std::chrono::milliseconds(100)); // at least 0.1 s
+  CHECK(e.pipeline_micro_batches == 3);
+  CHECK(e.pipeline_transport == "tcp");
+  CHECK(parse({{"XSERV_GEMM_PRECISION", "split"}}).gemm_split == true);
+}
+
+TEST_CASE("env: a bad value is a usage error naming the variable and what it accepts") {
+  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
+      {{"XSERV_DEBUG", "yes"}, "an integer in [0, 3]"},
+      {{"XSERV_DEBUG", "9"}, "an integer in [0, 3]"},
+      {{"XSERV_CUDA_GRAPHS", "off"}, "0 or 1"},
+      {{"XSERV_PROFILE", "2"}, "0 or 1"},
+      {{"XSERV_PDL", "false"}, "0 or 1"},
+      {{"XSERV_PREFILL_CHUNK", "4"}, "an integer in [8, 65536]"},
+      {{"XSERV_PREFILL_CHUNK", "1024x"}, "an integer in [8, 65536]"},
+      {{"XSERV_GEMM_PRECISION", "fp32"}, "split or bf16"},
+      {{"XSERV_PIPELINE_TIMEOUT", "soon"}, "a number of seconds above 0"},
+      {{"XSERV_PIPELINE_TIMEOUT", "-1"}, "a number of seconds above 0"},
+      {{"XSERV_PIPELINE_STEP_TIMEOUT", "inf"}, "a number of seconds above 0"},
+      {{"XSERV_PIPELINE_MICROBATCHES", "0"}, "an integer in [1, 4096]"},
+      {{"XSERV_PIPELINE_TRANSPORT", "rdma"}, "auto, tcp or nccl"},
+  };
+  for (const auto& [var, accepts] : cases) {
+    CAPTURE(var.first);
+    CAPTURE(var.second);
+    const std::string want =
+        "environment variable " + var.first + " must be " + accepts + ", got '" + var.second + "'";
+    CHECK_THROWS_WITH_AS(parse({var}), want.c_str(), cli::UsageError);
+  }
+}
+
+TEST_CASE("env: xserv refuses a bad variable before running the command (exit 2)") {
+  const testing::RunResult r = testing::run_shell(std::string("XSERV_PDL=2 ") + XSERV_BINARY +
+                                                  " tokenize /no/such/model hi 2>&1");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("environment variable XSERV_PDL must be 0 or 1, got '2'") != std::string::npos);
+}

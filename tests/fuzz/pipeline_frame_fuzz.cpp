@@ -1,0 +1,67 @@
+// libFuzzer target: any byte string as the payload of a pipeline frame (cli/pipeline_wire.h)
+// either fails with xserv::Error or decodes into a header and tensors whose data matches their
+// shapes; a step decoded from it is then checked (validate_step, check_boundary against a stage
+// that receives f32[T, 8]) with xserv::Error as the only way to refuse. The first byte picks how
+// much of that runs, so the fuzzer also reaches the checks behind a valid header.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/pipeline_boundary.h"
+#include "cli/pipeline_wire.h"
+#include "cli/step_split.h"
+#include "ir/error.h"
+#include "ir/graph.h"
+
+namespace {
+
+const xserv::ir::Graph& stage() {
+  static const xserv::ir::Graph g = xserv::ir::parse(R"(
+    %h = recv() {name="act.7", peer=0} : f32[T,8]
+    %w = weight() {name="model.layers.1.w"} : bf16[8,8]
+    %y = linear(%h, %w) : f32[T,8]
+    %s = send(%y) {name="act.9", peer=2} : f32[T,8]
+    return %s
+  )");
+  return g;
+}
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace xserv;
+  const std::string payload(reinterpret_cast<const char*>(data), size);
+  cli::Named tensors;
+  nlohmann::json head;
+  try {
+    head = cli::wire::decode(payload, &tensors);
+  } catch (const Error&) {
+    return 0;
+  }
+  uint64_t bytes = 0;
+  for (const auto& [name, t] : tensors) {
+    uint64_t elems = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0)
+        std::abort();
+      elems *= static_cast<uint64_t>(d);
+    }
+    const size_t held = t.is_int() ? t.i.size() : t.f.size();
+    if (held != elems)
+      std::abort();
+    bytes += elems * 4;
+  }
+  if (bytes > payload.size()) // every byte of a tensor came from the payload
+    std::abort();
+  try {
+    const models::StepInput in = cli::wire::step_from_header(head);
+    cli::validate_step(in, 4, 64, 1000);
+    cli::check_boundary(tensors, cli::stage_receives(stage(), cli::token_count(in)), "fuzz");
+    cli::check_boundary(tensors, cli::stage_sends(stage(), cli::token_count(in)), "fuzz");
+  } catch (const Error&) {
+  }
+  return 0;
+}

@@ -1,0 +1,27 @@
+// libFuzzer target: any byte string read as plan.json is either refused with xserv::Error (a
+// message naming the field) or accepted as a Plan that plan_to_json writes back losslessly;
+// nothing else may happen (an nlohmann exception escaping would be a message without the field).
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+
+#include <nlohmann/json.hpp>
+
+#include "ir/error.h"
+#include "runtime/plan_io.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const nlohmann::json doc = nlohmann::json::parse(data, data + size, nullptr, false);
+  if (doc.is_discarded())
+    return 0; // read_plan's "not valid JSON"
+  const char* file = "fuzz/plan.json";
+  try {
+    const xserv::runtime::Plan plan = xserv::runtime::plan_from_json(doc, file);
+    // What the reader accepts, the writer writes back as the same plan.
+    if (!(xserv::runtime::plan_from_json(xserv::runtime::plan_to_json(plan), file) == plan))
+      std::abort();
+  } catch (const xserv::Error&) {
+    // Refused: the expected outcome for most inputs.
+  }
+  return 0;
+}
