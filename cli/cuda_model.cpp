@@ -372,6 +372,8 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
   if (greedy) {
     for (size_t b = 0; b < n; ++b)
       greedy->push_back(codegen::argmax_of_keys(keys_host + b * argmax_chunks, argmax_chunks));
+    static_assert(codegen::kArgmaxNonFinite == engine::kNonFinite,
+                  "a non-finite row's greedy pick is the engine's marker");
     if (want_rows)
       for (size_t b = 0; b < static_cast<size_t>(seqs); ++b) {
         const size_t r = per_token ? static_cast<size_t>(last[b]) : b;

@@ -257,7 +257,7 @@ KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>&
 KernelSource emit_select_rows(const SelectRowsDims& d, const std::vector<std::string>& ir_lines);
 
 /// The sampling epilogue's greedy pick: argmax of each fp32 logits row of `vocab` values, ties
-/// to the lowest id, NaN never chosen (codegen/kernels/sample.cuh). Parameters: logits, keys
+/// to the lowest id; a row holding a NaN or an infinity is marked (codegen/kernels/sample.cuh). Parameters: logits, keys
 /// (argmax_chunks(vocab) uint64 per row: decode with argmax_of_keys); grid.y = rows.
 KernelSource emit_argmax(int vocab, const std::vector<std::string>& ir_lines);
 /// Logits one argmax block reads, and the blocks (keys) per row.
@@ -265,8 +265,10 @@ inline constexpr int kArgmaxChunk = 8192;
 inline constexpr int argmax_chunks(int vocab) {
   return (vocab + kArgmaxChunk - 1) / kArgmaxChunk;
 }
-/// The id a row's keys (argmax_chunks of them, from argmax_rows) pick: the largest key's id, or
-/// 0 when every logit was NaN.
+/// What argmax_of_keys returns for a row holding a NaN or an infinity (engine::kNonFinite).
+inline constexpr int32_t kArgmaxNonFinite = -1;
+/// The id a row's keys (argmax_chunks of them, from argmax_rows) pick: the largest key's id,
+/// kArgmaxNonFinite when a logit of the row was not finite, 0 for a row of no logits.
 int32_t argmax_of_keys(const uint64_t* keys, int chunks);
 
 /// Key splits for attention_decode when a token sees at most `max_keys` keys: about 64 keys per

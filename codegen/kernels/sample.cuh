@@ -11,10 +11,12 @@ constexpr int kArgmaxThreads = 256;
 
 /// The 64-bit key argmax_rows maximises: the logit's bits mapped to an unsigned order (larger
 /// float, larger key; -0 taken as +0) above the bitwise complement of its index, so equal logits
-/// prefer the lower index. 0 means no candidate (a NaN never is one).
+/// prefer the lower index. A NaN or an infinity gets the largest key of all, ~0 (no finite
+/// logit maps to it): a row holding one has no greedy token, and the host says so. 0 means no
+/// candidate.
 __device__ __forceinline__ unsigned long long argmax_key(float x, int index) {
-  if (x != x)
-    return 0ull;
+  if (!isfinite(x))
+    return ~0ull;
   const unsigned int b = __float_as_uint(x == 0.0f ? 0.0f : x);
   const unsigned int ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
   return (static_cast<unsigned long long>(ordered) << 32) | static_cast<unsigned int>(~index);

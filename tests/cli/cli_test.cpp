@@ -77,3 +77,29 @@ TEST_CASE("compile --emit ir prints a verified graph, -o writes a plan directory
   CHECK(std::filesystem::exists(dump / "00_input.ir"));
   CHECK(std::filesystem::exists(dump / "01_cse.ir"));
 }
+
+TEST_CASE("plans of every --expert-format run on the CPU backend to the same tokens") {
+  // The CPU reference reads the checkpoint itself: the experts' device format changes nothing
+  // there, so an mxfp4 or both plan gives the bf16 plan's greedy tokens.
+  const xserv::testing::TempDir tmp("expert_formats");
+  const std::string model = (tmp.path / "model").string();
+  REQUIRE(run_xserv("synth --config " +
+                    (xserv::testing::source_dir() / "examples/tiny/config.json").string() +
+                    " -o " + model + " --seed 5")
+              .code == 0);
+  std::string first;
+  for (const std::string f : {"bf16", "mxfp4", "both"}) {
+    const std::string plan = (tmp.path / ("plan_" + f)).string();
+    REQUIRE(run_xserv("compile " + model + " -o " + plan +
+                      " --max-batch 2 --max-seq 64 --no-cubins --expert-format " + f)
+                .code == 0);
+    const RunResult r =
+        run_xserv("run " + plan + " --prompt-ids 11,22,33 --max-tokens 5 --backend cpu", "", true);
+    INFO(f << ": " << r.err);
+    REQUIRE(r.code == 0);
+    CHECK(!r.out.empty());
+    if (first.empty())
+      first = r.out;
+    CHECK(r.out == first);
+  }
+}

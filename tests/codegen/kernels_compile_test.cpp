@@ -278,7 +278,7 @@ TEST_CASE("prefill kernels compile for gpt-oss-20b: gemms, MoE sort and combine,
   for (const KernelSource& k :
        {emit_gemm(d, {}), emit_gemm(g, {}), emit_gemm_splitk_reduce(512, d.splitk, true, false, {}),
         emit_moe_sort({32, 4, 64, 4096}, {}), emit_moe_combine(2880, 4, true, {}),
-        emit_row_inv_rms(2880, 1e-5, {})}) {
+        emit_row_inv_rms(2880, 1e-5, {}), emit_argmax(201088, {})}) {
     INFO(k.name);
     const runtime::CompileResult r = runtime::compile_cuda(k.source, k.name, opts);
     CHECK(!r.cubin.empty());

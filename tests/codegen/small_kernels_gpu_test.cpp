@@ -31,21 +31,22 @@ constexpr double kTol = 3e-6;
 
 // ---- small per-row kernels: embedding, rms_norm, select_rows, rope_yarn, kv_write, top-k -------
 
-TEST_CASE("argmax kernel picks the largest logit, ties to the lower id, never a NaN") {
+TEST_CASE("argmax kernel picks the largest logit, ties to the lower id, marks non-finite rows") {
   XSERV_REQUIRE_GPU();
   Rng rng{800};
   // 201088: the 20b vocabulary (float4 loads, 25 chunks); 20000: chunks that end mid-row;
   // 1001: not a multiple of 4 (scalar loads).
   for (const int vocab : {201088, 20000, 1001}) {
-    const int rows = 6, chunks = argmax_chunks(vocab);
+    const int rows = 7, chunks = argmax_chunks(vocab);
     Tensor x = random_f32(rng, {rows, vocab}, 4.0f);
     auto at = [&](int r, int i) -> float& { return x.f[size_t(r) * vocab + i]; };
     at(0, vocab - 1) = 9.0f; // the last id
     at(1, 3) = 9.0f;         // a tie across chunks: the lower id wins
     at(1, vocab - 2) = 9.0f;
-    at(2, 0) = std::numeric_limits<float>::quiet_NaN(); // NaNs never win
+    at(2, 0) = std::numeric_limits<float>::quiet_NaN(); // a NaN marks the row
     at(2, vocab / 2) = std::numeric_limits<float>::quiet_NaN();
     at(2, vocab / 3) = 5.0f;
+    at(6, vocab - 3) = -std::numeric_limits<float>::infinity(); // so does an infinity
     for (int i = 0; i < vocab; ++i) // all negative, the maximum is -0 at two places
       at(3, i) = -1.0f - float(i % 7);
     at(3, vocab / 4) = -0.0f;
@@ -55,15 +56,20 @@ TEST_CASE("argmax kernel picks the largest logit, ties to the lower id, never a 
     std::vector<int32_t> want(rows);
     for (int r = 0; r < rows; ++r) {
       int best = -1;
-      for (int i = 0; i < vocab; ++i)
-        if (!std::isnan(at(r, i)) && (best < 0 || at(r, i) > at(r, best)))
+      bool finite = true;
+      for (int i = 0; i < vocab; ++i) {
+        finite = finite && std::isfinite(at(r, i));
+        if (best < 0 || at(r, i) > at(r, best))
           best = i;
-      want[size_t(r)] = best;
+      }
+      want[size_t(r)] = finite ? best : kArgmaxNonFinite;
     }
+    CHECK(want[2] == kArgmaxNonFinite);
+    CHECK(want[6] == kArgmaxNonFinite);
     const Loaded& k = load(emit_argmax(vocab, {}));
     auto dx = upload(x);
     DevBuf keys(size_t(rows) * chunks * sizeof(uint64_t));
-    cuda_ok(cudaMemset(keys.p, 0xff, keys.bytes), "poison"); // every key must be written
+    cuda_ok(cudaMemset(keys.p, 0xfe, keys.bytes), "poison"); // every key must be written
     launch(k, rows, 1, dx->p, keys.p);
     device_sync();
     std::vector<uint64_t> got(size_t(rows) * chunks);
