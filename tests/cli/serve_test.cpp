@@ -534,6 +534,64 @@ TEST_CASE("serve: SIGTERM lets the running request finish and exits 0 (xserv ser
   CHECK(text.find("output 24") != std::string::npos); // the request's log line
 }
 
+namespace {
+
+/// `xserv serve PLAN` on the CPU backend in a child process (port 0, stderr to `log`): its pid
+/// and port once it says it is ready.
+std::pair<pid_t, int> serve_process(const fs::path& plan, const fs::path& log,
+                                    const fs::path& tokenizer) {
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    FILE* f = std::freopen(log.c_str(), "w", stderr);
+    (void)f;
+    execl(XSERV_BINARY, XSERV_BINARY, "serve", plan.c_str(), "--port", "0", "--backend", "cpu",
+          "--tokenizer", tokenizer.c_str(), static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  int port = 0;
+  REQUIRE(eventually([&] {
+    std::ifstream in(log);
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    const size_t at = text.find("[serve] ready: model 'gpt-oss' at http://127.0.0.1:");
+    if (at == std::string::npos)
+      return false;
+    port = std::stoi(text.substr(at + 51));
+    return true;
+  }));
+  return {pid, port};
+}
+
+} // namespace
+
+TEST_CASE("serve: a --pp 2 plan serves through its worker, with the pp 1 plan's tokens") {
+  XSERV_REQUIRE_DATA(data);
+  const TempDir tmp("serve_pp2");
+  const std::string model = tiny_model().string();
+  std::string text[2];
+  for (int pp : {1, 2}) {
+    const fs::path plan = tmp.path / ("pp" + std::to_string(pp));
+    REQUIRE(run_xserv("compile " + model + " -o " + plan.string() + " --pp " +
+                      std::to_string(pp) + " --max-batch 2 --max-seq 128 --no-cubins")
+                .code == 0);
+    const auto [pid, port] =
+        serve_process(plan, tmp.path / ("log" + std::to_string(pp)), data / "o200k_base.tiktoken");
+    const std::string greedy = R"({"prompt": [11, 22, 33, 44], "max_tokens": 8, "temperature": 0})";
+    const HttpResponse r = http(port, "POST", "/v1/completions", greedy);
+    CHECK(r.status == 200);
+    const Json j = Json::parse(r.body);
+    CHECK(j["usage"]["completion_tokens"] == 8);
+    text[pp - 1] = j["choices"][0]["text"].get<std::string>();
+    kill(pid, SIGTERM); // the worker goes with rank 0
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  CHECK(!text[0].empty());
+  CHECK(text[1] == text[0]);
+}
+
 TEST_CASE("serve: xserv eval --endpoint scores GSM8K through the server") {
   XSERV_REQUIRE_DATA(data);
   TinyServer s;
