@@ -119,7 +119,7 @@ int cmd_inspect(const ParsedArgs& args) {
         {"weights",
          {{"attention", w.attention},
           {"router", w.router},
-          {"experts_bf16", w.experts},
+          {"experts", w.experts}, // in the plan's format (options.expert_format)
           {"embed", w.embed},
           {"lm_head", w.lm_head},
           {"total", w.total()}}},

@@ -164,6 +164,15 @@ TEST_CASE(
   CHECK(doc["options"]["expert_format"] == "mxfp4");
   CHECK(doc["stages"][0]["launch_table_entries"] == p.stages[0].table.launches.size());
   CHECK(doc["stages"][1]["recvs"][0] == p.stages[0].sends[0].name);
+  // The experts' bytes in the plan's format (17 bytes per 32 values), MXFP4 kernels in its code.
+  const auto cfg = models::ModelConfig::load(fs::path(model) / "config.json");
+  const double mx_bytes = cli::weight_bytes(cfg, runtime::ExpertFormat::Mxfp4).experts;
+  CHECK(doc["weights"]["experts"].get<double>() == doctest::Approx(mx_bytes));
+  CHECK(mx_bytes < 0.3 * cli::weight_bytes(cfg).experts);
+  size_t mx4 = 0;
+  for (const auto& k : p.codegen.kernels)
+    mx4 += k.name.find("_mx4") != std::string::npos;
+  CHECK(mx4 >= 2); // moe_gate_up and moe_down_part on MXFP4 (and the grouped gemms)
   RunResult t = run_xserv("inspect " + plan.string());
   CHECK(t.out.find("experts mxfp4") != std::string::npos);
   CHECK(t.out.find("launches per decode step") != std::string::npos);
