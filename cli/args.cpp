@@ -162,4 +162,23 @@ uint64_t parse_size(const std::string& text, const std::string& what) {
   return static_cast<uint64_t>(n * mult);
 }
 
+std::string parse_date(const std::string& v, const std::string& what) {
+  if (v.empty())
+    return v;
+  auto digits = [&](size_t at, size_t n) {
+    int x = 0;
+    for (size_t i = at; i < at + n; ++i) {
+      if (i >= v.size() || v[i] < '0' || v[i] > '9')
+        return -1;
+      x = x * 10 + (v[i] - '0');
+    }
+    return x;
+  };
+  const int month = digits(5, 2), day = digits(8, 2);
+  if (v.size() != 10 || digits(0, 4) < 0 || v[4] != '-' || v[7] != '-' || month < 1 ||
+      month > 12 || day < 1 || day > 31)
+    throw UsageError(fmt::format("{} must be a date YYYY-MM-DD, got '{}'", what, v));
+  return v;
+}
+
 } // namespace xserv::cli

@@ -65,4 +65,8 @@ int64_t parse_int(const std::string& text, const std::string& what, int64_t lo, 
 /// Parses sizes like "5GB", "512MiB", "1000" (bytes). Throws UsageError.
 uint64_t parse_size(const std::string& text, const std::string& what);
 
+/// `text` when it is empty or a date YYYY-MM-DD (month 01-12, day 01-31); UsageError naming
+/// `what` otherwise.
+std::string parse_date(const std::string& text, const std::string& what);
+
 } // namespace xserv::cli

@@ -186,13 +186,14 @@ struct ChatSession {
 } // namespace
 
 int cmd_chat(const ParsedArgs& args) {
+  const std::string date = parse_date(args.get("--date"), "--date"); // before loading anything
   ModelSource src = resolve_source(args.positional()[0], args);
   if (src.plan_dir.empty()) // a plan keeps the batch its launch table was compiled for
     src.max_batch = 1;
   std::unique_ptr<Model> model = make_model(src, args);
   ChatSession chat(load_tokenizer(src, args), *model);
   chat.instructions = args.get("--system");
-  chat.date = args.get("--date");
+  chat.date = date;
   try {
     chat.effort = models::parse_reasoning_effort(args.get("--reasoning", "medium"));
   } catch (const Error& e) {

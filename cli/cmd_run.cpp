@@ -75,6 +75,7 @@ int cmd_run(const ParsedArgs& args) {
   const bool ids_mode = args.has("--prompt-ids"), text_mode = args.has("--prompt");
   if (ids_mode == text_mode)
     throw UsageError("give exactly one of --prompt-ids 1,2,3 or --prompt \"text\"");
+  const std::string date = parse_date(args.get("--date"), "--date"); // before loading anything
   // A plan runs with the batch it was compiled for (its launch table is for that many rows);
   // a checkpoint directory needs one row.
   ModelSource src = resolve_source(args.positional()[0], args);
@@ -136,7 +137,7 @@ int cmd_run(const ParsedArgs& args) {
     chat.user = args.get("--prompt");
     chat.instructions = args.get("--system");
     chat.effort = models::parse_reasoning_effort(args.get("--reasoning", "medium"));
-    chat.current_date = args.get("--date");
+    chat.current_date = date;
     auto msgs = models::make_chat(chat);
     auto ids = models::render_for_completion(tok, msgs);
     req.prompt.assign(ids.begin(), ids.end());

@@ -362,8 +362,13 @@ private:
         }
         if (f.type == kAlive)
           continue;
-        if (f.type == kFail)
-          throw Error(decode(f.payload, nullptr).value("message", "failed"));
+        if (f.type == kFail) {
+          const nlohmann::json j = decode(f.payload, nullptr);
+          const auto m = j.find("message");
+          throw Error(m != j.end() && m->is_string()
+                          ? m->get<std::string>()
+                          : std::string("a pipeline rank sent a malformed failure frame"));
+        }
         if (f.type != type)
           throw Error(fmt::format("unexpected message {}", f.type));
         return decode(f.payload, tensors);

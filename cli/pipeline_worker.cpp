@@ -52,8 +52,13 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world, const std::
                   {"nonce", nonce},
                   {"proof", hello_proof(token, challenge["nonce"], rank, world, digest, nonce)}}));
   const Frame w = c.receive(std::chrono::seconds(30), kMaxHandshakeBytes);
-  if (w.type == kFail)
-    throw Error("refused by rank 0: " + decode(w.payload, nullptr).value("message", "?"));
+  if (w.type == kFail) {
+    const nlohmann::json j = decode(w.payload, nullptr);
+    const auto m = j.find("message");
+    throw Error("refused by rank 0: " + (m != j.end() && m->is_string()
+                                             ? m->get<std::string>()
+                                             : std::string("(a malformed failure frame)")));
+  }
   if (w.type != kWelcome)
     throw Error("rank 0 answered the handshake with something else");
   const nlohmann::json welcome = decode(w.payload, nullptr);

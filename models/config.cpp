@@ -250,8 +250,14 @@ ModelConfig ModelConfig::from_json(const json& doc, const std::string& source) {
   if (c.num_key_value_heads > c.num_attention_heads && c.num_attention_heads > 0)
     r.problem(fmt::format("num_key_value_heads ({}) exceeds num_attention_heads ({})",
                           c.num_key_value_heads, c.num_attention_heads));
-  if (c.swiglu_limit <= 0)
-    r.problem("'swiglu_limit' must be positive");
+  if (!(c.swiglu_limit > 0 && c.swiglu_limit <= 1e6))
+    r.problem(fmt::format("'swiglu_limit' must be in (0, 1e6], found {}", c.swiglu_limit));
+  // A window past the longest context changes nothing but the size of the sliding layers' KV
+  // ring (which it sets).
+  if (c.sliding_window > 0 && c.max_position_embeddings > 0 &&
+      c.sliding_window > c.max_position_embeddings)
+    r.problem(fmt::format("'sliding_window' ({}) exceeds max_position_embeddings ({})",
+                          c.sliding_window, c.max_position_embeddings));
   if (c.rope_theta <= 1)
     r.problem("'rope_theta' must be greater than 1");
   if (!c.attention_bias)
@@ -296,13 +302,18 @@ ModelConfig ModelConfig::from_json(const json& doc, const std::string& source) {
                               c.quant_method));
     }
   }
-  if (auto e = doc.find("eos_token_id"); e != doc.end()) {
-    if (e->is_number_integer())
-      c.eos_token_ids.push_back(e->get<int64_t>());
-    else if (e->is_array())
-      for (const auto& x : *e)
-        if (x.is_number_integer())
-          c.eos_token_ids.push_back(x.get<int64_t>());
+  if (auto e = doc.find("eos_token_id"); e != doc.end() && !e->is_null()) {
+    const bool list = e->is_array();
+    for (const auto& x : list ? *e : nlohmann::json::array({*e})) {
+      // Small test vocabularies keep the real model's ids (200002): no upper bound here.
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > (1 << 30)) {
+        r.problem(fmt::format("field 'eos_token_id' must be a token id (an integer in [0, "
+                              "2^30]) or a list of them, found {}",
+                              x.dump()));
+        break;
+      }
+      c.eos_token_ids.push_back(x.get<int64_t>());
+    }
   }
   if (auto pad = doc.find("pad_token_id"); pad != doc.end() && !pad->is_null()) {
     if (!pad->is_number_integer())

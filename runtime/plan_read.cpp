@@ -282,6 +282,11 @@ PlanStage read_pipeline_stage(const Checker& c, const json& st, size_t i, const 
   PlanStage s;
   c.integer(st, path, "stage", int64_t(i), int64_t(i));
   s.graph = c.relative_path(st, path, "graph", "plan");
+  // Each stage runs its own program: a path to another stage's file (digest intact) would run
+  // the wrong layers.
+  if (s.graph != fmt::format("stage{}.ir", i))
+    c.fail(path + ".graph", fmt::format("stage {}'s program is stage{}.ir, found \"{}\"", i, i,
+                                        s.graph));
   const json& l = c.need(st, path, "layers", Kind::Array);
   if (l.size() != 2 || !l[0].is_number_integer() || !l[1].is_number_integer() ||
       l[0].get<int64_t>() < -1 || l[1].get<int64_t>() < l[0].get<int64_t>() ||

@@ -49,6 +49,9 @@ TEST_CASE("usage mistakes: one clear message, exit code 2") {
   r = run_xserv("compile " + tiny() + " --emit ir --max-seq 0");
   CHECK(r.code == 2);
   CHECK(r.out.find("--max-seq must be in") != std::string::npos);
+  r = run_xserv("run " + tiny() + " --prompt hi --date 2024-13-45");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("--date must be a date YYYY-MM-DD, got '2024-13-45'") != std::string::npos);
   r = run_xserv("compile " + tiny() + " --emit ir --passes cse,nope");
   CHECK(r.code == 1);
   CHECK(r.out.find("unknown pass 'nope'") != std::string::npos);

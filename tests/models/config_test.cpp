@@ -187,3 +187,25 @@ TEST_CASE("floating-point fields must be finite and rope's original length bound
   CHECK(error_of(doc).find("field 'rope_scaling.original_max_position_embeddings' must be in "
                            "[1, 16777216]") != std::string::npos);
 }
+
+TEST_CASE("swiglu_limit, sliding_window and eos_token_id are checked against what they feed") {
+  // Found by tools/hostile_probe.py: a limit of 1e308 reached the kernel emitter, a window of
+  // 4,000,000 sized a KV ring far past any context, a string eos_token_id was dropped silently.
+  json doc = tiny_doc();
+  doc["swiglu_limit"] = 1e308;
+  CHECK(error_of(doc).find("'swiglu_limit' must be in (0, 1e6]") != std::string::npos);
+  doc = tiny_doc();
+  doc["sliding_window"] = doc["max_position_embeddings"].get<int64_t>() + 1;
+  CHECK(error_of(doc).find("'sliding_window'") != std::string::npos);
+  const json huge = json::array({int64_t{1} << 40});
+  for (const json bad : {json("x"), huge, json(-1), json::array({1, "2"})}) {
+    doc = tiny_doc();
+    doc["eos_token_id"] = bad;
+    CAPTURE(bad.dump());
+    CHECK(error_of(doc).find("field 'eos_token_id' must be a token id") != std::string::npos);
+  }
+  doc = tiny_doc();
+  doc["eos_token_id"] = json::array({200002, 199999});
+  CHECK(ModelConfig::from_json(doc, "config.json").eos_token_ids ==
+        std::vector<int64_t>{200002, 199999});
+}

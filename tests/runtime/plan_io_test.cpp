@@ -223,6 +223,8 @@ TEST_CASE("plan reader: a wrong field is refused naming plan.json and the field"
       {2, "/pipeline/stages/1/recvs/0/peer", 2,
        "field 'pipeline.stages[1].recvs[0].peer': must be in [0, 1], found 2"},
       {2, "/pipeline/stages/0/sends", 1, "field 'pipeline.stages[0].sends': expected a list"},
+      {2, "/pipeline/stages/1/graph", "stage0.ir",
+       "field 'pipeline.stages[1].graph': stage 1's program is stage1.ir, found \"stage0.ir\""},
       {2, "/pipeline/stages/1/layout/expert_format", "bf16",
        "field 'pipeline.stages[1].layout.expert_format'"},
       {2, "/pipeline/stages/0/launch_table/argmax_chunks", "many",
