@@ -134,15 +134,7 @@ CudaModel::Impl::plan_stage(const fs::path& plan_dir, std::string& why, bool& si
   const runtime::PlanStage& stage = plan->stages[0];
   const runtime::StageLayout& l = stage.layout;
   sizes = l.max_batch != max_batch || l.max_seq != max_seq;
-  if (sizes)
-    why = fmt::format("the plan is for max batch {} and max sequence {}, this run {} and {}",
-                      l.max_batch, l.max_seq, max_batch, max_seq);
-  else if (l.tokens != tcap)
-    why = fmt::format("the plan's steps hold {} tokens, this run's {} (XSERV_PREFILL_CHUNK)",
-                      l.tokens, tcap);
-  else if (l.gemm_split != gemm_split)
-    why = fmt::format("the plan's gemms take {} activations (XSERV_GEMM_PRECISION)",
-                      l.gemm_split ? "split" : "bf16");
+  why = layout_mismatch(l, max_batch, max_seq, tcap, gemm_split);
   if (!why.empty())
     return std::nullopt;
   return std::make_pair(l, stage.table);

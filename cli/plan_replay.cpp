@@ -25,6 +25,20 @@ std::string read_bytes(const fs::path& f) {
 
 } // namespace
 
+std::string layout_mismatch(const runtime::StageLayout& l, int64_t max_batch, int64_t max_seq,
+                            int tcap, bool gemm_split) {
+  if (l.max_batch != max_batch || l.max_seq != max_seq)
+    return fmt::format("the plan is for max batch {} and max sequence {}, this run {} and {}",
+                       l.max_batch, l.max_seq, max_batch, max_seq);
+  if (l.tokens != tcap)
+    return fmt::format("the plan's steps hold {} tokens, this run's {} (XSERV_PREFILL_CHUNK)",
+                       l.tokens, tcap);
+  if (l.gemm_split != gemm_split)
+    return fmt::format("the plan's gemms take {} activations (XSERV_GEMM_PRECISION)",
+                       l.gemm_split ? "split" : "bf16");
+  return "";
+}
+
 std::optional<runtime::LaunchTable> plan_launch_table(const fs::path& plan_dir, int64_t max_batch,
                                                       int64_t max_seq, int tcap, bool gemm_split,
                                                       int64_t arena_bytes, std::string& why) {
@@ -36,16 +50,8 @@ std::optional<runtime::LaunchTable> plan_launch_table(const fs::path& plan_dir, 
   }
   const runtime::PlanStage& stage = plan->stages[0];
   const runtime::StageLayout& l = stage.layout;
-  if (l.max_batch != max_batch || l.max_seq != max_seq)
-    why = fmt::format("the plan is for max batch {} and max sequence {}, this run {} and {}",
-                      l.max_batch, l.max_seq, max_batch, max_seq);
-  else if (l.tokens != tcap)
-    why = fmt::format("the plan's steps hold {} tokens, this run's {} (XSERV_PREFILL_CHUNK)",
-                      l.tokens, tcap);
-  else if (l.gemm_split != gemm_split)
-    why = fmt::format("the plan's gemms take {} activations (XSERV_GEMM_PRECISION)",
-                      l.gemm_split ? "split" : "bf16");
-  else if (static_cast<int64_t>(l.arena_bytes) != arena_bytes)
+  why = layout_mismatch(l, max_batch, max_seq, tcap, gemm_split);
+  if (why.empty() && static_cast<int64_t>(l.arena_bytes) != arena_bytes)
     why = fmt::format("the plan's activation arena is {} bytes, this build plans {} (a plan "
                       "from another xserv build: recompile it)",
                       l.arena_bytes, arena_bytes);

@@ -24,6 +24,12 @@ std::optional<runtime::LaunchTable> plan_launch_table(const std::filesystem::pat
                                                       bool gemm_split, int64_t arena_bytes,
                                                       std::string& why);
 
+/// Why a run of max batch `max_batch`, max sequence `max_seq`, step capacity `tcap` and gemm
+/// precision `gemm_split` cannot replay a plan stage of layout `l` (sizes first: the one a
+/// plan-only run refuses naming the compile flags); empty when it can.
+std::string layout_mismatch(const runtime::StageLayout& l, int64_t max_batch, int64_t max_seq,
+                            int tcap, bool gemm_split);
+
 /// A launch table's kernels, loaded.
 struct PlanKernels {
   std::vector<runtime::Module> modules;

@@ -120,16 +120,21 @@ __device__ __forceinline__ float bf16_to_float(const __nv_bfloat16& v) {
   return __bfloat162float(v);
 }
 
+/// Asks L2 for `bytes` bytes at p, spread over a warp's lanes, without waiting: the whole
+/// 128-byte lines that hold a byte of them, never a line past the last byte.
+__device__ __forceinline__ void warp_prefetch_l2(const void* p, size_t bytes) {
+  const size_t first = reinterpret_cast<size_t>(p) & ~size_t(127);
+  const size_t last = (reinterpret_cast<size_t>(p) + bytes - 1) & ~size_t(127);
+  const int lines = int((last - first) / 128) + 1;
+  for (int i = threadIdx.x % kWarp; i < lines; i += kWarp)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(first + size_t(i) * 128));
+}
+
 /// Asks L2 for a warp's R consecutive weight rows (bf16 [R, K]) without waiting: issued before
 /// a kernel's prologue so the weight stream starts while the prologue runs.
 template <int K, int R>
 __device__ __forceinline__ void warp_prefetch_rows_l2(const __nv_bfloat16* w) {
-  // Whole 128-byte lines that hold a byte of the rows: never a line past the rows' last byte.
-  const size_t first = reinterpret_cast<size_t>(w) & ~size_t(127);
-  const size_t last = (reinterpret_cast<size_t>(w) + R * K * 2 - 1) & ~size_t(127);
-  const int lines = int((last - first) / 128) + 1;
-  for (int i = threadIdx.x % kWarp; i < lines; i += kWarp)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(first + size_t(i) * 128));
+  warp_prefetch_l2(w, size_t(R) * K * 2);
 }
 
 /// One warp's dot products of R consecutive weight rows (bf16 [R, K], row stride K) with `tokens`

@@ -18,13 +18,10 @@ __device__ __forceinline__ const unsigned char* mxfp4_scales(const unsigned char
   return w + (size_t)ROWS_TOTAL * (K / 2);
 }
 
-/// The 8 values of one 4-byte word of a block (value k in nibble k, low nibble first) with the
-/// block's scale byte s, as fp32. Each pair (k, k + 4) is moved so that its nibbles top the two
-/// 16-bit halves; sign and e2m1 bits then form a bf16 pair worth value * 2^-126 (e2m1's
-/// exponent field lands in bf16's, its subnormal 0.5 lands on bf16's subnormal 2^-127), and a
-/// multiply by 2^126 * 2^(s - 127) gives the value.
-__device__ __forceinline__ void mxfp4_word_to_f32(unsigned q, unsigned s, float (&out)[8]) {
-  float f[8];
+/// The 8 values of one 4-byte word of a block (value k in nibble k) as fp32 times 2^-126,
+/// unscaled: each pair (k, k + 4) is shifted to top the two 16-bit halves, its sign and e2m1 bits
+/// become a bf16 pair, widened to two floats (value 0.5 lands on the subnormal 2^-127, exact).
+__device__ __forceinline__ void mxfp4_word_raw(unsigned q, float (&f)[8]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const unsigned x = q << (12 - 4 * k);
@@ -32,6 +29,16 @@ __device__ __forceinline__ void mxfp4_word_to_f32(unsigned q, unsigned s, float 
     f[k] = __uint_as_float(p << 16);
     f[k + 4] = __uint_as_float(p & 0xffff0000u);
   }
+}
+
+/// The 8 values of one 4-byte word of a block (value k in nibble k, low nibble first) with the
+/// block's scale byte s, as fp32. Each pair (k, k + 4) is moved so that its nibbles top the two
+/// 16-bit halves; sign and e2m1 bits then form a bf16 pair worth value * 2^-126 (e2m1's
+/// exponent field lands in bf16's, its subnormal 0.5 lands on bf16's subnormal 2^-127), and a
+/// multiply by 2^126 * 2^(s - 127) gives the value.
+__device__ __forceinline__ void mxfp4_word_to_f32(unsigned q, unsigned s, float (&out)[8]) {
+  float f[8];
+  mxfp4_word_raw(q, f);
   if (s <= 128u) { // 2^(s - 1) is a normal float
     const float m = __uint_as_float((s + 126u) << 23);
 #pragma unroll
@@ -49,27 +56,6 @@ __device__ __forceinline__ void mxfp4_word_to_f32(unsigned q, unsigned s, float 
 /// Two fp32 values that are bf16 numbers, as their packed bf16 bits (`lo` in the low half).
 __device__ __forceinline__ unsigned pack_exact_bf16x2(float lo, float hi) {
   return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
-}
-
-/// Asks L2 for `bytes` bytes at p, spread over a warp's lanes, without waiting.
-__device__ __forceinline__ void warp_prefetch_l2(const void* p, size_t bytes) {
-  const size_t first = reinterpret_cast<size_t>(p) & ~size_t(127);
-  const size_t last = (reinterpret_cast<size_t>(p) + bytes - 1) & ~size_t(127);
-  const int lines = int((last - first) / 128) + 1;
-  for (int i = threadIdx.x % kWarp; i < lines; i += kWarp)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(first + size_t(i) * 128));
-}
-
-/// The 8 values of one 4-byte word of a block as fp32 times 2^-126, unscaled: the bf16 pairs of
-/// mxfp4_word_to_f32 widened (value 0.5 lands on the fp32 subnormal 2^-127, exact).
-__device__ __forceinline__ void mxfp4_word_raw(unsigned q, float (&f)[8]) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const unsigned x = q << (12 - 4 * k);
-    const unsigned p = (x & 0x80008000u) | ((x >> 6) & 0x01c001c0u);
-    f[k] = __uint_as_float(p << 16);
-    f[k + 4] = __uint_as_float(p & 0xffff0000u);
-  }
 }
 
 /// Floats per 32-value block of the staged activations: padded so that the 8 lanes of a
