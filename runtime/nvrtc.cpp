@@ -89,7 +89,9 @@ void write_log(const std::filesystem::path& path, const std::string& text) {
 
 std::vector<std::string> CompileOptions::flags() const {
   std::vector<std::string> f;
-  f.push_back("--gpu-architecture=" + arch);
+  // sm_90 compiles for its arch-specific target sm_90a: a cubin of either runs on exactly the
+  // compute capability 9.0 devices, and sm_90a's may use warpgroup MMA (codegen/kernels/wgmma.cuh).
+  f.push_back("--gpu-architecture=" + (arch == "sm_90" ? std::string("sm_90a") : arch));
   f.push_back("-std=" + std);
   if (line_info)
     f.push_back("-lineinfo");

@@ -5,7 +5,14 @@
 //   build/tests/kernels_bench            (needs a GPU; prints MESSAGE lines per variant)
 #include "tests/codegen/kernel_test_util.h"
 
+#include "codegen/emit_wg.h"
+#include "models/bf16.h"
+#include "models/mxfp4.h"
+
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -163,4 +170,316 @@ TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
             << rows << " unroll " << unroll << " prefetch " << prefetch << " min blocks "
             << min_blocks << ": " << vms * 1e3 << " us, " << bytes / (vms * 1e-3) / 1e9 << " GB/s");
   }
+}
+
+// ---- prefill / batched-decode gemms: mma.sync (gemm.cuh) against warpgroup MMA (gemm_wg.cuh) ----
+
+namespace {
+
+/// Dry runs collect the variants' kernels (compiled together by preload) instead of running.
+bool g_dry = false;
+std::vector<KernelSource> g_sources;
+
+/// The loaded kernel of `src`, or nullptr in a dry run (which only collects it).
+const Loaded* want(KernelSource src) {
+  if (g_dry) {
+    g_sources.push_back(std::move(src));
+    return nullptr;
+  }
+  return &load(std::move(src));
+}
+
+/// One layer's MoE weights of the 20b in both formats (random codes, realistic scales) and a
+/// step's routing of `tokens` tokens (uniform random distinct experts).
+struct MoeBench {
+  MoeDims d{2880, 2880, 32, 4, true};
+  std::unique_ptr<DevBuf> gu16, dn16, gu4, dn4, gub, dnb;
+  MoeBench() {
+    Rng rng{950};
+    auto mx = [&](int rows, int cols, std::unique_ptr<DevBuf>& b16, std::unique_ptr<DevBuf>& b4) {
+      const size_t n = size_t(d.experts) * rows * cols;
+      std::vector<uint8_t> dev(n / 2 + n / 32);
+      for (size_t i = 0; i < n / 2; ++i)
+        dev[i] = uint8_t(int((rng.next(1.0f) + 1.0f) * 128.0f) & 0xff);
+      for (size_t i = n / 2; i < dev.size(); ++i)
+        dev[i] = uint8_t(118 + int((rng.next(1.0f) + 1.0f) * 2.0f));
+      std::vector<float> f(n);
+      models::mxfp4_decode_row({dev.data(), n / 2}, {dev.data() + n / 2, n / 32}, f);
+      std::vector<uint16_t> bits(n);
+      for (size_t i = 0; i < n; ++i)
+        bits[i] = models::float_to_bf16(f[i]);
+      b16 = upload(bits);
+      b4 = upload(dev);
+    };
+    mx(2 * d.inter, d.hidden, gu16, gu4);
+    mx(d.hidden, d.inter, dn16, dn4);
+    gub = upload(random_bf16(rng, {d.experts, 2 * d.inter}, 0.5f).bits);
+    dnb = upload(random_bf16(rng, {d.experts, d.hidden}, 0.5f).bits);
+  }
+};
+
+/// The MoE dimensions of the benchmark (also in a dry run, before the weights exist).
+const MoeDims* mb_dims(const MoeBench* mb) {
+  static const MoeDims d{2880, 2880, 32, 4, true};
+  return mb ? &mb->d : &d;
+}
+
+struct Routing {
+  std::unique_ptr<DevBuf> x, ids, w, xh, xl, act, ah, al, part;
+};
+
+Routing make_routing(const MoeDims& d, int tokens, uint64_t seed) {
+  Rng rng{seed};
+  std::vector<int32_t> ids(size_t(tokens) * d.k);
+  std::vector<float> w(ids.size(), 1.0f / float(d.k));
+  for (int t = 0; t < tokens; ++t)
+    for (int j = 0; j < d.k; ++j) {
+      int e;
+      bool dup;
+      do {
+        e = int((rng.next(1.0f) + 1.0f) * 0.5f * float(d.experts)) % d.experts;
+        dup = false;
+        for (int i = 0; i < j; ++i)
+          dup |= ids[size_t(t * d.k + i)] == e;
+      } while (dup);
+      ids[size_t(t * d.k + j)] = e;
+    }
+  Routing r;
+  r.x = upload(random_f32(rng, {tokens, d.hidden}, 1.0f).f);
+  r.ids = upload(ids);
+  r.w = upload(w);
+  const size_t pairs = size_t(tokens) * d.k;
+  r.xh = poisoned(size_t(tokens) * d.hidden / 2);
+  r.xl = poisoned(size_t(tokens) * d.hidden / 2);
+  r.act = poisoned(pairs * d.inter);
+  r.ah = poisoned(pairs * d.inter / 2);
+  r.al = poisoned(pairs * d.inter / 2);
+  r.part = poisoned(pairs * d.hidden);
+  return r;
+}
+
+void report(const std::string& label, double ms, double flops, double bytes) {
+  MESSAGE("gemm " << label << ": " << ms * 1e3 << " us, " << flops / (ms * 1e-3) / 1e12
+                  << " TFLOP/s, " << bytes / (ms * 1e-3) / 1e9 << " GB/s of weights");
+}
+
+/// The MoE block's two gemms at T tokens through gemm_wg with one tile shape.
+void moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx4, bool split) {
+  const MoeDims& d = *mb_dims(pmb);
+  const int pairs = tokens * d.k;
+  GemmWgDims g;
+  g.grouped = true;
+  g.experts = d.experts;
+  g.ksel = d.k;
+  g.bn = bn;
+  g.wm = wm;
+  g.stages = stages;
+  g.split = split;
+  g.mxfp4 = mx4;
+  g.k = d.hidden;
+  g.n = 2 * d.inter;
+  g.gather = true;
+  g.epilogue = GemmEpilogue::Swiglu;
+  if (!gemm_wg_fits(g))
+    return;
+  const Loaded* pgu = want(emit_gemm_wg(g, {}));
+  g.k = d.inter;
+  g.n = d.hidden;
+  g.gather = false;
+  g.epilogue = GemmEpilogue::Scatter;
+  const Loaded* pdn = want(emit_gemm_wg(g, {}));
+  const Loaded* pact = want(emit_gemm_act({d.inter, false, split, 1e-5, d.k}, {}));
+  const Loaded* psort = want(emit_moe_sort({d.experts, d.k, bn, pairs}, {}));
+  const Loaded* pxact = want(emit_gemm_act({d.hidden, false, split, 1e-5, 1}, {}));
+  if (g_dry)
+    return;
+  const Loaded &gu = *pgu, &dn = *pdn, &act = *pact;
+  Routing r = make_routing(d, tokens, 960 + uint64_t(tokens));
+  auto pair = poisoned(size_t(pairs));
+  auto tiles = poisoned(moe_tiles_ints(pairs, d.experts, bn));
+  launch(*psort, tokens, 1, r.ids->p, pair->p, tiles->p, tokens);
+  launch(*pxact, tokens, 1, r.x->p, nullptr, r.xh->p, split ? r.xl->p : nullptr);
+  const MoeBench& mb = *pmb;
+  const void* wgu = mx4 ? mb.gu4->p : mb.gu16->p;
+  const void* wdn = mx4 ? mb.dn4->p : mb.dn16->p;
+  const double ms_gu = median_ms([&](int) {
+    launch(gu, tokens, 1, r.xh->p, split ? r.xl->p : nullptr, wgu, mb.gub->p, nullptr, r.act->p,
+           pair->p, tiles->p, nullptr, tokens);
+  });
+  const double ms_act = median_ms(
+      [&](int) { launch(act, tokens, 1, r.act->p, nullptr, r.ah->p, split ? r.al->p : nullptr); });
+  const double ms_dn = median_ms([&](int) {
+    launch(dn, tokens, 1, r.ah->p, split ? r.al->p : nullptr, wdn, mb.dnb->p, nullptr, r.part->p,
+           pair->p, tiles->p, r.w->p, tokens);
+  });
+  device_sync();
+  const double wbytes = mx4 ? 17.0 / 32.0 : 2.0; // bytes per weight
+  const double per = double(d.hidden) * d.inter; // weights per matrix row block
+  const std::string tag = fmt::format("T={} bn {} m{} stages {} {} {}", tokens, bn, 64 * wm, stages,
+                                      mx4 ? "mxfp4" : "bf16", split ? "split" : "bf16-act");
+  report("moe gate_up wg " + tag, ms_gu, 2.0 * pairs * 2 * per, d.experts * 2 * per * wbytes);
+  report("moe down wg " + tag, ms_dn, 2.0 * pairs * per, d.experts * per * wbytes);
+  MESSAGE("gemm moe wg " << tag << ": gate_up + act + down " << (ms_gu + ms_act + ms_dn) * 1e3
+                         << " us (act " << ms_act * 1e3 << " us)");
+}
+
+/// The same through the mma.sync gemm (the engine's path before gemm_wg).
+void moe_mma(const MoeBench* pmb, int tokens, int bm, bool mx4, bool split) {
+  const MoeDims& d = *mb_dims(pmb);
+  const int pairs = tokens * d.k;
+  GemmDims g;
+  g.grouped = true;
+  g.experts = d.experts;
+  g.ksel = d.k;
+  g.bm = bm;
+  g.split = split;
+  g.mxfp4 = mx4;
+  g.k = d.hidden;
+  g.n = 2 * d.inter;
+  g.gather = true;
+  g.epilogue = GemmEpilogue::Swiglu;
+  const Loaded* pgu = want(emit_gemm(g, {}));
+  g.k = d.inter;
+  g.n = d.hidden;
+  g.gather = false;
+  g.epilogue = GemmEpilogue::Scatter;
+  const Loaded* pdn = want(emit_gemm(g, {}));
+  const Loaded* psort = want(emit_moe_sort({d.experts, d.k, bm, pairs}, {}));
+  if (g_dry)
+    return;
+  const Loaded &gu = *pgu, &dn = *pdn;
+  Routing r = make_routing(d, tokens, 960 + uint64_t(tokens));
+  auto pair = poisoned(size_t(pairs));
+  auto tiles = poisoned(moe_tiles_ints(pairs, d.experts, bm));
+  launch(*psort, tokens, 1, r.ids->p, pair->p, tiles->p, tokens);
+  const MoeBench& mb = *pmb;
+  const void* wgu = mx4 ? mb.gu4->p : mb.gu16->p;
+  const void* wdn = mx4 ? mb.dn4->p : mb.dn16->p;
+  const double ms = median_ms([&](int) {
+    launch(gu, tokens, 1, r.x->p, nullptr, nullptr, wgu, mb.gub->p, nullptr, r.act->p, pair->p,
+           tiles->p, nullptr, tokens);
+    launch(dn, tokens, 1, r.act->p, nullptr, nullptr, wdn, mb.dnb->p, nullptr, r.part->p, pair->p,
+           tiles->p, r.w->p, tokens);
+  });
+  device_sync();
+  MESSAGE("gemm moe mma.sync T=" << tokens << " bm " << bm << " "
+                                 << std::string(mx4 ? "mxfp4" : "bf16") << " "
+                                 << std::string(split ? "split" : "bf16-act") << ": gate_up + down "
+                                 << ms * 1e3 << " us");
+}
+
+/// A dense linear (qkv 2880 -> 5120 or o_proj 4096 -> 2880) at T tokens: gemm_wg and mma.sync.
+void dense_pair(int k, int n, int tokens, int bn, int wm, int stages, int splitk, bool split) {
+  GemmWgDims g;
+  g.k = k;
+  g.n = n;
+  g.bn = bn;
+  g.wm = wm;
+  g.stages = stages;
+  g.split = split;
+  g.splitk = splitk;
+  g.bias = splitk == 1;
+  if (!gemm_wg_fits(g))
+    return;
+  const Loaded* pact = want(emit_gemm_act({k, false, split, 1e-5, 1}, {}));
+  const Loaded* pl = want(emit_gemm_wg(g, {}));
+  if (g_dry)
+    return;
+  const Loaded &act = *pact, &l = *pl;
+  Rng rng{970};
+  auto x = upload(random_f32(rng, {tokens, k}, 1.0f).f);
+  auto w = upload(random_bf16(rng, {n, k}, 0.02f).bits);
+  auto b = upload(random_bf16(rng, {n}, 0.5f).bits);
+  auto y = poisoned(size_t(tokens) * n * std::max(1, splitk));
+  auto xh = poisoned(size_t(tokens) * k / 2), xl = poisoned(size_t(tokens) * k / 2);
+  const double ms_act = median_ms(
+      [&](int) { launch(act, tokens, 1, x->p, nullptr, xh->p, split ? xl->p : nullptr); });
+  const double ms = median_ms([&](int) {
+    launch(l, tokens, 1, xh->p, split ? xl->p : nullptr, w->p, b->p, nullptr, y->p, nullptr,
+           nullptr, nullptr, tokens);
+  });
+  device_sync();
+  report(fmt::format("dense wg {}x{} T={} bn {} m{} stages {} splitk {} {} (act {:.1f} us)", k, n,
+                     tokens, bn, 64 * wm, stages, splitk, split ? "split" : "bf16-act",
+                     ms_act * 1e3),
+         ms, 2.0 * tokens * k * n, double(k) * n * 2);
+}
+
+void dense_mma(int k, int n, int tokens, bool split) {
+  GemmDims g;
+  g.k = k;
+  g.n = n;
+  g.bm = 64;
+  g.split = split;
+  const Loaded* pl = want(emit_gemm(g, {}));
+  if (g_dry)
+    return;
+  const Loaded& l = *pl;
+  Rng rng{970};
+  auto x = upload(random_f32(rng, {tokens, k}, 1.0f).f);
+  auto w = upload(random_bf16(rng, {n, k}, 0.02f).bits);
+  auto b = upload(random_bf16(rng, {n}, 0.5f).bits);
+  auto y = poisoned(size_t(tokens) * n);
+  const double ms = median_ms([&](int) {
+    launch(l, tokens, 1, x->p, nullptr, nullptr, w->p, b->p, nullptr, y->p, nullptr, nullptr,
+           nullptr, tokens);
+  });
+  device_sync();
+  report(fmt::format("dense mma.sync {}x{} T={} {}", k, n, tokens, split ? "split" : "bf16-act"),
+         ms, 2.0 * tokens * k * n, double(k) * n * 2);
+}
+
+} // namespace
+
+TEST_CASE("gemm throughput: mma.sync against warpgroup MMA, 20b shapes (informational)") {
+  XSERV_REQUIRE_GPU();
+  if (runtime::probe_device().arch() != "sm_90") {
+    MESSAGE("skipped: gemm_wg needs sm_90");
+    return;
+  }
+  std::unique_ptr<MoeBench> mb;
+  auto variants = [&] {
+    const MoeBench* m = mb.get();
+    // Batched decode (64 sequences: ~8 pairs per expert), a 512- and a 2048-token prompt.
+    for (bool mx4 : {false, true}) {
+      moe_mma(m, 64, 32, mx4, true);
+      for (int wm : {1, 2})
+        for (int stages : {4, 8})
+          moe_wg(m, 64, 16, wm, stages, mx4, false);
+      moe_wg(m, 64, 8, 2, 8, mx4, false);
+      for (bool split : {false, true}) {
+        moe_mma(m, 512, 64, mx4, split);
+        for (int bn : {64, 128})
+          for (int wm : {1, 2})
+            moe_wg(m, 512, bn, wm, 4, mx4, split);
+        moe_mma(m, 2048, 128, mx4, split);
+        moe_wg(m, 2048, 128, 1, 4, mx4, split);
+        moe_wg(m, 2048, 128, 2, 3, mx4, split);
+        moe_wg(m, 2048, 256, 1, 3, mx4, split);
+      }
+    }
+    for (bool split : {false, true}) {
+      for (int tokens : {512, 2048}) {
+        dense_mma(2880, 5120, tokens, split);
+        dense_mma(4096, 2880, tokens, split);
+        for (auto [bn, wm] : {std::pair{128, 1}, std::pair{128, 2}, std::pair{256, 1}}) {
+          dense_pair(2880, 5120, tokens, bn, wm, bn * wm > 128 ? 3 : 4, 1, split);
+          dense_pair(4096, 2880, tokens, bn, wm, bn * wm > 128 ? 3 : 4, 1, split);
+        }
+      }
+      for (int splitk : {1, 3, 5, 9}) // 64 tokens (batched decode): 2880 = 45 K tiles
+        dense_pair(2880, 5120, 64, 64, 1, 4, splitk, split);
+      for (int splitk : {1, 4, 8}) // 4096 = 64 K tiles
+        dense_pair(4096, 2880, 64, 64, 1, 4, splitk, split);
+    }
+  };
+  g_dry = true;
+  variants();
+  g_dry = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  preload(std::move(g_sources));
+  MESSAGE("gemm variants compiled in "
+          << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s");
+  mb = std::make_unique<MoeBench>();
+  variants();
 }

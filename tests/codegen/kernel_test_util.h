@@ -16,10 +16,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <future>
 #include <limits>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 /// Skips the rest of a test case, saying why, when no GPU is usable.
@@ -122,20 +124,59 @@ struct Loaded {
   runtime::Kernel kernel;
 };
 
+/// The kernels loaded so far in this process, by name.
+inline std::map<std::string, std::unique_ptr<Loaded>>& loaded_kernels() {
+  static std::map<std::string, std::unique_ptr<Loaded>> loaded;
+  return loaded;
+}
+
+inline runtime::CompileOptions compile_options() {
+  runtime::CompileOptions opts;
+  opts.arch = runtime::probe_device().arch();
+  opts.headers = kernel_headers();
+  return opts;
+}
+
 /// Compiles and loads `src`, once per kernel name in the process (tests reuse shapes).
 inline const Loaded& load(KernelSource src) {
-  static std::map<std::string, std::unique_ptr<Loaded>> loaded;
-  auto& slot = loaded[src.name];
+  auto& slot = loaded_kernels()[src.name];
   if (!slot) {
-    runtime::CompileOptions opts;
-    opts.arch = runtime::probe_device().arch();
-    opts.headers = kernel_headers();
-    const runtime::CompileResult r = runtime::compile_cuda(src.source, src.name, opts);
+    const runtime::CompileResult r = runtime::compile_cuda(src.source, src.name, compile_options());
     runtime::Module m = runtime::Module::load(r.cubin, src.name);
     runtime::Kernel k = m.kernel(src.name);
     slot = std::make_unique<Loaded>(Loaded{std::move(src), std::move(m), std::move(k)});
   }
   return *slot;
+}
+
+/// Compiles the kernels of `srcs` not loaded yet on all cores at once (NVRTC is thread-safe) and
+/// loads them, so that a benchmark of many variants does not compile one after the other.
+inline void preload(std::vector<KernelSource> srcs) {
+  std::map<std::string, KernelSource> todo;
+  for (KernelSource& s : srcs)
+    if (!loaded_kernels().count(s.name))
+      todo.emplace(s.name, std::move(s));
+  const runtime::CompileOptions opts = compile_options();
+  const size_t width = std::max(1u, std::thread::hardware_concurrency());
+  auto it = todo.begin();
+  while (it != todo.end()) { // batches of one compile per core
+    std::vector<std::pair<KernelSource, std::future<runtime::CompileResult>>> jobs;
+    for (; it != todo.end() && jobs.size() < width; ++it) {
+      const std::string source = it->second.source, kname = it->second.name;
+      jobs.emplace_back(std::move(it->second),
+                        std::async(std::launch::async, [source, kname, opts] {
+                          return runtime::compile_cuda(source, kname, opts);
+                        }));
+    }
+    for (auto& [s, f] : jobs) {
+      const runtime::CompileResult r = f.get();
+      runtime::Module m = runtime::Module::load(r.cubin, s.name);
+      runtime::Kernel k = m.kernel(s.name);
+      const std::string name = s.name;
+      loaded_kernels()[name] =
+          std::make_unique<Loaded>(Loaded{std::move(s), std::move(m), std::move(k)});
+    }
+  }
 }
 
 template <typename... Args> void launch(const Loaded& l, int tokens, int splits, Args... args) {

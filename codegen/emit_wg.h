@@ -1,0 +1,61 @@
+// Emits the sm_90 warpgroup-MMA gemm (codegen/kernels/gemm_wg.cuh) and its activation kernel:
+// weights on the MMA's M side, the step's tokens on its N side, BF16 or MXFP4 weights.
+#pragma once
+
+#include "codegen/emit.h"
+
+#include <string>
+#include <vector>
+
+namespace xserv::codegen {
+
+/// gemm_act: the bf16 activations of a gemm_wg launch from fp32 rows, in its K slot order, with
+/// the rms norm applied when `norm` and a lo part when `split`. Parameters: x, ln, xh, xl (ln and
+/// xl nullptr when unused);
+/// grid.y = tokens * rows_per_token.
+struct GemmActDims {
+  int k = 0;
+  bool norm = false;
+  bool split = false;
+  double eps = 1e-5;
+  int rows_per_token = 1; ///< rows of x per step token (the MoE's down input: k per token)
+};
+KernelSource emit_gemm_act(const GemmActDims& d, const std::vector<std::string>& ir_lines);
+
+/// y = epilogue(W A^T) on warpgroup MMA, sm_90 only. A block is one warpgroup computing 64 * wm
+/// weight rows (grid.x = ceil(n / (64 wm))) of one tile of up to `bn` tokens: dense, grid.y =
+/// ceil(tokens / bn); grouped (MoE), moe_sort's tiles of up to `bn` sorted pairs, grid.y =
+/// ceil(tokens * ksel / bn) + experts (those past the count exit). Epilogues, gather, split K
+/// and MXFP4 weights as GemmDims; the activations are gemm_act's (bf16 hi, and lo with
+/// `split`: two MMAs). Parameters: xh, xl, w, b, h, y, pair, tiles, route_w, tokens (unused
+/// ones nullptr).
+struct GemmWgDims {
+  int k = 0, n = 0;
+  int bn = 128;   ///< tokens per tile: a multiple of 8 up to 256 with a WgMma shape
+  int wm = 2;     ///< m64 weight-row tiles per block: 1 or 2
+  int stages = 4; ///< K tiles in flight
+  bool bias = true, residual = false;
+  GemmEpilogue epilogue = GemmEpilogue::Store;
+  bool grouped = false, gather = false;
+  int experts = 1, ksel = 1;
+  bool split = false;
+  int splitk = 1;
+  double limit = 7.0, alpha = 1.702;
+  bool mxfp4 = false;
+};
+KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& ir_lines);
+
+/// Dynamic shared memory of a gemm_wg launch (mirrors gemm_wg_smem_bytes in gemm_wg.cuh).
+size_t gemm_wg_smem_bytes(const GemmWgDims& d);
+
+/// Whether gemm_wg takes these sizes: k a multiple of 64, an even n (a multiple of 16 for the
+/// SwiGLU epilogue), bn one of the WgMma shapes, the stages within the 227 KB of an SM.
+bool gemm_wg_fits(const GemmWgDims& d);
+
+/// The K value a gemm_wg K tile's slot `kappa` (0..63) holds (wg_k_of_slot in gemm_wg.cuh).
+constexpr int wg_k_of_slot(int kappa) {
+  return 16 * ((kappa / 2) % 4) + 8 * (kappa / 32) + 2 * ((kappa / 16) % 2) + (kappa / 8) % 2 +
+         4 * (kappa % 2);
+}
+
+} // namespace xserv::codegen

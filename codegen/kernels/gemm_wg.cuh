@@ -1,0 +1,359 @@
+// Prefill-path (and batched-decode) matrix multiply on sm_90's warpgroup MMA: y = epilogue(W A^T)
+// with the weights W on the MMA's M side (64 rows per m64 tile, A fragments built in registers
+// from BF16 or MXFP4 rows) and the step's tokens on its N side (bf16 activations in shared
+// memory, read through a descriptor), so a tile of few tokens (an expert's share of a decode
+// batch) wastes nothing and each weight row is read once per token tile.
+//
+// K order: a 64-wide K tile is consumed in the "slot" order of wg_k_of_slot, not 0..63. Each
+// thread's A fragments of a K tile then hold 16 consecutive K values of a row (one 8-byte MXFP4
+// piece or 32 bf16 bytes), so an MXFP4 fragment is decoded straight from one load; the
+// activations are written in the same order by gemm_act, so the products are the same and only
+// the order of the tensor cores' sums changes (BF16 and MXFP4 weights share it: their results
+// are bitwise equal for equal values).
+#pragma once
+
+#include "xserv_kernels/gemm.cuh"
+#include "xserv_kernels/wgmma.cuh"
+
+namespace xserv_kernels {
+
+/// The K value (0..63) that slot `kappa` of a 64-wide K tile holds: slot 16 s + 8 h + 2 c + e
+/// (K step s of the MMA, fragment half h, thread c of its quad, element e of a bf16 pair) holds
+/// 16 c + 8 (s / 2) + 2 (s % 2) + h + 4 e: thread c's 16 values are K 16 c .. 16 c + 15, and
+/// each bf16 pair is (v, v + 4) as mxfp4_pair_raw decodes it from a 32-bit word.
+__host__ __device__ constexpr int wg_k_of_slot(int kappa) {
+  return 16 * ((kappa / 2) % 4) + 8 * (kappa / 32) + 2 * ((kappa / 16) % 2) + (kappa / 8) % 2 +
+         4 * (kappa % 2);
+}
+
+/// The raw MXFP4 pair (nibble k, nibble k + 4) of word q (k = 0..3) as a bf16x2 worth
+/// value * 2^-126 each (mxfp4_word_raw's pairs, packed: nibble k in the low half).
+__device__ __forceinline__ unsigned mxfp4_pair_raw(unsigned q, int k) {
+  const unsigned x = q << (12 - 4 * k);
+  return (x & 0x80008000u) | ((x >> 6) & 0x01c001c0u);
+}
+
+/// Scales a raw MXFP4 bf16x2 pair by its block's E8M0 byte s: exactly value * 2^(s - 127), as the
+/// BF16 dequantisation stores it (products of at most 2 significant bits by powers of two,
+/// subnormal bf16 included: mul.bf16x2 keeps subnormals). 2^(s - 1) is a bf16 number for
+/// s <= 128; larger s multiply in steps.
+__device__ __forceinline__ unsigned mxfp4_pair_scale(unsigned raw, unsigned s) {
+  auto mul = [](unsigned a, unsigned m) {
+    unsigned r;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(m));
+    return r;
+  };
+  if (s <= 128u)
+    return mul(raw, ((s + 126u) << 7) * 0x10001u);
+  // 2^126, then 2^(s - 128) (255: 2^127), then 2
+  return mul(mul(mul(raw, (253u << 7) * 0x10001u), ((s - 1u) << 7) * 0x10001u),
+             (128u << 7) * 0x10001u);
+}
+
+/// The MMA's bf16 activations of fp32 rows (row r = blockIdx.y, 256 threads): xh[r] = bf16(x'[r])
+/// in the slot order of every 64-wide K tile, x' = x (NORM: x * rsqrt(mean(x^2) + eps) * ln);
+/// with SPLIT also xl[r] = bf16(x' - xh) (hi + lo hold ~16 bits of each value).
+template <int K, bool NORM, bool SPLIT>
+__device__ __forceinline__ void
+gemm_act(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
+         __nv_bfloat16* __restrict__ xh, __nv_bfloat16* __restrict__ xl) {
+  static_assert(K % 64 == 0, "K must be a multiple of the K tile");
+  const float* xr = x + (size_t)blockIdx.y * K;
+  const float inv = NORM ? block_inv_rms<K, 256>(xr, eps) : 1.0f;
+  unsigned* oh = reinterpret_cast<unsigned*>(xh + (size_t)blockIdx.y * K);
+  unsigned* ol = reinterpret_cast<unsigned*>(xl + (size_t)blockIdx.y * K);
+  // Pair u of a K tile: slots 2u, 2u + 1 hold K values a and a + 4.
+  for (int p = threadIdx.x; p < K / 2; p += 256) {
+    const int k0 = (p / 32) * 64, a = k0 + wg_k_of_slot(2 * (p % 32));
+    float v0 = xr[a], v1 = xr[a + 4];
+    if (NORM) {
+      v0 *= inv * bf16_to_float(ln[a]);
+      v1 *= inv * bf16_to_float(ln[a + 4]);
+    }
+    const unsigned hi = pack_bf16x2(v0, v1);
+    oh[p] = hi;
+    if (SPLIT) {
+      const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
+      ol[p] = pack_bf16x2(v0 - h0, v1 - h1);
+    }
+  }
+}
+
+/// Threads of a gemm_wg block: one warpgroup.
+constexpr int kWgThreads = 128;
+
+/// Bytes of one pipeline stage of gemm_wg<.., BN, WM, .., MX4, SPLIT>: the B tile(s) (BN rows of
+/// 128 bytes, 1024-aligned), then the A tile of 64 WM weight rows (bf16: 128 bytes a row;
+/// MXFP4: 32 block bytes a row, then a 4-byte scale word a row), rounded to 1024.
+__host__ __device__ constexpr int gemm_wg_stage_bytes(int bn, int wm, bool mx4, bool split) {
+  return ((bn * 128 * (split ? 2 : 1) + 64 * wm * (mx4 ? 36 : 128)) + 1023) / 1024 * 1024;
+}
+/// Dynamic shared memory of gemm_wg: its stages and 1024 bytes to align the first.
+__host__ __device__ constexpr int gemm_wg_smem_bytes(int bn, int wm, int stages, bool mx4,
+                                                     bool split) {
+  return stages * gemm_wg_stage_bytes(bn, wm, mx4, split) + 1024;
+}
+
+/// Where weight row m (0 .. 64 WM - 1 of the block's rows) sits in the A tile: in order, or with
+/// SWIGLU each 16-row group's gate rows (even) first and its up rows (odd) after them, so that the
+/// thread holding fragment row g (a gate row) holds row g + 8 (its up row) too.
+template <bool SWIGLU> __device__ __forceinline__ int wg_a_row(int m) {
+  return SWIGLU ? (m & ~15) + ((m & 1) ? 8 : 0) + ((m & 15) >> 1) : m;
+}
+
+/// y = epilogue(W_e A^T): each block computes 64 WM weight rows (n0 = blockIdx.x * 64 WM) of one
+/// token tile of up to BN rows (dense: rows blockIdx.y * BN.. of `tokens`; grouped: tile
+/// blockIdx.y of moe_sort's list). A row r of the tile is xh[arow(r)] (and xl), with
+/// arow(r) = GATHER ? pair[r] / KSEL : r: gemm_act's bf16 activations. W_e = w + expert * N * K
+/// ([N, K] bf16) or, with MX4, expert e of an MXFP4 device tensor of EXPERTS x N x K values.
+/// Epilogues as gemm_bf16's (GemmEpilogue); with SPLITK > 1 (dense stores) block z sums the z-th
+/// of SPLITK K ranges into y[z, r, n] for gemm_splitk_reduce.
+///
+/// Pipeline: STAGES K tiles in flight through cp.async (B in the 128-byte swizzle the
+/// descriptor reads; A swizzled the same way by row so the fragment loads hit distinct banks);
+/// per K tile each warp loads its rows' 16 K values per thread, builds the four K steps' A
+/// fragments in registers (MXFP4: decoded with the block's scale) and issues the MMAs
+/// asynchronously, the next step's fragments built while the previous MMA runs.
+template <int K, int N, int BN, int WM, int STAGES, bool MX4, bool SPLIT, bool GROUPED, bool GATHER,
+          int KSEL, int EPI, bool BIAS, bool RESIDUAL, int SPLITK = 1, int EXPERTS = 1>
+__device__ __forceinline__ void
+gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl,
+        const void* __restrict__ wv, const __nv_bfloat16* __restrict__ b, const float* h, float* y,
+        const int* __restrict__ pair, const int* __restrict__ tiles,
+        const float* __restrict__ route_w, float limit, float alpha, int tokens) {
+  static_assert(K % 64 == 0, "K must be a multiple of the K tile");
+  static_assert(BN % 8 == 0 && BN >= 8 && BN <= 256, "BN: 8..256 tokens, a multiple of 8");
+  static_assert(WM == 1 || WM == 2, "WM: 1 or 2 m64 tiles per warpgroup");
+  static_assert(EPI != kGemmSwiglu || N % 16 == 0, "swiglu pairs rows within 16-row groups");
+  static_assert(SPLITK == 1 || (EPI == kGemmStore && !GROUPED), "split K: dense stores only");
+  static_assert((K / 64) % SPLITK == 0, "split K must divide the K tiles");
+  constexpr int BM = 64 * WM;
+  constexpr int kKT = K / 64 / SPLITK;
+  constexpr int kStage = gemm_wg_stage_bytes(BN, WM, MX4, SPLIT);
+  constexpr int kBBytes = BN * 128;
+  constexpr int kAOff = kBBytes * (SPLIT ? 2 : 1);
+  constexpr bool kSwiglu = EPI == kGemmSwiglu;
+
+  extern __shared__ __align__(16) unsigned char smem_wg_raw[];
+  __shared__ int rows_b[BN];
+  unsigned char* smem = smem_wg_raw + ((1024u - (smem_u32(smem_wg_raw) & 1023u)) & 1023u);
+
+  int expert, begin, end;
+  if (!gemm_tile<BN, GROUPED>(tiles, tokens, expert, begin, end))
+    return;
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int g = lane / 4, c = lane % 4;
+  const int m0 = blockIdx.x * BM;
+  const int rows = end - begin;
+  const __nv_bfloat16* we = static_cast<const __nv_bfloat16*>(wv) + (size_t)expert * N * K;
+  const unsigned char* mblocks =
+      static_cast<const unsigned char*>(wv) + (size_t)expert * N * (K / 2);
+  const unsigned char* mscales =
+      mxfp4_scales<EXPERTS * N, K>(static_cast<const unsigned char*>(wv)) +
+      (size_t)expert * N * (K / 32);
+
+  for (int i = tid; i < BN; i += kWgThreads)
+    rows_b[i] = i < rows ? (GATHER ? pair[begin + i] / KSEL : begin + i) : -1;
+  __syncthreads();
+
+  const int kt0 = SPLITK > 1 ? blockIdx.z * kKT : 0;
+  auto issue = [&](int kt) {
+    unsigned char* st = smem + (kt % STAGES) * kStage;
+    const int k0 = (kt0 + kt) * 64;
+    // B: BN rows x 8 chunks of 16 bytes (x SPLIT), chunk j of row n at j ^ (n % 8).
+#pragma unroll
+    for (int v = 0; v < (BN * 8 + kWgThreads - 1) / kWgThreads; ++v) {
+      const int piece = tid + v * kWgThreads;
+      if (piece < BN * 8) {
+        const int n = piece / 8, j = piece % 8;
+        const int ar = rows_b[n];
+        const size_t src = (size_t)(ar >= 0 ? ar : 0) * K + k0 + j * 8;
+        const int dst = n * 128 + ((j ^ (n & 7)) << 4);
+        cp_async16(st + dst, xh + src, ar >= 0);
+        if (SPLIT)
+          cp_async16(st + kBBytes + dst, xl + src, ar >= 0);
+      }
+    }
+    unsigned char* sa = st + kAOff;
+    if constexpr (MX4) { // per row: 2 x 16 block bytes, and the word holding its 2 scale bytes
+#pragma unroll
+      for (int v = 0; v < (BM * 2 + kWgThreads - 1) / kWgThreads; ++v) {
+        const int piece = tid + v * kWgThreads;
+        if (piece < BM * 2) {
+          const int m = piece / 2, q = piece % 2, sr = wg_a_row<kSwiglu>(m);
+          const bool valid = m0 + m < N;
+          const size_t row = valid ? m0 + m : 0;
+          cp_async16(sa + sr * 32 + q * 16, mblocks + row * (K / 2) + k0 / 2 + q * 16, valid);
+        }
+      }
+      for (int m = tid; m < BM; m += kWgThreads) {
+        const int sr = wg_a_row<kSwiglu>(m);
+        const bool valid = m0 + m < N;
+        const size_t row = valid ? m0 + m : 0;
+        const size_t at = reinterpret_cast<size_t>(mscales + row * (K / 32) + k0 / 32);
+        cp_async4(sa + BM * 32 + sr * 4, reinterpret_cast<const void*>(at & ~size_t(3)), valid);
+      }
+    } else { // per row: 8 chunks of 16 bytes, chunk j of A row r at j ^ (r % 8)
+#pragma unroll
+      for (int v = 0; v < (BM * 8 + kWgThreads - 1) / kWgThreads; ++v) {
+        const int piece = tid + v * kWgThreads;
+        const int m = piece / 8, j = piece % 8, sr = wg_a_row<kSwiglu>(m);
+        const bool valid = m0 + m < N;
+        cp_async16(sa + sr * 128 + ((j ^ (sr & 7)) << 4),
+                   we + (size_t)(valid ? m0 + m : 0) * K + k0 + j * 8, valid);
+      }
+    }
+  };
+
+  float acc[WM][BN / 2];
+#pragma unroll
+  for (int wm = 0; wm < WM; ++wm)
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i)
+      acc[wm][i] = 0.0f;
+
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < kKT)
+      issue(st);
+    cp_async_commit();
+  }
+
+  // The scale byte offset of row (A tile row sr) inside its scale word: rows of K / 32 scale
+  // bytes start at even offsets, so a K tile's two bytes never straddle a word.
+  for (int kt = 0; kt < kKT; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    fence_proxy_async(); // this thread's landed B chunks, for the MMAs' async proxy
+    __syncthreads();     // stage kt landed for every thread; stage kt - 1 fully consumed
+    if (kt + STAGES - 1 < kKT)
+      issue(kt + STAGES - 1);
+    cp_async_commit();
+
+    const unsigned char* st = smem + (kt % STAGES) * kStage;
+    const unsigned char* sa = st + kAOff;
+    const unsigned bh = smem_u32(st), bl = smem_u32(st + kBBytes);
+    // This thread's two fragment rows per m64 tile: 16 K values each (bf16: 8 words; MXFP4: 2
+    // words of nibbles and the blocks' scale byte), then per K step their A fragments.
+    unsigned raw[WM][2][MX4 ? 2 : 8], sc[WM][2];
+#pragma unroll
+    for (int wm = 0; wm < WM; ++wm)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int sr = wm * 64 + warp * 16 + g + 8 * hh;
+        if constexpr (MX4) {
+          const uint2 q = *reinterpret_cast<const uint2*>(sa + sr * 32 + 8 * c);
+          raw[wm][hh][0] = q.x;
+          raw[wm][hh][1] = q.y;
+          const unsigned sw = *reinterpret_cast<const unsigned*>(sa + BM * 32 + sr * 4);
+          // The place of this row's scale byte in its word (the word as issue() aligned it).
+          const int f = sr & 15;
+          const int m = kSwiglu ? (sr & ~15) + (f < 8 ? 2 * f : 2 * (f - 8) + 1) : sr;
+          const size_t row = m0 + m < N ? m0 + m : 0;
+          const unsigned at =
+              (unsigned)(reinterpret_cast<size_t>(mscales + row * (K / 32) + (kt0 + kt) * 2) & 3);
+          sc[wm][hh] = (sw >> (8 * (at + c / 2))) & 0xffu;
+        } else {
+          const uint4 q0 =
+              *reinterpret_cast<const uint4*>(sa + sr * 128 + (((2 * c) ^ (sr & 7)) << 4));
+          const uint4 q1 =
+              *reinterpret_cast<const uint4*>(sa + sr * 128 + (((2 * c + 1) ^ (sr & 7)) << 4));
+          const unsigned w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            raw[wm][hh][i] = w[i];
+          sc[wm][hh] = 0;
+        }
+      }
+    // Pair i (i = 2 s + h, the K step's fragment half) of a row: values (v, v + 4) with
+    // v = 8 (i / 4) + i % 4 of the row's 16.
+    auto pair_of = [&](int wm, int hh, int i) -> unsigned {
+      const int k = i % 4;
+      if constexpr (MX4)
+        return mxfp4_pair_scale(mxfp4_pair_raw(raw[wm][hh][i / 4], k), sc[wm][hh]);
+      else
+        return __byte_perm(raw[wm][hh][4 * (i / 4) + k / 2], raw[wm][hh][4 * (i / 4) + k / 2 + 2],
+                           (k % 2) ? 0x7632 : 0x5410);
+    };
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      unsigned a[WM][4];
+#pragma unroll
+      for (int wm = 0; wm < WM; ++wm) {
+        a[wm][0] = pair_of(wm, 0, 2 * s);
+        a[wm][1] = pair_of(wm, 1, 2 * s);
+        a[wm][2] = pair_of(wm, 0, 2 * s + 1);
+        a[wm][3] = pair_of(wm, 1, 2 * s + 1);
+      }
+      wg_fence();
+#pragma unroll
+      for (int wm = 0; wm < WM; ++wm) {
+        WgMma<BN>::mma(acc[wm], a[wm], wg_desc_sw128(bh + 32 * s));
+        if (SPLIT)
+          WgMma<BN>::mma(acc[wm], a[wm], wg_desc_sw128(bl + 32 * s));
+      }
+    }
+    wg_commit();
+    wg_wait<0>();
+#pragma unroll
+    for (int wm = 0; wm < WM; ++wm)
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i)
+        wg_pin(acc[wm][i]);
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: acc[wm][4 j + e] is A row wm * 64 + warp * 16 + g + 8 (e / 2) (a weight row, see
+  // wg_a_row), tile row 8 j + 2 c + e % 2 (a token).
+  const __nv_bfloat16* be = b + (size_t)expert * N;
+#pragma unroll
+  for (int wm = 0; wm < WM; ++wm) {
+    const int rbase = m0 + wm * 64 + warp * 16; // first weight row of this warp's 16
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2) {
+        const int rl = 8 * j + 2 * c + e2;
+        if (rl >= rows)
+          continue;
+        const int r = begin + rl;
+        if constexpr (kSwiglu) {
+          const int gate_row = rbase + 2 * g;
+          if (gate_row >= N)
+            continue;
+          float gate = acc[wm][4 * j + e2], up = acc[wm][4 * j + 2 + e2];
+          if (BIAS) {
+            gate += bf16_to_float(be[gate_row]);
+            up += bf16_to_float(be[gate_row + 1]);
+          }
+          gate = fminf(gate, limit);
+          up = fminf(fmaxf(up, -limit), limit);
+          const float glu = gate / (1.0f + expf(-alpha * gate));
+          y[(size_t)r * (N / 2) + gate_row / 2] = (up + 1.0f) * glu;
+        } else {
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int n = rbase + g + 8 * hh;
+            if (n >= N)
+              continue;
+            float v = acc[wm][4 * j + 2 * hh + e2];
+            if (SPLITK > 1) {
+              y[((size_t)blockIdx.z * tokens + r) * N + n] = v;
+              continue;
+            }
+            if (BIAS)
+              v += bf16_to_float(be[n]);
+            if (EPI == kGemmStore) {
+              if (RESIDUAL)
+                v += h[(size_t)r * N + n];
+              y[(size_t)r * N + n] = v;
+            } else {
+              const int p = pair[r];
+              y[(size_t)p * N + n] = route_w[p] * v;
+            }
+          }
+        }
+      }
+  }
+}
+
+} // namespace xserv_kernels
