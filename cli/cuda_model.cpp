@@ -37,7 +37,7 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
   const int chunk = knobs.prefill_chunk.value_or(options.prefill_chunk);
   if (chunk < 8 || chunk > 65536)
     throw Error(fmt::format("prefill chunk {} is outside [8, 65536]", chunk));
-  m.tcap = step_token_capacity(max_batch, chunk);
+  m.tcap = codegen::step_token_capacity(max_batch, chunk);
   m.gemm_split = knobs.gemm_split.value_or(options.gemm_split);
   const bool dependent = options.dependent_launch && dev.sm_major >= 9 && knobs.pdl;
   m.log(fmt::format("{} ({}, {} SMs, {:.0f} GiB)", dev.name, dev.arch(), dev.multiprocessors,
@@ -63,7 +63,7 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
       m.log("lowering the graph for this run: " + why);
     }
   }
-  LoweringContext ctx;
+  codegen::LoweringContext ctx;
   ctx.max_tokens = m.tcap;
   ctx.gemm_split = m.gemm_split;
   ctx.expert_format = options.expert_format;
@@ -98,7 +98,7 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
       m.plan.arena_bytes = end;
     }
     ctx.memory = &m.plan;
-    m.stage = stage_layout(m.graph, ctx);
+    m.stage = codegen::stage_layout(m.graph, ctx);
     for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(m.graph.size()); ++v)
       if (m.graph.node(v).op == ir::Op::Cache)
         m.cache_index.emplace(v, m.cache_index.size());
@@ -129,7 +129,8 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
     if (!planned)
       m.log("lowering the graph for this run: " + why);
   }
-  runtime::LaunchTable table = planned ? std::move(*planned) : lower_graph(m.graph, m.kernels, ctx);
+  runtime::LaunchTable table =
+      planned ? std::move(*planned) : codegen::lower_graph(m.graph, m.kernels, ctx);
   // Its regions: the arena, weights by name, caches in graph order, step inputs by name, and its
   // scratch buffers (constants uploaded once).
   runtime::Bindings bind;
@@ -167,8 +168,8 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
                       m.plan_kernels.kernels.size(), int(m.plan_kernels.kernels.size()) - compiled,
                       compiled, seconds_since(t2)));
   } else {
-    const int compiled = m.kernels.build(cache_dir);
-    m.executor = std::make_unique<runtime::Executor>(std::move(table), bind, m.kernels.loaded());
+    const int compiled = m.build_kernels(dev.arch(), cache_dir);
+    m.executor = std::make_unique<runtime::Executor>(std::move(table), bind, m.built.loaded());
     m.log(fmt::format("compiling {} kernels ... {:.1f} s ({} compiled, {} from {})",
                       m.kernels.size(), seconds_since(t2), compiled,
                       int(m.kernels.size()) - compiled, cache_dir.string()));

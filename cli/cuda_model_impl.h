@@ -19,12 +19,12 @@
 #include <fmt/format.h>
 
 #include "cli/args.h"
-#include "cli/cuda_lower.h"
 #include "cli/env.h"
 #include "cli/plan_file.h"
 #include "cli/plan_replay.h"
 #include "cli/step_split.h"
 #include "cli/weight_specs.h"
+#include "codegen/cuda_lower.h"
 #include "compiler/memory_plan.h"
 #include "compiler/pass.h"
 #include "compiler/pass_manager.h"
@@ -73,7 +73,8 @@ struct CudaModel::Impl {
   std::vector<std::pair<void*, size_t>> caches; ///< in the graph's order
   std::map<ir::ValueId, size_t> cache_index;    ///< graph mode: a cache node's index
   cudaStream_t stream = nullptr;
-  KernelSet kernels;
+  codegen::KernelSet kernels;                  ///< graph mode: the lowering's kernels ...
+  PlanKernels built;                           ///< ... compiled and loaded (build_kernels)
   std::unique_ptr<runtime::Executor> executor; ///< the launch table bound to this engine's memory
   /// Kernels loaded from the plan directory when its launch table is replayed (else `kernels`).
   PlanKernels plan_kernels;
@@ -144,6 +145,9 @@ struct CudaModel::Impl {
   }
 
   void upload_weights(const std::filesystem::path& cache_dir);
+  /// Graph mode: compiles (or takes from `cache_dir`) `kernels` for `arch` and loads them into
+  /// `built`; returns how many NVRTC compiled.
+  int build_kernels(const std::string& arch, const std::filesystem::path& cache_dir);
   /// A pipeline stage's recv nodes by name (found once, at construction).
   /// The recv named `name` (a pipeline stage's input).
   const runtime::StageLayout::Recv& recv(const std::string& name) const {

@@ -2,6 +2,8 @@
 // profile, value addresses (graph mode) and the plan's stage layout (plan mode).
 #include "cli/cuda_model_impl.h"
 
+#include "runtime/kernel_cache.h"
+
 namespace xserv::cli {
 namespace fs = std::filesystem;
 using cuda_impl::check;
@@ -37,6 +39,29 @@ void CudaModel::Impl::upload_weights(const fs::path& cache_dir) {
     weights[name] = const_cast<void*>(device_weights.get(name));
   }
   allocated += device_weights.device_bytes();
+}
+
+int CudaModel::Impl::build_kernels(const std::string& arch, const fs::path& cache_dir) {
+  runtime::CompileOptions opts;
+  opts.arch = arch;
+  opts.headers = codegen::kernel_headers();
+  std::vector<runtime::KernelCode> code;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const codegen::KernelSource& s = kernels.source(static_cast<int>(i));
+    code.push_back({s.name, s.source});
+  }
+  int compiled = 0;
+  built.modules.reserve(code.size()); // stable addresses for the executor
+  built.kernels.reserve(code.size());
+  const std::vector<runtime::CachedCubin> cubins =
+      runtime::get_or_compile_all(code, opts, cache_dir);
+  for (size_t i = 0; i < code.size(); ++i) {
+    compiled += cubins[i].compiled ? 1 : 0;
+    built.modules.push_back(runtime::Module::load(cubins[i].cubin, code[i].name));
+    built.kernels.push_back(built.modules.back().kernel(code[i].name));
+  }
+  built.compiled = compiled;
+  return compiled;
 }
 
 cudaGraphExec_t CudaModel::Impl::capture(const runtime::StepShape& s) {

@@ -111,4 +111,15 @@ const Env& env() {
   return e;
 }
 
+std::filesystem::path kernel_cache_dir() {
+  namespace fs = std::filesystem;
+  if (const std::string& d = env().kernel_cache; !d.empty())
+    return d;
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d)
+    return fs::path(d) / "xserv/kernels";
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return fs::path(h) / ".cache/xserv/kernels";
+  return fs::temp_directory_path() / "xserv-kernels";
+}
+
 } // namespace xserv::cli

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -39,5 +40,9 @@ Env parse_env(const std::function<const char*(const char*)>& get);
 
 /// The process's settings: parse_env(std::getenv) on the first call, the same object after.
 const Env& env();
+
+/// Where compiled kernels are cached: $XSERV_KERNEL_CACHE, else $XDG_CACHE_HOME/xserv/kernels,
+/// else ~/.cache/xserv/kernels.
+std::filesystem::path kernel_cache_dir();
 
 } // namespace xserv::cli

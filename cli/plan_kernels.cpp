@@ -9,8 +9,8 @@
 
 #include <fmt/format.h>
 
-#include "cli/cuda_model.h"
-#include "cli/cuda_lower.h"
+#include "cli/env.h"
+#include "codegen/cuda_lower.h"
 #include "codegen/emit.h"
 #include "compiler/memory_plan.h"
 #include "ir/error.h"
@@ -26,15 +26,15 @@ namespace {
 
 /// The graph lowered as the CUDA engine lowers it (same capacities, same activation plan).
 struct PlanLowering {
-  KernelSet kernels;
+  codegen::KernelSet kernels;
   compiler::MemoryPlan memory;
-  LoweringContext ctx;
+  codegen::LoweringContext ctx;
   runtime::LaunchTable table;
 };
 
 void lower_for_plan(const ir::Graph& g, const PlanKernelOptions& opts, PlanLowering& out) {
-  LoweringContext& ctx = out.ctx;
-  ctx.max_tokens = step_token_capacity(opts.max_batch, opts.prefill_chunk);
+  codegen::LoweringContext& ctx = out.ctx;
+  ctx.max_tokens = codegen::step_token_capacity(opts.max_batch, opts.prefill_chunk);
   ctx.max_seqs = static_cast<int>(opts.max_batch);
   ctx.cache_rows = opts.max_batch;
   ctx.max_seq = opts.max_seq;
@@ -42,7 +42,7 @@ void lower_for_plan(const ir::Graph& g, const PlanKernelOptions& opts, PlanLower
   out.memory = compiler::plan_memory(
       g, {{models::dims::kTokens, ctx.max_tokens}, {models::dims::kSeqs, opts.max_batch}});
   ctx.memory = &out.memory;
-  out.table = lower_graph(g, out.kernels, ctx);
+  out.table = codegen::lower_graph(g, out.kernels, ctx);
 }
 
 /// Kernel launches per kernel of one step of `shape`, counted by the executor's recording mode
@@ -73,14 +73,14 @@ PlanStageCode stage_launches(const ir::Graph& stage, const runtime::PlanCodegen&
           fmt::format("pipeline stage needs kernel {}, which the plan does not hold", name));
     total += counts[i];
   }
-  return {std::move(pl.table), stage_layout(stage, pl.ctx), total};
+  return {std::move(pl.table), codegen::stage_layout(stage, pl.ctx), total};
 }
 
 PlanKernelsResult write_plan_kernels(const ir::Graph& g, const fs::path& plan,
                                      const PlanKernelOptions& opts) {
   PlanLowering pl;
   lower_for_plan(g, opts, pl);
-  const KernelSet& kernels = pl.kernels;
+  const codegen::KernelSet& kernels = pl.kernels;
 
   // Kernel launches of a decode step (one sequence) and of a prefill step.
   const int prefill_tokens = std::min(512, pl.ctx.max_tokens);
@@ -144,7 +144,7 @@ PlanKernelsResult write_plan_kernels(const ir::Graph& g, const fs::path& plan,
                  .launches_per_decode_step = decode_total,
                  .prefill_step_tokens = prefill_tokens,
                  .launches_per_prefill_step = prefill_total};
-  out.code = {std::move(pl.table), stage_layout(g, pl.ctx), decode_total};
+  out.code = {std::move(pl.table), codegen::stage_layout(g, pl.ctx), decode_total};
   return out;
 }
 

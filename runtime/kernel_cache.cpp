@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cctype>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -165,6 +166,21 @@ CachedCubin get_or_compile(const std::string& source, const std::string& name,
   result.compiled = true;
   result.compile_ms = compiled.compile_ms;
   return result;
+}
+
+std::vector<CachedCubin> get_or_compile_all(const std::vector<KernelCode>& kernels,
+                                            const CompileOptions& opts, const fs::path& cache_dir) {
+  std::vector<std::future<CachedCubin>> jobs;
+  for (const KernelCode& k : kernels)
+    jobs.push_back(std::async(std::launch::async, [&k, &opts, &cache_dir] {
+      return get_or_compile(k.source, k.name, opts, cache_dir);
+    }));
+  std::vector<CachedCubin> out;
+  for (auto& j : jobs)
+    j.wait(); // no job may outlive what it refers to, even when one throws
+  for (auto& j : jobs)
+    out.push_back(j.get());
+  return out;
 }
 
 } // namespace xserv::runtime

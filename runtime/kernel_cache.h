@@ -39,4 +39,17 @@ CachedCubin get_or_compile(const std::string& source, const std::string& name,
                            const CompileOptions& opts, const std::filesystem::path& cache_dir,
                            const CacheNotice& notice = {});
 
+/// A kernel to compile: its extern "C" name (also its cache file's) and its CUDA source.
+struct KernelCode {
+  std::string name;
+  std::string source;
+};
+
+/// get_or_compile() of every kernel, in parallel (NVRTC compiles independent programs
+/// concurrently; each kernel has its own cache files); the cubins in `kernels`' order. Throws
+/// the first kernel's xserv::Error, after every compile has finished.
+std::vector<CachedCubin> get_or_compile_all(const std::vector<KernelCode>& kernels,
+                                            const CompileOptions& opts,
+                                            const std::filesystem::path& cache_dir);
+
 } // namespace xserv::runtime

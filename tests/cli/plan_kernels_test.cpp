@@ -1,6 +1,6 @@
 // The kernels a plan carries: every kernel of the tiny, 20b and 120b plans compiles with NVRTC
-// for sm_90 (no GPU needed), the tiny plan's generated source stays byte-stable, and a plan's
-// sources recompile with the headers it carries.
+// for sm_90 (no GPU needed), the tiny plan's generated source stays byte-stable, a plan's
+// sources recompile with the headers it carries, and plan.json's launch table is the lowering's.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -13,9 +13,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/plan_kernels.h"
 #include "cli/plan_replay.h"
+#include "codegen/cuda_lower.h"
 #include "codegen/emit.h"
+#include "compiler/memory_plan.h"
+#include "compiler/pass_manager.h"
 #include "ir/error.h"
+#include "models/config.h"
+#include "models/gpt_oss.h"
+#include "runtime/executor.h"
+#include "runtime/plan_json.h"
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
@@ -139,4 +147,43 @@ TEST_CASE("a plan's kernel sources compile with the headers the plan carries") {
     CHECK(std::string(e.what()).find((plan / "kernels").string()) != std::string::npos);
     CHECK(std::string(e.what()).find("recompile the plan") != std::string::npos);
   }
+}
+
+TEST_CASE("plan.json's launch table is the engine's, and counts its launches") {
+  using namespace xserv;
+  constexpr int64_t kMaxBatch = 8, kMaxSeq = 8192;
+  constexpr int kChunk = 1024;
+  const fs::path src = testing::source_dir();
+  testing::TempDir dir("launch_table_plan");
+  const models::ModelConfig cfg = models::ModelConfig::load(src / "examples/tiny/config.json");
+  compiler::PassManager pm;
+  pm.add_pipeline(compiler::kDefaultPipeline);
+  const ir::Graph g = pm.run(models::build_gpt_oss(cfg));
+  cli::PlanKernelOptions opts;
+  opts.cubins = false;
+  opts.max_batch = kMaxBatch;
+  opts.max_seq = kMaxSeq;
+  opts.prefill_chunk = kChunk;
+  const cli::PlanKernelsResult out = cli::write_plan_kernels(g, dir.path, opts);
+  // Through plan.json's form and back, as run reads it.
+  const runtime::LaunchTable t =
+      runtime::launch_table_from_json(runtime::launch_table_to_json(out.code.table));
+  // The same graph lowered directly, as the CUDA engine lowers it.
+  const int capacity = codegen::step_token_capacity(kMaxBatch, kChunk);
+  const compiler::MemoryPlan memory = compiler::plan_memory(
+      g, {{models::dims::kTokens, capacity}, {models::dims::kSeqs, kMaxBatch}});
+  codegen::LoweringContext ctx;
+  ctx.max_tokens = capacity;
+  ctx.max_seqs = int(kMaxBatch);
+  ctx.cache_rows = kMaxBatch;
+  ctx.max_seq = kMaxSeq;
+  ctx.memory = &memory;
+  codegen::KernelSet kernels;
+  CHECK(t == codegen::lower_graph(g, kernels, ctx));
+  CHECK(out.code.layout.tokens == capacity);
+  CHECK(int64_t(out.code.layout.arena_bytes) == memory.arena_bytes);
+  const runtime::Executor ex(t, runtime::placeholder_bindings(t));
+  CHECK(ex.record({1, 1, 0}).size() == size_t(out.codegen.launches_per_decode_step));
+  CHECK(out.code.launches_per_decode_step == out.codegen.launches_per_decode_step);
+  CHECK(ex.record({512, 1, 511}).size() == size_t(out.codegen.launches_per_prefill_step));
 }

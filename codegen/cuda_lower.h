@@ -1,7 +1,6 @@
 // Lowering a fused gpt-oss graph to a launch table (runtime/plan.h) of generated CUDA kernels.
 #pragma once
 
-#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -9,43 +8,30 @@
 #include "codegen/emit.h"
 #include "compiler/memory_plan.h"
 #include "ir/graph.h"
-#include "runtime/executor.h"
-#include "runtime/module.h"
 #include "runtime/plan.h"
 
-namespace xserv::cli {
+namespace xserv::codegen {
 
 /// Tokens one step (the activation arena) holds: the prefill chunk, at least max_batch and 8.
 int step_token_capacity(int64_t max_batch, int prefill_chunk);
 
-/// Where compiled kernels are cached: $XSERV_KERNEL_CACHE, else $XDG_CACHE_HOME/xserv/kernels,
-/// else ~/.cache/xserv/kernels.
-std::filesystem::path kernel_cache_dir();
-
-/// The generated kernels of an engine, each once by name, compiled together. Kernel `i` is
-/// entry `i` of the launch table's kernels.
+/// The generated kernels of a lowering, each once by name. Kernel `i` is entry `i` of the launch
+/// table's kernels; compiling them is the runtime's (NVRTC, runtime/kernel_cache.h).
 class KernelSet {
 public:
   /// Adds `src` unless a kernel of that name is already there; returns its index.
   int add(codegen::KernelSource src);
-  /// Compiles (or loads from `cache_dir`) and loads every kernel; returns how many NVRTC
-  /// actually compiled (the rest came from the cache).
-  int build(const std::filesystem::path& cache_dir);
   size_t size() const { return sources_.size(); }
   /// How many lowered nodes asked for kernel `i`.
   int uses(int i) const { return uses_.at(static_cast<size_t>(i)); }
   const codegen::KernelSource& source(int i) const { return sources_.at(static_cast<size_t>(i)); }
   /// The launch table's entry for every kernel: name and launch rule.
   std::vector<runtime::PlanKernel> plan_kernels() const;
-  /// The built kernels, for runtime::Executor (valid while this set lives; empty before build).
-  std::vector<runtime::LoadedKernel> loaded() const;
 
 private:
   std::vector<codegen::KernelSource> sources_;
   std::map<std::string, int> by_name_;
   std::vector<int> uses_;
-  std::vector<runtime::Module> modules_;
-  std::vector<runtime::Kernel> kernels_;
 };
 
 /// What the lowering needs from the engine: capacities and where activations live.
@@ -78,4 +64,4 @@ runtime::LaunchTable lower_graph(const ir::Graph& g, KernelSet& kernels,
 /// shapes in graph order, and the weights by name and shape.
 runtime::StageLayout stage_layout(const ir::Graph& g, const LoweringContext& ctx);
 
-} // namespace xserv::cli
+} // namespace xserv::codegen

@@ -3,7 +3,7 @@
 // regions) of many step shapes, compared with golden records made from the closure lowering.
 //
 // Regenerate after an intended change to the launches (same commit, with a reason):
-//   XSERV_UPDATE_GOLDEN=1 build/tests/cli_tests -tc="*launch*golden*"
+//   XSERV_UPDATE_GOLDEN=1 build/tests/codegen_tests -tc="*launch*golden*"
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -19,9 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/cuda_model.h"
-#include "cli/cuda_lower.h"
-#include "cli/plan_kernels.h"
+#include "codegen/cuda_lower.h"
 #include "compiler/memory_plan.h"
 #include "compiler/pass_manager.h"
 #include "ir/error.h"
@@ -164,24 +162,24 @@ ir::Graph final_graph(const models::ModelConfig& cfg, const Variant& v) {
 struct Lowered {
   ir::Graph graph;
   compiler::MemoryPlan memory;
-  cli::KernelSet kernels;
+  codegen::KernelSet kernels;
   runtime::LaunchTable table;
   int capacity = 0;
 };
 
 void lower(const models::ModelConfig& cfg, const Variant& v, Lowered& out) {
   out.graph = final_graph(cfg, v);
-  out.capacity = cli::step_token_capacity(kMaxBatch, v.prefill_chunk);
+  out.capacity = codegen::step_token_capacity(kMaxBatch, v.prefill_chunk);
   out.memory = compiler::plan_memory(
       out.graph, {{models::dims::kTokens, out.capacity}, {models::dims::kSeqs, kMaxBatch}});
-  cli::LoweringContext ctx;
+  codegen::LoweringContext ctx;
   ctx.max_tokens = out.capacity;
   ctx.max_seqs = int(kMaxBatch);
   ctx.cache_rows = kMaxBatch;
   ctx.max_seq = kMaxSeq;
   ctx.gemm_split = v.gemm_split;
   ctx.memory = &out.memory;
-  out.table = cli::lower_graph(out.graph, out.kernels, ctx);
+  out.table = codegen::lower_graph(out.graph, out.kernels, ctx);
 }
 
 /// Records with the launch table's executor, bound to fake memory. The golden records came
@@ -423,29 +421,4 @@ TEST_CASE("the runtime's attention split rule is codegen's") {
   CHECK(runtime::attention_key_bucket(1) == 64);
   CHECK(runtime::attention_key_bucket(65) == 128);
   CHECK(runtime::attention_key_bucket(5001) == 2048);
-}
-
-TEST_CASE("plan.json's launch table is the engine's, and counts its launches") {
-  const fs::path src = testing::source_dir();
-  testing::TempDir dir("launch_table_plan");
-  const models::ModelConfig cfg = models::ModelConfig::load(src / "examples/tiny/config.json");
-  cli::PlanKernelOptions opts;
-  opts.cubins = false;
-  opts.max_batch = kMaxBatch;
-  opts.max_seq = kMaxSeq;
-  opts.prefill_chunk = variants()[0].prefill_chunk;
-  const cli::PlanKernelsResult out =
-      cli::write_plan_kernels(final_graph(cfg, variants()[0]), dir.path, opts);
-  // Through plan.json's form and back, as run reads it.
-  const runtime::LaunchTable t =
-      runtime::launch_table_from_json(runtime::launch_table_to_json(out.code.table));
-  Lowered lw;
-  lower(cfg, variants()[0], lw);
-  CHECK(t == lw.table);
-  CHECK(out.code.layout.tokens == lw.capacity);
-  CHECK(int64_t(out.code.layout.arena_bytes) == lw.memory.arena_bytes);
-  const runtime::Executor ex(t, runtime::placeholder_bindings(t));
-  CHECK(ex.record({1, 1, 0}).size() == size_t(out.codegen.launches_per_decode_step));
-  CHECK(out.code.launches_per_decode_step == out.codegen.launches_per_decode_step);
-  CHECK(ex.record({512, 1, 511}).size() == size_t(out.codegen.launches_per_prefill_step));
 }

@@ -4,11 +4,11 @@
 
 #include <fmt/format.h>
 
-#include "cli/cuda_lower.h"
+#include "codegen/cuda_lower.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 
-namespace xserv::cli {
+namespace xserv::codegen {
 
 runtime::StageLayout stage_layout(const ir::Graph& g, const LoweringContext& ctx) {
   XSERV_CHECK(ctx.memory && !g.outputs.empty(), "stage_layout needs a memory plan and an output");
@@ -64,4 +64,4 @@ runtime::StageLayout stage_layout(const ir::Graph& g, const LoweringContext& ctx
   return l;
 }
 
-} // namespace xserv::cli
+} // namespace xserv::codegen

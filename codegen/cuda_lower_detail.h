@@ -1,5 +1,5 @@
-// The lowering's internals, shared by cli/cuda_lower.cpp (the walk over the graph, scratch
-// buffers, table entries, sampling) and cli/cuda_lower_ops.cpp (the kernels and entries of each
+// The lowering's internals, shared by codegen/cuda_lower.cpp (the walk over the graph, scratch
+// buffers, table entries, sampling) and codegen/cuda_lower_ops.cpp (the kernels and entries of each
 // fused op): not an interface, include only from those two.
 #pragma once
 
@@ -13,10 +13,10 @@
 
 #include <fmt/format.h>
 
-#include "cli/cuda_lower.h"
+#include "codegen/cuda_lower.h"
 #include "ir/error.h"
 
-namespace xserv::cli::lowering {
+namespace xserv::codegen::lowering {
 
 using ir::Node;
 using ir::Op;
@@ -217,4 +217,4 @@ private:
   size_t splitk_bytes_ = 0;
 };
 
-} // namespace xserv::cli::lowering
+} // namespace xserv::codegen::lowering

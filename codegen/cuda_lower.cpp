@@ -5,15 +5,15 @@
 // tensor-core gemms (split K up to 64 rows) above, grouped expert gemms for the MoE, query-tiled
 // attention above 64 tokens. The engine captures decode launches as CUDA graphs, which is why
 // launches depend on the step only through its sizes (tokens, sequences, attention key bucket).
-#include "cli/cuda_lower.h"
+#include "codegen/cuda_lower.h"
 
 #include <algorithm>
 #include <regex>
 
-#include "cli/cuda_lower_detail.h"
+#include "codegen/cuda_lower_detail.h"
 #include "codegen/emit_prefill.h"
 
-namespace xserv::cli {
+namespace xserv::codegen {
 namespace lowering {
 
 std::vector<std::string> ir_lines(const ir::Graph& g, ValueId v) {
@@ -216,4 +216,4 @@ runtime::LaunchTable lower_graph(const ir::Graph& g, KernelSet& kernels,
   return lowering::Lowerer(g, kernels, ctx).run();
 }
 
-} // namespace xserv::cli
+} // namespace xserv::codegen

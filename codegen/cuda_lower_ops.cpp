@@ -3,12 +3,12 @@
 // attention, the router, the MoE experts.
 #include <algorithm>
 
-#include "cli/cuda_lower_detail.h"
+#include "codegen/cuda_lower_detail.h"
 #include "codegen/emit_prefill.h"
 #include "ir/interpreter.h"
 #include "ir/reference.h"
 
-namespace xserv::cli::lowering {
+namespace xserv::codegen::lowering {
 
 Lowerer::DenseGemm Lowerer::dense_gemm(const codegen::LinearDims& d, ValueId v) {
   DenseGemm k;
@@ -439,4 +439,4 @@ void Lowerer::lower_moe(ValueId v) {
     emit(combine, Rows::Tokens, 0, -1, {moe_part_, y});
 }
 
-} // namespace xserv::cli::lowering
+} // namespace xserv::codegen::lowering
