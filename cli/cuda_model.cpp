@@ -67,6 +67,7 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
   ctx.max_tokens = m.tcap;
   ctx.gemm_split = m.gemm_split;
   ctx.expert_format = options.expert_format;
+  ctx.wgmma = runtime::probe_device().arch() == "sm_90";
   ctx.max_seqs = static_cast<int>(max_batch);
   ctx.cache_rows = max_batch;
   ctx.max_seq = max_seq;

@@ -39,6 +39,7 @@ void lower_for_plan(const ir::Graph& g, const PlanKernelOptions& opts, PlanLower
   ctx.cache_rows = opts.max_batch;
   ctx.max_seq = opts.max_seq;
   ctx.expert_format = opts.expert_format;
+  ctx.wgmma = opts.arch == "sm_90";
   out.memory = compiler::plan_memory(
       g, {{models::dims::kTokens, ctx.max_tokens}, {models::dims::kSeqs, opts.max_batch}});
   ctx.memory = &out.memory;

@@ -122,12 +122,42 @@ void Lowerer::allocate_scratch() {
     moe_part_ = allocate(pairs * hidden * sizeof(float));
   if (!gemm_path())
     return;
-  if (width)
+  if (width && !c_.wgmma)
     inv_rms_ = allocate(t * sizeof(float));
   if (pairs) {
     moe_pair_ = allocate(pairs * sizeof(int));
-    moe_tiles_ =
-        allocate(codegen::moe_tiles_ints(int(pairs), int(experts), kMoeTileRows[0]) * sizeof(int));
+    const int tile = c_.wgmma ? kWgMoeTileTokens[0] : kMoeTileRows[0];
+    moe_tiles_ = allocate(codegen::moe_tiles_ints(int(pairs), int(experts), tile) * sizeof(int));
+  }
+  if (c_.wgmma) { // gemm_act's bf16 activations: the widest gemm input of a step
+    size_t values = 0;
+    for (ValueId v = 0; v < static_cast<ValueId>(g_.size()); ++v) {
+      const Node& n = g_.node(v);
+      switch (n.op) {
+      case Op::Linear:
+      case Op::LinearResidual:
+      case Op::Router:
+        values = std::max(values, t * size_t(static_dim(g_, n.inputs[1], 1)));
+        break;
+      case Op::RmsNormLinear:
+      case Op::QkvRope:
+        values = std::max(values, t * size_t(static_dim(g_, n.inputs[2], 1)));
+        break;
+      case Op::MoeExperts:
+      case Op::MoeExpertsResidual:
+        values = std::max(
+            {values, t * size_t(static_dim(g_, n.inputs[3], 2)),
+             t * size_t(static_dim(g_, n.inputs[1], 1)) * size_t(static_dim(g_, n.inputs[5], 2))});
+        break;
+      default:
+        break;
+      }
+    }
+    if (values) {
+      wg_xh_ = allocate(values * 2);
+      if (c_.gemm_split)
+        wg_xl_ = allocate(values * 2);
+    }
   }
 }
 
@@ -149,6 +179,11 @@ void Lowerer::lower_sampling() {
 
 void Lowerer::lower(ValueId v) {
   const Node& n = g_.node(v);
+  // The router's gemm activations stay valid for the MoE right after it (through extracts and
+  // weights, which launch nothing); any other node's launches may reuse their input's buffer.
+  if (n.op != Op::Router && n.op != Op::MoeExperts && n.op != Op::MoeExpertsResidual &&
+      n.op != Op::Extract && n.op != Op::Reshape && n.op != Op::Weight && n.op != Op::Param)
+    wg_act_valid_ = false;
   switch (n.op) {
   case Op::Param:
   case Op::Weight:

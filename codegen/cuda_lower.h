@@ -44,6 +44,10 @@ struct LoweringContext {
   bool gemm_split = true;
   /// How the expert matrices lie on the device: the MoE kernels read BF16 or decode MXFP4.
   runtime::ExpertFormat expert_format = runtime::ExpertFormat::Bf16;
+  /// The gemms of steps above 8 tokens on sm_90's warpgroup MMA (codegen/kernels/gemm_wg.cuh:
+  /// weights on the MMA's M side, MXFP4 decoded in registers); false: mma.sync (gemm.cuh), which
+  /// every architecture runs.
+  bool wgmma = true;
   /// The activation arena's layout (plan_memory of the graph for max_tokens and max_seqs):
   /// activation arguments are offsets into it.
   const compiler::MemoryPlan* memory = nullptr;

@@ -79,6 +79,8 @@ inline constexpr int kSplitTokens = 64;
 inline constexpr int kSmallGemmRows = 64;
 /// Row tiles of the grouped MoE gemms, chosen by the rows each expert gets.
 inline constexpr std::array<int, 3> kMoeTileRows = {32, 64, 128};
+/// The same for the warpgroup-MMA gemms: tokens per tile (the MMA's N side), by the same rule.
+inline constexpr std::array<int, 3> kWgMoeTileTokens = {16, 64, 128};
 
 /// Lowers one graph into a launch table; holds the per-graph scratch buffers.
 class Lowerer {
@@ -127,11 +129,35 @@ private:
   /// The gemm kernels that serve linear `d` on steps of more than 8 rows: for at most
   /// kSmallGemmRows rows split-K kernels (row tiles 32 and 64) and their reduce, else row tile
   /// 64 over all of K; for a normed linear the inv-rms prologue.
+  /// With c_.wgmma the warpgroup-MMA gemms instead: `act` (gemm_act: the rows' bf16
+  /// activations, the norm applied) before them, `small64` the split-K gemm of up to
+  /// kSmallGemmRows rows (small32 unused), `large` the gemm above.
   struct DenseGemm {
     int small32 = -1, small64 = -1, large = -1, reduce = -1, inv = -1;
     int splitk = 1;
     LaunchArg part; ///< [splitk, kSmallGemmRows, n] fp32 partial sums
+    bool wg = false;
+    int act = -1;
   };
+
+  /// dense_gemm's warpgroup-MMA kernels (c_.wgmma).
+  DenseGemm dense_gemm_wg(const codegen::LinearDims& d, ValueId v);
+
+  /// The warpgroup-MMA MoE gemms (c_.wgmma) of lower_moe for tile config `i` (tokens per tile
+  /// kWgMoeTileTokens[i]) over rows [lo, hi]: moe_sort, gemm_act of x, gate_up + SwiGLU,
+  /// gemm_act of the SwiGLU output, down + scatter.
+  void moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, int hi,
+                    const std::vector<LaunchArg>& in);
+
+  /// The bf16 activations gemm_act writes for the warpgroup-MMA gemms: hi, and lo with
+  /// gemm_split, sized for the largest gemm input of a step.
+  LaunchArg wg_xh_, wg_xl_;
+  /// What wg_xh_ holds for steps above 8 tokens after the last gemm_act: that of `wg_act_of_`
+  /// (with the norm when wg_act_normed_). Valid (wg_act_valid_) only from a router's gemm to the
+  /// MoE right after it, which reads the same x and so converts nothing again: other launches
+  /// between them could have reused x's buffer.
+  LaunchArg wg_act_of_;
+  bool wg_act_normed_ = false, wg_act_valid_ = false;
 
   DenseGemm dense_gemm(const codegen::LinearDims& d, ValueId v);
 

@@ -14,6 +14,8 @@ Lowerer::DenseGemm Lowerer::dense_gemm(const codegen::LinearDims& d, ValueId v) 
   DenseGemm k;
   if (!gemm_path() || !codegen::gemm_fits(d.k))
     return k; // steps of many tokens run the decode GEMV 8 tokens at a time
+  if (c_.wgmma)
+    return dense_gemm_wg(d, v);
   codegen::GemmDims gd;
   gd.k = d.k;
   gd.n = d.n;
@@ -50,7 +52,23 @@ void Lowerer::linear(int kernel, const DenseGemm& gemm, const codegen::LinearDim
                      LaunchArg x, LaunchArg ln, LaunchArg w, LaunchArg b, LaunchArg h, LaunchArg y,
                      bool inv_ready, int kernel1) {
   const LaunchArg null;
-  if (gemm.large >= 0) {
+  if (gemm.wg) { // the rows' bf16 activations (shared by the linears of one x), then the gemm
+    const int lo = d.max_tokens + 1;
+    const LaunchArg xl = c_.gemm_split ? wg_xl_ : null;
+    if (!inv_ready)
+      emit(gemm.act, rows, lo, -1, {x, d.norm ? ln : null, wg_xh_, xl});
+    wg_act_of_ = x;
+    wg_act_normed_ = d.norm;
+    const std::vector<LaunchArg> whole = {wg_xh_, xl, w, b, h, y, null, null, null, rows_arg()};
+    if (gemm.splitk == 1) {
+      emit(gemm.small64, rows, lo, kSmallGemmRows, whole);
+    } else { // raw partial sums, then the reduce adds bias and residual
+      emit(gemm.small64, rows, lo, kSmallGemmRows,
+           {wg_xh_, xl, w, null, null, gemm.part, null, null, null, rows_arg()});
+      emit(gemm.reduce, rows, lo, kSmallGemmRows, {gemm.part, b, h, y, rows_arg()});
+    }
+    emit(gemm.large, rows, kSmallGemmRows + 1, -1, whole);
+  } else if (gemm.large >= 0) {
     const int lo = d.max_tokens + 1;
     if (d.norm && !inv_ready)
       emit(gemm.inv, rows, lo, -1, {x, inv_rms_});
@@ -83,8 +101,8 @@ void Lowerer::linear(int kernel, const DenseGemm& gemm, const codegen::LinearDim
   args.push_back(rows_arg());
   if (kernel1 >= 0) // a one-row step has a kernel of its own (fewer registers)
     emit(kernel1, rows, 0, 1, args, 1);
-  emit(kernel, rows, kernel1 >= 0 ? 2 : 0, gemm.large >= 0 ? d.max_tokens : -1, std::move(args),
-       d.max_tokens);
+  emit(kernel, rows, kernel1 >= 0 ? 2 : 0, gemm.large >= 0 || gemm.wg ? d.max_tokens : -1,
+       std::move(args), d.max_tokens);
 }
 
 void Lowerer::lower_linear(ValueId v) {
@@ -339,6 +357,8 @@ void Lowerer::lower_router(ValueId v) {
   const int kernel = gemv_used ? k_.add(codegen::emit_linear(d, ir_lines(g_, v))) : -1;
   linear(kernel, dense_gemm(d, v), d, Rows::Tokens, addr(n.inputs[0]), LaunchArg{},
          addr(n.inputs[1]), d.bias ? addr(n.inputs[2]) : LaunchArg{}, LaunchArg{}, router_logits_);
+  // The MoE after this router reads the same x: its gate_up takes these activations.
+  wg_act_valid_ = c_.wgmma;
   topk(v, d.n, k, router_logits_);
   outer_lo_ = 0;
 }
@@ -381,7 +401,20 @@ void Lowerer::lower_moe(ValueId v) {
   // Many tokens: sort the (token, slot) pairs by expert, one grouped gemm per matrix (gate_up
   // with the SwiGLU epilogue, down scattering weighted rows), and a deterministic combine.
   bool use_gemm = false;
-  if (gemm_path() && codegen::gemm_fits(d.hidden) && codegen::gemm_fits(d.inter)) {
+  if (gemm_path() && c_.wgmma && codegen::gemm_fits(d.hidden) && codegen::gemm_fits(d.inter)) {
+    for (int i = 0; i < 3; ++i) {
+      // The tile is the one moe_tile_index picks: the tokens (above 8) that pick it.
+      int lo = -1, hi = -1;
+      for (int t = kDecodeTokens + 1; t <= c_.max_tokens; ++t)
+        if (moe_tile_index(t, d.k, d.experts) == i) {
+          lo = lo < 0 ? t : lo;
+          hi = t;
+        }
+      if (lo >= 0)
+        moe_gemms_wg(v, d, i, lo, hi, in);
+    }
+    use_gemm = true;
+  } else if (gemm_path() && codegen::gemm_fits(d.hidden) && codegen::gemm_fits(d.inter)) {
     for (size_t i = 0; i < 3; ++i) {
       const int bm = kMoeTileRows[i];
       codegen::MoeSortDims sd{d.experts, d.k, bm, c_.max_tokens * d.k};

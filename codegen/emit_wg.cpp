@@ -21,7 +21,7 @@ constexpr size_t kSmemPerSm = 227 * 1024;
 size_t stage_bytes(const GemmWgDims& d) {
   const size_t b = size_t(d.bn) * 128 * (d.split ? 2 : 1);
   const size_t a = size_t(64) * d.wm * (d.mxfp4 ? 36 : 128);
-  return (b + a + 1023) / 1024 * 1024;
+  return (size_t(d.ksub) * (b + a) + 1023) / 1024 * 1024;
 }
 
 } // namespace
@@ -34,8 +34,8 @@ bool gemm_wg_fits(const GemmWgDims& d) {
   return d.k > 0 && d.k % 64 == 0 && d.n > 0 && d.n % 2 == 0 &&
          (d.epilogue != GemmEpilogue::Swiglu || d.n % 16 == 0) &&
          std::find(kWgShapes.begin(), kWgShapes.end(), d.bn) != kWgShapes.end() &&
-         (d.wm == 1 || d.wm == 2) && d.stages >= 2 && gemm_wg_smem_bytes(d) <= kSmemPerSm &&
-         d.splitk >= 1 && (d.k / 64) % d.splitk == 0;
+         (d.wm == 1 || d.wm == 2) && d.stages >= (d.pipe ? 3 : 2) && d.ksub >= 1 && d.ksub <= 4 &&
+         gemm_wg_smem_bytes(d) <= kSmemPerSm && d.splitk >= 1 && (d.k / 64) % d.splitk == 0;
 }
 
 KernelSource emit_gemm_act(const GemmActDims& d, const std::vector<std::string>& ir_lines) {
@@ -88,6 +88,10 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
     name += fmt::format("_splitk{}", d.splitk);
   if (d.mxfp4)
     name += "_mx4";
+  if (d.ksub > 1)
+    name += fmt::format("_ks{}", d.ksub);
+  if (d.pipe)
+    name += "_pipe";
   const std::string w_decl = d.mxfp4 ? "const unsigned char* w" : fmt::format("{} w", kBf16);
   std::vector<Param> params = {{"const __nv_bfloat16* xh", "xh"},
                                {"const __nv_bfloat16* xl", "xl"},
@@ -112,9 +116,9 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
   launch.smem_fixed = gemm_wg_smem_bytes(d);
   launch.blocks_z = d.splitk;
   std::string call =
-      fmt::format("gemm_wg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n,
-                  d.bn, d.wm, d.stages, d.mxfp4, d.split, d.grouped, d.gather, d.ksel, epi, d.bias,
-                  d.residual, d.splitk, d.experts);
+      fmt::format("gemm_wg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+                  d.k, d.n, d.bn, d.wm, d.stages, d.mxfp4, d.split, d.grouped, d.gather, d.ksel,
+                  epi, d.bias, d.residual, d.splitk, d.experts, d.ksub, d.pipe);
   return assemble(std::move(name), ir_lines, "gemm_wg.cuh", call, params, launch);
 }
 

@@ -33,7 +33,11 @@ struct GemmWgDims {
   int k = 0, n = 0;
   int bn = 128;   ///< tokens per tile: a multiple of 8 up to 256 with a WgMma shape
   int wm = 2;     ///< m64 weight-row tiles per block: 1 or 2
-  int stages = 4; ///< K tiles in flight
+  int stages = 4; ///< pipeline stages in flight
+  int ksub = 1;   ///< K tiles of 64 per stage (one barrier each)
+  /// Keep a stage's MMAs running while the next stage's fragments are built (loads then run
+  /// stages - 2 ahead); needs 3+ stages.
+  bool pipe = false;
   bool bias = true, residual = false;
   GemmEpilogue epilogue = GemmEpilogue::Store;
   bool grouped = false, gather = false;

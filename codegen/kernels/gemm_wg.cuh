@@ -82,16 +82,18 @@ gemm_act(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, floa
 /// Threads of a gemm_wg block: one warpgroup.
 constexpr int kWgThreads = 128;
 
-/// Bytes of one pipeline stage of gemm_wg<.., BN, WM, .., MX4, SPLIT>: the B tile(s) (BN rows of
-/// 128 bytes, 1024-aligned), then the A tile of 64 WM weight rows (bf16: 128 bytes a row;
-/// MXFP4: 32 block bytes a row, then a 4-byte scale word a row), rounded to 1024.
-__host__ __device__ constexpr int gemm_wg_stage_bytes(int bn, int wm, bool mx4, bool split) {
-  return ((bn * 128 * (split ? 2 : 1) + 64 * wm * (mx4 ? 36 : 128)) + 1023) / 1024 * 1024;
+/// Bytes of one pipeline stage of gemm_wg<.., BN, WM, .., MX4, SPLIT, .., KSUB>: KSUB B tiles
+/// (BN rows of 128 bytes, each 1024-aligned; with SPLIT the KSUB lo tiles after them), then KSUB
+/// A tiles of 64 WM weight rows (bf16: 128 bytes a row; MXFP4: 32 block bytes a row, then a
+/// 4-byte scale word a row), rounded to 1024.
+__host__ __device__ constexpr int gemm_wg_stage_bytes(int bn, int wm, bool mx4, bool split,
+                                                      int ksub = 1) {
+  return (ksub * (bn * 128 * (split ? 2 : 1) + 64 * wm * (mx4 ? 36 : 128)) + 1023) / 1024 * 1024;
 }
 /// Dynamic shared memory of gemm_wg: its stages and 1024 bytes to align the first.
 __host__ __device__ constexpr int gemm_wg_smem_bytes(int bn, int wm, int stages, bool mx4,
-                                                     bool split) {
-  return stages * gemm_wg_stage_bytes(bn, wm, mx4, split) + 1024;
+                                                     bool split, int ksub = 1) {
+  return stages * gemm_wg_stage_bytes(bn, wm, mx4, split, ksub) + 1024;
 }
 
 /// Where weight row m (0 .. 64 WM - 1 of the block's rows) sits in the A tile: in order, or with
@@ -109,13 +111,17 @@ template <bool SWIGLU> __device__ __forceinline__ int wg_a_row(int m) {
 /// Epilogues as gemm_bf16's (GemmEpilogue); with SPLITK > 1 (dense stores) block z sums the z-th
 /// of SPLITK K ranges into y[z, r, n] for gemm_splitk_reduce.
 ///
-/// Pipeline: STAGES K tiles in flight through cp.async (B in the 128-byte swizzle the
-/// descriptor reads; A swizzled the same way by row so the fragment loads hit distinct banks);
-/// per K tile each warp loads its rows' 16 K values per thread, builds the four K steps' A
-/// fragments in registers (MXFP4: decoded with the block's scale) and issues the MMAs
-/// asynchronously, the next step's fragments built while the previous MMA runs.
+/// Pipeline: a stage holds KSUB K tiles of 64 (one barrier per stage), STAGES stages in flight
+/// through cp.async (B in the 128-byte swizzle the descriptor reads; A swizzled the same way by
+/// row so the fragment loads hit distinct banks); per K tile each warp loads its rows' 16 K
+/// values per thread, builds the four K steps' A fragments in registers (MXFP4: decoded with
+/// the block's scale) and issues the MMAs asynchronously, the next step's fragments built while
+/// the previous MMA runs. With PIPE a stage's MMAs are still running while the next stage's
+/// fragments are built (one batch left in flight; loads run STAGES - 2 stages ahead, so the
+/// stage they overwrite is two behind), else each stage's MMAs finish before the next barrier.
 template <int K, int N, int BN, int WM, int STAGES, bool MX4, bool SPLIT, bool GROUPED, bool GATHER,
-          int KSEL, int EPI, bool BIAS, bool RESIDUAL, int SPLITK = 1, int EXPERTS = 1>
+          int KSEL, int EPI, bool BIAS, bool RESIDUAL, int SPLITK = 1, int EXPERTS = 1,
+          int KSUB = 1, bool PIPE = false>
 __device__ __forceinline__ void
 gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl,
         const void* __restrict__ wv, const __nv_bfloat16* __restrict__ b, const float* h, float* y,
@@ -127,11 +133,17 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
   static_assert(EPI != kGemmSwiglu || N % 16 == 0, "swiglu pairs rows within 16-row groups");
   static_assert(SPLITK == 1 || (EPI == kGemmStore && !GROUPED), "split K: dense stores only");
   static_assert((K / 64) % SPLITK == 0, "split K must divide the K tiles");
+  static_assert(KSUB >= 1 && KSUB <= 4, "KSUB: 1..4 K tiles a stage");
+  static_assert(STAGES >= (PIPE ? 3 : 2), "PIPE keeps a stage of MMAs in flight: 3+ stages");
   constexpr int BM = 64 * WM;
-  constexpr int kKT = K / 64 / SPLITK;
-  constexpr int kStage = gemm_wg_stage_bytes(BN, WM, MX4, SPLIT);
+  constexpr int kTiles = K / 64 / SPLITK;                // K tiles of 64 of this block's range
+  constexpr int kKT = (kTiles + KSUB - 1) / KSUB;        // stages of them (the last may be short)
+  constexpr int kAhead = PIPE ? STAGES - 2 : STAGES - 1; // stages loaded ahead of the MMAs
+  constexpr int kStage = gemm_wg_stage_bytes(BN, WM, MX4, SPLIT, KSUB);
   constexpr int kBBytes = BN * 128;
-  constexpr int kAOff = kBBytes * (SPLIT ? 2 : 1);
+  constexpr int kBOffLo = kBBytes * KSUB;                 // the lo tiles after the hi ones
+  constexpr int kAOff = kBBytes * KSUB * (SPLIT ? 2 : 1); // then the A tiles
+  constexpr int kABytes = 64 * WM * (MX4 ? 36 : 128);
   constexpr bool kSwiglu = EPI == kGemmSwiglu;
 
   extern __shared__ __align__(16) unsigned char smem_wg_raw[];
@@ -156,51 +168,58 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
     rows_b[i] = i < rows ? (GATHER ? pair[begin + i] / KSEL : begin + i) : -1;
   __syncthreads();
 
-  const int kt0 = SPLITK > 1 ? blockIdx.z * kKT : 0;
+  const int kt0 = SPLITK > 1 ? blockIdx.z * kTiles : 0; // first K tile of this block
+  // Loads stage `kt`: its K tiles kt * KSUB .. (of this block's kTiles).
   auto issue = [&](int kt) {
     unsigned char* st = smem + (kt % STAGES) * kStage;
-    const int k0 = (kt0 + kt) * 64;
-    // B: BN rows x 8 chunks of 16 bytes (x SPLIT), chunk j of row n at j ^ (n % 8).
 #pragma unroll
-    for (int v = 0; v < (BN * 8 + kWgThreads - 1) / kWgThreads; ++v) {
-      const int piece = tid + v * kWgThreads;
-      if (piece < BN * 8) {
-        const int n = piece / 8, j = piece % 8;
-        const int ar = rows_b[n];
-        const size_t src = (size_t)(ar >= 0 ? ar : 0) * K + k0 + j * 8;
-        const int dst = n * 128 + ((j ^ (n & 7)) << 4);
-        cp_async16(st + dst, xh + src, ar >= 0);
-        if (SPLIT)
-          cp_async16(st + kBBytes + dst, xl + src, ar >= 0);
-      }
-    }
-    unsigned char* sa = st + kAOff;
-    if constexpr (MX4) { // per row: 2 x 16 block bytes, and the word holding its 2 scale bytes
+    for (int sub = 0; sub < KSUB; ++sub) {
+      if (kt * KSUB + sub >= kTiles)
+        break;
+      const int k0 = (kt0 + kt * KSUB + sub) * 64;
+      unsigned char* sb = st + sub * kBBytes;
+      // B: BN rows x 8 chunks of 16 bytes (x SPLIT), chunk j of row n at j ^ (n % 8).
 #pragma unroll
-      for (int v = 0; v < (BM * 2 + kWgThreads - 1) / kWgThreads; ++v) {
+      for (int v = 0; v < (BN * 8 + kWgThreads - 1) / kWgThreads; ++v) {
         const int piece = tid + v * kWgThreads;
-        if (piece < BM * 2) {
-          const int m = piece / 2, q = piece % 2, sr = wg_a_row<kSwiglu>(m);
-          const bool valid = m0 + m < N;
-          const size_t row = valid ? m0 + m : 0;
-          cp_async16(sa + sr * 32 + q * 16, mblocks + row * (K / 2) + k0 / 2 + q * 16, valid);
+        if (piece < BN * 8) {
+          const int n = piece / 8, j = piece % 8;
+          const int ar = rows_b[n];
+          const size_t src = (size_t)(ar >= 0 ? ar : 0) * K + k0 + j * 8;
+          const int dst = n * 128 + ((j ^ (n & 7)) << 4);
+          cp_async16(sb + dst, xh + src, ar >= 0);
+          if (SPLIT)
+            cp_async16(sb + kBOffLo + dst, xl + src, ar >= 0);
         }
       }
-      for (int m = tid; m < BM; m += kWgThreads) {
-        const int sr = wg_a_row<kSwiglu>(m);
-        const bool valid = m0 + m < N;
-        const size_t row = valid ? m0 + m : 0;
-        const size_t at = reinterpret_cast<size_t>(mscales + row * (K / 32) + k0 / 32);
-        cp_async4(sa + BM * 32 + sr * 4, reinterpret_cast<const void*>(at & ~size_t(3)), valid);
-      }
-    } else { // per row: 8 chunks of 16 bytes, chunk j of A row r at j ^ (r % 8)
+      unsigned char* sa = st + kAOff + sub * kABytes;
+      if constexpr (MX4) { // per row: 2 x 16 block bytes, and the word holding its 2 scale bytes
 #pragma unroll
-      for (int v = 0; v < (BM * 8 + kWgThreads - 1) / kWgThreads; ++v) {
-        const int piece = tid + v * kWgThreads;
-        const int m = piece / 8, j = piece % 8, sr = wg_a_row<kSwiglu>(m);
-        const bool valid = m0 + m < N;
-        cp_async16(sa + sr * 128 + ((j ^ (sr & 7)) << 4),
-                   we + (size_t)(valid ? m0 + m : 0) * K + k0 + j * 8, valid);
+        for (int v = 0; v < (BM * 2 + kWgThreads - 1) / kWgThreads; ++v) {
+          const int piece = tid + v * kWgThreads;
+          if (piece < BM * 2) {
+            const int m = piece / 2, q = piece % 2, sr = wg_a_row<kSwiglu>(m);
+            const bool valid = m0 + m < N;
+            const size_t row = valid ? m0 + m : 0;
+            cp_async16(sa + sr * 32 + q * 16, mblocks + row * (K / 2) + k0 / 2 + q * 16, valid);
+          }
+        }
+        for (int m = tid; m < BM; m += kWgThreads) {
+          const int sr = wg_a_row<kSwiglu>(m);
+          const bool valid = m0 + m < N;
+          const size_t row = valid ? m0 + m : 0;
+          const size_t at = reinterpret_cast<size_t>(mscales + row * (K / 32) + k0 / 32);
+          cp_async4(sa + BM * 32 + sr * 4, reinterpret_cast<const void*>(at & ~size_t(3)), valid);
+        }
+      } else { // per row: 8 chunks of 16 bytes, chunk j of A row r at j ^ (r % 8)
+#pragma unroll
+        for (int v = 0; v < (BM * 8 + kWgThreads - 1) / kWgThreads; ++v) {
+          const int piece = tid + v * kWgThreads;
+          const int m = piece / 8, j = piece % 8, sr = wg_a_row<kSwiglu>(m);
+          const bool valid = m0 + m < N;
+          cp_async16(sa + sr * 128 + ((j ^ (sr & 7)) << 4),
+                     we + (size_t)(valid ? m0 + m : 0) * K + k0 + j * 8, valid);
+        }
       }
     }
   };
@@ -213,93 +232,105 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
       acc[wm][i] = 0.0f;
 
 #pragma unroll
-  for (int st = 0; st < STAGES - 1; ++st) {
+  for (int st = 0; st < kAhead; ++st) {
     if (st < kKT)
       issue(st);
     cp_async_commit();
   }
 
-  // The scale byte offset of row (A tile row sr) inside its scale word: rows of K / 32 scale
-  // bytes start at even offsets, so a K tile's two bytes never straddle a word.
   for (int kt = 0; kt < kKT; ++kt) {
-    cp_async_wait<STAGES - 2>();
+    cp_async_wait<kAhead - 1>();
     fence_proxy_async(); // this thread's landed B chunks, for the MMAs' async proxy
-    __syncthreads();     // stage kt landed for every thread; stage kt - 1 fully consumed
-    if (kt + STAGES - 1 < kKT)
-      issue(kt + STAGES - 1);
+    // Stage kt landed for every thread; the stage the next loads overwrite is consumed (its
+    // MMAs waited for at the end of an earlier iteration).
+    __syncthreads();
+    if (kt + kAhead < kKT)
+      issue(kt + kAhead);
     cp_async_commit();
 
     const unsigned char* st = smem + (kt % STAGES) * kStage;
-    const unsigned char* sa = st + kAOff;
-    const unsigned bh = smem_u32(st), bl = smem_u32(st + kBBytes);
-    // This thread's two fragment rows per m64 tile: 16 K values each (bf16: 8 words; MXFP4: 2
-    // words of nibbles and the blocks' scale byte), then per K step their A fragments.
-    unsigned raw[WM][2][MX4 ? 2 : 8], sc[WM][2];
 #pragma unroll
-    for (int wm = 0; wm < WM; ++wm)
+    for (int sub = 0; sub < KSUB; ++sub) {
+      if (kt * KSUB + sub >= kTiles) // the last stage's missing tiles (uniform over the block)
+        break;
+      const int ktile = kt0 + kt * KSUB + sub;
+      const unsigned char* sa = st + kAOff + sub * kABytes;
+      const unsigned bh = smem_u32(st + sub * kBBytes), bl = smem_u32(st + kBOffLo + sub * kBBytes);
+      // This thread's two fragment rows per m64 tile: 16 K values each (bf16: 8 words; MXFP4: 2
+      // words of nibbles and the blocks' scale byte), then per K step their A fragments.
+      unsigned raw[WM][2][MX4 ? 2 : 8], sc[WM][2];
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int sr = wm * 64 + warp * 16 + g + 8 * hh;
-        if constexpr (MX4) {
-          const uint2 q = *reinterpret_cast<const uint2*>(sa + sr * 32 + 8 * c);
-          raw[wm][hh][0] = q.x;
-          raw[wm][hh][1] = q.y;
-          const unsigned sw = *reinterpret_cast<const unsigned*>(sa + BM * 32 + sr * 4);
-          // The place of this row's scale byte in its word (the word as issue() aligned it).
-          const int f = sr & 15;
-          const int m = kSwiglu ? (sr & ~15) + (f < 8 ? 2 * f : 2 * (f - 8) + 1) : sr;
-          const size_t row = m0 + m < N ? m0 + m : 0;
-          const unsigned at =
-              (unsigned)(reinterpret_cast<size_t>(mscales + row * (K / 32) + (kt0 + kt) * 2) & 3);
-          sc[wm][hh] = (sw >> (8 * (at + c / 2))) & 0xffu;
-        } else {
-          const uint4 q0 =
-              *reinterpret_cast<const uint4*>(sa + sr * 128 + (((2 * c) ^ (sr & 7)) << 4));
-          const uint4 q1 =
-              *reinterpret_cast<const uint4*>(sa + sr * 128 + (((2 * c + 1) ^ (sr & 7)) << 4));
-          const unsigned w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+      for (int wm = 0; wm < WM; ++wm)
 #pragma unroll
-          for (int i = 0; i < 8; ++i)
-            raw[wm][hh][i] = w[i];
-          sc[wm][hh] = 0;
+        for (int hh = 0; hh < 2; ++hh) {
+          const int sr = wm * 64 + warp * 16 + g + 8 * hh;
+          if constexpr (MX4) {
+            const uint2 q = *reinterpret_cast<const uint2*>(sa + sr * 32 + 8 * c);
+            raw[wm][hh][0] = q.x;
+            raw[wm][hh][1] = q.y;
+            const unsigned sw = *reinterpret_cast<const unsigned*>(sa + BM * 32 + sr * 4);
+            // The place of this row's scale byte in its word (the word as issue() aligned it):
+            // rows of K / 32 scale bytes start at even offsets, so a K tile's two bytes never
+            // straddle a word.
+            const int f = sr & 15;
+            const int m = kSwiglu ? (sr & ~15) + (f < 8 ? 2 * f : 2 * (f - 8) + 1) : sr;
+            const size_t row = m0 + m < N ? m0 + m : 0;
+            const unsigned at =
+                (unsigned)(reinterpret_cast<size_t>(mscales + row * (K / 32) + ktile * 2) & 3);
+            sc[wm][hh] = (sw >> (8 * (at + c / 2))) & 0xffu;
+          } else {
+            const uint4 q0 =
+                *reinterpret_cast<const uint4*>(sa + sr * 128 + (((2 * c) ^ (sr & 7)) << 4));
+            const uint4 q1 =
+                *reinterpret_cast<const uint4*>(sa + sr * 128 + (((2 * c + 1) ^ (sr & 7)) << 4));
+            const unsigned w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+              raw[wm][hh][i] = w[i];
+            sc[wm][hh] = 0;
+          }
         }
-      }
-    // Pair i (i = 2 s + h, the K step's fragment half) of a row: values (v, v + 4) with
-    // v = 8 (i / 4) + i % 4 of the row's 16.
-    auto pair_of = [&](int wm, int hh, int i) -> unsigned {
-      const int k = i % 4;
-      if constexpr (MX4)
-        return mxfp4_pair_scale(mxfp4_pair_raw(raw[wm][hh][i / 4], k), sc[wm][hh]);
-      else
-        return __byte_perm(raw[wm][hh][4 * (i / 4) + k / 2], raw[wm][hh][4 * (i / 4) + k / 2 + 2],
-                           (k % 2) ? 0x7632 : 0x5410);
-    };
+      // Pair i (i = 2 s + h, the K step's fragment half) of a row: values (v, v + 4) with
+      // v = 8 (i / 4) + i % 4 of the row's 16.
+      auto pair_of = [&](int wm, int hh, int i) -> unsigned {
+        const int k = i % 4;
+        if constexpr (MX4)
+          return mxfp4_pair_scale(mxfp4_pair_raw(raw[wm][hh][i / 4], k), sc[wm][hh]);
+        else
+          return __byte_perm(raw[wm][hh][4 * (i / 4) + k / 2], raw[wm][hh][4 * (i / 4) + k / 2 + 2],
+                             (k % 2) ? 0x7632 : 0x5410);
+      };
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      unsigned a[WM][4];
+      for (int s = 0; s < 4; ++s) {
+        unsigned a[WM][4];
 #pragma unroll
-      for (int wm = 0; wm < WM; ++wm) {
-        a[wm][0] = pair_of(wm, 0, 2 * s);
-        a[wm][1] = pair_of(wm, 1, 2 * s);
-        a[wm][2] = pair_of(wm, 0, 2 * s + 1);
-        a[wm][3] = pair_of(wm, 1, 2 * s + 1);
-      }
-      wg_fence();
+        for (int wm = 0; wm < WM; ++wm) {
+          a[wm][0] = pair_of(wm, 0, 2 * s);
+          a[wm][1] = pair_of(wm, 1, 2 * s);
+          a[wm][2] = pair_of(wm, 0, 2 * s + 1);
+          a[wm][3] = pair_of(wm, 1, 2 * s + 1);
+        }
+        wg_fence();
 #pragma unroll
-      for (int wm = 0; wm < WM; ++wm) {
-        WgMma<BN>::mma(acc[wm], a[wm], wg_desc_sw128(bh + 32 * s));
-        if (SPLIT)
-          WgMma<BN>::mma(acc[wm], a[wm], wg_desc_sw128(bl + 32 * s));
+        for (int wm = 0; wm < WM; ++wm) {
+          WgMma<BN>::mma(acc[wm], a[wm], wg_desc_sw128(bh + 32 * s));
+          if (SPLIT)
+            WgMma<BN>::mma(acc[wm], a[wm], wg_desc_sw128(bl + 32 * s));
+        }
       }
     }
     wg_commit();
-    wg_wait<0>();
-#pragma unroll
-    for (int wm = 0; wm < WM; ++wm)
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i)
-        wg_pin(acc[wm][i]);
+    if (PIPE)
+      wg_wait<1>();
+    else
+      wg_wait<0>();
   }
+  wg_wait<0>();
+#pragma unroll
+  for (int wm = 0; wm < WM; ++wm)
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i)
+      wg_pin(acc[wm][i]);
   cp_async_wait<0>();
 
   // Epilogue: acc[wm][4 j + e] is A row wm * 64 + warp * 16 + g + 8 (e / 2) (a weight row, see

@@ -264,7 +264,8 @@ void report(const std::string& label, double ms, double flops, double bytes) {
 }
 
 /// The MoE block's two gemms at T tokens through gemm_wg with one tile shape.
-void moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx4, bool split) {
+void moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx4, bool split,
+            int ksub = 1, bool pipe = false) {
   const MoeDims& d = *mb_dims(pmb);
   const int pairs = tokens * d.k;
   GemmWgDims g;
@@ -274,6 +275,8 @@ void moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx
   g.bn = bn;
   g.wm = wm;
   g.stages = stages;
+  g.ksub = ksub;
+  g.pipe = pipe;
   g.split = split;
   g.mxfp4 = mx4;
   g.k = d.hidden;
@@ -315,8 +318,9 @@ void moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx
   device_sync();
   const double wbytes = mx4 ? 17.0 / 32.0 : 2.0; // bytes per weight
   const double per = double(d.hidden) * d.inter; // weights per matrix row block
-  const std::string tag = fmt::format("T={} bn {} m{} stages {} {} {}", tokens, bn, 64 * wm, stages,
-                                      mx4 ? "mxfp4" : "bf16", split ? "split" : "bf16-act");
+  const std::string tag =
+      fmt::format("T={} bn {} m{} stages {} ksub {}{} {} {}", tokens, bn, 64 * wm, stages, ksub,
+                  pipe ? " pipe" : "", mx4 ? "mxfp4" : "bf16", split ? "split" : "bf16-act");
   report("moe gate_up wg " + tag, ms_gu, 2.0 * pairs * 2 * per, d.experts * 2 * per * wbytes);
   report("moe down wg " + tag, ms_dn, 2.0 * pairs * per, d.experts * per * wbytes);
   MESSAGE("gemm moe wg " << tag << ": gate_up + act + down " << (ms_gu + ms_act + ms_dn) * 1e3
@@ -369,8 +373,11 @@ void moe_mma(const MoeBench* pmb, int tokens, int bm, bool mx4, bool split) {
 }
 
 /// A dense linear (qkv 2880 -> 5120 or o_proj 4096 -> 2880) at T tokens: gemm_wg and mma.sync.
-void dense_pair(int k, int n, int tokens, int bn, int wm, int stages, int splitk, bool split) {
+void dense_pair(int k, int n, int tokens, int bn, int wm, int stages, int splitk, bool split,
+                int ksub = 1, bool pipe = false) {
   GemmWgDims g;
+  g.ksub = ksub;
+  g.pipe = pipe;
   g.k = k;
   g.n = n;
   g.bn = bn;
@@ -399,9 +406,10 @@ void dense_pair(int k, int n, int tokens, int bn, int wm, int stages, int splitk
            nullptr, nullptr, tokens);
   });
   device_sync();
-  report(fmt::format("dense wg {}x{} T={} bn {} m{} stages {} splitk {} {} (act {:.1f} us)", k, n,
-                     tokens, bn, 64 * wm, stages, splitk, split ? "split" : "bf16-act",
-                     ms_act * 1e3),
+  report(fmt::format("dense wg {}x{} T={} bn {} m{} stages {} ksub {}{} splitk {} {} (act {:.1f} "
+                     "us)",
+                     k, n, tokens, bn, 64 * wm, stages, ksub, pipe ? " pipe" : "", splitk,
+                     split ? "split" : "bf16-act", ms_act * 1e3),
          ms, 2.0 * tokens * k * n, double(k) * n * 2);
 }
 
@@ -440,37 +448,39 @@ TEST_CASE("gemm throughput: mma.sync against warpgroup MMA, 20b shapes (informat
   std::unique_ptr<MoeBench> mb;
   auto variants = [&] {
     const MoeBench* m = mb.get();
-    // Batched decode (64 sequences: ~8 pairs per expert), a 512- and a 2048-token prompt.
+    // Batched decode (64 sequences: ~8 pairs per expert), a 512- and a 2048-token prompt, plain
+    // bf16 activations: stages of 1 or 2 K tiles, MMAs drained or left in flight.
     for (bool mx4 : {false, true}) {
-      moe_mma(m, 64, 32, mx4, true);
-      for (int wm : {1, 2})
-        for (int stages : {4, 8})
-          moe_wg(m, 64, 16, wm, stages, mx4, false);
-      moe_wg(m, 64, 8, 2, 8, mx4, false);
-      for (bool split : {false, true}) {
-        moe_mma(m, 512, 64, mx4, split);
-        for (int bn : {64, 128})
-          for (int wm : {1, 2})
-            moe_wg(m, 512, bn, wm, 4, mx4, split);
-        moe_mma(m, 2048, 128, mx4, split);
-        moe_wg(m, 2048, 128, 1, 4, mx4, split);
-        moe_wg(m, 2048, 128, 2, 3, mx4, split);
-        moe_wg(m, 2048, 256, 1, 3, mx4, split);
+      for (auto [ks, pipe, st] :
+           {std::tuple{1, false, 4}, std::tuple{1, true, 6}, std::tuple{2, false, 4},
+            std::tuple{2, true, 6}, std::tuple{4, true, 4}})
+        moe_wg(m, 64, 16, 2, st, mx4, false, ks, pipe);
+      for (auto [bn, wm, ks, pipe, st] :
+           {std::tuple{64, 2, 1, false, 4}, std::tuple{64, 2, 1, true, 4},
+            std::tuple{64, 2, 2, false, 4}, std::tuple{64, 2, 2, true, 4},
+            std::tuple{64, 1, 2, true, 4}, std::tuple{128, 2, 2, true, 3},
+            std::tuple{128, 2, 1, true, 4}})
+        moe_wg(m, 512, bn, wm, st, mx4, false, ks, pipe);
+      for (auto [bn, ks, pipe, st] : {std::tuple{128, 1, false, 3}, std::tuple{128, 1, true, 4},
+                                      std::tuple{128, 2, true, 3}, std::tuple{128, 2, false, 3}})
+        moe_wg(m, 2048, bn, 2, st, mx4, false, ks, pipe);
+      for (int t : {64, 512, 2048}) // the mma.sync gemm of the same steps
+        moe_mma(m, t, t == 64 ? 32 : t == 512 ? 64 : 128, mx4, false);
+    }
+    for (int tokens : {512, 2048}) {
+      dense_mma(2880, 5120, tokens, false);
+      dense_mma(4096, 2880, tokens, false);
+      for (auto [wm, ks, pipe, st] :
+           {std::tuple{2, 1, false, 3}, std::tuple{2, 1, true, 4}, std::tuple{2, 2, true, 3},
+            std::tuple{1, 2, true, 4}, std::tuple{1, 1, false, 4}}) {
+        dense_pair(2880, 5120, tokens, 128, wm, st, 1, false, ks, pipe);
+        dense_pair(4096, 2880, tokens, 128, wm, st, 1, false, ks, pipe);
       }
     }
-    for (bool split : {false, true}) {
-      for (int tokens : {512, 2048}) {
-        dense_mma(2880, 5120, tokens, split);
-        dense_mma(4096, 2880, tokens, split);
-        for (auto [bn, wm] : {std::pair{128, 1}, std::pair{128, 2}, std::pair{256, 1}}) {
-          dense_pair(2880, 5120, tokens, bn, wm, bn * wm > 128 ? 3 : 4, 1, split);
-          dense_pair(4096, 2880, tokens, bn, wm, bn * wm > 128 ? 3 : 4, 1, split);
-        }
-      }
-      for (int splitk : {1, 3, 5, 9}) // 64 tokens (batched decode): 2880 = 45 K tiles
-        dense_pair(2880, 5120, 64, 64, 1, 4, splitk, split);
-      for (int splitk : {1, 4, 8}) // 4096 = 64 K tiles
-        dense_pair(4096, 2880, 64, 64, 1, 4, splitk, split);
+    for (auto [ks, pipe, st] : {std::tuple{1, false, 4}, std::tuple{1, true, 6},
+                                std::tuple{3, true, 4}}) { // 64 tokens (batched decode), split K
+      dense_pair(2880, 5120, 64, 64, 1, st, 3, false, ks, pipe);
+      dense_pair(4096, 2880, 64, 64, 1, st, 8, false, ks, pipe);
     }
   };
   g_dry = true;

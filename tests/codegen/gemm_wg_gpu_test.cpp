@@ -19,6 +19,7 @@
 
 #include <cstring>
 #include <numeric>
+#include <tuple>
 
 using namespace xserv;
 using namespace xserv::codegen;
@@ -185,6 +186,20 @@ TEST_CASE("gemm_wg dense kernels match ir::ref (norm, bias, residual, tiles, spl
       check_dense(dense(64, 130, false, false, bn, wm, true), false, 40, ++seed);   // ragged N
     }
   }
+  // Stages of 2 and 3 K tiles (the last stage short for 2880 = 45 tiles), MMAs left in flight.
+  for (auto [ksub, pipe] :
+       {std::pair{2, false}, std::pair{2, true}, std::pair{1, true}, std::pair{3, true}}) {
+    GemmWgDims q = dense(2880, 5120, true, false, 128, 2, false);
+    q.ksub = ksub;
+    q.pipe = pipe;
+    q.stages = 3;
+    check_dense(q, true, 300, ++seed);
+    GemmWgDims o = dense(4096, 2880, true, true, 64, 1, true);
+    o.ksub = ksub;
+    o.pipe = pipe;
+    o.stages = 4;
+    check_dense(o, false, 64, ++seed);
+  }
   check_dense(dense(2880, 32, true, false, 128, 1, true), false, 100, ++seed); // router logits
   GemmWgDims wide = dense(2880, 5120, true, false, 256, 1, true);
   wide.stages = 3;
@@ -263,6 +278,9 @@ struct MoeCase {
   MoeDims d;
   int tokens = 0, bn = 64, wm = 2;
   bool split = false, skew = false, mxfp4 = false;
+  int ksub = 1;
+  bool pipe = false;
+  int stages = 4;
 };
 
 /// Runs the grouped MoE block through gemm_wg (BF16 weights, and with c.mxfp4 also MXFP4 ones
@@ -333,6 +351,9 @@ std::vector<std::vector<uint32_t>> run_moe(const MoeCase& c, uint64_t seed) {
     g.ksel = d.k;
     g.bn = c.bn;
     g.wm = c.wm;
+    g.ksub = c.ksub;
+    g.pipe = c.pipe;
+    g.stages = c.stages;
     g.split = c.split;
     g.mxfp4 = mx == 1;
     g.k = d.hidden;
@@ -376,7 +397,7 @@ std::vector<std::vector<uint32_t>> run_moe(const MoeCase& c, uint64_t seed) {
 
 } // namespace
 
-TEST_CASE("gemm_wg grouped MoE kernels match ir::ref; MXFP4 weights give the BF16 bits") {
+TEST_CASE("gemm_wg grouped MoE kernels match ir::ref, MXFP4 weights give the BF16 bits") {
   XSERV_REQUIRE_GPU();
   if (!sm90()) {
     MESSAGE("skipped: gemm_wg needs sm_90");
@@ -398,4 +419,11 @@ TEST_CASE("gemm_wg grouped MoE kernels match ir::ref; MXFP4 weights give the BF1
   const auto p = run_moe({g20, 200, 64, 2, true, false, true}, ++seed);
   CHECK(p[0] == p[1]);
   run_moe({{1024, 1024, 8, 4, true}, 300, 128, 1, false, true, true}, ++seed);
+  // Stages of 2 K tiles (2880: the last one short), MMAs left in flight.
+  for (auto [bn, ksub, pipe] : {std::tuple{16, 2, true}, std::tuple{64, 2, true},
+                                std::tuple{64, 1, true}, std::tuple{128, 2, false}}) {
+    const int stages = bn == 128 ? 3 : 4; // 128-token stages of 2 tiles: 193 KB in 3
+    const auto bits = run_moe({g20, 150, bn, 2, false, false, true, ksub, pipe, stages}, ++seed);
+    CHECK(bits[0] == bits[1]);
+  }
 }

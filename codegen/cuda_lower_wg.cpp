@@ -1,0 +1,131 @@
+// The warpgroup-MMA gemms of the lowering (sm_90, LoweringContext::wgmma): dense linears of
+// steps above 8 tokens and the grouped MoE gemms, each after gemm_act has written its bf16
+// activations (codegen/kernels/gemm_wg.cuh). Tile shapes from kernels_bench on the H200
+// (docs/PERF.md, session 8).
+#include "codegen/cuda_lower_detail.h"
+#include "codegen/emit_wg.h"
+
+namespace xserv::codegen::lowering {
+
+namespace {
+
+/// SMs of the H200 the block counts are planned for.
+constexpr int kSms = 132;
+
+/// K splits of a dense gemm_wg of up to kSmallGemmRows rows (64 weight rows a block): the
+/// smallest divisor of the K tiles, keeping at least 4 tiles a split, that gives 1.5 blocks
+/// per SM, else the largest such divisor; 1 when the weight rows alone fill the GPU. Measured
+/// for 64 tokens: 20b qkv 25.7 -> 16.0 us with 3, o_proj 32.7 -> 15.1 us with 8.
+int wg_splitk(int k, int n) {
+  const int ktiles = k / 64, blocks = (n + 63) / 64;
+  if (blocks >= kSms)
+    return 1;
+  int best = 1;
+  for (int s = 2; ktiles / s >= 4; ++s) {
+    if (ktiles % s != 0)
+      continue;
+    best = s;
+    if (blocks * s >= kSms * 3 / 2)
+      break;
+  }
+  return best;
+}
+
+} // namespace
+
+Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId v) {
+  DenseGemm k;
+  k.wg = true;
+  k.act = k_.add(codegen::emit_gemm_act({d.k, d.norm, c_.gemm_split, d.eps, 1}, ir_lines(g_, v)));
+  codegen::GemmWgDims g;
+  g.k = d.k;
+  g.n = d.n;
+  g.bias = d.bias;
+  g.residual = d.residual;
+  g.split = c_.gemm_split;
+  // Many tokens: 128-token tiles; two m64 tiles a block for wide outputs (20b qkv at 512
+  // tokens: 86 -> 68 us), one for narrower ones (o_proj 2880: 62 against 73 us).
+  g.bn = 128;
+  g.wm = d.n >= 4096 ? 2 : 1;
+  g.stages = g.wm == 2 ? 3 : 4;
+  k.large = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
+  // Up to kSmallGemmRows tokens: 64-token tiles, K split over blocks.
+  g.bn = kSmallGemmRows;
+  g.wm = 1;
+  g.stages = 4;
+  k.splitk = wg_splitk(d.k, d.n);
+  g.splitk = k.splitk;
+  if (k.splitk > 1) { // raw partial sums; bias and residual come in the reduce
+    g.bias = g.residual = false;
+    k.reduce = k_.add(codegen::emit_gemm_splitk_reduce(d.n, k.splitk, d.bias, d.residual,
+                                                       {"sums the split-K partials of a gemm"}));
+    const size_t bytes = size_t(k.splitk) * kSmallGemmRows * size_t(d.n) * sizeof(float);
+    if (bytes > splitk_bytes_) {
+      splitk_part_ = allocate(bytes);
+      splitk_bytes_ = bytes;
+    }
+    k.part = splitk_part_;
+  }
+  k.small64 = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
+  return k;
+}
+
+void Lowerer::moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, int hi,
+                           const std::vector<LaunchArg>& in) {
+  const int bn = kWgMoeTileTokens[size_t(i)];
+  // Both copies: batched decode (the smallest tiles) reads the MXFP4 one, as the decode kernels
+  // do (20b at 64 sequences: 327 against 398 us a layer), prompts the BF16 one (618 against 710
+  // us at 512 tokens).
+  const bool both = c_.expert_format == runtime::ExpertFormat::Both;
+  const bool mx4 = d.mxfp4 && (!both || i == 0);
+  auto weight = [&](LaunchArg a) {
+    if (both && mx4)
+      a.name = runtime::mxfp4_copy_name(a.name);
+    return a;
+  };
+  const LaunchArg null, xl = c_.gemm_split ? wg_xl_ : LaunchArg{};
+  codegen::MoeSortDims sd{d.experts, d.k, bn, c_.max_tokens * d.k};
+  const int sort = k_.add(
+      codegen::emit_moe_sort(sd, {"groups moe_experts(...)'s (token, slot) pairs by expert"}));
+  // x is the router's input too: when its gemm has converted it already, nothing to do.
+  const bool x_ready = wg_act_valid_ && wg_act_of_ == in[0] && !wg_act_normed_;
+  const int x_act = x_ready ? -1
+                            : k_.add(codegen::emit_gemm_act(
+                                  {d.hidden, false, c_.gemm_split, 1e-5, 1}, ir_lines(g_, v)));
+  const int act_act =
+      k_.add(codegen::emit_gemm_act({d.inter, false, c_.gemm_split, 1e-5, d.k}, ir_lines(g_, v)));
+  codegen::GemmWgDims g;
+  g.grouped = true;
+  g.experts = d.experts;
+  g.ksel = d.k;
+  g.bn = bn;
+  g.split = c_.gemm_split;
+  g.mxfp4 = mx4;
+  // The 20b's MoE at 8, 64 and 256 rows per expert (kernels_bench): MXFP4 decodes better with
+  // two m64 tiles a block; BF16 tiles of 16 and 64 tokens are as fast with one (more blocks).
+  g.wm = i == 2 || mx4 ? 2 : 1;
+  g.stages = i == 2 ? 3 : 4;
+  g.k = d.hidden;
+  g.n = 2 * d.inter;
+  g.gather = true;
+  g.epilogue = codegen::GemmEpilogue::Swiglu;
+  g.limit = d.limit;
+  g.alpha = d.alpha;
+  const int gate_up = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
+  g.k = d.inter;
+  g.n = d.hidden;
+  g.gather = false;
+  g.epilogue = codegen::GemmEpilogue::Scatter;
+  const int down = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
+  emit(sort, Rows::Tokens, lo, hi, {in[2], moe_pair_, moe_tiles_, rows_arg()});
+  if (!x_ready)
+    emit(x_act, Rows::Tokens, lo, hi, {in[0], null, wg_xh_, xl});
+  emit(gate_up, Rows::Tokens, lo, hi,
+       {wg_xh_, xl, weight(in[3]), in[4], null, moe_act_, moe_pair_, moe_tiles_, null, rows_arg()});
+  emit(act_act, Rows::Tokens, lo, hi, {moe_act_, null, wg_xh_, xl});
+  emit(down, Rows::Tokens, lo, hi,
+       {wg_xh_, xl, weight(in[5]), in[6], null, moe_part_, moe_pair_, moe_tiles_, in[1],
+        rows_arg()});
+}
+
+} // namespace xserv::codegen::lowering
