@@ -108,6 +108,7 @@ void Lowerer::linear(int kernel, const DenseGemm& gemm, const codegen::LinearDim
 void Lowerer::lower_linear(ValueId v) {
   const Node& n = g_.node(v);
   codegen::LinearDims d;
+  d.round_act = !c_.gemm_split;
   const bool norm = n.op == Op::RmsNormLinear, residual = n.op == Op::LinearResidual;
   const size_t wi = norm ? 2 : 1;
   d.norm = norm;
@@ -153,6 +154,7 @@ void Lowerer::lower_qkv_rope(ValueId v) {
   const int head_dim = as_int(n.attr_int("head_dim"));
   const double eps = n.attr_float("eps");
   codegen::QkvDims qd;
+  qd.round_act = !c_.gemm_split;
   qd.k = static_dim(g_, n.inputs[2], 1);
   qd.nq = static_dim(g_, n.inputs[2], 0);
   qd.nk = static_dim(g_, n.inputs[4], 0);
@@ -165,6 +167,7 @@ void Lowerer::lower_qkv_rope(ValueId v) {
   for (int r = 0; r < 3; ++r) {
     const ValueId w = n.inputs[size_t(2 + 2 * r)];
     codegen::LinearDims d;
+    d.round_act = !c_.gemm_split;
     d.norm = true;
     d.eps = eps;
     d.k = static_dim(g_, w, 1);
@@ -331,6 +334,7 @@ void Lowerer::topk(ValueId v, int experts, int k, LaunchArg logits) {
 void Lowerer::lower_router(ValueId v) {
   const Node& n = g_.node(v);
   codegen::LinearDims d;
+  d.round_act = !c_.gemm_split;
   d.k = static_dim(g_, n.inputs[1], 1);
   d.n = static_dim(g_, n.inputs[1], 0);
   d.bias = n.inputs.size() == 3;
@@ -341,8 +345,8 @@ void Lowerer::lower_router(ValueId v) {
     // Decode steps: the norm before the router, the router's logits and top-k in one launch
     // (writing the norm's output for the experts too); longer steps as below.
     const Node& nn = g_.node(norm);
-    const int fused = k_.add(codegen::emit_norm_router_topk(d.k, {d.n, k}, nn.attr_float("eps"),
-                                                            d.bias, ir_lines(g_, v)));
+    const int fused = k_.add(codegen::emit_norm_router_topk(
+        d.k, {d.n, k, !c_.gemm_split}, nn.attr_float("eps"), d.bias, ir_lines(g_, v)));
     std::vector<LaunchArg> args = {addr(nn.inputs[0]), addr(nn.inputs[1]), addr(n.inputs[1])};
     if (d.bias)
       args.push_back(addr(n.inputs[2]));
@@ -379,6 +383,7 @@ ValueId Lowerer::router_of_norm(ValueId norm) const {
 void Lowerer::lower_moe(ValueId v) {
   const Node& n = g_.node(v);
   codegen::MoeDims d;
+  d.round_act = !c_.gemm_split;
   d.experts = static_dim(g_, n.inputs[3], 0);
   d.hidden = static_dim(g_, n.inputs[3], 2);
   d.inter = static_dim(g_, n.inputs[5], 2);

@@ -107,6 +107,15 @@ std::string gemv_tuning_suffix(int max_tokens, int rows, int unroll, int ksplit)
   return s;
 }
 
+/// A decode kernel's name and template call with ROUND (LinearDims::round_act): "_a16" on the name
+/// and `true` for the template's last parameter (every call passes all the others).
+void round_act(bool round, std::string& name, std::string& call) {
+  if (!round)
+    return;
+  name += "_a16";
+  call.insert(call.rfind('>'), ", true");
+}
+
 /// Name suffix of non-default MoE decode tuning (rows per warp, unroll, prefetch).
 /// The parameter declaration of an expert matrix: bf16, or an MXFP4 device tensor's bytes.
 std::string expert_param(bool mxfp4, const char* name) {
@@ -197,6 +206,7 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
   std::string call =
       fmt::format("linear_decode<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.max_tokens,
                   rows, d.norm, d.bias, d.residual, d.prefetch, d.unroll, d.ksplit);
+  round_act(d.round_act, name, call);
   return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
 }
 
@@ -235,6 +245,7 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
   launch.max_tokens = d.max_tokens;
   std::string call = fmt::format("qkv_decode<{}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.nq, d.nk,
                                  d.nv, d.max_tokens, rows, d.unroll, d.ksplit);
+  round_act(d.round_act, name, call);
   return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
 }
 
@@ -292,10 +303,9 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
     throw Error(fmt::format("codegen: moe tuning rows {} unroll {} do not fit intermediate {}",
                             pairs, d.unroll, d.inter));
   check_mxfp4_moe(d);
-  std::string name =
-      fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}{}", d.experts, d.k, d.hidden, d.inter,
-                  attr_suffix("limit", d.limit, 7.0), attr_suffix("alpha", d.alpha, 1.702),
-                  d.mxfp4 ? "_mx4" : "");
+  std::string name = fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}{}", d.experts, d.k, d.hidden,
+                                 d.inter, attr_suffix("limit", d.limit, 7.0),
+                                 attr_suffix("alpha", d.alpha, 1.702), d.mxfp4 ? "_mx4" : "");
   std::vector<Param> params = {{"const float* x", "x"},
                                {"const int* ids", "ids"},
                                {expert_param(d.mxfp4, "gate_up"), "gate_up"},
@@ -307,10 +317,10 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
   launch.blocks_x = (d.inter + 8 * pairs - 1) / (8 * pairs);
   launch.y_per_token = d.k;
   launch.min_blocks_per_sm = d.min_blocks;
-  std::string call = fmt::format("moe_gate_up{}<{}, {}, {}, {}, {}, {}, {}>",
-                                 d.mxfp4 ? "_mx4" : "", d.hidden, d.inter, d.experts, d.k, pairs,
-                                 d.unroll, d.prefetch);
+  std::string call = fmt::format("moe_gate_up{}<{}, {}, {}, {}, {}, {}, {}>", d.mxfp4 ? "_mx4" : "",
+                                 d.hidden, d.inter, d.experts, d.k, pairs, d.unroll, d.prefetch);
   name += moe_tuning_suffix(d);
+  round_act(d.round_act, name, call);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }
 
@@ -360,9 +370,9 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
   launch.blocks_x = (d.hidden + 8 * rows - 1) / (8 * rows);
   launch.y_per_token = d.k;
   launch.min_blocks_per_sm = d.min_blocks;
-  std::string call = fmt::format("moe_down_part{}<{}, {}, {}, {}, {}, {}>",
-                                 d.mxfp4 ? "_mx4" : "", d.hidden, d.inter, d.experts, d.k, rows,
-                                 d.unroll);
+  std::string call = fmt::format("moe_down_part{}<{}, {}, {}, {}, {}, {}>", d.mxfp4 ? "_mx4" : "",
+                                 d.hidden, d.inter, d.experts, d.k, rows, d.unroll);
+  round_act(d.round_act, name, call);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }
 
@@ -439,8 +449,7 @@ KernelSource emit_gemm(const GemmDims& d, const std::vector<std::string>& ir_lin
   launch.blocks_z = d.splitk;
   std::string call = fmt::format(
       "gemm_bf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.bm, d.norm,
-      d.bias, d.residual, epi, d.grouped, d.gather, d.ksel, d.split, d.splitk, d.mxfp4,
-      d.experts);
+      d.bias, d.residual, epi, d.grouped, d.gather, d.ksel, d.split, d.splitk, d.mxfp4, d.experts);
   return assemble(std::move(name), ir_lines, "gemm.cuh", call, params, launch);
 }
 
@@ -648,12 +657,13 @@ KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps,
   LaunchRule launch = per_row(256);
   launch.blocks_x = router_cluster_blocks(d.experts);
   launch.cluster_x = launch.blocks_x;
-  return assemble(fmt::format("rmsnorm_router_topk_d{}_e{}_k{}{}{}", dim, d.experts, d.k,
-                              bias ? "" : "_nobias", attr_suffix("eps", eps, 1e-5)),
-                  ir_lines, "router.cuh",
-                  fmt::format("norm_router_topk<{}, {}, {}, {}, {}, {}>", dim, d.experts, d.k,
-                              bias ? "true" : "false", launch.blocks_x, router_ksplit(d.experts)),
-                  params, launch);
+  std::string name = fmt::format("rmsnorm_router_topk_d{}_e{}_k{}{}{}", dim, d.experts, d.k,
+                                 bias ? "" : "_nobias", attr_suffix("eps", eps, 1e-5));
+  std::string call =
+      fmt::format("norm_router_topk<{}, {}, {}, {}, {}, {}>", dim, d.experts, d.k,
+                  bias ? "true" : "false", launch.blocks_x, router_ksplit(d.experts));
+  round_act(d.round_act, name, call);
+  return assemble(std::move(name), ir_lines, "router.cuh", call, params, launch);
 }
 
 KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>& ir_lines) {

@@ -60,6 +60,10 @@ struct LinearDims {
   /// lane and row (WarpGemv's UNROLL) and warps per row group, each over 1/ksplit of K (1, 2, 4
   /// or 8).
   int rows = 0, unroll = 4, ksplit = 1;
+  /// Round the staged activations to bf16 (act_value in common.cuh): a plan with plain bf16
+  /// gemm activations (compile --gemm-precision bf16) rounds them in its decode kernels too, so
+  /// a token sees the same inputs alone and batched. Name suffix "_a16".
+  bool round_act = false;
 };
 
 /// q, k and v projections of a decode step in one launch (qkv_decode): rms_norm(x) staged once,
@@ -73,6 +77,7 @@ struct QkvDims {
   /// Decode tuning as LinearDims': rows per warp (0: 2; nq, nk, nv multiples of a block's
   /// 8 rows / ksplit), loads in flight per lane and row, K splits.
   int rows = 0, unroll = 4, ksplit = 1;
+  bool round_act = false; ///< as LinearDims'
 };
 bool qkv_decode_fits(const QkvDims& d);
 KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& ir_lines);
@@ -123,6 +128,7 @@ struct MoeDims {
   /// moe_down_part_mx4, `unroll` 16-byte blocks (32 values) per row and lane in flight.
   /// hidden and inter must be multiples of 32.
   bool mxfp4 = false;
+  bool round_act = false; ///< as LinearDims' (gate_up's x and down_part's SwiGLU output)
 };
 
 /// embedding: out[t] = table[ids[t]] widened to fp32. Parameters: table, ids, out; grid.y = tokens.
@@ -148,6 +154,7 @@ struct KvWriteDims {
 /// router_topk over [T, experts] fp32 logits. Parameters: logits, weights, ids; grid.y = tokens.
 struct RouterTopKDims {
   int experts = 0, k = 0;
+  bool round_act = false; ///< norm_router_topk: as LinearDims' (the router GEMV's input)
 };
 
 /// rms_norm of fp32 rows of `dim` values. Parameters: x, w, y (may alias x); grid.y = rows.
@@ -257,8 +264,9 @@ KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>&
 KernelSource emit_select_rows(const SelectRowsDims& d, const std::vector<std::string>& ir_lines);
 
 /// The sampling epilogue's greedy pick: argmax of each fp32 logits row of `vocab` values, ties
-/// to the lowest id; a row holding a NaN or an infinity is marked (codegen/kernels/sample.cuh). Parameters: logits, keys
-/// (argmax_chunks(vocab) uint64 per row: decode with argmax_of_keys); grid.y = rows.
+/// to the lowest id; a row holding a NaN or an infinity is marked (codegen/kernels/sample.cuh).
+/// Parameters: logits, keys (argmax_chunks(vocab) uint64 per row: decode with argmax_of_keys);
+/// grid.y = rows.
 KernelSource emit_argmax(int vocab, const std::vector<std::string>& ir_lines);
 /// Logits one argmax block reads, and the blocks (keys) per row.
 inline constexpr int kArgmaxChunk = 8192;

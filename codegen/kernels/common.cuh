@@ -55,6 +55,13 @@ __device__ __forceinline__ float neg_inf() {
   return -__int_as_float(0x7f800000);
 }
 
+/// An activation as a matmul reads it: with ROUND (a plan whose gemms take plain bf16
+/// activations, compile --gemm-precision bf16) rounded to bf16 like gemm_act's, so that a token
+/// gets the same inputs in a decode GEMV as in a prompt's gemm; else the fp32 value.
+template <bool ROUND> __device__ __forceinline__ float act_value(float v) {
+  return ROUND ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+}
+
 /// Sum of `v` over the 32 lanes of a warp; every lane gets the result.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

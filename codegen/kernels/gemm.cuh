@@ -97,8 +97,7 @@ constexpr int kGemmRawBytes = kGemmBN * (kGemmBK / 2 + 2 * 4);
 /// [BM][kGemmStrideA] and a bf16 W tile [128][kGemmStride]; with MX4 the stages hold raw MXFP4
 /// W tiles and one bf16 W tile receives the decoded current stage.
 __host__ __device__ constexpr int gemm_smem_bytes(int bm, bool mx4 = false) {
-  return mx4 ? gemm_stages(bm) * (bm * kGemmStrideA * 4 + kGemmRawBytes) +
-                   kGemmBN * kGemmStride * 2
+  return mx4 ? gemm_stages(bm) * (bm * kGemmStrideA * 4 + kGemmRawBytes) + kGemmBN * kGemmStride * 2
              : gemm_stages(bm) * (bm * kGemmStrideA * 4 + kGemmBN * kGemmStride * 2);
 }
 
@@ -174,7 +173,8 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
   ATile* sa = reinterpret_cast<ATile*>(smem_gemm);
   BTile* sb = reinterpret_cast<BTile*>(smem_gemm + kGemmStages * sizeof(ATile));
   RawTile* sraw = reinterpret_cast<RawTile*>(smem_gemm + kGemmStages * sizeof(ATile));
-  BTile* sdec = reinterpret_cast<BTile*>(smem_gemm + kGemmStages * (sizeof(ATile) + sizeof(RawTile)));
+  BTile* sdec =
+      reinterpret_cast<BTile*>(smem_gemm + kGemmStages * (sizeof(ATile) + sizeof(RawTile)));
   __shared__ int rows_a[BM];
 
   int expert, begin, end;
@@ -187,9 +187,11 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
   const int rows = end - begin;
   const __nv_bfloat16* we = static_cast<const __nv_bfloat16*>(wv) + (size_t)expert * N * K;
   // MX4: this block's expert's blocks and scales, and this thread's (row, block) piece.
-  const unsigned char* mblocks = static_cast<const unsigned char*>(wv) + (size_t)expert * N * (K / 2);
-  const unsigned char* mscales = mxfp4_scales<EXPERTS * N, K>(static_cast<const unsigned char*>(wv)) +
-                                 (size_t)expert * N * (K / 32);
+  const unsigned char* mblocks =
+      static_cast<const unsigned char*>(wv) + (size_t)expert * N * (K / 2);
+  const unsigned char* mscales =
+      mxfp4_scales<EXPERTS * N, K>(static_cast<const unsigned char*>(wv)) +
+      (size_t)expert * N * (K / 32);
   const int mrow = tid / 2, mblk = tid % 2;
 
   for (int i = tid; i < BM; i += kGemmThreads)
@@ -216,11 +218,12 @@ gemm_bf16(const float* __restrict__ x, const float* __restrict__ inv_rms,
         cp_async16(&sa[stage][r][col], x + (size_t)(ar >= 0 ? ar : 0) * K + k0 + col, ar >= 0);
       }
     }
-    if constexpr (MX4) { // this thread's block of row mrow: 16 bytes, and the word holding its scale
+    if constexpr (MX4) { // this thread's block of row mrow: 16 bytes, and the word holding its
+                         // scale
       const bool valid = n0 + mrow < N;
       const size_t row = valid ? n0 + mrow : 0;
-      cp_async16(&sraw[stage][mrow * 32 + mblk * 16],
-                 mblocks + row * (K / 2) + k0 / 2 + mblk * 16, valid);
+      cp_async16(&sraw[stage][mrow * 32 + mblk * 16], mblocks + row * (K / 2) + k0 / 2 + mblk * 16,
+                 valid);
       const unsigned char* sp = mscales + row * (K / 32) + k0 / 32 + mblk;
       cp_async4(&sraw[stage][kGemmBN * 32 + (mrow * 2 + mblk) * 4],
                 reinterpret_cast<const void*>(reinterpret_cast<size_t>(sp) & ~size_t(3)), valid);

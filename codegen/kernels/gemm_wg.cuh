@@ -67,8 +67,10 @@ gemm_act(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, floa
     const int k0 = (p / 32) * 64, a = k0 + wg_k_of_slot(2 * (p % 32));
     float v0 = xr[a], v1 = xr[a + 4];
     if (NORM) {
-      v0 *= inv * bf16_to_float(ln[a]);
-      v1 *= inv * bf16_to_float(ln[a + 4]);
+      // (x * inv) * ln, in the decode GEMVs' order (linear_stage_x), so that with plain bf16
+      // activations a token rounds the same value in both paths
+      v0 = v0 * inv * bf16_to_float(ln[a]);
+      v1 = v1 * inv * bf16_to_float(ln[a + 4]);
     }
     const unsigned hi = pack_bf16x2(v0, v1);
     oh[p] = hi;

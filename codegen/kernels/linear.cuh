@@ -9,8 +9,8 @@ namespace xserv_kernels {
 constexpr int kLinearThreads = 256;
 
 /// Stages x [tokens, K] in shared memory xs, as rms_norm(x, ln, eps) when NORM (sum of squares
-/// in fp32 per token), ending with a barrier. 256 threads.
-template <int K, int MAX_T, bool NORM>
+/// in fp32 per token), each value through act_value<ROUND>, ending with a barrier. 256 threads.
+template <int K, int MAX_T, bool NORM, bool ROUND = false>
 __device__ __forceinline__ void linear_stage_x(const float* __restrict__ x,
                                                const __nv_bfloat16* __restrict__ ln, float eps,
                                                float* xs, int tokens) {
@@ -22,7 +22,10 @@ __device__ __forceinline__ void linear_stage_x(const float* __restrict__ x,
     float ss = 0.0f;
     for (int i = tid; i < K / 4; i += kLinearThreads) {
       const float4 v = reinterpret_cast<const float4*>(x + (size_t)t * K)[i];
-      reinterpret_cast<float4*>(xs + t * K)[i] = v;
+      reinterpret_cast<float4*>(xs + t * K)[i] =
+          NORM ? v
+               : make_float4(act_value<ROUND>(v.x), act_value<ROUND>(v.y), act_value<ROUND>(v.z),
+                             act_value<ROUND>(v.w));
       ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
     if (NORM) {
@@ -42,7 +45,7 @@ __device__ __forceinline__ void linear_stage_x(const float* __restrict__ x,
     __syncthreads();
     for (int t = 0; t < tokens; ++t)
       for (int i = tid; i < K; i += kLinearThreads)
-        xs[t * K + i] = xs[t * K + i] * inv_rms[t] * bf16_to_float(ln[i]);
+        xs[t * K + i] = act_value<ROUND>(xs[t * K + i] * inv_rms[t] * bf16_to_float(ln[i]));
   }
   __syncthreads();
 }
@@ -108,7 +111,7 @@ __device__ __forceinline__ void split_k_total(float (&acc)[R][MAX_T], int tokens
 /// With PREFETCH each warp first asks L2 for its rows. Requires tokens <= MAX_T, blockDim.x ==
 /// kLinearThreads. y may alias h.
 template <int K, int N, int MAX_T, int R, bool NORM, bool BIAS, bool RESIDUAL, bool PREFETCH = true,
-          int UNROLL = 4, int KS = 1>
+          int UNROLL = 4, int KS = 1, bool ROUND = false>
 __device__ __forceinline__ void
 linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
               const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
@@ -130,7 +133,7 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
   if (row < N)
     gemv.start(w + (size_t)row * K, warp % KS);
 
-  linear_stage_x<K, MAX_T, NORM>(x, ln, eps, xs, tokens);
+  linear_stage_x<K, MAX_T, NORM, ROUND>(x, ln, eps, xs, tokens);
 
   if (KS == 1 && row >= N)
     return;
@@ -148,7 +151,8 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
 /// block. Each block's 8 / KS row groups x R rows lie in one projection (NQ and NK multiples of
 /// 8 R / KS);
 /// grid.x = (NQ + NK + NV) KS / (8 R). Shapes as linear_decode.
-template <int K, int NQ, int NK, int NV, int MAX_T, int R, int UNROLL = 4, int KS = 1>
+template <int K, int NQ, int NK, int NV, int MAX_T, int R, int UNROLL = 4, int KS = 1,
+          bool ROUND = false>
 __device__ __forceinline__ void
 qkv_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
            const __nv_bfloat16* __restrict__ wq, const __nv_bfloat16* __restrict__ bq,
@@ -174,7 +178,7 @@ qkv_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, fl
   row += warp / KS * R;
   WarpGemv<K, R, MAX_T, UNROLL, KS> gemv; // the first weight loads fly during the norm prologue
   gemv.start(w + (size_t)row * K, warp % KS);
-  linear_stage_x<K, MAX_T, true>(x, ln, eps, xs, tokens);
+  linear_stage_x<K, MAX_T, true, ROUND>(x, ln, eps, xs, tokens);
   float acc[R][MAX_T];
   gemv.finish(xs, tokens, acc);
   split_k_total<R, MAX_T, KS>(acc, tokens);

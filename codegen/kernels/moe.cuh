@@ -20,7 +20,7 @@ __device__ __forceinline__ void moe_swiglu_store(const float (&acc)[2 * RI][1],
   const int lane = threadIdx.x % kWarp;
   if (lane >= RI)
     return;
-  // Lane r finishes pair r (register arrays are indexed with unrolled constants).
+    // Lane r finishes pair r (register arrays are indexed with unrolled constants).
 #pragma unroll
   for (int r = 0; r < RI; ++r) {
     if (r != lane)
@@ -38,7 +38,8 @@ __device__ __forceinline__ void moe_swiglu_store(const float (&acc)[2 * RI][1],
 /// gate_up[e] x + gate_up_b[e], e = ids[tk]. x fp32 [T, D]; gate_up bf16 [E, 2I, D]; gate_up_b
 /// bf16 [E, 2I]; act fp32 [T, KSEL, I]. Each warp computes RI consecutive i (2 RI adjacent
 /// rows); grid.x = ceil(I / (8 RI)).
-template <int D, int I, int E, int KSEL, int RI, int UNROLL = 4, bool PREFETCH = true>
+template <int D, int I, int E, int KSEL, int RI, int UNROLL = 4, bool PREFETCH = true,
+          bool ROUND = false>
 __device__ __forceinline__ void
 moe_gate_up(const float* __restrict__ x, const int* __restrict__ ids,
             const __nv_bfloat16* __restrict__ gate_up, const __nv_bfloat16* __restrict__ gate_up_b,
@@ -57,7 +58,7 @@ moe_gate_up(const float* __restrict__ x, const int* __restrict__ ids,
   if (active)
     gemv.start(gate_up + row0 * D);
   for (int i = threadIdx.x; i < D; i += kMoeThreads)
-    xs[i] = x[(size_t)t * D + i];
+    xs[i] = act_value<ROUND>(x[(size_t)t * D + i]);
   __syncthreads();
   if (!active)
     return; // leave act unwritten rather than read out of bounds
@@ -69,12 +70,13 @@ moe_gate_up(const float* __restrict__ x, const int* __restrict__ ids,
 /// moe_gate_up on MXFP4 experts (mxfp4.cuh): gate_up holds the [E, 2I, D] blocks then scales.
 /// Its sums are grouped by block (WarpGemvMx4): within a rounding per block of moe_gate_up on
 /// the BF16 dequantisation.
-template <int D, int I, int E, int KSEL, int RI, int UNROLL = 2, bool PREFETCH = true>
-__device__ __forceinline__ void
-moe_gate_up_mx4(const float* __restrict__ x, const int* __restrict__ ids,
-                const unsigned char* __restrict__ gate_up,
-                const __nv_bfloat16* __restrict__ gate_up_b, float limit, float alpha,
-                float* __restrict__ act) {
+template <int D, int I, int E, int KSEL, int RI, int UNROLL = 2, bool PREFETCH = true,
+          bool ROUND = false>
+__device__ __forceinline__ void moe_gate_up_mx4(const float* __restrict__ x,
+                                                const int* __restrict__ ids,
+                                                const unsigned char* __restrict__ gate_up,
+                                                const __nv_bfloat16* __restrict__ gate_up_b,
+                                                float limit, float alpha, float* __restrict__ act) {
   static_assert(I % RI == 0, "pairs per warp must divide I");
   constexpr int kWarps = kMoeThreads / kWarp;
   __shared__ __align__(16) float xs[D / 32 * kMx4XStride];
@@ -89,7 +91,7 @@ moe_gate_up_mx4(const float* __restrict__ x, const int* __restrict__ ids,
   WarpGemvMx4<D, 2 * RI, UNROLL> gemv;
   if (active)
     gemv.start(blocks, mxfp4_scales<E * 2 * I, D>(gate_up) + row0 * (D / 32));
-  mxfp4_stage_x<D, kMoeThreads>(x + (size_t)t * D, xs);
+  mxfp4_stage_x<D, kMoeThreads, ROUND>(x + (size_t)t * D, xs);
   __syncthreads();
   if (!active)
     return;
@@ -152,7 +154,7 @@ moe_down(const float* __restrict__ act, const float* __restrict__ weights,
 /// part[tk, o] = w[tk] (down[e][o] . act[tk] + down_b[e][o]), e = ids[tk]; moe_combine then sums
 /// the slots in order (+ residual), the same arithmetic as moe_down with KSEL times the blocks in
 /// flight. grid.x = ceil(D / (8 R)).
-template <int D, int I, int E, int KSEL, int R, int UNROLL = 4>
+template <int D, int I, int E, int KSEL, int R, int UNROLL = 4, bool ROUND = false>
 __device__ __forceinline__ void
 moe_down_part(const float* __restrict__ act, const float* __restrict__ weights,
               const int* __restrict__ ids, const __nv_bfloat16* __restrict__ down,
@@ -167,7 +169,7 @@ moe_down_part(const float* __restrict__ act, const float* __restrict__ weights,
   if (active)
     gemv.start(down + ((size_t)e * D + o0) * I);
   for (int i = threadIdx.x; i < I; i += kMoeThreads)
-    as[i] = act[(size_t)tk * I + i];
+    as[i] = act_value<ROUND>(act[(size_t)tk * I + i]);
   __syncthreads();
   if (!active)
     return;
@@ -184,7 +186,7 @@ moe_down_part(const float* __restrict__ act, const float* __restrict__ weights,
 
 /// moe_down_part on MXFP4 experts (mxfp4.cuh): down holds the [E, D, I] blocks then scales.
 /// Within a rounding per block of moe_down_part on the BF16 dequantisation (WarpGemvMx4).
-template <int D, int I, int E, int KSEL, int R, int UNROLL = 2>
+template <int D, int I, int E, int KSEL, int R, int UNROLL = 2, bool ROUND = false>
 __device__ __forceinline__ void
 moe_down_part_mx4(const float* __restrict__ act, const float* __restrict__ weights,
                   const int* __restrict__ ids, const unsigned char* __restrict__ down,
@@ -199,7 +201,7 @@ moe_down_part_mx4(const float* __restrict__ act, const float* __restrict__ weigh
   WarpGemvMx4<I, R, UNROLL> gemv;
   if (active)
     gemv.start(down + row0 * (I / 2), mxfp4_scales<E * D, I>(down) + row0 * (I / 32));
-  mxfp4_stage_x<I, kMoeThreads>(act + (size_t)tk * I, as);
+  mxfp4_stage_x<I, kMoeThreads, ROUND>(act + (size_t)tk * I, as);
   __syncthreads();
   if (!active)
     return;

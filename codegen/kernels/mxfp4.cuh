@@ -77,11 +77,11 @@ __device__ __forceinline__ float mxfp4_block_sum_scale(float sum, unsigned s) {
 }
 
 /// Stages K activations for WarpGemvMx4 (the whole block's threads; a barrier must follow):
-/// xs[b * kMx4XStride + j] = x[32 b + j] * kMx4XScale.
-template <int K, int THREADS>
+/// xs[b * kMx4XStride + j] = act_value<ROUND>(x[32 b + j]) * kMx4XScale (exact: a power of two).
+template <int K, int THREADS, bool ROUND = false>
 __device__ __forceinline__ void mxfp4_stage_x(const float* __restrict__ x, float* __restrict__ xs) {
   for (int i = threadIdx.x; i < K; i += THREADS)
-    xs[(i / 32) * kMx4XStride + i % 32] = x[i] * kMx4XScale;
+    xs[(i / 32) * kMx4XStride + i % 32] = act_value<ROUND>(x[i]) * kMx4XScale;
 }
 
 /// WarpGemv (common.cuh) for MXFP4 rows and one token: a warp's dot products of R consecutive

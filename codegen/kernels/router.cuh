@@ -121,7 +121,7 @@ __device__ __forceinline__ void warp_topk_softmax(const float* r, float* __restr
 /// x (cheap) and computes E / C of the logits, so the router's rows stream through C SMs in one
 /// round of loads; block 0 gathers the logits from the others' shared memory and picks.
 /// Without clusters block 0 does everything and the others return.
-template <int D, int E, int KSEL, bool BIAS, int C, int KS>
+template <int D, int E, int KSEL, bool BIAS, int C, int KS, bool ROUND = false>
 __device__ __forceinline__ void
 norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
                  const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
@@ -156,7 +156,8 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
   const float inv = block_inv_rms<D, kThreads>(xr, eps);
   for (int i = threadIdx.x; i < D; i += kThreads) {
     const float v = xr[i] * inv * bf16_to_float(ln[i]);
-    xs[i] = v;
+    xs[i] = act_value<ROUND>(v); // the router's input; the experts get v (xn) and round it
+                                 // themselves
     if (rank == 0)
       xn[(size_t)t * D + i] = v;
   }

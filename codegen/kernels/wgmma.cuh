@@ -40,8 +40,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 /// Fields: start >> 4, leading offset 1 (unused by swizzled K-major), stride 1024 bytes between
 /// groups of 8 rows, swizzle mode 1 (128 B).
 __device__ __forceinline__ unsigned long long wg_desc_sw128(unsigned addr) {
-  return (unsigned long long)((addr & 0x3ffffu) >> 4) | ((unsigned long long)1 << 16) | ((unsigned long long)(1024 >> 4) << 32) |
-         ((unsigned long long)1 << 62);
+  return (unsigned long long)((addr & 0x3ffffu) >> 4) | ((unsigned long long)1 << 16) |
+         ((unsigned long long)(1024 >> 4) << 32) | ((unsigned long long)1 << 62);
 }
 
 /// D[64 x N] += A B for one warpgroup (see the file comment); N in {8, 16, 24, 32, 48, 64, 96,
@@ -49,7 +49,8 @@ __device__ __forceinline__ unsigned long long wg_desc_sw128(unsigned addr) {
 template <int N> struct WgMma;
 
 template <> struct WgMma<8> {
-  __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4], unsigned long long desc) {
+  __device__ __forceinline__ static void mma(float (&d)[4], const unsigned (&a)[4],
+                                             unsigned long long desc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
                  "%0, %1, %2, %3"
@@ -60,7 +61,8 @@ template <> struct WgMma<8> {
 };
 
 template <> struct WgMma<16> {
-  __device__ __forceinline__ static void mma(float (&d)[8], const unsigned (&a)[4], unsigned long long desc) {
+  __device__ __forceinline__ static void mma(float (&d)[8], const unsigned (&a)[4],
+                                             unsigned long long desc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7"

@@ -50,6 +50,23 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
   moe.mxfp4 = true; // the same decode kernels on MXFP4 experts
   out.push_back(emit_moe_gate_up(moe, {"moe gate_up, mxfp4"}));
   out.push_back(emit_moe_down_part(moe, {"moe down part, mxfp4"}));
+  // A plan with plain bf16 gemm activations: every decode kernel rounds its staged inputs.
+  LinearDims qkv{d, q + 2 * kv, true, true, false, c.rms_norm_eps};
+  qkv.round_act = true;
+  out.push_back(emit_linear(qkv, {"qkv, bf16 activations"}));
+  QkvDims qd{d, q, kv, kv, c.rms_norm_eps};
+  qd.round_act = true;
+  if (qkv_decode_fits(qd))
+    out.push_back(emit_qkv_decode(qd, {"qkv_decode, bf16 activations"}));
+  RouterTopKDims rd{int(c.num_local_experts), int(c.num_experts_per_tok), true};
+  if (norm_router_topk_fits(d, rd))
+    out.push_back(emit_norm_router_topk(d, rd, c.rms_norm_eps, true, {"router, bf16 activations"}));
+  for (bool mx : {false, true}) {
+    moe.mxfp4 = mx;
+    moe.round_act = true;
+    out.push_back(emit_moe_gate_up(moe, {"moe gate_up, bf16 activations"}));
+    out.push_back(emit_moe_down_part(moe, {"moe down part, bf16 activations"}));
+  }
   return out;
 }
 
