@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "cli/cuda_model.h"
+#include "cli/graph_model.h"
 #include "ir/error.h"
 
 namespace xserv::cli {
@@ -101,8 +101,7 @@ public:
         sent = g.node(g.outputs[0]).attr_str("name");
       }
       std::fprintf(stderr, "[pipeline] stage %zu of %zu on this GPU\n", s, stages.size());
-      engines_.push_back(
-          std::make_unique<CudaModel>(model_dir, max_batch, max_seq, &g, CudaModelOptions{}));
+      engines_.push_back(graph_cuda_model(model_dir, max_batch, max_seq, &g));
     }
     hops_ = std::vector<DeviceQueue>(stages.size() - 1);
   }
@@ -174,8 +173,8 @@ private:
 } // namespace
 
 std::unique_ptr<Model> make_local_cuda_pipeline(const std::filesystem::path& model_dir,
-                                                 int64_t max_batch, int64_t max_seq,
-                                                 const std::vector<ir::Graph>& stages) {
+                                                int64_t max_batch, int64_t max_seq,
+                                                const std::vector<ir::Graph>& stages) {
   return std::make_unique<LocalCudaPipeline>(model_dir, max_batch, max_seq, stages);
 }
 

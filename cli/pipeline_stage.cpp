@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "cli/cpu_model.h"
-#include "cli/cuda_model.h"
+#include "cli/graph_model.h"
 #include "cli/step_split.h"
 #include "engine/model.h"
 #include "ir/error.h"
@@ -79,7 +79,7 @@ private:
 class CudaStage : public StageRunner {
 public:
   CudaStage(const fs::path& model_dir, int64_t max_batch, int64_t max_seq, const ir::Graph& stage)
-      : stage_(stage), engine_(model_dir, max_batch, max_seq, &stage) {
+      : stage_(stage), engine_(graph_cuda_model(model_dir, max_batch, max_seq, &stage)) {
     if (stage.outputs.size() != 1)
       throw Error(fmt::format("a pipeline stage on the GPU returns one value, this one {}",
                               stage.outputs.size()));
@@ -87,15 +87,15 @@ public:
     sends_ = out.op == ir::Op::Send;
     name_ = sends_ ? out.attr_str("name") : "out.0";
   }
-  const models::ModelConfig& config() const override { return engine_.config(); }
+  const models::ModelConfig& config() const override { return engine_->config(); }
   Named run(const models::StepInput& in, const Named& received) override {
     step_tokens_ = token_count(in);
     if (comm_ && sends_) { // sent on to the next rank on the device
-      engine_.step_stage_device(in, transport());
+      engine_->step_stage_device(in, transport());
       return {};
     }
-    const std::vector<std::vector<float>> rows = comm_ ? engine_.step_stage_device(in, transport())
-                                                       : engine_.step_stage(in, as_rows(received));
+    const std::vector<std::vector<float>> rows = comm_ ? engine_->step_stage_device(in, transport())
+                                                       : engine_->step_stage(in, as_rows(received));
     const int64_t width = rows.empty() ? 0 : static_cast<int64_t>(rows[0].size());
     ir::Tensor t = ir::Tensor::zeros(ir::DType::F32, {static_cast<int64_t>(rows.size()), width});
     for (size_t i = 0; i < rows.size(); ++i)
@@ -106,12 +106,12 @@ public:
     step_tokens_ = token_count(in);
     if (comm_) {
       std::vector<int32_t> ids;
-      engine_.step_stage_device(in, transport(), &ids);
+      engine_->step_stage_device(in, transport(), &ids);
       return ids;
     }
-    return engine_.step_stage_greedy(in, as_rows(received));
+    return engine_->step_stage_greedy(in, as_rows(received));
   }
-  void reset() override { engine_.reset(); }
+  void reset() override { engine_->reset(); }
   void use_nccl(runtime::NcclComm* comm, int rank, std::chrono::milliseconds timeout) override {
     comm_ = comm;
     rank_ = rank;
@@ -175,7 +175,7 @@ private:
   }
 
   const ir::Graph& stage_;
-  CudaModel engine_;
+  std::unique_ptr<CudaModel> engine_;
   std::string name_;
   bool sends_ = false; ///< not the last stage
   runtime::NcclComm* comm_ = nullptr;

@@ -292,10 +292,9 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
     throw Error(fmt::format("codegen: moe tuning rows {} unroll {} do not fit intermediate {}",
                             pairs, d.unroll, d.inter));
   check_mxfp4_moe(d);
-  std::string name =
-      fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}{}", d.experts, d.k, d.hidden, d.inter,
-                  attr_suffix("limit", d.limit, 7.0), attr_suffix("alpha", d.alpha, 1.702),
-                  d.mxfp4 ? "_mx4" : "");
+  std::string name = fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}{}", d.experts, d.k, d.hidden,
+                                 d.inter, attr_suffix("limit", d.limit, 7.0),
+                                 attr_suffix("alpha", d.alpha, 1.702), d.mxfp4 ? "_mx4" : "");
   std::vector<Param> params = {{"const float* x", "x"},
                                {"const int* ids", "ids"},
                                {expert_param(d.mxfp4, "gate_up"), "gate_up"},
@@ -307,9 +306,8 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
   launch.blocks_x = (d.inter + 8 * pairs - 1) / (8 * pairs);
   launch.y_per_token = d.k;
   launch.min_blocks_per_sm = d.min_blocks;
-  std::string call = fmt::format("moe_gate_up{}<{}, {}, {}, {}, {}, {}, {}>",
-                                 d.mxfp4 ? "_mx4" : "", d.hidden, d.inter, d.experts, d.k, pairs,
-                                 d.unroll, d.prefetch);
+  std::string call = fmt::format("moe_gate_up{}<{}, {}, {}, {}, {}, {}, {}>", d.mxfp4 ? "_mx4" : "",
+                                 d.hidden, d.inter, d.experts, d.k, pairs, d.unroll, d.prefetch);
   name += moe_tuning_suffix(d);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }
@@ -360,9 +358,8 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
   launch.blocks_x = (d.hidden + 8 * rows - 1) / (8 * rows);
   launch.y_per_token = d.k;
   launch.min_blocks_per_sm = d.min_blocks;
-  std::string call = fmt::format("moe_down_part{}<{}, {}, {}, {}, {}, {}>",
-                                 d.mxfp4 ? "_mx4" : "", d.hidden, d.inter, d.experts, d.k, rows,
-                                 d.unroll);
+  std::string call = fmt::format("moe_down_part{}<{}, {}, {}, {}, {}, {}>", d.mxfp4 ? "_mx4" : "",
+                                 d.hidden, d.inter, d.experts, d.k, rows, d.unroll);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }
 
@@ -439,8 +436,7 @@ KernelSource emit_gemm(const GemmDims& d, const std::vector<std::string>& ir_lin
   launch.blocks_z = d.splitk;
   std::string call = fmt::format(
       "gemm_bf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.bm, d.norm,
-      d.bias, d.residual, epi, d.grouped, d.gather, d.ksel, d.split, d.splitk, d.mxfp4,
-      d.experts);
+      d.bias, d.residual, epi, d.grouped, d.gather, d.ksel, d.split, d.splitk, d.mxfp4, d.experts);
   return assemble(std::move(name), ir_lines, "gemm.cuh", call, params, launch);
 }
 
@@ -703,13 +699,6 @@ KernelSource emit_argmax(int vocab, const std::vector<std::string>& ir_lines) {
   launch.blocks_x = argmax_chunks(vocab);
   return assemble(fmt::format("argmax_rows_v{}", vocab), ir_lines, "sample.cuh",
                   fmt::format("argmax_rows<{}, {}>", vocab, kArgmaxChunk), params, launch);
-}
-
-int32_t argmax_of_keys(const uint64_t* keys, int chunks) {
-  const uint64_t best = *std::max_element(keys, keys + chunks);
-  if (best == ~uint64_t{0})
-    return kArgmaxNonFinite;
-  return best == 0 ? 0 : static_cast<int32_t>(~static_cast<uint32_t>(best & 0xffffffffu));
 }
 
 } // namespace xserv::codegen
