@@ -29,16 +29,16 @@
 
 #include "cli/cpu_model.h"
 #include "cli/graph_model.h"
+#include "cli/model_source.h"
 #include "cli/pipeline_local.h"
-#include "compiler/partition.h"
-#include "compiler/pass.h"
-#include "compiler/pass_manager.h"
 #include "ir/interpreter.h"
 #include "models/checkpoint.h"
 #include "models/config.h"
 #include "models/gpt_oss.h"
 #include "models/synth.h"
 #include "runtime/device.h"
+#include "runtime/plan_io.h"
+#include "runtime/plan_stage.h"
 #include "runtime/sampler.h"
 #include "tests/cli/cuda_test_util.h"
 #include "tests/cli/run_xserv.h"
@@ -416,18 +416,39 @@ TEST_CASE("gpu: MXFP4 experts on the GPU give the BF16 experts' tokens and logit
   CHECK(both.logits == mx.logits);
 }
 
-TEST_CASE("gpu: pipeline stages on one GPU (same-device transport) give the whole model's logits") {
-  XSERV_REQUIRE_GPU();
+TEST_CASE("gpu: a pp 2 plan's stages on one GPU (same-device transport) give the pp 1 plan's "
+          "logits, with every IR program deleted") {
+  XSERV_REQUIRE_GPU_AND_BINARY(dev, bin);
   TempDir tmp("pp_local");
   synthesize(source_dir() / "examples/tiny/config.json", 7, tmp.path);
-  const models::ModelConfig cfg = models::ModelConfig::load(tmp.path);
-  xserv::compiler::PassManager pm;
-  pm.add_pipeline(xserv::compiler::kDefaultPipeline);
-  const xserv::ir::Graph fused = pm.run(models::build_gpt_oss(cfg));
-  const xserv::compiler::Pipeline p = xserv::compiler::partition_pipeline(fused, 2);
-  const auto whole_model = cli::graph_cuda_model(tmp.path, 3, kMaxSeq, &fused, quiet());
+  auto compile = [&](const std::string& name, const std::string& flags) {
+    const fs::path plan = tmp.path / name;
+    const auto r = xserv::testing::run_binary(
+        bin,
+        fmt::format("compile {} -o {} --max-batch 3 --max-seq {} --arch {} {}", tmp.path.string(),
+                    plan.string(), kMaxSeq, dev.arch(), flags),
+        tmp.path);
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    cli::ModelSource src; // what resolve_source makes of the plan
+    src.plan_dir = plan;
+    src.model_dir = tmp.path;
+    src.max_batch = 3;
+    src.max_seq = kMaxSeq;
+    src.plan = std::make_shared<const xserv::runtime::Plan>(xserv::runtime::read_plan(plan));
+    for (const auto& st : src.plan->stages) // the runtime replays tables: no IR is read
+      fs::remove(plan / st.graph);
+    fs::remove(plan / "graph.ir");
+    return src;
+  };
+  const cli::ModelSource pp1 = compile("pp1", ""), pp2 = compile("pp2", "--pp 2");
+  const auto whole_model = cli::plan_cuda_model(pp1, quiet());
   cli::CudaModel& whole = *whole_model;
-  auto staged = cli::make_local_cuda_pipeline(tmp.path, 3, kMaxSeq, p.stages);
+  std::vector<xserv::runtime::StageProgram> programs;
+  for (size_t s = 0; s < 2; ++s)
+    programs.push_back(xserv::runtime::load_stage_program(pp2.plan_dir, *pp2.plan, s, dev.arch(),
+                                                          quiet().cache_dir));
+  auto staged = cli::make_local_cuda_pipeline(tmp.path, std::move(programs), quiet());
   // A prefill of 18 tokens over three sequences (the gemm path), then decode steps (GEMVs).
   models::StepInput step;
   step.tokens = {{11, 22, 33, 44, 55}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, {200005}};
