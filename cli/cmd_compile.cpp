@@ -139,8 +139,11 @@ int cmd_compile(const ParsedArgs& args) {
   const std::string experts = args.get("--expert-format", "bf16");
   runtime::ExpertFormat expert_format = runtime::ExpertFormat::Bf16;
   if (!runtime::parse_expert_format(experts, expert_format))
-    throw UsageError(
-        fmt::format("--expert-format must be bf16, mxfp4 or both, got '{}'", experts));
+    throw UsageError(fmt::format("--expert-format must be bf16, mxfp4 or both, got '{}'", experts));
+
+  const std::string precision = args.get("--gemm-precision", "split");
+  if (precision != "split" && precision != "bf16")
+    throw UsageError(fmt::format("--gemm-precision must be split or bf16, got '{}'", precision));
 
   Progress progress("compile");
   progress.step(fmt::format("reading {}", config_file.string()));
@@ -240,7 +243,7 @@ int cmd_compile(const ParsedArgs& args) {
                 .pp = pass_opts.pipeline_stages,
                 .last_logits_only = bopts.last_logits_only,
                 .kv_dtype = kv == "bf16" ? runtime::KvDtype::Bf16 : runtime::KvDtype::F32,
-                .gemm_split = true,
+                .gemm_split = precision == "split",
                 .arch = arch,
                 .expert_format = expert_format};
   pf.weights = std::move(weight_files);
@@ -285,9 +288,10 @@ int cmd_compile(const ParsedArgs& args) {
   ko.prefill_chunk = static_cast<int>(chunk);
   ko.cubins = cubins;
   ko.expert_format = expert_format;
+  ko.gemm_split = pf.options.gemm_split;
+  ko.wgmma = arch == "sm_90";
   PlanKernelsResult whole = write_plan_kernels(g, plan, ko);
   pf.codegen = std::move(whole.codegen);
-  pf.options.gemm_split = whole.code.layout.gemm_split;
   if (pf.stages.empty()) { // pp 1: the whole graph is the one stage
     runtime::PlanStage st;
     st.graph = pf.graph;

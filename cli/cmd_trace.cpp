@@ -1,7 +1,6 @@
 // `xserv trace`: the residual stream of a teacher-forced prompt, layer by layer, for comparison
 // with another implementation (tools/hf_layer_compare.py does it against HF transformers).
-#include <cuda_runtime.h>
-
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -12,8 +11,8 @@
 
 #include "cli/commands.h"
 #include "cli/cpu_model.h"
-#include "cli/cuda_model.h"
 #include "cli/float_file.h"
+#include "cli/graph_model.h"
 #include "cli/model_source.h"
 #include "models/step.h"
 
@@ -80,24 +79,28 @@ int cmd_trace(const ParsedArgs& args) {
     }
     names = t.names;
   } else {
-    CudaModelOptions opts;
+    // The plan's graph compiled again in memory with every value in its own buffer (the plan's
+    // launch table reuses them), read back after one step.
+    GraphModelOptions opts = graph_model_options();
     opts.keep_activations = true; // every value keeps its own buffer until the next step
     opts.cuda_graphs = false;
+    opts.prefill_chunk =
+        static_cast<int>(std::clamp<int64_t>(src.plan->options.prefill_chunk, 8, 65536));
+    opts.gemm_split = src.plan->options.gemm_split;
+    opts.expert_format = src.plan->options.expert_format;
     if (tokens > opts.prefill_chunk)
       throw Error(fmt::format("xserv trace --backend cuda takes at most {} tokens (one prefill "
                               "sub-step), got {}",
                               opts.prefill_chunk, tokens));
-    CudaModel gpu(src.model_dir, 1, src.max_seq, &g, opts);
-    const Tracked t = tracked_values(gpu.graph());
+    CompiledGraph compiled = compile_graph(g, 1, src.max_seq, opts);
+    const Tracked t = tracked_values(compiled.graph);
+    std::vector<uint64_t> offsets;
+    for (ir::ValueId v : t.values)
+      offsets.push_back(compiled.offset_of(v));
+    CudaModel gpu(src.model_dir, std::move(compiled.program), opts);
     gpu.step(step);
-    gpu.synchronize();
-    for (ir::ValueId v : t.values) {
-      std::vector<float> x(static_cast<size_t>(tokens * hidden));
-      if (cudaMemcpy(x.data(), gpu.debug_address(v, 0), x.size() * sizeof(float),
-                     cudaMemcpyDeviceToHost) != cudaSuccess)
-        throw Error("xserv trace: copying an activation from the GPU failed");
-      rows.push_back(std::move(x));
-    }
+    for (uint64_t off : offsets)
+      rows.push_back(gpu.read_activation(off, static_cast<size_t>(tokens * hidden)));
     names = t.names;
   }
 

@@ -39,8 +39,9 @@ const std::vector<Command>& commands() {
          {"--model", "NAME", "serving with --endpoint: the model name to send"},
          {"--api-key", "KEY", "serving with --endpoint: the bearer token"},
          {"--vocab", "V", "serving with --endpoint: prompt ids below V (default 199998)"},
-         {"--disconnect", "F", "serving with --endpoint: this fraction of clients hang up "
-                               "mid-stream (default 0)"}},
+         {"--disconnect", "F",
+          "serving with --endpoint: this fraction of clients hang up "
+          "mid-stream (default 0)"}},
         0,
         1},
        &cmd_bench},
@@ -87,6 +88,9 @@ const std::vector<Command>& commands() {
          {"--expert-format", "bf16|mxfp4|both",
           "MoE expert weights on the GPU: dequantised to bf16 (default), kept as mxfp4 (decoded "
           "in the kernels), or both (mxfp4 for decode steps, bf16 for prompt gemms)"},
+         {"--gemm-precision", "split|bf16",
+          "prompt-step gemm activations as bf16 hi + lo pairs (split, default: about fp32) or "
+          "plain bf16 (faster, less exact)"},
          {"--no-cubins", "", "write kernel sources only, skip NVRTC"}},
         1,
         1},

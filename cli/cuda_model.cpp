@@ -1,12 +1,12 @@
-// CudaModel: construction (plan mode: the plan's stage layout and launch table, no graph; graph
-// mode: passes, memory plan and lowering), weights, caches, and the step loop.
+// CudaModel: construction (weights, caches and arena for the program's layout, its kernels, the
+// decode graphs) and the step loop.
 //
-// A step runs in sub-steps of at most the prefill chunk (the plan's --prefill-chunk, 2048 by
-// default) and synchronises once per sub-step. Decode sub-steps (one token per sequence) are
-// captured as CUDA graphs, one per (batch size, attention key bucket), and replayed: launches read
-// every step input from the params buffer and write to fixed addresses, so only the params upload
-// before the replay changes between steps. The launches are data: lower_graph's launch table,
-// replayed by runtime::Executor. XSERV_PROFILE=1 times every table entry instead (graphs off).
+// A step runs in sub-steps of at most the layout's step capacity (the plan's --prefill-chunk,
+// 2048 by default) and synchronises once per sub-step. Decode sub-steps (one token per sequence)
+// are captured as CUDA graphs, one per (batch size, attention key bucket), and replayed: launches
+// read every step input from the params buffer and write to fixed addresses, so only the params
+// upload before the replay changes between steps. The launches are data: the program's launch
+// table, replayed by runtime::Executor. Profiling times every table entry instead (graphs off).
 #include "cli/cuda_model.h"
 #include "cli/cuda_model_impl.h"
 
@@ -15,95 +15,30 @@ namespace fs = std::filesystem;
 using cuda_impl::check;
 using cuda_impl::seconds_since;
 
-CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_seq,
-                     const ir::Graph* graph, const CudaModelOptions& options) {
+CudaModel::CudaModel(const fs::path& model_dir, runtime::StageProgram program,
+                     const CudaModelOptions& options) {
   const runtime::DeviceInfo dev = runtime::probe_device();
   if (!dev.available)
     throw Error("no GPU: " + dev.reason);
+  if (options.cache_dir.empty())
+    throw Error("CudaModel: no kernel cache directory (CudaModelOptions::cache_dir)");
   auto t0 = std::chrono::steady_clock::now();
   impl_ = std::make_unique<Impl>(model_dir);
   Impl& m = *impl_;
   m.quiet = options.quiet;
-  // The developer knobs (cli/env.h): XSERV_PREFILL_CHUNK and XSERV_GEMM_PRECISION, when they
-  // differ from the plan's, make the run lower the graph itself (graph mode, saying why).
-  const Env& knobs = env();
-  m.cuda_graphs = options.cuda_graphs && knobs.cuda_graphs;
-  if (knobs.profile) {
-    m.profile = true;
-    m.cuda_graphs = false;
-  }
-  m.max_batch = max_batch;
-  m.max_seq = max_seq;
-  const int chunk = knobs.prefill_chunk.value_or(options.prefill_chunk);
-  if (chunk < 8 || chunk > 65536)
-    throw Error(fmt::format("prefill chunk {} is outside [8, 65536]", chunk));
-  m.tcap = codegen::step_token_capacity(max_batch, chunk);
-  m.gemm_split = knobs.gemm_split.value_or(options.gemm_split);
-  const bool dependent = options.dependent_launch && dev.sm_major >= 9 && knobs.pdl;
+  m.cuda_graphs = options.cuda_graphs && !options.profile;
+  m.profile = options.profile;
+  m.stage = std::move(program.layout);
+  m.max_batch = m.stage.max_batch;
+  m.max_seq = m.stage.max_seq;
+  if (m.max_batch < 1 || m.max_seq < 1 || m.stage.tokens < 8 || m.stage.tokens > (1 << 24))
+    throw Error(fmt::format("{}: a stage layout for max batch {}, max sequence {} and {} tokens "
+                            "per step cannot run",
+                            program.source, m.max_batch, m.max_seq, m.stage.tokens));
+  m.tcap = static_cast<int>(m.stage.tokens);
+  const bool dependent = options.dependent_launch && dev.sm_major >= 9;
   m.log(fmt::format("{} ({}, {} SMs, {:.0f} GiB)", dev.name, dev.arch(), dev.multiprocessors,
                     double(dev.memory_bytes) / (1ull << 30)));
-
-  // Plan mode: a compiled plan whose stage layout and launch table are for this run needs no
-  // graph, no pass and no lowering. Otherwise graph mode: the default passes over the graph
-  // (the plan's graph.ir, or build_gpt_oss), its memory plan and, unless the plan's launch
-  // table fits, a lowering of our own.
-  std::optional<runtime::LaunchTable> planned;
-  std::string why;
-  if (!graph && !options.plan_dir.empty() && !options.keep_activations) {
-    bool sizes = false;
-    if (auto ps = m.plan_stage(options.plan_dir, why, sizes)) {
-      m.stage = std::move(ps->first);
-      planned = std::move(ps->second);
-    } else if (sizes && options.plan_only) {
-      throw UsageError(fmt::format(
-          "{}: {}; a plan runs as compiled: recompile it with xserv compile --max-batch {} "
-          "--max-seq {}, or leave --max-batch / --max-seq out",
-          options.plan_dir.string(), why, max_batch, max_seq));
-    } else {
-      m.log("lowering the graph for this run: " + why);
-    }
-  }
-  codegen::LoweringContext ctx;
-  ctx.max_tokens = m.tcap;
-  ctx.gemm_split = m.gemm_split;
-  ctx.expert_format = options.expert_format;
-  ctx.wgmma = runtime::probe_device().arch() == "sm_90";
-  ctx.max_seqs = static_cast<int>(max_batch);
-  ctx.cache_rows = max_batch;
-  ctx.max_seq = max_seq;
-  if (!planned) {
-    std::optional<ir::Graph> plan_graph;
-    if (!graph && !options.plan_dir.empty()) {
-      const fs::path file = options.plan_dir / "graph.ir";
-      std::ifstream in(file);
-      if (!in)
-        throw Error(fmt::format("{}: the plan's graph is missing, and the plan's launch table "
-                                "does not fit this run ({})",
-                                file.string(), why));
-      plan_graph = ir::parse(std::string(std::istreambuf_iterator<char>(in), {}), file.string());
-      graph = &*plan_graph;
-    }
-    compiler::PassManager pm;
-    pm.add_pipeline(compiler::kDefaultPipeline);
-    m.graph = pm.run(graph ? *graph : models::build_gpt_oss(m.ckpt.config()));
-    XSERV_CHECK(m.graph.outputs.size() >= 1, "graph without outputs");
-    m.has_graph = true;
-    m.plan = compiler::plan_memory(
-        m.graph, {{models::dims::kTokens, m.tcap}, {models::dims::kSeqs, max_batch}});
-    if (options.keep_activations) {
-      int64_t end = 0;
-      for (compiler::PlannedBuffer& b : m.plan.buffers) {
-        b.offset = end;
-        end += (b.bytes + 255) / 256 * 256;
-      }
-      m.plan.arena_bytes = end;
-    }
-    ctx.memory = &m.plan;
-    m.stage = codegen::stage_layout(m.graph, ctx);
-    for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(m.graph.size()); ++v)
-      if (m.graph.node(v).op == ir::Op::Cache)
-        m.cache_index.emplace(v, m.cache_index.size());
-  }
   m.per_token = m.stage.output.per_token;
   m.sends = m.stage.output.sends;
   m.vocab = m.stage.output.vocab;
@@ -112,7 +47,7 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
   m.allocate_stage();
   reset();
 
-  const fs::path cache_dir = options.cache_dir.empty() ? kernel_cache_dir() : options.cache_dir;
+  const fs::path& cache_dir = options.cache_dir;
   auto t1 = std::chrono::steady_clock::now();
   m.log("loading weights ...");
   const size_t before = m.allocated;
@@ -121,24 +56,14 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
   m.log(fmt::format("loaded {} weight tensors, {:.2f} GB on the GPU, {:.1f} s", m.weights.size(),
                     double(weight_bytes) / 1e9, seconds_since(t1)));
 
-  // Graph mode with a plan: the plan's launch table when this run is what it was compiled
-  // for, else lowered here.
-  if (!planned && !options.plan_dir.empty() && !options.keep_activations) {
-    why.clear();
-    planned = plan_launch_table(options.plan_dir, max_batch, max_seq, m.tcap, m.gemm_split,
-                                m.plan.arena_bytes, why);
-    if (!planned)
-      m.log("lowering the graph for this run: " + why);
-  }
-  runtime::LaunchTable table =
-      planned ? std::move(*planned) : codegen::lower_graph(m.graph, m.kernels, ctx);
+  runtime::LaunchTable& table = program.table;
   // Its regions: the arena, weights by name, caches in graph order, step inputs by name, and its
   // scratch buffers (constants uploaded once).
   runtime::Bindings bind;
   bind.arena = m.arena;
   for (const auto& [name, p] : m.weights)
     bind.weights[name] = p;
-  for (const auto& c : m.caches) // the graph's cache nodes in order
+  for (const auto& c : m.caches) // the layout's caches in order
     bind.caches.push_back(c.first);
   for (const auto& [name, off] : m.layout.offset)
     bind.params[name] = m.params_dev + off;
@@ -150,7 +75,7 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
   }
   if (m.argmax_keys)
     check(cudaMallocHost(reinterpret_cast<void**>(&m.keys_host),
-                         size_t(max_batch) * size_t(m.argmax_chunks) * sizeof(uint64_t)),
+                         size_t(m.max_batch) * size_t(m.argmax_chunks) * sizeof(uint64_t)),
           "pinned greedy keys");
   if (m.profile) {
     m.events.resize(table.launches.size() + 1);
@@ -159,43 +84,35 @@ CudaModel::CudaModel(const fs::path& model_dir, int64_t max_batch, int64_t max_s
       check(cudaEventCreate(&e), "creating a profiling event");
   }
   auto t2 = std::chrono::steady_clock::now();
-  if (planned) {
-    m.plan_kernels = load_plan_kernels(options.plan_dir, table, dev.arch(), cache_dir);
-    const int compiled = m.plan_kernels.compiled;
-    m.executor =
-        std::make_unique<runtime::Executor>(std::move(table), bind, m.plan_kernels.loaded());
-    m.log(fmt::format("the plan's launch table and {} kernels ({} cubins from the plan, {} "
-                      "compiled) ... {:.1f} s",
-                      m.plan_kernels.kernels.size(), int(m.plan_kernels.kernels.size()) - compiled,
-                      compiled, seconds_since(t2)));
-  } else {
-    const int compiled = m.build_kernels(dev.arch(), cache_dir);
-    m.executor = std::make_unique<runtime::Executor>(std::move(table), bind, m.built.loaded());
-    m.log(fmt::format("compiling {} kernels ... {:.1f} s ({} compiled, {} from {})",
-                      m.kernels.size(), seconds_since(t2), compiled,
-                      int(m.kernels.size()) - compiled, cache_dir.string()));
-  }
+  m.load_kernels(table, program.cubins);
+  const size_t kernel_count = table.kernels.size();
+  m.executor = std::make_unique<runtime::Executor>(std::move(table), bind,
+                                                   runtime::loaded_kernels(m.modules, m.kernels));
+  m.log(
+      fmt::format("{}: launch table and {} kernels ({} cubins, {} compiled by NVRTC) ... {:.1f} s",
+                  program.source, kernel_count, int(kernel_count) - program.compiled,
+                  program.compiled, program.load_ms / 1e3 + seconds_since(t2)));
   m.executor->set_dependent_launch(dependent);
   if (m.cuda_graphs && options.capture_at_start) {
     // Every decode shape a run can meet, captured now rather than inside a request (as vLLM
     // does): batch sizes 1..max_batch x attention key buckets up to max_seq's.
     auto t3 = std::chrono::steady_clock::now();
-    const int top = runtime::attention_key_bucket(static_cast<int>(max_seq));
+    const int top = runtime::attention_key_bucket(static_cast<int>(m.max_seq));
     int buckets = 0;
-    for (int b = 1; b <= static_cast<int>(max_batch) && b <= m.tcap; ++b)
+    for (int b = 1; b <= static_cast<int>(m.max_batch) && b <= m.tcap; ++b)
       for (int bucket = 64, n = 0; bucket <= top; bucket *= 2, ++n) {
         buckets = std::max(buckets, n + 1);
         runtime::StepShape s{b, b, bucket - 1};
         m.graph_execs.emplace(std::make_tuple(b, b, bucket), m.capture(s));
       }
     m.log(fmt::format("captured {} decode graphs (batch 1..{} x {} key buckets) in {:.2f} s",
-                      m.graph_execs.size(), std::min<int64_t>(max_batch, m.tcap), buckets,
+                      m.graph_execs.size(), std::min<int64_t>(m.max_batch, m.tcap), buckets,
                       seconds_since(t3)));
   }
   m.log(fmt::format("ready: {} launch table entries{}, arena {:.1f} MiB, KV caches for {} x {}, "
                     "{:.2f} GB in all, {:.1f} s",
                     m.executor->size(), m.cuda_graphs ? " (decode as CUDA graphs)" : "",
-                    double(m.stage.arena_bytes) / (1 << 20), max_batch, max_seq,
+                    double(m.stage.arena_bytes) / (1 << 20), m.max_batch, m.max_seq,
                     double(m.allocated) / 1e9, seconds_since(t0)));
 }
 
@@ -210,12 +127,16 @@ int64_t CudaModel::max_batch() const {
 int64_t CudaModel::max_seq() const {
   return impl_->max_seq;
 }
-const ir::Graph& CudaModel::graph() const {
-  return impl_->graph;
-}
-
-const void* CudaModel::debug_address(int v, int r) const {
-  return impl_->address(v, r);
+std::vector<float> CudaModel::read_activation(uint64_t offset, size_t count) const {
+  const Impl& m = *impl_;
+  if (offset > m.stage.arena_bytes || count > (m.stage.arena_bytes - offset) / sizeof(float))
+    throw Error(fmt::format("read_activation: {} floats at byte {} lie outside the {}-byte arena",
+                            count, offset, m.stage.arena_bytes));
+  std::vector<float> out(count);
+  check(cudaStreamSynchronize(m.stream), "finishing the queued work");
+  check(cudaMemcpy(out.data(), m.arena + offset, count * sizeof(float), cudaMemcpyDeviceToHost),
+        "copying an activation back");
+  return out;
 }
 
 void CudaModel::reset() {
@@ -267,10 +188,6 @@ private:
 
 std::unique_ptr<Stopwatch> CudaModel::stopwatch() {
   return std::make_unique<EventStopwatch>(impl_->stream);
-}
-
-bool CudaModel::replays_plan() const {
-  return !impl_->plan_kernels.kernels.empty();
 }
 
 double CudaModel::peak_memory_gib() const {
@@ -373,8 +290,8 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
   }
   if (greedy) {
     for (size_t b = 0; b < n; ++b)
-      greedy->push_back(codegen::argmax_of_keys(keys_host + b * argmax_chunks, argmax_chunks));
-    static_assert(codegen::kArgmaxNonFinite == engine::kNonFinite,
+      greedy->push_back(runtime::argmax_of_keys(keys_host + b * argmax_chunks, argmax_chunks));
+    static_assert(runtime::kArgmaxNonFinite == engine::kNonFinite,
                   "a non-finite row's greedy pick is the engine's marker");
     if (want_rows)
       for (size_t b = 0; b < static_cast<size_t>(seqs); ++b) {

@@ -1,4 +1,5 @@
-// The CUDA engine: a fused gpt-oss graph lowered to generated kernels, run on one GPU.
+// The CUDA model: one stage's launch table and cubins (a plan's, runtime/plan_stage.h) replayed
+// on one GPU over the checkpoint's weights.
 #pragma once
 
 #include <filesystem>
@@ -10,7 +11,7 @@
 
 #include "cli/engine.h"
 #include "runtime/plan.h"
-#include "ir/graph.h"
+#include "runtime/plan_stage.h"
 
 struct CUstream_st; // cudaStream_t is CUstream_st*
 
@@ -32,64 +33,40 @@ struct StageTransport {
   std::function<void(Stream stream)> wait;
 };
 
-/// Default tokens per prefill sub-step of the CUDA model, and `xserv compile --prefill-chunk`'s
-/// default for max-seq >= 2048: a serving step that mixes 64 decode tokens with four 512-token
-/// prompts runs as one sub-step (docs/PERF.md, session 6: 1024 split it in two).
-constexpr int kPrefillChunk = 2048;
-
-/// How a CudaModel is built.
+/// How a CudaModel runs its program. The command line fills it from the environment
+/// (cli/env.h: XSERV_KERNEL_CACHE, XSERV_CUDA_GRAPHS, XSERV_PROFILE, XSERV_PDL).
 struct CudaModelOptions {
-  /// Cubin cache; empty: $XSERV_KERNEL_CACHE, else $XDG_CACHE_HOME/xserv/kernels, else
-  /// ~/.cache/xserv/kernels.
+  /// Cubin cache for the kernels the weight upload compiles (MXFP4 dequantisation); required.
   std::filesystem::path cache_dir;
   bool quiet = false; ///< no "[cuda] ..." progress lines on stderr
-  /// Debugging: give every activation its own buffer (no reuse), so debug_address() reads any
-  /// value of the last sub-step after it ran.
-  bool keep_activations = false;
   /// Decode sub-steps (one token per sequence) run as CUDA graphs, captured once per (batch
-  /// size, attention key bucket) and replayed; off: every launch goes out eagerly. The
-  /// environment variable XSERV_CUDA_GRAPHS=0 turns them off whatever this says.
+  /// size, attention key bucket) and replayed; off: every launch goes out eagerly.
   bool cuda_graphs = true;
   /// With cuda_graphs: capture the graph of every decode shape (batch 1..max_batch x attention
   /// key buckets up to max_seq) when the model loads, so no request waits for a capture.
   bool capture_at_start = true;
-  /// Tokens per prefill sub-step (at least 8): steps of more than 8 tokens run the tensor-core
-  /// gemm kernels; 8 keeps every step on the decode kernels. XSERV_PREFILL_CHUNK overrides it.
-  int prefill_chunk = kPrefillChunk;
-  /// Gemm activations as bf16 hi + lo pairs (about fp32 precision) rather than plain bf16;
-  /// XSERV_GEMM_PRECISION=bf16 turns it off.
-  bool gemm_split = true;
-  /// The expert matrices on the device when the model lowers its graph itself (graph mode); a
-  /// plan's stage layout says it in plan mode (compile --expert-format).
-  runtime::ExpertFormat expert_format = runtime::ExpertFormat::Bf16;
   /// Kernels launch with programmatic dependent launch on sm_90 and newer (each grid is
   /// scheduled while the previous one drains; every generated kernel first waits for it).
-  /// XSERV_PDL=0 turns it off.
   bool dependent_launch = true;
-  /// The plan being run: when the run's sizes and options are the ones it was compiled for,
-  /// the engine replays the plan's launch table (plan.json) with the plan's cubins
-  /// (kernels/NAME.cubin, compiled again from kernels/NAME.cu through the kernel cache when
-  /// absent or built for another GPU) instead of lowering the graph itself; otherwise it says
-  /// why and lowers for the run. Empty: always lower.
-  std::filesystem::path plan_dir;
-  /// With plan_dir: a run whose max batch or max sequence is not the plan's is refused
-  /// (UsageError naming the compile flags) instead of lowering the graph for it. The
-  /// developer knobs XSERV_PREFILL_CHUNK and XSERV_GEMM_PRECISION still lower, saying why.
-  bool plan_only = false;
+  /// Every launch table entry timed with CUDA events (graphs off), summed per (phase, op) and
+  /// printed when the model closes.
+  bool profile = false;
 };
 
-/// Runs a gpt-oss graph on the GPU: weights in BF16 (MXFP4 experts dequantised), activations
-/// fp32 in one planned arena, KV caches in the plan's dtype (fp32 by default). A step of more
-/// tokens than the arena holds (step_token_capacity) runs as several consecutive sub-steps, which
-/// is exact because attention reads the earlier sub-steps' keys from the cache.
+/// Runs one stage program on the GPU: weights in BF16 (MXFP4 experts dequantised, or kept as the
+/// layout says), activations fp32 in the layout's arena, KV caches as the layout shapes them. It
+/// never runs a pass nor lowers: the program is all it knows of the graph (a plan's stage, or a
+/// graph compiled in memory by the command line). A step of more tokens than the arena holds
+/// (layout.tokens) runs as several consecutive sub-steps, which is exact because attention reads
+/// the earlier sub-steps' keys from the cache.
 class CudaModel : public Model {
 public:
-  /// Opens the checkpoint in `model_dir`, runs the default pass pipeline over `graph` (default:
-  /// build_gpt_oss(config) with last-token logits), compiles its kernels and uploads the
-  /// weights. Throws xserv::Error "no GPU: ..." without a usable GPU, and for graphs with ops
-  /// it cannot lower.
-  CudaModel(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
-             const ir::Graph* graph = nullptr, const CudaModelOptions& options = {});
+  /// Opens the checkpoint in `model_dir`, uploads the weights the layout names, allocates the
+  /// arena and the caches for layout.max_batch x layout.max_seq and loads the program's cubins.
+  /// Throws xserv::Error "no GPU: ..." without a usable GPU, and naming the weight or kernel
+  /// that does not fit.
+  CudaModel(const std::filesystem::path& model_dir, runtime::StageProgram program,
+            const CudaModelOptions& options);
   ~CudaModel() override;
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
@@ -127,20 +104,16 @@ public:
   double peak_memory_gib() const override;
   /// CUDA events on the engine's stream.
   std::unique_ptr<Stopwatch> stopwatch() override;
-  /// Whether the engine replays the plan's launch table and cubins (CudaModelOptions::plan_dir)
-  /// rather than a lowering of its own.
-  bool replays_plan() const;
   /// How many CUDA graphs the engine has captured so far (0 with cuda_graphs off).
   size_t graphs_captured() const;
   /// Whether the graph ends in per-sequence logits with the sampling epilogue, so greedy steps
   /// pick on the GPU (step_greedy, step_stage_device with `greedy`).
   bool picks_greedy() const;
 
-  /// Device address of the buffer holding value `v` (result `r`) of the engine's graph, for
-  /// tests that compare intermediate activations; valid until the next step.
-  const void* debug_address(int v, int r = 0) const;
-  /// The graph the engine runs (after the pass pipeline).
-  const ir::Graph& graph() const;
+  /// `count` floats of the activation arena from byte `offset` (a value's buffer: with a program
+  /// compiled to keep every activation, any value of the last sub-step), copied back after the
+  /// queued work. Throws xserv::Error for a range outside the arena.
+  std::vector<float> read_activation(uint64_t offset, size_t count) const;
 
 private:
   struct Impl;

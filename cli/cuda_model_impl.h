@@ -1,5 +1,5 @@
 // CudaModel's private state (CudaModel::Impl), shared by cuda_model.cpp (construction and the
-// step loop) and cuda_model_setup.cpp (weights, caches, graphs, the plan's stage layout).
+// step loop) and cuda_model_setup.cpp (weights, caches and arena, graph capture, the profile).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,30 +10,20 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <map>
-#include <optional>
 #include <tuple>
 
 #include <fmt/format.h>
 
-#include "cli/args.h"
-#include "cli/env.h"
-#include "cli/plan_file.h"
-#include "cli/plan_replay.h"
 #include "cli/step_split.h"
 #include "cli/weight_specs.h"
-#include "codegen/cuda_lower.h"
-#include "compiler/memory_plan.h"
-#include "compiler/pass.h"
-#include "compiler/pass_manager.h"
 #include "ir/error.h"
 #include "models/checkpoint.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
 #include "runtime/device.h"
 #include "runtime/executor.h"
+#include "runtime/module.h"
 #include "runtime/weights.h"
 
 namespace xserv::cli {
@@ -52,12 +42,9 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 struct CudaModel::Impl {
   models::Checkpoint ckpt;
-  ir::Graph graph;
   int64_t max_batch = 1, max_seq = 1;
   int tcap = 8; ///< tokens per sub-step
-  bool gemm_split = true;
   bool quiet = false;
-  compiler::MemoryPlan plan;
   std::vector<void*> allocations;
   size_t allocated = 0;
   char* arena = nullptr;
@@ -70,26 +57,22 @@ struct CudaModel::Impl {
   ParamLayout layout{8, 1};
   runtime::DeviceWeights device_weights;
   std::map<std::string, void*> weights;
-  std::vector<std::pair<void*, size_t>> caches; ///< in the graph's order
-  std::map<ir::ValueId, size_t> cache_index;    ///< graph mode: a cache node's index
+  std::vector<std::pair<void*, size_t>> caches; ///< in the layout's order
   cudaStream_t stream = nullptr;
-  codegen::KernelSet kernels;                  ///< graph mode: the lowering's kernels ...
-  PlanKernels built;                           ///< ... compiled and loaded (build_kernels)
-  std::unique_ptr<runtime::Executor> executor; ///< the launch table bound to this engine's memory
-  /// Kernels loaded from the plan directory when its launch table is replayed (else `kernels`).
-  PlanKernels plan_kernels;
-  /// What the model binds and allocates: from the plan (plan mode, no graph at all) or from
-  /// the graph's lowering (graph mode).
+  /// The program's kernels, loaded (the executor holds pointers to them: filled once).
+  std::vector<runtime::Module> modules;
+  std::vector<runtime::Kernel> kernels;
+  std::unique_ptr<runtime::Executor> executor; ///< the launch table bound to this model's memory
+  /// What the model binds and allocates: the program's layout.
   runtime::StageLayout stage;
-  bool has_graph = false; ///< graph mode: `graph` and `plan` (the memory plan) are set
   bool per_token = false;
-  bool sends = false; ///< the graph ends in a pipeline send (a stage that is not the last)
+  bool sends = false; ///< the stage ends in a pipeline send (a stage that is not the last)
   int64_t vocab = 0;
   bool cuda_graphs = true;
   /// Captured decode graphs by (tokens, sequences, attention key bucket).
   std::map<std::tuple<int, int, int>, cudaGraphExec_t> graph_execs;
-  /// XSERV_PROFILE=1: every launch table entry timed with CUDA events (graphs off), summed per
-  /// (phase, op) and printed when the engine closes.
+  /// CudaModelOptions::profile (XSERV_PROFILE=1): every launch table entry timed with CUDA
+  /// events (graphs off), summed per (phase, op) and printed when the model closes.
   bool profile = false;
   std::vector<cudaEvent_t> events;
   std::vector<size_t> entry_launches; ///< kernels each table entry launched in the last sub-step
@@ -145,10 +128,9 @@ struct CudaModel::Impl {
   }
 
   void upload_weights(const std::filesystem::path& cache_dir);
-  /// Graph mode: compiles (or takes from `cache_dir`) `kernels` for `arch` and loads them into
-  /// `built`; returns how many NVRTC compiled.
-  int build_kernels(const std::string& arch, const std::filesystem::path& cache_dir);
-  /// A pipeline stage's recv nodes by name (found once, at construction).
+  /// Loads `cubins` (one per table.kernels entry) into `modules` and `kernels`.
+  void load_kernels(const runtime::LaunchTable& table,
+                    const std::vector<std::vector<char>>& cubins);
   /// The recv named `name` (a pipeline stage's input).
   const runtime::StageLayout::Recv& recv(const std::string& name) const {
     const auto it = std::find_if(stage.recvs.begin(), stage.recvs.end(),
@@ -159,7 +141,6 @@ struct CudaModel::Impl {
   }
   char* output_ptr() const { return arena + stage.output.offset; }
   cudaGraphExec_t capture(const runtime::StepShape& s);
-  void* address(ir::ValueId v, int r);
   /// With `greedy`, also the logits rows of the sub-step's sequences b with want_rows[b] come
   /// back in `rows` (an empty row for the others).
   void run_substep(const models::StepInput& sub, std::vector<std::vector<float>>& rows, bool all,
@@ -167,11 +148,6 @@ struct CudaModel::Impl {
                    const std::vector<size_t>& input_rows = {},
                    const StageTransport* transport = nullptr,
                    const std::vector<bool>* want_rows = nullptr);
-  /// Plan mode: the stage layout and launch table of `plan_dir` when they are for this run
-  /// (max batch, max sequence, step capacity, gemm precision); else nullopt and why.
-  /// `sizes` is set when the run's max batch or max sequence is not the plan's.
-  std::optional<std::pair<runtime::StageLayout, runtime::LaunchTable>>
-  plan_stage(const std::filesystem::path& plan_dir, std::string& why, bool& sizes) const;
   /// Allocates the arena, the caches and the host buffers `stage` asks for.
   void allocate_stage();
   /// One step, sub-step by sub-step. With `greedy`, the sequences' greedy tokens go there

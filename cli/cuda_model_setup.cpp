@@ -1,8 +1,6 @@
-// CudaModel's set-up pieces: weights, caches and the arena, decode-graph capture, the per-op
-// profile, value addresses (graph mode) and the plan's stage layout (plan mode).
+// CudaModel's set-up pieces: weights, caches and the arena, the program's kernels, decode-graph
+// capture and the per-op profile.
 #include "cli/cuda_model_impl.h"
-
-#include "runtime/kernel_cache.h"
 
 namespace xserv::cli {
 namespace fs = std::filesystem;
@@ -41,27 +39,19 @@ void CudaModel::Impl::upload_weights(const fs::path& cache_dir) {
   allocated += device_weights.device_bytes();
 }
 
-int CudaModel::Impl::build_kernels(const std::string& arch, const fs::path& cache_dir) {
-  runtime::CompileOptions opts;
-  opts.arch = arch;
-  opts.headers = codegen::kernel_headers();
-  std::vector<runtime::KernelCode> code;
-  for (size_t i = 0; i < kernels.size(); ++i) {
-    const codegen::KernelSource& s = kernels.source(static_cast<int>(i));
-    code.push_back({s.name, s.source});
+void CudaModel::Impl::load_kernels(const runtime::LaunchTable& table,
+                                   const std::vector<std::vector<char>>& cubins) {
+  if (cubins.size() != table.kernels.size())
+    throw Error(fmt::format("the CUDA program holds {} cubins for the {} kernels of its launch "
+                            "table",
+                            cubins.size(), table.kernels.size()));
+  modules.reserve(cubins.size()); // stable addresses for the executor
+  kernels.reserve(cubins.size());
+  for (size_t i = 0; i < cubins.size(); ++i) {
+    const std::string& name = table.kernels[i].name;
+    modules.push_back(runtime::Module::load(cubins[i], name));
+    kernels.push_back(modules.back().kernel(name));
   }
-  int compiled = 0;
-  built.modules.reserve(code.size()); // stable addresses for the executor
-  built.kernels.reserve(code.size());
-  const std::vector<runtime::CachedCubin> cubins =
-      runtime::get_or_compile_all(code, opts, cache_dir);
-  for (size_t i = 0; i < code.size(); ++i) {
-    compiled += cubins[i].compiled ? 1 : 0;
-    built.modules.push_back(runtime::Module::load(cubins[i].cubin, code[i].name));
-    built.kernels.push_back(built.modules.back().kernel(code[i].name));
-  }
-  built.compiled = compiled;
-  return compiled;
 }
 
 cudaGraphExec_t CudaModel::Impl::capture(const runtime::StepShape& s) {
@@ -105,31 +95,6 @@ void CudaModel::Impl::print_profile() const {
   }
 }
 
-void* CudaModel::Impl::address(ir::ValueId v, int r) {
-  if (!has_graph)
-    throw Error("this CUDA model runs a compiled plan without its graph: no value addresses");
-  const ir::Node& n = graph.node(v);
-  switch (n.op) {
-  case ir::Op::Param: {
-    auto it = layout.offset.find(n.attr_str("name"));
-    if (it == layout.offset.end())
-      throw Error(fmt::format("the CUDA engine has no input called '{}'", n.attr_str("name")));
-    return params_dev + it->second;
-  }
-  case ir::Op::Weight:
-    return weights.at(n.attr_str("name"));
-  case ir::Op::Cache:
-    return caches.at(cache_index.at(v)).first;
-  case ir::Op::KvWrite:
-    return address(n.inputs[0], 0);
-  default: {
-    const int32_t b = plan.buffer_of.at(static_cast<size_t>(v)).at(static_cast<size_t>(r));
-    XSERV_CHECK(b >= 0, "value without a buffer: " + ir::print_node(graph, v));
-    return arena + plan.buffers.at(static_cast<size_t>(b)).offset;
-  }
-  }
-}
-
 void CudaModel::Impl::allocate_stage() {
   layout = ParamLayout(static_cast<size_t>(tcap), static_cast<size_t>(max_batch));
   params_dev = static_cast<int32_t*>(allocate(layout.total * sizeof(int32_t)));
@@ -146,23 +111,6 @@ void CudaModel::Impl::allocate_stage() {
       bytes *= static_cast<size_t>(d);
     caches.emplace_back(allocate(bytes), bytes);
   }
-}
-
-std::optional<std::pair<runtime::StageLayout, runtime::LaunchTable>>
-CudaModel::Impl::plan_stage(const fs::path& plan_dir, std::string& why, bool& sizes) const {
-  // The plan resolve_source read and checked (plan.json is not read again).
-  const std::shared_ptr<const runtime::Plan> plan = loaded_plan(plan_dir);
-  if (plan->stages.size() != 1) {
-    why = (plan_dir / "plan.json").string() + " is pipelined: its stages run as a pipeline";
-    return std::nullopt;
-  }
-  const runtime::PlanStage& stage = plan->stages[0];
-  const runtime::StageLayout& l = stage.layout;
-  sizes = l.max_batch != max_batch || l.max_seq != max_seq;
-  why = layout_mismatch(l, max_batch, max_seq, tcap, gemm_split);
-  if (!why.empty())
-    return std::nullopt;
-  return std::make_pair(l, stage.table);
 }
 
 } // namespace xserv::cli

@@ -12,6 +12,7 @@
 #include "cli/cpu_model.h"
 #include "cli/cuda_model.h"
 #include "cli/env.h"
+#include "cli/graph_model.h"
 #include "cli/pipeline.h"
 #include "cli/pipeline_local.h"
 #include "cli/plan_file.h"
@@ -19,6 +20,7 @@
 #include "runtime/device.h"
 #include "runtime/plan_checkpoint.h"
 #include "runtime/plan_io.h"
+#include "runtime/plan_stage.h"
 
 namespace xserv::cli {
 namespace fs = std::filesystem;
@@ -44,8 +46,6 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
     src.max_batch = plan->options.max_batch;
     src.max_seq = plan->options.max_seq;
     src.arch = plan->options.arch;
-    src.prefill_chunk = plan->options.prefill_chunk;
-    src.expert_format = plan->options.expert_format;
     if (plan->pipelined())
       for (const runtime::PlanStage& s : plan->stages)
         src.stage_graphs.push_back(s.graph);
@@ -102,32 +102,79 @@ std::string pipeline_token_flag(const ParsedArgs& args) {
   return t;
 }
 
+void check_plan_run(const ModelSource& src, const runtime::StageLayout& layout, const Env& e) {
+  const fs::path file = src.plan_dir / "plan.json";
+  if (const std::string why = runtime::run_mismatch(layout, src.max_batch, src.max_seq);
+      !why.empty())
+    throw UsageError(fmt::format(
+        "{}: {}; a plan runs as compiled: recompile it with xserv compile --max-batch {} "
+        "--max-seq {}, or leave --max-batch / --max-seq out",
+        src.plan_dir.string(), why, src.max_batch, src.max_seq));
+  const runtime::PlanOptions& o = src.plan->options;
+  if (const std::optional<int> chunk = e.prefill_chunk; chunk && *chunk != o.prefill_chunk)
+    throw UsageError(fmt::format("XSERV_PREFILL_CHUNK={} but {} was compiled with "
+                                 "--prefill-chunk {}; a plan runs as compiled: recompile it with "
+                                 "xserv compile --prefill-chunk {}, or unset XSERV_PREFILL_CHUNK",
+                                 *chunk, file.string(), o.prefill_chunk, *chunk));
+  auto precision = [](bool split) { return split ? "split" : "bf16"; };
+  if (const std::optional<bool> split = e.gemm_split; split && *split != o.gemm_split)
+    throw UsageError(fmt::format("XSERV_GEMM_PRECISION={} but {} was compiled with "
+                                 "--gemm-precision {}; a plan runs as compiled: recompile it with "
+                                 "xserv compile --gemm-precision {}, or unset XSERV_GEMM_PRECISION",
+                                 precision(*split), file.string(), precision(o.gemm_split),
+                                 precision(*split)));
+}
+
+std::unique_ptr<CudaModel> plan_cuda_model(const ModelSource& src, const CudaModelOptions& opts) {
+  // The plan's stage layout, launch table and kernels, as compiled: graph.ir is not read.
+  check_plan_run(src, src.plan->stages.at(0).layout);
+  runtime::StageProgram program = runtime::load_stage_program(
+      src.plan_dir, *src.plan, 0, runtime::probe_device().arch(), opts.cache_dir);
+  return std::make_unique<CudaModel>(src.model_dir, std::move(program), opts);
+}
+
+std::unique_ptr<StageRunner> make_stage_runner(const ModelSource& src, size_t stage,
+                                               const std::string& backend, int64_t max_batch,
+                                               int64_t max_seq) {
+  const runtime::PlanStage& st = src.plan->stages.at(stage);
+  if (backend == "cpu")
+    return make_cpu_stage(src.model_dir, max_batch, max_seq,
+                          read_graph(src.plan_dir / st.graph, "pipeline stage program"));
+  if (backend != "cuda")
+    throw Error(fmt::format("pipeline: unknown backend '{}'", backend));
+  ModelSource run = src;
+  run.max_batch = max_batch;
+  run.max_seq = max_seq;
+  check_plan_run(run, st.layout);
+  const CudaModelOptions opts = cuda_model_options();
+  return make_cuda_stage(src.model_dir,
+                         runtime::load_stage_program(src.plan_dir, *src.plan, stage,
+                                                     runtime::probe_device().arch(),
+                                                     opts.cache_dir),
+                         opts);
+}
+
 std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args) {
   const std::string backend = resolve_backend(src, args.get("--backend", "auto"));
-  if (backend == "cuda" && src.stage_graphs.empty()) {
-    // The plan's stage layout, launch table and kernels: graph.ir is read only when the plan
-    // does not fit the run (and then the run lowers the graph itself, saying why).
-    CudaModelOptions opts;
-    opts.plan_dir = src.plan_dir;
-    opts.plan_only = true;
-    opts.expert_format = src.expert_format; // the layout says it too; graph mode needs it
-    if (src.prefill_chunk > 0)
-      opts.prefill_chunk = static_cast<int>(src.prefill_chunk);
-    return std::make_unique<CudaModel>(src.model_dir, src.max_batch, src.max_seq, nullptr, opts);
-  }
-  std::optional<ir::Graph> plan_graph;
-  if (!src.plan_dir.empty())
-    plan_graph = read_graph(src.plan_dir / "graph.ir", "the plan's graph");
-  const ir::Graph* g = plan_graph ? &*plan_graph : nullptr;
-  std::vector<ir::Graph> stages;
-  for (const std::string& file : src.stage_graphs)
-    stages.push_back(read_graph(src.plan_dir / file, "pipeline stage program"));
-  if (backend == "cuda" && !stages.empty() && args.has("--pp-local")) {
+  if (backend == "cuda" && src.plan_dir.empty()) // a checkpoint directory: compiled in memory
+    return graph_cuda_model(src.model_dir, src.max_batch, src.max_seq);
+  if (backend == "cuda" && src.stage_graphs.empty())
+    return plan_cuda_model(src, cuda_model_options());
+  const size_t stages = src.stage_graphs.size();
+  if (backend == "cuda" && stages > 0) // every stage runs the plan's sizes
+    check_plan_run(src, src.plan->stages.at(0).layout);
+  if (backend == "cuda" && stages > 0 && args.has("--pp-local")) {
     std::fprintf(stderr, "[plan] %zu pipeline stages on this GPU (same-device transport)\n",
-                 stages.size());
-    return make_local_cuda_pipeline(src.model_dir, src.max_batch, src.max_seq, stages);
+                 stages);
+    const CudaModelOptions opts = cuda_model_options();
+    const std::string arch = runtime::probe_device().arch();
+    std::vector<runtime::StageProgram> programs;
+    for (size_t s = 0; s < stages; ++s)
+      programs.push_back(
+          runtime::load_stage_program(src.plan_dir, *src.plan, s, arch, opts.cache_dir));
+    return make_local_cuda_pipeline(src.model_dir, std::move(programs), opts);
   }
-  if (!stages.empty() && !args.has("--pp-local")) {
+  if (stages > 0 && !args.has("--pp-local")) {
     // One process per stage (per GPU with cuda): this one is rank 0 and drives; the others run
     // `xserv worker`.
     PipelineLaunch launch;
@@ -140,17 +187,23 @@ std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args
       launch.weights = src.model_dir;
     launch.token = pipeline_token_flag(args);
     if (args.has("--world") &&
-        args.get_int("--world", 1, 1, 1 << 16) != static_cast<int64_t>(stages.size()))
+        args.get_int("--world", 1, 1, 1 << 16) != static_cast<int64_t>(stages))
       throw UsageError(fmt::format("--world {} but the plan has {} pipeline stages",
-                                   args.get("--world"), stages.size()));
-    return make_pipeline_model(src.plan_dir, src.model_dir, src.max_batch, src.max_seq,
-                                std::move(stages), launch);
+                                   args.get("--world"), stages));
+    return make_pipeline_model(src, launch);
   }
-  if (!stages.empty())
+  // The CPU reference: the plan's graph.ir, or its stage programs one after another.
+  std::optional<ir::Graph> plan_graph;
+  if (!src.plan_dir.empty() && stages == 0)
+    plan_graph = read_graph(src.plan_dir / "graph.ir", "the plan's graph");
+  std::vector<ir::Graph> programs;
+  for (const std::string& file : src.stage_graphs)
+    programs.push_back(read_graph(src.plan_dir / file, "pipeline stage program"));
+  if (stages > 0)
     std::fprintf(stderr, "[plan] %zu pipeline stages, run one after another in this process\n",
-                 stages.size());
-  return std::make_unique<CpuModel>(src.model_dir, src.max_batch, src.max_seq, g,
-                                     std::move(stages));
+                 stages);
+  return std::make_unique<CpuModel>(src.model_dir, src.max_batch, src.max_seq,
+                                    plan_graph ? &*plan_graph : nullptr, std::move(programs));
 }
 
 models::Tokenizer load_tokenizer(const ModelSource& src, const ParsedArgs& args) {

@@ -10,11 +10,15 @@
 
 #include "cli/args.h"
 #include "cli/engine.h"
+#include "cli/env.h"
 #include "ir/graph.h"
 #include "models/tokenizer.h"
 #include "runtime/plan_file.h"
 
 namespace xserv::cli {
+
+class CudaModel;         // cli/cuda_model.h
+struct CudaModelOptions; // cli/cuda_model.h
 
 /// Where the weights, graph and limits come from.
 struct ModelSource {
@@ -23,11 +27,7 @@ struct ModelSource {
   int64_t max_batch = 1;
   int64_t max_seq = 4096;
   std::string arch; ///< the GPU architecture the plan was compiled for ("sm_90"); empty: any
-  int64_t prefill_chunk = 0; ///< tokens per prefill sub-step the plan was lowered for; 0: default
   std::vector<std::string> stage_graphs; ///< a --pp plan's stage programs, in stage order
-  /// How the plan keeps the MoE experts on the GPU (compile --expert-format); Bf16 for a
-  /// checkpoint directory.
-  runtime::ExpertFormat expert_format = runtime::ExpertFormat::Bf16;
   /// The plan as resolve_source read and checked it (null for a checkpoint directory): what
   /// runs it takes this one, plan.json is not read again.
   std::shared_ptr<const runtime::Plan> plan;
@@ -58,7 +58,18 @@ ir::Graph read_graph(const std::filesystem::path& file, std::string_view what);
 /// --pipeline-token's value ("" when not given); UsageError when it is given empty.
 std::string pipeline_token_flag(const ParsedArgs& args);
 
-/// Builds the engine `--backend` asks for (resolve_backend; auto by default).
+/// Refuses (UsageError naming the compile flag) a CUDA run of a plan stage of `layout` that the
+/// plan was not compiled for: another max batch or max sequence than the layout's, or
+/// XSERV_PREFILL_CHUNK / XSERV_GEMM_PRECISION set in `e` to other values than the plan's.
+void check_plan_run(const ModelSource& src, const runtime::StageLayout& layout,
+                    const Env& e = env());
+
+/// The CUDA model of a pp 1 plan `src` as compiled: check_plan_run, then stage 0's program with
+/// its kernels for GPU 0 (runtime::load_stage_program; graph.ir is never read).
+std::unique_ptr<CudaModel> plan_cuda_model(const ModelSource& src, const CudaModelOptions& opts);
+
+/// Builds the model `--backend` asks for (resolve_backend; auto by default): for CUDA a plan's
+/// stage programs as compiled, a checkpoint directory compiled in memory.
 std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args);
 
 /// The tokenizer: --tokenizer PATH, else the checkpoint's tokenizer.json, else

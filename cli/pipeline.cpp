@@ -52,17 +52,16 @@ namespace {
 
 class PipelineModel : public Model {
 public:
-  PipelineModel(const fs::path& plan_dir, const fs::path& model_dir, int64_t max_batch,
-                int64_t max_seq, std::vector<ir::Graph> stages, const PipelineLaunch& launch)
-      : stages_(std::move(stages)), launch_(launch), max_batch_(max_batch), max_seq_(max_seq),
+  PipelineModel(const ModelSource& src, const PipelineLaunch& launch)
+      : src_(src), launch_(launch), max_batch_(src.max_batch), max_seq_(src.max_seq),
         token_(pipeline_token(launch.token, launch.coordinator.empty())),
         listener_(
             launch.coordinator.empty()
                 ? runtime::Listener("127.0.0.1", 0) // spawned workers are on this host
                 : runtime::Listener(runtime::split_address(launch.coordinator, true).first,
                                     runtime::split_address(launch.coordinator, true).second)) {
-    const int world = static_cast<int>(stages_.size());
-    const std::string digest = pipeline_plan_digest(plan_dir);
+    const int world = static_cast<int>(src_.plan->stages.size());
+    const std::string digest = pipeline_plan_digest(src_.plan_dir);
     std::string why;
     const bool cuda = launch.backend == "cuda";
     const int gpus = cuda ? runtime::probe_device().count : 0;
@@ -75,7 +74,7 @@ public:
       throw Error("the NCCL transport moves activations between GPUs: it needs --backend cuda");
     const std::string nccl_id = nccl ? runtime::nccl_unique_id() : std::string();
     if (launch.coordinator.empty())
-      spawn_workers(plan_dir, world, gpus);
+      spawn_workers(src_.plan_dir, world, gpus);
     std::fprintf(stderr, "[pipeline] rank 0 of %d, waiting for %d rank(s) on port %u\n", world,
                  world - 1, listener_.port());
     ranks_.resize(static_cast<size_t>(world));
@@ -123,8 +122,8 @@ public:
       // --max-seq within the plan's), not the plan's maxima.
       nlohmann::json welcome = {{"ok", true},
                                 {"backend", launch.backend},
-                                {"max_batch", max_batch},
-                                {"max_seq", max_seq},
+                                {"max_batch", max_batch_},
+                                {"max_seq", max_seq_},
                                 {"proof", welcome_proof(token_, h["nonce"], rank)}};
       if (nccl)
         welcome["nccl_id"] = to_hex(nccl_id);
@@ -137,7 +136,7 @@ public:
     beat_ = std::thread([this] { beat_workers(); });
     try {
       // Rank 0's own stage loads while the workers load theirs; then each reports ready.
-      local_ = make_stage(launch.backend, model_dir, max_batch, max_seq, stages_[0]);
+      local_ = make_stage_runner(src_, 0, launch.backend, max_batch_, max_seq_);
       for (int r = 1; r < world; ++r)
         await(r, kReady, nullptr);
       if (nccl) { // every rank joins the communicator once its stage is loaded
@@ -189,7 +188,7 @@ public:
 
   /// The last rank picks the greedy tokens and sends back only them.
   std::vector<int32_t> step_greedy(const models::StepInput& in) override {
-    if (stages_.size() == 1)
+    if (src_.plan->stages.size() == 1)
       return Model::step_greedy(in);
     std::vector<int32_t> ids(in.tokens.size());
     run_ranks(in, true, nullptr, &ids);
@@ -214,7 +213,7 @@ private:
     if (static_cast<int64_t>(in.tokens.size()) > max_batch_)
       throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
                               in.tokens.size(), max_batch_));
-    const int world = static_cast<int>(stages_.size());
+    const int world = static_cast<int>(src_.plan->stages.size());
     const auto tokens = static_cast<size_t>(token_count(in));
     bool prompt = false;
     for (const auto& t : in.tokens)
@@ -252,7 +251,8 @@ private:
         if (r == world - 1)
           take_results(r, mbs[size_t(m)], head, got, logits, ids);
         else // relayed to rank r + 1 next tick: first checked against the plan's boundary
-          check_boundary(got, stage_sends(stages_[size_t(r)], token_count(mbs[size_t(m)].in)),
+          check_boundary(got,
+                         stage_sends(src_.plan->stages[size_t(r)], token_count(mbs[size_t(m)].in)),
                          fmt::format("pipeline rank {}", r));
       }
     }
@@ -265,7 +265,7 @@ private:
   /// collects every rank's acknowledgements and the last rank's results.
   void run_ranks_nccl(const std::vector<MicroBatch>& mbs, bool greedy,
                       std::vector<std::vector<float>>* logits, std::vector<int32_t>* ids) {
-    const int world = static_cast<int>(stages_.size());
+    const int world = static_cast<int>(src_.plan->stages.size());
     for (int r = 1; r < world; ++r)
       for (const MicroBatch& mb : mbs) {
         const nlohmann::json head = step_header(mb.in, steps_, greedy);
@@ -516,7 +516,7 @@ private:
     }
   }
 
-  std::vector<ir::Graph> stages_;
+  ModelSource src_; ///< the pipelined plan, and this run's sizes
   PipelineLaunch launch_;
   int64_t max_batch_, max_seq_;
   std::string token_; ///< the shared secret every rank proves it holds
@@ -582,12 +582,8 @@ std::string pipeline_plan_digest(const fs::path& plan_dir) {
   return h.hex_digest();
 }
 
-std::unique_ptr<Model> make_pipeline_model(const fs::path& plan_dir, const fs::path& model_dir,
-                                           int64_t max_batch, int64_t max_seq,
-                                           std::vector<ir::Graph> stages,
-                                           const PipelineLaunch& launch) {
-  return std::make_unique<PipelineModel>(plan_dir, model_dir, max_batch, max_seq, std::move(stages),
-                                         launch);
+std::unique_ptr<Model> make_pipeline_model(const ModelSource& src, const PipelineLaunch& launch) {
+  return std::make_unique<PipelineModel>(src, launch);
 }
 
 } // namespace xserv::cli

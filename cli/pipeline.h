@@ -1,7 +1,7 @@
 // Pipeline parallelism, one process per stage: rank 0 drives generation and runs stage 0, ranks
 // 1..N-1 (`xserv worker`) run theirs, on the CPU (interpreter) or each on its own GPU (a
-// CudaModel over the stage's program). Step inputs and activations travel over TCP
-// (runtime/net), through rank 0. The control plane: a handshake that refuses a rank holding
+// CudaModel over the stage's launch table from the plan). Step inputs and activations travel over
+// TCP (runtime/net), through rank 0. The control plane: a handshake that refuses a rank holding
 // another compile's plan and tells every rank the backend, heartbeats while a stage computes,
 // and every wait bounded so a dead or hung rank ends the run with a message naming it.
 #pragma once
@@ -14,6 +14,7 @@
 
 #include "cli/engine.h"
 #include "cli/model_source.h"
+#include "cli/pipeline_stage.h"
 #include "ir/graph.h"
 
 namespace xserv::cli {
@@ -72,12 +73,18 @@ std::chrono::milliseconds pipeline_rank_timeout();
 /// rank.
 std::chrono::milliseconds pipeline_step_timeout();
 
-/// Rank 0 of a pipeline: an Model whose steps run stage 0 here and the rest on the workers.
-std::unique_ptr<Model> make_pipeline_model(const std::filesystem::path& plan_dir,
-                                           const std::filesystem::path& model_dir,
-                                           int64_t max_batch, int64_t max_seq,
-                                           std::vector<ir::Graph> stages,
-                                           const PipelineLaunch& launch);
+/// Rank 0 of a pipeline: a Model whose steps run stage 0 of the pipelined plan `src` here and
+/// the rest on the workers, at the run's sizes (src.max_batch, src.max_seq).
+std::unique_ptr<Model> make_pipeline_model(const ModelSource& src, const PipelineLaunch& launch);
+
+/// Stage `stage` of the pipelined plan `src` on this process's `backend`, for `max_batch`
+/// sequences of up to `max_seq` positions: "cpu" runs the stage's program (stageN.ir) on the
+/// interpreter; "cuda" the plan's launch table and cubins for the stage, which read no stageN.ir
+/// and need the plan's sizes (check_plan_run's message otherwise). Throws xserv::Error for
+/// another backend.
+std::unique_ptr<StageRunner> make_stage_runner(const ModelSource& src, size_t stage,
+                                               const std::string& backend, int64_t max_batch,
+                                               int64_t max_seq);
 
 /// The body of `xserv worker` for the pipelined plan `src` (its stage programs and limits, as
 /// resolve_source read them): connects to the coordinator, handshakes as `rank` of `world`,

@@ -42,6 +42,31 @@ int64_t token_count(const models::StepInput& in) {
   return n;
 }
 
+namespace {
+
+/// A boundary value of `row_bytes` fp32 bytes per token.
+BoundaryTensor boundary_rows(const std::string& name, uint64_t row_bytes, int64_t tokens) {
+  return {name, ir::DType::F32, {tokens, static_cast<int64_t>(row_bytes / sizeof(float))}};
+}
+
+} // namespace
+
+std::vector<BoundaryTensor> stage_receives(const runtime::PlanStage& s, int64_t tokens) {
+  std::vector<BoundaryTensor> out;
+  for (const runtime::StageLayout::Recv& r : s.layout.recvs)
+    out.push_back(boundary_rows(r.name, r.row_bytes, tokens));
+  return out;
+}
+
+std::vector<BoundaryTensor> stage_sends(const runtime::PlanStage& s, int64_t tokens) {
+  if (!s.layout.output.sends)
+    return {};
+  if (s.sends.size() != 1)
+    throw Error(fmt::format("a pipeline stage sends its one output, this one names {} sends",
+                            s.sends.size()));
+  return {boundary_rows(s.sends[0].name, s.layout.output.row_bytes, tokens)};
+}
+
 std::vector<BoundaryTensor> stage_receives(const ir::Graph& g, int64_t tokens) {
   std::vector<BoundaryTensor> out;
   for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(g.size()); ++v)

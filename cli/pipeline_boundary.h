@@ -1,7 +1,7 @@
-// What crosses a pipeline stage boundary: named activations, the dtypes and shapes a plan's stage
-// programs declare for them, and the check a rank makes before it reads what a peer sent (a
-// frame's tensors, or the size of an NCCL receive). No CUDA and no engine: the pipeline frame
-// fuzz target links it alone.
+// What crosses a pipeline stage boundary: named activations, the dtypes and shapes a plan's
+// stages declare for them (in their layouts, or their programs), and the check a rank makes
+// before it reads what a peer sent (a frame's tensors, or the size of an NCCL receive). No CUDA
+// and no engine: the pipeline frame fuzz target links it alone.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 
 #include "ir/graph.h"
 #include "models/step.h"
+#include "runtime/plan_file.h"
 
 namespace xserv::cli {
 
@@ -28,6 +29,13 @@ struct BoundaryTensor {
 
 /// The tokens of a step, all sequences together (T).
 int64_t token_count(const models::StepInput& in);
+
+/// What plan stage `s` receives (its layout's recvs, in graph order) for a step of `tokens`
+/// tokens: f32[tokens, row_bytes / 4] each, the residual stream a stage boundary carries.
+std::vector<BoundaryTensor> stage_receives(const runtime::PlanStage& s, int64_t tokens);
+/// What plan stage `s` sends on (its layout's output, under its send's name) for a step of
+/// `tokens` tokens; empty for the last stage.
+std::vector<BoundaryTensor> stage_sends(const runtime::PlanStage& s, int64_t tokens);
 
 /// What stage `g` receives (its recv values, in graph order) for a step of `tokens` tokens.
 std::vector<BoundaryTensor> stage_receives(const ir::Graph& g, int64_t tokens);

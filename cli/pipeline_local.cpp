@@ -78,33 +78,32 @@ private:
 
 class LocalCudaPipeline : public Model {
 public:
-  LocalCudaPipeline(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
-                    const std::vector<ir::Graph>& stages) {
+  LocalCudaPipeline(const std::filesystem::path& model_dir,
+                    std::vector<runtime::StageProgram> stages, const CudaModelOptions& options) {
     if (stages.empty())
       throw Error("a pipeline needs at least one stage");
+    const size_t n = stages.size();
     std::string sent; // the name stage s - 1 sends on
-    for (size_t s = 0; s < stages.size(); ++s) {
-      const ir::Graph& g = stages[s];
+    for (size_t s = 0; s < n; ++s) {
+      runtime::StageProgram& p = stages[s];
       std::vector<std::string> received;
-      for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(g.size()); ++v)
-        if (g.node(v).op == ir::Op::Recv)
-          received.push_back(g.node(v).attr_str("name"));
+      for (const runtime::PlanTransfer& r : p.recvs)
+        received.push_back(r.name);
       if (s == 0 ? !received.empty() : received != std::vector<std::string>{sent})
         throw Error(fmt::format("pipeline stage {} receives {} value(s) ({}) where the previous "
                                 "stage sends '{}'; the same-device transport passes exactly one",
                                 s, received.size(), fmt::join(received, ", "), sent));
-      if (s + 1 < stages.size()) {
-        if (g.outputs.size() != 1 || g.node(g.outputs[0]).op != ir::Op::Send)
+      if (s + 1 < n) {
+        if (p.sends.size() != 1 || !p.layout.output.sends)
           throw Error(fmt::format("pipeline stage {} sends {} values; the same-device transport "
                                   "passes exactly one",
-                                  s, g.outputs.size()));
-        sent = g.node(g.outputs[0]).attr_str("name");
+                                  s, p.sends.size()));
+        sent = p.sends[0].name;
       }
-      std::fprintf(stderr, "[pipeline] stage %zu of %zu on this GPU\n", s, stages.size());
-      engines_.push_back(
-          std::make_unique<CudaModel>(model_dir, max_batch, max_seq, &g, CudaModelOptions{}));
+      std::fprintf(stderr, "[pipeline] stage %zu of %zu on this GPU\n", s, n);
+      engines_.push_back(std::make_unique<CudaModel>(model_dir, std::move(p), options));
     }
-    hops_ = std::vector<DeviceQueue>(stages.size() - 1);
+    hops_ = std::vector<DeviceQueue>(n - 1);
   }
 
   const models::ModelConfig& config() const override { return engines_[0]->config(); }
@@ -174,9 +173,9 @@ private:
 } // namespace
 
 std::unique_ptr<Model> make_local_cuda_pipeline(const std::filesystem::path& model_dir,
-                                                 int64_t max_batch, int64_t max_seq,
-                                                 const std::vector<ir::Graph>& stages) {
-  return std::make_unique<LocalCudaPipeline>(model_dir, max_batch, max_seq, stages);
+                                                std::vector<runtime::StageProgram> stages,
+                                                const CudaModelOptions& options) {
+  return std::make_unique<LocalCudaPipeline>(model_dir, std::move(stages), options);
 }
 
 } // namespace xserv::cli

@@ -10,13 +10,16 @@
 #include <vector>
 
 #include "cli/engine.h"
-#include "ir/graph.h"
+#include "runtime/plan_stage.h"
 
 namespace xserv::cli {
 
-/// An Model over `stages` (a --pp plan's stage programs, in order), all on this GPU.
+struct CudaModelOptions; // cli/cuda_model.h
+
+/// A Model over `stages` (a --pp plan's stage programs, in order: runtime::load_stage_program),
+/// all on this GPU; stage s + 1 must receive exactly the one value stage s sends.
 std::unique_ptr<Model> make_local_cuda_pipeline(const std::filesystem::path& model_dir,
-                                                 int64_t max_batch, int64_t max_seq,
-                                                 const std::vector<ir::Graph>& stages);
+                                                std::vector<runtime::StageProgram> stages,
+                                                const CudaModelOptions& options);
 
 } // namespace xserv::cli

@@ -51,8 +51,8 @@ namespace {
 /// The interpreter over the stage's program.
 class CpuStage : public StageRunner {
 public:
-  CpuStage(const fs::path& model_dir, int64_t max_batch, int64_t max_seq, const ir::Graph& stage)
-      : stage_(stage), engine_(model_dir, max_batch, max_seq, nullptr) {}
+  CpuStage(const fs::path& model_dir, int64_t max_batch, int64_t max_seq, ir::Graph stage)
+      : stage_(std::move(stage)), engine_(model_dir, max_batch, max_seq, nullptr) {}
   const models::ModelConfig& config() const override { return engine_.config(); }
   Named run(const models::StepInput& in, const Named& received) override {
     std::map<std::string, ir::Tensor> params = models::step_params(in);
@@ -71,31 +71,35 @@ public:
   void reset() override { engine_.reset(); }
 
 private:
-  const ir::Graph& stage_;
+  ir::Graph stage_;
   CpuModel engine_;
 };
 
-/// A CudaModel over the stage's program on this process's GPU; activations cross the host.
+/// A CudaModel over a plan stage's program on this process's GPU; activations cross the host,
+/// or go GPU to GPU over NCCL.
 class CudaStage : public StageRunner {
 public:
-  CudaStage(const fs::path& model_dir, int64_t max_batch, int64_t max_seq, const ir::Graph& stage)
-      : stage_(stage), engine_(model_dir, max_batch, max_seq, &stage) {
-    if (stage.outputs.size() != 1)
-      throw Error(fmt::format("a pipeline stage on the GPU returns one value, this one {}",
-                              stage.outputs.size()));
-    const ir::Node& out = stage.node(stage.outputs[0]);
-    sends_ = out.op == ir::Op::Send;
-    name_ = sends_ ? out.attr_str("name") : "out.0";
+  CudaStage(const fs::path& model_dir, runtime::StageProgram program,
+            const CudaModelOptions& options)
+      : recvs_(program.layout.recvs) {
+    if (program.sends.size() > 1)
+      throw Error(fmt::format("a pipeline stage on the GPU sends one value, {} sends {}",
+                              program.source, program.sends.size()));
+    sends_ = program.layout.output.sends;
+    if (sends_ && program.sends.empty())
+      throw Error(fmt::format("{}: its output is sent on, but it names no send", program.source));
+    name_ = sends_ ? program.sends[0].name : "out.0";
+    engine_ = std::make_unique<CudaModel>(model_dir, std::move(program), options);
   }
-  const models::ModelConfig& config() const override { return engine_.config(); }
+  const models::ModelConfig& config() const override { return engine_->config(); }
   Named run(const models::StepInput& in, const Named& received) override {
     step_tokens_ = token_count(in);
     if (comm_ && sends_) { // sent on to the next rank on the device
-      engine_.step_stage_device(in, transport());
+      engine_->step_stage_device(in, transport());
       return {};
     }
-    const std::vector<std::vector<float>> rows = comm_ ? engine_.step_stage_device(in, transport())
-                                                       : engine_.step_stage(in, as_rows(received));
+    const std::vector<std::vector<float>> rows = comm_ ? engine_->step_stage_device(in, transport())
+                                                       : engine_->step_stage(in, as_rows(received));
     const int64_t width = rows.empty() ? 0 : static_cast<int64_t>(rows[0].size());
     ir::Tensor t = ir::Tensor::zeros(ir::DType::F32, {static_cast<int64_t>(rows.size()), width});
     for (size_t i = 0; i < rows.size(); ++i)
@@ -106,12 +110,12 @@ public:
     step_tokens_ = token_count(in);
     if (comm_) {
       std::vector<int32_t> ids;
-      engine_.step_stage_device(in, transport(), &ids);
+      engine_->step_stage_device(in, transport(), &ids);
       return ids;
     }
-    return engine_.step_stage_greedy(in, as_rows(received));
+    return engine_->step_stage_greedy(in, as_rows(received));
   }
-  void reset() override { engine_.reset(); }
+  void reset() override { engine_->reset(); }
   void use_nccl(runtime::NcclComm* comm, int rank, std::chrono::milliseconds timeout) override {
     comm_ = comm;
     rank_ = rank;
@@ -138,22 +142,19 @@ private:
   }
 
   /// An NCCL receive carries no shape: the bytes the engine posts for `name` (a sub-step's rows
-  /// of the plan's stage layout) must be whole rows of the boundary value the stage program
-  /// declares, no more rows than the step has tokens; NCCL refuses a sender that sends more.
+  /// of the plan's stage layout) must be whole rows of the boundary value the layout declares,
+  /// no more rows than the step has tokens; NCCL refuses a sender that sends more.
   void check_receive(const std::string& name, size_t bytes) const {
-    for (const BoundaryTensor& b : stage_receives(stage_, step_tokens_)) {
-      if (b.name != name)
+    for (const runtime::StageLayout::Recv& r : recvs_) {
+      if (r.name != name)
         continue;
-      uint64_t row = sizeof(float);
-      for (size_t i = 1; i < b.shape.size(); ++i)
-        row *= static_cast<uint64_t>(b.shape[i]);
+      const uint64_t row = r.row_bytes;
       if (row > 0 && bytes % row == 0 && bytes / row <= static_cast<uint64_t>(step_tokens_))
         return;
       throw Error(fmt::format("pipeline rank {}: the NCCL receive of activation '{}' from rank {} "
-                              "is {} bytes, not whole rows of the plan's stage boundary {}[{} x "
+                              "is {} bytes, not whole rows of the plan's stage boundary f32[{} x "
                               "{} bytes] for this step",
-                              rank_, name, rank_ - 1, bytes, ir::dtype_name(b.dtype), step_tokens_,
-                              row));
+                              rank_, name, rank_ - 1, bytes, step_tokens_, row));
     }
     throw Error(fmt::format("pipeline rank {}: an NCCL receive from rank {} of activation '{}', "
                             "which the plan's stage boundary does not carry",
@@ -174,8 +175,8 @@ private:
     return inputs;
   }
 
-  const ir::Graph& stage_;
-  CudaModel engine_;
+  std::vector<runtime::StageLayout::Recv> recvs_; ///< what the stage receives, by name
+  std::unique_ptr<CudaModel> engine_;
   std::string name_;
   bool sends_ = false; ///< not the last stage
   runtime::NcclComm* comm_ = nullptr;
@@ -190,14 +191,15 @@ void StageRunner::use_nccl(runtime::NcclComm*, int, std::chrono::milliseconds) {
   throw Error("NCCL moves activations between GPUs: the CPU backend's pipeline uses TCP");
 }
 
-std::unique_ptr<StageRunner> make_stage(const std::string& backend, const fs::path& model_dir,
-                                        int64_t max_batch, int64_t max_seq,
-                                        const ir::Graph& stage) {
-  if (backend == "cuda")
-    return std::make_unique<CudaStage>(model_dir, max_batch, max_seq, stage);
-  if (backend == "cpu")
-    return std::make_unique<CpuStage>(model_dir, max_batch, max_seq, stage);
-  throw Error(fmt::format("pipeline: unknown backend '{}'", backend));
+std::unique_ptr<StageRunner> make_cpu_stage(const fs::path& model_dir, int64_t max_batch,
+                                            int64_t max_seq, ir::Graph stage) {
+  return std::make_unique<CpuStage>(model_dir, max_batch, max_seq, std::move(stage));
+}
+
+std::unique_ptr<StageRunner> make_cuda_stage(const fs::path& model_dir,
+                                             runtime::StageProgram program,
+                                             const CudaModelOptions& options) {
+  return std::make_unique<CudaStage>(model_dir, std::move(program), options);
 }
 
 } // namespace xserv::cli

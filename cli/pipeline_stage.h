@@ -1,6 +1,6 @@
 // A pipeline stage's side of a step: the named activations it receives and sends, the
-// micro-batches rank 0 cuts a step into, and StageRunner, one stage's program on this process's
-// device (the CPU interpreter or a CudaModel).
+// micro-batches rank 0 cuts a step into, and StageRunner, one stage on this process's device (its
+// program on the CPU interpreter, or its plan's launch table on a CudaModel).
 #pragma once
 
 #include <chrono>
@@ -15,12 +15,15 @@
 #include "ir/graph.h"
 #include "models/config.h"
 #include "models/step.h"
+#include "runtime/plan_stage.h"
 
 namespace xserv::runtime {
 class NcclComm;
 }
 
 namespace xserv::cli {
+
+struct CudaModelOptions; // cli/cuda_model.h
 
 /// The names and tensors a stage's outputs stand for: its sends by name, else "out.I".
 Named name_outputs(const ir::Graph& g, std::vector<ir::Tensor> out);
@@ -55,10 +58,14 @@ public:
   virtual void use_nccl(runtime::NcclComm* comm, int rank, std::chrono::milliseconds timeout);
 };
 
-/// The stage's program on `backend` ("cpu": the interpreter; "cuda": a CudaModel on this
-/// process's GPU, activations crossing the host). Throws xserv::Error for another backend.
-std::unique_ptr<StageRunner> make_stage(const std::string& backend,
-                                        const std::filesystem::path& model_dir, int64_t max_batch,
-                                        int64_t max_seq, const ir::Graph& stage);
+/// The stage's program `stage` on the interpreter (the runner keeps its own copy).
+std::unique_ptr<StageRunner> make_cpu_stage(const std::filesystem::path& model_dir,
+                                            int64_t max_batch, int64_t max_seq, ir::Graph stage);
+
+/// A CudaModel over a plan stage's program on this process's GPU (activations cross the host,
+/// or the device with use_nccl). Throws xserv::Error for a stage that sends more than one value.
+std::unique_ptr<StageRunner> make_cuda_stage(const std::filesystem::path& model_dir,
+                                             runtime::StageProgram program,
+                                             const CudaModelOptions& options);
 
 } // namespace xserv::cli

@@ -27,9 +27,9 @@ using namespace wire;
 int run_pipeline_worker(const ModelSource& src, int rank, int world, const std::string& coordinator,
                         const std::string& token_flag) {
   const fs::path& plan_dir = src.plan_dir;
-  if (world != static_cast<int>(src.stage_graphs.size()))
+  if (world != static_cast<int>(src.plan->stages.size()))
     throw Error(fmt::format("--world {} but the plan has {} pipeline stages", world,
-                            src.stage_graphs.size()));
+                            src.plan->stages.size()));
   if (rank < 1 || rank >= world)
     throw Error(fmt::format("--rank {} is outside 1..{} (rank 0 is `xserv run`)", rank, world - 1));
   const int64_t plan_batch = src.max_batch, plan_seq = src.max_seq;
@@ -76,13 +76,12 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world, const std::
   const int64_t max_batch =
       std::clamp(welcome.value("max_batch", plan_batch), int64_t{1}, plan_batch);
   const int64_t max_seq = std::clamp(welcome.value("max_seq", plan_seq), int64_t{1}, plan_seq);
-  const ir::Graph stage =
-      read_graph(plan_dir / src.stage_graphs[size_t(rank)], "pipeline stage program");
+  const runtime::PlanStage& stage = src.plan->stages.at(size_t(rank));
   std::mutex send_lock;
   std::unique_ptr<StageRunner> engine;
   try {
     Heartbeat alive(c, send_lock); // loading a stage onto a GPU takes seconds
-    engine = make_stage(backend, src.model_dir, max_batch, max_seq, stage);
+    engine = make_stage_runner(src, size_t(rank), backend, max_batch, max_seq);
   } catch (const Error& e) {
     c.send(message(
         kFail, {{"message", fmt::format("rank {} cannot load its stage: {}", rank, e.what())}}));
@@ -129,9 +128,9 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world, const std::
     nlohmann::json reply = nlohmann::json::object();
     std::string failure;
     try {
-      // The step and its activations are checked against this stage's program before the
-      // stage reads them: sizes within what this rank loaded, each received tensor of the
-      // dtype and shape the plan's boundary carries for the step's tokens.
+      // The step and its activations are checked against the plan's stage before the stage
+      // reads them: sizes within what this rank loaded, each received tensor of the dtype and
+      // shape the plan's boundary carries for the step's tokens.
       const models::StepInput step_in = step_from_header(h);
       validate_step(step_in, max_batch, max_seq, engine->config().vocab_size);
       check_boundary(in, stage_receives(stage, token_count(step_in)),

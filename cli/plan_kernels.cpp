@@ -10,11 +10,9 @@
 #include <fmt/format.h>
 
 #include "cli/env.h"
-#include "codegen/cuda_lower.h"
 #include "codegen/emit.h"
-#include "compiler/memory_plan.h"
+#include "codegen/lower_stage.h"
 #include "ir/error.h"
-#include "models/gpt_oss.h"
 #include "runtime/executor.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/nvrtc.h"
@@ -23,28 +21,6 @@ namespace xserv::cli {
 namespace fs = std::filesystem;
 
 namespace {
-
-/// The graph lowered as the CUDA engine lowers it (same capacities, same activation plan).
-struct PlanLowering {
-  codegen::KernelSet kernels;
-  compiler::MemoryPlan memory;
-  codegen::LoweringContext ctx;
-  runtime::LaunchTable table;
-};
-
-void lower_for_plan(const ir::Graph& g, const PlanKernelOptions& opts, PlanLowering& out) {
-  codegen::LoweringContext& ctx = out.ctx;
-  ctx.max_tokens = codegen::step_token_capacity(opts.max_batch, opts.prefill_chunk);
-  ctx.max_seqs = static_cast<int>(opts.max_batch);
-  ctx.cache_rows = opts.max_batch;
-  ctx.max_seq = opts.max_seq;
-  ctx.expert_format = opts.expert_format;
-  ctx.wgmma = opts.arch == "sm_90";
-  out.memory = compiler::plan_memory(
-      g, {{models::dims::kTokens, ctx.max_tokens}, {models::dims::kSeqs, opts.max_batch}});
-  ctx.memory = &out.memory;
-  out.table = codegen::lower_graph(g, out.kernels, ctx);
-}
 
 /// Kernel launches per kernel of one step of `shape`, counted by the executor's recording mode
 /// (placeholder addresses, no GPU).
@@ -60,8 +36,7 @@ std::vector<int> count_launches(const runtime::LaunchTable& table, runtime::Step
 
 PlanStageCode stage_launches(const ir::Graph& stage, const runtime::PlanCodegen& plan_kernels,
                              const PlanKernelOptions& opts) {
-  PlanLowering pl;
-  lower_for_plan(stage, opts, pl);
+  codegen::LoweredStage pl = codegen::lower_stage(stage, opts);
   const std::vector<int> counts = count_launches(pl.table, {1, 1, 0});
   std::set<std::string> known;
   for (const runtime::PlanKernelFile& k : plan_kernels.kernels)
@@ -74,17 +49,16 @@ PlanStageCode stage_launches(const ir::Graph& stage, const runtime::PlanCodegen&
           fmt::format("pipeline stage needs kernel {}, which the plan does not hold", name));
     total += counts[i];
   }
-  return {std::move(pl.table), codegen::stage_layout(stage, pl.ctx), total};
+  return {std::move(pl.table), std::move(pl.layout), total};
 }
 
 PlanKernelsResult write_plan_kernels(const ir::Graph& g, const fs::path& plan,
                                      const PlanKernelOptions& opts) {
-  PlanLowering pl;
-  lower_for_plan(g, opts, pl);
+  codegen::LoweredStage pl = codegen::lower_stage(g, opts);
   const codegen::KernelSet& kernels = pl.kernels;
 
   // Kernel launches of a decode step (one sequence) and of a prefill step.
-  const int prefill_tokens = std::min(512, pl.ctx.max_tokens);
+  const int prefill_tokens = std::min<int>(512, static_cast<int>(pl.layout.tokens));
   const std::vector<int> decode_counts = count_launches(pl.table, {1, 1, 0});
   const std::vector<int> prefill_counts =
       count_launches(pl.table, {prefill_tokens, 1, prefill_tokens - 1});
@@ -145,7 +119,7 @@ PlanKernelsResult write_plan_kernels(const ir::Graph& g, const fs::path& plan,
                  .launches_per_decode_step = decode_total,
                  .prefill_step_tokens = prefill_tokens,
                  .launches_per_prefill_step = prefill_total};
-  out.code = {std::move(pl.table), codegen::stage_layout(g, pl.ctx), decode_total};
+  out.code = {std::move(pl.table), std::move(pl.layout), decode_total};
   return out;
 }
 

@@ -4,18 +4,17 @@
 #include <filesystem>
 #include <string>
 
+#include "codegen/lower_stage.h"
 #include "ir/graph.h"
 #include "runtime/plan_file.h"
 
 namespace xserv::cli {
 
-struct PlanKernelOptions {
+/// What the plan's kernels are generated for: the stage options (capacities, gemm precision,
+/// expert format), the GPU architecture and whether to run NVRTC.
+struct PlanKernelOptions : codegen::StageOptions {
   std::string arch = "sm_90"; ///< GPU architecture the cubins are compiled for
-  int64_t max_batch = 1, max_seq = 1;
-  int prefill_chunk = 2048; ///< tokens per prefill sub-step (`xserv compile --prefill-chunk`)
-  bool cubins = true; ///< also compile every kernel with NVRTC (no GPU needed)
-  /// The experts' device format the MoE kernels read (`xserv compile --expert-format`).
-  runtime::ExpertFormat expert_format = runtime::ExpertFormat::Bf16;
+  bool cubins = true;         ///< also compile every kernel with NVRTC (no GPU needed)
 };
 
 /// A graph's code as the plan records it: its launch table and the layout it binds.

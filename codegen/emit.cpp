@@ -715,11 +715,4 @@ KernelSource emit_argmax(int vocab, const std::vector<std::string>& ir_lines) {
                   fmt::format("argmax_rows<{}, {}>", vocab, kArgmaxChunk), params, launch);
 }
 
-int32_t argmax_of_keys(const uint64_t* keys, int chunks) {
-  const uint64_t best = *std::max_element(keys, keys + chunks);
-  if (best == ~uint64_t{0})
-    return kArgmaxNonFinite;
-  return best == 0 ? 0 : static_cast<int32_t>(~static_cast<uint32_t>(best & 0xffffffffu));
-}
-
 } // namespace xserv::codegen

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/plan.h"
+
 namespace xserv::codegen {
 
 /// How a kernel is launched, as a rule over the step's token count (and key splits).
@@ -273,11 +275,10 @@ inline constexpr int kArgmaxChunk = 8192;
 inline constexpr int argmax_chunks(int vocab) {
   return (vocab + kArgmaxChunk - 1) / kArgmaxChunk;
 }
-/// What argmax_of_keys returns for a row holding a NaN or an infinity (engine::kNonFinite).
-inline constexpr int32_t kArgmaxNonFinite = -1;
-/// The id a row's keys (argmax_chunks of them, from argmax_rows) pick: the largest key's id,
-/// kArgmaxNonFinite when a logit of the row was not finite, 0 for a row of no logits.
-int32_t argmax_of_keys(const uint64_t* keys, int chunks);
+/// The id a row's keys (argmax_chunks of them, from argmax_rows) pick: the runtime decodes
+/// them (runtime/plan.h), the kernel's contract with it.
+using runtime::argmax_of_keys;
+using runtime::kArgmaxNonFinite;
 
 /// Key splits for attention_decode when a token sees at most `max_keys` keys: about 64 keys per
 /// split, at most 32 splits, and 1 (no combine kernel) for short contexts.

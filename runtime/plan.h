@@ -188,6 +188,20 @@ struct ScratchBuffer {
   bool operator==(const ScratchBuffer&) const = default;
 };
 
+/// What argmax_of_keys returns for a row holding a NaN or an infinity (engine::kNonFinite).
+inline constexpr int32_t kArgmaxNonFinite = -1;
+
+/// The greedy id the sampling epilogue's keys for one row pick (`chunks` uint64 keys, one per
+/// 8192-logit chunk: the logit's bits in unsigned order above the complement of its id, so ties
+/// go to the lower id; all ones for a chunk holding a NaN or an infinity): the largest key's
+/// id, kArgmaxNonFinite when a logit of the row was not finite, 0 for a row of no logits.
+inline int32_t argmax_of_keys(const uint64_t* keys, int chunks) {
+  const uint64_t best = *std::max_element(keys, keys + chunks);
+  if (best == ~uint64_t{0})
+    return kArgmaxNonFinite;
+  return best == 0 ? 0 : static_cast<int32_t>(~static_cast<uint32_t>(best & 0xffffffffu));
+}
+
 /// Every launch of a step, in order, as data: what `compile` writes into plan.json and the
 /// executor (runtime/executor.h) replays. Launches depend on the step only through its
 /// StepShape, through tokens, seqs and attention_key_bucket(max_pos + 1).
@@ -195,8 +209,9 @@ struct LaunchTable {
   std::vector<PlanKernel> kernels;
   std::vector<PlanLaunch> launches;
   std::vector<ScratchBuffer> scratch;
-  /// The sampling epilogue: scratch buffer of argmax_chunks uint64 greedy keys per sequence,
-  /// written every step when the graph's first output is per-sequence logits; -1 when none.
+  /// The sampling epilogue: scratch buffer of argmax_chunks uint64 greedy keys per sequence
+  /// (argmax_of_keys), written every step when the graph's first output is per-sequence
+  /// logits; -1 when none.
   int argmax_scratch = -1;
   int argmax_chunks = 0;
 

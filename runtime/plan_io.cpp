@@ -2,6 +2,7 @@
 #include "runtime/plan_io.h"
 
 #include <fstream>
+#include <set>
 #include <vector>
 
 #include <fmt/format.h>
@@ -149,11 +150,14 @@ void write_plan(const fs::path& dir, const Plan& plan) {
 
 void verify_plan_files(const fs::path& dir, const Plan& plan) {
   const fs::path plan_file = dir / "plan.json";
+  std::set<std::string> programs = {plan.graph};
+  for (const PlanStage& s : plan.stages)
+    programs.insert(s.graph);
   for (const auto& [file, want] : plan.digests) {
-    // The whole graph's program may be deleted: the CUDA runtime replays the launch table
-    // without it, and what reads it (the CPU backend, a run the plan does not fit) fails naming
-    // it. Changed, never.
-    if (file == plan.graph && !fs::exists(dir / file))
+    // The IR programs (graph.ir, stageN.ir) may be deleted: the CUDA runtime replays the launch
+    // tables without them, and what reads them (the CPU backend, xserv trace) fails naming the
+    // file. Changed, never.
+    if (programs.count(file) && !fs::exists(dir / file))
       continue;
     const std::string have = sha256_file(dir / file);
     if (have != want)

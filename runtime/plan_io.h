@@ -44,7 +44,8 @@ std::string plan_field_error(const std::filesystem::path& dir, const std::string
                              const std::string& what);
 
 /// Checks the plan's files against its digests: each listed file must exist with its SHA-256
-/// (the whole graph's program may be absent: the CUDA runtime does not read it), and kernels/
+/// (the IR programs, graph.ir and stageN.ir, may be absent: the CUDA runtime does not read
+/// them), and kernels/
 /// may hold no file that is not listed (a cubin there would be loaded). Throws xserv::Error
 /// "DIR/FILE: changed since the plan was compiled ... recompile the plan" otherwise. Reads
 /// every byte of the plan's files (a few MB for gpt-oss-20b with cubins).

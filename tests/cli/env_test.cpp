@@ -1,5 +1,6 @@
 // cli::parse_env: every XSERV_* variable's default, accepted values, and the error naming a
-// variable whose value is not one; and the xserv binary refusing a bad one before it starts.
+// variable whose value is not one; the xserv binary refusing a bad one before it starts; and a
+// plan refusing the developer knobs that would change its launches (they are compile flags).
 #include <doctest/doctest.h>
 
 #include <map>
@@ -8,7 +9,10 @@
 
 #include "cli/args.h"
 #include "cli/env.h"
+#include "cli/model_source.h"
+#include "runtime/plan_io.h"
 #include "tests/cli/run_xserv.h"
+#include "tests/test_util.h"
 
 using namespace xserv;
 
@@ -102,4 +106,43 @@ TEST_CASE("env: xserv refuses a bad variable before running the command (exit 2)
                                                   " tokenize /no/such/model hi 2>&1");
   CHECK(r.code == 2);
   CHECK(r.out.find("environment variable XSERV_PDL must be 0 or 1, got '2'") != std::string::npos);
+}
+
+TEST_CASE("env: a plan refuses XSERV_PREFILL_CHUNK and XSERV_GEMM_PRECISION other than its own") {
+  testing::TempDir tmp("env_plan");
+  const std::string config = (testing::source_dir() / "examples/tiny/config.json").string();
+  const std::string model = (tmp.path / "m").string(), plan = (tmp.path / "p").string();
+  REQUIRE(testing::run_xserv("synth --config " + config + " -o " + model + " --seed 1").code == 0);
+  const testing::RunResult c =
+      testing::run_xserv("compile " + model + " -o " + plan +
+                         " --max-seq 256 --max-batch 2 --no-cubins --gemm-precision bf16");
+  INFO(c.out);
+  REQUIRE(c.code == 0);
+  cli::ModelSource src;
+  src.plan_dir = plan;
+  src.model_dir = model;
+  src.max_batch = 2;
+  src.max_seq = 256;
+  src.plan = std::make_shared<const runtime::Plan>(runtime::read_plan(plan));
+  CHECK_FALSE(src.plan->options.gemm_split);
+  const runtime::StageLayout& layout = src.plan->stages.at(0).layout;
+  CHECK_FALSE(layout.gemm_split);
+  CHECK_NOTHROW(cli::check_plan_run(src, layout, parse({})));
+  CHECK_NOTHROW(cli::check_plan_run(
+      src, layout, parse({{"XSERV_GEMM_PRECISION", "bf16"}, {"XSERV_PREFILL_CHUNK", "256"}})));
+  CHECK_THROWS_WITH_AS(cli::check_plan_run(src, layout, parse({{"XSERV_GEMM_PRECISION", "split"}})),
+                       doctest::Contains("recompile it with xserv compile --gemm-precision split"),
+                       cli::UsageError);
+  CHECK_THROWS_WITH_AS(cli::check_plan_run(src, layout, parse({{"XSERV_PREFILL_CHUNK", "64"}})),
+                       doctest::Contains("recompile it with xserv compile --prefill-chunk 64"),
+                       cli::UsageError);
+  src.max_seq = 128;
+  CHECK_THROWS_WITH_AS(cli::check_plan_run(src, layout, parse({})),
+                       doctest::Contains("recompile it with xserv compile --max-batch 2 --max-seq "
+                                         "128"),
+                       cli::UsageError);
+  const testing::RunResult bad =
+      testing::run_xserv("compile " + model + " -o " + plan + "2 --gemm-precision fp8");
+  CHECK(bad.code == 2);
+  CHECK(bad.out.find("--gemm-precision must be split or bf16, got 'fp8'") != std::string::npos);
 }

@@ -22,8 +22,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/cuda_model.h"
 #include "cli/engine.h"
+#include "cli/graph_model.h"
 #include "models/config.h"
 #include "models/gpt_oss.h"
 #include "runtime/device.h"
@@ -124,9 +124,11 @@ TEST_CASE("gpu: synthetic 20b against HF transformers") {
   }
 
   const xserv::ir::Graph all = models::build_gpt_oss(config, {.last_logits_only = false});
-  cli::CudaModelOptions opts;
+  cli::GraphModelOptions opts = cli::graph_model_options();
   opts.quiet = true;
-  cli::CudaModel engine(ckpt, 1, static_cast<int64_t>(T + G + 8), &all, opts);
+  const auto engine_model =
+      cli::graph_cuda_model(ckpt, 1, static_cast<int64_t>(T + G + 8), &all, opts);
+  cli::CudaModel& engine = *engine_model;
 
   // 1. Teacher-forced: one step of all T tokens (sub-steps through the cache).
   std::vector<double> err(T), ratio(T);

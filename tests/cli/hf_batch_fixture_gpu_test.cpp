@@ -24,7 +24,7 @@
 
 #include <fmt/format.h>
 
-#include "cli/cuda_model.h"
+#include "cli/graph_model.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
 #include "tests/cli/cuda_test_util.h"
@@ -56,10 +56,12 @@ void check_cuda_chunked(const std::string& name, size_t chunk, size_t stagger) {
   xserv::testing::synthesize_hf_batch(b, tmp.path);
   const auto config = models::ModelConfig::load(tmp.path / "config.json");
   const xserv::ir::Graph all = models::build_gpt_oss(config, {.last_logits_only = false});
-  cli::CudaModelOptions opts = xserv::testing::quiet();
+  cli::GraphModelOptions opts = xserv::testing::quiet();
   opts.prefill_chunk = kPrefillChunk;
   const size_t n = b.seqs.size();
-  cli::CudaModel model(tmp.path, static_cast<int64_t>(n), b.max_len(), &all, opts);
+  const auto model_ptr =
+      cli::graph_cuda_model(tmp.path, static_cast<int64_t>(n), b.max_len(), &all, opts);
+  cli::CudaModel& model = *model_ptr;
   HfJudge judge(b, gpu_tol(b.name), kLseTol, kArgmaxMargin);
   std::vector<std::vector<int32_t>> tokens;
   for (const auto& s : b.seqs)
@@ -109,10 +111,12 @@ void check_cuda_engine(const std::string& name, int64_t budget) {
   const HfBatch b = xserv::testing::load_hf_batch(name);
   TempDir tmp(name);
   xserv::testing::synthesize_hf_batch(b, tmp.path);
-  cli::CudaModelOptions opts = xserv::testing::quiet();
+  cli::GraphModelOptions opts = xserv::testing::quiet();
   opts.prefill_chunk = kPrefillChunk;
   const size_t n = b.seqs.size();
-  cli::CudaModel model(tmp.path, static_cast<int64_t>(n), b.max_len(), nullptr, opts);
+  const auto model_ptr =
+      cli::graph_cuda_model(tmp.path, static_cast<int64_t>(n), b.max_len(), nullptr, opts);
+  cli::CudaModel& model = *model_ptr;
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(),

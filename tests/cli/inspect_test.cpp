@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/model_source.h"
+#include "cli/pipeline_boundary.h"
 #include "cli/roofline.h"
 #include "models/config.h"
 #include "runtime/plan_io.h"
@@ -177,7 +178,8 @@ TEST_CASE(
   CHECK(t.out.find("experts mxfp4") != std::string::npos);
   CHECK(t.out.find("launches per decode step") != std::string::npos);
 
-  // run's ModelSource carries the plan's expert format; a checkpoint directory's is bf16.
+  // run's ModelSource carries the plan, whose stages hold the expert format; a checkpoint
+  // directory has none.
   const cli::Command* run = nullptr;
   for (const auto& cmd : cli::commands())
     if (cmd.spec.name == "run")
@@ -185,14 +187,40 @@ TEST_CASE(
   REQUIRE(run != nullptr);
   const cli::ModelSource src =
       cli::resolve_source(plan.string(), cli::parse_args(run->spec, {plan.string()}));
-  CHECK(src.expert_format == runtime::ExpertFormat::Mxfp4);
   REQUIRE(src.plan != nullptr);
+  for (const runtime::PlanStage& st : src.plan->stages)
+    CHECK(st.layout.expert_format == runtime::ExpertFormat::Mxfp4);
   CHECK(*src.plan == p);
   CHECK(src.stage_graphs == std::vector<std::string>{"stage0.ir", "stage1.ir"});
   const cli::ModelSource ck = cli::resolve_source(model, cli::parse_args(run->spec, {model}));
-  CHECK(ck.expert_format == runtime::ExpertFormat::Bf16);
   CHECK(ck.plan == nullptr);
   CHECK(
       run_xserv("compile " + model + " -o " + (tmp.path / "bad").string() + " --expert-format fp8")
           .code == 2);
+
+  // What a rank checks at a stage boundary comes from the plan's layouts (the CUDA runtime reads
+  // no stage program) and is what the stage programs declare.
+  for (size_t i = 0; i < 2; ++i)
+    for (int64_t tokens : {1, 37}) {
+      CAPTURE(tokens);
+      const ir::Graph g = cli::read_graph(plan / p.stages[i].graph, "stage");
+      auto same = [](const std::vector<cli::BoundaryTensor>& a,
+                     const std::vector<cli::BoundaryTensor>& b) {
+        bool eq = a.size() == b.size();
+        for (size_t k = 0; eq && k < a.size(); ++k)
+          eq = a[k].name == b[k].name && a[k].dtype == b[k].dtype && a[k].shape == b[k].shape;
+        return eq;
+      };
+      CHECK(same(cli::stage_receives(p.stages[i], tokens), cli::stage_receives(g, tokens)));
+      CHECK(same(cli::stage_sends(p.stages[i], tokens), cli::stage_sends(g, tokens)));
+    }
+  // The IR programs may be deleted (the CUDA runtime replays the tables); the CPU backend, which
+  // runs them, names the missing file.
+  for (const char* f : {"graph.ir", "stage0.ir", "stage1.ir"})
+    fs::remove(plan / f);
+  CHECK(run_xserv("inspect " + plan.string()).code == 0);
+  const RunResult cpu =
+      run_xserv("run " + plan.string() + " --backend cpu --pp-local --prompt-ids 1,2,3");
+  CHECK(cpu.code == 1);
+  CHECK(cpu.out.find("stage0.ir: pipeline stage program missing") != std::string::npos);
 }

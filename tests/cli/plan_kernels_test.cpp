@@ -14,7 +14,6 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/plan_kernels.h"
-#include "cli/plan_replay.h"
 #include "codegen/cuda_lower.h"
 #include "codegen/emit.h"
 #include "compiler/memory_plan.h"
@@ -24,6 +23,7 @@
 #include "models/gpt_oss.h"
 #include "runtime/executor.h"
 #include "runtime/plan_json.h"
+#include "runtime/plan_stage.h"
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
@@ -132,17 +132,17 @@ TEST_CASE("a plan's kernel sources compile with the headers the plan carries") {
   xserv::testing::TempDir tmp("plan_headers");
   const fs::path plan = tmp.path / "plan";
   compile_plan(src / "examples/tiny", plan, "--no-cubins");
-  std::map<std::string, std::string> headers = xserv::cli::plan_kernel_headers(plan);
+  std::map<std::string, std::string> headers = xserv::runtime::plan_kernel_headers(plan);
   CHECK(headers == xserv::codegen::kernel_headers());
   const fs::path gemm = plan / "kernels" / "xserv_kernels" / "gemm.cuh";
   REQUIRE(fs::exists(gemm));
   std::ofstream(gemm, std::ios::app) << "// as an older build wrote it\n";
-  headers = xserv::cli::plan_kernel_headers(plan);
+  headers = xserv::runtime::plan_kernel_headers(plan);
   CHECK(headers.at("xserv_kernels/gemm.cuh").ends_with("// as an older build wrote it\n"));
   CHECK(headers.size() == xserv::codegen::kernel_headers().size());
   fs::remove_all(plan / "kernels" / "xserv_kernels");
   try {
-    xserv::cli::plan_kernel_headers(plan);
+    xserv::runtime::plan_kernel_headers(plan);
     FAIL("a plan without headers must be refused");
   } catch (const xserv::Error& e) {
     CHECK(std::string(e.what()).find((plan / "kernels").string()) != std::string::npos);

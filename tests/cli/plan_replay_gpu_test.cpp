@@ -1,6 +1,6 @@
-// The CUDA engine running a plan replays the plan's launch table and cubins (plan.json,
-// kernels/*.cubin) and gets the logits its own lowering gets, bit for bit; a run with other
-// sizes than the plan's lowers for itself.
+// The CUDA model running a plan replays the plan's launch table and cubins (plan.json,
+// kernels/*.cubin) and gets the logits of the same graph compiled in memory, bit for bit; a run
+// with other sizes than the plan's is refused.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -12,17 +12,19 @@
 
 #include <fmt/format.h>
 
-#include "cli/cuda_model.h"
+#include "cli/graph_model.h"
+#include "cli/model_source.h"
 #include "ir/graph.h"
 #include "models/step.h"
 #include "runtime/device.h"
+#include "runtime/plan_io.h"
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using xserv::testing::run_binary;
 
-TEST_CASE("gpu: a plan's launch table and cubins give the engine's own lowering's logits") {
+TEST_CASE("gpu: a plan's launch table and cubins give an in-memory compile's logits") {
   XSERV_REQUIRE_GPU_AND_BINARY(dev, bin);
   xserv::testing::TempDir tmp("plan_replay");
   const fs::path model = tmp.path / "model", plan = tmp.path / "plan";
@@ -44,18 +46,24 @@ TEST_CASE("gpu: a plan's launch table and cubins give the engine's own lowering'
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   const xserv::ir::Graph graph = xserv::ir::parse(text);
 
-  xserv::cli::CudaModelOptions quiet;
+  xserv::cli::GraphModelOptions quiet = xserv::cli::graph_model_options();
   quiet.quiet = true;
-  quiet.prefill_chunk = 512; // the plan's: compile's default min(2048, max-seq)
-  xserv::cli::CudaModelOptions from_plan = quiet;
-  from_plan.plan_dir = plan;
-  xserv::cli::CudaModel replay(model, 3, 512, &graph, from_plan);
-  xserv::cli::CudaModel lowered(model, 3, 512, &graph, quiet);
-  CHECK(replay.replays_plan());
-  CHECK_FALSE(lowered.replays_plan());
-  { // another max batch than the plan's: the engine lowers for the run
-    xserv::cli::CudaModel other(model, 2, 512, &graph, from_plan);
-    CHECK_FALSE(other.replays_plan());
+  quiet.prefill_chunk = 512;   // the plan's: compile's default min(2048, max-seq)
+  xserv::cli::ModelSource src; // what resolve_source makes of the plan
+  src.plan_dir = plan;
+  src.model_dir = model;
+  src.max_batch = 3;
+  src.max_seq = 512;
+  src.plan = std::make_shared<const xserv::runtime::Plan>(xserv::runtime::read_plan(plan));
+  const auto replay_model = xserv::cli::plan_cuda_model(src, quiet);
+  const auto lowered_model = xserv::cli::graph_cuda_model(model, 3, 512, &graph, quiet);
+  xserv::cli::CudaModel& replay = *replay_model;
+  xserv::cli::CudaModel& lowered = *lowered_model;
+  { // another max batch than the plan's: refused, naming the compile flag
+    xserv::cli::ModelSource other = src;
+    other.max_batch = 2;
+    CHECK_THROWS_WITH_AS(xserv::cli::plan_cuda_model(other, quiet),
+                         doctest::Contains("--max-batch 2"), xserv::cli::UsageError);
   }
   // A prefill over three sequences (the gemm path), then decode steps (CUDA graphs).
   xserv::models::StepInput step;

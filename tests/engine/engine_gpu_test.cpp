@@ -14,13 +14,15 @@
 #include <random>
 
 #include "cli/args.h"
-#include "cli/cuda_model.h"
+#include "cli/graph_model.h"
+#include "cli/model_source.h"
 #include "engine/engine.h"
 #include "models/config.h"
 #include "models/synth.h"
 #include "runtime/device.h"
-#include "tests/cli/run_xserv.h"
+#include "runtime/plan_io.h"
 #include "tests/cli/cuda_test_util.h"
+#include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -72,7 +74,8 @@ std::vector<Outcome> run(engine::Model& model, const std::vector<Request>& reqs,
 /// 4 tracked prompts x `steps` greedy tokens, alone and among 60 others (64 rows in use at the
 /// peak) that join at random steps with random prompt and output lengths.
 void check_invariance(const fs::path& model_dir, int steps, int64_t max_seq) {
-  cli::CudaModel model(model_dir, 64, max_seq, nullptr, quiet());
+  const auto model_model = cli::graph_cuda_model(model_dir, 64, max_seq, nullptr, quiet());
+  cli::CudaModel& model = *model_model;
   const int64_t vocab = model.config().vocab_size;
   std::mt19937_64 rng(11);
   std::vector<Request> reqs;
@@ -147,7 +150,8 @@ TEST_CASE("gpu: sampled and greedy requests share steps, the sampled ones follow
   so.seed = 6;
   models::synth_checkpoint(models::ModelConfig::load(source_dir() / "examples/tiny/config.json"),
                            tmp.path, so);
-  cli::CudaModel model(tmp.path, 8, 128, nullptr, quiet());
+  const auto model_model = cli::graph_cuda_model(tmp.path, 8, 128, nullptr, quiet());
+  cli::CudaModel& model = *model_model;
   std::mt19937_64 rng(3);
   Request greedy, sampled;
   greedy.prompt = random_prompt(rng, 12, model.config().vocab_size);
@@ -188,39 +192,38 @@ TEST_CASE("gpu: a compiled plan runs from its layout and launch table, graph.ir 
     r.max_tokens = 12;
     reqs.push_back(std::move(r));
   }
-  cli::CudaModelOptions o = quiet();
-  o.prefill_chunk = 256; // the plan's: compile's default min(2048, max-seq)
-  cli::CudaModelOptions lower = o;
-  o.plan_dir = plan;
+  cli::GraphModelOptions o = quiet();
+  o.prefill_chunk = 256;                 // the plan's: compile's default min(2048, max-seq)
+  auto source = [&](int64_t max_batch) { // what resolve_source makes of `plan`
+    cli::ModelSource src;
+    src.plan_dir = plan;
+    src.model_dir = tmp.path / "m";
+    src.max_batch = max_batch;
+    src.max_seq = 256;
+    src.plan = std::make_shared<const runtime::Plan>(runtime::read_plan(plan));
+    return src;
+  };
   auto tokens_of = [&](engine::Model& m) {
     std::vector<std::vector<int32_t>> out;
     for (const auto& g : engine::generate(m, reqs))
       out.push_back(g.tokens);
     return out;
   };
-  std::vector<std::vector<int32_t>> with_graph, lowered;
+  std::vector<std::vector<int32_t>> replayed, compiled;
   {
-    cli::CudaModel m(tmp.path / "m", 4, 256, nullptr, o); // plan mode: no graph read
-    CHECK(m.replays_plan());
-    with_graph = tokens_of(m);
+    const auto m = cli::plan_cuda_model(source(4), o); // the plan's program: no graph read
+    replayed = tokens_of(*m);
   }
   {
-    cli::CudaModel m(tmp.path / "m", 4, 256, nullptr, lower); // graph mode: its own lowering
-    CHECK_FALSE(m.replays_plan());
-    lowered = tokens_of(m);
+    const auto m = cli::graph_cuda_model(tmp.path / "m", 4, 256, nullptr, o); // compiled in memory
+    compiled = tokens_of(*m);
   }
-  CHECK(with_graph == lowered);
+  CHECK(replayed == compiled);
   fs::remove(plan / "graph.ir");
-  cli::CudaModel m(tmp.path / "m", 4, 256, nullptr, o);
-  CHECK(m.replays_plan());
-  CHECK(tokens_of(m) == with_graph);
-  // With plan_only (what xserv run sets) another max batch is refused, naming the flags.
-  cli::CudaModelOptions only = o;
-  only.plan_only = true;
-  CHECK_THROWS_WITH_AS(cli::CudaModel(tmp.path / "m", 2, 256, nullptr, only),
+  const auto m = cli::plan_cuda_model(source(4), o);
+  CHECK(tokens_of(*m) == replayed);
+  // Another max batch than the plan's is refused, naming the compile flags.
+  CHECK_THROWS_WITH_AS(cli::plan_cuda_model(source(2), o),
                        doctest::Contains("recompile it with xserv compile --max-batch 2"),
                        cli::UsageError);
-  // Without it, a run the plan was not compiled for needs the graph, and says so naming the file.
-  CHECK_THROWS_WITH_AS(cli::CudaModel(tmp.path / "m", 2, 256, nullptr, o),
-                       doctest::Contains("graph.ir: the plan's graph is missing"), xserv::Error);
 }

@@ -1,0 +1,35 @@
+// lower_stage(): memory plan, lowering and stage layout of one graph, as compile and the
+// in-memory compile both run them.
+#include "codegen/lower_stage.h"
+
+#include "models/gpt_oss.h"
+
+namespace xserv::codegen {
+
+LoweredStage lower_stage(const ir::Graph& g, const StageOptions& opts) {
+  LoweredStage out;
+  LoweringContext ctx;
+  ctx.max_tokens = step_token_capacity(opts.max_batch, opts.prefill_chunk);
+  ctx.max_seqs = static_cast<int>(opts.max_batch);
+  ctx.cache_rows = opts.max_batch;
+  ctx.max_seq = opts.max_seq;
+  ctx.gemm_split = opts.gemm_split;
+  ctx.expert_format = opts.expert_format;
+  ctx.wgmma = opts.wgmma;
+  out.memory = compiler::plan_memory(
+      g, {{models::dims::kTokens, ctx.max_tokens}, {models::dims::kSeqs, opts.max_batch}});
+  if (opts.keep_activations) {
+    int64_t end = 0;
+    for (compiler::PlannedBuffer& b : out.memory.buffers) {
+      b.offset = end;
+      end += (b.bytes + 255) / 256 * 256;
+    }
+    out.memory.arena_bytes = end;
+  }
+  ctx.memory = &out.memory;
+  out.table = lower_graph(g, out.kernels, ctx);
+  out.layout = stage_layout(g, ctx);
+  return out;
+}
+
+} // namespace xserv::codegen
