@@ -1,6 +1,7 @@
 // The pipeline's wire protocol (cli/pipeline_wire.h).
 #include "cli/pipeline_wire.h"
 
+#include <algorithm>
 #include <climits>
 #include <csignal>
 #include <cstdio>
@@ -86,6 +87,45 @@ nlohmann::json decode(const std::string& payload, Named* tensors) {
     }
   }
   return h;
+}
+
+uint64_t header_bound(uint64_t ints, const std::vector<BoundaryTensor>& tensors) {
+  uint64_t bytes = 4096; // the length, braces, field names, the step number, "greedy"
+  bytes += 12 * std::min<uint64_t>(ints, uint64_t{1} << 56);
+  for (const BoundaryTensor& t : tensors)
+    bytes += 128 + 2 * t.name.size() + 24 * t.shape.size();
+  return bytes;
+}
+
+runtime::FrameBound worker_frame_bound(const ir::Graph& stage, int64_t max_batch, int64_t max_seq) {
+  const auto seqs = static_cast<uint64_t>(std::max<int64_t>(max_batch, 1));
+  const uint64_t tokens = seqs * static_cast<uint64_t>(std::max<int64_t>(max_seq, 1));
+  const std::vector<BoundaryTensor> recv = stage_receives(stage, static_cast<int64_t>(tokens));
+  // Every token id, and per sequence its context length, cache row and list brackets.
+  const uint64_t data = boundary_bytes(recv), head = header_bound(tokens + 3 * seqs, recv);
+  const uint64_t step = data > UINT64_MAX - head ? UINT64_MAX : data + head;
+  return [step](uint8_t type) {
+    return type == kStep ? step : type == kFail ? kMaxFailBytes : kMaxControlBytes;
+  };
+}
+
+uint64_t result_frame_bytes(const models::StepInput& in, const std::vector<BoundaryTensor>& sends,
+                            bool last, bool greedy, int64_t vocab) {
+  const auto seqs = static_cast<uint64_t>(in.tokens.size());
+  if (!last)
+    return header_bound(0, sends) + boundary_bytes(sends);
+  if (greedy)
+    return header_bound(seqs, {});
+  const auto rows = std::max(seqs, static_cast<uint64_t>(token_count(in)));
+  const std::vector<BoundaryTensor> logits = {
+      {"out.0", ir::DType::F32, {static_cast<int64_t>(rows), vocab}}};
+  return header_bound(0, logits) + boundary_bytes(logits);
+}
+
+runtime::FrameBound reply_frame_bound(uint8_t want, uint64_t want_bytes) {
+  return [want, want_bytes](uint8_t type) {
+    return type == want ? want_bytes : type == kFail ? kMaxFailBytes : kMaxControlBytes;
+  };
 }
 
 std::string hmac_sha256(const std::string& key, const std::string& msg) {

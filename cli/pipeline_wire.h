@@ -38,6 +38,31 @@ enum FrameType : uint8_t {
 /// Bounds on what a frame may announce before the peer has proven it holds the token: the
 /// challenge, hello and welcome are small JSON headers.
 inline constexpr uint64_t kMaxHandshakeBytes = 64 << 10;
+/// Frames that carry no tensors and no step (kAlive, kReset, kQuit, kReady) after the handshake.
+inline constexpr uint64_t kMaxControlBytes = 64 << 10;
+/// A kFail frame: one message.
+inline constexpr uint64_t kMaxFailBytes = 1 << 20;
+
+/// The most bytes a frame's JSON header (with its 8-byte length) may take when it lists `ints`
+/// integers (token ids, context lengths, cache rows, ids) and describes `tensors`: 12 characters
+/// an int32 and its comma take, and room for each tensor's entry.
+uint64_t header_bound(uint64_t ints, const std::vector<BoundaryTensor>& tensors);
+
+/// What a worker accepts from rank 0 after the handshake, by frame type, checked before
+/// anything is allocated: a kStep frame up to the bytes of the largest step the run allows
+/// (`max_batch` sequences of `max_seq` tokens: their header and the stage program's receives),
+/// kFail up to kMaxFailBytes, anything else kMaxControlBytes.
+runtime::FrameBound worker_frame_bound(const ir::Graph& stage, int64_t max_batch, int64_t max_seq);
+
+/// The most bytes rank 0 accepts in a rank's kResult for the (micro-batch) step `in`: its header
+/// and `sends` (an intermediate rank's activations for this step; none over NCCL); from the last
+/// rank (`last`) one id per sequence (`greedy`) or one f32 logits tensor of at most [tokens,
+/// vocab].
+uint64_t result_frame_bytes(const models::StepInput& in, const std::vector<BoundaryTensor>& sends,
+                            bool last, bool greedy, int64_t vocab);
+/// What rank 0 accepts while it waits for a frame of type `want`: `want_bytes` for it, kFail up
+/// to kMaxFailBytes, anything else kMaxControlBytes.
+runtime::FrameBound reply_frame_bound(uint8_t want, uint64_t want_bytes);
 
 /// HMAC-SHA256 of `msg` under `key`, as 64 hex characters.
 std::string hmac_sha256(const std::string& key, const std::string& msg);
