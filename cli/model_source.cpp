@@ -93,9 +93,9 @@ ir::Graph read_graph(const fs::path& file, std::string_view what) {
   return ir::parse(text, file.string());
 }
 
-std::string pipeline_token_flag(const ParsedArgs& args) {
+std::string pipeline_token_given(const ParsedArgs& args) {
   if (!args.has("--pipeline-token"))
-    return "";
+    return env().pipeline_token;
   const std::string t = args.get("--pipeline-token", "");
   if (t.empty())
     throw UsageError("--pipeline-token is empty: give every rank the same secret");
@@ -138,19 +138,19 @@ std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args
     launch.transport = env().pipeline_transport;
     if (args.has("--weights"))
       launch.weights = src.model_dir;
-    launch.token = pipeline_token_flag(args);
+    launch.token = pipeline_token_given(args);
     if (args.has("--world") &&
         args.get_int("--world", 1, 1, 1 << 16) != static_cast<int64_t>(stages.size()))
       throw UsageError(fmt::format("--world {} but the plan has {} pipeline stages",
                                    args.get("--world"), stages.size()));
     return make_pipeline_model(src.plan_dir, src.model_dir, src.max_batch, src.max_seq,
-                                std::move(stages), launch);
+                               std::move(stages), launch);
   }
   if (!stages.empty())
     std::fprintf(stderr, "[plan] %zu pipeline stages, run one after another in this process\n",
                  stages.size());
   return std::make_unique<CpuModel>(src.model_dir, src.max_batch, src.max_seq, g,
-                                     std::move(stages));
+                                    std::move(stages));
 }
 
 models::Tokenizer load_tokenizer(const ModelSource& src, const ParsedArgs& args) {

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "cli/args.h"
+#include "cli/env.h"
 #include "ir/error.h"
 #include "runtime/sha256.h"
 
@@ -181,12 +182,9 @@ std::string welcome_proof(const std::string& token, const std::string& nonce, in
   return hmac_sha256(token, fmt::format("xserv-pipeline welcome\n{}\n{}", nonce, rank));
 }
 
-std::string pipeline_token(const std::string& flag, bool spawned_here) {
-  if (!flag.empty())
-    return flag;
-  const char* t = std::getenv("XSERV_PIPELINE_TOKEN");
-  if (t && *t)
-    return t;
+std::string pipeline_token(const std::string& given, bool spawned_here) {
+  if (!given.empty())
+    return given;
   if (spawned_here)
     return to_hex(random_bytes(32)); // given to the spawned workers only, in their environment
   throw UsageError("no pipeline token: neither --pipeline-token nor XSERV_PIPELINE_TOKEN is set. "
@@ -290,20 +288,23 @@ Heartbeat::~Heartbeat() {
   thread_.join();
 }
 
+namespace {
+
+/// The fault XSERV_PIPELINE_FAULT sets for `rank` at `step` (env()), or "".
+std::string fault_at(int rank, int64_t step) {
+  const std::optional<PipelineFault>& f = env().pipeline_fault;
+  return f && f->rank == rank && f->step == step ? f->what : std::string();
+}
+
+} // namespace
+
 void maybe_fault(int rank, int64_t step) {
-  const char* f = std::getenv("XSERV_PIPELINE_FAULT");
-  if (!f)
+  const std::string what = fault_at(rank, step);
+  if (what.empty() || what == "stall" || what == "narrow") // maybe_stall's and maybe_corrupt's
     return;
-  int r = -1;
-  long long at = -1;
-  char what[8] = {0};
-  if (std::sscanf(f, "%d:%7[a-z]@%lld", &r, what, &at) != 3 || r != rank || at != step)
-    return;
-  if (std::string(what) == "exit")
+  if (what == "exit")
     std::_Exit(3);
-  if (std::string(what) == "stall" || std::string(what) == "narrow")
-    return; // maybe_stall's and maybe_corrupt's
-  if (std::string(what) == "stop") {
+  if (what == "stop") {
     std::raise(SIGSTOP); // the whole process frozen, heartbeat threads included
     return;
   }
@@ -312,12 +313,7 @@ void maybe_fault(int rank, int64_t step) {
 }
 
 void maybe_corrupt(int rank, int64_t step, Named& out, nlohmann::json& reply) {
-  const char* f = std::getenv("XSERV_PIPELINE_FAULT");
-  int r = -1;
-  long long at = -1;
-  char what[8] = {0};
-  if (!f || std::sscanf(f, "%d:%7[a-z]@%lld", &r, what, &at) != 3 || r != rank || at != step ||
-      std::string(what) != "narrow")
+  if (fault_at(rank, step) != "narrow")
     return;
   if (reply.contains("ids"))
     reply["ids"] = nlohmann::json::array({int64_t{1} << 30});
@@ -333,12 +329,7 @@ void maybe_corrupt(int rank, int64_t step, Named& out, nlohmann::json& reply) {
 }
 
 void maybe_stall(int rank, int64_t step) {
-  const char* f = std::getenv("XSERV_PIPELINE_FAULT");
-  int r = -1;
-  long long at = -1;
-  char what[8] = {0};
-  if (!f || std::sscanf(f, "%d:%7[a-z]@%lld", &r, what, &at) != 3 || r != rank || at != step ||
-      std::string(what) != "stall")
+  if (fault_at(rank, step) != "stall")
     return;
   for (;;) // heartbeats go on (the caller holds a Heartbeat), a result never comes
     std::this_thread::sleep_for(std::chrono::hours(1));

@@ -75,10 +75,10 @@ bool same_digest(const std::string& a, const std::string& b);
 std::string hello_proof(const std::string& token, const std::string& challenge, int rank, int world,
                         const std::string& digest, const std::string& nonce);
 std::string welcome_proof(const std::string& token, const std::string& nonce, int rank);
-/// The pipeline's shared secret: `flag` (--pipeline-token) when given, else
-/// XSERV_PIPELINE_TOKEN; else, for a rank 0 that spawns its workers on this host
-/// (`spawned_here`), a random one it passes to them; else UsageError.
-std::string pipeline_token(const std::string& flag, bool spawned_here);
+/// The pipeline's shared secret: `given` (--pipeline-token, else XSERV_PIPELINE_TOKEN: see
+/// cli::pipeline_token_given) when not empty; else, for a rank 0 that spawns its workers on this
+/// host (`spawned_here`), a random one it passes to them; else UsageError.
+std::string pipeline_token(const std::string& given, bool spawned_here);
 
 /// A frame's payload: the header as JSON (with a "tensors" list added) and the tensors' bytes.
 std::string encode(const nlohmann::json& head, const Named& tensors);
@@ -117,8 +117,8 @@ private:
   std::thread thread_; ///< last: starts after the members it uses
 };
 
-/// Fault injection for the tests: XSERV_PIPELINE_FAULT="RANK:exit@STEP", "RANK:hang@STEP" or
-/// "RANK:stop@STEP" (SIGSTOP: the whole process frozen).
+/// Fault injection for the tests (XSERV_PIPELINE_FAULT, read by cli/env): "RANK:exit@STEP",
+/// "RANK:hang@STEP" or "RANK:stop@STEP" (SIGSTOP: the whole process frozen).
 void maybe_fault(int rank, int64_t step);
 /// XSERV_PIPELINE_FAULT="RANK:stall@STEP": called while the rank sends heartbeats, it never
 /// returns (alive, no progress).
