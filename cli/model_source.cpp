@@ -16,6 +16,7 @@
 #include "cli/pipeline_local.h"
 #include "cli/plan_file.h"
 #include "ir/graph.h"
+#include "models/config.h"
 #include "runtime/device.h"
 #include "runtime/plan_checkpoint.h"
 #include "runtime/plan_io.h"
@@ -61,8 +62,12 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
     throw UsageError(fmt::format("checkpoint directory '{}' does not exist{}",
                                  src.model_dir.string(),
                                  src.plan_dir.empty() ? "" : " (give --weights DIR)"));
-  if (src.plan)
+  if (src.plan) {
     runtime::check_checkpoint(src.plan_dir, *src.plan, src.model_dir);
+    const fs::path config = src.model_dir / "config.json";
+    runtime::check_plan_config(src.plan_dir, *src.plan, config,
+                               models::ModelConfig::load(config).to_json());
+  }
   const int64_t plan_seq = src.max_seq, plan_batch = src.max_batch;
   src.max_seq =
       args.get_int("--max-seq", src.max_seq, 1, src.plan_dir.empty() ? (1 << 20) : plan_seq);

@@ -1,4 +1,4 @@
-// config_digest, sampled_file_digest and check_checkpoint: a plan's ties to its checkpoint.
+// config_digest, sampled_file_digest and the checks: a plan's ties to its checkpoint.
 #include "runtime/plan_checkpoint.h"
 
 #include <fstream>
@@ -47,6 +47,33 @@ std::string sampled_file_digest(const fs::path& file) {
     for (uint64_t i = 0; i < kBlocks; ++i)
       take(buf.size() + (size - buf.size() - kBlock) * i / (kBlocks - 1), kBlock);
   return h.hex_digest();
+}
+
+void check_plan_config(const fs::path& plan_dir, const Plan& plan, const fs::path& config_file,
+                       const nlohmann::json& checkpoint_config) {
+  auto shown = [](const nlohmann::json* v) {
+    if (!v)
+      return std::string("absent");
+    const std::string s = v->dump();
+    return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+  };
+  auto refuse = [&](const std::string& key, const nlohmann::json* in_plan,
+                    const nlohmann::json* in_checkpoint) {
+    throw Error(fmt::format("{}: field 'config.{}' is {}, but {} gives {}: plan.json was edited "
+                            "or belongs to another checkpoint, recompile the plan",
+                            (plan_dir / "plan.json").string(), key, shown(in_plan),
+                            config_file.string(), shown(in_checkpoint)));
+  };
+  for (auto it = plan.config.begin(); it != plan.config.end(); ++it) {
+    const auto other = checkpoint_config.find(it.key());
+    if (other == checkpoint_config.end())
+      refuse(it.key(), &*it, nullptr);
+    else if (*other != *it)
+      refuse(it.key(), &*it, &*other);
+  }
+  for (auto it = checkpoint_config.begin(); it != checkpoint_config.end(); ++it)
+    if (!plan.config.contains(it.key()))
+      refuse(it.key(), nullptr, &*it);
 }
 
 void check_checkpoint(const fs::path& plan_dir, const Plan& plan, const fs::path& model_dir) {

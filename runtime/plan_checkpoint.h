@@ -1,9 +1,11 @@
 // The checkpoint a plan was compiled from: the fingerprints compile records (config digest,
-// shard sizes and sampled hashes) and the check that run's checkpoint is still that one.
+// shard sizes and sampled hashes) and the checks that run's checkpoint is still that one.
 #pragma once
 
 #include <filesystem>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "runtime/plan_file.h"
 
@@ -18,6 +20,13 @@ std::string config_digest(const std::filesystem::path& config_file);
 /// per shard. It tells a shard replaced by another of the same size (other weights) from the
 /// original; an edit confined to bytes it does not sample goes unnoticed.
 std::string sampled_file_digest(const std::filesystem::path& file);
+
+/// Checks that the config block compile stored in plan.json (`plan.config`) is still the
+/// checkpoint's (`checkpoint_config`, ModelConfig's JSON form of its config.json), field by
+/// field: an edit of either is refused naming the field and both values.
+void check_plan_config(const std::filesystem::path& plan_dir, const Plan& plan,
+                       const std::filesystem::path& config_file,
+                       const nlohmann::json& checkpoint_config);
 
 /// Checks that `model_dir` is still the checkpoint `plan` (read from `plan_dir`) was compiled
 /// from: the same config.json bytes, and every listed safetensors file present with its size
