@@ -68,6 +68,19 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
     runtime::check_plan_config(src.plan_dir, *src.plan, config,
                                models::ModelConfig::load(config).to_json());
   }
+  if (args.has("--verify-weights")) {
+    if (!src.plan)
+      throw UsageError(fmt::format("--verify-weights checks a checkpoint against the digests a "
+                                   "plan recorded at compile: '{}' is not a plan",
+                                   path));
+    const runtime::WeightsVerified v =
+        runtime::verify_weights(src.plan_dir, *src.plan, src.model_dir);
+    std::fprintf(stderr,
+                 "[plan] --verify-weights: %zu file(s), %.2f GB, SHA-256 as at compile, in %.1f s "
+                 "(%.2f GB/s)\n",
+                 v.files, double(v.bytes) / 1e9, v.seconds,
+                 double(v.bytes) / 1e9 / std::max(v.seconds, 1e-9));
+  }
   const int64_t plan_seq = src.max_seq, plan_batch = src.max_batch;
   src.max_seq =
       args.get_int("--max-seq", src.max_seq, 1, src.plan_dir.empty() ? (1 << 20) : plan_seq);
