@@ -387,6 +387,8 @@ Plan plan_from_json(const json& doc, const fs::path& file) {
     c.fail("version", fmt::format("{}, but this xserv reads version {}: recompile the plan",
                                   shown(version), kPlanVersion));
   p.model_dir = c.string(doc, "", "model_dir");
+  if (p.model_dir.empty())
+    c.fail("model_dir", "empty (the checkpoint directory the plan was compiled from)");
   p.model_digest = c.string(doc, "", "model_digest");
   if (p.model_digest.empty())
     c.fail("model_digest", "empty (it ties the plan to its checkpoint's config.json)");

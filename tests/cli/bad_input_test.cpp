@@ -194,6 +194,7 @@ TEST_CASE("plan.json: wrong types, values out of range and missing fields name f
       {"/options", nullptr, "field 'options': missing"},
       {"/version", 999, "field 'version': 999, but this xserv reads version 2"},
       {"/version", 1, "field 'version': 1, but this xserv reads version 2: recompile the plan"},
+      {"/model_dir", "", "field 'model_dir': empty (the checkpoint directory the plan was"},
       {"/options/expert_format", "fp8",
        "field 'options.expert_format': must be \"bf16\", \"mxfp4\" or \"both\", found \"fp8\""},
       {"/codegen/layout/expert_format", "mxfp4",
