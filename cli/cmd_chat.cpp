@@ -186,7 +186,14 @@ struct ChatSession {
 } // namespace
 
 int cmd_chat(const ParsedArgs& args) {
-  const std::string date = parse_date(args.get("--date"), "--date"); // before loading anything
+  // The flags are checked before loading anything.
+  const std::string date = parse_date(args.get("--date"), "--date");
+  models::ReasoningEffort effort = models::ReasoningEffort::Medium;
+  try {
+    effort = models::parse_reasoning_effort(args.get("--reasoning", "medium"));
+  } catch (const Error& e) {
+    throw UsageError(fmt::format("--reasoning: {}", e.what()));
+  }
   ModelSource src = resolve_source(args.positional()[0], args);
   if (src.plan_dir.empty()) // a plan keeps the batch its launch table was compiled for
     src.max_batch = 1;
@@ -194,11 +201,7 @@ int cmd_chat(const ParsedArgs& args) {
   ChatSession chat(load_tokenizer(src, args), *model);
   chat.instructions = args.get("--system");
   chat.date = date;
-  try {
-    chat.effort = models::parse_reasoning_effort(args.get("--reasoning", "medium"));
-  } catch (const Error& e) {
-    throw UsageError(fmt::format("--reasoning: {}", e.what()));
-  }
+  chat.effort = effort;
   chat.sampling = sampling_options(args);
   chat.max_tokens = args.get_int("--max-tokens", 1024, 1, 1 << 24);
   chat.show_reasoning = args.has("--show-reasoning");

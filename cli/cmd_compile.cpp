@@ -155,8 +155,8 @@ int cmd_compile(const ParsedArgs& args) {
       fmt::format("{} layers, {} experts", cfg.num_hidden_layers, cfg.num_local_experts));
 
   // With weights present, check them now from the safetensors headers alone (the tensor bytes,
-  // 13.8 GB for 20b, are never read here); a directory with only config.json compiles too and
-  // its weights are checked when the plan runs.
+  // 13.8 GB for 20b, are only hashed here, never parsed); a directory with only config.json
+  // compiles too and its weights are checked when the plan runs.
   std::vector<runtime::PlanWeightFile> weight_files;
   const bool has_weights =
       fs::is_directory(model) && (fs::exists(model / "model.safetensors") ||
@@ -166,13 +166,21 @@ int cmd_compile(const ParsedArgs& args) {
     models::Checkpoint ckpt =
         models::Checkpoint::open(model, {.map_data = false, .validate = true});
     uint64_t total = 0;
+    std::vector<fs::path> paths;
     for (const auto& f : ckpt.files()) {
       weight_files.push_back(
           {f.path().filename().string(), f.file_size(), runtime::sampled_file_digest(f.path())});
+      paths.push_back(f.path());
       total += f.file_size();
     }
     progress.finish(fmt::format("{} tensors in {} file(s), {:.2f} GB", ckpt.tensor_names().size(),
                                 ckpt.files().size(), static_cast<double>(total) / 1e9));
+    // The one full read of the weights at compile: what `run --verify-weights` compares with.
+    progress.step("hashing the safetensors files (SHA-256)");
+    const std::vector<std::string> digests = runtime::full_file_digests(paths);
+    for (size_t i = 0; i < digests.size(); ++i)
+      weight_files[i].sha256 = digests[i];
+    progress.finish();
   }
 
   progress.step("building the graph");

@@ -75,7 +75,25 @@ int cmd_run(const ParsedArgs& args) {
   const bool ids_mode = args.has("--prompt-ids"), text_mode = args.has("--prompt");
   if (ids_mode == text_mode)
     throw UsageError("give exactly one of --prompt-ids 1,2,3 or --prompt \"text\"");
-  const std::string date = parse_date(args.get("--date"), "--date"); // before loading anything
+  // These shape the harmony chat prompt --prompt renders: with ids or raw text they would be
+  // ignored, which a caller asking for them should hear about.
+  if (ids_mode || args.has("--raw"))
+    for (const char* flag : {"--system", "--reasoning", "--date", "--show-reasoning"})
+      if (args.has(flag))
+        throw UsageError(fmt::format("{} shapes the chat prompt of --prompt; with {} it would be "
+                                     "ignored",
+                                     flag, ids_mode ? "--prompt-ids" : "--prompt --raw"));
+  if (args.has("--stop-at-eos") && !ids_mode)
+    throw UsageError("--stop-at-eos goes with --prompt-ids (a chat prompt stops at harmony's "
+                     "stop tokens)");
+  // Checked before loading anything.
+  const std::string date = parse_date(args.get("--date"), "--date");
+  models::ReasoningEffort effort = models::ReasoningEffort::Medium;
+  try {
+    effort = models::parse_reasoning_effort(args.get("--reasoning", "medium"));
+  } catch (const Error& e) {
+    throw UsageError(fmt::format("--reasoning: {}", e.what()));
+  }
   // A plan runs with the batch it was compiled for (its launch table is for that many rows);
   // a checkpoint directory needs one row.
   ModelSource src = resolve_source(args.positional()[0], args);
@@ -136,7 +154,7 @@ int cmd_run(const ParsedArgs& args) {
     models::ChatPrompt chat;
     chat.user = args.get("--prompt");
     chat.instructions = args.get("--system");
-    chat.effort = models::parse_reasoning_effort(args.get("--reasoning", "medium"));
+    chat.effort = effort;
     chat.current_date = date;
     auto msgs = models::make_chat(chat);
     auto ids = models::render_for_completion(tok, msgs);

@@ -40,7 +40,7 @@ int cmd_worker(const ParsedArgs& args) {
     throw UsageError(fmt::format("'{}' is not a plan compiled with --pp N", args.positional()[0]));
   const int rank = static_cast<int>(args.get_int("--rank", 0, 0, 1 << 16));
   const int world = static_cast<int>(args.get_int("--world", 0, 1, 1 << 16));
-  const std::string token = pipeline_token_flag(args);
+  const std::string token = pipeline_token_given(args);
   try {
     return run_pipeline_worker(src, rank, world, args.get("--coordinator"), token);
   } catch (const std::exception& e) {

@@ -77,6 +77,33 @@ public:
     bad(name, *v, accepts);
   }
 
+  /// "RANK:WHAT@STEP" with WHAT one of the faults cli/pipeline_wire.h injects.
+  std::optional<PipelineFault> fault(const char* name) const {
+    const auto v = text(name);
+    if (!v)
+      return std::nullopt;
+    const char* accepts = "RANK:WHAT@STEP (WHAT: exit, hang, stop, stall or narrow)";
+    const size_t colon = v->find(':'), at = v->find('@');
+    if (colon == std::string::npos || at == std::string::npos || at < colon)
+      bad(name, *v, accepts);
+    PipelineFault f;
+    f.what = v->substr(colon + 1, at - colon - 1);
+    const std::string rank = v->substr(0, colon), step = v->substr(at + 1);
+    char* end = nullptr;
+    errno = 0;
+    const long r = std::strtol(rank.c_str(), &end, 10);
+    const bool rank_ok = !rank.empty() && *end == '\0' && !errno && r >= 0 && r < (1 << 16);
+    const long long s = std::strtoll(step.c_str(), &end, 10);
+    const bool step_ok = !step.empty() && *end == '\0' && !errno && s >= 0;
+    if (!rank_ok || !step_ok ||
+        (f.what != "exit" && f.what != "hang" && f.what != "stop" && f.what != "stall" &&
+         f.what != "narrow"))
+      bad(name, *v, accepts);
+    f.rank = static_cast<int>(r);
+    f.step = s;
+    return f;
+  }
+
 private:
   const std::function<const char*(const char*)>& get_;
 };
@@ -103,6 +130,8 @@ Env parse_env(const std::function<const char*(const char*)>& get) {
   e.pipeline_transport =
       r.choice("XSERV_PIPELINE_TRANSPORT", {"auto", "tcp", "nccl"}, "auto, tcp or nccl")
           .value_or("auto");
+  e.pipeline_token = r.text("XSERV_PIPELINE_TOKEN").value_or("");
+  e.pipeline_fault = r.fault("XSERV_PIPELINE_FAULT");
   return e;
 }
 

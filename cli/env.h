@@ -4,11 +4,20 @@
 
 #include <chrono>
 #include <filesystem>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
 
 namespace xserv::cli {
+
+/// XSERV_PIPELINE_FAULT="RANK:WHAT@STEP", for the tests: rank RANK fails at step STEP in the way
+/// WHAT says (cli/pipeline_wire.h, maybe_fault and its siblings).
+struct PipelineFault {
+  int rank = 0;
+  std::string what; ///< exit, hang, stop, stall or narrow
+  int64_t step = 0;
+};
 
 /// Every XSERV_* setting the xserv binary reads. An unset or empty variable is its default.
 struct Env {
@@ -32,6 +41,11 @@ struct Env {
   std::chrono::milliseconds pipeline_step_timeout{600000};
   int pipeline_micro_batches = 0; ///< XSERV_PIPELINE_MICROBATCHES: >= 1; 0 (unset): default
   std::string pipeline_transport = "auto"; ///< XSERV_PIPELINE_TRANSPORT=auto|nccl|tcp
+  /// XSERV_PIPELINE_TOKEN: the pipeline's shared secret when --pipeline-token is not given.
+  /// Read once, like the others: a rank 0 hands its spawned workers the token in their own
+  /// environment, and passes it within the process as a value (PipelineLaunch::token).
+  std::string pipeline_token;
+  std::optional<PipelineFault> pipeline_fault; ///< XSERV_PIPELINE_FAULT (tests only)
 };
 
 /// Parses the variables through `get` (getenv's contract: nullptr when unset). Throws UsageError

@@ -17,6 +17,7 @@
 #include "cli/pipeline_local.h"
 #include "cli/plan_file.h"
 #include "ir/graph.h"
+#include "models/config.h"
 #include "runtime/device.h"
 #include "runtime/plan_checkpoint.h"
 #include "runtime/plan_io.h"
@@ -61,8 +62,25 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args) {
     throw UsageError(fmt::format("checkpoint directory '{}' does not exist{}",
                                  src.model_dir.string(),
                                  src.plan_dir.empty() ? "" : " (give --weights DIR)"));
-  if (src.plan)
+  if (src.plan) {
     runtime::check_checkpoint(src.plan_dir, *src.plan, src.model_dir);
+    const fs::path config = src.model_dir / "config.json";
+    runtime::check_plan_config(src.plan_dir, *src.plan, config,
+                               models::ModelConfig::load(config).to_json());
+  }
+  if (args.has("--verify-weights")) {
+    if (!src.plan)
+      throw UsageError(fmt::format("--verify-weights checks a checkpoint against the digests a "
+                                   "plan recorded at compile: '{}' is not a plan",
+                                   path));
+    const runtime::WeightsVerified v =
+        runtime::verify_weights(src.plan_dir, *src.plan, src.model_dir);
+    std::fprintf(stderr,
+                 "[plan] --verify-weights: %zu file(s), %.2f GB, SHA-256 as at compile, in %.1f s "
+                 "(%.2f GB/s)\n",
+                 v.files, double(v.bytes) / 1e9, v.seconds,
+                 double(v.bytes) / 1e9 / std::max(v.seconds, 1e-9));
+  }
   const int64_t plan_seq = src.max_seq, plan_batch = src.max_batch;
   src.max_seq =
       args.get_int("--max-seq", src.max_seq, 1, src.plan_dir.empty() ? (1 << 20) : plan_seq);
@@ -93,9 +111,9 @@ ir::Graph read_graph(const fs::path& file, std::string_view what) {
   return ir::parse(text, file.string());
 }
 
-std::string pipeline_token_flag(const ParsedArgs& args) {
+std::string pipeline_token_given(const ParsedArgs& args) {
   if (!args.has("--pipeline-token"))
-    return "";
+    return env().pipeline_token;
   const std::string t = args.get("--pipeline-token", "");
   if (t.empty())
     throw UsageError("--pipeline-token is empty: give every rank the same secret");
@@ -185,7 +203,7 @@ std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args
     launch.transport = env().pipeline_transport;
     if (args.has("--weights"))
       launch.weights = src.model_dir;
-    launch.token = pipeline_token_flag(args);
+    launch.token = pipeline_token_given(args);
     if (args.has("--world") &&
         args.get_int("--world", 1, 1, 1 << 16) != static_cast<int64_t>(stages))
       throw UsageError(fmt::format("--world {} but the plan has {} pipeline stages",

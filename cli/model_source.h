@@ -55,8 +55,9 @@ std::string resolve_backend(const ModelSource& src, const std::string& requested
 /// missing" when it cannot be read.
 ir::Graph read_graph(const std::filesystem::path& file, std::string_view what);
 
-/// --pipeline-token's value ("" when not given); UsageError when it is given empty.
-std::string pipeline_token_flag(const ParsedArgs& args);
+/// The pipeline token this process was given: --pipeline-token's value, else
+/// XSERV_PIPELINE_TOKEN (env()); "" when neither is set. UsageError when the flag is empty.
+std::string pipeline_token_given(const ParsedArgs& args);
 
 /// Refuses (UsageError naming the compile flag) a CUDA run of a plan stage of `layout` that the
 /// plan was not compiled for: another max batch or max sequence than the layout's, or

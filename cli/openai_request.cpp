@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "models/json_error.h"
+
 namespace xserv::cli::openai {
 namespace {
 
@@ -248,7 +250,8 @@ Json parse_body(const std::string& body) {
     j = Json::parse(body);
   } catch (const nlohmann::json::exception& e) {
     // parse_error, and out_of_range for a number no double holds (1e400)
-    throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()));
+    throw ApiError(400, fmt::format("the request body is not valid JSON: {}",
+                                    models::json_error_text(e.what())));
   }
   if (!j.is_object())
     throw ApiError(400, "the request body must be a JSON object, not " + type_name(j));

@@ -247,13 +247,17 @@ private:
         if (m < 0 || m >= m_count)
           continue;
         Named& got = out[size_t(r)][size_t(m)];
-        const nlohmann::json head = await(r, kResult, &got);
-        if (r == world - 1)
+        const bool last = r == world - 1;
+        const std::vector<BoundaryTensor> sends =
+            last ? std::vector<BoundaryTensor>()
+                 : stage_sends(src_.plan->stages[size_t(r)], token_count(mbs[size_t(m)].in));
+        const nlohmann::json head = await(r, kResult, &got,
+                                          result_frame_bytes(mbs[size_t(m)].in, sends, last, greedy,
+                                                             local_->config().vocab_size));
+        if (last)
           take_results(r, mbs[size_t(m)], head, got, logits, ids);
         else // relayed to rank r + 1 next tick: first checked against the plan's boundary
-          check_boundary(got,
-                         stage_sends(src_.plan->stages[size_t(r)], token_count(mbs[size_t(m)].in)),
-                         fmt::format("pipeline rank {}", r));
+          check_boundary(got, sends, fmt::format("pipeline rank {}", r));
       }
     }
     ++steps_;
@@ -284,8 +288,10 @@ private:
     }
     for (int r = 1; r < world; ++r)
       for (const MicroBatch& mb : mbs) {
-        Named got;
-        const nlohmann::json head = await(r, kResult, &got);
+        Named got; // over NCCL an intermediate rank's result is an acknowledgement
+        const nlohmann::json head = await(
+            r, kResult, &got,
+            result_frame_bytes(mb.in, {}, r == world - 1, greedy, local_->config().vocab_size));
         if (r == world - 1)
           take_results(r, mb, head, got, logits, ids);
       }
@@ -335,9 +341,9 @@ private:
   }
 
   /// Waits for a frame of `type` from rank `r` (heartbeats extend the wait), decoding its
-  /// tensors into `tensors` and returning its header; a failure, a silence past the rank timeout
-  /// or a dropped connection throws naming the rank.
-  nlohmann::json await(int r, uint8_t type, Named* tensors) {
+  /// tensors into `tensors` and returning its header; a failure, a silence past the rank timeout,
+  /// a dropped connection or a frame announcing more than `max_bytes` throws naming the rank.
+  nlohmann::json await(int r, uint8_t type, Named* tensors, uint64_t max_bytes = kMaxControlBytes) {
     // Heartbeats prove a rank alive, not that it progresses: the whole wait is bounded too.
     const auto deadline = Clock::now() + step_timeout_;
     try {
@@ -353,7 +359,8 @@ private:
           throw past_deadline();
         Frame f;
         try {
-          f = ranks_[size_t(r)].receive(std::min(launch_.rank_timeout, left));
+          f = ranks_[size_t(r)].receive(std::min(launch_.rank_timeout, left),
+                                        reply_frame_bound(type, max_bytes));
         } catch (const Error&) {
           if (left < launch_.rank_timeout &&
               Clock::now() + std::chrono::milliseconds(10) >= deadline)

@@ -30,8 +30,8 @@ struct PipelineLaunch {
   /// ephemeral port; else "HOST:PORT" to listen on, for workers started elsewhere.
   std::string coordinator;
   std::filesystem::path weights; ///< passed to spawned workers as --weights when set
-  /// The shared secret every rank proves it holds (--pipeline-token); empty:
-  /// XSERV_PIPELINE_TOKEN, else a random one for spawned workers (wire::pipeline_token).
+  /// The shared secret every rank proves it holds (--pipeline-token, else XSERV_PIPELINE_TOKEN:
+  /// pipeline_token_given); empty: a random one for spawned workers (wire::pipeline_token).
   std::string token;
   /// No frame from a computing rank (not even a heartbeat) for this long: it is declared hung
   /// (XSERV_PIPELINE_TIMEOUT, seconds, sets it for xserv run).
@@ -89,7 +89,7 @@ std::unique_ptr<StageRunner> make_stage_runner(const ModelSource& src, size_t st
 /// The body of `xserv worker` for the pipelined plan `src` (its stage programs and limits, as
 /// resolve_source read them): connects to the coordinator, handshakes as `rank` of `world`,
 /// then runs its stage (on the backend rank 0 names) for every step until told to quit.
-/// `token_flag` (--pipeline-token) is the shared secret, else XSERV_PIPELINE_TOKEN.
+/// `token_flag` is the shared secret given (--pipeline-token, else XSERV_PIPELINE_TOKEN).
 /// Returns the exit code. With the CUDA backend the process uses its first visible GPU
 /// (`xserv worker --device D` narrows CUDA_VISIBLE_DEVICES before any CUDA call).
 int run_pipeline_worker(const ModelSource& src, int rank, int world, const std::string& coordinator,

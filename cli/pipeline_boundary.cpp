@@ -83,6 +83,20 @@ std::vector<BoundaryTensor> stage_sends(const ir::Graph& g, int64_t tokens) {
   return out;
 }
 
+uint64_t boundary_bytes(const std::vector<BoundaryTensor>& tensors) {
+  constexpr uint64_t kMax = UINT64_MAX;
+  uint64_t total = 0;
+  for (const BoundaryTensor& t : tensors) {
+    uint64_t bytes = 4;
+    for (int64_t d : t.shape) {
+      const auto n = static_cast<uint64_t>(std::max<int64_t>(d, 0));
+      bytes = n != 0 && bytes > kMax / n ? kMax : bytes * n;
+    }
+    total = bytes > kMax - total ? kMax : total + bytes;
+  }
+  return total;
+}
+
 void check_boundary(const Named& got, const std::vector<BoundaryTensor>& want,
                     const std::string& peer) {
   std::vector<bool> seen(want.size(), false);

@@ -43,6 +43,10 @@ std::vector<BoundaryTensor> stage_receives(const ir::Graph& g, int64_t tokens);
 /// the last stage.
 std::vector<BoundaryTensor> stage_sends(const ir::Graph& g, int64_t tokens);
 
+/// The bytes `tensors` take in a pipeline frame (4 per element: f32 and i32 alike), saturating
+/// at UINT64_MAX instead of wrapping.
+uint64_t boundary_bytes(const std::vector<BoundaryTensor>& tensors);
+
 /// Checks activations `got` that arrived from `peer` (e.g. "pipeline rank 2") against `want`
 /// before anything reads them: each wanted name once and nothing else, each with the plan's
 /// dtype and shape. Throws xserv::Error naming the peer, the tensor and both shapes.

@@ -1,6 +1,7 @@
 // The pipeline's wire protocol (cli/pipeline_wire.h).
 #include "cli/pipeline_wire.h"
 
+#include <algorithm>
 #include <climits>
 #include <csignal>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "cli/args.h"
+#include "cli/env.h"
 #include "ir/error.h"
 #include "runtime/sha256.h"
 
@@ -88,6 +90,60 @@ nlohmann::json decode(const std::string& payload, Named* tensors) {
   return h;
 }
 
+uint64_t header_bound(uint64_t ints, const std::vector<BoundaryTensor>& tensors) {
+  uint64_t bytes = 4096; // the length, braces, field names, the step number, "greedy"
+  bytes += 12 * std::min<uint64_t>(ints, uint64_t{1} << 56);
+  for (const BoundaryTensor& t : tensors)
+    bytes += 128 + 2 * t.name.size() + 24 * t.shape.size();
+  return bytes;
+}
+
+namespace {
+
+/// worker_frame_bound over the stage's receives, whatever describes the stage.
+template <typename Stage>
+runtime::FrameBound frame_bound_of(const Stage& stage, int64_t max_batch, int64_t max_seq) {
+  const auto seqs = static_cast<uint64_t>(std::max<int64_t>(max_batch, 1));
+  const uint64_t tokens = seqs * static_cast<uint64_t>(std::max<int64_t>(max_seq, 1));
+  const std::vector<BoundaryTensor> recv = stage_receives(stage, static_cast<int64_t>(tokens));
+  // Every token id, and per sequence its context length, cache row and list brackets.
+  const uint64_t data = boundary_bytes(recv), head = header_bound(tokens + 3 * seqs, recv);
+  const uint64_t step = data > UINT64_MAX - head ? UINT64_MAX : data + head;
+  return [step](uint8_t type) {
+    return type == kStep ? step : type == kFail ? kMaxFailBytes : kMaxControlBytes;
+  };
+}
+
+} // namespace
+
+runtime::FrameBound worker_frame_bound(const ir::Graph& stage, int64_t max_batch, int64_t max_seq) {
+  return frame_bound_of(stage, max_batch, max_seq);
+}
+
+runtime::FrameBound worker_frame_bound(const runtime::PlanStage& stage, int64_t max_batch,
+                                       int64_t max_seq) {
+  return frame_bound_of(stage, max_batch, max_seq);
+}
+
+uint64_t result_frame_bytes(const models::StepInput& in, const std::vector<BoundaryTensor>& sends,
+                            bool last, bool greedy, int64_t vocab) {
+  const auto seqs = static_cast<uint64_t>(in.tokens.size());
+  if (!last)
+    return header_bound(0, sends) + boundary_bytes(sends);
+  if (greedy)
+    return header_bound(seqs, {});
+  const auto rows = std::max(seqs, static_cast<uint64_t>(token_count(in)));
+  const std::vector<BoundaryTensor> logits = {
+      {"out.0", ir::DType::F32, {static_cast<int64_t>(rows), vocab}}};
+  return header_bound(0, logits) + boundary_bytes(logits);
+}
+
+runtime::FrameBound reply_frame_bound(uint8_t want, uint64_t want_bytes) {
+  return [want, want_bytes](uint8_t type) {
+    return type == want ? want_bytes : type == kFail ? kMaxFailBytes : kMaxControlBytes;
+  };
+}
+
 std::string hmac_sha256(const std::string& key, const std::string& msg) {
   constexpr size_t kBlock = 64;
   std::string k = key;
@@ -141,12 +197,9 @@ std::string welcome_proof(const std::string& token, const std::string& nonce, in
   return hmac_sha256(token, fmt::format("xserv-pipeline welcome\n{}\n{}", nonce, rank));
 }
 
-std::string pipeline_token(const std::string& flag, bool spawned_here) {
-  if (!flag.empty())
-    return flag;
-  const char* t = std::getenv("XSERV_PIPELINE_TOKEN");
-  if (t && *t)
-    return t;
+std::string pipeline_token(const std::string& given, bool spawned_here) {
+  if (!given.empty())
+    return given;
   if (spawned_here)
     return to_hex(random_bytes(32)); // given to the spawned workers only, in their environment
   throw UsageError("no pipeline token: neither --pipeline-token nor XSERV_PIPELINE_TOKEN is set. "
@@ -250,20 +303,23 @@ Heartbeat::~Heartbeat() {
   thread_.join();
 }
 
+namespace {
+
+/// The fault XSERV_PIPELINE_FAULT sets for `rank` at `step` (env()), or "".
+std::string fault_at(int rank, int64_t step) {
+  const std::optional<PipelineFault>& f = env().pipeline_fault;
+  return f && f->rank == rank && f->step == step ? f->what : std::string();
+}
+
+} // namespace
+
 void maybe_fault(int rank, int64_t step) {
-  const char* f = std::getenv("XSERV_PIPELINE_FAULT");
-  if (!f)
+  const std::string what = fault_at(rank, step);
+  if (what.empty() || what == "stall" || what == "narrow") // maybe_stall's and maybe_corrupt's
     return;
-  int r = -1;
-  long long at = -1;
-  char what[8] = {0};
-  if (std::sscanf(f, "%d:%7[a-z]@%lld", &r, what, &at) != 3 || r != rank || at != step)
-    return;
-  if (std::string(what) == "exit")
+  if (what == "exit")
     std::_Exit(3);
-  if (std::string(what) == "stall" || std::string(what) == "narrow")
-    return; // maybe_stall's and maybe_corrupt's
-  if (std::string(what) == "stop") {
+  if (what == "stop") {
     std::raise(SIGSTOP); // the whole process frozen, heartbeat threads included
     return;
   }
@@ -272,12 +328,7 @@ void maybe_fault(int rank, int64_t step) {
 }
 
 void maybe_corrupt(int rank, int64_t step, Named& out, nlohmann::json& reply) {
-  const char* f = std::getenv("XSERV_PIPELINE_FAULT");
-  int r = -1;
-  long long at = -1;
-  char what[8] = {0};
-  if (!f || std::sscanf(f, "%d:%7[a-z]@%lld", &r, what, &at) != 3 || r != rank || at != step ||
-      std::string(what) != "narrow")
+  if (fault_at(rank, step) != "narrow")
     return;
   if (reply.contains("ids"))
     reply["ids"] = nlohmann::json::array({int64_t{1} << 30});
@@ -293,12 +344,7 @@ void maybe_corrupt(int rank, int64_t step, Named& out, nlohmann::json& reply) {
 }
 
 void maybe_stall(int rank, int64_t step) {
-  const char* f = std::getenv("XSERV_PIPELINE_FAULT");
-  int r = -1;
-  long long at = -1;
-  char what[8] = {0};
-  if (!f || std::sscanf(f, "%d:%7[a-z]@%lld", &r, what, &at) != 3 || r != rank || at != step ||
-      std::string(what) != "stall")
+  if (fault_at(rank, step) != "stall")
     return;
   for (;;) // heartbeats go on (the caller holds a Heartbeat), a result never comes
     std::this_thread::sleep_for(std::chrono::hours(1));

@@ -38,6 +38,34 @@ enum FrameType : uint8_t {
 /// Bounds on what a frame may announce before the peer has proven it holds the token: the
 /// challenge, hello and welcome are small JSON headers.
 inline constexpr uint64_t kMaxHandshakeBytes = 64 << 10;
+/// Frames that carry no tensors and no step (kAlive, kReset, kQuit, kReady) after the handshake.
+inline constexpr uint64_t kMaxControlBytes = 64 << 10;
+/// A kFail frame: one message.
+inline constexpr uint64_t kMaxFailBytes = 1 << 20;
+
+/// The most bytes a frame's JSON header (with its 8-byte length) may take when it lists `ints`
+/// integers (token ids, context lengths, cache rows, ids) and describes `tensors`: 12 characters
+/// an int32 and its comma take, and room for each tensor's entry.
+uint64_t header_bound(uint64_t ints, const std::vector<BoundaryTensor>& tensors);
+
+/// What a worker accepts from rank 0 after the handshake, by frame type, checked before
+/// anything is allocated: a kStep frame up to the bytes of the largest step the run allows
+/// (`max_batch` sequences of `max_seq` tokens: their header and the stage program's receives),
+/// kFail up to kMaxFailBytes, anything else kMaxControlBytes.
+runtime::FrameBound worker_frame_bound(const ir::Graph& stage, int64_t max_batch, int64_t max_seq);
+/// The same for a stage of a compiled plan (its recorded receives).
+runtime::FrameBound worker_frame_bound(const runtime::PlanStage& stage, int64_t max_batch,
+                                       int64_t max_seq);
+
+/// The most bytes rank 0 accepts in a rank's kResult for the (micro-batch) step `in`: its header
+/// and `sends` (an intermediate rank's activations for this step; none over NCCL); from the last
+/// rank (`last`) one id per sequence (`greedy`) or one f32 logits tensor of at most [tokens,
+/// vocab].
+uint64_t result_frame_bytes(const models::StepInput& in, const std::vector<BoundaryTensor>& sends,
+                            bool last, bool greedy, int64_t vocab);
+/// What rank 0 accepts while it waits for a frame of type `want`: `want_bytes` for it, kFail up
+/// to kMaxFailBytes, anything else kMaxControlBytes.
+runtime::FrameBound reply_frame_bound(uint8_t want, uint64_t want_bytes);
 
 /// HMAC-SHA256 of `msg` under `key`, as 64 hex characters.
 std::string hmac_sha256(const std::string& key, const std::string& msg);
@@ -50,10 +78,10 @@ bool same_digest(const std::string& a, const std::string& b);
 std::string hello_proof(const std::string& token, const std::string& challenge, int rank, int world,
                         const std::string& digest, const std::string& nonce);
 std::string welcome_proof(const std::string& token, const std::string& nonce, int rank);
-/// The pipeline's shared secret: `flag` (--pipeline-token) when given, else
-/// XSERV_PIPELINE_TOKEN; else, for a rank 0 that spawns its workers on this host
-/// (`spawned_here`), a random one it passes to them; else UsageError.
-std::string pipeline_token(const std::string& flag, bool spawned_here);
+/// The pipeline's shared secret: `given` (--pipeline-token, else XSERV_PIPELINE_TOKEN: see
+/// cli::pipeline_token_given) when not empty; else, for a rank 0 that spawns its workers on this
+/// host (`spawned_here`), a random one it passes to them; else UsageError.
+std::string pipeline_token(const std::string& given, bool spawned_here);
 
 /// A frame's payload: the header as JSON (with a "tensors" list added) and the tensors' bytes.
 std::string encode(const nlohmann::json& head, const Named& tensors);
@@ -92,8 +120,8 @@ private:
   std::thread thread_; ///< last: starts after the members it uses
 };
 
-/// Fault injection for the tests: XSERV_PIPELINE_FAULT="RANK:exit@STEP", "RANK:hang@STEP" or
-/// "RANK:stop@STEP" (SIGSTOP: the whole process frozen).
+/// Fault injection for the tests (XSERV_PIPELINE_FAULT, read by cli/env): "RANK:exit@STEP",
+/// "RANK:hang@STEP" or "RANK:stop@STEP" (SIGSTOP: the whole process frozen).
 void maybe_fault(int rank, int64_t step);
 /// XSERV_PIPELINE_FAULT="RANK:stall@STEP": called while the rank sends heartbeats, it never
 /// returns (alive, no progress).

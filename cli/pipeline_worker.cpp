@@ -100,12 +100,15 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world, const std::
       throw;
     }
   }
+  // No frame may announce more than the largest step this rank accepts (checked before
+  // anything is allocated), even from a peer that holds the token.
+  const runtime::FrameBound bound = worker_frame_bound(stage, max_batch, max_seq);
   for (;;) {
     // Between steps rank 0 may be idle for long (a chat), but it sends a heartbeat every
     // second: silence past the rank timeout means it is frozen or gone.
     Frame f;
     try {
-      f = c.receive(pipeline_rank_timeout());
+      f = c.receive(pipeline_rank_timeout(), bound);
     } catch (const Error& e) {
       throw Error(fmt::format("rank {}: rank 0 ({}) stopped: {}", rank, coordinator, e.what()));
     }

@@ -1,6 +1,8 @@
 // The server's machinery: routes, API key, errors, the engine loop, request channels, drain.
 #include "cli/serve_state.h"
 
+#include "cli/http_framing.h"
+
 #include <arpa/inet.h>
 #include <cstdio>
 #include <ctime>
@@ -227,22 +229,60 @@ void Server::State::check_model(const std::string& name) const {
 
 namespace {
 
-/// API key, loading and draining checks in front of every route.
+/// Set by the pre-routing gate on the thread that handles a request whose connection must end
+/// after its response, and taken by the logger, which cpp-httplib calls once the response is
+/// written.
+thread_local bool t_close_connection = false;
+
+/// Ends the connection of `req` after its response: what follows a request whose body was not
+/// read (refused before, or its end in doubt) cannot be read as the next request. cpp-httplib
+/// 0.11 keeps the connection of a response from the pre-routing handler, and writes nothing to
+/// a socket that reads as closed, so this runs after the write: what the client already sent is
+/// read and dropped (so the close does not reset the connection under the response), then the
+/// socket is shut down and the library, finding the end of the stream, closes it.
+void close_after_response(const Server::State& st, const httplib::Request& req) {
+  const int fd = find_client_socket(st, req);
+  if (fd < 0)
+    return;
+  char buf[16384];
+  for (size_t dropped = 0; dropped < (size_t{1} << 20);) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n <= 0)
+      break;
+    dropped += size_t(n);
+  }
+  ::shutdown(fd, SHUT_RDWR);
+}
+
+/// Body framing, API key, loading and draining checks in front of every route. They run before
+/// the library reads the body, so a request refused here that has one ends its connection.
 httplib::Server::HandlerResponse gate(Server::State& st, const httplib::Request& req,
                                       httplib::Response& res) {
+  t_close_connection = false; // the logger of an earlier response may not have run
+  auto refuse = [&](const ApiError& e, bool unread_body) {
+    set_error(res, e);
+    if (unread_body) {
+      res.set_header("Connection", "close");
+      t_close_connection = true;
+    }
+    return httplib::Server::HandlerResponse::Handled;
+  };
+  // Before the library reads a body by a Content-Length or Transfer-Encoding it misreads.
+  if (const auto bad = check_body_framing(req.method, req.headers, st.options.max_body_bytes))
+    return refuse(*bad, true);
+  const bool body =
+      req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0";
   const bool open_path = req.path == "/health" || req.path == "/metrics";
   if (!open_path && !st.options.api_key.empty() &&
-      req.get_header_value("Authorization") != "Bearer " + st.options.api_key) {
-    set_error(res, ApiError(401, "a valid API key is needed: Authorization: Bearer KEY", "",
-                            "authentication_error", "invalid_api_key"));
-    return httplib::Server::HandlerResponse::Handled;
-  }
-  if (!open_path && (!st.ready || st.draining)) {
-    set_error(res,
-              ApiError(503, st.draining ? "the server is shutting down" : "the model is loading",
-                       "", "service_unavailable"));
-    return httplib::Server::HandlerResponse::Handled;
-  }
+      req.get_header_value("Authorization") != "Bearer " + st.options.api_key)
+    return refuse(ApiError(401, "a valid API key is needed: Authorization: Bearer KEY", "",
+                           "authentication_error", "invalid_api_key"),
+                  body);
+  if (!open_path && (!st.ready || st.draining))
+    return refuse(ApiError(503,
+                           st.draining ? "the server is shutting down" : "the model is loading", "",
+                           "service_unavailable"),
+                  body);
   return httplib::Server::HandlerResponse::Unhandled;
 }
 
@@ -250,6 +290,12 @@ void add_routes(Server::State& st) {
   httplib::Server& h = st.http;
   h.set_pre_routing_handler(
       [&st](const httplib::Request& req, httplib::Response& res) { return gate(st, req, res); });
+  h.set_logger([&st](const httplib::Request& req, const httplib::Response&) {
+    if (t_close_connection) {
+      t_close_connection = false;
+      close_after_response(st, req);
+    }
+  });
   h.set_error_handler(
       httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty())

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ir/error.h"
+#include "models/json_error.h"
 
 namespace xserv::models {
 namespace {
@@ -196,7 +197,7 @@ std::string render_tools_section(std::span<const ToolNamespace> namespaces) {
           params = Json::parse(tool.parameters);
         } catch (const nlohmann::json::exception& e) {
           throw Error(fmt::format("tool {}.{}: parameters are not valid JSON: {}", ns->name,
-                                  tool.name, e.what()));
+                                  tool.name, json_error_text(e.what())));
         }
         lines.push_back("type " + tool.name + " = (_: " + to_typescript(params, "") +
                         ") => any;\n");

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ir/error.h"
+#include "models/json_error.h"
 #include "models/tokenizer_impl.h"
 
 namespace xserv::models {
@@ -187,7 +188,7 @@ Tokenizer Tokenizer::from_hf_json_text(std::string_view text, const std::string&
   try {
     doc = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("{}: not valid JSON: {}", source, e.what()));
+    throw Error(fmt::format("{}: not valid JSON: {}", source, json_error_text(e.what())));
   }
   const auto* model = doc.is_object() && doc.contains("model") ? &doc["model"] : nullptr;
   if (!model || !model->is_object() || model->value("type", std::string()) != "BPE" ||

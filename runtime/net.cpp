@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -129,6 +130,10 @@ void Connection::send(const Frame& f) {
 }
 
 Frame Connection::receive(std::chrono::milliseconds timeout, uint64_t max_payload) {
+  return receive(timeout, [max_payload](uint8_t) { return max_payload; });
+}
+
+Frame Connection::receive(std::chrono::milliseconds timeout, const FrameBound& max_payload) {
   if (fd_ < 0)
     throw Error("receiving from " + peer_ + ": the connection is closed");
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -157,13 +162,23 @@ Frame Connection::receive(std::chrono::milliseconds timeout, uint64_t max_payloa
   std::memcpy(&len, head + 5, 8);
   if (magic != kMagic)
     throw Error(peer_ + " sent a malformed frame (not an xserv pipeline peer?)");
-  if (len > max_payload)
-    throw Error(peer_ + " announced a frame of " + std::to_string(len) + " bytes, more than the " +
-                std::to_string(max_payload) + " expected here");
   Frame f;
   f.type = static_cast<uint8_t>(head[4]);
-  f.payload.resize(len);
-  read_exact(f.payload.data(), len);
+  const uint64_t bound = std::min(max_payload(f.type), kMaxFramePayload);
+  if (len > bound)
+    throw Error(peer_ + " announced a frame of " + std::to_string(len) + " bytes (type " +
+                std::to_string(f.type) + "), more than the " + std::to_string(bound) +
+                " expected here");
+  // Grown as the bytes come, never ahead by more than what already came: a peer that announces
+  // gigabytes and sends a few bytes makes this side allocate a few bytes, not its claim.
+  constexpr uint64_t kFirstChunk = 64 << 10;
+  uint64_t have = 0;
+  while (have < len) {
+    const uint64_t next = std::min(len, std::max(kFirstChunk, 2 * have));
+    f.payload.resize(static_cast<size_t>(next));
+    read_exact(f.payload.data() + have, static_cast<size_t>(next - have));
+    have = next;
+  }
   return f;
 }
 

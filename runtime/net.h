@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,9 @@ struct Frame {
   uint8_t type = 0;
   std::string payload;
 };
+
+/// The most payload bytes a frame of type `type` may announce where it is received.
+using FrameBound = std::function<uint64_t(uint8_t type)>;
 
 /// One TCP connection (moves, closes on destruction).
 class Connection {
@@ -38,8 +42,12 @@ public:
   void send(const Frame& f);
   /// Receives one frame, waiting at most `timeout`; throws xserv::Error naming the peer when
   /// it closes the connection, on a socket error, a malformed frame, a frame announcing more
-  /// than `max_payload` bytes (checked before anything is allocated), or the timeout.
+  /// than `max_payload` bytes (checked before anything is allocated), or the timeout. The
+  /// payload grows as its bytes arrive (at most twice what came, from 64 KiB), so a frame that
+  /// announces more than its peer sends costs only what was sent.
   Frame receive(std::chrono::milliseconds timeout, uint64_t max_payload = kMaxFramePayload);
+  /// receive() with the bound chosen by the frame's type (and never above kMaxFramePayload).
+  Frame receive(std::chrono::milliseconds timeout, const FrameBound& max_payload);
 
   bool valid() const { return fd_ >= 0; }
   int fd_for_tests() const { return fd_; } ///< raw socket, for tests that send foreign bytes

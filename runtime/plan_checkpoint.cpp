@@ -1,8 +1,19 @@
-// config_digest, sampled_file_digest and check_checkpoint: a plan's ties to its checkpoint.
+// config_digest, sampled_file_digest, full_file_digests and the checks: a plan's ties to its
+// checkpoint.
 #include "runtime/plan_checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <exception>
 #include <fstream>
 #include <iterator>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -47,6 +58,115 @@ std::string sampled_file_digest(const fs::path& file) {
     for (uint64_t i = 0; i < kBlocks; ++i)
       take(buf.size() + (size - buf.size() - kBlock) * i / (kBlocks - 1), kBlock);
   return h.hex_digest();
+}
+
+namespace {
+
+/// SHA-256 of one whole file, read in 8 MiB pieces.
+std::string file_sha256(const fs::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw Error(fmt::format("{}: cannot read ({})", file.string(), std::strerror(errno)));
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  std::vector<char> buf(8 << 20);
+  Sha256 h;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      throw Error(fmt::format("{}: read failed ({})", file.string(), why));
+    }
+    if (n == 0)
+      break;
+    h.update(buf.data(), static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return h.hex_digest();
+}
+
+} // namespace
+
+std::vector<std::string> full_file_digests(const std::vector<fs::path>& files) {
+  std::vector<std::string> out(files.size());
+  std::vector<std::exception_ptr> errors(files.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < files.size();) {
+      try {
+        out[i] = file_sha256(files[i]);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  const size_t threads =
+      std::min<size_t>(files.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t)
+    pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool)
+    t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e)
+      std::rethrow_exception(e);
+  return out;
+}
+
+WeightsVerified verify_weights(const fs::path& plan_dir, const Plan& plan,
+                               const fs::path& model_dir) {
+  const std::string plan_file = (plan_dir / "plan.json").string();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<fs::path> files;
+  WeightsVerified v;
+  for (size_t i = 0; i < plan.weights.size(); ++i) {
+    if (plan.weights[i].sha256.empty())
+      throw Error(fmt::format("{}: field 'weights[{}].sha256': missing, so --verify-weights has "
+                              "nothing to check {} against: recompile the plan",
+                              plan_file, i, plan.weights[i].file));
+    files.push_back(model_dir / plan.weights[i].file);
+    v.bytes += plan.weights[i].bytes;
+  }
+  const std::vector<std::string> have = full_file_digests(files);
+  for (size_t i = 0; i < files.size(); ++i)
+    if (have[i] != plan.weights[i].sha256)
+      throw Error(fmt::format("{}: {} holds other bytes than when the plan was compiled (its "
+                              "SHA-256 is {}, compile recorded {}): the checkpoint changed, "
+                              "recompile the plan",
+                              plan_file, files[i].string(), have[i], plan.weights[i].sha256));
+  v.files = files.size();
+  v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return v;
+}
+
+void check_plan_config(const fs::path& plan_dir, const Plan& plan, const fs::path& config_file,
+                       const nlohmann::json& checkpoint_config) {
+  auto shown = [](const nlohmann::json* v) {
+    if (!v)
+      return std::string("absent");
+    const std::string s = v->dump();
+    return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+  };
+  auto refuse = [&](const std::string& key, const nlohmann::json* in_plan,
+                    const nlohmann::json* in_checkpoint) {
+    throw Error(fmt::format("{}: field 'config.{}' is {}, but {} gives {}: plan.json was edited "
+                            "or belongs to another checkpoint, recompile the plan",
+                            (plan_dir / "plan.json").string(), key, shown(in_plan),
+                            config_file.string(), shown(in_checkpoint)));
+  };
+  for (auto it = plan.config.begin(); it != plan.config.end(); ++it) {
+    const auto other = checkpoint_config.find(it.key());
+    if (other == checkpoint_config.end())
+      refuse(it.key(), &*it, nullptr);
+    else if (*other != *it)
+      refuse(it.key(), &*it, &*other);
+  }
+  for (auto it = checkpoint_config.begin(); it != checkpoint_config.end(); ++it)
+    if (!plan.config.contains(it.key()))
+      refuse(it.key(), nullptr, &*it);
 }
 
 void check_checkpoint(const fs::path& plan_dir, const Plan& plan, const fs::path& model_dir) {

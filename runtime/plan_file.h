@@ -51,6 +51,9 @@ struct PlanWeightFile {
   std::string file; ///< relative to the checkpoint directory, confined to it
   uint64_t bytes = 0;
   std::string sample_sha256; ///< sampled_file_digest() at compile time (plan_checkpoint.h)
+  /// SHA-256 of the whole file at compile time (hex), which --verify-weights checks; empty in a
+  /// plan from before compile recorded it (--verify-weights then refuses the plan).
+  std::string sha256;
 
   bool operator==(const PlanWeightFile&) const = default;
 };

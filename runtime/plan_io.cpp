@@ -94,8 +94,12 @@ json plan_options_to_json(const PlanOptions& o) {
 
 json plan_to_json(const Plan& p) {
   json weights = json::array();
-  for (const PlanWeightFile& w : p.weights)
-    weights.push_back({{"file", w.file}, {"bytes", w.bytes}, {"sample_sha256", w.sample_sha256}});
+  for (const PlanWeightFile& w : p.weights) {
+    json f = {{"file", w.file}, {"bytes", w.bytes}, {"sample_sha256", w.sample_sha256}};
+    if (!w.sha256.empty())
+      f["sha256"] = w.sha256;
+    weights.push_back(std::move(f));
+  }
   json passes = json::array();
   for (const PlanPass& pass : p.passes)
     passes.push_back({{"name", pass.name}, {"ms", pass.ms}, {"changed", pass.changed}});

@@ -62,6 +62,12 @@ std::string shown(const json& v) {
   return s.size() > 60 ? s.substr(0, 57) + "..." : s;
 }
 
+/// 64 lowercase hex digits.
+bool is_sha256_hex(const json& v) {
+  return v.is_string() && v.get<std::string>().size() == 64 &&
+         v.get<std::string>().find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
 std::string join(const std::string& path, const char* key) {
   return path.empty() ? key : path + "." + key;
 }
@@ -285,8 +291,8 @@ PlanStage read_pipeline_stage(const Checker& c, const json& st, size_t i, const 
   // Each stage runs its own program: a path to another stage's file (digest intact) would run
   // the wrong layers.
   if (s.graph != fmt::format("stage{}.ir", i))
-    c.fail(path + ".graph", fmt::format("stage {}'s program is stage{}.ir, found \"{}\"", i, i,
-                                        s.graph));
+    c.fail(path + ".graph",
+           fmt::format("stage {}'s program is stage{}.ir, found \"{}\"", i, i, s.graph));
   const json& l = c.need(st, path, "layers", Kind::Array);
   if (l.size() != 2 || !l[0].is_number_integer() || !l[1].is_number_integer() ||
       l[0].get<int64_t>() < -1 || l[1].get<int64_t>() < l[0].get<int64_t>() ||
@@ -355,8 +361,7 @@ void read_digests(const Checker& c, const json& doc, Plan& p) {
     const std::string field = "digests." + it.key();
     if (!confined_path(it.key()))
       c.fail(field, "is not a path inside the plan directory");
-    if (!it->is_string() || it->get<std::string>().size() != 64 ||
-        it->get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
+    if (!is_sha256_hex(*it))
       c.fail(field, fmt::format("expected a SHA-256 in hex, found {}", shown(*it)));
     p.digests[it.key()] = it->get<std::string>();
   }
@@ -382,6 +387,8 @@ Plan plan_from_json(const json& doc, const fs::path& file) {
     c.fail("version", fmt::format("{}, but this xserv reads version {}: recompile the plan",
                                   shown(version), kPlanVersion));
   p.model_dir = c.string(doc, "", "model_dir");
+  if (p.model_dir.empty())
+    c.fail("model_dir", "empty (the checkpoint directory the plan was compiled from)");
   p.model_digest = c.string(doc, "", "model_digest");
   if (p.model_digest.empty())
     c.fail("model_digest", "empty (it ties the plan to its checkpoint's config.json)");
@@ -397,6 +404,11 @@ Plan plan_from_json(const json& doc, const fs::path& file) {
     f.file = c.relative_path(w, path, "file", "checkpoint");
     f.bytes = static_cast<uint64_t>(c.bytes(w, path, "bytes"));
     f.sample_sha256 = c.string(w, path, "sample_sha256");
+    if (const json* full = c.get(w, path, "sha256", Kind::String, false)) {
+      if (!is_sha256_hex(*full))
+        c.fail(path + ".sha256", fmt::format("expected a SHA-256 in hex, found {}", shown(*full)));
+      f.sha256 = full->get<std::string>();
+    }
     p.weights.push_back(std::move(f));
   }
   const json& m = c.need(doc, "", "memory", Kind::Object);

@@ -2,6 +2,7 @@
 #include "runtime/sha256.h"
 
 #include "ir/error.h"
+#include "runtime/sha256_ni.h"
 
 #include <algorithm>
 #include <cstring>
@@ -79,6 +80,13 @@ void Sha256::update(const void* data, size_t size) {
       return;
     compress(buffer_.data());
     buffered_ = 0;
+  }
+  // The SHA extensions when the CPU has them (checked once): the same function, ~10x faster.
+  static const bool ni = detail::cpu_has_sha_ni();
+  if (ni && size >= 64) {
+    detail::sha256_ni_blocks(state_.data(), p, size / 64, kRound.data());
+    p += size / 64 * 64;
+    size %= 64;
   }
   for (; size >= 64; p += 64, size -= 64)
     compress(p);

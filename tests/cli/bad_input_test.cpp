@@ -194,6 +194,7 @@ TEST_CASE("plan.json: wrong types, values out of range and missing fields name f
       {"/options", nullptr, "field 'options': missing"},
       {"/version", 999, "field 'version': 999, but this xserv reads version 2"},
       {"/version", 1, "field 'version': 1, but this xserv reads version 2: recompile the plan"},
+      {"/model_dir", "", "field 'model_dir': empty (the checkpoint directory the plan was"},
       {"/options/expert_format", "fp8",
        "field 'options.expert_format': must be \"bf16\", \"mxfp4\" or \"both\", found \"fp8\""},
       {"/codegen/layout/expert_format", "mxfp4",
@@ -317,6 +318,40 @@ TEST_CASE("empty list elements, non-finite numbers and bad ids are usage errors 
   r = run_xserv("run " + ck.dir.string() + " --prompt-ids 1,2 --top-p inf --backend cpu");
   CHECK(r.code == 2);
   CHECK(r.out.find("--top-p expects a finite number") != std::string::npos);
+}
+
+TEST_CASE("flags that shape the chat prompt are usage errors where they would be ignored") {
+  TinyCheckpoint ck("chat_flags");
+  const std::string run = "run " + ck.dir.string() + " --backend cpu ";
+  for (const char* flag :
+       {"--reasoning low", "--date 2025-01-01", "--system hi", "--show-reasoning"}) {
+    CAPTURE(flag);
+    const std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
+    RunResult r = run_xserv(run + "--prompt-ids 1,2 " + flag);
+    CHECK(r.code == 2);
+    CHECK(r.out.find(name + " shapes the chat prompt of --prompt; with --prompt-ids it would be "
+                            "ignored") != std::string::npos);
+    r = run_xserv(run + "--prompt hi --raw " + flag);
+    CHECK(r.code == 2);
+    CHECK(r.out.find(name + " shapes the chat prompt of --prompt; with --prompt --raw") !=
+          std::string::npos);
+  }
+  RunResult r = run_xserv(run + "--prompt hi --stop-at-eos");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("--stop-at-eos goes with --prompt-ids") != std::string::npos);
+  // A reasoning effort that does not exist is a usage mistake in every command that takes one.
+  r = run_xserv(run + "--prompt hi --reasoning extreme");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("--reasoning: reasoning effort must be low, medium or high, not 'extreme'") !=
+        std::string::npos);
+  r = run_xserv("chat " + ck.dir.string() + " --backend cpu --reasoning extreme");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("--reasoning: reasoning effort must be") != std::string::npos);
+  std::ofstream(ck.tmp.path / "problems.jsonl") << "";
+  r = run_xserv("eval " + ck.dir.string() + " --backend cpu --task gsm8k --data " +
+                (ck.tmp.path / "problems.jsonl").string() + " --reasoning extreme");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("--reasoning: reasoning effort must be") != std::string::npos);
 }
 
 // Apart from the case above: a skip marks the whole ctest entry skipped, failures before it too.

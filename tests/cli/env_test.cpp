@@ -43,6 +43,8 @@ TEST_CASE("env: defaults when nothing is set, and an empty variable counts as un
     CHECK(e.pipeline_step_timeout == std::chrono::seconds(600));
     CHECK(e.pipeline_micro_batches == 0);
     CHECK(e.pipeline_transport == "auto");
+    CHECK(e.pipeline_token.empty());
+    CHECK_FALSE(e.pipeline_fault.has_value());
   }
 }
 
@@ -59,7 +61,9 @@ TEST_CASE("env: accepted values") {
                             {"XSERV_PIPELINE_TIMEOUT", "2.5"},
                             {"XSERV_PIPELINE_STEP_TIMEOUT", "0.01"},
                             {"XSERV_PIPELINE_MICROBATCHES", "3"},
-                            {"XSERV_PIPELINE_TRANSPORT", "tcp"}});
+                            {"XSERV_PIPELINE_TRANSPORT", "tcp"},
+                            {"XSERV_PIPELINE_TOKEN", "s3cret"},
+                            {"XSERV_PIPELINE_FAULT", "2:stall@17"}});
   CHECK(e.data == "/data");
   CHECK(e.api_key == "k");
   CHECK(e.kernel_cache == "/cache");
@@ -73,10 +77,16 @@ TEST_CASE("env: accepted values") {
   CHECK(e.pipeline_step_timeout == std::chrono::milliseconds(100)); // at least 0.1 s
   CHECK(e.pipeline_micro_batches == 3);
   CHECK(e.pipeline_transport == "tcp");
+  CHECK(e.pipeline_token == "s3cret");
+  REQUIRE(e.pipeline_fault.has_value());
+  CHECK(e.pipeline_fault->rank == 2);
+  CHECK(e.pipeline_fault->what == "stall");
+  CHECK(e.pipeline_fault->step == 17);
   CHECK(parse({{"XSERV_GEMM_PRECISION", "split"}}).gemm_split == true);
 }
 
 TEST_CASE("env: a bad value is a usage error naming the variable and what it accepts") {
+  const std::string kFault = "RANK:WHAT@STEP (WHAT: exit, hang, stop, stall or narrow)";
   const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
       {{"XSERV_DEBUG", "yes"}, "an integer in [0, 3]"},
       {{"XSERV_DEBUG", "9"}, "an integer in [0, 3]"},
@@ -91,6 +101,10 @@ TEST_CASE("env: a bad value is a usage error naming the variable and what it acc
       {{"XSERV_PIPELINE_STEP_TIMEOUT", "inf"}, "a number of seconds above 0"},
       {{"XSERV_PIPELINE_MICROBATCHES", "0"}, "an integer in [1, 4096]"},
       {{"XSERV_PIPELINE_TRANSPORT", "rdma"}, "auto, tcp or nccl"},
+      {{"XSERV_PIPELINE_FAULT", "1:explode@2"}, kFault},
+      {{"XSERV_PIPELINE_FAULT", "1:exit"}, kFault},
+      {{"XSERV_PIPELINE_FAULT", "x:exit@2"}, kFault},
+      {{"XSERV_PIPELINE_FAULT", "1:exit@-2"}, kFault},
   };
   for (const auto& [var, accepts] : cases) {
     CAPTURE(var.first);

@@ -64,3 +64,15 @@ TEST_CASE("check_boundary: only the plan's names, dtypes and shapes for the step
   twice.push_back(twice[0]);
   CHECK(refused(twice) == "pipeline rank 4 sent activation 'act.7' twice");
 }
+
+TEST_CASE("boundary_bytes: 4 bytes an element, saturating instead of wrapping") {
+  using xserv::cli::boundary_bytes;
+  using xserv::ir::DType;
+  CHECK(boundary_bytes({}) == 0);
+  CHECK(boundary_bytes({{"a", DType::F32, {3, 8}}, {"b", DType::I32, {5}}}) == 4 * (24 + 5));
+  CHECK(boundary_bytes({{"a", DType::F32, {0, int64_t{1} << 62}}}) == 0);
+  // A frame bound computed from a huge step must not wrap around to a small one.
+  CHECK(boundary_bytes({{"a", DType::F32, {int64_t{1} << 40, int64_t{1} << 40}}}) == UINT64_MAX);
+  CHECK(boundary_bytes({{"a", DType::F32, {int64_t{1} << 61}},
+                        {"b", DType::F32, {int64_t{1} << 61}}}) == UINT64_MAX);
+}

@@ -626,3 +626,77 @@ TEST_CASE("pipelined plan: rank 0 refuses a forged intermediate activation befor
                              "stage boundary carries f32[5, {}] for this step",
                              sends[0].name, width, width)) != std::string::npos);
 }
+
+namespace {
+
+/// Writes a frame header of `type` announcing `bytes` of payload on `c`, and no payload.
+void send_lying_header(xserv::runtime::Connection& c, uint8_t type, uint64_t bytes) {
+  char head[13];
+  const uint32_t magic = 0x46505358; // "XSPF"
+  std::memcpy(head, &magic, 4);
+  head[4] = static_cast<char>(type);
+  std::memcpy(head + 5, &bytes, 8);
+  REQUIRE(::write(c.fd_for_tests(), head, sizeof(head)) == ssize_t(sizeof(head)));
+}
+
+} // namespace
+
+TEST_CASE("pipelined plan: a frame larger than the plan allows is refused, token or not") {
+  namespace wire = xserv::cli::wire;
+  using xserv::runtime::Connection;
+  Plans p;
+  const uint64_t gib = uint64_t{1} << 30;
+  { // rank 0 -> worker: a step frame of 1 GiB against a worker of 2 rows x 64 positions
+    const fs::path log = p.tmp.path / "worker.log";
+    FakeRank0 r0(p.pp2, log);
+    send_lying_header(r0.c, wire::kStep, gib);
+    CHECK(r0.wait() == 1);
+    const std::string text = read_file(log);
+    CHECK(text.find("announced a frame of 1073741824 bytes (type 3), more than the ") !=
+          std::string::npos);
+  }
+  // What a step frame may carry: the step's header and the stage's receives for 2 x 64 tokens.
+  const auto recv = xserv::cli::stage_receives(stage_program(p.pp2, 1), 128);
+  const auto bound = wire::worker_frame_bound(stage_program(p.pp2, 1), 2, 64);
+  CHECK(bound(wire::kStep) == wire::header_bound(128 + 6, recv) + xserv::cli::boundary_bytes(recv));
+  CHECK(bound(wire::kStep) < (1 << 20));
+  CHECK(bound(wire::kAlive) == wire::kMaxControlBytes);
+  CHECK(bound(wire::kFail) == wire::kMaxFailBytes);
+
+  // worker -> rank 0: a result of 1 GiB for a greedy step of one sequence (the last rank sends
+  // one id back), from a peer that proved the token.
+  Rank0 r0(p.pp2, p.tmp.path / "rank0.log", "lying-secret");
+  const std::string address = fmt::format("127.0.0.1:{}", r0.port());
+  const std::string digest = xserv::cli::pipeline_plan_digest(p.pp2);
+  Connection c =
+      Connection::connect(address, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  const xserv::runtime::Frame ch = c.receive(std::chrono::seconds(10));
+  REQUIRE(ch.type == wire::kChallenge);
+  const std::string challenge = wire::decode(ch.payload, nullptr)["nonce"];
+  c.send(wire::message(
+      wire::kHello, {{"rank", 1},
+                     {"world", 2},
+                     {"digest", digest},
+                     {"nonce", "0b"},
+                     {"proof", wire::hello_proof("lying-secret", challenge, 1, 2, digest, "0b")}}));
+  REQUIRE(c.receive(std::chrono::seconds(10)).type == wire::kWelcome);
+  c.send(wire::message(wire::kReady, nlohmann::json::object()));
+  xserv::runtime::Frame f;
+  do
+    f = c.receive(std::chrono::seconds(60));
+  while (f.type == wire::kAlive || f.type == wire::kReset);
+  REQUIRE(f.type == wire::kStep);
+  send_lying_header(c, wire::kResult, gib);
+  CHECK(r0.wait() == 1);
+  const std::string log = read_file(r0.log);
+  CHECK(log.find("pipeline rank 1 stopped: ") != std::string::npos);
+  CHECK(log.find("announced a frame of 1073741824 bytes (type 4), more than the ") !=
+        std::string::npos);
+  xserv::models::StepInput one;
+  one.tokens = {{5, 6, 7, 8, 9}};
+  one.ctx_lens = {0};
+  one.cache_rows = {0};
+  CHECK(wire::result_frame_bytes(one, {}, true, true, 201088) == wire::header_bound(1, {}));
+  CHECK(wire::result_frame_bytes(one, {}, true, false, 201088) ==
+        wire::header_bound(0, {{"out.0", xserv::ir::DType::F32, {5, 201088}}}) + 5 * 201088 * 4);
+}

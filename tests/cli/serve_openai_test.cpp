@@ -76,6 +76,9 @@ TEST_CASE("serve: request validation names the field") {
   CHECK(chat(R"({"messages": [{"role": "tool", "tool_call_id": "nope", "content": "x"}]})").param ==
         "messages[0].tool_call_id");
   CHECK(caught([] { parse_body("{not json"); }).status == 400);
+  // The parser's position, without the JSON library's "[json.exception...]" tag.
+  const std::string why = caught([] { parse_body("{not json"); }).what();
+  CHECK(why.rfind("the request body is not valid JSON: parse error at line 1, column 3", 0) == 0);
   CHECK(caught([] { parse_body("[1]"); }).status == 400);
   // A number no double holds is a bad body too, not an internal error (found by fuzzing).
   CHECK(caught([] { parse_body(R"({"max_tokens": 1e400})"); }).status == 400);

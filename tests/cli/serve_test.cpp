@@ -320,6 +320,55 @@ TEST_CASE("serve: rejections carry the OpenAI error body") {
   CHECK(s.post("/v1/chat/completions", "{oops", auth).status == 400);
 }
 
+TEST_CASE("serve: a request whose body's end is in doubt is refused and its connection closed") {
+  XSERV_REQUIRE_DATA(data);
+  cli::ServeOptions opt;
+  opt.max_body_bytes = 4096;
+  opt.api_key = "sekrit"; // checked after the framing, and none of these requests has it
+  TinyServer s(opt, 2, 64);
+  // Each request is followed on the same connection by a GET /health that must never be
+  // answered: after a request of unknown length nothing on the stream is a request.
+  const std::string next = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  struct Case {
+    const char* headers;
+    int status;
+    const char* message;
+    const char* body = "";
+  };
+  const std::vector<Case> cases = {
+      {"Content-Length: abc\r\n", 400, "Content-Length 'abc' is not a number of bytes"},
+      {"Content-Length: -1\r\n", 400, "Content-Length '-1' is not a number of bytes"},
+      {"Content-Length: 5\r\nContent-Length: 50\r\n", 400, "with different values"},
+      {"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", 400,
+       "Transfer-Encoding and Content-Length together"},
+      {"Transfer-Encoding: chunked\r\n", 411, "a chunked request body is not accepted"},
+      {"", 411, "a POST request needs Content-Length"},
+      {"Content-Length: 18446744073709551616\r\n", 413, "larger than the server's limit of 4096"},
+      // Well framed but refused before its body was read (no key): the body is not a request.
+      {"Content-Length: 2\r\n", 401, "a valid API key is needed", "{}"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.headers);
+    Socket sock(s.port);
+    timeval tv{30, 0}; // a connection left open fails the case instead of hanging the test
+    ::setsockopt(sock.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sock.send_all(std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\n") + c.headers + "\r\n" +
+                  c.body + next);
+    std::string raw;
+    for (std::string part = sock.read_some(); !part.empty(); part = sock.read_some())
+      raw += part;
+    REQUIRE(raw.size() > 12);
+    CHECK(std::stoi(raw.substr(9, 3)) == c.status);
+    CHECK(raw.find("Connection: close") != std::string::npos);
+    CHECK(raw.find("HTTP/1.1", 8) == std::string::npos); // one response: /health not answered
+    const size_t body = raw.find("\r\n\r\n");
+    REQUIRE(body != std::string::npos);
+    CHECK(error_of({0, "", raw.substr(body + 4)})["message"].get<std::string>().find(c.message) !=
+          std::string::npos);
+  }
+  CHECK(s.post("/v1/chat/completions", kChat, "Authorization: Bearer sekrit\r\n").status == 200);
+}
+
 TEST_CASE("serve: 256 idle keep-alive connections do not starve other requests") {
   XSERV_REQUIRE_DATA(data);
   TinyServer s;
@@ -571,8 +620,8 @@ TEST_CASE("serve: a --pp 2 plan serves through its worker, with the pp 1 plan's 
   std::string text[2];
   for (int pp : {1, 2}) {
     const fs::path plan = tmp.path / ("pp" + std::to_string(pp));
-    REQUIRE(run_xserv("compile " + model + " -o " + plan.string() + " --pp " +
-                      std::to_string(pp) + " --max-batch 2 --max-seq 128 --no-cubins")
+    REQUIRE(run_xserv("compile " + model + " -o " + plan.string() + " --pp " + std::to_string(pp) +
+                      " --max-batch 2 --max-seq 128 --no-cubins")
                 .code == 0);
     const auto [pid, port] =
         serve_process(plan, tmp.path / ("log" + std::to_string(pp)), data / "o200k_base.tiktoken");

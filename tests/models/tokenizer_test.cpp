@@ -171,6 +171,11 @@ TEST_CASE("bad input gives a clear error") {
                        xserv::Error);
   CHECK_THROWS_WITH_AS(Tokenizer::load(dir / "bad.tiktoken"), doctest::Contains("bad.tiktoken:2"),
                        xserv::Error);
+  std::ofstream(dir / "cut.json") << "{\"model\": ";
+  const std::string cut = (dir / "cut.json").string() +
+                          ": not valid JSON: parse error at line 1, column 11: syntax error";
+  CHECK_THROWS_WITH_AS(Tokenizer::load(dir / "cut.json"), doctest::Contains(cut.c_str()),
+                       xserv::Error);
 }
 
 // Apart from the case above: a skip marks the whole ctest entry skipped, failures before it too.

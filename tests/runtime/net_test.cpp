@@ -2,9 +2,11 @@
 // address) is an error naming the peer, never a hang.
 #include <doctest/doctest.h>
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -103,8 +105,46 @@ TEST_CASE("net: a frame larger than the receiver's bound is refused before it is
   auto [server, client] = connected_pair(l);
   std::thread t([&] { client.send({1, std::string(100, 'x')}); });
   CHECK_THROWS_WITH(server.receive(milliseconds(5000), 64),
-                    doctest::Contains("announced a frame of 100 bytes, more than the 64"));
+                    doctest::Contains("announced a frame of 100 bytes (type 1), more than the 64"));
   t.join();
+}
+
+TEST_CASE("net: the bound may depend on the frame's type") {
+  Listener l(0);
+  auto [server, client] = connected_pair(l);
+  std::thread t([&] {
+    client.send({1, std::string(100, 'x')});
+    client.send({2, std::string(100, 'x')});
+  });
+  const runtime::FrameBound bound = [](uint8_t type) { return type == 1 ? 100 : 10; };
+  CHECK(server.receive(milliseconds(5000), bound).payload.size() == 100);
+  CHECK_THROWS_WITH(server.receive(milliseconds(5000), bound),
+                    doctest::Contains("announced a frame of 100 bytes (type 2), more than the 10"));
+  t.join();
+}
+
+TEST_CASE("net: a frame that announces 1 GiB and sends 10 bytes costs no more than it sent") {
+  // Within the bound, a lying header is found out only as the bytes fail to come: the payload
+  // must grow with what arrives, not be allocated (and zeroed) at the announced size first.
+  Listener l(0);
+  auto [server, client] = connected_pair(l);
+  char head[13];
+  const uint32_t magic = 0x46505358; // "XSPF"
+  const uint64_t len = uint64_t{1} << 30;
+  std::memcpy(head, &magic, 4);
+  head[4] = 3;
+  std::memcpy(head + 5, &len, 8);
+  REQUIRE(::send(client.fd_for_tests(), head, sizeof(head), 0) == ssize_t(sizeof(head)));
+  REQUIRE(::send(client.fd_for_tests(), "0123456789", 10, 0) == 10);
+  client.close();
+  rusage before{};
+  ::getrusage(RUSAGE_SELF, &before);
+  CHECK_THROWS_WITH(server.receive(milliseconds(5000), uint64_t{1} << 31),
+                    doctest::Contains("closed the connection"));
+  rusage after{};
+  ::getrusage(RUSAGE_SELF, &after);
+  // ru_maxrss is the peak in KiB: allocating the claim would have touched 1 GiB.
+  CHECK(after.ru_maxrss - before.ru_maxrss < 64 * 1024);
 }
 
 TEST_CASE("net: a listener binds only the address it is given") {
