@@ -36,6 +36,13 @@ GraphModelOptions graph_model_options() {
   return o;
 }
 
+GraphModelOptions checkpoint_model_options() {
+  GraphModelOptions o = graph_model_options();
+  o.gemm_split = env().gemm_split.value_or(false);
+  o.expert_format = runtime::ExpertFormat::Mxfp4;
+  return o;
+}
+
 uint64_t CompiledGraph::offset_of(ir::ValueId v, int r) const {
   const int32_t b = memory.buffer_of.at(static_cast<size_t>(v)).at(static_cast<size_t>(r));
   XSERV_CHECK(b >= 0, "value without a buffer: " + ir::print_node(graph, v));

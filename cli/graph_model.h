@@ -32,8 +32,14 @@ CudaModelOptions cuda_model_options();
 
 /// GraphModelOptions as the environment sets them (cli/env.h): the kernel cache, the
 /// XSERV_CUDA_GRAPHS / XSERV_PROFILE / XSERV_PDL switches, and for the in-memory compile
-/// XSERV_PREFILL_CHUNK and XSERV_GEMM_PRECISION.
+/// XSERV_PREFILL_CHUNK and XSERV_GEMM_PRECISION; otherwise the struct's defaults (split gemms,
+/// BF16 experts: the GPU tests' fp32-grade reference).
 GraphModelOptions graph_model_options();
+
+/// What `xserv run MODEL_DIR` (a checkpoint directory, no plan) compiles with: compile's
+/// defaults (plain bf16 gemm activations unless XSERV_GEMM_PRECISION says split, MXFP4
+/// experts) and graph_model_options()'s environment.
+GraphModelOptions checkpoint_model_options();
 
 /// A graph compiled in memory for GPU 0.
 struct CompiledGraph {

@@ -175,7 +175,8 @@ std::unique_ptr<StageRunner> make_stage_runner(const ModelSource& src, size_t st
 std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args) {
   const std::string backend = resolve_backend(src, args.get("--backend", "auto"));
   if (backend == "cuda" && src.plan_dir.empty()) // a checkpoint directory: compiled in memory
-    return graph_cuda_model(src.model_dir, src.max_batch, src.max_seq);
+    return graph_cuda_model(src.model_dir, src.max_batch, src.max_seq, nullptr,
+                            checkpoint_model_options());
   if (backend == "cuda" && src.stage_graphs.empty())
     return plan_cuda_model(src, cuda_model_options());
   const size_t stages = src.stage_graphs.size();

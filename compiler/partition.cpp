@@ -113,7 +113,10 @@ Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBinding
     if (n.op != Op::Weight)
       continue;
     const int64_t numel = static_numel(n.type());
-    const int64_t bytes = numel * (n.type().dtype == ir::DType::F32 ? 4 : 2); // mxfp4 as BF16
+    const bool mx = n.type().dtype == ir::DType::MXFP4;
+    const int64_t bytes = mx ? static_cast<int64_t>(double(numel) * model.mxfp4_held_bytes)
+                             : numel * (n.type().dtype == ir::DType::F32 ? 4 : 2);
+    const int64_t read = mx ? static_cast<int64_t>(double(numel) * model.mxfp4_read_bytes) : bytes;
     double fraction = 1.0;
     for (ValueId u : users[i]) {
       const Node& user = g.node(u);
@@ -126,7 +129,7 @@ Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBinding
     UnitCost& c = cost[slot(unit[i])];
     c.weight_bytes += bytes;
     const bool embedding = unit[i] == kPre;
-    c.decode_bytes += embedding ? 0 : static_cast<int64_t>(double(bytes) * fraction);
+    c.decode_bytes += embedding ? 0 : static_cast<int64_t>(double(read) * fraction);
     if (n.type().shape.size() >= 2 && !embedding && unit[i] != layers)
       c.prefill_flops += 2.0 * double(numel) * fraction;
   }

@@ -17,6 +17,9 @@ namespace xserv::compiler {
 struct PipelineCostModel {
   double bytes_per_s = 4.3e12;
   double flops_per_s = 790e12;
+  /// Bytes per value of an MXFP4 weight as the GPU holds it and as a decode step reads it
+  /// (compile --expert-format): bf16 2 and 2, mxfp4 17/32 and 17/32, both 2 + 17/32 and 17/32.
+  double mxfp4_held_bytes = 2.0, mxfp4_read_bytes = 2.0;
 };
 
 /// What one stage holds and costs.
@@ -24,7 +27,7 @@ struct StageInfo {
   int first_layer = -1, last_layer = -1; ///< inclusive range of decoder layers
   bool embedding = false;                ///< the token embedding (always stage 0)
   bool head = false;                     ///< final norm and lm_head (always the last stage)
-  int64_t weight_bytes = 0;              ///< resident, experts as BF16 (as the GPU holds them)
+  int64_t weight_bytes = 0;              ///< resident, experts as the GPU holds them
   int64_t decode_bytes = 0;   ///< weights read per decode token (k of E experts, all dense)
   double prefill_flops = 0;   ///< matrix FLOPs per prefill token (lm_head excluded)
   int64_t kv_bytes = 0;       ///< KV caches at the bound rows and slots

@@ -65,8 +65,8 @@ TEST_CASE("inspect prints the stage table and roofline, and --json the same fact
   CHECK(doc["stages"].size() == 1);
   CHECK(doc["stages"][0]["layers"][1] == 35);
   CHECK(doc["options"]["max_seq"] == 4096);
-  // 120b holds ~117B parameters: ~234 GB with BF16 experts.
-  CHECK(doc["weights"]["total"].get<double>() / 1e9 == doctest::Approx(234).epsilon(0.02));
+  // 120b holds ~117B parameters: ~65 GB with its experts in MXFP4 (the default), 4.25 bits.
+  CHECK(doc["weights"]["total"].get<double>() / 1e9 == doctest::Approx(65.2).epsilon(0.02));
   CHECK(doc["stages"][0]["activation_arena_bytes"].get<double>() > 0);
   fs::remove_all(plan);
   r = run_xserv("inspect /tmp");

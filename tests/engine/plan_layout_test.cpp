@@ -32,7 +32,7 @@ TEST_CASE("plan layout: the tiny plan records its arena, output, caches and weig
   CHECK(l.max_batch == 4);
   CHECK(l.max_seq == 256);
   CHECK(l.tokens == 256); // the prefill chunk: min(2048, max-seq)
-  CHECK(l.gemm_split);
+  CHECK_FALSE(l.gemm_split); // compile's default: plain bf16 gemm activations
   CHECK(l.arena_bytes == pj["codegen"]["arena_bytes"].get<uint64_t>());
   // Last-token logits: one row of the 201,088-token vocabulary per sequence, in the arena.
   CHECK_FALSE(l.output.per_token);
