@@ -1,10 +1,11 @@
 // The full-size synthetic gpt-oss-20b through CudaModel against HF transformers' own BF16 and
 // fp32 runs (made by tools/hf_20b_reference.py; scripts/device/hf20b.sh runs both on the GPU).
 //
-// Gate (never loosened to pass): for a 256-token random prompt, at every position xserv's relative
-// L2 to HF fp32 must be <= 0.014 x HF BF16's own relative L2 to HF fp32 and <= 3e-4 outright
-// (10x the measured worst ratio 0.0014 and max 3.0e-5, docs/PERF.md); greedy decoding of 64
-// tokens must equal HF BF16's up to the first step where HF BF16's top-2 margin is below 0.05.
+// Gates (never loosened to pass), for split (fp32-grade) and plain bf16 gemm activations: for a
+// 256-token random prompt, at every position xserv's relative L2 to HF fp32 must be <= 0.014
+// (split; bf16: 0.6) x HF BF16's own relative L2 to HF fp32 and <= 3e-4 (bf16: 1.5e-2) outright
+// (see kRatio); greedy decoding of 64 tokens must equal HF BF16's up to the first step where HF
+// BF16's top-2 margin is below 0.05.
 // Also reported: how many greedy steps xserv (and HF BF16) share with HF fp32.
 //
 // Needs XSERV_20B_CKPT (the checkpoint, `xserv synth --config gpt-oss-20b.json --seed 0`) and
@@ -36,11 +37,16 @@ namespace cli = xserv::cli;
 namespace models = xserv::models;
 using json = nlohmann::json;
 
-// 10x the measured worst: ratio xserv / HF BF16 0.0014, max rel L2 to HF fp32 3.019e-5 (H200,
-// 2026-11-29, docs/PERF.md "the 20b against HF"). A 1.25 x BF16 gate let errors ~900x the
-// measured one through.
+// Split (fp32-grade) gemm activations: 10x the measured worst, ratio xserv / HF BF16 0.0014, max
+// rel L2 to HF fp32 3.019e-5 (H200, 2026-11-29, docs/PERF.md "the 20b against HF"). A 1.25 x
+// BF16 gate let errors ~900x the measured one through.
 constexpr double kRatio = 0.014;
 constexpr double kMaxErr = 3e-4;
+// Plain bf16 gemm activations (compile's default since session 8): every matmul input rounds
+// once, a systematic error, not noise: measured ratio median 0.383, worst 0.439, max 9.43e-3
+// (H200, 2026-12-01, docs/PERF.md session 8); gated at ~1.4x and ~1.6x of that.
+constexpr double kRatioBf16 = 0.6;
+constexpr double kMaxErrBf16 = 1.5e-2;
 constexpr double kMarginFloor = 0.05;
 
 json read_json(const fs::path& path) {
@@ -124,67 +130,74 @@ TEST_CASE("gpu: synthetic 20b against HF transformers") {
   }
 
   const xserv::ir::Graph all = models::build_gpt_oss(config, {.last_logits_only = false});
-  cli::GraphModelOptions opts = cli::graph_model_options();
-  opts.quiet = true;
-  const auto engine_model =
-      cli::graph_cuda_model(ckpt, 1, static_cast<int64_t>(T + G + 8), &all, opts);
-  cli::CudaModel& engine = *engine_model;
+  for (const bool split : {true, false}) {
+    CAPTURE(split);
+    const double ratio_gate = split ? kRatio : kRatioBf16, max_gate = split ? kMaxErr : kMaxErrBf16;
+    cli::GraphModelOptions opts = cli::graph_model_options();
+    opts.quiet = true;
+    opts.gemm_split = split;
+    const auto engine_model =
+        cli::graph_cuda_model(ckpt, 1, static_cast<int64_t>(T + G + 8), &all, opts);
+    cli::CudaModel& engine = *engine_model;
 
-  // 1. Teacher-forced: one step of all T tokens (sub-steps through the cache).
-  std::vector<double> err(T), ratio(T);
-  {
-    const auto rows = engine.step_all({.tokens = {ids}, .ctx_lens = {0}, .cache_rows = {0}});
-    REQUIRE(rows.size() == T);
+    // 1. Teacher-forced: one step of all T tokens (sub-steps through the cache).
+    std::vector<double> err(T), ratio(T);
+    {
+      const auto rows = engine.step_all({.tokens = {ids}, .ctx_lens = {0}, .cache_rows = {0}});
+      REQUIRE(rows.size() == T);
+      for (size_t p = 0; p < T; ++p) {
+        err[p] = rel_l2(rows[p], f32[p]);
+        ratio[p] = err[p] / bf16_err[p];
+      }
+    }
+    size_t worst = 0, over = 0;
+    std::string failing;
     for (size_t p = 0; p < T; ++p) {
-      err[p] = rel_l2(rows[p], f32[p]);
-      ratio[p] = err[p] / bf16_err[p];
+      const auto key = [&](size_t i) { return std::isnan(ratio[i]) ? INFINITY : ratio[i]; };
+      if (key(p) > key(worst))
+        worst = p;
+      if (!(ratio[p] <= ratio_gate)) {
+        ++over;
+        if (over <= 12)
+          failing += fmt::format(" {}:{:.3g}/{:.3g}={:.2f}", p, err[p], bf16_err[p], ratio[p]);
+      }
     }
-  }
-  size_t worst = 0, over = 0;
-  std::string failing;
-  for (size_t p = 0; p < T; ++p) {
-    const auto key = [&](size_t i) { return std::isnan(ratio[i]) ? INFINITY : ratio[i]; };
-    if (key(p) > key(worst))
-      worst = p;
-    if (!(ratio[p] <= kRatio)) {
-      ++over;
-      if (over <= 12)
-        failing += fmt::format(" {}:{:.3g}/{:.3g}={:.2f}", p, err[p], bf16_err[p], ratio[p]);
-    }
-  }
-  MESSAGE(fmt::format("20b teacher-forced, {} positions: rel L2 vs HF fp32: xserv median {:.4g} "
-                      "max {:.4g}; HF bf16 median {:.4g} max {:.4g}; ratio median {:.3f}, worst "
-                      "{:.3f} at position {} ({:.4g} vs {:.4g}); {} positions over {}",
-                      T, median(err), *std::max_element(err.begin(), err.end()), median(bf16_err),
-                      *std::max_element(bf16_err.begin(), bf16_err.end()), median(ratio),
-                      ratio[worst], worst, err[worst], bf16_err[worst], over, kRatio));
-  CHECK_MESSAGE(over == 0, over << " positions over " << kRatio
-                                << " x HF bf16's error (pos:xserv/bf16=ratio):" << failing);
-  CHECK(*std::max_element(err.begin(), err.end()) <= kMaxErr);
+    MESSAGE(fmt::format("20b teacher-forced ({} gemms), {} positions: rel L2 vs HF fp32: xserv "
+                        "median {:.4g} "
+                        "max {:.4g}; HF bf16 median {:.4g} max {:.4g}; ratio median {:.3f}, worst "
+                        "{:.3f} at position {} ({:.4g} vs {:.4g}); {} positions over {}",
+                        split ? "split" : "bf16", T, median(err),
+                        *std::max_element(err.begin(), err.end()), median(bf16_err),
+                        *std::max_element(bf16_err.begin(), bf16_err.end()), median(ratio),
+                        ratio[worst], worst, err[worst], bf16_err[worst], over, ratio_gate));
+    CHECK_MESSAGE(over == 0, over << " positions over " << ratio_gate
+                                  << " x HF bf16's error (pos:xserv/bf16=ratio):" << failing);
+    CHECK(*std::max_element(err.begin(), err.end()) <= max_gate);
 
-  // 2. Greedy continuation of G tokens (one prefill, then one decode step per token).
-  engine.reset();
-  xserv::engine::Request req;
-  req.prompt = ids;
-  req.max_tokens = static_cast<int64_t>(G);
-  const auto gen = xserv::engine::generate(engine, {req});
-  const auto& got = gen.at(0).tokens;
-  REQUIRE(got.size() == G);
-  size_t gated = 0; // steps before HF bf16's first margin under the floor
-  while (gated < G && bf16_margin[gated] >= kMarginFloor)
-    ++gated;
-  const size_t with_bf16 = shared_prefix(got, bf16_greedy);
-  const size_t with_fp32 = shared_prefix(got, fp32_greedy);
-  const size_t bf16_fp32 = shared_prefix(bf16_greedy, fp32_greedy);
-  MESSAGE(fmt::format("20b greedy {}: xserv shares {} steps with HF bf16 (gate: first {}, HF "
-                      "bf16 margin < {} at step {}), {} with HF fp32; HF bf16 shares {} with HF "
-                      "fp32",
-                      G, with_bf16, gated, kMarginFloor, gated, with_fp32, bf16_fp32));
-  for (size_t i = 0; i < gated; ++i) {
-    CHECK_MESSAGE(got[i] == bf16_greedy[i], "greedy step " << i << ": xserv " << got[i]
-                                                           << " != HF bf16 " << bf16_greedy[i]
-                                                           << " (margin " << bf16_margin[i] << ")");
-    if (got[i] != bf16_greedy[i])
-      break;
+    // 2. Greedy continuation of G tokens (one prefill, then one decode step per token).
+    engine.reset();
+    xserv::engine::Request req;
+    req.prompt = ids;
+    req.max_tokens = static_cast<int64_t>(G);
+    const auto gen = xserv::engine::generate(engine, {req});
+    const auto& got = gen.at(0).tokens;
+    REQUIRE(got.size() == G);
+    size_t gated = 0; // steps before HF bf16's first margin under the floor
+    while (gated < G && bf16_margin[gated] >= kMarginFloor)
+      ++gated;
+    const size_t with_bf16 = shared_prefix(got, bf16_greedy);
+    const size_t with_fp32 = shared_prefix(got, fp32_greedy);
+    const size_t bf16_fp32 = shared_prefix(bf16_greedy, fp32_greedy);
+    MESSAGE(fmt::format("20b greedy {}: xserv shares {} steps with HF bf16 (gate: first {}, HF "
+                        "bf16 margin < {} at step {}), {} with HF fp32; HF bf16 shares {} with HF "
+                        "fp32",
+                        G, with_bf16, gated, kMarginFloor, gated, with_fp32, bf16_fp32));
+    for (size_t i = 0; i < gated; ++i) {
+      CHECK_MESSAGE(got[i] == bf16_greedy[i],
+                    "greedy step " << i << ": xserv " << got[i] << " != HF bf16 " << bf16_greedy[i]
+                                   << " (margin " << bf16_margin[i] << ")");
+      if (got[i] != bf16_greedy[i])
+        break;
+    }
   }
 }
