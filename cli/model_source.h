@@ -15,10 +15,12 @@
 #include "models/tokenizer.h"
 #include "runtime/plan_file.h"
 
-namespace xserv::cli {
+namespace xserv::engine {
+class CudaModel;         // engine/cuda_model.h
+struct CudaModelOptions; // engine/cuda_model.h
+} // namespace xserv::engine
 
-class CudaModel;         // cli/cuda_model.h
-struct CudaModelOptions; // cli/cuda_model.h
+namespace xserv::cli {
 
 /// Where the weights, graph and limits come from.
 struct ModelSource {
@@ -66,7 +68,8 @@ void check_plan_run(const ModelSource& src, const runtime::StageLayout& layout,
 
 /// The CUDA model of a pp 1 plan `src` as compiled: check_plan_run, then stage 0's program with
 /// its kernels for GPU 0 (runtime::load_stage_program; graph.ir is never read).
-std::unique_ptr<CudaModel> plan_cuda_model(const ModelSource& src, const CudaModelOptions& opts);
+std::unique_ptr<engine::CudaModel> plan_cuda_model(const ModelSource& src,
+                                                   const engine::CudaModelOptions& opts);
 
 /// Builds the model `--backend` asks for (resolve_backend; auto by default): for CUDA a plan's
 /// stage programs as compiled, a checkpoint directory compiled in memory.

@@ -277,28 +277,6 @@ Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBinding
   return p;
 }
 
-std::vector<ir::Tensor> interpret_stages(const std::vector<ir::Graph>& stages,
-                                         ir::InterpretEnv& env) {
-  std::map<std::string, ir::Tensor> sent;
-  std::vector<ir::Tensor> out;
-  for (size_t s = 0; s < stages.size(); ++s) {
-    for (auto& [name, t] : sent)
-      env.params[name] = std::move(t);
-    out = ir::interpret(stages[s], env);
-    for (const auto& [name, t] : sent)
-      env.params.erase(name);
-    sent.clear();
-    if (s + 1 == stages.size())
-      break;
-    for (size_t i = 0; i < out.size(); ++i) {
-      const ir::Node& n = stages[s].node(stages[s].outputs[i]);
-      XSERV_CHECK(n.op == Op::Send, "a pipeline stage other than the last returns its sends");
-      sent[n.attr_str("name")] = std::move(out[i]);
-    }
-  }
-  return out;
-}
-
 std::string describe(const Pipeline& p) {
   std::string s;
   for (size_t i = 0; i < p.info.size(); ++i) {

@@ -53,12 +53,6 @@ struct Pipeline {
 Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBindings& dims = {},
                             const PipelineCostModel& model = {});
 
-/// Runs pipeline stages one after another in the interpreter, each stage's sends handed to the
-/// next stage's recvs (the CPU's transport); `env.state` carries the KV caches of every stage
-/// across calls. Returns the last stage's outputs.
-std::vector<ir::Tensor> interpret_stages(const std::vector<ir::Graph>& stages,
-                                         ir::InterpretEnv& env);
-
 /// One line per stage: layers, weights, KV, decode and prefill estimates; then the imbalance.
 std::string describe(const Pipeline& p);
 

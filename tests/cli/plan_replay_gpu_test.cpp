@@ -57,8 +57,8 @@ TEST_CASE("gpu: a plan's launch table and cubins give an in-memory compile's log
   src.plan = std::make_shared<const xserv::runtime::Plan>(xserv::runtime::read_plan(plan));
   const auto replay_model = xserv::cli::plan_cuda_model(src, quiet);
   const auto lowered_model = xserv::cli::graph_cuda_model(model, 3, 512, &graph, quiet);
-  xserv::cli::CudaModel& replay = *replay_model;
-  xserv::cli::CudaModel& lowered = *lowered_model;
+  xserv::engine::CudaModel& replay = *replay_model;
+  xserv::engine::CudaModel& lowered = *lowered_model;
   { // another max batch than the plan's: refused, naming the compile flag
     xserv::cli::ModelSource other = src;
     other.max_batch = 2;

@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/cpu_model.h"
 #include "cli/serve_server.h"
+#include "engine/cpu_model.h"
 #include "tests/cli/run_xserv.h"
 #include "tests/cli/serve_client.h"
 #include "tests/test_util.h"
@@ -93,7 +93,7 @@ public:
   }
 
 private:
-  cli::CpuModel inner_;
+  engine::CpuModel inner_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = true;
@@ -571,8 +571,8 @@ TEST_CASE("serve: a --pp 2 plan serves through its worker, with the pp 1 plan's 
   std::string text[2];
   for (int pp : {1, 2}) {
     const fs::path plan = tmp.path / ("pp" + std::to_string(pp));
-    REQUIRE(run_xserv("compile " + model + " -o " + plan.string() + " --pp " +
-                      std::to_string(pp) + " --max-batch 2 --max-seq 128 --no-cubins")
+    REQUIRE(run_xserv("compile " + model + " -o " + plan.string() + " --pp " + std::to_string(pp) +
+                      " --max-batch 2 --max-seq 128 --no-cubins")
                 .code == 0);
     const auto [pid, port] =
         serve_process(plan, tmp.path / ("log" + std::to_string(pp)), data / "o200k_base.tiktoken");

@@ -63,7 +63,7 @@ void check_chained(const ir::Graph& g, int stages) {
     CAPTURE(s);
     whole.params = split.params = models::step_params(steps[s]);
     const ir::Tensor want = ir::interpret(g, whole)[0];
-    const ir::Tensor got = compiler::interpret_stages(p.stages, split)[0];
+    const ir::Tensor got = ir::interpret_stages(p.stages, split)[0];
     REQUIRE(got.shape == want.shape);
     CHECK(got.f == want.f);
   }

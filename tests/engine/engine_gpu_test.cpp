@@ -75,7 +75,7 @@ std::vector<Outcome> run(engine::Model& model, const std::vector<Request>& reqs,
 /// peak) that join at random steps with random prompt and output lengths.
 void check_invariance(const fs::path& model_dir, int steps, int64_t max_seq) {
   const auto model_model = cli::graph_cuda_model(model_dir, 64, max_seq, nullptr, quiet());
-  cli::CudaModel& model = *model_model;
+  engine::CudaModel& model = *model_model;
   const int64_t vocab = model.config().vocab_size;
   std::mt19937_64 rng(11);
   std::vector<Request> reqs;
@@ -151,7 +151,7 @@ TEST_CASE("gpu: sampled and greedy requests share steps, the sampled ones follow
   models::synth_checkpoint(models::ModelConfig::load(source_dir() / "examples/tiny/config.json"),
                            tmp.path, so);
   const auto model_model = cli::graph_cuda_model(tmp.path, 8, 128, nullptr, quiet());
-  cli::CudaModel& model = *model_model;
+  engine::CudaModel& model = *model_model;
   std::mt19937_64 rng(3);
   Request greedy, sampled;
   greedy.prompt = random_prompt(rng, 12, model.config().vocab_size);

@@ -11,7 +11,7 @@
 
 #include "models/step.h"
 
-namespace xserv::cli {
+namespace xserv::engine {
 
 /// Where each step input (models::params) lives in the param block, in int32 elements: the
 /// per-token inputs for `tokens` tokens, then the per-sequence ones for `seqs` sequences.
@@ -48,4 +48,4 @@ inline bool ends_sequence(const models::StepInput& in, const Piece& p) {
 /// sequence length, cache rows, vocabulary) or the malformed part.
 void validate_step(const models::StepInput& in, int64_t max_batch, int64_t max_seq, int64_t vocab);
 
-} // namespace xserv::cli
+} // namespace xserv::engine

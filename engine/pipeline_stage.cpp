@@ -1,19 +1,19 @@
 // StageRunner for the interpreter and for a CudaModel, and the step's micro-batches.
-#include "cli/pipeline_stage.h"
+#include "engine/pipeline_stage.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
-#include "cli/cpu_model.h"
-#include "cli/cuda_model.h"
-#include "cli/step_split.h"
+#include "engine/cpu_model.h"
+#include "engine/cuda_model.h"
 #include "engine/model.h"
+#include "engine/step_split.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 #include "runtime/nccl.h"
 
-namespace xserv::cli {
+namespace xserv::engine {
 namespace fs = std::filesystem;
 
 Named name_outputs(const ir::Graph& g, std::vector<ir::Tensor> out) {
@@ -202,4 +202,4 @@ std::unique_ptr<StageRunner> make_cuda_stage(const fs::path& model_dir,
   return std::make_unique<CudaStage>(model_dir, std::move(program), options);
 }
 
-} // namespace xserv::cli
+} // namespace xserv::engine
