@@ -12,7 +12,7 @@
 #include "cli/env.h"
 #include "cli/graph_model.h"
 #include "cli/pipeline.h"
-#include "cli/plan_file.h"
+#include "cli/loaded_plan.h"
 #include "engine/cpu_model.h"
 #include "engine/cuda_model.h"
 #include "engine/pipeline_local.h"

@@ -43,7 +43,7 @@ void check_plan_arch(const std::string& plan_arch, const std::string& gpu_arch,
 /// Reads PATH (a plan or a checkpoint); `--weights DIR` overrides the checkpoint, `--max-seq`
 /// and `--max-batch` the limits (never above a plan's). A plan is read once, here
 /// (runtime::read_plan, then verify_plan_files and check_checkpoint), and shared
-/// (cli/plan_file.h). Throws UsageError for bad paths, and xserv::Error for a bad plan.json
+/// (cli/loaded_plan.h). Throws UsageError for bad paths, and xserv::Error for a bad plan.json
 /// (naming the field), a plan file changed since compile, or a checkpoint that no longer
 /// matches the plan (another config, or safetensors files of other sizes or contents).
 ModelSource resolve_source(const std::string& path, const ParsedArgs& args);

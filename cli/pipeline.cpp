@@ -7,7 +7,7 @@
 #include "cli/pipeline.h"
 #include "cli/env.h"
 #include "cli/pipeline_wire.h"
-#include "cli/plan_file.h"
+#include "cli/loaded_plan.h"
 #include "engine/pipeline_stage.h"
 #include "runtime/plan_io.h"
 

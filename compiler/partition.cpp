@@ -61,8 +61,8 @@ struct UnitCost {
 
 } // namespace
 
-Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBindings& dims,
-                            const PipelineCostModel& model) {
+Partition partition_pipeline(const ir::Graph& g, int stages, const ir::DimBindings& dims,
+                             const PartitionCostModel& model) {
   const int layers = count_layers(g);
   if (layers == 0)
     throw Error("pipeline partition: the graph has no decoder layers (weights named "
@@ -192,7 +192,7 @@ Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBinding
                               o, stage[size_t(o)]));
 
   // 5. One graph per stage.
-  Pipeline p;
+  Partition p;
   p.stages.resize(static_cast<size_t>(stages));
   p.info.resize(static_cast<size_t>(stages));
   for (int s = 0; s < stages; ++s) {
@@ -277,7 +277,7 @@ Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBinding
   return p;
 }
 
-std::string describe(const Pipeline& p) {
+std::string describe(const Partition& p) {
   std::string s;
   for (size_t i = 0; i < p.info.size(); ++i) {
     const StageInfo& in = p.info[i];

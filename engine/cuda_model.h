@@ -88,9 +88,9 @@ public:
   void reset() override;
   void synchronize() override;
   double peak_memory_gib() const override;
-  /// CUDA events on the engine's stream.
+  /// CUDA events on the model's stream.
   std::unique_ptr<Stopwatch> stopwatch() override;
-  /// How many CUDA graphs the engine has captured so far (0 with cuda_graphs off).
+  /// How many CUDA graphs the model has captured so far (0 with cuda_graphs off).
   size_t graphs_captured() const;
   /// Whether the graph ends in per-sequence logits with the sampling epilogue, so greedy steps
   /// pick on the GPU (step_greedy, step_stage_device with `greedy`).

@@ -123,7 +123,7 @@ public:
   }
 
 private:
-  /// Receives from rank - 1 and sends to rank + 1 on the engine's stream, over NCCL.
+  /// Receives from rank - 1 and sends to rank + 1 on the model's stream, over NCCL.
   StageTransport transport() const {
     StageTransport t;
     t.receive = [this](const std::string& name, void* dst, size_t bytes, Stream stream) {
@@ -141,7 +141,7 @@ private:
     return t;
   }
 
-  /// An NCCL receive carries no shape: the bytes the engine posts for `name` (a sub-step's rows
+  /// An NCCL receive carries no shape: the bytes the model posts for `name` (a sub-step's rows
   /// of the plan's stage layout) must be whole rows of the boundary value the layout declares,
   /// no more rows than the step has tokens; NCCL refuses a sender that sends more.
   void check_receive(const std::string& name, size_t bytes) const {

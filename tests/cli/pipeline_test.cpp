@@ -24,7 +24,7 @@
 #include "cli/model_source.h"
 #include "cli/pipeline.h"
 #include "cli/pipeline_wire.h"
-#include "cli/plan_file.h"
+#include "cli/loaded_plan.h"
 #include "engine/pipeline_stage.h"
 #include "runtime/net.h"
 #include "tests/cli/run_xserv.h"

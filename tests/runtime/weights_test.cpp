@@ -323,7 +323,7 @@ TEST_CASE("weight_specs_named: a pipeline stage uploads its own weights only") {
   models::synth_checkpoint(cfg, dir.path, so);
   auto ck = models::Checkpoint::open(dir.path);
   const ir::Graph whole = models::build_gpt_oss(cfg);
-  const compiler::Pipeline p = compiler::partition_pipeline(whole, 2);
+  const compiler::Partition p = compiler::partition_pipeline(whole, 2);
   const size_t all = engine::weight_specs(ck).size();
   CHECK(engine::weight_specs_named(ck, weights_read(whole)).size() == all);
   std::set<std::string> seen;
