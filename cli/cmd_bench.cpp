@@ -7,7 +7,7 @@
 //    engine's Stopwatch: CUDA events on its stream for the GPU, the host clock for the CPU),
 //    step by step: one prefill step of p tokens (ppP), or n decode steps of one token per
 //    sequence (tgN), the next random inputs made between the timed steps. Steps
-//    are greedy ones (Model::step_greedy: the CUDA engine picks on the GPU and copies back only
+//    are greedy ones (Model::step_greedy: the CUDA model picks on the GPU and copies back only
 //    the ids, as a decode loop does); no tokenizer and no sampling run inside the timed region,
 //    and the next input ids are random.
 // 3. Batched decode rows also give time to first token (the prefill of a 1-token prompt for

@@ -224,19 +224,19 @@ int cmd_compile(const ParsedArgs& args) {
   progress.finish(compiler::describe(mem));
 
   // Pipeline stages: contiguous layer ranges balanced by the cost model, send/recv between.
-  compiler::Pipeline pipeline;
+  compiler::Partition partition;
   if (pass_opts.pipeline_stages > 1) {
     progress.step(fmt::format("partitioning into {} pipeline stages", pass_opts.pipeline_stages));
-    compiler::PipelineCostModel cost;
+    compiler::PartitionCostModel cost;
     if (expert_format != runtime::ExpertFormat::Bf16) { // decode reads the MXFP4 experts
       cost.mxfp4_read_bytes = 17.0 / 32.0;
       cost.mxfp4_held_bytes = expert_format == runtime::ExpertFormat::Both ? 2.0 + 17.0 / 32.0
                                                                           : 17.0 / 32.0;
     }
-    pipeline = compiler::partition_pipeline(
+    partition = compiler::partition_pipeline(
         g, pass_opts.pipeline_stages,
         {{models::dims::kCacheRows, max_batch}, {models::dims::kMaxSeq, max_seq}}, cost);
-    progress.finish(fmt::format("imbalance {:.1f}%", pipeline.imbalance * 100));
+    progress.finish(fmt::format("imbalance {:.1f}%", partition.imbalance * 100));
   }
 
   if (emit == "ir") {
@@ -270,16 +270,16 @@ int cmd_compile(const ParsedArgs& args) {
   for (const auto& t : pm.timings())
     pf.passes.push_back({t.name, t.ms, t.changed});
   // One program per stage (graph.ir stays the whole model, which one device can also run).
-  for (size_t i = 0; i < pipeline.stages.size(); ++i) {
+  for (size_t i = 0; i < partition.stages.size(); ++i) {
     runtime::PlanStage st;
     st.graph = fmt::format("stage{}.ir", i);
-    write_file(plan / st.graph, ir::print(pipeline.stages[i]));
-    const compiler::StageInfo& in = pipeline.info[i];
+    write_file(plan / st.graph, ir::print(partition.stages[i]));
+    const compiler::StageInfo& in = partition.info[i];
     st.first_layer = in.first_layer;
     st.last_layer = in.last_layer;
     st.embedding = in.embedding;
     st.head = in.head;
-    stage_transfers(pipeline.stages[i], st);
+    stage_transfers(partition.stages[i], st);
     st.weight_bytes = in.weight_bytes;
     st.kv_cache_bytes = in.kv_bytes;
     st.decode_bytes_per_token = in.decode_bytes;
@@ -288,12 +288,12 @@ int cmd_compile(const ParsedArgs& args) {
     st.estimated_prefill_us_per_token = in.prefill_seconds * 1e6;
     st.activation_arena_bytes =
         compiler::plan_memory(
-            pipeline.stages[i],
+            partition.stages[i],
             {{models::dims::kTokens, std::max(chunk, max_batch)}, {models::dims::kSeqs, max_batch}})
             .arena_bytes;
     pf.stages.push_back(std::move(st));
   }
-  pf.imbalance = pipeline.imbalance;
+  pf.imbalance = partition.imbalance;
   progress.finish();
   const bool cubins = !args.has("--no-cubins");
   progress.step(cubins ? fmt::format("generating kernels and compiling them for {}", arch)
@@ -322,8 +322,8 @@ int cmd_compile(const ParsedArgs& args) {
   }
   // Each stage lowers to kernels of the whole graph (checked here, so a plan never holds a
   // stage the CUDA runtime cannot run), and its launch table and layout go into the plan.
-  for (size_t i = 0; i < pipeline.stages.size(); ++i) {
-    PlanStageCode code = stage_launches(pipeline.stages[i], pf.codegen, ko);
+  for (size_t i = 0; i < partition.stages.size(); ++i) {
+    PlanStageCode code = stage_launches(partition.stages[i], pf.codegen, ko);
     pf.stages[i].launches_per_decode_step = code.launches_per_decode_step;
     pf.stages[i].layout = std::move(code.layout);
     pf.stages[i].table = std::move(code.table);

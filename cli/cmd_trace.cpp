@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/cpu_model.h"
 #include "cli/float_file.h"
 #include "cli/graph_model.h"
 #include "cli/model_source.h"
+#include "engine/cpu_model.h"
 #include "models/step.h"
 
 namespace xserv::cli {
@@ -68,7 +68,7 @@ int cmd_trace(const ParsedArgs& args) {
     const Tracked t = tracked_values(g);
     for (ir::ValueId v : t.values)
       g.outputs.push_back(v);
-    CpuModel cpu(src.model_dir, 1, src.max_seq, &g);
+    engine::CpuModel cpu(src.model_dir, 1, src.max_seq, &g);
     const std::vector<ir::Tensor> res = cpu.run_graph(g, models::step_params(step));
     for (size_t i = 0; i < t.values.size(); ++i) {
       const ir::Tensor& x = res.at(res.size() - t.values.size() + i);
@@ -97,7 +97,7 @@ int cmd_trace(const ParsedArgs& args) {
     std::vector<uint64_t> offsets;
     for (ir::ValueId v : t.values)
       offsets.push_back(compiled.offset_of(v));
-    CudaModel gpu(src.model_dir, std::move(compiled.program), opts);
+    engine::CudaModel gpu(src.model_dir, std::move(compiled.program), opts);
     gpu.step(step);
     for (uint64_t off : offsets)
       rows.push_back(gpu.read_activation(off, static_cast<size_t>(tokens * hidden)));

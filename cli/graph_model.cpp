@@ -17,9 +17,9 @@
 namespace xserv::cli {
 namespace fs = std::filesystem;
 
-CudaModelOptions cuda_model_options() {
+engine::CudaModelOptions cuda_model_options() {
   const Env& e = env();
-  CudaModelOptions o;
+  engine::CudaModelOptions o;
   o.cache_dir = kernel_cache_dir();
   o.cuda_graphs = e.cuda_graphs;
   o.profile = e.profile;
@@ -30,7 +30,7 @@ CudaModelOptions cuda_model_options() {
 GraphModelOptions graph_model_options() {
   const Env& e = env();
   GraphModelOptions o;
-  static_cast<CudaModelOptions&>(o) = cuda_model_options();
+  static_cast<engine::CudaModelOptions&>(o) = cuda_model_options();
   o.prefill_chunk = e.prefill_chunk.value_or(o.prefill_chunk);
   o.gemm_split = e.gemm_split.value_or(o.gemm_split);
   return o;
@@ -98,16 +98,16 @@ CompiledGraph compile_graph(const ir::Graph& g, int64_t max_batch, int64_t max_s
   return out;
 }
 
-std::unique_ptr<CudaModel> graph_cuda_model(const fs::path& model_dir, int64_t max_batch,
-                                            int64_t max_seq, const ir::Graph* graph,
-                                            const GraphModelOptions& opts) {
+std::unique_ptr<engine::CudaModel> graph_cuda_model(const fs::path& model_dir, int64_t max_batch,
+                                                    int64_t max_seq, const ir::Graph* graph,
+                                                    const GraphModelOptions& opts) {
   const ir::Graph g =
       graph ? *graph : models::build_gpt_oss(models::ModelConfig::load(model_dir / "config.json"));
   CompiledGraph c = compile_graph(g, max_batch, max_seq, opts);
-  CudaModelOptions mo = opts;
+  engine::CudaModelOptions mo = opts;
   if (mo.cache_dir.empty())
     mo.cache_dir = kernel_cache_dir();
-  return std::make_unique<CudaModel>(model_dir, std::move(c.program), mo);
+  return std::make_unique<engine::CudaModel>(model_dir, std::move(c.program), mo);
 }
 
 } // namespace xserv::cli

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <memory>
 
-#include "cli/cuda_model.h"
 #include "codegen/lower_stage.h"
 #include "compiler/memory_plan.h"
+#include "engine/cuda_model.h"
 #include "ir/graph.h"
 #include "runtime/plan_stage.h"
 
@@ -18,7 +18,7 @@ namespace xserv::cli {
 
 /// How a graph is compiled in memory (the flags `xserv compile` would take) and how its model
 /// runs.
-struct GraphModelOptions : CudaModelOptions {
+struct GraphModelOptions : engine::CudaModelOptions {
   int prefill_chunk = codegen::kPrefillChunk; ///< tokens per prefill sub-step, [8, 65536]
   bool gemm_split = true; ///< gemm activations as bf16 hi + lo pairs, else plain bf16
   runtime::ExpertFormat expert_format = runtime::ExpertFormat::Bf16;
@@ -28,7 +28,7 @@ struct GraphModelOptions : CudaModelOptions {
 
 /// CudaModelOptions as the environment sets them (cli/env.h): the kernel cache and the
 /// XSERV_CUDA_GRAPHS, XSERV_PROFILE and XSERV_PDL switches.
-CudaModelOptions cuda_model_options();
+engine::CudaModelOptions cuda_model_options();
 
 /// GraphModelOptions as the environment sets them (cli/env.h): the kernel cache, the
 /// XSERV_CUDA_GRAPHS / XSERV_PROFILE / XSERV_PDL switches, and for the in-memory compile
@@ -45,7 +45,7 @@ GraphModelOptions checkpoint_model_options();
 struct CompiledGraph {
   ir::Graph graph;               ///< after the default passes
   compiler::MemoryPlan memory;   ///< its activation arena
-  runtime::StageProgram program; ///< layout, launch table and cubins, for a CudaModel
+  runtime::StageProgram program; ///< layout, launch table and cubins, for an engine::CudaModel
   /// Byte offset in the arena of value `v`'s result `r` (a value the lowering gave a buffer).
   uint64_t offset_of(ir::ValueId v, int r = 0) const;
 };
@@ -57,11 +57,11 @@ struct CompiledGraph {
 CompiledGraph compile_graph(const ir::Graph& g, int64_t max_batch, int64_t max_seq,
                             const GraphModelOptions& opts);
 
-/// A CudaModel of `graph` (default: build_gpt_oss of the checkpoint's config, last-token
+/// An engine::CudaModel of `graph` (default: build_gpt_oss of the checkpoint's config, last-token
 /// logits) compiled by compile_graph, over the weights in `model_dir`.
-std::unique_ptr<CudaModel> graph_cuda_model(const std::filesystem::path& model_dir,
-                                            int64_t max_batch, int64_t max_seq,
-                                            const ir::Graph* graph = nullptr,
-                                            const GraphModelOptions& opts = graph_model_options());
+std::unique_ptr<engine::CudaModel>
+graph_cuda_model(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
+                 const ir::Graph* graph = nullptr,
+                 const GraphModelOptions& opts = graph_model_options());
 
 } // namespace xserv::cli

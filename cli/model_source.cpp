@@ -9,13 +9,13 @@
 
 #include <fmt/format.h>
 
-#include "cli/cpu_model.h"
-#include "cli/cuda_model.h"
 #include "cli/env.h"
 #include "cli/graph_model.h"
 #include "cli/pipeline.h"
-#include "cli/pipeline_local.h"
-#include "cli/plan_file.h"
+#include "cli/loaded_plan.h"
+#include "engine/cpu_model.h"
+#include "engine/cuda_model.h"
+#include "engine/pipeline_local.h"
 #include "ir/graph.h"
 #include "models/config.h"
 #include "runtime/device.h"
@@ -143,33 +143,34 @@ void check_plan_run(const ModelSource& src, const runtime::StageLayout& layout, 
                                  precision(*split)));
 }
 
-std::unique_ptr<CudaModel> plan_cuda_model(const ModelSource& src, const CudaModelOptions& opts) {
+std::unique_ptr<engine::CudaModel> plan_cuda_model(const ModelSource& src,
+                                                   const engine::CudaModelOptions& opts) {
   // The plan's stage layout, launch table and kernels, as compiled: graph.ir is not read.
   check_plan_run(src, src.plan->stages.at(0).layout);
   runtime::StageProgram program = runtime::load_stage_program(
       src.plan_dir, *src.plan, 0, runtime::probe_device().arch(), opts.cache_dir);
-  return std::make_unique<CudaModel>(src.model_dir, std::move(program), opts);
+  return std::make_unique<engine::CudaModel>(src.model_dir, std::move(program), opts);
 }
 
-std::unique_ptr<StageRunner> make_stage_runner(const ModelSource& src, size_t stage,
-                                               const std::string& backend, int64_t max_batch,
-                                               int64_t max_seq) {
+std::unique_ptr<engine::StageRunner> make_stage_runner(const ModelSource& src, size_t stage,
+                                                       const std::string& backend,
+                                                       int64_t max_batch, int64_t max_seq) {
   const runtime::PlanStage& st = src.plan->stages.at(stage);
   if (backend == "cpu")
-    return make_cpu_stage(src.model_dir, max_batch, max_seq,
-                          read_graph(src.plan_dir / st.graph, "pipeline stage program"));
+    return engine::make_cpu_stage(src.model_dir, max_batch, max_seq,
+                                  read_graph(src.plan_dir / st.graph, "pipeline stage program"));
   if (backend != "cuda")
     throw Error(fmt::format("pipeline: unknown backend '{}'", backend));
   ModelSource run = src;
   run.max_batch = max_batch;
   run.max_seq = max_seq;
   check_plan_run(run, st.layout);
-  const CudaModelOptions opts = cuda_model_options();
-  return make_cuda_stage(src.model_dir,
-                         runtime::load_stage_program(src.plan_dir, *src.plan, stage,
-                                                     runtime::probe_device().arch(),
-                                                     opts.cache_dir),
-                         opts);
+  const engine::CudaModelOptions opts = cuda_model_options();
+  return engine::make_cuda_stage(src.model_dir,
+                                 runtime::load_stage_program(src.plan_dir, *src.plan, stage,
+                                                             runtime::probe_device().arch(),
+                                                             opts.cache_dir),
+                                 opts);
 }
 
 std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args) {
@@ -185,13 +186,13 @@ std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args
   if (backend == "cuda" && stages > 0 && args.has("--pp-local")) {
     std::fprintf(stderr, "[plan] %zu pipeline stages on this GPU (same-device transport)\n",
                  stages);
-    const CudaModelOptions opts = cuda_model_options();
+    const engine::CudaModelOptions opts = cuda_model_options();
     const std::string arch = runtime::probe_device().arch();
     std::vector<runtime::StageProgram> programs;
     for (size_t s = 0; s < stages; ++s)
       programs.push_back(
           runtime::load_stage_program(src.plan_dir, *src.plan, s, arch, opts.cache_dir));
-    return make_local_cuda_pipeline(src.model_dir, std::move(programs), opts);
+    return engine::make_local_cuda_pipeline(src.model_dir, std::move(programs), opts);
   }
   if (stages > 0 && !args.has("--pp-local")) {
     // One process per stage (per GPU with cuda): this one is rank 0 and drives; the others run
@@ -221,8 +222,9 @@ std::unique_ptr<Model> make_model(const ModelSource& src, const ParsedArgs& args
   if (stages > 0)
     std::fprintf(stderr, "[plan] %zu pipeline stages, run one after another in this process\n",
                  stages);
-  return std::make_unique<CpuModel>(src.model_dir, src.max_batch, src.max_seq,
-                                    plan_graph ? &*plan_graph : nullptr, std::move(programs));
+  return std::make_unique<engine::CpuModel>(src.model_dir, src.max_batch, src.max_seq,
+                                            plan_graph ? &*plan_graph : nullptr,
+                                            std::move(programs));
 }
 
 models::Tokenizer load_tokenizer(const ModelSource& src, const ParsedArgs& args) {

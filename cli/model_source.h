@@ -15,10 +15,12 @@
 #include "models/tokenizer.h"
 #include "runtime/plan_file.h"
 
-namespace xserv::cli {
+namespace xserv::engine {
+class CudaModel;         // engine/cuda_model.h
+struct CudaModelOptions; // engine/cuda_model.h
+} // namespace xserv::engine
 
-class CudaModel;         // cli/cuda_model.h
-struct CudaModelOptions; // cli/cuda_model.h
+namespace xserv::cli {
 
 /// Where the weights, graph and limits come from.
 struct ModelSource {
@@ -41,7 +43,7 @@ void check_plan_arch(const std::string& plan_arch, const std::string& gpu_arch,
 /// Reads PATH (a plan or a checkpoint); `--weights DIR` overrides the checkpoint, `--max-seq`
 /// and `--max-batch` the limits (never above a plan's). A plan is read once, here
 /// (runtime::read_plan, then verify_plan_files and check_checkpoint), and shared
-/// (cli/plan_file.h). Throws UsageError for bad paths, and xserv::Error for a bad plan.json
+/// (cli/loaded_plan.h). Throws UsageError for bad paths, and xserv::Error for a bad plan.json
 /// (naming the field), a plan file changed since compile, or a checkpoint that no longer
 /// matches the plan (another config, or safetensors files of other sizes or contents).
 ModelSource resolve_source(const std::string& path, const ParsedArgs& args);
@@ -67,7 +69,8 @@ void check_plan_run(const ModelSource& src, const runtime::StageLayout& layout,
 
 /// The CUDA model of a pp 1 plan `src` as compiled: check_plan_run, then stage 0's program with
 /// its kernels for GPU 0 (runtime::load_stage_program; graph.ir is never read).
-std::unique_ptr<CudaModel> plan_cuda_model(const ModelSource& src, const CudaModelOptions& opts);
+std::unique_ptr<engine::CudaModel> plan_cuda_model(const ModelSource& src,
+                                                   const engine::CudaModelOptions& opts);
 
 /// Builds the model `--backend` asks for (resolve_backend; auto by default): for CUDA a plan's
 /// stage programs as compiled, a checkpoint directory compiled in memory.

@@ -2,13 +2,13 @@
 // (cli/pipeline_worker.cpp), sends each the step (token ids, context lengths, cache rows) and the
 // activations its stage receives, and gets back what it sends on (the last rank: the logits or
 // the greedy ids), over the frames of cli/pipeline_wire.h; with NCCL the activations go GPU to
-// GPU instead. A StageRunner runs one stage's program on the CPU interpreter or on this
+// GPU instead. A engine::StageRunner runs one stage's program on the CPU interpreter or on this
 // process's GPU.
 #include "cli/pipeline.h"
 #include "cli/env.h"
-#include "cli/pipeline_stage.h"
 #include "cli/pipeline_wire.h"
-#include "cli/plan_file.h"
+#include "cli/loaded_plan.h"
+#include "engine/pipeline_stage.h"
 #include "runtime/plan_io.h"
 
 #include <signal.h>
@@ -30,7 +30,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/cpu_model.h"
+#include "engine/cpu_model.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
@@ -218,8 +218,8 @@ private:
     bool prompt = false;
     for (const auto& t : in.tokens)
       prompt = prompt || t.size() > 1;
-    const std::vector<MicroBatch> mbs =
-        micro_batches(in, pipeline_micro_batches(launch_.micro_batches, tokens, prompt, world));
+    const std::vector<engine::MicroBatch> mbs = engine::micro_batches(
+        in, pipeline_micro_batches(launch_.micro_batches, tokens, prompt, world));
     const int m_count = static_cast<int>(mbs.size());
     if (comm_) {
       run_ranks_nccl(mbs, greedy, logits, ids);
@@ -267,11 +267,11 @@ private:
   /// step's micro-batch headers at once (a rank's receive must be posted while the previous
   /// rank sends), rank 0 runs its micro-batches (each sent on to rank 1 on the device), then
   /// collects every rank's acknowledgements and the last rank's results.
-  void run_ranks_nccl(const std::vector<MicroBatch>& mbs, bool greedy,
+  void run_ranks_nccl(const std::vector<engine::MicroBatch>& mbs, bool greedy,
                       std::vector<std::vector<float>>* logits, std::vector<int32_t>* ids) {
     const int world = static_cast<int>(src_.plan->stages.size());
     for (int r = 1; r < world; ++r)
-      for (const MicroBatch& mb : mbs) {
+      for (const engine::MicroBatch& mb : mbs) {
         const nlohmann::json head = step_header(mb.in, steps_, greedy);
         try {
           send_to(r, message(kStep, head));
@@ -280,14 +280,14 @@ private:
         }
       }
     try {
-      for (const MicroBatch& mb : mbs)
+      for (const engine::MicroBatch& mb : mbs)
         local_->run(mb.in, {});
     } catch (const Error&) { // usually a rank that stopped: say which, if one of ours did
       check_children();
       throw;
     }
     for (int r = 1; r < world; ++r)
-      for (const MicroBatch& mb : mbs) {
+      for (const engine::MicroBatch& mb : mbs) {
         Named got; // over NCCL an intermediate rank's result is an acknowledgement
         const nlohmann::json head = await(
             r, kResult, &got,
@@ -304,8 +304,9 @@ private:
   /// The last rank's answer for `mb`, checked against what the step asked for before use: one id
   /// per sequence inside the vocabulary, or one float logits tensor of [sequences or tokens,
   /// vocabulary].
-  void take_results(int r, const MicroBatch& mb, const nlohmann::json& head, const Named& got,
-                    std::vector<std::vector<float>>* logits, std::vector<int32_t>* ids) {
+  void take_results(int r, const engine::MicroBatch& mb, const nlohmann::json& head,
+                    const Named& got, std::vector<std::vector<float>>* logits,
+                    std::vector<int32_t>* ids) {
     const int64_t vocab = local_->config().vocab_size;
     auto bad = [&](const std::string& what) {
       return Error(fmt::format("pipeline rank {} sent a malformed result: {}", r, what));
@@ -333,8 +334,8 @@ private:
       throw bad(fmt::format("expected one float logits tensor of [{} or {}, {}]",
                             mb.in.tokens.size(), tokens, vocab));
     std::vector<std::vector<float>> rows =
-        sequence_logits(got.at(0).second, mb.in.tokens.size(),
-                        models::step_params(mb.in).at(models::params::kLogitRows));
+        engine::sequence_logits(got.at(0).second, mb.in.tokens.size(),
+                                models::step_params(mb.in).at(models::params::kLogitRows));
     for (size_t i = 0; i < mb.seq.size(); ++i)
       if (mb.last[i])
         (*logits)[mb.seq[i]] = std::move(rows[i]);
@@ -530,8 +531,8 @@ private:
   /// The most one wait for a rank's answer may take, heartbeats or not.
   std::chrono::milliseconds step_timeout_ = pipeline_step_timeout();
   runtime::Listener listener_;
-  std::unique_ptr<StageRunner> local_;      ///< stage 0, made after the handshake
-  std::unique_ptr<runtime::NcclComm> comm_; ///< with the NCCL transport
+  std::unique_ptr<engine::StageRunner> local_; ///< stage 0, made after the handshake
+  std::unique_ptr<runtime::NcclComm> comm_;    ///< with the NCCL transport
   std::vector<Connection> ranks_;
   std::vector<std::unique_ptr<std::mutex>> send_mu_; ///< per rank: main thread vs heartbeats
   std::mutex beat_mu_;

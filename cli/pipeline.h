@@ -14,7 +14,7 @@
 
 #include "cli/engine.h"
 #include "cli/model_source.h"
-#include "cli/pipeline_stage.h"
+#include "engine/pipeline_stage.h"
 #include "ir/graph.h"
 
 namespace xserv::cli {
@@ -82,9 +82,9 @@ std::unique_ptr<Model> make_pipeline_model(const ModelSource& src, const Pipelin
 /// interpreter; "cuda" the plan's launch table and cubins for the stage, which read no stageN.ir
 /// and need the plan's sizes (check_plan_run's message otherwise). Throws xserv::Error for
 /// another backend.
-std::unique_ptr<StageRunner> make_stage_runner(const ModelSource& src, size_t stage,
-                                               const std::string& backend, int64_t max_batch,
-                                               int64_t max_seq);
+std::unique_ptr<engine::StageRunner> make_stage_runner(const ModelSource& src, size_t stage,
+                                                       const std::string& backend,
+                                                       int64_t max_batch, int64_t max_seq);
 
 /// The body of `xserv worker` for the pipelined plan `src` (its stage programs and limits, as
 /// resolve_source read them): connects to the coordinator, handshakes as `rank` of `world`,

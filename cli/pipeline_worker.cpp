@@ -10,9 +10,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/pipeline_stage.h"
 #include "cli/pipeline_wire.h"
-#include "cli/step_split.h"
+#include "engine/pipeline_stage.h"
+#include "engine/step_split.h"
 #include "ir/error.h"
 #include "runtime/nccl.h"
 #include "runtime/net.h"
@@ -78,7 +78,7 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world, const std::
   const int64_t max_seq = std::clamp(welcome.value("max_seq", plan_seq), int64_t{1}, plan_seq);
   const runtime::PlanStage& stage = src.plan->stages.at(size_t(rank));
   std::mutex send_lock;
-  std::unique_ptr<StageRunner> engine;
+  std::unique_ptr<engine::StageRunner> engine;
   try {
     Heartbeat alive(c, send_lock); // loading a stage onto a GPU takes seconds
     engine = make_stage_runner(src, size_t(rank), backend, max_batch, max_seq);
@@ -135,7 +135,7 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world, const std::
       // reads them: sizes within what this rank loaded, each received tensor of the dtype and
       // shape the plan's boundary carries for the step's tokens.
       const models::StepInput step_in = step_from_header(h);
-      validate_step(step_in, max_batch, max_seq, engine->config().vocab_size);
+      engine::validate_step(step_in, max_batch, max_seq, engine->config().vocab_size);
       check_boundary(in, stage_receives(stage, token_count(step_in)),
                      rank == 1 ? std::string("pipeline rank 0")
                                : fmt::format("pipeline rank 0 (relaying rank {})", rank - 1));

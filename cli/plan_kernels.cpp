@@ -112,7 +112,7 @@ PlanKernelsResult write_plan_kernels(const ir::Graph& g, const fs::path& plan,
     }
   }
   // The launch table replays on an arena planned for layout.tokens tokens and max_batch
-  // sequences (the CUDA engine's default prefill chunk).
+  // sequences (the plan's prefill chunk).
   PlanKernelsResult out;
   out.codegen = {.arch = opts.arch,
                  .kernels = std::move(table),

@@ -30,7 +30,7 @@ struct PlanKernelsResult {
   PlanStageCode code;
 };
 
-/// Lowers the final graph as the CUDA engine does, writes each kernel's source to
+/// Lowers the final graph as the CUDA model runs it, writes each kernel's source to
 /// PLAN/kernels/NAME.cu (headed by the IR it implements) and, with cubins, its NVRTC output to
 /// PLAN/kernels/NAME.cubin (through the kernel cache). Returns the kernel list (name, files,
 /// how many graph nodes use it, launches per decode and prefill step), and the launch table

@@ -61,8 +61,8 @@ struct UnitCost {
 
 } // namespace
 
-Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBindings& dims,
-                            const PipelineCostModel& model) {
+Partition partition_pipeline(const ir::Graph& g, int stages, const ir::DimBindings& dims,
+                             const PartitionCostModel& model) {
   const int layers = count_layers(g);
   if (layers == 0)
     throw Error("pipeline partition: the graph has no decoder layers (weights named "
@@ -195,7 +195,7 @@ Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBinding
                               o, stage[size_t(o)]));
 
   // 5. One graph per stage.
-  Pipeline p;
+  Partition p;
   p.stages.resize(static_cast<size_t>(stages));
   p.info.resize(static_cast<size_t>(stages));
   for (int s = 0; s < stages; ++s) {
@@ -280,29 +280,7 @@ Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBinding
   return p;
 }
 
-std::vector<ir::Tensor> interpret_stages(const std::vector<ir::Graph>& stages,
-                                         ir::InterpretEnv& env) {
-  std::map<std::string, ir::Tensor> sent;
-  std::vector<ir::Tensor> out;
-  for (size_t s = 0; s < stages.size(); ++s) {
-    for (auto& [name, t] : sent)
-      env.params[name] = std::move(t);
-    out = ir::interpret(stages[s], env);
-    for (const auto& [name, t] : sent)
-      env.params.erase(name);
-    sent.clear();
-    if (s + 1 == stages.size())
-      break;
-    for (size_t i = 0; i < out.size(); ++i) {
-      const ir::Node& n = stages[s].node(stages[s].outputs[i]);
-      XSERV_CHECK(n.op == Op::Send, "a pipeline stage other than the last returns its sends");
-      sent[n.attr_str("name")] = std::move(out[i]);
-    }
-  }
-  return out;
-}
-
-std::string describe(const Pipeline& p) {
+std::string describe(const Partition& p) {
   std::string s;
   for (size_t i = 0; i < p.info.size(); ++i) {
     const StageInfo& in = p.info[i];

@@ -14,7 +14,7 @@ namespace xserv::compiler {
 
 /// The machine the cost model balances for (the H200's measured copy bandwidth and dense BF16
 /// tensor throughput, as cli/roofline.h).
-struct PipelineCostModel {
+struct PartitionCostModel {
   double bytes_per_s = 4.3e12;
   double flops_per_s = 790e12;
   /// Bytes per value of an MXFP4 weight as the GPU holds it and as a decode step reads it
@@ -40,7 +40,7 @@ struct StageInfo {
 /// A partitioned model: stage s's graph receives from stage s-1 and sends to stage s+1 (recv /
 /// send nodes named after the value that crosses), the last one returns the original outputs;
 /// the others return their send nodes.
-struct Pipeline {
+struct Partition {
   std::vector<ir::Graph> stages;
   std::vector<StageInfo> info;
   /// max stage cost / mean stage cost - 1 (0 = perfectly balanced).
@@ -53,16 +53,10 @@ struct Pipeline {
 /// operands (weights and caches by their "model.layers.N." names); params are copied into every
 /// stage that reads them. `dims` binds the caches' rows and slots for StageInfo::kv_bytes.
 /// Throws xserv::Error for fewer than one stage or more stages than layers, naming the limit.
-Pipeline partition_pipeline(const ir::Graph& g, int stages, const ir::DimBindings& dims = {},
-                            const PipelineCostModel& model = {});
-
-/// Runs pipeline stages one after another in the interpreter, each stage's sends handed to the
-/// next stage's recvs (the CPU's transport); `env.state` carries the KV caches of every stage
-/// across calls. Returns the last stage's outputs.
-std::vector<ir::Tensor> interpret_stages(const std::vector<ir::Graph>& stages,
-                                         ir::InterpretEnv& env);
+Partition partition_pipeline(const ir::Graph& g, int stages, const ir::DimBindings& dims = {},
+                             const PartitionCostModel& model = {});
 
 /// One line per stage: layers, weights, KV, decode and prefill estimates; then the imbalance.
-std::string describe(const Pipeline& p);
+std::string describe(const Partition& p);
 
 } // namespace xserv::compiler

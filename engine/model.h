@@ -24,7 +24,7 @@ public:
 };
 
 /// A greedy pick from a logits row that held a NaN or an infinity: no token (the Engine ends
-/// that request with FinishReason::Error). Host picks report it; the CUDA engine's device pick
+/// that request with FinishReason::Error). Host picks report it; the CUDA model's device pick
 /// skips NaN and cannot tell.
 inline constexpr int32_t kNonFinite = -1;
 

@@ -242,7 +242,8 @@ namespace {
 
 /// "" when `a` and `b` agree (same shape and kind; integers equal; floats bitwise equal when
 /// rtol is 0, else within rtol relative L2), else what differs, prefixed by `what`.
-std::string compare_tensors(const Tensor& a, const Tensor& b, double rtol, const std::string& what) {
+std::string compare_tensors(const Tensor& a, const Tensor& b, double rtol,
+                            const std::string& what) {
   if (a.shape != b.shape)
     return fmt::format("{}: shapes differ", what);
   if (a.is_int() != b.is_int())
@@ -307,6 +308,27 @@ ref::Yarn yarn_of(const Node& n) {
   y.beta_slow = n.attr_float("beta_slow");
   y.truncate = n.attr_int("truncate") != 0;
   return y;
+}
+
+std::vector<Tensor> interpret_stages(const std::vector<Graph>& stages, InterpretEnv& env) {
+  std::map<std::string, Tensor> sent;
+  std::vector<Tensor> out;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    for (auto& [name, t] : sent)
+      env.params[name] = std::move(t);
+    out = interpret(stages[s], env);
+    for (const auto& [name, t] : sent)
+      env.params.erase(name);
+    sent.clear();
+    if (s + 1 == stages.size())
+      break;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const Node& n = stages[s].node(stages[s].outputs[i]);
+      XSERV_CHECK(n.op == Op::Send, "a pipeline stage other than the last returns its sends");
+      sent[n.attr_str("name")] = std::move(out[i]);
+    }
+  }
+  return out;
 }
 
 } // namespace xserv::ir

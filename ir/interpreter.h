@@ -33,6 +33,11 @@ struct InterpretEnv {
 /// shape or dtype mismatch, token id out of range, ...).
 std::vector<Tensor> interpret(const Graph& g, InterpretEnv& env);
 
+/// Runs pipeline stages one after another in the interpreter, each stage's sends handed to the
+/// next stage's recvs (the CPU's transport); `env.state` carries the KV caches of every stage
+/// across calls. Returns the last stage's outputs.
+std::vector<Tensor> interpret_stages(const std::vector<Graph>& stages, InterpretEnv& env);
+
 /// A weight provider that draws every weight from a seeded normal distribution (norm weights
 /// around 1), for tests of graphs whose values need only be finite and reproducible.
 WeightProvider random_weights(uint64_t seed, float std = 0.05f);

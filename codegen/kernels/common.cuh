@@ -62,6 +62,12 @@ template <bool ROUND> __device__ __forceinline__ float act_value(float v) {
   return ROUND ? __bfloat162float(__float2bfloat16_rn(v)) : v;
 }
 
+/// The sum of squares of a float4, as linear_stage_x and gemm_act both accumulate it: one
+/// expression in one place, so that the two compute a row's rms norm bit for bit alike.
+__device__ __forceinline__ float sum_sq4(float4 v) {
+  return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+}
+
 /// Sum of `v` over the 32 lanes of a warp; every lane gets the result.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

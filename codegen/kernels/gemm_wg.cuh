@@ -59,7 +59,27 @@ gemm_act(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, floa
          __nv_bfloat16* __restrict__ xh, __nv_bfloat16* __restrict__ xl) {
   static_assert(K % 64 == 0, "K must be a multiple of the K tile");
   const float* xr = x + (size_t)blockIdx.y * K;
-  const float inv = NORM ? block_inv_rms<K, 256>(xr, eps) : 1.0f;
+  float inv = NORM && SPLIT ? block_inv_rms<K, 256>(xr, eps) : 1.0f;
+  if (NORM && !SPLIT) { // linear_stage_x's sum of squares, bit for bit: a decode GEMV of this
+                        // row (qkv_decode, the final norm + lm_head) rounds the same values
+    __shared__ float partial[256 / kWarp];
+    __shared__ float inv_s;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < K / 4; i += 256)
+      ss += sum_sq4(reinterpret_cast<const float4*>(xr)[i]);
+    ss = warp_sum(ss);
+    if (threadIdx.x % kWarp == 0)
+      partial[threadIdx.x / kWarp] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.0f;
+      for (int i = 0; i < 256 / kWarp; ++i)
+        total += partial[i];
+      inv_s = rsqrtf(total / K + eps);
+    }
+    __syncthreads();
+    inv = inv_s;
+  }
   unsigned* oh = reinterpret_cast<unsigned*>(xh + (size_t)blockIdx.y * K);
   unsigned* ol = reinterpret_cast<unsigned*>(xl + (size_t)blockIdx.y * K);
   // Pair u of a K tile: slots 2u, 2u + 1 hold K values a and a + 4.

@@ -26,7 +26,7 @@ __device__ __forceinline__ void linear_stage_x(const float* __restrict__ x,
           NORM ? v
                : make_float4(act_value<ROUND>(v.x), act_value<ROUND>(v.y), act_value<ROUND>(v.z),
                              act_value<ROUND>(v.w));
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      ss += sum_sq4(v);
     }
     if (NORM) {
       ss = warp_sum(ss);

@@ -4,7 +4,7 @@
 // weights_bench CKPT_DIR CACHE_DIR [THREADS:BUFFERS:MIB[:PREFETCH] ...] [--cold]
 // The first upload counts from process start (CUDA context, kernel cache) to weights ready;
 // --cold evicts the checkpoint's files from the page cache (posix_fadvise) before a last run.
-#include "cli/weight_specs.h"
+#include "engine/weight_specs.h"
 #include "models/checkpoint.h"
 #include "runtime/module.h"
 #include "runtime/nvrtc.h"
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
     variants.push_back("0:4:32");
   try {
     auto ck = models::Checkpoint::open(argv[1]);
-    std::vector<runtime::WeightSpec> specs = cli::weight_specs(ck);
+    std::vector<runtime::WeightSpec> specs = engine::weight_specs(ck);
     std::printf("%-14s %8s %8s %8s %8s %8s %8s %9s %9s\n", "threads:bufs:MiB", "total_s",
                 "stream_s", "fill_s", "wait_s", "init_s", "kern_s", "read_GB/s", "gpu_GB/s");
     std::vector<std::string> rows;

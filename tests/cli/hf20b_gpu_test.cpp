@@ -25,6 +25,7 @@
 
 #include "cli/engine.h"
 #include "cli/graph_model.h"
+#include "engine/engine.h"
 #include "models/config.h"
 #include "models/gpt_oss.h"
 #include "runtime/device.h"
@@ -34,6 +35,7 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace cli = xserv::cli;
+namespace engine = xserv::engine;
 namespace models = xserv::models;
 using json = nlohmann::json;
 
@@ -138,7 +140,7 @@ TEST_CASE("gpu: synthetic 20b against HF transformers") {
     opts.gemm_split = split;
     const auto engine_model =
         cli::graph_cuda_model(ckpt, 1, static_cast<int64_t>(T + G + 8), &all, opts);
-    cli::CudaModel& engine = *engine_model;
+    engine::CudaModel& engine = *engine_model;
 
     // 1. Teacher-forced: one step of all T tokens (sub-steps through the cache).
     std::vector<double> err(T), ratio(T);

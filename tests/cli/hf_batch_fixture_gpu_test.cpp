@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "cli/graph_model.h"
+#include "engine/engine.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
 #include "tests/cli/cuda_test_util.h"
@@ -33,6 +34,7 @@
 namespace {
 
 namespace cli = xserv::cli;
+namespace engine = xserv::engine;
 namespace models = xserv::models;
 using xserv::testing::HfBatch;
 using xserv::testing::HfJudge;
@@ -61,7 +63,7 @@ void check_cuda_chunked(const std::string& name, size_t chunk, size_t stagger) {
   const size_t n = b.seqs.size();
   const auto model_ptr =
       cli::graph_cuda_model(tmp.path, static_cast<int64_t>(n), b.max_len(), &all, opts);
-  cli::CudaModel& model = *model_ptr;
+  engine::CudaModel& model = *model_ptr;
   HfJudge judge(b, gpu_tol(b.name), kLseTol, kArgmaxMargin);
   std::vector<std::vector<int32_t>> tokens;
   for (const auto& s : b.seqs)
@@ -116,7 +118,7 @@ void check_cuda_engine(const std::string& name, int64_t budget) {
   const size_t n = b.seqs.size();
   const auto model_ptr =
       cli::graph_cuda_model(tmp.path, static_cast<int64_t>(n), b.max_len(), nullptr, opts);
-  cli::CudaModel& model = *model_ptr;
+  engine::CudaModel& model = *model_ptr;
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(),

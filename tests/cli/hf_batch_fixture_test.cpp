@@ -22,7 +22,8 @@
 
 #include <fmt/format.h>
 
-#include "cli/cpu_model.h"
+#include "engine/cpu_model.h"
+#include "engine/engine.h"
 #include "ir/interpreter.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
@@ -30,7 +31,7 @@
 
 namespace {
 
-namespace cli = xserv::cli;
+namespace engine = xserv::engine;
 namespace ir = xserv::ir;
 namespace models = xserv::models;
 using xserv::testing::HfBatch;
@@ -53,7 +54,7 @@ void check_chunked(const std::string& name, size_t chunk, size_t stagger, const 
   const auto config = models::ModelConfig::load(tmp.path / "config.json");
   const ir::Graph all = models::build_gpt_oss(config, {.last_logits_only = false});
   const size_t n = b.seqs.size();
-  cli::CpuModel model(tmp.path, static_cast<int64_t>(n), b.max_len(), &all);
+  engine::CpuModel model(tmp.path, static_cast<int64_t>(n), b.max_len(), &all);
   HfJudge judge(b, lim.rel_l2, lim.lse, lim.margin);
   std::vector<std::vector<int32_t>> tokens;
   for (const auto& s : b.seqs)
@@ -109,7 +110,7 @@ void check_engine(const std::string& name, int64_t budget, const Limits& lim) {
   TempDir tmp(name);
   xserv::testing::synthesize_hf_batch(b, tmp.path);
   const size_t n = b.seqs.size();
-  cli::CpuModel model(tmp.path, static_cast<int64_t>(n), b.max_len());
+  engine::CpuModel model(tmp.path, static_cast<int64_t>(n), b.max_len());
   // Shortest prompt first: it decodes while the longer ones are still being prefilled.
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), 0);

@@ -26,7 +26,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/cpu_model.h"
+#include "engine/cpu_model.h"
+#include "engine/engine.h"
 #include "ir/interpreter.h"
 #include "models/checkpoint.h"
 #include "models/gpt_oss.h"
@@ -37,7 +38,7 @@
 namespace {
 
 namespace fs = std::filesystem;
-namespace cli = xserv::cli;
+namespace engine = xserv::engine;
 namespace ir = xserv::ir;
 namespace models = xserv::models;
 using json = nlohmann::json;
@@ -47,7 +48,7 @@ using xserv::testing::TempDir;
 // the test cases), below what small errors in the model description give (swiglu_alpha 1.702 ->
 // 1.7: 1.2e-6..1.9e-6; YaRN truncate flipped: 4.2e-5..6.8e-5; issue 19).
 constexpr double kTolerance = 1e-6;
-constexpr int64_t kMaxSeq = 64;     // 48 prompt ids + 16 generated
+constexpr int64_t kMaxSeq = 64; // 48 prompt ids + 16 generated
 
 json read_json(const fs::path& path) {
   std::ifstream in(path);
@@ -146,7 +147,7 @@ void check_fixture(const std::string& name) {
     prefill.add(rel_l2(out[0].f.data() + p * vocab, want[p]), p);
 
   // 2. Decode: one token per step, so each step attends over the KV cache alone.
-  cli::CpuModel engine(tmp.path, 1, kMaxSeq, &all_logits);
+  engine::CpuModel engine(tmp.path, 1, kMaxSeq, &all_logits);
   Worst decode;
   for (size_t p = 0; p < ids.size(); ++p) {
     const auto rows = engine.step(

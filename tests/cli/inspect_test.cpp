@@ -9,8 +9,8 @@
 
 #include "cli/commands.h"
 #include "cli/model_source.h"
-#include "cli/pipeline_boundary.h"
 #include "cli/roofline.h"
+#include "engine/pipeline_boundary.h"
 #include "models/config.h"
 #include "runtime/plan_io.h"
 #include "tests/cli/run_xserv.h"
@@ -204,15 +204,15 @@ TEST_CASE(
     for (int64_t tokens : {1, 37}) {
       CAPTURE(tokens);
       const ir::Graph g = cli::read_graph(plan / p.stages[i].graph, "stage");
-      auto same = [](const std::vector<cli::BoundaryTensor>& a,
-                     const std::vector<cli::BoundaryTensor>& b) {
+      auto same = [](const std::vector<engine::BoundaryTensor>& a,
+                     const std::vector<engine::BoundaryTensor>& b) {
         bool eq = a.size() == b.size();
         for (size_t k = 0; eq && k < a.size(); ++k)
           eq = a[k].name == b[k].name && a[k].dtype == b[k].dtype && a[k].shape == b[k].shape;
         return eq;
       };
-      CHECK(same(cli::stage_receives(p.stages[i], tokens), cli::stage_receives(g, tokens)));
-      CHECK(same(cli::stage_sends(p.stages[i], tokens), cli::stage_sends(g, tokens)));
+      CHECK(same(engine::stage_receives(p.stages[i], tokens), engine::stage_receives(g, tokens)));
+      CHECK(same(engine::stage_sends(p.stages[i], tokens), engine::stage_sends(g, tokens)));
     }
   // The IR programs may be deleted (the CUDA runtime replays the tables); the CPU backend, which
   // runs them, names the missing file.

@@ -6,14 +6,14 @@
 #include <vector>
 
 #include "cli/pipeline.h"
-#include "cli/pipeline_stage.h"
+#include "engine/pipeline_stage.h"
 #include "tests/cli/step_input.h"
 
-using xserv::cli::micro_batches;
-using xserv::cli::MicroBatch;
 using xserv::cli::pipeline_micro_batches;
 using xserv::cli::PipelineLaunch;
 using xserv::cli::resolve_transport;
+using xserv::engine::micro_batches;
+using xserv::engine::MicroBatch;
 using xserv::models::StepInput;
 using xserv::testing::make_step;
 

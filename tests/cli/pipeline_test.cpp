@@ -23,9 +23,9 @@
 
 #include "cli/model_source.h"
 #include "cli/pipeline.h"
-#include "cli/pipeline_stage.h"
 #include "cli/pipeline_wire.h"
-#include "cli/plan_file.h"
+#include "cli/loaded_plan.h"
+#include "engine/pipeline_stage.h"
 #include "runtime/net.h"
 #include "tests/cli/run_xserv.h"
 #include "tests/test_util.h"
@@ -516,7 +516,7 @@ TEST_CASE("pipelined plan: a worker refuses forged activations of the wrong shap
   using xserv::ir::Tensor;
   Plans p;
   // What stage 1 receives for a step of 3 tokens, from its program in the plan.
-  const auto want = xserv::cli::stage_receives(stage_program(p.pp2, 1), 3);
+  const auto want = xserv::engine::stage_receives(stage_program(p.pp2, 1), 3);
   REQUIRE(want.size() == 1);
   REQUIRE(want[0].shape.size() == 2);
   const std::string name = want[0].name;
@@ -529,7 +529,7 @@ TEST_CASE("pipelined plan: a worker refuses forged activations of the wrong shap
   struct Forgery {
     const char* what;
     xserv::models::StepInput in;
-    xserv::cli::Named tensors;
+    xserv::engine::Named tensors;
     std::string message; ///< what the worker answers, in its kFail frame and on stderr
   };
   xserv::models::StepInput bad_row = step;
@@ -584,7 +584,7 @@ TEST_CASE("pipelined plan: rank 0 refuses a forged intermediate activation befor
   REQUIRE(run_xserv(fmt::format("compile {} -o {} --pp 3 --max-batch 2 --max-seq 64 --no-cubins",
                                 model, plan))
               .code == 0);
-  const auto sends = xserv::cli::stage_sends(stage_program(plan, 1), 5);
+  const auto sends = xserv::engine::stage_sends(stage_program(plan, 1), 5);
   REQUIRE(sends.size() == 1);
   const int64_t width = sends[0].shape.at(1);
 

@@ -49,6 +49,8 @@ TEST_CASE("gpu: a plan's launch table and cubins give an in-memory compile's log
   xserv::cli::GraphModelOptions quiet = xserv::cli::graph_model_options();
   quiet.quiet = true;
   quiet.prefill_chunk = 512;   // the plan's: compile's default min(2048, max-seq)
+  quiet.gemm_split = false;    // and its defaults: plain bf16 gemm activations, MXFP4 experts
+  quiet.expert_format = xserv::runtime::ExpertFormat::Mxfp4;
   xserv::cli::ModelSource src; // what resolve_source makes of the plan
   src.plan_dir = plan;
   src.model_dir = model;
@@ -57,8 +59,8 @@ TEST_CASE("gpu: a plan's launch table and cubins give an in-memory compile's log
   src.plan = std::make_shared<const xserv::runtime::Plan>(xserv::runtime::read_plan(plan));
   const auto replay_model = xserv::cli::plan_cuda_model(src, quiet);
   const auto lowered_model = xserv::cli::graph_cuda_model(model, 3, 512, &graph, quiet);
-  xserv::cli::CudaModel& replay = *replay_model;
-  xserv::cli::CudaModel& lowered = *lowered_model;
+  xserv::engine::CudaModel& replay = *replay_model;
+  xserv::engine::CudaModel& lowered = *lowered_model;
   { // another max batch than the plan's: refused, naming the compile flag
     xserv::cli::ModelSource other = src;
     other.max_batch = 2;

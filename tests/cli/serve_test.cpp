@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/cpu_model.h"
 #include "cli/serve_server.h"
+#include "engine/cpu_model.h"
 #include "tests/cli/run_xserv.h"
 #include "tests/cli/serve_client.h"
 #include "tests/test_util.h"
@@ -93,7 +93,7 @@ public:
   }
 
 private:
-  cli::CpuModel inner_;
+  engine::CpuModel inner_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = true;

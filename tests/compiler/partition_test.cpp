@@ -46,7 +46,7 @@ int count_op(const ir::Graph& g, ir::Op op) {
 /// A prefill of two sequences and three decode steps through the whole graph and through the
 /// stages: logits and every cache identical.
 void check_chained(const ir::Graph& g, int stages) {
-  const compiler::Pipeline p = compiler::partition_pipeline(g, stages, {{"N", 2}, {"S", 16}});
+  const compiler::Partition p = compiler::partition_pipeline(g, stages, {{"N", 2}, {"S", 16}});
   REQUIRE(p.stages.size() == size_t(stages));
   auto weights = ir::random_weights(21);
   ir::InterpretEnv whole, split;
@@ -63,7 +63,7 @@ void check_chained(const ir::Graph& g, int stages) {
     CAPTURE(s);
     whole.params = split.params = models::step_params(steps[s]);
     const ir::Tensor want = ir::interpret(g, whole)[0];
-    const ir::Tensor got = compiler::interpret_stages(p.stages, split)[0];
+    const ir::Tensor got = ir::interpret_stages(p.stages, split)[0];
     REQUIRE(got.shape == want.shape);
     CHECK(got.f == want.f);
   }
@@ -79,7 +79,7 @@ void check_chained(const ir::Graph& g, int stages) {
 
 TEST_CASE("partition: two stages of the tiny model, one boundary value each way") {
   const ir::Graph g = models::build_gpt_oss(tiny());
-  const compiler::Pipeline p = compiler::partition_pipeline(g, 2, {{"N", 4}, {"S", 64}});
+  const compiler::Partition p = compiler::partition_pipeline(g, 2, {{"N", 4}, {"S", 64}});
   REQUIRE(p.stages.size() == 2);
   CHECK(p.info[0].first_layer == 0);
   CHECK(p.info[0].last_layer == 0);
@@ -123,7 +123,7 @@ TEST_CASE("partition: contiguous ranges covering every layer, more stages than l
   const ir::Graph g = fused(models::build_gpt_oss(tiny_layers(7)));
   for (int n = 1; n <= 7; ++n) {
     CAPTURE(n);
-    const compiler::Pipeline p = compiler::partition_pipeline(g, n);
+    const compiler::Partition p = compiler::partition_pipeline(g, n);
     int next = 0;
     for (const compiler::StageInfo& s : p.info) {
       CHECK(s.first_layer == next);
@@ -137,7 +137,7 @@ TEST_CASE("partition: contiguous ranges covering every layer, more stages than l
                     "cannot split 7 layers into 8 pipeline stages: --pp must be 1 to 7");
   CHECK_THROWS_WITH(compiler::partition_pipeline(g, 0),
                     "cannot split 7 layers into 0 pipeline stages: --pp must be 1 to 7");
-  const compiler::Pipeline two = compiler::partition_pipeline(g, 2);
+  const compiler::Partition two = compiler::partition_pipeline(g, 2);
   CHECK_THROWS_WITH(compiler::partition_pipeline(two.stages[0], 2),
                     doctest::Contains("already partitioned"));
 }
@@ -145,10 +145,10 @@ TEST_CASE("partition: contiguous ranges covering every layer, more stages than l
 TEST_CASE("partition: gpt-oss-20b balanced by the cost model, lm_head weighing on the last stage") {
   XSERV_REQUIRE_DATA(data);
   const ir::Graph g = fused(models::build_gpt_oss(models::ModelConfig::load(data / "gpt-oss-20b")));
-  const compiler::Pipeline one = compiler::partition_pipeline(g, 1, {{"N", 1}, {"S", 8192}});
+  const compiler::Partition one = compiler::partition_pipeline(g, 1, {{"N", 1}, {"S", 8192}});
   for (int n : {2, 4}) {
     CAPTURE(n);
-    const compiler::Pipeline p = compiler::partition_pipeline(g, n, {{"N", 1}, {"S", 8192}});
+    const compiler::Partition p = compiler::partition_pipeline(g, n, {{"N", 1}, {"S", 8192}});
     MESSAGE("gpt-oss-20b, pp ", n, ":\n", compiler::describe(p));
     int64_t weights = 0, kv = 0, decode = 0;
     for (const compiler::StageInfo& s : p.info) {

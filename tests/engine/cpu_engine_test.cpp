@@ -5,7 +5,7 @@
 #include <map>
 #include <set>
 
-#include "cli/cpu_model.h"
+#include "engine/cpu_model.h"
 #include "engine/engine.h"
 #include "models/config.h"
 #include "models/synth.h"
@@ -66,7 +66,7 @@ std::map<engine::RequestId, Output> run(Engine& e, std::map<int, std::vector<Req
 }
 
 Output alone(const Request& r) {
-  cli::CpuModel m(tiny(), 1, 64);
+  engine::CpuModel m(tiny(), 1, 64);
   Engine e(m);
   std::vector<engine::RequestId> ids;
   auto out = run(e, {{0, {r}}}, &ids);
@@ -86,7 +86,7 @@ TEST_CASE("engine on the interpreter: tokens alone equal tokens in a mix with ch
   // A non-degenerate continuation, so that equal tokens mean something.
   CHECK(std::set<int32_t>(want[2].tokens.begin(), want[2].tokens.end()).size() > 2);
 
-  cli::CpuModel m(tiny(), 3, 64);
+  engine::CpuModel m(tiny(), 3, 64);
   EngineOptions o;
   o.max_tokens_per_step = 5;
   Engine e(m, o);
@@ -115,7 +115,7 @@ TEST_CASE("engine on the interpreter: tokens alone equal tokens in a mix with ch
 
 TEST_CASE("engine on the interpreter: a reused row gives a fresh run's tokens") {
   const Request first = request(17, 5, 5), second = request(6, 6, 8);
-  cli::CpuModel m(tiny(), 1, 64);
+  engine::CpuModel m(tiny(), 1, 64);
   Engine e(m);
   std::vector<engine::RequestId> ids;
   auto got = run(e, {{0, {first, second}}}, &ids);

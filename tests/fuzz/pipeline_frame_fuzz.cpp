@@ -10,9 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/pipeline_boundary.h"
 #include "cli/pipeline_wire.h"
-#include "cli/step_split.h"
+#include "engine/pipeline_boundary.h"
+#include "engine/step_split.h"
 #include "ir/error.h"
 #include "ir/graph.h"
 
@@ -34,7 +34,7 @@ const xserv::ir::Graph& stage() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace xserv;
   const std::string payload(reinterpret_cast<const char*>(data), size);
-  cli::Named tensors;
+  engine::Named tensors;
   nlohmann::json head;
   try {
     head = cli::wire::decode(payload, &tensors);
@@ -58,9 +58,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::abort();
   try {
     const models::StepInput in = cli::wire::step_from_header(head);
-    cli::validate_step(in, 4, 64, 1000);
-    cli::check_boundary(tensors, cli::stage_receives(stage(), cli::token_count(in)), "fuzz");
-    cli::check_boundary(tensors, cli::stage_sends(stage(), cli::token_count(in)), "fuzz");
+    engine::validate_step(in, 4, 64, 1000);
+    engine::check_boundary(tensors, engine::stage_receives(stage(), engine::token_count(in)),
+                           "fuzz");
+    engine::check_boundary(tensors, engine::stage_sends(stage(), engine::token_count(in)), "fuzz");
   } catch (const Error&) {
   }
   return 0;

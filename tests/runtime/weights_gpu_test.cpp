@@ -1,6 +1,6 @@
 // GPU tests of weight upload: every tensor of synthetic checkpoints (tiny, extreme MXFP4 scales,
 // a ~1.7 GB multi-shard one) read back and compared bit for bit with the CPU reference.
-#include "cli/weight_specs.h"
+#include "engine/weight_specs.h"
 #include "ir/error.h"
 #include "models/bf16.h"
 #include "models/checkpoint.h"
@@ -92,7 +92,7 @@ void check_bf16_equal(const std::string& name, const uint16_t* got, const uint16
 /// tensors byte for byte, MXFP4 ones against float_to_bf16(models' decode) bit for bit.
 void upload_and_compare(const fs::path& dir, runtime::UploadOptions options) {
   auto ck = models::Checkpoint::open(dir, {.map_data = true});
-  std::vector<WeightSpec> specs = cli::weight_specs(ck);
+  std::vector<WeightSpec> specs = engine::weight_specs(ck);
   options.poison = true;
   std::vector<std::string> lines;
   options.progress = [&](const std::string& l) { lines.push_back(l); };
@@ -238,7 +238,7 @@ void patch_tensor(const fs::path& dir, const std::string& name, size_t index, si
 std::string upload_error(const fs::path& dir) {
   auto ck = models::Checkpoint::open(dir, {.map_data = true});
   try {
-    runtime::DeviceWeights::upload(cli::weight_specs(ck), {});
+    runtime::DeviceWeights::upload(engine::weight_specs(ck), {});
   } catch (const Error& e) {
     return e.what();
   }
@@ -301,7 +301,7 @@ TEST_CASE("upload: a multi-shard ~1.7 GB checkpoint with odd staging sizes, then
   auto ck = models::Checkpoint::open(dir.path / "ck");
   runtime::UploadOptions d;
   d.cache_dir = o.cache_dir;
-  runtime::DeviceWeights w = runtime::DeviceWeights::upload(cli::weight_specs(ck), d);
+  runtime::DeviceWeights w = runtime::DeviceWeights::upload(engine::weight_specs(ck), d);
   CHECK_FALSE(w.stats().kernel_compiled);
   CHECK(w.stats().device_bytes > 1'500'000'000);
   MESSAGE(w.stats().summary());

@@ -1,7 +1,7 @@
 // CPU tests of weight loading: checkpoint -> WeightSpecs, spec and file validation, the arena
 // layout, the dequant kernel compiling, and a clear "no GPU" from upload() on machines without one.
-#include "cli/weight_specs.h"
 #include "compiler/partition.h"
+#include "engine/weight_specs.h"
 #include "ir/error.h"
 #include "models/checkpoint.h"
 #include "models/gpt_oss.h"
@@ -75,7 +75,7 @@ TEST_CASE("weight_specs: a tiny checkpoint becomes Copy specs and one Mxfp4ToBf1
   models::synth_checkpoint(tiny_config(), dir.path, so);
   auto ck = models::Checkpoint::open(dir.path); // headers only is enough
   REQUIRE(ck.files().size() > 1);
-  std::vector<WeightSpec> specs = cli::weight_specs(ck);
+  std::vector<WeightSpec> specs = engine::weight_specs(ck);
 
   std::set<std::string> names;
   size_t mxfp4 = 0;
@@ -139,9 +139,9 @@ TEST_CASE("weight_specs: --expert-format mxfp4 keeps the pairs as stored, both a
   so.seed = 4;
   models::synth_checkpoint(tiny_config(), dir.path, so);
   auto ck = models::Checkpoint::open(dir.path);
-  const std::vector<WeightSpec> bf16 = cli::weight_specs(ck);
-  const std::vector<WeightSpec> mx = cli::weight_specs(ck, runtime::ExpertFormat::Mxfp4);
-  const std::vector<WeightSpec> both = cli::weight_specs(ck, runtime::ExpertFormat::Both);
+  const std::vector<WeightSpec> bf16 = engine::weight_specs(ck);
+  const std::vector<WeightSpec> mx = engine::weight_specs(ck, runtime::ExpertFormat::Mxfp4);
+  const std::vector<WeightSpec> both = engine::weight_specs(ck, runtime::ExpertFormat::Both);
   REQUIRE(mx.size() == bf16.size());
   const runtime::WeightLayout lm = runtime::layout_weights(mx);
   size_t pairs = 0;
@@ -173,9 +173,9 @@ TEST_CASE("weight_specs: --expert-format mxfp4 keeps the pairs as stored, both a
   CHECK(copies == pairs);
   // Selecting by name (a stage layout) keeps a copy only when it is asked for.
   const std::string base = "model.layers.0.mlp.experts.gate_up_proj";
-  CHECK(cli::weight_specs_named(ck, {base}, runtime::ExpertFormat::Both).size() == 1);
-  CHECK(cli::weight_specs_named(ck, {base, runtime::mxfp4_copy_name(base)},
-                                runtime::ExpertFormat::Both)
+  CHECK(engine::weight_specs_named(ck, {base}, runtime::ExpertFormat::Both).size() == 1);
+  CHECK(engine::weight_specs_named(ck, {base, runtime::mxfp4_copy_name(base)},
+                                   runtime::ExpertFormat::Both)
             .size() == 2);
   runtime::ExpertFormat f = runtime::ExpertFormat::Bf16;
   CHECK(runtime::parse_expert_format("both", f));
@@ -192,7 +192,7 @@ TEST_CASE("weight_specs: MXFP4 blocks without their scales are an error naming b
   std::ofstream(dir.path / "model.safetensors", std::ios::binary)
       << header << std::string(12 + 128, '\x11');
   auto ck = models::Checkpoint::open(dir.path, {.map_data = false, .validate = false});
-  std::string err = error_of([&] { cli::weight_specs(ck); });
+  std::string err = error_of([&] { engine::weight_specs(ck); });
   CHECK(err.find("m.experts.up_proj_blocks") != std::string::npos);
   CHECK(err.find("m.experts.up_proj_scales") != std::string::npos);
 }
@@ -306,7 +306,16 @@ TEST_CASE("DeviceWeights: an empty one has no tensors and throws for lookups") {
   CHECK(error_of([&] { w.get("x"); }).find("no weight named 'x'") != std::string::npos);
 }
 
-TEST_CASE("weight_specs_for: a pipeline stage uploads its own weights only") {
+/// The weights graph `g` reads, by name (what a stage layout lists).
+static std::vector<std::string> weights_read(const ir::Graph& g) {
+  std::vector<std::string> names;
+  for (const ir::Node& n : g.nodes)
+    if (n.op == ir::Op::Weight)
+      names.push_back(n.attr_str("name"));
+  return names;
+}
+
+TEST_CASE("weight_specs_named: a pipeline stage uploads its own weights only") {
   TempDir dir;
   models::SynthOptions so;
   so.seed = 4;
@@ -314,13 +323,13 @@ TEST_CASE("weight_specs_for: a pipeline stage uploads its own weights only") {
   models::synth_checkpoint(cfg, dir.path, so);
   auto ck = models::Checkpoint::open(dir.path);
   const ir::Graph whole = models::build_gpt_oss(cfg);
-  const compiler::Pipeline p = compiler::partition_pipeline(whole, 2);
-  const size_t all = cli::weight_specs(ck).size();
-  CHECK(cli::weight_specs_for(ck, whole).size() == all);
+  const compiler::Partition p = compiler::partition_pipeline(whole, 2);
+  const size_t all = engine::weight_specs(ck).size();
+  CHECK(engine::weight_specs_named(ck, weights_read(whole)).size() == all);
   std::set<std::string> seen;
   size_t total = 0;
   for (const ir::Graph& stage : p.stages) {
-    const std::vector<WeightSpec> specs = cli::weight_specs_for(ck, stage);
+    const std::vector<WeightSpec> specs = engine::weight_specs_named(ck, weights_read(stage));
     total += specs.size();
     for (const WeightSpec& s : specs) {
       CHECK(seen.insert(s.name).second); // no weight in two stages
@@ -336,6 +345,6 @@ TEST_CASE("weight_specs_for: a pipeline stage uploads its own weights only") {
     if (n.op == ir::Op::Weight && n.attr_str("name") == "lm_head.weight")
       n.set_attr("name", std::string("lm_head.missing"));
   CHECK_THROWS_WITH(
-      cli::weight_specs_for(ck, bad),
+      engine::weight_specs_named(ck, weights_read(bad)),
       doctest::Contains("the model reads weights the checkpoint lacks: lm_head.missing"));
 }

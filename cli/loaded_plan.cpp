@@ -1,5 +1,5 @@
 // share_plan / loaded_plan: plan.json read once per process.
-#include "cli/plan_file.h"
+#include "cli/loaded_plan.h"
 
 #include <mutex>
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "cli/pipeline_boundary.h"
+#include "engine/pipeline_boundary.h"
 #include "ir/graph.h"
 #include "models/config.h"
 #include "models/step.h"
@@ -21,9 +21,9 @@ namespace xserv::runtime {
 class NcclComm;
 }
 
-namespace xserv::cli {
+namespace xserv::engine {
 
-struct CudaModelOptions; // cli/cuda_model.h
+struct CudaModelOptions; // engine/cuda_model.h
 
 /// The names and tensors a stage's outputs stand for: its sends by name, else "out.I".
 Named name_outputs(const ir::Graph& g, std::vector<ir::Tensor> out);
@@ -68,4 +68,4 @@ std::unique_ptr<StageRunner> make_cuda_stage(const std::filesystem::path& model_
                                              runtime::StageProgram program,
                                              const CudaModelOptions& options);
 
-} // namespace xserv::cli
+} // namespace xserv::engine

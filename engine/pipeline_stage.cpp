@@ -1,19 +1,19 @@
 // StageRunner for the interpreter and for a CudaModel, and the step's micro-batches.
-#include "cli/pipeline_stage.h"
+#include "engine/pipeline_stage.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
-#include "cli/cpu_model.h"
-#include "cli/cuda_model.h"
-#include "cli/step_split.h"
+#include "engine/cpu_model.h"
+#include "engine/cuda_model.h"
 #include "engine/model.h"
+#include "engine/step_split.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 #include "runtime/nccl.h"
 
-namespace xserv::cli {
+namespace xserv::engine {
 namespace fs = std::filesystem;
 
 Named name_outputs(const ir::Graph& g, std::vector<ir::Tensor> out) {
@@ -123,7 +123,7 @@ public:
   }
 
 private:
-  /// Receives from rank - 1 and sends to rank + 1 on the engine's stream, over NCCL.
+  /// Receives from rank - 1 and sends to rank + 1 on the model's stream, over NCCL.
   StageTransport transport() const {
     StageTransport t;
     t.receive = [this](const std::string& name, void* dst, size_t bytes, Stream stream) {
@@ -141,7 +141,7 @@ private:
     return t;
   }
 
-  /// An NCCL receive carries no shape: the bytes the engine posts for `name` (a sub-step's rows
+  /// An NCCL receive carries no shape: the bytes the model posts for `name` (a sub-step's rows
   /// of the plan's stage layout) must be whole rows of the boundary value the layout declares,
   /// no more rows than the step has tokens; NCCL refuses a sender that sends more.
   void check_receive(const std::string& name, size_t bytes) const {
@@ -202,4 +202,4 @@ std::unique_ptr<StageRunner> make_cuda_stage(const fs::path& model_dir,
   return std::make_unique<CudaStage>(model_dir, std::move(program), options);
 }
 
-} // namespace xserv::cli
+} // namespace xserv::engine

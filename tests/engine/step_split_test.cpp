@@ -5,15 +5,15 @@
 #include <string>
 #include <vector>
 
-#include "cli/step_split.h"
+#include "engine/step_split.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 #include "tests/cli/step_input.h"
 
-using xserv::cli::ParamLayout;
-using xserv::cli::Piece;
-using xserv::cli::split_step;
-using xserv::cli::validate_step;
+using xserv::engine::ParamLayout;
+using xserv::engine::Piece;
+using xserv::engine::split_step;
+using xserv::engine::validate_step;
 using xserv::models::StepInput;
 using xserv::testing::make_step;
 

@@ -27,10 +27,11 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cli/cpu_model.h"
 #include "cli/graph_model.h"
 #include "cli/model_source.h"
-#include "cli/pipeline_local.h"
+#include "engine/cpu_model.h"
+#include "engine/engine.h"
+#include "engine/pipeline_local.h"
 #include "ir/interpreter.h"
 #include "models/checkpoint.h"
 #include "models/config.h"
@@ -50,6 +51,7 @@ namespace fs = std::filesystem;
 using xserv::testing::quiet;
 using xserv::testing::source_dir;
 namespace cli = xserv::cli;
+namespace engine = xserv::engine;
 namespace models = xserv::models;
 using json = nlohmann::json;
 using xserv::testing::TempDir;
@@ -149,7 +151,7 @@ void check_fixture(const std::string& name) {
   const auto config = models::ModelConfig::load(tmp.path / "config.json");
   const xserv::ir::Graph all = models::build_gpt_oss(config, {.last_logits_only = false});
   const auto engine_model = cli::graph_cuda_model(tmp.path, 1, kMaxSeq, &all, quiet());
-  cli::CudaModel& engine = *engine_model;
+  engine::CudaModel& engine = *engine_model;
 
   // 1. One step of all 48 tokens (run as sub-steps of 8 through the cache).
   Judge prefill = judge;
@@ -221,12 +223,12 @@ TEST_CASE("cuda engine agrees with the CPU engine on a batch of 3: prefill, then
   XSERV_REQUIRE_GPU();
   TempDir tmp("tiny");
   synthesize(source_dir() / "examples/tiny/config.json", 7, tmp.path);
-  cli::CpuModel cpu(tmp.path, 3, kMaxSeq);
+  engine::CpuModel cpu(tmp.path, 3, kMaxSeq);
   const auto gpu_model = cli::graph_cuda_model(tmp.path, 3, kMaxSeq, nullptr, quiet());
-  cli::CudaModel& gpu = *gpu_model;
+  engine::CudaModel& gpu = *gpu_model;
   const auto greedy_model =
       cli::graph_cuda_model(tmp.path, 3, kMaxSeq, nullptr, quiet()); // the same steps, step_greedy
-  cli::CudaModel& greedy = *greedy_model;
+  engine::CudaModel& greedy = *greedy_model;
   models::StepInput step;
   step.tokens = {{11, 22, 33, 44, 55}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, {200005}};
   step.ctx_lens = {0, 0, 0};
@@ -277,7 +279,7 @@ GreedyRun greedy_run(const fs::path& model, const std::vector<std::vector<int32_
   opts.expert_format = experts;
   const auto nseq = static_cast<int64_t>(prompts.size());
   const auto engine_model = cli::graph_cuda_model(model, nseq, max_seq, nullptr, opts);
-  cli::CudaModel& engine = *engine_model;
+  engine::CudaModel& engine = *engine_model;
   GreedyRun out;
   out.tokens.resize(prompts.size());
   models::StepInput step;
@@ -344,7 +346,7 @@ TEST_CASE("gpu: the engine's stopwatch times steps on the GPU timeline") {
   TempDir tmp("stopwatch");
   synthesize(source_dir() / "examples/tiny/config.json", 3, tmp.path);
   const auto gpu_model = cli::graph_cuda_model(tmp.path, 1, kMaxSeq, nullptr, quiet());
-  cli::CudaModel& gpu = *gpu_model;
+  engine::CudaModel& gpu = *gpu_model;
   models::StepInput step;
   step.tokens = {some_ids(kMaxSeq - 4, 201088, 4)};
   step.ctx_lens = {0};
@@ -443,12 +445,12 @@ TEST_CASE("gpu: a pp 2 plan's stages on one GPU (same-device transport) give the
   };
   const cli::ModelSource pp1 = compile("pp1", ""), pp2 = compile("pp2", "--pp 2");
   const auto whole_model = cli::plan_cuda_model(pp1, quiet());
-  cli::CudaModel& whole = *whole_model;
+  engine::CudaModel& whole = *whole_model;
   std::vector<xserv::runtime::StageProgram> programs;
   for (size_t s = 0; s < 2; ++s)
     programs.push_back(xserv::runtime::load_stage_program(pp2.plan_dir, *pp2.plan, s, dev.arch(),
                                                           quiet().cache_dir));
-  auto staged = cli::make_local_cuda_pipeline(tmp.path, std::move(programs), quiet());
+  auto staged = engine::make_local_cuda_pipeline(tmp.path, std::move(programs), quiet());
   // A prefill of 18 tokens over three sequences (the gemm path), then decode steps (GEMVs).
   models::StepInput step;
   step.tokens = {{11, 22, 33, 44, 55}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, {200005}};

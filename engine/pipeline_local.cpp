@@ -1,80 +1,16 @@
 // make_local_cuda_pipeline(): CudaModel::step_stage_device chained through device copies, one
 // boundary value per stage.
-#include "cli/pipeline_local.h"
-
-#include <cuda_runtime_api.h>
+#include "engine/pipeline_local.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "cli/cuda_model.h"
+#include "engine/cuda_model.h"
 #include "ir/error.h"
+#include "runtime/device_queue.h"
 
-namespace xserv::cli {
+namespace xserv::engine {
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw Error(fmt::format("same-device transport: {}: {}", what, cudaGetErrorString(e)));
-}
-
-/// One hop's activations in flight: stage s copies each sub-step's send value into the next free
-/// slot (and synchronises, StageTransport::wait), stage s + 1 then copies the slots out in the
-/// same order. Slots grow to the largest sub-step seen and are reused across steps; a step of
-/// many sub-steps (a long prompt) holds all of its sub-steps' rows at once, since each stage runs
-/// its whole step before the next starts (20b: 11.8 MB per 1024-token sub-step).
-class DeviceQueue {
-public:
-  DeviceQueue() = default;
-  DeviceQueue(const DeviceQueue&) = delete;
-  DeviceQueue& operator=(const DeviceQueue&) = delete;
-  ~DeviceQueue() {
-    for (const Slot& s : slots_)
-      cudaFree(s.data);
-  }
-  void start_step() { sent_ = received_ = 0; }
-  size_t capacity() const {
-    size_t total = 0;
-    for (const Slot& s : slots_)
-      total += s.capacity;
-    return total;
-  }
-  void push(const void* src, size_t bytes, Stream stream) {
-    if (sent_ == slots_.size())
-      slots_.push_back({});
-    Slot& slot = slots_[sent_++];
-    if (slot.capacity < bytes) {
-      check(cudaFree(slot.data), "freeing a staging buffer");
-      slot.data = nullptr;
-      slot.capacity = 0;
-      check(cudaMalloc(&slot.data, bytes), "allocating a staging buffer");
-      slot.capacity = bytes;
-    }
-    slot.bytes = bytes;
-    check(cudaMemcpyAsync(slot.data, src, bytes, cudaMemcpyDeviceToDevice, stream),
-          "copying a sent activation");
-  }
-  void pop(void* dst, size_t bytes, Stream stream) {
-    if (received_ >= sent_)
-      throw Error(fmt::format("same-device transport: sub-step {} receives, but the previous "
-                              "stage sent only {} sub-steps",
-                              received_, sent_));
-    if (slots_[received_].bytes != bytes)
-      throw Error(fmt::format("same-device transport: sub-step {} receives {} bytes, the previous "
-                              "stage sent {}",
-                              received_, bytes, slots_[received_].bytes));
-    check(cudaMemcpyAsync(dst, slots_[received_++].data, bytes, cudaMemcpyDeviceToDevice, stream),
-          "copying a received activation");
-  }
-
-private:
-  struct Slot {
-    void* data = nullptr;
-    size_t capacity = 0, bytes = 0;
-  };
-  std::vector<Slot> slots_;
-  size_t sent_ = 0, received_ = 0;
-};
 
 class LocalCudaPipeline : public Model {
 public:
@@ -103,7 +39,7 @@ public:
       std::fprintf(stderr, "[pipeline] stage %zu of %zu on this GPU\n", s, n);
       engines_.push_back(std::make_unique<CudaModel>(model_dir, std::move(p), options));
     }
-    hops_ = std::vector<DeviceQueue>(n - 1);
+    hops_ = std::vector<runtime::DeviceQueue>(n - 1);
   }
 
   const models::ModelConfig& config() const override { return engines_[0]->config(); }
@@ -136,7 +72,8 @@ public:
     double total = 0;
     for (const auto& e : engines_)
       total += e->peak_memory_gib();
-    for (const DeviceQueue& q : hops_) // the staging buffers, grown to the largest sub-steps
+    for (const runtime::DeviceQueue& q :
+         hops_) // the staging buffers, grown to the largest sub-steps
       total += double(q.capacity()) / double(1ull << 30);
     return total;
   }
@@ -144,7 +81,7 @@ public:
 private:
   /// Stages 0 .. n-2 of one step, in order: each leaves its send value in hop s's queue.
   void run_sending_stages(const models::StepInput& in) {
-    for (DeviceQueue& q : hops_)
+    for (runtime::DeviceQueue& q : hops_)
       q.start_step();
     for (size_t s = 0; s + 1 < engines_.size(); ++s)
       engines_[s]->step_stage_device(in, transport(s));
@@ -161,13 +98,13 @@ private:
       hops_[s].push(src, bytes, stream);
     };
     t.wait = [](Stream stream) {
-      check(cudaStreamSynchronize(stream), "finishing a pipeline stage's sub-step");
+      runtime::synchronize_stream(stream, "finishing a pipeline stage's sub-step");
     };
     return t;
   }
 
   std::vector<std::unique_ptr<CudaModel>> engines_;
-  std::vector<DeviceQueue> hops_; ///< hop s: stage s -> s + 1
+  std::vector<runtime::DeviceQueue> hops_; ///< hop s: stage s -> s + 1
 };
 
 } // namespace
@@ -178,4 +115,4 @@ std::unique_ptr<Model> make_local_cuda_pipeline(const std::filesystem::path& mod
   return std::make_unique<LocalCudaPipeline>(model_dir, std::move(stages), options);
 }
 
-} // namespace xserv::cli
+} // namespace xserv::engine

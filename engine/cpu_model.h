@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "cli/engine.h"
+#include "engine/model.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
 #include "models/checkpoint.h"
@@ -12,7 +12,7 @@
 #include <map>
 #include <vector>
 
-namespace xserv::cli {
+namespace xserv::engine {
 
 /// Runs build_gpt_oss()'s graph (or a compiled plan's graph.ir) on the interpreter in fp32.
 /// Slow by design; it is the reference the GPU path is checked against and the fallback when
@@ -22,9 +22,9 @@ public:
   /// Opens and validates the checkpoint in `model_dir` (weights are memory-mapped and decoded
   /// lazily, each once). `graph` defaults to build_gpt_oss(config) with last-token logits.
   /// With `stages` (a --pp plan's stage*.ir) every step runs them one after another, each
-  /// stage's sends passed to the next (compiler::interpret_stages); `graph` is then unused.
+  /// stage's sends passed to the next (ir::interpret_stages); `graph` is then unused.
   CpuModel(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
-            const ir::Graph* graph = nullptr, std::vector<ir::Graph> stages = {});
+           const ir::Graph* graph = nullptr, std::vector<ir::Graph> stages = {});
 
   const models::ModelConfig& config() const override { return ckpt_.config(); }
   int64_t max_batch() const override { return max_batch_; }
@@ -48,4 +48,4 @@ private:
 std::vector<std::vector<float>> sequence_logits(const ir::Tensor& logits, size_t seqs,
                                                 const ir::Tensor& logit_rows);
 
-} // namespace xserv::cli
+} // namespace xserv::engine

@@ -1,5 +1,5 @@
 // weight_specs(): checkpoint tensors -> WeightSpecs, pairing MXFP4 blocks with their scales.
-#include "cli/weight_specs.h"
+#include "engine/weight_specs.h"
 
 #include <algorithm>
 #include <set>
@@ -10,7 +10,7 @@
 #include "ir/error.h"
 #include "models/mxfp4.h"
 
-namespace xserv::cli {
+namespace xserv::engine {
 namespace {
 
 constexpr std::string_view kBlocks = "_blocks", kScales = "_scales";
@@ -34,7 +34,7 @@ bool is_mxfp4_pair(const models::TensorInfo& blocks, const models::TensorInfo& s
 } // namespace
 
 std::vector<runtime::WeightSpec> weight_specs(const models::Checkpoint& checkpoint,
-                                             runtime::ExpertFormat experts) {
+                                              runtime::ExpertFormat experts) {
   const std::string dir = checkpoint.dir().string();
   std::vector<runtime::WeightSpec> specs;
   for (const models::SafetensorsFile& file : checkpoint.files()) {
@@ -92,16 +92,6 @@ std::vector<runtime::WeightSpec> weight_specs(const models::Checkpoint& checkpoi
   return specs;
 }
 
-std::vector<runtime::WeightSpec> weight_specs_for(const models::Checkpoint& checkpoint,
-                                                  const ir::Graph& g,
-                                                  runtime::ExpertFormat experts) {
-  std::vector<std::string> names;
-  for (const ir::Node& n : g.nodes)
-    if (n.op == ir::Op::Weight)
-      names.push_back(n.attr_str("name"));
-  return weight_specs_named(checkpoint, names, experts);
-}
-
 std::vector<runtime::WeightSpec> weight_specs_named(const models::Checkpoint& checkpoint,
                                                     const std::vector<std::string>& names,
                                                     runtime::ExpertFormat experts) {
@@ -117,4 +107,4 @@ std::vector<runtime::WeightSpec> weight_specs_named(const models::Checkpoint& ch
   return specs;
 }
 
-} // namespace xserv::cli
+} // namespace xserv::engine

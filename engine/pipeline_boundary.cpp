@@ -1,6 +1,6 @@
 // What crosses a pipeline stage boundary, from the stage programs, and the check every received
-// activation passes before a stage reads it (cli/pipeline_boundary.h).
-#include "cli/pipeline_boundary.h"
+// activation passes before a stage reads it (engine/pipeline_boundary.h).
+#include "engine/pipeline_boundary.h"
 
 #include <algorithm>
 
@@ -10,7 +10,7 @@
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 
-namespace xserv::cli {
+namespace xserv::engine {
 
 namespace {
 
@@ -130,4 +130,4 @@ void check_boundary(const Named& got, const std::vector<BoundaryTensor>& want,
                               shape_text(want[k].dtype, want[k].shape)));
 }
 
-} // namespace xserv::cli
+} // namespace xserv::engine

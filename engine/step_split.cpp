@@ -1,5 +1,5 @@
 // ParamLayout, split_step() and validate_step().
-#include "cli/step_split.h"
+#include "engine/step_split.h"
 
 #include <algorithm>
 
@@ -8,7 +8,7 @@
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 
-namespace xserv::cli {
+namespace xserv::engine {
 
 ParamLayout::ParamLayout(size_t tokens, size_t seqs) {
   for (const char* n :
@@ -79,4 +79,4 @@ void validate_step(const models::StepInput& in, int64_t max_batch, int64_t max_s
   }
 }
 
-} // namespace xserv::cli
+} // namespace xserv::engine

@@ -4,11 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "ir/graph.h"
 #include "models/checkpoint.h"
 #include "runtime/plan.h"
 
-namespace xserv::cli {
+namespace xserv::engine {
 
 /// One WeightSpec per logical tensor of `checkpoint`, in file order (index order of the shards,
 /// then offset), so that an upload reads each file front to back. Every tensor other than an
@@ -21,16 +20,11 @@ std::vector<runtime::WeightSpec>
 weight_specs(const models::Checkpoint& checkpoint,
              runtime::ExpertFormat experts = runtime::ExpertFormat::Bf16);
 
-/// weight_specs() restricted to the weights `g` reads (a pipeline stage uploads only its own):
-/// throws xserv::Error naming any weight of the graph the checkpoint lacks.
-std::vector<runtime::WeightSpec>
-weight_specs_for(const models::Checkpoint& checkpoint, const ir::Graph& g,
-                 runtime::ExpertFormat experts = runtime::ExpertFormat::Bf16);
-
-/// weight_specs() restricted to the logical tensors `names` (a plan's stage layout): throws
+/// weight_specs() restricted to the logical tensors `names` (a plan's stage layout: a pipeline
+/// stage uploads only its own): throws
 /// xserv::Error naming any the checkpoint lacks.
 std::vector<runtime::WeightSpec>
 weight_specs_named(const models::Checkpoint& checkpoint, const std::vector<std::string>& names,
                    runtime::ExpertFormat experts = runtime::ExpertFormat::Bf16);
 
-} // namespace xserv::cli
+} // namespace xserv::engine

@@ -3,35 +3,22 @@
 #pragma once
 
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "cli/engine.h"
-#include "runtime/plan.h"
+#include "engine/model.h"
+#include "runtime/device_stage.h"
 #include "runtime/plan_stage.h"
 
-struct CUstream_st; // cudaStream_t is CUstream_st*
-
-namespace xserv::cli {
+namespace xserv::engine {
 
 /// Rows of a pipeline stage's received values, by recv name: one row per token of the step.
 using StageInputs = std::map<std::string, std::vector<std::vector<float>>>;
 
-/// A CUDA stream (cudaStream_t) without including the CUDA headers here.
-using Stream = ::CUstream_st*;
-
-/// How a pipeline stage's boundary activations move on the device, sub-step by sub-step (NCCL
-/// between ranks): the engine calls receive() for each recv value before a sub-step runs (fill
-/// `bytes` at `dst` on `stream`), send() with its send value after it, and wait() instead of
-/// synchronising the stream (a bounded wait that notices a dead peer).
-struct StageTransport {
-  std::function<void(const std::string& name, void* dst, size_t bytes, Stream stream)> receive;
-  std::function<void(const void* src, size_t bytes, Stream stream)> send;
-  std::function<void(Stream stream)> wait;
-};
+using runtime::StageTransport;
+using runtime::Stream;
 
 /// How a CudaModel runs its program. The command line fills it from the environment
 /// (cli/env.h: XSERV_KERNEL_CACHE, XSERV_CUDA_GRAPHS, XSERV_PROFILE, XSERV_PDL).
@@ -80,8 +67,7 @@ public:
   /// come back.
   std::vector<int32_t> step_greedy(const models::StepInput& in) override;
   /// Greedy picks on the GPU for every sequence, and only the wanted logits rows copied back.
-  engine::StepOutput step_mixed(const models::StepInput& in,
-                                const std::vector<bool>& need_logits) override;
+  StepOutput step_mixed(const models::StepInput& in, const std::vector<bool>& need_logits) override;
   /// Every row the graph returns, sub-steps concatenated: one per token, in the step's
   /// flattened order, for a graph built with last_logits_only = false.
   std::vector<std::vector<float>> step_all(const models::StepInput& in);
@@ -102,9 +88,9 @@ public:
   void reset() override;
   void synchronize() override;
   double peak_memory_gib() const override;
-  /// CUDA events on the engine's stream.
+  /// CUDA events on the model's stream.
   std::unique_ptr<Stopwatch> stopwatch() override;
-  /// How many CUDA graphs the engine has captured so far (0 with cuda_graphs off).
+  /// How many CUDA graphs the model has captured so far (0 with cuda_graphs off).
   size_t graphs_captured() const;
   /// Whether the graph ends in per-sequence logits with the sampling epilogue, so greedy steps
   /// pick on the GPU (step_greedy, step_stage_device with `greedy`).
@@ -120,4 +106,4 @@ private:
   std::unique_ptr<Impl> impl_;
 };
 
-} // namespace xserv::cli
+} // namespace xserv::engine

@@ -1,18 +1,17 @@
 // CpuModel: checkpoint weights decoded to fp32 on first use, then the interpreter per step.
-#include "cli/cpu_model.h"
+#include "engine/cpu_model.h"
 
 #include <map>
 
 #include <fmt/format.h>
 
-#include "compiler/partition.h"
 #include "ir/error.h"
 #include "models/gpt_oss.h"
 
-namespace xserv::cli {
+namespace xserv::engine {
 
 CpuModel::CpuModel(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
-                     const ir::Graph* graph, std::vector<ir::Graph> stages)
+                   const ir::Graph* graph, std::vector<ir::Graph> stages)
     : ckpt_(models::Checkpoint::open(model_dir, {.map_data = true, .validate = true})),
       max_batch_(max_batch), max_seq_(max_seq) {
   graph_ = graph ? *graph : models::build_gpt_oss(ckpt_.config());
@@ -45,7 +44,7 @@ CpuModel::CpuModel(const std::filesystem::path& model_dir, int64_t max_batch, in
 }
 
 std::vector<ir::Tensor> CpuModel::run_graph(const ir::Graph& g,
-                                             std::map<std::string, ir::Tensor> params) {
+                                            std::map<std::string, ir::Tensor> params) {
   env_.params = std::move(params);
   return ir::interpret(g, env_);
 }
@@ -56,7 +55,7 @@ std::vector<std::vector<float>> CpuModel::step(const models::StepInput& in) {
                             in.tokens.size(), max_batch_));
   env_.params = models::step_params(in);
   std::vector<ir::Tensor> out =
-      stages_.empty() ? ir::interpret(graph_, env_) : compiler::interpret_stages(stages_, env_);
+      stages_.empty() ? ir::interpret(graph_, env_) : ir::interpret_stages(stages_, env_);
   return sequence_logits(out.at(0), in.tokens.size(), env_.params.at(models::params::kLogitRows));
 }
 
@@ -73,4 +72,4 @@ std::vector<std::vector<float>> sequence_logits(const ir::Tensor& logits, size_t
   return result;
 }
 
-} // namespace xserv::cli
+} // namespace xserv::engine

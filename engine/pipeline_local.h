@@ -9,12 +9,12 @@
 #include <memory>
 #include <vector>
 
-#include "cli/engine.h"
+#include "engine/model.h"
 #include "runtime/plan_stage.h"
 
-namespace xserv::cli {
+namespace xserv::engine {
 
-struct CudaModelOptions; // cli/cuda_model.h
+struct CudaModelOptions; // engine/cuda_model.h
 
 /// A Model over `stages` (a --pp plan's stage programs, in order: runtime::load_stage_program),
 /// all on this GPU; stage s + 1 must receive exactly the one value stage s sends.
@@ -22,4 +22,4 @@ std::unique_ptr<Model> make_local_cuda_pipeline(const std::filesystem::path& mod
                                                 std::vector<runtime::StageProgram> stages,
                                                 const CudaModelOptions& options);
 
-} // namespace xserv::cli
+} // namespace xserv::engine

@@ -1,4 +1,4 @@
-// How a step reaches the GPU: checked against the engine's limits, cut into sub-steps that fit
+// How a step reaches the GPU: checked against the model's limits, cut into sub-steps that fit
 // the activation arena, and its inputs laid out in one int32 block.
 #pragma once
 
@@ -11,7 +11,7 @@
 
 #include "models/step.h"
 
-namespace xserv::cli {
+namespace xserv::engine {
 
 /// Where each step input (models::params) lives in the param block, in int32 elements: the
 /// per-token inputs for `tokens` tokens, then the per-sequence ones for `seqs` sequences.
@@ -44,8 +44,8 @@ inline bool ends_sequence(const models::StepInput& in, const Piece& p) {
   return p.start + p.len == in.tokens[p.seq].size();
 }
 
-/// Checks a step against an engine's limits: throws xserv::Error naming the limit (batch,
+/// Checks a step against a model's limits: throws xserv::Error naming the limit (batch,
 /// sequence length, cache rows, vocabulary) or the malformed part.
 void validate_step(const models::StepInput& in, int64_t max_batch, int64_t max_seq, int64_t vocab);
 
-} // namespace xserv::cli
+} // namespace xserv::engine

@@ -1,0 +1,360 @@
+// DeviceStage: allocation, kernel loading and binding, decode-graph capture, the sub-step (step
+// inputs up, launches, results down) and the per-op profile; EventTimer.
+//
+// Decode sub-steps (one token per sequence) are captured as CUDA graphs, one per (batch size,
+// attention key bucket), and replayed: launches read every step input from the params buffer and
+// write to fixed addresses, so only the params upload before the replay changes between steps.
+#include "runtime/device_stage.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "ir/error.h"
+#include "runtime/device.h"
+#include "runtime/executor.h"
+#include "runtime/module.h"
+
+namespace xserv::runtime {
+
+namespace {
+
+void check(cudaError_t err, const std::string& what) {
+  if (err != cudaSuccess)
+    throw Error(fmt::format("CUDA error in {}: {}", what, cudaGetErrorString(err)));
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+} // namespace
+
+struct DeviceStage::State {
+  /// The program's kernels, loaded (the executor holds pointers to them: filled once).
+  std::vector<Module> modules;
+  std::vector<Kernel> kernels;
+  std::unique_ptr<Executor> executor; ///< the launch table bound to this stage's memory
+  /// Captured decode graphs by (tokens, sequences, attention key bucket).
+  std::map<std::tuple<int, int, int>, cudaGraphExec_t> graph_execs;
+  std::vector<cudaEvent_t> events;
+  std::vector<size_t> entry_launches; ///< kernels each table entry launched in the last sub-step
+  struct OpTime {
+    double ms = 0;
+    int64_t calls = 0;
+  };
+  std::map<std::pair<std::string, std::string>, OpTime> op_times;
+  std::map<std::string, int64_t> phase_steps;
+
+  cudaGraphExec_t capture(cudaStream_t stream, const StepShape& s) {
+    // Relaxed: a first launch of a kernel may set its shared-memory attribute, which is no
+    // stream operation and safe to run while capturing.
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "starting a graph capture");
+    cudaGraph_t g = nullptr;
+    try {
+      executor->run(s, stream);
+    } catch (...) {
+      if (cudaStreamEndCapture(stream, &g) == cudaSuccess && g)
+        cudaGraphDestroy(g);
+      cudaGetLastError();
+      throw;
+    }
+    check(cudaStreamEndCapture(stream, &g), "capturing a decode step");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    check(err, "instantiating a decode graph");
+    return exec;
+  }
+};
+
+DeviceStage::DeviceStage(const StageLayout& layout,
+                         const std::map<std::string, size_t>& param_offsets, size_t param_words,
+                         const DeviceStageOptions& options)
+    : layout_(layout), options_(options), param_offsets_(param_offsets), param_words_(param_words),
+      state_(std::make_unique<State>()) {
+  options_.cuda_graphs = options.cuda_graphs && !options.profile;
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
+  params_dev_ = static_cast<int32_t*>(allocate(param_words_ * sizeof(int32_t)));
+  check(cudaMallocHost(reinterpret_cast<void**>(&params_host_), param_words_ * sizeof(int32_t)),
+        "pinned params");
+  const size_t out_rows =
+      static_cast<size_t>(layout_.output.per_token ? layout_.tokens : layout_.max_batch);
+  check(cudaMallocHost(reinterpret_cast<void**>(&out_host_),
+                       out_rows * static_cast<size_t>(layout_.output.vocab) * sizeof(float)),
+        "pinned logits");
+  arena_ = static_cast<char*>(allocate(static_cast<size_t>(layout_.arena_bytes)));
+  for (const StageLayout::Cache& c : layout_.caches) {
+    size_t bytes = static_cast<size_t>(c.elem_bytes);
+    for (int64_t d : c.shape)
+      bytes *= static_cast<size_t>(d);
+    caches_.emplace_back(allocate(bytes), bytes);
+  }
+  reset();
+}
+
+DeviceStage::~DeviceStage() {
+  if (stream_)
+    cudaStreamSynchronize(stream_);
+  if (!state_->graph_execs.empty())
+    log(fmt::format("{} CUDA graphs captured", state_->graph_execs.size()));
+  if (options_.profile)
+    print_profile();
+  for (cudaEvent_t e : state_->events)
+    cudaEventDestroy(e);
+  for (auto& [key, exec] : state_->graph_execs)
+    cudaGraphExecDestroy(exec);
+  state_->executor.reset();
+  for (void* p : allocations_)
+    cudaFree(p);
+  if (params_host_)
+    cudaFreeHost(params_host_);
+  if (keys_host_)
+    cudaFreeHost(keys_host_);
+  if (out_host_)
+    cudaFreeHost(out_host_);
+  if (stream_)
+    cudaStreamDestroy(stream_);
+}
+
+void DeviceStage::log(const std::string& line) const {
+  if (!options_.quiet)
+    std::fprintf(stderr, "[cuda] %s\n", line.c_str());
+}
+
+void* DeviceStage::allocate(size_t bytes, const void* host) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, std::max<size_t>(bytes, 16)),
+        fmt::format("allocating {:.1f} MiB", double(bytes) / (1 << 20)));
+  allocations_.push_back(p);
+  allocated_ += bytes;
+  if (host)
+    check(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), "uploading a constant");
+  return p;
+}
+
+void DeviceStage::load(LaunchTable table, const std::vector<std::vector<char>>& cubins,
+                       const std::map<std::string, void*>& weights, const std::string& source,
+                       int compiled, double load_ms) {
+  State& st = *state_;
+  // Its regions: the arena, weights by name, caches in the layout's order, step inputs by name,
+  // and its scratch buffers (constants uploaded once).
+  Bindings bind;
+  bind.arena = arena_;
+  for (const auto& [name, p] : weights)
+    bind.weights[name] = p;
+  for (const auto& c : caches_)
+    bind.caches.push_back(c.first);
+  for (const auto& [name, off] : param_offsets_)
+    bind.params[name] = params_dev_ + off;
+  for (const ScratchBuffer& b : table.scratch)
+    bind.scratch.push_back(allocate(b.bytes, b.f64.empty() ? nullptr : b.f64.data()));
+  if (table.argmax_scratch >= 0) {
+    argmax_keys_ = const_cast<void*>(bind.scratch[size_t(table.argmax_scratch)]);
+    argmax_chunks_ = table.argmax_chunks;
+  }
+  if (argmax_keys_)
+    check(cudaMallocHost(reinterpret_cast<void**>(&keys_host_),
+                         size_t(layout_.max_batch) * size_t(argmax_chunks_) * sizeof(uint64_t)),
+          "pinned greedy keys");
+  if (options_.profile) {
+    st.events.resize(table.launches.size() + 1);
+    st.entry_launches.resize(table.launches.size());
+    for (cudaEvent_t& e : st.events)
+      check(cudaEventCreate(&e), "creating a profiling event");
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  if (cubins.size() != table.kernels.size())
+    throw Error(fmt::format("{}: {} cubins for the {} kernels of its launch table", source,
+                            cubins.size(), table.kernels.size()));
+  st.modules.reserve(cubins.size()); // stable addresses for the executor
+  st.kernels.reserve(cubins.size());
+  for (size_t i = 0; i < cubins.size(); ++i) {
+    const std::string& name = table.kernels[i].name;
+    st.modules.push_back(Module::load(cubins[i], name));
+    st.kernels.push_back(st.modules.back().kernel(name));
+  }
+  const size_t kernel_count = table.kernels.size();
+  st.executor =
+      std::make_unique<Executor>(std::move(table), bind, loaded_kernels(st.modules, st.kernels));
+  log(fmt::format("{}: launch table and {} kernels ({} cubins, {} compiled by NVRTC) ... {:.1f} s",
+                  source, kernel_count, int(kernel_count) - compiled, compiled,
+                  load_ms / 1e3 + seconds_since(t0)));
+  const DeviceInfo dev = probe_device();
+  st.executor->set_dependent_launch(options_.dependent_launch && dev.sm_major >= 9);
+  if (options_.cuda_graphs && options_.capture_at_start)
+    capture_all();
+}
+
+void DeviceStage::capture_all() {
+  // Every decode shape a run can meet, captured now rather than inside a request (as vLLM
+  // does): batch sizes 1..max_batch x attention key buckets up to max_seq's.
+  auto t0 = std::chrono::steady_clock::now();
+  const int top = attention_key_bucket(static_cast<int>(layout_.max_seq));
+  const int tcap = static_cast<int>(layout_.tokens);
+  int buckets = 0;
+  for (int b = 1; b <= static_cast<int>(layout_.max_batch) && b <= tcap; ++b)
+    for (int bucket = 64, n = 0; bucket <= top; bucket *= 2, ++n) {
+      buckets = std::max(buckets, n + 1);
+      StepShape s{b, b, bucket - 1};
+      state_->graph_execs.emplace(std::make_tuple(b, b, bucket), state_->capture(stream_, s));
+    }
+  log(fmt::format("captured {} decode graphs (batch 1..{} x {} key buckets) in {:.2f} s",
+                  state_->graph_execs.size(), std::min<int64_t>(layout_.max_batch, tcap), buckets,
+                  seconds_since(t0)));
+}
+
+size_t DeviceStage::entries() const {
+  return state_->executor ? state_->executor->size() : 0;
+}
+
+size_t DeviceStage::graphs_captured() const {
+  return state_->graph_execs.size();
+}
+
+void DeviceStage::run(const SubStep& s) {
+  State& st = *state_;
+  XSERV_CHECK(st.executor, "DeviceStage::run before load");
+  check(cudaMemcpyAsync(params_dev_, params_host_, param_words_ * sizeof(int32_t),
+                        cudaMemcpyHostToDevice, stream_),
+        "uploading the step inputs");
+  // A pipeline stage's received activations: this sub-step's rows of each recv value.
+  for (const HostUpload& u : s.uploads)
+    check(cudaMemcpyAsync(arena_ + u.arena_offset, u.src, u.bytes, cudaMemcpyHostToDevice, stream_),
+          "uploading a received activation");
+  const int tokens = s.shape.tokens, seqs = s.shape.seqs;
+  if (s.transport) // received on the device, into each recv value's buffer
+    for (const StageLayout::Recv& r : layout_.recvs)
+      s.transport->receive(r.name, arena_ + r.offset, size_t(tokens) * r.row_bytes, stream_);
+  const bool graph = options_.cuda_graphs && tokens == seqs;
+  if (graph) {
+    // A decode sub-step: replay (capturing first) the graph of its sizes.
+    const auto key = std::make_tuple(tokens, seqs, attention_key_bucket(s.shape.max_pos + 1));
+    auto it = st.graph_execs.find(key);
+    if (it == st.graph_execs.end())
+      it = st.graph_execs.emplace(key, st.capture(stream_, s.shape)).first;
+    check(cudaGraphLaunch(it->second, stream_), "replaying a decode graph");
+  } else if (options_.profile) {
+    check(cudaEventRecord(st.events[0], stream_), "profiling");
+    for (size_t i = 0; i < st.executor->size(); ++i) {
+      st.entry_launches[i] = st.executor->run(s.shape, stream_, i, i + 1);
+      check(cudaEventRecord(st.events[i + 1], stream_), "profiling");
+    }
+  } else {
+    st.executor->run(s.shape, stream_);
+  }
+  const char* output = arena_ + layout_.output.offset;
+  const size_t v = static_cast<size_t>(layout_.output.vocab);
+  if (s.transport && layout_.output.sends) { // on to the next stage
+    s.transport->send(output, size_t(tokens) * layout_.output.row_bytes, stream_);
+    s.transport->wait(stream_);
+    return;
+  }
+  if (s.keys) { // the sampling epilogue's keys (only asked for when it exists) ...
+    check(cudaMemcpyAsync(keys_host_, argmax_keys_, s.rows * argmax_chunks_ * sizeof(uint64_t),
+                          cudaMemcpyDeviceToHost, stream_),
+          "copying the greedy tokens back");
+    // ... and the logits rows a sampling request needs, each where a full copy would put it.
+    for (size_t r : s.wanted)
+      check(cudaMemcpyAsync(out_host_ + r * v, reinterpret_cast<const float*>(output) + r * v,
+                            v * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+            "copying a logits row back");
+  } else {
+    check(cudaMemcpyAsync(out_host_, output, s.rows * v * sizeof(float), cudaMemcpyDeviceToHost,
+                          stream_),
+          "copying the logits back");
+  }
+  if (s.transport)
+    s.transport->wait(stream_);
+  else
+    check(cudaStreamSynchronize(stream_), "running a step");
+  if (options_.profile && !graph) {
+    const std::string phase =
+        tokens == seqs ? fmt::format("decode B={}", seqs) : fmt::format("prefill T={}", tokens);
+    ++st.phase_steps[phase];
+    for (size_t i = 0; i < st.executor->size(); ++i) {
+      if (st.entry_launches[i] == 0) // an entry for other step sizes
+        continue;
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, st.events[i], st.events[i + 1]), "profiling");
+      State::OpTime& t = st.op_times[{phase, st.executor->table().launches[i].label}];
+      t.ms += ms;
+      ++t.calls;
+    }
+  }
+}
+
+void DeviceStage::reset() {
+  for (auto& c : caches_)
+    check(cudaMemsetAsync(c.first, 0, c.second, stream_), "clearing the KV cache");
+  check(cudaStreamSynchronize(stream_), "clearing the KV cache");
+}
+
+void DeviceStage::synchronize() {
+  check(cudaStreamSynchronize(stream_), "synchronize");
+}
+
+std::vector<float> DeviceStage::read_arena(uint64_t offset, size_t count) const {
+  if (offset > layout_.arena_bytes || count > (layout_.arena_bytes - offset) / sizeof(float))
+    throw Error(fmt::format("read_arena: {} floats at byte {} lie outside the {}-byte arena", count,
+                            offset, layout_.arena_bytes));
+  std::vector<float> out(count);
+  check(cudaStreamSynchronize(stream_), "finishing the queued work");
+  check(cudaMemcpy(out.data(), arena_ + offset, count * sizeof(float), cudaMemcpyDeviceToHost),
+        "copying an activation back");
+  return out;
+}
+
+void DeviceStage::print_profile() const {
+  // Per phase: each op's share of the summed launch times, largest first.
+  std::map<std::string, std::vector<std::pair<std::string, State::OpTime>>> by_phase;
+  for (const auto& [key, t] : state_->op_times)
+    by_phase[key.first].push_back({key.second, t});
+  for (auto& [phase, ops] : by_phase) {
+    double total = 0;
+    for (const auto& [op, t] : ops)
+      total += t.ms;
+    std::sort(ops.begin(), ops.end(),
+              [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    const double steps = double(state_->phase_steps.at(phase));
+    std::fprintf(stderr, "[profile] %s: %lld steps, %.3f ms per step (launch to launch)\n",
+                 phase.c_str(), static_cast<long long>(state_->phase_steps.at(phase)),
+                 total / steps);
+    for (const auto& [op, t] : ops)
+      std::fprintf(stderr, "[profile]   %-24s %9.3f ms/step %5.1f%%  %6.1f us/entry\n", op.c_str(),
+                   t.ms / steps, 100.0 * t.ms / total, 1e3 * t.ms / double(t.calls));
+  }
+}
+
+EventTimer::EventTimer(Stream stream) : stream_(stream) {
+  cudaEvent_t b = nullptr, e = nullptr;
+  check(cudaEventCreate(&b), "creating a timing event");
+  begin_ = b;
+  check(cudaEventCreate(&e), "creating a timing event");
+  end_ = e;
+}
+
+EventTimer::~EventTimer() {
+  cudaEventDestroy(static_cast<cudaEvent_t>(begin_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(end_));
+}
+
+void EventTimer::start() {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(begin_), stream_), "recording a timing event");
+}
+
+double EventTimer::stop() {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(end_), stream_), "recording a timing event");
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(end_)), "waiting for a timing event");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(begin_), static_cast<cudaEvent_t>(end_)),
+        "reading a timing event");
+  return ms;
+}
+
+} // namespace xserv::runtime
