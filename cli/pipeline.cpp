@@ -6,8 +6,8 @@
 // process's GPU.
 #include "cli/pipeline.h"
 #include "cli/env.h"
-#include "cli/pipeline_wire.h"
 #include "cli/loaded_plan.h"
+#include "cli/pipeline_wire.h"
 #include "engine/pipeline_stage.h"
 #include "runtime/plan_io.h"
 
@@ -456,6 +456,8 @@ private:
       check_children();
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     } while (child_rank_has(r) && Clock::now() < until);
+    if (dynamic_cast<const runtime::FrameRefused*>(&e)) // the rank is there; its frame is not
+      throw Error(fmt::format("refused a frame from pipeline rank {}: {}", r, e.what()));
     throw Error(fmt::format("pipeline rank {} stopped: {}", r, e.what()));
   }
 

@@ -109,6 +109,9 @@ int run_pipeline_worker(const ModelSource& src, int rank, int world, const std::
     Frame f;
     try {
       f = c.receive(pipeline_rank_timeout(), bound);
+    } catch (const runtime::FrameRefused& e) {
+      throw Error(fmt::format("rank {}: refused a frame from rank 0 ({}): {}", rank, coordinator,
+                              e.what()));
     } catch (const Error& e) {
       throw Error(fmt::format("rank {}: rank 0 ({}) stopped: {}", rank, coordinator, e.what()));
     }

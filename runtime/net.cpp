@@ -161,14 +161,14 @@ Frame Connection::receive(std::chrono::milliseconds timeout, const FrameBound& m
   std::memcpy(&magic, head, 4);
   std::memcpy(&len, head + 5, 8);
   if (magic != kMagic)
-    throw Error(peer_ + " sent a malformed frame (not an xserv pipeline peer?)");
+    throw FrameRefused(peer_ + " sent a malformed frame (not an xserv pipeline peer?)");
   Frame f;
   f.type = static_cast<uint8_t>(head[4]);
   const uint64_t bound = std::min(max_payload(f.type), kMaxFramePayload);
   if (len > bound)
-    throw Error(peer_ + " announced a frame of " + std::to_string(len) + " bytes (type " +
-                std::to_string(f.type) + "), more than the " + std::to_string(bound) +
-                " expected here");
+    throw FrameRefused(peer_ + " announced a frame of " + std::to_string(len) + " bytes (type " +
+                       std::to_string(f.type) + "), more than the " + std::to_string(bound) +
+                       " expected here");
   // Grown as the bytes come, never ahead by more than what already came: a peer that announces
   // gigabytes and sends a few bytes makes this side allocate a few bytes, not its claim.
   constexpr uint64_t kFirstChunk = 64 << 10;

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "ir/error.h"
+
 namespace xserv::runtime {
 
 /// The largest frame payload Connection::receive accepts unless told a smaller bound.
@@ -22,6 +24,14 @@ struct Frame {
 
 /// The most payload bytes a frame of type `type` may announce where it is received.
 using FrameBound = std::function<uint64_t(uint8_t type)>;
+
+/// What Connection::receive throws for a frame it will not read: a malformed header, or one that
+/// announces more than the bound allows (the peer is there, its frame is refused); any other
+/// failure (a timeout, a closed connection) is a plain Error.
+class FrameRefused : public Error {
+public:
+  using Error::Error;
+};
 
 /// One TCP connection (moves, closes on destruction).
 class Connection {

@@ -21,10 +21,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/loaded_plan.h"
 #include "cli/model_source.h"
 #include "cli/pipeline.h"
 #include "cli/pipeline_wire.h"
-#include "cli/loaded_plan.h"
 #include "engine/pipeline_stage.h"
 #include "runtime/net.h"
 #include "tests/cli/run_xserv.h"
@@ -652,6 +652,7 @@ TEST_CASE("pipelined plan: a frame larger than the plan allows is refused, token
     send_lying_header(r0.c, wire::kStep, gib);
     CHECK(r0.wait() == 1);
     const std::string text = read_file(log);
+    CHECK(text.find("refused a frame from rank 0") != std::string::npos);
     CHECK(text.find("announced a frame of 1073741824 bytes (type 3), more than the ") !=
           std::string::npos);
   }
@@ -689,7 +690,7 @@ TEST_CASE("pipelined plan: a frame larger than the plan allows is refused, token
   send_lying_header(c, wire::kResult, gib);
   CHECK(r0.wait() == 1);
   const std::string log = read_file(r0.log);
-  CHECK(log.find("pipeline rank 1 stopped: ") != std::string::npos);
+  CHECK(log.find("refused a frame from pipeline rank 1: ") != std::string::npos);
   CHECK(log.find("announced a frame of 1073741824 bytes (type 4), more than the ") !=
         std::string::npos);
   xserv::models::StepInput one;
