@@ -40,8 +40,9 @@ std::optional<ApiError> check_body_framing(const std::string& method,
                                            const httplib::Headers& headers, uint64_t max_body) {
   const std::vector<std::string> lengths = values_of(headers, "Content-Length");
   const std::vector<std::string> codings = values_of(headers, "Transfer-Encoding");
-  std::optional<uint64_t> length; // saturated at UINT64_MAX
-  std::string length_text;
+  std::optional<uint64_t> length;         // saturated at UINT64_MAX
+  bool length_huge = false;               // past UINT64_MAX: larger than any limit
+  std::string length_text, length_digits; // digits without leading zeros, compared exactly
   for (const std::string& v : lengths) {
     // Digits only: strtoull would skip spaces, take a sign and stop at the first non-digit.
     uint64_t n = 0;
@@ -56,17 +57,22 @@ std::optional<ApiError> check_body_framing(const std::string& method,
     }
     if (v.empty())
       return bad("Content-Length is empty");
-    if (length && *length != n)
+    // The digits, not the saturated value: two numbers past 2^64 are still different lengths.
+    const size_t first = v.find_first_not_of('0');
+    const std::string digits = first == std::string::npos ? "0" : v.substr(first);
+    if (length && digits != length_digits)
       return bad(fmt::format("Content-Length is given {} times with different values: the "
                              "body's end is ambiguous",
                              lengths.size()));
     length = n;
+    length_huge = huge;
     length_text = v;
+    length_digits = digits;
   }
   const bool bodyless = method == "GET" || method == "HEAD";
   if (bodyless && ((length && *length > 0) || !codings.empty()))
     return bad(fmt::format("a {} request carries no body (Content-Length {}{})", method,
-                           length ? std::to_string(*length) : "none",
+                           length ? shown(length_text) : "none",
                            codings.empty() ? "" : ", Transfer-Encoding"));
   if (!codings.empty()) {
     if (length)
@@ -80,7 +86,7 @@ std::optional<ApiError> check_body_framing(const std::string& method,
       method == "POST" || method == "PUT" || method == "PATCH" || method == "DELETE";
   if (wants_body && !length)
     return bad(fmt::format("a {} request needs Content-Length", method), 411);
-  if (length && *length > max_body)
+  if (length && (length_huge || *length > max_body))
     return bad(fmt::format("the request body of {} bytes is larger than the server's limit of {} "
                            "bytes (--max-body)",
                            shown(length_text), max_body),

@@ -19,7 +19,8 @@ namespace xserv::cli {
 /// The first problem with how a request of `method` with `headers` delimits its body, or
 /// nullopt when the library may read it:
 /// - Content-Length: decimal digits only (400 otherwise: "abc", "-1", "+5", "1,1"), the same
-///   value when given more than once (400), at most `max_body` bytes (413, before any is read);
+///   number when given more than once (400; compared as written but for leading zeros, so two
+///   past 2^64 differ), at most `max_body` bytes (413, before any is read; past 2^64 always);
 /// - Transfer-Encoding: never with Content-Length (400: the two disagree on where the body
 ///   ends), no coding but chunked (400), and chunked bodies are refused too (411: cpp-httplib
 ///   0.11 does not hold them to --max-body, so one could fill memory);

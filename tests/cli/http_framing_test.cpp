@@ -70,3 +70,20 @@ TEST_CASE("check_body_framing: duplicates and Transfer-Encoding") {
   CHECK(framing("GET", {{"Transfer-Encoding", "chunked"}}).first == 400);
   CHECK(framing("GET", {{"Content-Length", "x"}}).first == 400);
 }
+
+TEST_CASE("check_body_framing: lengths past 2^64 are compared as written, and always too large") {
+  // http_framing_fuzz: both saturated to 2^64 - 1 and passed as one value (413, not 400).
+  const auto two = framing("",
+                           {{"Content-Length", "9999999999999999999900"},
+                            {"Content-Length", "9999999999999999999999999"}},
+                           0);
+  CHECK(two.first == 400);
+  CHECK(two.second.find("with different values") != std::string::npos);
+  // Leading zeros spell the same number.
+  CHECK(framing("POST", {{"Content-Length", "0007"}, {"Content-Length", "7"}}).first == 0);
+  // 2^64 is not 2^64 - 1, even under the largest limit.
+  CHECK(framing("POST", {{"Content-Length", "18446744073709551615"}}, UINT64_MAX).first == 0);
+  const auto over = framing("POST", {{"Content-Length", "18446744073709551616"}}, UINT64_MAX);
+  CHECK(over.first == 413);
+  CHECK(over.second.find("of 18446744073709551616 bytes") != std::string::npos);
+}
