@@ -63,7 +63,7 @@ runtime::LaunchTable Lowerer::run() {
 }
 
 void Lowerer::emit(int kernel, Rows rows, int lo, int hi, std::vector<LaunchArg> args, int chunk,
-                   int splits_window, int min_splits) {
+                   int splits_window, int min_splits, int splits_heads) {
   runtime::PlanLaunch l;
   l.kernel = kernel;
   l.label = label_;
@@ -79,6 +79,7 @@ void Lowerer::emit(int kernel, Rows rows, int lo, int hi, std::vector<LaunchArg>
   l.chunk = chunk;
   l.splits_window = splits_window;
   l.min_splits = min_splits;
+  l.splits_heads = splits_heads;
   l.one_per_seq = outer_per_seq_;
   l.args = std::move(args);
   t_.launches.push_back(std::move(l));

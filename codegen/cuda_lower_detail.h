@@ -111,7 +111,7 @@ private:
   /// Appends a table entry launching `kernel` when the step's rows lie in [lo, hi] (hi -1:
   /// unbounded) and within outer_. Entries no step within capacity reaches are left out.
   void emit(int kernel, Rows rows, int lo, int hi, std::vector<LaunchArg> args, int chunk = 0,
-            int splits_window = -1, int min_splits = 1);
+            int splits_window = -1, int min_splits = 1, int splits_heads = 0);
 
   /// The per-graph scratch buffers (attention partials, router logits, MoE activations and
   /// pairs, inv-rms) sized for the context's capacities.

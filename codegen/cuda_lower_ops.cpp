@@ -293,14 +293,14 @@ void Lowerer::lower_attention(ValueId v) {
   for (size_t i = 0; i < 10; ++i)
     in.push_back(i == 3 || i == 4 ? addr(cache_node(n.inputs[i])) : addr(n.inputs[i]));
   const LaunchArg out = addr(v);
-  // Splits from the bucketed key count of the step (the executor's splits rule, window 0:
-  // none); a split past a token's keys stays empty. Many tokens fill the GPU without key
-  // splits (and their buffers stay small).
+  // Splits from the bucketed key count of the step and its tokens (the executor's rule,
+  // runtime::attention_step_splits; window 0: none); a split past a token's keys stays empty.
+  // Many tokens fill the GPU with fewer splits, or none (and their buffers stay small).
   const int window = std::max(0, d.window);
   std::vector<LaunchArg> dec_args = in;
   for (const LaunchArg& a : {out, part_ml_, part_o_})
     dec_args.push_back(a);
-  emit(dec, Rows::Tokens, 0, kSplitTokens, dec_args, 0, window);
+  emit(dec, Rows::Tokens, 0, kSplitTokens, dec_args, 0, window, 1, d.kv_heads);
   if (pre >= 0) {
     std::vector<LaunchArg> pre_args = in;
     pre_args.push_back(out);
@@ -310,7 +310,7 @@ void Lowerer::lower_attention(ValueId v) {
     emit(dec, Rows::Tokens, kSplitTokens + 1, -1, dec_args);
   }
   emit(comb, Rows::Tokens, 0, kSplitTokens, {part_ml_, part_o_, in[5], splits_arg(), out}, 0,
-       window, 2);
+       window, 2, d.kv_heads);
 }
 
 void Lowerer::lower_kv_write(ValueId v) {

@@ -68,6 +68,9 @@ Executor::Executor(LaunchTable table, const Bindings& b, std::vector<LoadedKerne
     if (l.kernel < 0 || static_cast<size_t>(l.kernel) >= table_.kernels.size())
       throw Error(fmt::format("launch table: a {} launch uses kernel {}, but there are {}", l.label,
                               l.kernel, table_.kernels.size()));
+    if (l.splits_heads < 0 || l.splits_heads > (1 << 16))
+      throw Error(fmt::format("launch table: a {} launch splits over {} heads, outside 0..65536",
+                              l.label, l.splits_heads));
     if (l.args.size() > kMaxArgs)
       throw Error(fmt::format("launch table: kernel '{}' takes {} arguments, at most {} supported",
                               table_.kernels[size_t(l.kernel)].name, l.args.size(), kMaxArgs));
@@ -117,8 +120,8 @@ size_t Executor::for_each(const StepShape& s, size_t begin, size_t end, F&& f) c
     if (l.splits_window >= 0) {
       // Splits from the bucketed key count, so that they stay fixed over a range of positions
       // (and one CUDA graph serves them all); a split past a token's keys stays empty.
-      const int bucket = attention_key_bucket(s.max_pos + 1);
-      splits = attention_splits(l.splits_window > 0 ? std::min(bucket, l.splits_window) : bucket);
+      splits = attention_step_splits(attention_key_bucket(s.max_pos + 1), l.splits_window, rows,
+                                     l.splits_heads);
     }
     if (splits < l.min_splits)
       continue;

@@ -100,6 +100,25 @@ inline int attention_splits(int max_keys) {
   return std::clamp((max_keys + 63) / 64, 1, 32);
 }
 
+/// Blocks of attention_decode a step's key splits aim for: about what the GPU holds at once
+/// (H200: 132 SMs x 2 blocks of 256 threads). Splitting further only adds partial states and a
+/// combine: at 64 sequences of 640 keys one split takes 63 us, 16 splits 175 us
+/// (kernels_bench, docs/PERF.md session 9).
+inline constexpr int kAttnSplitBlocks = 256;
+
+/// Key splits of attention_decode and attention_combine in a step of `tokens` tokens whose keys
+/// fall in attention_key_bucket `bucket`: attention_splits(min(bucket, window)) (window 0:
+/// none), cut so that tokens x heads x splits stays within kAttnSplitBlocks when `heads` (the
+/// kv heads, attention_decode's blocks per token and split) is given; heads 0 keeps the split
+/// count of the keys alone. A function of (tokens, bucket) only, as a CUDA graph needs.
+inline int attention_step_splits(int bucket, int window, int tokens, int heads) {
+  const int splits = attention_splits(window > 0 ? std::min(bucket, window) : bucket);
+  if (heads <= 0)
+    return splits;
+  const int64_t per_split = std::max<int64_t>(1, int64_t(tokens) * heads);
+  return static_cast<int>(std::clamp<int64_t>(kAttnSplitBlocks / per_split, 1, splits));
+}
+
 /// The sizes of one (sub-)step that launches depend on.
 struct StepShape {
   int tokens = 0;  ///< T: tokens in the step
@@ -171,6 +190,9 @@ struct PlanLaunch {
   /// max_pos + 1), window)) with window 0 meaning no window.
   int splits_window = -1;
   int min_splits = 1; ///< launch only with at least this many splits (attention_combine: 2)
+  /// > 0: the kv heads attention_decode runs per token, which cut its splits for steps of
+  /// many tokens (attention_step_splits); the same on its attention_combine launch.
+  int splits_heads = 0;
   /// 1: only steps with one token per sequence (tokens == seqs: decode); -1: only the other
   /// steps; 0: any (rope_yarn_qk_kv writes the KV caches itself in decode steps).
   int one_per_seq = 0;

@@ -158,6 +158,8 @@ json launch_table_to_json(const LaunchTable& t) {
       j["splits_window"] = l.splits_window;
     if (l.min_splits != 1)
       j["min_splits"] = l.min_splits;
+    if (l.splits_heads != 0)
+      j["splits_heads"] = l.splits_heads;
     if (l.one_per_seq != 0)
       j["one_per_seq"] = l.one_per_seq;
     json args = json::array();
@@ -210,6 +212,7 @@ LaunchTable launch_table_from_json(const json& j) {
       get_opt(l, "chunk", p.chunk);
       get_opt(l, "splits_window", p.splits_window);
       get_opt(l, "min_splits", p.min_splits);
+      get_opt(l, "splits_heads", p.splits_heads);
       get_opt(l, "one_per_seq", p.one_per_seq);
       for (const json& a : l.at("args"))
         p.args.push_back(arg_from_json(a));

@@ -493,3 +493,56 @@ TEST_CASE("gemm throughput: mma.sync against warpgroup MMA, 20b shapes (informat
   mb = std::make_unique<MoeBench>();
   variants();
 }
+
+namespace {
+
+/// attention_decode (+ attention_combine when split) for `seqs` sequences of one token each at
+/// `ctx` cached positions, the 20b's heads, an fp32 cache of `slots` positions a row (window:
+/// the sliding layers' ring), under `splits` key splits.
+void attention_time(int seqs, int ctx, int slots, int window, int splits) {
+  const AttentionDims d{64, 8, 64, slots, window, 0.125, true};
+  const Loaded& dec = load(emit_attention_decode(d, {}));
+  const Loaded& comb = load(emit_attention_combine(d, {}));
+  const size_t cache = size_t(seqs) * slots * d.kv_heads * d.head_dim;
+  DevBuf kc(cache * 4), vc(cache * 4);
+  cuda_ok(cudaMemset(kc.p, 0, kc.bytes), "memset");
+  cuda_ok(cudaMemset(vc.p, 0, vc.bytes), "memset");
+  Rng rng{950};
+  auto q = upload(random_f32(rng, {seqs, d.heads, d.head_dim}, 1.0f).f);
+  auto k = upload(random_f32(rng, {seqs, d.kv_heads, d.head_dim}, 1.0f).f);
+  auto v = upload(random_f32(rng, {seqs, d.kv_heads, d.head_dim}, 1.0f).f);
+  auto sinks = upload(random_bf16(rng, {d.heads}, 1.0f).bits);
+  std::vector<int32_t> pos(seqs, ctx), tseq(seqs), lens(seqs, ctx), rows(seqs);
+  for (int b = 0; b < seqs; ++b)
+    tseq[b] = rows[b] = b;
+  auto dpos = upload(pos), dts = upload(tseq), dlen = upload(lens), drow = upload(rows);
+  auto out = poisoned(size_t(seqs) * d.heads * d.head_dim);
+  const size_t th = size_t(seqs) * d.heads * splits;
+  auto part_ml = poisoned(th * 2), part_o = poisoned(th * d.head_dim);
+  const double ms = median_ms([&](int) {
+    launch(dec, seqs, splits, q->p, k->p, v->p, kc.p, vc.p, sinks->p, dpos->p, dts->p, dlen->p,
+           drow->p, out->p, part_ml->p, part_o->p);
+    if (splits > 1)
+      launch(comb, seqs, 1, part_ml->p, part_o->p, sinks->p, splits, out->p);
+  });
+  device_sync();
+  const int keys = window ? std::min(ctx, window) : ctx;
+  const double bytes = double(seqs) * keys * d.kv_heads * d.head_dim * 2 * 4;
+  MESSAGE(fmt::format("attention decode B={} ctx {} {}: {} splits ({} blocks) {:.1f} us, {:.0f} "
+                      "GB/s of cache",
+                      seqs, ctx, window ? "sliding 128" : "full", splits,
+                      seqs * d.kv_heads * splits, ms * 1e3, bytes / (ms * 1e-3) / 1e9));
+}
+
+} // namespace
+
+TEST_CASE("attention decode under key splits, 20b heads, fp32 cache (informational)") {
+  XSERV_REQUIRE_GPU();
+  for (int seqs : {1, 8, 16, 32, 64})
+    for (int ctx : {640, 4096})
+      for (int splits : {1, 2, 4, 8, 16, 32})
+        attention_time(seqs, ctx, 8192, 0, splits);
+  for (int seqs : {1, 16, 64})
+    for (int splits : {1, 2})
+      attention_time(seqs, 640, 128, 128, splits);
+}

@@ -407,6 +407,14 @@ TEST_CASE("the executor refuses a table naming what is not bound") {
   CHECK_THROWS_WITH_AS(runtime::Executor(lw.table, no_param),
                        doctest::Contains("step input 'positions'"), xserv::Error);
 
+  // A split rule over a nonsensical head count (a hostile plan.json) is refused up front.
+  runtime::LaunchTable bad_heads = lw.table;
+  for (runtime::PlanLaunch& l : bad_heads.launches)
+    if (l.splits_window >= 0)
+      l.splits_heads = -3;
+  CHECK_THROWS_WITH_AS(runtime::Executor(bad_heads, ok),
+                       doctest::Contains("splits over -3 heads, outside 0..65536"), xserv::Error);
+
   // Loaded kernels must be the table's, one for one.
   CHECK_THROWS_WITH_AS(runtime::Executor(lw.table, ok, {runtime::LoadedKernel{}}),
                        doctest::Contains("were loaded"), xserv::Error);
@@ -421,4 +429,22 @@ TEST_CASE("the runtime's attention split rule is codegen's") {
   CHECK(runtime::attention_key_bucket(1) == 64);
   CHECK(runtime::attention_key_bucket(65) == 128);
   CHECK(runtime::attention_key_bucket(5001) == 2048);
+  // A step's splits: the keys' count, cut so that tokens x kv heads x splits stays within
+  // kAttnSplitBlocks (256), never below 1; heads 0 keeps the keys' count; a window caps keys.
+  using runtime::attention_step_splits;
+  CHECK(attention_step_splits(1024, 0, 1, 8) == 16); // one sequence: the keys decide
+  CHECK(attention_step_splits(2048, 0, 1, 8) == 32);
+  CHECK(attention_step_splits(2048, 0, 8, 8) == 4);  // 8 x 8 x 4 = 256 blocks
+  CHECK(attention_step_splits(2048, 0, 16, 8) == 2);
+  CHECK(attention_step_splits(1024, 0, 64, 8) == 1); // 512 blocks already
+  CHECK(attention_step_splits(2048, 128, 1, 8) == 2); // the window's 128 keys
+  CHECK(attention_step_splits(2048, 0, 64, 0) == 32); // no heads: the keys alone
+  CHECK(attention_step_splits(2048, 0, 1 << 30, 1 << 16) == 1); // no overflow
+  for (int tokens = 1; tokens <= 64; ++tokens)
+    for (int bucket = 64; bucket <= 2048; bucket *= 2) {
+      const int s = attention_step_splits(bucket, 0, tokens, 8);
+      REQUIRE(s >= 1);
+      REQUIRE(s <= runtime::attention_splits(bucket));
+      REQUIRE((s == 1 || tokens * 8 * s <= runtime::kAttnSplitBlocks));
+    }
 }
