@@ -12,6 +12,15 @@ namespace {
 /// SMs of the H200 the block counts are planned for.
 constexpr int kSms = 132;
 
+/// gemm_wg addresses its activation rows with 32-bit element offsets (row x K): a step of
+/// `tokens` rows of K values must stay below 2^32 of them.
+void check_wg_rows(int64_t tokens, int64_t k) {
+  if (tokens * k >= (int64_t{1} << 32))
+    throw Error(fmt::format("codegen: a step of {} tokens x {} values is past the gemms' 2^32 "
+                            "element offsets; compile with a smaller --prefill-chunk",
+                            tokens, k));
+}
+
 /// K splits of a dense gemm_wg of up to kSmallGemmRows rows (64 weight rows a block): the
 /// smallest divisor of the K tiles, keeping at least 4 tiles a split, that gives 1.5 blocks
 /// per SM, else the largest such divisor; 1 when the weight rows alone fill the GPU. Measured
@@ -36,6 +45,7 @@ int wg_splitk(int k, int n) {
 Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId v) {
   DenseGemm k;
   k.wg = true;
+  check_wg_rows(c_.max_tokens, d.k);
   k.act = k_.add(codegen::emit_gemm_act({d.k, d.norm, c_.gemm_split, d.eps, 1}, ir_lines(g_, v)));
   codegen::GemmWgDims g;
   g.k = d.k;
@@ -84,6 +94,7 @@ void Lowerer::moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, 
     return a;
   };
   const LaunchArg null, xl = c_.gemm_split ? wg_xl_ : LaunchArg{};
+  check_wg_rows(c_.max_tokens, std::max(d.hidden, d.inter));
   codegen::MoeSortDims sd{d.experts, d.k, bn, c_.max_tokens * d.k};
   const int sort = k_.add(
       codegen::emit_moe_sort(sd, {"groups moe_experts(...)'s (token, slot) pairs by expert"}));

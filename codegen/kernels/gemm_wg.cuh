@@ -33,21 +33,22 @@ __device__ __forceinline__ unsigned mxfp4_pair_raw(unsigned q, int k) {
   return (x & 0x80008000u) | ((x >> 6) & 0x01c001c0u);
 }
 
-/// Scales a raw MXFP4 bf16x2 pair by its block's E8M0 byte s: exactly value * 2^(s - 127), as the
-/// BF16 dequantisation stores it (products of at most 2 significant bits by powers of two,
-/// subnormal bf16 included: mul.bf16x2 keeps subnormals). 2^(s - 1) is a bf16 number for
-/// s <= 128; larger s multiply in steps.
-__device__ __forceinline__ unsigned mxfp4_pair_scale(unsigned raw, unsigned s) {
-  auto mul = [](unsigned a, unsigned m) {
-    unsigned r;
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(m));
-    return r;
-  };
-  if (s <= 128u)
-    return mul(raw, ((s + 126u) << 7) * 0x10001u);
-  // 2^126, then 2^(s - 128) (255: 2^127), then 2
-  return mul(mul(mul(raw, (253u << 7) * 0x10001u), ((s - 1u) << 7) * 0x10001u),
-             (128u << 7) * 0x10001u);
+/// The bf16x2 factors (x, then y) by which a raw MXFP4 pair (value * 2^-126) becomes exactly
+/// value * 2^(s - 127), the BF16 dequantisation, for E8M0 byte s. Both are powers of two, so
+/// each product is exact, subnormal bf16 included (mul.bf16x2 keeps subnormals): 2^(s - 1) and 1
+/// for s <= 128 (2^(s - 1) is a bf16 number up to there), else 2^127 and 2^(s - 128) (s = 255,
+/// refused at load, overflows as ldexp does). Computed once per row and K tile, they leave a
+/// pair two multiplies and no branch.
+__device__ __forceinline__ uint2 mxfp4_scale_factors(unsigned s) {
+  const bool small = s <= 128u;
+  return make_uint2(((small ? s + 126u : 254u) << 7) * 0x10001u,
+                    ((small ? 127u : s - 1u) << 7) * 0x10001u);
+}
+__device__ __forceinline__ unsigned mxfp4_pair_scaled(unsigned raw, uint2 f) {
+  unsigned r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(raw), "r"(f.x));
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(r), "r"(f.y));
+  return r;
 }
 
 /// The MMA's bf16 activations of fp32 rows (row r = blockIdx.y, 256 threads): xh[r] = bf16(x'[r])
@@ -191,6 +192,44 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
   __syncthreads();
 
   const int kt0 = SPLITK > 1 ? blockIdx.z * kTiles : 0; // first K tile of this block
+  // This thread's cp.async pieces of every stage, fixed over the K loop: their source offsets
+  // at K 0 (a K tile adds 64 elements, or 32 MXFP4 bytes), where they land in a stage, and
+  // whether they read anything (masked pieces zero-fill). Computed once, the loads of a stage
+  // are one add and one cp.async each.
+  constexpr int kVB = (BN * 8 + kWgThreads - 1) / kWgThreads; // B pieces a thread
+  constexpr int kVA = MX4 ? (BM * 2 + kWgThreads - 1) / kWgThreads : BM * 8 / kWgThreads;
+  unsigned b_src[kVB], a_src[kVA];
+  int b_dst[kVB], a_dst[kVA];
+  bool b_ok[kVB], a_ok[kVA];
+#pragma unroll
+  for (int v = 0; v < kVB; ++v) { // B: BN rows x 8 chunks of 16 bytes, chunk j of row n at j ^ (n % 8)
+    const int piece = tid + v * kWgThreads, n = piece / 8, j = piece % 8;
+    const int ar = piece < BN * 8 ? rows_b[n] : -1;
+    b_src[v] = unsigned(ar >= 0 ? ar : 0) * unsigned(K) + unsigned(j * 8);
+    b_dst[v] = piece < BN * 8 ? n * 128 + ((j ^ (n & 7)) << 4) : -1;
+    b_ok[v] = ar >= 0;
+  }
+#pragma unroll
+  for (int v = 0; v < kVA; ++v) {
+    const int piece = tid + v * kWgThreads;
+    if constexpr (MX4) { // per row: 2 x 16 block bytes
+      const int m = piece / 2, q = piece % 2, sr = wg_a_row<kSwiglu>(m);
+      a_ok[v] = piece < BM * 2 && m0 + m < N;
+      a_src[v] = unsigned(a_ok[v] ? m0 + m : 0) * unsigned(K / 2) + unsigned(q * 16);
+      a_dst[v] = piece < BM * 2 ? sr * 32 + q * 16 : -1;
+    } else { // per row: 8 chunks of 16 bytes, chunk j of A row r at j ^ (r % 8)
+      const int m = piece / 8, j = piece % 8, sr = wg_a_row<kSwiglu>(m);
+      a_ok[v] = m0 + m < N;
+      a_src[v] = unsigned(a_ok[v] ? m0 + m : 0) * unsigned(K) + unsigned(j * 8);
+      a_dst[v] = sr * 128 + ((j ^ (sr & 7)) << 4);
+    }
+  }
+  // MXFP4: the scale word of row tid (BM <= 128 rows, one a thread): the aligned word holding a
+  // K tile's two scale bytes.
+  const bool s_row = MX4 && tid < BM;
+  const bool s_ok = s_row && m0 + tid < N;
+  const size_t s_src = reinterpret_cast<size_t>(mscales) + size_t(s_ok ? m0 + tid : 0) * (K / 32);
+  const int s_dst = s_row ? BM * 32 + wg_a_row<kSwiglu>(tid) * 4 : 0;
   // Loads stage `kt`: its K tiles kt * KSUB .. (of this block's kTiles).
   auto issue = [&](int kt) {
     unsigned char* st = smem + (kt % STAGES) * kStage;
@@ -200,51 +239,41 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
         break;
       const int k0 = (kt0 + kt * KSUB + sub) * 64;
       unsigned char* sb = st + sub * kBBytes;
-      // B: BN rows x 8 chunks of 16 bytes (x SPLIT), chunk j of row n at j ^ (n % 8).
 #pragma unroll
-      for (int v = 0; v < (BN * 8 + kWgThreads - 1) / kWgThreads; ++v) {
-        const int piece = tid + v * kWgThreads;
-        if (piece < BN * 8) {
-          const int n = piece / 8, j = piece % 8;
-          const int ar = rows_b[n];
-          const size_t src = (size_t)(ar >= 0 ? ar : 0) * K + k0 + j * 8;
-          const int dst = n * 128 + ((j ^ (n & 7)) << 4);
-          cp_async16(sb + dst, xh + src, ar >= 0);
+      for (int v = 0; v < kVB; ++v)
+        if ((BN * 8) % kWgThreads == 0 || b_dst[v] >= 0) {
+          cp_async16(sb + b_dst[v], xh + b_src[v] + k0, b_ok[v]);
           if (SPLIT)
-            cp_async16(sb + kBOffLo + dst, xl + src, ar >= 0);
+            cp_async16(sb + kBOffLo + b_dst[v], xl + b_src[v] + k0, b_ok[v]);
         }
-      }
       unsigned char* sa = st + kAOff + sub * kABytes;
-      if constexpr (MX4) { // per row: 2 x 16 block bytes, and the word holding its 2 scale bytes
+      if constexpr (MX4) {
 #pragma unroll
-        for (int v = 0; v < (BM * 2 + kWgThreads - 1) / kWgThreads; ++v) {
-          const int piece = tid + v * kWgThreads;
-          if (piece < BM * 2) {
-            const int m = piece / 2, q = piece % 2, sr = wg_a_row<kSwiglu>(m);
-            const bool valid = m0 + m < N;
-            const size_t row = valid ? m0 + m : 0;
-            cp_async16(sa + sr * 32 + q * 16, mblocks + row * (K / 2) + k0 / 2 + q * 16, valid);
-          }
-        }
-        for (int m = tid; m < BM; m += kWgThreads) {
-          const int sr = wg_a_row<kSwiglu>(m);
-          const bool valid = m0 + m < N;
-          const size_t row = valid ? m0 + m : 0;
-          const size_t at = reinterpret_cast<size_t>(mscales + row * (K / 32) + k0 / 32);
-          cp_async4(sa + BM * 32 + sr * 4, reinterpret_cast<const void*>(at & ~size_t(3)), valid);
-        }
-      } else { // per row: 8 chunks of 16 bytes, chunk j of A row r at j ^ (r % 8)
+        for (int v = 0; v < kVA; ++v)
+          if ((BM * 2) % kWgThreads == 0 || a_dst[v] >= 0)
+            cp_async16(sa + a_dst[v], mblocks + a_src[v] + k0 / 2, a_ok[v]);
+        if (s_row)
+          cp_async4(sa + s_dst, reinterpret_cast<const void*>((s_src + k0 / 32) & ~size_t(3)), s_ok);
+      } else {
 #pragma unroll
-        for (int v = 0; v < (BM * 8 + kWgThreads - 1) / kWgThreads; ++v) {
-          const int piece = tid + v * kWgThreads;
-          const int m = piece / 8, j = piece % 8, sr = wg_a_row<kSwiglu>(m);
-          const bool valid = m0 + m < N;
-          cp_async16(sa + sr * 128 + ((j ^ (sr & 7)) << 4),
-                     we + (size_t)(valid ? m0 + m : 0) * K + k0 + j * 8, valid);
-        }
+        for (int v = 0; v < kVA; ++v)
+          cp_async16(sa + a_dst[v], we + a_src[v] + k0, a_ok[v]);
       }
     }
   };
+
+  // MXFP4: where this thread's fragment rows' scale bytes sit in their words, at K tile 0 (a
+  // K tile moves them 2 bytes on: K / 32 scale bytes a row, two a tile).
+  int s_at0[WM][2];
+#pragma unroll
+  for (int wm = 0; wm < WM; ++wm)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int sr = wm * 64 + warp * 16 + g + 8 * hh, f = sr & 15;
+      const int m = kSwiglu ? (sr & ~15) + (f < 8 ? 2 * f : 2 * (f - 8) + 1) : sr;
+      const size_t row = m0 + m < N ? m0 + m : 0;
+      s_at0[wm][hh] = int(reinterpret_cast<size_t>(mscales + row * (K / 32)) & 3);
+    }
 
   float acc[WM][BN / 2];
 #pragma unroll
@@ -280,7 +309,8 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
       const unsigned bh = smem_u32(st + sub * kBBytes), bl = smem_u32(st + kBOffLo + sub * kBBytes);
       // This thread's two fragment rows per m64 tile: 16 K values each (bf16: 8 words; MXFP4: 2
       // words of nibbles and the blocks' scale byte), then per K step their A fragments.
-      unsigned raw[WM][2][MX4 ? 2 : 8], sc[WM][2];
+      unsigned raw[WM][2][MX4 ? 2 : 8];
+      uint2 sc[WM][2]; // MXFP4: the rows' scale factors
 #pragma unroll
       for (int wm = 0; wm < WM; ++wm)
 #pragma unroll
@@ -294,12 +324,8 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
             // The place of this row's scale byte in its word (the word as issue() aligned it):
             // rows of K / 32 scale bytes start at even offsets, so a K tile's two bytes never
             // straddle a word.
-            const int f = sr & 15;
-            const int m = kSwiglu ? (sr & ~15) + (f < 8 ? 2 * f : 2 * (f - 8) + 1) : sr;
-            const size_t row = m0 + m < N ? m0 + m : 0;
-            const unsigned at =
-                (unsigned)(reinterpret_cast<size_t>(mscales + row * (K / 32) + ktile * 2) & 3);
-            sc[wm][hh] = (sw >> (8 * (at + c / 2))) & 0xffu;
+            const int at = (s_at0[wm][hh] + 2 * ktile) & 3;
+            sc[wm][hh] = mxfp4_scale_factors((sw >> (8 * (at + c / 2))) & 0xffu);
           } else {
             const uint4 q0 =
                 *reinterpret_cast<const uint4*>(sa + sr * 128 + (((2 * c) ^ (sr & 7)) << 4));
@@ -309,7 +335,7 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
 #pragma unroll
             for (int i = 0; i < 8; ++i)
               raw[wm][hh][i] = w[i];
-            sc[wm][hh] = 0;
+            sc[wm][hh] = make_uint2(0, 0);
           }
         }
       // Pair i (i = 2 s + h, the K step's fragment half) of a row: values (v, v + 4) with
@@ -317,7 +343,7 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
       auto pair_of = [&](int wm, int hh, int i) -> unsigned {
         const int k = i % 4;
         if constexpr (MX4)
-          return mxfp4_pair_scale(mxfp4_pair_raw(raw[wm][hh][i / 4], k), sc[wm][hh]);
+          return mxfp4_pair_scaled(mxfp4_pair_raw(raw[wm][hh][i / 4], k), sc[wm][hh]);
         else
           return __byte_perm(raw[wm][hh][4 * (i / 4) + k / 2], raw[wm][hh][4 * (i / 4) + k / 2 + 2],
                              (k % 2) ? 0x7632 : 0x5410);
