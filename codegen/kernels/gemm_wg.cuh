@@ -201,8 +201,9 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
   unsigned b_src[kVB], a_src[kVA];
   int b_dst[kVB], a_dst[kVA];
   bool b_ok[kVB], a_ok[kVA];
+  // B: BN rows x 8 chunks of 16 bytes, chunk j of row n at j ^ (n % 8).
 #pragma unroll
-  for (int v = 0; v < kVB; ++v) { // B: BN rows x 8 chunks of 16 bytes, chunk j of row n at j ^ (n % 8)
+  for (int v = 0; v < kVB; ++v) {
     const int piece = tid + v * kWgThreads, n = piece / 8, j = piece % 8;
     const int ar = piece < BN * 8 ? rows_b[n] : -1;
     b_src[v] = unsigned(ar >= 0 ? ar : 0) * unsigned(K) + unsigned(j * 8);
@@ -253,7 +254,8 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
           if ((BM * 2) % kWgThreads == 0 || a_dst[v] >= 0)
             cp_async16(sa + a_dst[v], mblocks + a_src[v] + k0 / 2, a_ok[v]);
         if (s_row)
-          cp_async4(sa + s_dst, reinterpret_cast<const void*>((s_src + k0 / 32) & ~size_t(3)), s_ok);
+          cp_async4(sa + s_dst, reinterpret_cast<const void*>((s_src + k0 / 32) & ~size_t(3)),
+                    s_ok);
       } else {
 #pragma unroll
         for (int v = 0; v < kVA; ++v)

@@ -434,11 +434,11 @@ TEST_CASE("the runtime's attention split rule is codegen's") {
   using runtime::attention_step_splits;
   CHECK(attention_step_splits(1024, 0, 1, 8) == 16); // one sequence: the keys decide
   CHECK(attention_step_splits(2048, 0, 1, 8) == 32);
-  CHECK(attention_step_splits(2048, 0, 8, 8) == 4);  // 8 x 8 x 4 = 256 blocks
+  CHECK(attention_step_splits(2048, 0, 8, 8) == 4); // 8 x 8 x 4 = 256 blocks
   CHECK(attention_step_splits(2048, 0, 16, 8) == 2);
-  CHECK(attention_step_splits(1024, 0, 64, 8) == 1); // 512 blocks already
-  CHECK(attention_step_splits(2048, 128, 1, 8) == 2); // the window's 128 keys
-  CHECK(attention_step_splits(2048, 0, 64, 0) == 32); // no heads: the keys alone
+  CHECK(attention_step_splits(1024, 0, 64, 8) == 1);            // 512 blocks already
+  CHECK(attention_step_splits(2048, 128, 1, 8) == 2);           // the window's 128 keys
+  CHECK(attention_step_splits(2048, 0, 64, 0) == 32);           // no heads: the keys alone
   CHECK(attention_step_splits(2048, 0, 1 << 30, 1 << 16) == 1); // no overflow
   for (int tokens = 1; tokens <= 64; ++tokens)
     for (int bucket = 64; bucket <= 2048; bucket *= 2) {
@@ -447,4 +447,32 @@ TEST_CASE("the runtime's attention split rule is codegen's") {
       REQUIRE(s <= runtime::attention_splits(bucket));
       REQUIRE((s == 1 || tokens * 8 * s <= runtime::kAttnSplitBlocks));
     }
+}
+
+TEST_CASE("the warpgroup gemms refuse a step past their 32-bit activation offsets") {
+  // gemm_wg addresses an activation row as row x K in 32 bits: a plan whose steps reach 2^32
+  // elements is refused at lowering, naming the flag that sets the step size.
+  const models::ModelConfig cfg =
+      models::ModelConfig::load(testing::source_dir() / "examples/tiny/config.json");
+  const ir::Graph g = final_graph(cfg, variants()[1]);
+  auto lower_for = [&](int64_t tokens) {
+    const compiler::MemoryPlan mem = compiler::plan_memory(
+        g, {{models::dims::kTokens, tokens}, {models::dims::kSeqs, kMaxBatch}});
+    codegen::LoweringContext ctx;
+    ctx.max_tokens = static_cast<int>(tokens);
+    ctx.max_seqs = int(kMaxBatch);
+    ctx.cache_rows = kMaxBatch;
+    ctx.max_seq = kMaxSeq;
+    ctx.gemm_split = false;
+    ctx.wgmma = true;
+    ctx.memory = &mem;
+    codegen::KernelSet ks;
+    return codegen::lower_graph(g, ks, ctx);
+  };
+  const int64_t limit = (int64_t{1} << 32) / cfg.hidden_size; // rows x hidden = 2^32
+  CHECK_THROWS_WITH_AS(lower_for(limit),
+                       doctest::Contains("past the gemms' 2^32 element offsets; compile with a "
+                                         "smaller --prefill-chunk"),
+                       xserv::Error);
+  CHECK_NOTHROW(lower_for(1024));
 }
