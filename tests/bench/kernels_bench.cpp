@@ -494,6 +494,28 @@ TEST_CASE("gemm throughput: mma.sync against warpgroup MMA, 20b shapes (informat
   variants();
 }
 
+TEST_CASE("router gemm tiles at prompt steps, 20b (informational)") {
+  // The router's logits (2880 -> 32) take one 128-token tile column today: 4 blocks at 512
+  // tokens. Smaller token tiles and split K give more blocks (split K's reduce is not timed).
+  XSERV_REQUIRE_GPU();
+  if (runtime::probe_device().arch() != "sm_90") {
+    MESSAGE("skipped: gemm_wg needs sm_90");
+    return;
+  }
+  auto variants = [] {
+    for (int tokens : {512, 2048})
+      for (auto [bn, splitk] : {std::pair{128, 1}, std::pair{64, 1}, std::pair{32, 1},
+                                std::pair{16, 1}, std::pair{64, 5}, std::pair{64, 9},
+                                std::pair{16, 5}, std::pair{32, 9}})
+        dense_pair(2880, 32, tokens, bn, 1, 4, splitk, false);
+  };
+  g_dry = true;
+  variants();
+  g_dry = false;
+  preload(std::move(g_sources));
+  variants();
+}
+
 namespace {
 
 /// attention_decode (+ attention_combine when split) for `seqs` sequences of one token each at
