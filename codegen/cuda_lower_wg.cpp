@@ -94,7 +94,8 @@ void Lowerer::moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, 
     return a;
   };
   const LaunchArg null, xl = c_.gemm_split ? wg_xl_ : LaunchArg{};
-  check_wg_rows(c_.max_tokens, std::max(d.hidden, d.inter));
+  check_wg_rows(c_.max_tokens, d.hidden);               // gate_up: rows are tokens
+  check_wg_rows(int64_t(c_.max_tokens) * d.k, d.inter); // down: rows are (token, slot) pairs
   codegen::MoeSortDims sd{d.experts, d.k, bn, c_.max_tokens * d.k};
   const int sort = k_.add(
       codegen::emit_moe_sort(sd, {"groups moe_experts(...)'s (token, slot) pairs by expert"}));

@@ -474,5 +474,9 @@ TEST_CASE("the warpgroup gemms refuse a step past their 32-bit activation offset
                        doctest::Contains("past the gemms' 2^32 element offsets; compile with a "
                                          "smaller --prefill-chunk"),
                        xserv::Error);
+  // The MoE down gemm's rows are (token, slot) pairs: k times the tokens.
+  CHECK(cfg.num_experts_per_tok == 2);
+  CHECK_THROWS_WITH_AS(lower_for(limit / 2), doctest::Contains("2^32 element offsets"),
+                       xserv::Error);
   CHECK_NOTHROW(lower_for(1024));
 }
