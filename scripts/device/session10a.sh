@@ -7,11 +7,11 @@
 # rows: the engine's token budget (2048 default; vLLM's default on large GPUs is 8192) and a
 # bf16 KV cache (attention now reads its bytes at 2.7 TB/s with one split at 64 sequences).
 # First, kernels_bench's router tile variants (issue 17: the router's 2880 -> 32 gemm runs as 4
-# blocks at 512 tokens). Needs .device/bin/{xserv,kernels_bench}, .device/data.
+# blocks at 512 tokens) and cuBLAS against gemm_wg on the dense projections (issue 17 item 2). Needs .device/bin/{xserv,kernels_bench}, .device/data.
 source "$(dirname "$0")/common.sh"
-timeout 120 $B/kernels_bench -tc="router gemm tiles*" > "$OUT/router.log" 2>&1
-echo "router tiles rc=$?"
-grep -h "gemm dense wg" "$OUT/router.log" | sed 's/.*MESSAGE: //'
+timeout 150 $B/kernels_bench -tc="router gemm tiles*,dense gemms: cuBLAS*" > "$OUT/router.log" 2>&1
+echo "router tiles and cuBLAS rc=$?"
+grep -h "gemm dense" "$OUT/router.log" | sed 's/.*MESSAGE: //'
 synth20b
 $X compile /tmp/g20 -o /tmp/p64 --max-seq 8192 --max-batch 64 > "$OUT/c64.log" 2>&1 &
 $X compile /tmp/g20 -o /tmp/p64kv --max-seq 8192 --max-batch 64 --kv-dtype bf16 \

@@ -6,6 +6,10 @@
 #include "tests/codegen/kernel_test_util.h"
 
 #include "codegen/emit_wg.h"
+
+#if XSERV_HAVE_CUBLAS
+#include <cublas_v2.h>
+#endif
 #include "models/bf16.h"
 #include "models/mxfp4.h"
 
@@ -494,6 +498,71 @@ TEST_CASE("gemm throughput: mma.sync against warpgroup MMA, 20b shapes (informat
   variants();
 }
 
+#if XSERV_HAVE_CUBLAS
+namespace {
+
+/// cuBLAS's bf16 gemm with fp32 output and accumulation (cublasGemmEx, default algorithm) for
+/// y[T, N] = x[T, K] W[N, K]^T: the dense projections as cuBLAS would run them, for issue 17's
+/// "cuBLAS where it measures faster". No bias or residual (our epilogue adds them for free).
+void dense_cublas(cublasHandle_t h, int k, int n, int tokens) {
+  Rng rng{971};
+  auto x = upload(random_bf16(rng, {tokens, k}, 1.0f).bits);
+  auto w = upload(random_bf16(rng, {n, k}, 0.02f).bits);
+  auto y = poisoned(size_t(tokens) * n);
+  const float one = 1.0f, zero = 0.0f;
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  const double ms = median_ms([&](int) {
+    // Column-major: y^T [N, T] = W [K, N]^T x^T [K, T].
+    st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, tokens, k, &one, w->p, CUDA_R_16BF, k, x->p,
+                      CUDA_R_16BF, k, &zero, y->p, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
+  });
+  device_sync();
+  REQUIRE(st == CUBLAS_STATUS_SUCCESS);
+  report(fmt::format("dense cublas {}x{} T={} bf16 in, fp32 out", k, n, tokens), ms,
+         2.0 * tokens * k * n, double(k) * n * 2);
+}
+
+} // namespace
+
+TEST_CASE("dense gemms: cuBLAS against gemm_wg as the lowering picks it, 20b (informational)") {
+  XSERV_REQUIRE_GPU();
+  if (runtime::probe_device().arch() != "sm_90") {
+    MESSAGE("skipped: gemm_wg needs sm_90");
+    return;
+  }
+  // gemm_wg as cuda_lower_wg.cpp lowers it: up to 64 tokens bn 64 with K split (qkv 3, o_proj 8,
+  // lm_head none), else bn 128 with two m64 tiles for N >= 4096.
+  struct Shape {
+    int k, n, splitk64;
+  };
+  const Shape shapes[] = {{2880, 5120, 3}, {4096, 2880, 8}, {2880, 201088, 1}, {2880, 32, 9}};
+  auto variants = [&] {
+    for (const Shape& s : shapes)
+      for (int tokens : {64, 512, 2048}) {
+        if (s.n > 100000 && tokens > 64)
+          continue; // lm_head: one row a sequence
+        if (tokens <= 64)
+          dense_pair(s.k, s.n, tokens, 64, 1, 4, s.splitk64, false);
+        else
+          dense_pair(s.k, s.n, tokens, 128, s.n >= 4096 ? 2 : 1, s.n >= 4096 ? 3 : 4, 1, false);
+      }
+  };
+  g_dry = true;
+  variants();
+  g_dry = false;
+  preload(std::move(g_sources));
+  variants();
+  cublasHandle_t h = nullptr;
+  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  for (const Shape& s : shapes)
+    for (int tokens : {64, 512, 2048})
+      if (s.n < 100000 || tokens == 64)
+        dense_cublas(h, s.k, s.n, tokens);
+  cublasDestroy(h);
+}
+#endif // XSERV_HAVE_CUBLAS
+
 TEST_CASE("router gemm tiles at prompt steps, 20b (informational)") {
   // The router's logits (2880 -> 32) take one 128-token tile column today: 4 blocks at 512
   // tokens. Smaller token tiles and split K give more blocks (split K's reduce is not timed).
@@ -504,9 +573,9 @@ TEST_CASE("router gemm tiles at prompt steps, 20b (informational)") {
   }
   auto variants = [] {
     for (int tokens : {512, 2048})
-      for (auto [bn, splitk] : {std::pair{128, 1}, std::pair{64, 1}, std::pair{32, 1},
-                                std::pair{16, 1}, std::pair{64, 5}, std::pair{64, 9},
-                                std::pair{16, 5}, std::pair{32, 9}})
+      for (auto [bn, splitk] :
+           {std::pair{128, 1}, std::pair{64, 1}, std::pair{32, 1}, std::pair{16, 1},
+            std::pair{64, 5}, std::pair{64, 9}, std::pair{16, 5}, std::pair{32, 9}})
         dense_pair(2880, 32, tokens, bn, 1, 4, splitk, false);
   };
   g_dry = true;
