@@ -143,6 +143,11 @@ private:
   /// dense_gemm's warpgroup-MMA kernels (c_.wgmma).
   DenseGemm dense_gemm_wg(const codegen::LinearDims& d, ValueId v);
 
+  /// With k.splitk > 1: the split-K reduce kernel of a linear (bias and residual added there)
+  /// into k.reduce, and the shared partial-sums buffer, grown to this linear's need, into
+  /// k.part.
+  void add_splitk_reduce(DenseGemm& k, const codegen::LinearDims& d);
+
   /// The warpgroup-MMA MoE gemms (c_.wgmma) of lower_moe for tile config `i` (tokens per tile
   /// kWgMoeTileTokens[i]) over rows [lo, hi]: moe_sort, gemm_act of x, gate_up + SwiGLU,
   /// gemm_act of the SwiGLU output, down + scatter.

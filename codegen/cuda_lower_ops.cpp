@@ -10,6 +10,19 @@
 
 namespace xserv::codegen::lowering {
 
+void Lowerer::add_splitk_reduce(DenseGemm& k, const codegen::LinearDims& d) {
+  if (k.splitk <= 1)
+    return;
+  k.reduce = k_.add(codegen::emit_gemm_splitk_reduce(d.n, k.splitk, d.bias, d.residual,
+                                                     {"sums the split-K partials of a gemm"}));
+  const size_t bytes = size_t(k.splitk) * kSmallGemmRows * size_t(d.n) * sizeof(float);
+  if (bytes > splitk_bytes_) {
+    splitk_part_ = allocate(bytes);
+    splitk_bytes_ = bytes;
+  }
+  k.part = splitk_part_;
+}
+
 Lowerer::DenseGemm Lowerer::dense_gemm(const codegen::LinearDims& d, ValueId v) {
   DenseGemm k;
   if (!gemm_path() || !codegen::gemm_fits(d.k))
@@ -27,17 +40,9 @@ Lowerer::DenseGemm Lowerer::dense_gemm(const codegen::LinearDims& d, ValueId v) 
   k.large = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
   k.splitk = codegen::gemm_splitk(d.k, d.n);
   gd.splitk = k.splitk;
-  if (k.splitk > 1) { // raw partial sums; bias and residual come in the reduce
+  if (k.splitk > 1) // raw partial sums; bias and residual come in the reduce
     gd.bias = gd.residual = false;
-    k.reduce = k_.add(codegen::emit_gemm_splitk_reduce(d.n, k.splitk, d.bias, d.residual,
-                                                       {"sums the split-K partials of a gemm"}));
-    const size_t bytes = size_t(k.splitk) * kSmallGemmRows * size_t(d.n) * sizeof(float);
-    if (bytes > splitk_bytes_) {
-      splitk_part_ = allocate(bytes);
-      splitk_bytes_ = bytes;
-    }
-    k.part = splitk_part_;
-  }
+  add_splitk_reduce(k, d);
   gd.bm = 32;
   k.small32 = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
   gd.bm = 64;

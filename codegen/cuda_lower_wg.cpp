@@ -65,17 +65,9 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   g.stages = 4;
   k.splitk = wg_splitk(d.k, d.n);
   g.splitk = k.splitk;
-  if (k.splitk > 1) { // raw partial sums; bias and residual come in the reduce
+  if (k.splitk > 1) // raw partial sums; bias and residual come in the reduce
     g.bias = g.residual = false;
-    k.reduce = k_.add(codegen::emit_gemm_splitk_reduce(d.n, k.splitk, d.bias, d.residual,
-                                                       {"sums the split-K partials of a gemm"}));
-    const size_t bytes = size_t(k.splitk) * kSmallGemmRows * size_t(d.n) * sizeof(float);
-    if (bytes > splitk_bytes_) {
-      splitk_part_ = allocate(bytes);
-      splitk_bytes_ = bytes;
-    }
-    k.part = splitk_part_;
-  }
+  add_splitk_reduce(k, d);
   k.small64 = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
   return k;
 }

@@ -86,6 +86,10 @@ std::vector<Param> attention_params(const AttentionDims& d) {
   return params;
 }
 
+std::string expert_param(bool mxfp4, const char* name) {
+  return mxfp4 ? fmt::format("const unsigned char* {}", name) : fmt::format("{} {}", kBf16, name);
+}
+
 } // namespace detail
 
 using namespace detail;
@@ -116,12 +120,6 @@ void round_act(bool round, std::string& name, std::string& call) {
   call.insert(call.rfind('>'), ", true");
 }
 
-/// Name suffix of non-default MoE decode tuning (rows per warp, unroll, prefetch).
-/// The parameter declaration of an expert matrix: bf16, or an MXFP4 device tensor's bytes.
-std::string expert_param(bool mxfp4, const char* name) {
-  return mxfp4 ? fmt::format("const unsigned char* {}", name) : fmt::format("{} {}", kBf16, name);
-}
-
 void check_mxfp4_moe(const MoeDims& d) {
   if (d.mxfp4 && (d.hidden % 32 != 0 || d.inter % 32 != 0))
     throw Error(fmt::format("codegen: MXFP4 experts need hidden ({}) and intermediate ({}) "
@@ -129,6 +127,7 @@ void check_mxfp4_moe(const MoeDims& d) {
                             d.hidden, d.inter));
 }
 
+/// Name suffix of non-default MoE decode tuning (rows per warp, unroll, prefetch).
 std::string moe_tuning_suffix(const MoeDims& d) {
   std::string s;
   if (d.rows > 0)

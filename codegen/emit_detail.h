@@ -19,6 +19,10 @@ struct Param {
 
 inline constexpr const char* kBf16 = "const __nv_bfloat16*";
 
+/// The parameter declaration of an expert (or any weight) matrix: bf16, or an MXFP4 device
+/// tensor's bytes.
+std::string expert_param(bool mxfp4, const char* name);
+
 /// A float literal that reads back as exactly `v` rounded to fp32, e.g. "1e-05f".
 std::string float_literal(double v);
 

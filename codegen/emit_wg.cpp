@@ -92,10 +92,9 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
     name += fmt::format("_ks{}", d.ksub);
   if (d.pipe)
     name += "_pipe";
-  const std::string w_decl = d.mxfp4 ? "const unsigned char* w" : fmt::format("{} w", kBf16);
   std::vector<Param> params = {{"const __nv_bfloat16* xh", "xh"},
                                {"const __nv_bfloat16* xl", "xl"},
-                               {w_decl, "w"},
+                               {expert_param(d.mxfp4, "w"), "w"},
                                {fmt::format("{} b", kBf16), "b"},
                                {"const float* h", "h"},
                                {"float* y", "y"},
