@@ -168,7 +168,7 @@ int serving_bench(const ParsedArgs& args) {
   o.vocab = model->config().vocab_size;
   engine::EngineOptions eo;
   eo.max_running = args.get_int("--max-running", 0, 0, 1 << 20);
-  eo.max_tokens_per_step = args.get_int("--max-tokens-per-step", 2048, 1, 1 << 24);
+  eo.max_tokens_per_step = args.get_int("--max-tokens-per-step", 8192, 1, 1 << 24);
   eo.admit_batch = args.get_int("--admit-batch", 1, 1, 1 << 16);
   const Workload w = make_workload(o);
   // Warm-up: one short request, so that kernel loading and first launches stay out of the run.

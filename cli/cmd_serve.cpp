@@ -43,7 +43,7 @@ int cmd_serve(const ParsedArgs& args) {
     opt.api_key = env().api_key;
   opt.engine.max_running = args.get_int("--max-running", 0, 0, 1 << 20);
   opt.engine.max_queue = args.get_int("--max-queue", 4096, 0, 1 << 24);
-  opt.engine.max_tokens_per_step = args.get_int("--max-tokens-per-step", 2048, 1, 1 << 24);
+  opt.engine.max_tokens_per_step = args.get_int("--max-tokens-per-step", 8192, 1, 1 << 24);
   opt.max_body_bytes = parse_size(args.get("--max-body", "16MiB"), "--max-body");
   opt.http_threads = static_cast<int>(args.get_int("--http-threads", 0, 0, 1 << 16));
   const std::string host = args.get("--host", "127.0.0.1");

@@ -84,7 +84,7 @@ struct EngineOptions {
   /// Tokens per step: one decode token of each running sequence first, then prompt chunks in
   /// arrival order up to this budget (vLLM's max_num_batched_tokens). At least 1; raised to
   /// max_running, so that no running sequence ever waits for a step.
-  int64_t max_tokens_per_step = 2048;
+  int64_t max_tokens_per_step = 8192;
   /// Waiting requests join only when this many can join at once (free rows), so that one
   /// prompt step serves several of them, unless nothing is running or the oldest has waited
   /// max_admit_wait steps. 1: each joins as soon as a row is free (the lowest time to first
