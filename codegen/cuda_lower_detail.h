@@ -135,7 +135,10 @@ private:
   struct DenseGemm {
     int small32 = -1, small64 = -1, large = -1, reduce = -1, inv = -1;
     int splitk = 1;
-    LaunchArg part; ///< [splitk, kSmallGemmRows, n] fp32 partial sums
+    /// The large (above kSmallGemmRows tokens) kernel splits K too (outputs of one 64-row
+    /// weight tile: the router), through the same reduce.
+    bool large_split = false;
+    LaunchArg part; ///< [splitk, rows, n] fp32 partial sums
     bool wg = false;
     int act = -1;
   };
@@ -144,9 +147,9 @@ private:
   DenseGemm dense_gemm_wg(const codegen::LinearDims& d, ValueId v);
 
   /// With k.splitk > 1: the split-K reduce kernel of a linear (bias and residual added there)
-  /// into k.reduce, and the shared partial-sums buffer, grown to this linear's need, into
-  /// k.part.
-  void add_splitk_reduce(DenseGemm& k, const codegen::LinearDims& d);
+  /// into k.reduce, and the shared partial-sums buffer, grown to this linear's need for `rows`
+  /// tokens, into k.part.
+  void add_splitk_reduce(DenseGemm& k, const codegen::LinearDims& d, int64_t rows);
 
   /// The warpgroup-MMA MoE gemms (c_.wgmma) of lower_moe for tile config `i` (tokens per tile
   /// kWgMoeTileTokens[i]) over rows [lo, hi]: moe_sort, gemm_act of x, gate_up + SwiGLU,

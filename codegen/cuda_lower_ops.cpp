@@ -10,12 +10,12 @@
 
 namespace xserv::codegen::lowering {
 
-void Lowerer::add_splitk_reduce(DenseGemm& k, const codegen::LinearDims& d) {
+void Lowerer::add_splitk_reduce(DenseGemm& k, const codegen::LinearDims& d, int64_t rows) {
   if (k.splitk <= 1)
     return;
   k.reduce = k_.add(codegen::emit_gemm_splitk_reduce(d.n, k.splitk, d.bias, d.residual,
                                                      {"sums the split-K partials of a gemm"}));
-  const size_t bytes = size_t(k.splitk) * kSmallGemmRows * size_t(d.n) * sizeof(float);
+  const size_t bytes = size_t(k.splitk) * size_t(rows) * size_t(d.n) * sizeof(float);
   if (bytes > splitk_bytes_) {
     splitk_part_ = allocate(bytes);
     splitk_bytes_ = bytes;
@@ -42,7 +42,7 @@ Lowerer::DenseGemm Lowerer::dense_gemm(const codegen::LinearDims& d, ValueId v) 
   gd.splitk = k.splitk;
   if (k.splitk > 1) // raw partial sums; bias and residual come in the reduce
     gd.bias = gd.residual = false;
-  add_splitk_reduce(k, d);
+  add_splitk_reduce(k, d, kSmallGemmRows);
   gd.bm = 32;
   k.small32 = k_.add(codegen::emit_gemm(gd, ir_lines(g_, v)));
   gd.bm = 64;
@@ -72,7 +72,13 @@ void Lowerer::linear(int kernel, const DenseGemm& gemm, const codegen::LinearDim
            {wg_xh_, xl, w, null, null, gemm.part, null, null, null, rows_arg()});
       emit(gemm.reduce, rows, lo, kSmallGemmRows, {gemm.part, b, h, y, rows_arg()});
     }
-    emit(gemm.large, rows, kSmallGemmRows + 1, -1, whole);
+    if (gemm.large_split) {
+      emit(gemm.large, rows, kSmallGemmRows + 1, -1,
+           {wg_xh_, xl, w, null, null, gemm.part, null, null, null, rows_arg()});
+      emit(gemm.reduce, rows, kSmallGemmRows + 1, -1, {gemm.part, b, h, y, rows_arg()});
+    } else {
+      emit(gemm.large, rows, kSmallGemmRows + 1, -1, whole);
+    }
   } else if (gemm.large >= 0) {
     const int lo = d.max_tokens + 1;
     if (d.norm && !inv_ready)
@@ -287,10 +293,16 @@ void Lowerer::lower_attention(ValueId v) {
   d.window = as_int(n.attr_int("window"));
   d.scale = n.attr_float("scale");
   d.f32_cache = g_.type(kc).dtype == ir::DType::F32;
+  // Plain bf16 plans: decode steps round the operands as the tensor-core prompt kernel does.
+  d.round16 = !c_.gemm_split;
   const int dec = k_.add(codegen::emit_attention_decode(d, ir_lines(g_, v)));
-  // Steps of many tokens: query tiles that load each key/value tile once for all of them.
+  // Steps of many tokens: query tiles that load each key/value tile once for all of them; on
+  // tensor cores (fp16 operands) where the gemms take plain bf16 activations, fp32 SIMT in the
+  // split (fp32-grade) plans.
   const bool tiled = gemm_path() && 128 % (d.heads / d.kv_heads) == 0 && d.head_dim % 16 == 0;
-  const int pre = tiled ? k_.add(codegen::emit_attention_prefill(d, ir_lines(g_, v))) : -1;
+  const int pre = !tiled          ? -1
+                  : c_.gemm_split ? k_.add(codegen::emit_attention_prefill(d, ir_lines(g_, v)))
+                                  : k_.add(codegen::emit_attention_prefill_mma(d, ir_lines(g_, v)));
   // The combine step depends only on heads and head_dim: one generic header for every node.
   const int comb = k_.add(codegen::emit_attention_combine(
       d, {"merges the key splits of attention(...) for any window and scale"}));

@@ -53,21 +53,29 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   g.bias = d.bias;
   g.residual = d.residual;
   g.split = c_.gemm_split;
+  k.splitk = wg_splitk(d.k, d.n);
   // Many tokens: 128-token tiles; two m64 tiles a block for wide outputs (20b qkv at 512
-  // tokens: 86 -> 68 us), one for narrower ones (o_proj 2880: 62 against 73 us).
-  g.bn = 128;
+  // tokens: 86 -> 68 us), one for narrower ones (o_proj 2880: 62 against 73 us). Outputs of one
+  // 64-row tile (the router's 32) would be a handful of blocks (4 at 512 tokens): 64-token tiles
+  // with K split as for few tokens instead (kernels_bench "router gemm tiles", session 10: 20b
+  // router at 512 tokens 26.3 -> 9.7 us, at 2048 28.3 -> 12.0 us, before the reduce's ~2-3).
+  k.large_split = d.n <= 64 && k.splitk > 1;
+  g.bn = k.large_split ? kSmallGemmRows : 128;
   g.wm = d.n >= 4096 ? 2 : 1;
   g.stages = g.wm == 2 ? 3 : 4;
+  g.splitk = k.large_split ? k.splitk : 1;
+  if (k.large_split)
+    g.bias = g.residual = false;
   k.large = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
   // Up to kSmallGemmRows tokens: 64-token tiles, K split over blocks.
   g.bn = kSmallGemmRows;
   g.wm = 1;
   g.stages = 4;
-  k.splitk = wg_splitk(d.k, d.n);
   g.splitk = k.splitk;
   if (k.splitk > 1) // raw partial sums; bias and residual come in the reduce
     g.bias = g.residual = false;
-  add_splitk_reduce(k, d);
+  add_splitk_reduce(
+      k, d, k.large_split ? std::max<int64_t>(kSmallGemmRows, c_.max_tokens) : kSmallGemmRows);
   k.small64 = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
   return k;
 }

@@ -265,10 +265,13 @@ KernelSource emit_attention_decode(const AttentionDims& d,
   launch.blocks_x = d.kv_heads;
   launch.y_per_token = 1;
   launch.z_splits = true;
-  std::string call = fmt::format("attention_decode<{}, {}, {}, {}, {}{}>", d.heads, d.kv_heads,
-                                 d.head_dim, d.slots, d.window, d.f32_cache ? ", float" : "");
+  const char* cache = d.f32_cache ? ", float" : d.round16 ? ", __nv_bfloat16" : "";
+  std::string call = fmt::format("attention_decode<{}, {}, {}, {}, {}{}{}>", d.heads, d.kv_heads,
+                                 d.head_dim, d.slots, d.window, cache, d.round16 ? ", true" : "");
   if (d.f32_cache)
     name += "_kvf32";
+  if (d.round16)
+    name += "_r16";
   if (static_cast<float>(d.scale) != static_cast<float>(1.0 / std::sqrt(d.head_dim)))
     name += attr_suffix("scale", d.scale, 1.0 / std::sqrt(d.head_dim));
   return assemble(std::move(name), ir_lines, "attention.cuh", call, params, launch);

@@ -103,6 +103,9 @@ struct AttentionDims {
   int window = 0; ///< 0: full causal attention
   double scale = 0;
   bool f32_cache = false; ///< fp32 KV cache instead of bf16
+  /// attention_decode rounds its operands to fp16 as the tensor-core prefill kernel does (plans
+  /// with plain bf16 gemm activations). Name suffix "_r16".
+  bool round16 = false;
 };
 
 /// moe_experts(_residual) on bf16 experts, as moe_gate_up then moe_down.

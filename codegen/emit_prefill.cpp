@@ -28,17 +28,21 @@ size_t attention_prefill_smem_bytes(int head_dim) {
               static_cast<size_t>(kPrefillKeys) * head_dim);
 }
 
-KernelSource emit_attention_prefill(const AttentionDims& d,
-                                    const std::vector<std::string>& ir_lines) {
+namespace {
+
+/// Both prefill attention kernels: the same checks, parameters and grid (128 query rows a
+/// block); `mma` picks attention_mma.cuh's tensor-core template.
+KernelSource emit_prefill(const AttentionDims& d, const std::vector<std::string>& ir_lines,
+                          bool mma) {
   check_positive("attention", {d.heads, d.kv_heads, d.head_dim, d.slots});
   if (d.heads % d.kv_heads != 0 || kPrefillRows % (d.heads / d.kv_heads) != 0 ||
       d.head_dim % 16 != 0)
     throw Error(fmt::format("codegen: prefill attention needs heads ({}) divisible by kv_heads "
                             "({}) with a quotient dividing {}, and head_dim ({}) divisible by 16",
                             d.heads, d.kv_heads, kPrefillRows, d.head_dim));
-  std::string name =
-      fmt::format("attention_prefill_h{}_g{}_d{}_s{}{}", d.heads, d.kv_heads, d.head_dim, d.slots,
-                  d.window ? fmt::format("_w{}", d.window) : "");
+  const char* fn = mma ? "attention_prefill_mma" : "attention_prefill";
+  std::string name = fmt::format("{}_h{}_g{}_d{}_s{}{}", fn, d.heads, d.kv_heads, d.head_dim,
+                                 d.slots, d.window ? fmt::format("_w{}", d.window) : "");
   std::vector<Param> params = attention_params(d);
   params.push_back({"float* out", "out"});
   params.push_back({"int tokens", "tokens"});
@@ -46,14 +50,29 @@ KernelSource emit_attention_prefill(const AttentionDims& d,
   launch.block = kPrefillThreads;
   launch.blocks_x = d.kv_heads;
   launch.y_tile = kPrefillRows / (d.heads / d.kv_heads); // query tokens per block
-  launch.smem_fixed = attention_prefill_smem_bytes(d.head_dim);
-  launch.min_blocks_per_sm = 2; // at most 128 registers: two blocks' shared memory fits an SM
-  std::string call = fmt::format("attention_prefill<{}, {}, {}, {}, {}{}>", d.heads, d.kv_heads,
-                                 d.head_dim, d.slots, d.window, d.f32_cache ? ", float" : "");
+  // SIMT: 105 KB of dynamic shared memory and at most 128 registers, two blocks an SM. MMA: 18 KB
+  // static; two blocks' registers (<= 128 a thread) fit an SM.
+  launch.smem_fixed = mma ? 0 : attention_prefill_smem_bytes(d.head_dim);
+  launch.min_blocks_per_sm = 2;
+  std::string call = fmt::format("{}<{}, {}, {}, {}, {}{}>", fn, d.heads, d.kv_heads, d.head_dim,
+                                 d.slots, d.window, d.f32_cache ? ", float" : "");
   if (d.f32_cache)
     name += "_kvf32";
   name += attr_suffix("scale", d.scale, 1.0 / std::sqrt(d.head_dim));
-  return assemble(std::move(name), ir_lines, "attention_prefill.cuh", call, params, launch);
+  return assemble(std::move(name), ir_lines, mma ? "attention_mma.cuh" : "attention_prefill.cuh",
+                  call, params, launch);
+}
+
+} // namespace
+
+KernelSource emit_attention_prefill(const AttentionDims& d,
+                                    const std::vector<std::string>& ir_lines) {
+  return emit_prefill(d, ir_lines, false);
+}
+
+KernelSource emit_attention_prefill_mma(const AttentionDims& d,
+                                        const std::vector<std::string>& ir_lines) {
+  return emit_prefill(d, ir_lines, true);
 }
 
 } // namespace xserv::codegen

@@ -18,6 +18,12 @@ namespace xserv::codegen {
 KernelSource emit_attention_prefill(const AttentionDims& d,
                                     const std::vector<std::string>& ir_lines);
 
+/// The same attention on tensor cores (codegen/kernels/attention_mma.cuh: fp16 operands, fp32
+/// accumulation and softmax), for plans with plain bf16 gemm activations. Same parameters, grid
+/// and conditions; no dynamic shared memory. Name prefix "attention_prefill_mma".
+KernelSource emit_attention_prefill_mma(const AttentionDims& d,
+                                        const std::vector<std::string>& ir_lines);
+
 /// Dynamic shared memory bytes of the prefill attention kernel for `head_dim` (mirrors
 /// attention_prefill_smem_bytes in attention_prefill.cuh).
 size_t attention_prefill_smem_bytes(int head_dim);

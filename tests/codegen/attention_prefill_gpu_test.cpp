@@ -1,6 +1,16 @@
-// GPU checks of the prefill attention kernel (codegen/kernels/attention_prefill.cuh) against
-// ir::ref::attention on random inputs, plus its time next to the decode kernel's on a 20b-shaped
-// prefill step (informational).
+// GPU checks of the prefill attention kernels (codegen/kernels/attention_prefill.cuh, SIMT fp32,
+// and attention_mma.cuh, tensor cores) against ir::ref::attention on random inputs, plus their
+// times next to the decode kernel's on a 20b-shaped prefill step (informational).
+//
+// The tensor-core kernel rounds q * scale, k and v to fp16 (relative error <= 2^-12 each, ~1.4e-4
+// rms for uniform rounding), weighs with p as an fp16 pair (~22 bits) and sums in fp32. Two
+// bounds:
+// - against ref on the same inputs rounded to fp16 as the kernel rounds them (kMmaRoundedTol =
+//   1e-5, the fp32 kernel's bound below): what is left is fp32 summation and the pair's 2^-22,
+//   while a wrong mask, key, slot or fragment (errors of 1e-2 and up) fails;
+// - against ref on the exact inputs (kMmaExactTol = 2e-3): the inputs' rounding adds ~1.3e-4 to
+//   the scores (64 products of |q| <= 2, |k| <= 1 at scale 1/8) and ~1.4e-4 to the values: ~3e-4
+//   in all, bounded with a 6x margin. This is the kernel's stated accuracy on these inputs.
 //
 // Tolerance 1e-5 relative L2: the kernel computes in fp32 throughout (q * scale, dot products,
 // expf, the online softmax and the weighted sum) on exactly the values ir::ref sees (bf16 caches
@@ -29,6 +39,28 @@ using ir::Tensor;
 namespace {
 
 constexpr double kTol = 1e-5;
+constexpr double kMmaRoundedTol = 1e-5, kMmaExactTol = 2e-3;
+
+/// x rounded to the nearest fp16 value (ties to even), saturating at +-65504 as the kernel's
+/// cvt.rn.satfinite does.
+float round_f16(float x) {
+  if (!std::isfinite(x))
+    return x;
+  const float a = std::fabs(x);
+  if (a >= 65504.0f)
+    return std::copysign(65504.0f, x);
+  int e = 0;
+  std::frexp(a, &e); // a = m 2^e, m in [0.5, 1): 11 significant bits keep quanta of 2^(e-11)
+  const int q = std::max(e - 11, -24); // subnormal fp16 below 2^-14: quanta of 2^-24
+  return std::ldexp(std::nearbyint(std::ldexp(x, -q)), q);
+}
+
+Tensor rounded_f16(const Tensor& t, float pre = 1.0f) {
+  Tensor r = t;
+  for (float& x : r.f)
+    x = round_f16(x * pre) / pre;
+  return r;
+}
 
 /// One step's inputs: sequences with `seq_tokens[b]` step tokens after `ctx[b]` cached positions,
 /// sequence b owning cache row B-1-b; caches random bf16 (or fp32 with d.f32_cache).
@@ -102,6 +134,31 @@ std::string layout(const std::vector<int>& seq_tokens, const std::vector<int>& c
   return s;
 }
 
+/// The tensor-core kernel against ref on fp16-rounded and on exact inputs (the bounds above).
+void check_prefill_mma(const AttentionDims& d, const std::vector<int>& seq_tokens,
+                       const std::vector<int>& ctx, uint64_t seed) {
+  const Step s = make_step(d, seq_tokens, ctx, seed);
+  const ir::ref::Batch seqs{s.pos, s.tseq, s.lens, s.rows};
+  const Tensor exact =
+      ir::ref::attention(s.q, s.k, s.v, s.kc_t, s.vc_t, s.sinks_t, seqs, d.window, d.scale);
+  // q is rounded after the scale (a power of two here, so dividing it back is exact).
+  const float sc = float(d.scale);
+  REQUIRE(std::exp2(std::round(std::log2(sc))) == sc);
+  const Tensor rounded = ir::ref::attention(
+      rounded_f16(s.q, sc), rounded_f16(s.k), rounded_f16(s.v), rounded_f16(s.kc_t),
+      rounded_f16(s.vc_t), s.sinks_t, seqs, d.window, d.scale);
+  const Loaded& l = load(emit_attention_prefill_mma(d, {}));
+  DevStep b(d, s);
+  launch_prefill(l, b, s.tokens);
+  device_sync();
+  const std::vector<float> got = download(*b.out, exact.f.size());
+  const double err_r = rel_l2(got, rounded.f), err_x = rel_l2(got, exact.f);
+  MESSAGE(l.src.name << " tokens@ctx " << layout(seq_tokens, ctx) << ": rel L2 " << err_r
+                     << " to fp16-rounded inputs, " << err_x << " to exact");
+  CHECK(err_r <= kMmaRoundedTol);
+  CHECK(err_x <= kMmaExactTol);
+}
+
 void check_prefill(const AttentionDims& d, const std::vector<int>& seq_tokens,
                    const std::vector<int>& ctx, uint64_t seed) {
   const Step s = make_step(d, seq_tokens, ctx, seed);
@@ -158,6 +215,63 @@ TEST_CASE("prefill attention matches ir::ref: several sequences, boundaries insi
   }
 }
 
+TEST_CASE("tensor-core prefill attention matches ir::ref within fp16 rounding") {
+  XSERV_REQUIRE_GPU();
+  uint64_t seed = 900;
+  for (const AttentionDims& d : shapes()) {
+    for (int t : {1, 37, 300})
+      check_prefill_mma(d, {t}, {0}, ++seed);
+    for (int ctx : {200, 1000})
+      check_prefill_mma(d, {300}, {ctx}, ++seed);
+    check_prefill_mma(d, {5, 40, 3, 100}, {0, 130, 7, 1000}, ++seed);
+    check_prefill_mma(d, {5, 40, 3, 100}, {300, 0, 1, 64}, ++seed);
+    check_prefill_mma(d, {1, 1, 17, 1, 33}, {5, 0, 250, 9, 127}, ++seed);
+  }
+}
+
+// Decode steps of a plain bf16 plan round q, k and v where the tensor-core prompt kernel does
+// (attention_decode's ROUND16), with the running max as a whole power of two in both
+// (softmax_ref_log2 in attention.cuh); the tensor-core kernel weighs with p as an fp16 pair
+// (~22 bits), the decode kernel in fp32. Left: the scores' and sums' fp32 orders (~1e-7
+// relative, as between the two fp32 kernels above) and the pair's 2^-22: kDecodeMmaTol = 1e-5
+// is a ~30x margin, and 25x below an unrounded decode kernel's distance to the tensor-core one
+// (~2.5e-4: the fp16 rounding of q, k and v, which the message shows next to it).
+constexpr double kDecodeMmaTol = 1e-5;
+
+void check_decode_round16(const AttentionDims& d, const std::vector<int>& seq_tokens,
+                          const std::vector<int>& ctx, uint64_t seed) {
+  const Step s = make_step(d, seq_tokens, ctx, seed);
+  DevStep b(d, s);
+  const size_t n = size_t(s.tokens) * d.heads * d.head_dim;
+  launch_prefill(load(emit_attention_prefill_mma(d, {})), b, s.tokens);
+  device_sync();
+  const std::vector<float> mma = download(*b.out, n);
+  auto decode = [&](bool round16) {
+    AttentionDims dd = d;
+    dd.round16 = round16;
+    const Loaded& l = load(emit_attention_decode(dd, {}));
+    launch(l, s.tokens, 1, b.q->p, b.k->p, b.v->p, b.kc->p, b.vc->p, b.sinks->p, b.pos->p,
+           b.tseq->p, b.lens->p, b.rows->p, b.out->p, nullptr, nullptr);
+    device_sync();
+    return download(*b.out, n);
+  };
+  const double plain = rel_l2(decode(false), mma), rounded = rel_l2(decode(true), mma);
+  MESSAGE("decode against tensor-core prefill, "
+          << layout(seq_tokens, ctx) << (d.f32_cache ? " fp32" : " bf16") << " cache, window "
+          << d.window << ": rel L2 " << plain << " unrounded, " << rounded << " with ROUND16");
+  CHECK(rounded <= kDecodeMmaTol);
+}
+
+TEST_CASE("decode attention with ROUND16 matches the tensor-core prefill kernel's operands") {
+  XSERV_REQUIRE_GPU();
+  uint64_t seed = 1000;
+  for (const AttentionDims& d : shapes()) {
+    check_decode_round16(d, {300}, {0}, ++seed);
+    check_decode_round16(d, {100}, {1000}, ++seed);
+    check_decode_round16(d, {5, 40, 3, 100}, {300, 0, 1, 64}, ++seed);
+  }
+}
+
 // ---- time (informational; no assertions on speed) ----------------------------------------------
 
 TEST_CASE("prefill attention time on a 20b-shaped 1024-token step (informational)") {
@@ -188,8 +302,15 @@ TEST_CASE("prefill attention time on a 20b-shaped 1024-token step (informational
         std::sort(ms.begin(), ms.end());
         return ms[ms.size() / 2];
       };
+      const Loaded& mma = load(emit_attention_prefill_mma(d, {}));
+      const double t_mma = time_ms([&] { launch_prefill(mma, b, tokens); });
+      const std::vector<float> got_mma = download(*b.out, size_t(tokens) * d.heads * d.head_dim);
       const double t_pre = time_ms([&] { launch_prefill(pre, b, tokens); });
       const std::vector<float> got = download(*b.out, size_t(tokens) * d.heads * d.head_dim);
+      const double err_mma = rel_l2(got_mma, got);
+      MESSAGE("time " << mma.src.name << " T=" << tokens << ": " << t_mma * 1e3 << " us against "
+                      << t_pre * 1e3 << " us SIMT (" << t_pre / t_mma << "x); rel L2 " << err_mma);
+      CHECK(err_mma <= kMmaExactTol);
       const double t_dec = time_ms([&] {
         launch(dec, tokens, 1, b.q->p, b.k->p, b.v->p, b.kc->p, b.vc->p, b.sinks->p, b.pos->p,
                b.tseq->p, b.lens->p, b.rows->p, b.out->p, nullptr, nullptr);

@@ -210,6 +210,13 @@ TEST_CASE("gemm_wg dense kernels match ir::ref (norm, bias, residual, tiles, spl
   check_dense(wide, true, 600, ++seed);
   check_dense(dense(2880, 5120, true, false, 128, 2, false), true, 300, ++seed); // plain bf16
   check_dense(dense(4096, 2880, true, true, 64, 1, false), false, 64, ++seed);
+  // The router at prompt steps: 64-token tiles with K split 9 ways for 32 weight rows, through
+  // the reduce (the lowering's large_split), a ragged last tile included.
+  for (int tokens : {512, 1000}) {
+    GemmWgDims r = dense(2880, 32, true, false, 64, 1, false);
+    r.splitk = 9;
+    check_dense(r, false, tokens, ++seed);
+  }
   // Split K for few tokens (batched decode).
   for (int tokens : {9, 64}) {
     GemmWgDims q = dense(2880, 5120, true, false, 64, 1, true);

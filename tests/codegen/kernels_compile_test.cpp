@@ -1,5 +1,6 @@
 // Every decode kernel the emitter makes for the tiny, 20b and 120b dimensions compiles with NVRTC.
 #include "codegen/emit.h"
+#include "codegen/emit_prefill.h"
 #include "models/config.h"
 #include "runtime/nvrtc.h"
 #include "tests/test_util.h"
@@ -33,7 +34,23 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
   out.push_back(emit_attention_decode(att, {"full attention"}));
   att.f32_cache = true;
   out.push_back(emit_attention_decode(att, {"full attention, fp32 KV cache"}));
+  att.round16 = true; // plain bf16 plans: operands rounded as the tensor-core prompt kernel's
+  out.push_back(emit_attention_decode(att, {"full attention, fp32 KV cache, fp16 operands"}));
+  att.f32_cache = false;
+  out.push_back(emit_attention_decode(att, {"full attention, fp16 operands"}));
+  att.f32_cache = true;
+  att.round16 = false;
   out.push_back(emit_attention_combine(att, {"attention combine"}));
+  // Prompt steps: SIMT (split plans) and tensor cores (plain bf16 plans), both caches, both kinds.
+  for (bool f32 : {false, true})
+    for (int window : {0, int(c.sliding_window)}) {
+      AttentionDims pre = att;
+      pre.f32_cache = f32;
+      pre.window = window;
+      pre.slots = window ? window : 4096;
+      out.push_back(emit_attention_prefill(pre, {"prefill attention"}));
+      out.push_back(emit_attention_prefill_mma(pre, {"prefill attention, tensor cores"}));
+    }
   for (bool f32 : {false, true})
     out.push_back(
         emit_kv_write({int(c.num_key_value_heads), int(c.head_dim), 4096, f32}, {"kv_write"}));
