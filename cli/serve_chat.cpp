@@ -156,7 +156,7 @@ void handle_chat(Server::State& st, const httplib::Request& req, httplib::Respon
     });
     std::vector<int32_t> stops = models::stop_token_ids(); // <|return|>, <|call|>
     if (tools)
-      stops = {st.tok->special_id("<|return|>")};
+      stops = {static_cast<int32_t>(st.tok->special_id("<|return|>"))};
     engine::Request er =
         make_request(st, std::vector<int32_t>(ids.begin(), ids.end()), cr.params, std::move(stops));
     auto d = std::make_shared<Driver>(st, st.make_id("chatcmpl-"));
