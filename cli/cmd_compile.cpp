@@ -147,6 +147,13 @@ int cmd_compile(const ParsedArgs& args) {
   const std::string precision = args.get("--gemm-precision", "bf16");
   if (precision != "split" && precision != "bf16")
     throw UsageError(fmt::format("--gemm-precision must be split or bf16, got '{}'", precision));
+  // cuBLAS for the dense projections of prompt steps: opt-in until measured end to end (its
+  // kernels_bench numbers: docs/PERF.md session 10).
+  const std::string dense = args.get("--dense-gemm", "wg");
+  if (dense != "wg" && dense != "cublas")
+    throw UsageError(fmt::format("--dense-gemm must be wg or cublas, got '{}'", dense));
+  if (dense == "cublas" && (precision == "split" || arch != "sm_90"))
+    throw UsageError("--dense-gemm cublas needs --gemm-precision bf16 and an sm_90 plan");
 
   Progress progress("compile");
   progress.step(fmt::format("reading {}", config_file.string()));
@@ -230,8 +237,8 @@ int cmd_compile(const ParsedArgs& args) {
     compiler::PartitionCostModel cost;
     if (expert_format != runtime::ExpertFormat::Bf16) { // decode reads the MXFP4 experts
       cost.mxfp4_read_bytes = 17.0 / 32.0;
-      cost.mxfp4_held_bytes = expert_format == runtime::ExpertFormat::Both ? 2.0 + 17.0 / 32.0
-                                                                          : 17.0 / 32.0;
+      cost.mxfp4_held_bytes =
+          expert_format == runtime::ExpertFormat::Both ? 2.0 + 17.0 / 32.0 : 17.0 / 32.0;
     }
     partition = compiler::partition_pipeline(
         g, pass_opts.pipeline_stages,
@@ -262,7 +269,8 @@ int cmd_compile(const ParsedArgs& args) {
                 .kv_dtype = kv == "bf16" ? runtime::KvDtype::Bf16 : runtime::KvDtype::F32,
                 .gemm_split = precision == "split",
                 .arch = arch,
-                .expert_format = expert_format};
+                .expert_format = expert_format,
+                .dense_cublas = dense == "cublas"};
   pf.weights = std::move(weight_files);
   pf.memory = {mem.arena_bytes, mem.peak_live, mem.unpacked,
                static_cast<int64_t>(mem.buffers.size())};
@@ -307,6 +315,7 @@ int cmd_compile(const ParsedArgs& args) {
   ko.expert_format = expert_format;
   ko.gemm_split = pf.options.gemm_split;
   ko.wgmma = arch == "sm_90";
+  ko.dense_cublas = pf.options.dense_cublas;
   PlanKernelsResult whole = write_plan_kernels(g, plan, ko);
   pf.codegen = std::move(whole.codegen);
   if (pf.stages.empty()) { // pp 1: the whole graph is the one stage

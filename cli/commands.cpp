@@ -101,6 +101,8 @@ const std::vector<Command>& commands() {
          {"--gemm-precision", "split|bf16",
           "prompt-step gemm activations as bf16 hi + lo pairs (split, default: about fp32) or "
           "plain bf16 (faster, less exact)"},
+         {"--dense-gemm", "wg|cublas",
+          "dense projections of prompt steps on our warpgroup gemm (default) or cuBLAS"},
          {"--no-cubins", "", "write kernel sources only, skip NVRTC"}},
         1,
         1},

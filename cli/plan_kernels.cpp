@@ -28,7 +28,8 @@ std::vector<int> count_launches(const runtime::LaunchTable& table, runtime::Step
   const runtime::Executor ex(table, runtime::placeholder_bindings(table));
   std::vector<int> counts(table.kernels.size(), 0);
   for (const runtime::LaunchRecord& r : ex.record(shape))
-    ++counts[static_cast<size_t>(r.kernel)];
+    if (r.kernel >= 0) // library calls are no kernels of the plan
+      ++counts[static_cast<size_t>(r.kernel)];
   return counts;
 }
 

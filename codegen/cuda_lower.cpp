@@ -85,6 +85,15 @@ void Lowerer::emit(int kernel, Rows rows, int lo, int hi, std::vector<LaunchArg>
   t_.launches.push_back(std::move(l));
 }
 
+void Lowerer::emit_library(int library, Rows rows, int lo, int hi, std::vector<LaunchArg> args) {
+  const size_t before = t_.launches.size();
+  emit(0, rows, lo, hi, std::move(args)); // the row rules; kernel 0 stands in until replaced
+  if (t_.launches.size() > before) {
+    t_.launches.back().kernel = -1;
+    t_.launches.back().library = library;
+  }
+}
+
 void Lowerer::allocate_scratch() {
   size_t attn = 0, router = 0, act = 0;
   for (ValueId v = 0; v < static_cast<ValueId>(g_.size()); ++v) {

@@ -48,6 +48,10 @@ struct LoweringContext {
   /// weights on the MMA's M side, MXFP4 decoded in registers); false: mma.sync (gemm.cuh), which
   /// every architecture runs.
   bool wgmma = true;
+  /// With wgmma: the dense projections (qkv, o_proj: outputs wider than one 64-row tile) of steps
+  /// above 64 tokens call cuBLAS (runtime::PlanLibraryCall) instead of gemm_wg, their bias and
+  /// residual added by the split-K reduce kernel (compile --dense-gemm cublas).
+  bool dense_cublas = false;
   /// The activation arena's layout (plan_memory of the graph for max_tokens and max_seqs):
   /// activation arguments are offsets into it.
   const compiler::MemoryPlan* memory = nullptr;

@@ -112,6 +112,9 @@ private:
   /// unbounded) and within outer_. Entries no step within capacity reaches are left out.
   void emit(int kernel, Rows rows, int lo, int hi, std::vector<LaunchArg> args, int chunk = 0,
             int splits_window = -1, int min_splits = 1, int splits_heads = 0);
+  /// A launch of library call `library` (an index into the table's library list) over the same
+  /// row rules, args x, w, y.
+  void emit_library(int library, Rows rows, int lo, int hi, std::vector<LaunchArg> args);
 
   /// The per-graph scratch buffers (attention partials, router logits, MoE activations and
   /// pairs, inv-rms) sized for the context's capacities.
@@ -138,13 +141,17 @@ private:
     /// The large (above kSmallGemmRows tokens) kernel splits K too (outputs of one 64-row
     /// weight tile: the router), through the same reduce.
     bool large_split = false;
+    /// Above kSmallGemmRows tokens: LaunchTable::library call `library` (cuBLAS) writes the raw
+    /// sums into `lib_part` ([rows, n] fp32 scratch) and `lib_reduce` adds bias and residual.
+    int library = -1, lib_reduce = -1;
+    LaunchArg lib_part;
     LaunchArg part; ///< [splitk, rows, n] fp32 partial sums
     bool wg = false;
     int act = -1;
   };
 
   /// dense_gemm's warpgroup-MMA kernels (c_.wgmma).
-  DenseGemm dense_gemm_wg(const codegen::LinearDims& d, ValueId v);
+  DenseGemm dense_gemm_wg(const codegen::LinearDims& d, ValueId v, bool library);
 
   /// With k.splitk > 1: the split-K reduce kernel of a linear (bias and residual added there)
   /// into k.reduce, and the shared partial-sums buffer, grown to this linear's need for `rows`
@@ -167,7 +174,8 @@ private:
   LaunchArg wg_act_of_;
   bool wg_act_normed_ = false, wg_act_valid_ = false;
 
-  DenseGemm dense_gemm(const codegen::LinearDims& d, ValueId v);
+  /// `library`: the projection may go to cuBLAS (LoweringContext::dense_cublas); not the router.
+  DenseGemm dense_gemm(const codegen::LinearDims& d, ValueId v, bool library = true);
 
   /// Launches a linear over `rows` of x: one decode GEMV launch per 8 rows (chunks) for at
   /// most 8 rows or when no gemm fits, else the tensor-core gemm (after the rows' inv-rms,
@@ -249,6 +257,8 @@ private:
   LaunchArg inv_rms_, moe_pair_, moe_tiles_, moe_part_;
   LaunchArg splitk_part_;
   size_t splitk_bytes_ = 0;
+  LaunchArg lib_part_; ///< [rows, n] fp32 sums of the library gemms, shared
+  size_t lib_bytes_ = 0;
 };
 
 } // namespace xserv::codegen::lowering

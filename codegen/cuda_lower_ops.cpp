@@ -23,12 +23,12 @@ void Lowerer::add_splitk_reduce(DenseGemm& k, const codegen::LinearDims& d, int6
   k.part = splitk_part_;
 }
 
-Lowerer::DenseGemm Lowerer::dense_gemm(const codegen::LinearDims& d, ValueId v) {
+Lowerer::DenseGemm Lowerer::dense_gemm(const codegen::LinearDims& d, ValueId v, bool library) {
   DenseGemm k;
   if (!gemm_path() || !codegen::gemm_fits(d.k))
     return k; // steps of many tokens run the decode GEMV 8 tokens at a time
   if (c_.wgmma)
-    return dense_gemm_wg(d, v);
+    return dense_gemm_wg(d, v, library);
   codegen::GemmDims gd;
   gd.k = d.k;
   gd.n = d.n;
@@ -72,7 +72,10 @@ void Lowerer::linear(int kernel, const DenseGemm& gemm, const codegen::LinearDim
            {wg_xh_, xl, w, null, null, gemm.part, null, null, null, rows_arg()});
       emit(gemm.reduce, rows, lo, kSmallGemmRows, {gemm.part, b, h, y, rows_arg()});
     }
-    if (gemm.large_split) {
+    if (gemm.library >= 0) { // cuBLAS's raw sums, then bias and residual
+      emit_library(gemm.library, rows, kSmallGemmRows + 1, -1, {wg_xh_, w, gemm.lib_part});
+      emit(gemm.lib_reduce, rows, kSmallGemmRows + 1, -1, {gemm.lib_part, b, h, y, rows_arg()});
+    } else if (gemm.large_split) {
       emit(gemm.large, rows, kSmallGemmRows + 1, -1,
            {wg_xh_, xl, w, null, null, gemm.part, null, null, null, rows_arg()});
       emit(gemm.reduce, rows, kSmallGemmRows + 1, -1, {gemm.part, b, h, y, rows_arg()});
@@ -376,7 +379,7 @@ void Lowerer::lower_router(ValueId v) {
   // fused launch, the longer ones when no gemm takes them.
   const bool gemv_used = !fused_decode || !(gemm_path() && codegen::gemm_fits(d.k));
   const int kernel = gemv_used ? k_.add(codegen::emit_linear(d, ir_lines(g_, v))) : -1;
-  linear(kernel, dense_gemm(d, v), d, Rows::Tokens, addr(n.inputs[0]), LaunchArg{},
+  linear(kernel, dense_gemm(d, v, false), d, Rows::Tokens, addr(n.inputs[0]), LaunchArg{},
          addr(n.inputs[1]), d.bias ? addr(n.inputs[2]) : LaunchArg{}, LaunchArg{}, router_logits_);
   // The MoE after this router reads the same x: its gate_up takes these activations.
   wg_act_valid_ = c_.wgmma;

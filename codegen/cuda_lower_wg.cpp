@@ -12,6 +12,10 @@ namespace {
 /// SMs of the H200 the block counts are planned for.
 constexpr int kSms = 132;
 
+/// The widest output a library gemm serves: the projections (20b and 120b qkv 5120, o_proj
+/// 2880), not lm_head.
+constexpr int kLibraryMaxN = 16384;
+
 /// gemm_wg addresses its activation rows with 32-bit element offsets (row x K): a step of
 /// `tokens` rows of K values must stay below 2^32 of them.
 void check_wg_rows(int64_t tokens, int64_t k) {
@@ -42,7 +46,7 @@ int wg_splitk(int k, int n) {
 
 } // namespace
 
-Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId v) {
+Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId v, bool library) {
   DenseGemm k;
   k.wg = true;
   check_wg_rows(c_.max_tokens, d.k);
@@ -54,19 +58,26 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   g.residual = d.residual;
   g.split = c_.gemm_split;
   k.splitk = wg_splitk(d.k, d.n);
+  // cuBLAS above kSmallGemmRows tokens (plain bf16 activations only: the split pair would need
+  // two calls): kernels_bench measured it 1.5-1.7x gemm_wg on the 20b's q and o_proj shapes from
+  // 512 tokens on, slower at 64 (docs/PERF.md session 10). Not the router (split K below) nor
+  // lm_head (vocabulary-wide, faster on gemm_wg, and its rows are sequences).
+  const bool use_library = library && c_.dense_cublas && !c_.gemm_split && d.n <= kLibraryMaxN &&
+                           c_.max_tokens > kSmallGemmRows;
   // Many tokens: 128-token tiles; two m64 tiles a block for wide outputs (20b qkv at 512
   // tokens: 86 -> 68 us), one for narrower ones (o_proj 2880: 62 against 73 us). Outputs of one
   // 64-row tile (the router's 32) would be a handful of blocks (4 at 512 tokens): 64-token tiles
   // with K split as for few tokens instead (kernels_bench "router gemm tiles", session 10: 20b
   // router at 512 tokens 26.3 -> 9.7 us, at 2048 28.3 -> 12.0 us, before the reduce's ~2-3).
-  k.large_split = d.n <= 64 && k.splitk > 1;
+  k.large_split = !use_library && d.n <= 64 && k.splitk > 1;
   g.bn = k.large_split ? kSmallGemmRows : 128;
   g.wm = d.n >= 4096 ? 2 : 1;
   g.stages = g.wm == 2 ? 3 : 4;
   g.splitk = k.large_split ? k.splitk : 1;
   if (k.large_split)
     g.bias = g.residual = false;
-  k.large = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
+  if (!use_library)
+    k.large = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
   // Up to kSmallGemmRows tokens: 64-token tiles, K split over blocks.
   g.bn = kSmallGemmRows;
   g.wm = 1;
@@ -77,6 +88,18 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   add_splitk_reduce(
       k, d, k.large_split ? std::max<int64_t>(kSmallGemmRows, c_.max_tokens) : kSmallGemmRows);
   k.small64 = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
+  if (use_library) { // cuBLAS's raw sums into lib_part, then bias and residual
+    k.library = static_cast<int>(t_.library.size());
+    t_.library.push_back({runtime::PlanLibraryCall::Op::GemmBf16, d.n, d.k, false});
+    k.lib_reduce = k_.add(codegen::emit_gemm_splitk_reduce(
+        d.n, 1, d.bias, d.residual, {"adds bias and residual to a library gemm's sums"}));
+    const size_t bytes = size_t(c_.max_tokens) * size_t(d.n) * sizeof(float);
+    if (bytes > lib_bytes_) {
+      lib_part_ = allocate(bytes);
+      lib_bytes_ = bytes;
+    }
+    k.lib_part = lib_part_;
+  }
   return k;
 }
 

@@ -16,6 +16,7 @@ LoweredStage lower_stage(const ir::Graph& g, const StageOptions& opts) {
   ctx.gemm_split = opts.gemm_split;
   ctx.expert_format = opts.expert_format;
   ctx.wgmma = opts.wgmma;
+  ctx.dense_cublas = opts.dense_cublas;
   out.memory = compiler::plan_memory(
       g, {{models::dims::kTokens, ctx.max_tokens}, {models::dims::kSeqs, opts.max_batch}});
   if (opts.keep_activations) {

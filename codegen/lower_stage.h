@@ -26,6 +26,9 @@ struct StageOptions {
   /// The gemms on sm_90's warpgroup MMA (LoweringContext::wgmma): a plan or device of compute
   /// capability 9.0; false lowers them to mma.sync, which other architectures run.
   bool wgmma = true;
+  /// Dense projections above 64 tokens through cuBLAS (LoweringContext::dense_cublas;
+  /// --dense-gemm cublas).
+  bool dense_cublas = false;
   /// Debugging (xserv trace): every activation gets its own arena buffer, no reuse, so any
   /// value of a sub-step can be read back after it ran.
   bool keep_activations = false;

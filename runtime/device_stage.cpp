@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "ir/error.h"
+#include "runtime/blas.h"
 #include "runtime/device.h"
 #include "runtime/executor.h"
 #include "runtime/module.h"
@@ -39,6 +40,9 @@ struct DeviceStage::State {
   /// The program's kernels, loaded (the executor holds pointers to them: filled once).
   std::vector<Module> modules;
   std::vector<Kernel> kernels;
+  /// cuBLAS for the table's library gemms (none when it has no library calls); declared before
+  /// the executor, which points at it.
+  std::unique_ptr<Blas> blas;
   std::unique_ptr<Executor> executor; ///< the launch table bound to this stage's memory
   /// Captured decode graphs by (tokens, sequences, attention key bucket).
   std::map<std::tuple<int, int, int>, cudaGraphExec_t> graph_execs;
@@ -179,9 +183,15 @@ void DeviceStage::load(LaunchTable table, const std::vector<std::vector<char>>& 
     st.modules.push_back(Module::load(cubins[i], name));
     st.kernels.push_back(st.modules.back().kernel(name));
   }
-  const size_t kernel_count = table.kernels.size();
+  const size_t kernel_count = table.kernels.size(), library_calls = table.library.size();
+  if (library_calls > 0)
+    st.blas = std::make_unique<Blas>();
   st.executor =
       std::make_unique<Executor>(std::move(table), bind, loaded_kernels(st.modules, st.kernels));
+  st.executor->set_blas(st.blas.get());
+  if (library_calls > 0)
+    log(fmt::format("{}: {} library gemms of the launch table go to cuBLAS", source,
+                    library_calls));
   log(fmt::format("{}: launch table and {} kernels ({} cubins, {} compiled by NVRTC) ... {:.1f} s",
                   source, kernel_count, int(kernel_count) - compiled, compiled,
                   load_ms / 1e3 + seconds_since(t0)));

@@ -1,6 +1,8 @@
 // Executor: binds a launch table's symbolic arguments to device memory and replays it.
 #include "runtime/executor.h"
 
+#include "runtime/blas.h"
+
 #include <cstring>
 
 #include <fmt/format.h>
@@ -65,15 +67,28 @@ Executor::Executor(LaunchTable table, const Bindings& b, std::vector<LoadedKerne
                             table_.argmax_scratch, table_.scratch.size()));
   using K = LaunchArg::Kind;
   for (const PlanLaunch& l : table_.launches) {
-    if (l.kernel < 0 || static_cast<size_t>(l.kernel) >= table_.kernels.size())
+    if (l.library != -1) {
+      if (l.library < 0 || static_cast<size_t>(l.library) >= table_.library.size() ||
+          l.kernel != -1 || l.args.size() != 3 || l.chunk != 0)
+        throw Error(fmt::format("launch table: a {} launch calls library routine {} (kernel {}, "
+                                "{} arguments, chunk {}); there are {} routines, and a call "
+                                "takes kernel -1, 3 arguments and no chunks",
+                                l.label, l.library, l.kernel, l.args.size(), l.chunk,
+                                table_.library.size()));
+      for (const LaunchArg& a : l.args)
+        if (a.kind == K::Null || a.kind == K::Rows || a.kind == K::Splits || a.kind == K::Int)
+          throw Error(fmt::format("launch table: a {} library call takes pointers only", l.label));
+    } else if (l.kernel < 0 || static_cast<size_t>(l.kernel) >= table_.kernels.size()) {
       throw Error(fmt::format("launch table: a {} launch uses kernel {}, but there are {}", l.label,
                               l.kernel, table_.kernels.size()));
+    }
     if (l.splits_heads < 0 || l.splits_heads > (1 << 16))
       throw Error(fmt::format("launch table: a {} launch splits over {} heads, outside 0..65536",
                               l.label, l.splits_heads));
     if (l.args.size() > kMaxArgs)
       throw Error(fmt::format("launch table: kernel '{}' takes {} arguments, at most {} supported",
                               table_.kernels[size_t(l.kernel)].name, l.args.size(), kMaxArgs));
+
     std::vector<Arg> args;
     for (const LaunchArg& a : l.args) {
       Arg r{a.kind, 0, a.row_stride, a.value};
@@ -104,8 +119,8 @@ Executor::Executor(LaunchTable table, const Bindings& b, std::vector<LoadedKerne
   }
 }
 
-template <typename F>
-size_t Executor::for_each(const StepShape& s, size_t begin, size_t end, F&& f) const {
+template <typename F, typename L>
+size_t Executor::for_each(const StepShape& s, size_t begin, size_t end, F&& f, L&& lib) const {
   using K = LaunchArg::Kind;
   size_t launched = 0;
   end = std::min(end, table_.launches.size());
@@ -125,8 +140,16 @@ size_t Executor::for_each(const StepShape& s, size_t begin, size_t end, F&& f) c
     }
     if (splits < l.min_splits)
       continue;
-    const PlanKernel& k = table_.kernels[size_t(l.kernel)];
     const std::vector<Arg>& args = args_[e];
+    if (l.library >= 0) { // x, w, y: pointers, checked at construction
+      std::array<uint64_t, 3> ptrs{};
+      for (size_t i = 0; i < 3; ++i)
+        ptrs[i] = args[i].base;
+      lib(l.library, rows, ptrs.data(), size_t(3));
+      ++launched;
+      continue;
+    }
+    const PlanKernel& k = table_.kernels[size_t(l.kernel)];
     const int chunk = l.chunk > 0 ? l.chunk : std::max(rows, 1);
     for (int r0 = 0; r0 < rows; r0 += chunk) {
       const int n = std::min(chunk, rows - r0);
@@ -162,25 +185,41 @@ size_t Executor::for_each(const StepShape& s, size_t begin, size_t end, F&& f) c
 size_t Executor::run(const StepShape& shape, cudaStream_t stream, size_t begin, size_t end) const {
   if (kernels_.empty())
     throw Error("this executor has no loaded kernels: it can only record");
-  return for_each(shape, begin, end,
-                  [&](int k, std::array<unsigned, 3> g, int block, size_t smem, void** args,
-                      const size_t* sizes, size_t count) {
-                    const LoadedKernel& lk = kernels_[size_t(k)];
-                    lk.module->launch_raw(*lk.kernel, dim3(g[0], g[1], g[2]), dim3(block), smem,
-                                          stream, args, sizes, count, dependent_);
-                  });
+  return for_each(
+      shape, begin, end,
+      [&](int k, std::array<unsigned, 3> g, int block, size_t smem, void** args,
+          const size_t* sizes, size_t count) {
+        const LoadedKernel& lk = kernels_[size_t(k)];
+        lk.module->launch_raw(*lk.kernel, dim3(g[0], g[1], g[2]), dim3(block), smem, stream, args,
+                              sizes, count, dependent_);
+      },
+      [&](int lib, int rows, const uint64_t* ptrs, size_t) {
+        if (!blas_)
+          throw Error("launch table: a step calls a library gemm, but no cuBLAS handle is bound");
+        const PlanLibraryCall& c = table_.library[size_t(lib)];
+        blas_->gemm_bf16(stream, c.n, c.k, rows, c.accumulate,
+                         reinterpret_cast<const void*>(ptrs[0]),
+                         reinterpret_cast<const void*>(ptrs[1]), reinterpret_cast<void*>(ptrs[2]));
+      });
 }
 
 std::vector<LaunchRecord> Executor::record(const StepShape& shape, size_t begin, size_t end) const {
   std::vector<LaunchRecord> out;
-  for_each(shape, begin, end,
-           [&](int k, std::array<unsigned, 3> g, int block, size_t smem, void** args,
-               const size_t* sizes, size_t count) {
-             LaunchRecord r{k, g, unsigned(block), smem, {}};
-             for (size_t i = 0; i < count; ++i)
-               r.args.emplace_back(static_cast<const char*>(args[i]), sizes[i]);
-             out.push_back(std::move(r));
-           });
+  for_each(
+      shape, begin, end,
+      [&](int k, std::array<unsigned, 3> g, int block, size_t smem, void** args,
+          const size_t* sizes, size_t count) {
+        LaunchRecord r{k, -1, g, unsigned(block), smem, {}};
+        for (size_t i = 0; i < count; ++i)
+          r.args.emplace_back(static_cast<const char*>(args[i]), sizes[i]);
+        out.push_back(std::move(r));
+      },
+      [&](int lib, int rows, const uint64_t* ptrs, size_t count) {
+        LaunchRecord r{-1, lib, {unsigned(rows), 0, 0}, 0, 0, {}}; // grid.x: the gemm's rows
+        for (size_t i = 0; i < count; ++i)
+          r.args.emplace_back(reinterpret_cast<const char*>(&ptrs[i]), 8);
+        out.push_back(std::move(r));
+      });
   return out;
 }
 

@@ -18,7 +18,8 @@ namespace xserv::runtime {
 /// One kernel launch as the recording mode reports it instead of launching: which kernel (an
 /// index into the launch table's kernels), its geometry and its argument bytes in order.
 struct LaunchRecord {
-  int kernel = -1;
+  int kernel = -1;  ///< -1 for a library call
+  int library = -1; ///< the table's library call, or -1
   std::array<unsigned, 3> grid{};
   unsigned block = 0;
   size_t smem = 0;
@@ -38,6 +39,8 @@ struct Bindings {
 /// Bindings that give every region `table` names a distinct non-null placeholder address (for
 /// recording and counting without a GPU; nothing is dereferenced).
 Bindings placeholder_bindings(const LaunchTable& table);
+
+class Blas;
 
 /// A loaded kernel the executor launches: the Module holding it and the kernel. Both must
 /// outlive the executor.
@@ -73,6 +76,9 @@ public:
 
   /// Launches allow programmatic dependent launch (Module::launch_raw's `dependent`).
   void set_dependent_launch(bool on) { dependent_ = on; }
+  /// The library the table's library calls go to (runtime/blas.h; must outlive the executor).
+  /// A step that reaches a library call without one throws.
+  void set_blas(const Blas* blas) { blas_ = blas; }
 
   const LaunchTable& table() const { return table_; }
   /// Entries of the table (each launching zero or more kernels per step).
@@ -85,15 +91,16 @@ private:
     uint64_t base = 0, row_stride = 0;
     int value = 0;
   };
-  /// Calls `f(kernel, grid, smem, args, sizes, count)` for every launch of entries
-  /// [begin, end), with argument bytes in a buffer on the stack (no allocation); returns the
-  /// number of launches.
-  template <typename F>
-  size_t for_each(const StepShape& shape, size_t begin, size_t end, F&& f) const;
+  /// Calls `f(kernel, grid, smem, args, sizes, count)` for every kernel launch of entries
+  /// [begin, end) and `lib(library, rows, args, count)` for every library call, with argument
+  /// bytes in a buffer on the stack (no allocation); returns the number of launches and calls.
+  template <typename F, typename L>
+  size_t for_each(const StepShape& shape, size_t begin, size_t end, F&& f, L&& lib) const;
 
   LaunchTable table_;
   std::vector<std::vector<Arg>> args_;
   std::vector<LoadedKernel> kernels_;
+  const Blas* blas_ = nullptr;
   bool dependent_ = false;
 };
 

@@ -175,10 +175,25 @@ struct LaunchArg {
   bool operator==(const LaunchArg&) const = default;
 };
 
-/// One entry of the launch table: launches kernel `kernel` when the step's rows (tokens or
-/// sequences) lie in [min_rows, max_rows] and its key splits are at least min_splits.
+/// A library routine a launch calls instead of a generated kernel (the runtime binds it to the
+/// library on its stream). GemmBf16: y[rows, n] = x[rows, k] w[n, k]^T (+ y when accumulate), x
+/// and w bf16 row-major, y fp32, fp32 accumulation (cuBLAS's cublasGemmEx); its args are x, w,
+/// y. The compile picks it where kernels_bench measured the library faster than gemm_wg.
+struct PlanLibraryCall {
+  enum class Op { GemmBf16 };
+  Op op = Op::GemmBf16;
+  int n = 0, k = 0;
+  bool accumulate = false;
+
+  bool operator==(const PlanLibraryCall&) const = default;
+};
+
+/// One entry of the launch table: launches kernel `kernel` (or calls library routine
+/// `library`) when the step's rows (tokens or sequences) lie in [min_rows, max_rows] and its key
+/// splits are at least min_splits.
 struct PlanLaunch {
-  int kernel = -1;       ///< index into LaunchTable::kernels
+  int kernel = -1;       ///< index into LaunchTable::kernels; -1 with `library`
+  int library = -1;      ///< index into LaunchTable::library, or -1
   std::string label;     ///< the IR op the launch serves ("argmax" for the epilogue), for profiles
   bool seq_rows = false; ///< rows are the step's sequences (B) rather than its tokens (T)
   int min_rows = 0;      ///< launch only for at least this many rows
@@ -229,6 +244,7 @@ inline int32_t argmax_of_keys(const uint64_t* keys, int chunks) {
 /// StepShape, through tokens, seqs and attention_key_bucket(max_pos + 1).
 struct LaunchTable {
   std::vector<PlanKernel> kernels;
+  std::vector<PlanLibraryCall> library; ///< library routines the launches call
   std::vector<PlanLaunch> launches;
   std::vector<ScratchBuffer> scratch;
   /// The sampling epilogue: scratch buffer of argmax_chunks uint64 greedy keys per sequence

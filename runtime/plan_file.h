@@ -42,6 +42,9 @@ struct PlanOptions {
   bool gemm_split = true;     ///< gemm activations as bf16 hi + lo ("split") or plain "bf16"
   std::string arch = "sm_90"; ///< --arch: the GPU architecture of the cubins, "sm_NN"
   ExpertFormat expert_format = ExpertFormat::Bf16; ///< --expert-format
+  /// --dense-gemm cublas: dense projections above 64 tokens call cuBLAS (the launch tables'
+  /// library calls); "wg" (false) keeps gemm_wg. Absent in older plans: wg.
+  bool dense_cublas = false;
 
   bool operator==(const PlanOptions&) const = default;
 };

@@ -81,15 +81,18 @@ std::string sha256_file(const fs::path& file) {
 } // namespace
 
 json plan_options_to_json(const PlanOptions& o) {
-  return {{"max_batch", o.max_batch},
-          {"max_seq", o.max_seq},
-          {"pp", o.pp},
-          {"prefill_chunk", o.prefill_chunk},
-          {"last_logits_only", o.last_logits_only},
-          {"kv_dtype", kv_dtype_name(o.kv_dtype)},
-          {"gemm_precision", o.gemm_split ? "split" : "bf16"},
-          {"arch", o.arch},
-          {"expert_format", expert_format_name(o.expert_format)}};
+  json j = {{"max_batch", o.max_batch},
+            {"max_seq", o.max_seq},
+            {"pp", o.pp},
+            {"prefill_chunk", o.prefill_chunk},
+            {"last_logits_only", o.last_logits_only},
+            {"kv_dtype", kv_dtype_name(o.kv_dtype)},
+            {"gemm_precision", o.gemm_split ? "split" : "bf16"},
+            {"arch", o.arch},
+            {"expert_format", expert_format_name(o.expert_format)}};
+  if (o.dense_cublas) // plans with gemm_wg's dense gemms read as before
+    j["dense_gemm"] = "cublas";
+  return j;
 }
 
 json plan_to_json(const Plan& p) {

@@ -143,9 +143,18 @@ json launch_table_to_json(const LaunchTable& t) {
       j["smem_fixed"] = k.smem_fixed;
     kernels.push_back(std::move(j));
   }
+  json library = json::array();
+  for (const PlanLibraryCall& c : t.library) {
+    json j = {{"op", "gemm_bf16"}, {"n", c.n}, {"k", c.k}};
+    if (c.accumulate)
+      j["accumulate"] = true;
+    library.push_back(std::move(j));
+  }
   json launches = json::array();
   for (const PlanLaunch& l : t.launches) {
     json j = {{"k", l.kernel}, {"label", l.label}};
+    if (l.library >= 0)
+      j["library"] = l.library;
     if (l.seq_rows)
       j["seq_rows"] = true;
     if (l.min_rows)
@@ -175,11 +184,14 @@ json launch_table_to_json(const LaunchTable& t) {
       j["f64"] = s.f64;
     scratch.push_back(std::move(j));
   }
-  return {{"kernels", std::move(kernels)},
-          {"launches", std::move(launches)},
-          {"scratch", std::move(scratch)},
-          {"argmax_scratch", t.argmax_scratch},
-          {"argmax_chunks", t.argmax_chunks}};
+  json out = {{"kernels", std::move(kernels)},
+              {"launches", std::move(launches)},
+              {"scratch", std::move(scratch)},
+              {"argmax_scratch", t.argmax_scratch},
+              {"argmax_chunks", t.argmax_chunks}};
+  if (!library.empty()) // plans without library calls read as before
+    out["library"] = std::move(library);
+  return out;
 }
 
 LaunchTable launch_table_from_json(const json& j) {
@@ -201,11 +213,27 @@ LaunchTable launch_table_from_json(const json& j) {
       get_opt(k, "smem_fixed", p.smem_fixed);
       t.kernels.push_back(std::move(p));
     }
+    if (auto lib = j.find("library"); lib != j.end())
+      for (const json& c : *lib) {
+        at = fmt::format("library[{}]", t.library.size());
+        PlanLibraryCall p;
+        if (c.at("op").get<std::string>() != "gemm_bf16")
+          throw Error(fmt::format("launch table: {}.op \"{}\" is not a library routine this "
+                                  "runtime knows (gemm_bf16)",
+                                  at, c.at("op").get<std::string>()));
+        p.n = c.at("n").get<int>();
+        p.k = c.at("k").get<int>();
+        get_opt(c, "accumulate", p.accumulate);
+        if (p.n < 1 || p.k < 1)
+          throw Error(fmt::format("launch table: {} is a {} x {} gemm", at, p.n, p.k));
+        t.library.push_back(p);
+      }
     for (const json& l : j.at("launches")) {
       at = fmt::format("launches[{}]", t.launches.size());
       PlanLaunch p;
       p.kernel = l.at("k").get<int>();
       p.label = l.at("label").get<std::string>();
+      get_opt(l, "library", p.library);
       get_opt(l, "seq_rows", p.seq_rows);
       get_opt(l, "min_rows", p.min_rows);
       get_opt(l, "max_rows", p.max_rows);
@@ -247,10 +275,23 @@ LaunchTable launch_table_from_json(const json& j) {
                               "(letters, digits and _)",
                               i, n));
   }
-  for (size_t i = 0; i < t.launches.size(); ++i)
-    if (t.launches[i].kernel < 0 || static_cast<size_t>(t.launches[i].kernel) >= t.kernels.size())
+  for (size_t i = 0; i < t.launches.size(); ++i) {
+    const PlanLaunch& l = t.launches[i];
+    if (l.library != -1) {
+      if (l.library < 0 || static_cast<size_t>(l.library) >= t.library.size() || l.kernel != -1)
+        throw Error(fmt::format("launch table: launches[{}] calls library[{}] (k {}), but there "
+                                "are {} library calls and such a launch has k -1",
+                                i, l.library, l.kernel, t.library.size()));
+      if (l.args.size() != 3)
+        throw Error(fmt::format("launch table: launches[{}] calls a gemm with {} arguments, "
+                                "not 3 (x, w, y)",
+                                i, l.args.size()));
+      continue;
+    }
+    if (l.kernel < 0 || static_cast<size_t>(l.kernel) >= t.kernels.size())
       throw Error(fmt::format("launch table: launches[{}].k is {}, outside the {} kernels", i,
-                              t.launches[i].kernel, t.kernels.size()));
+                              l.kernel, t.kernels.size()));
+  }
   return t;
 }
 

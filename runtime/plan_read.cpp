@@ -195,6 +195,8 @@ PlanOptions read_options(const Checker& c, const json& doc) {
            fmt::format("expected a GPU architecture like \"sm_90\", found \"{}\"", p.arch));
   const ExpertFormat formats[] = {ExpertFormat::Bf16, ExpertFormat::Mxfp4, ExpertFormat::Both};
   p.expert_format = formats[c.choice(o, "options", "expert_format", {"bf16", "mxfp4", "both"})];
+  if (o.contains("dense_gemm"))
+    p.dense_cublas = c.choice(o, "options", "dense_gemm", {"wg", "cublas"}) == 1;
   return p;
 }
 

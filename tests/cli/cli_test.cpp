@@ -1,5 +1,6 @@
 // The xserv binary as a user meets it: help, exit codes, clear messages, compile --emit ir.
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <array>
 #include <cstdio>
@@ -79,6 +80,35 @@ TEST_CASE("compile --emit ir prints a verified graph, -o writes a plan directory
   CHECK(std::filesystem::exists(plan / "plan.json"));
   CHECK(std::filesystem::exists(dump / "00_input.ir"));
   CHECK(std::filesystem::exists(dump / "01_cse.ir"));
+}
+
+TEST_CASE("compile --dense-gemm cublas: library gemms in the plan, refused where they cannot run") {
+  const xserv::testing::TempDir tmp("dense_gemm");
+  const std::string model = (tmp.path / "model").string();
+  REQUIRE(run_xserv("synth --config " +
+                    (xserv::testing::source_dir() / "examples/tiny/config.json").string() +
+                    " -o " + model + " --seed 5")
+              .code == 0);
+  const std::string plan = (tmp.path / "plan").string();
+  const std::string base = "compile " + model + " -o " + plan + " --max-batch 2 --max-seq 512 ";
+  REQUIRE(run_xserv(base + "--no-cubins --dense-gemm cublas").code == 0);
+  const RunResult shown = run_xserv("inspect " + plan);
+  CHECK(shown.out.find("dense gemms of prompt steps on cuBLAS") != std::string::npos);
+  const RunResult js = run_xserv("inspect " + plan + " --json");
+  const auto doc = nlohmann::json::parse(js.out);
+  CHECK(doc["options"]["dense_gemm"] == "cublas");
+  // The CPU reference runs such a plan like any other (it reads the checkpoint).
+  const RunResult r =
+      run_xserv("run " + plan + " --prompt-ids 11,22,33 --max-tokens 3 --backend cpu", "", true);
+  INFO(r.err);
+  CHECK(r.code == 0);
+  for (const char* bad : {"--dense-gemm rocblas", "--dense-gemm cublas --gemm-precision split",
+                          "--dense-gemm cublas --arch sm_80"}) {
+    CAPTURE(bad);
+    const RunResult b = run_xserv(base + "--no-cubins " + bad, "", true);
+    CHECK(b.code == 2);
+    CHECK(b.err.find("--dense-gemm") != std::string::npos);
+  }
 }
 
 TEST_CASE("plans of every --expert-format run on the CPU backend to the same tokens") {

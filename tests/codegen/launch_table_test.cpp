@@ -222,8 +222,13 @@ Recorded record(const models::ModelConfig& cfg, const Variant& v) {
   const runtime::Executor ex(t, b);
   for (const Shape& s : shapes(v, lw.capacity)) {
     std::vector<std::string> lines;
-    for (const runtime::LaunchRecord& r : ex.record({s.tokens, s.seqs, s.max_pos}))
-      lines.push_back(launch_line(r, t.kernels.at(size_t(r.kernel)).name, mem));
+    for (const runtime::LaunchRecord& r : ex.record({s.tokens, s.seqs, s.max_pos})) {
+      const std::string name =
+          r.kernel >= 0 ? t.kernels.at(size_t(r.kernel)).name
+                        : fmt::format("library_gemm_n{}_k{}", t.library.at(size_t(r.library)).n,
+                                      t.library.at(size_t(r.library)).k);
+      lines.push_back(launch_line(r, name, mem));
+    }
     out.shapes.emplace_back(s.name(), std::move(lines));
   }
   return out;
@@ -479,4 +484,73 @@ TEST_CASE("the warpgroup gemms refuse a step past their 32-bit activation offset
   CHECK_THROWS_WITH_AS(lower_for(limit / 2), doctest::Contains("2^32 element offsets"),
                        xserv::Error);
   CHECK_NOTHROW(lower_for(1024));
+}
+
+TEST_CASE("--dense-gemm cublas: the projections of steps above 64 tokens are library calls") {
+  const models::ModelConfig cfg =
+      models::ModelConfig::load(testing::source_dir() / "examples/tiny/config.json");
+  const ir::Graph g = final_graph(cfg, variants()[1]);
+  const int capacity = codegen::step_token_capacity(kMaxBatch, kGoldenChunk);
+  const compiler::MemoryPlan mem = compiler::plan_memory(
+      g, {{models::dims::kTokens, capacity}, {models::dims::kSeqs, kMaxBatch}});
+  auto lower_with = [&](bool cublas, bool split) {
+    codegen::LoweringContext ctx;
+    ctx.max_tokens = capacity;
+    ctx.max_seqs = int(kMaxBatch);
+    ctx.cache_rows = kMaxBatch;
+    ctx.max_seq = kMaxSeq;
+    ctx.gemm_split = split;
+    ctx.dense_cublas = cublas;
+    ctx.memory = &mem;
+    codegen::KernelSet ks;
+    return codegen::lower_graph(g, ks, ctx);
+  };
+  const runtime::LaunchTable wg = lower_with(false, false), lib = lower_with(true, false);
+  CHECK(wg.library.empty());
+  CHECK(lower_with(true, true).library.empty()); // split activations stay on gemm_wg
+  // Per layer: q (64 -> 4 x 16), k and v (64 -> 2 x 16) and o_proj (64 -> 64); never the router
+  // or lm_head.
+  REQUIRE(lib.library.size() == size_t(4 * cfg.num_hidden_layers));
+  for (size_t i = 0; i < lib.library.size(); ++i) {
+    CAPTURE(i);
+    CHECK(lib.library[i].k == 64);
+    CHECK(lib.library[i].n == (i % 4 == 1 || i % 4 == 2 ? 32 : 64)); // q, k, v, o
+    CHECK_FALSE(lib.library[i].accumulate);
+  }
+  // The same steps launch the same kernels up to 64 tokens; above, each library call replaces
+  // a gemm_wg launch and brings its reduce (bias, residual).
+  const runtime::Executor a(wg, runtime::placeholder_bindings(wg));
+  const runtime::Executor b(lib, runtime::placeholder_bindings(lib));
+  auto calls = [](const std::vector<runtime::LaunchRecord>& rs) {
+    return std::count_if(rs.begin(), rs.end(), [](const auto& r) { return r.library >= 0; });
+  };
+  for (int tokens : {9, 64}) {
+    CAPTURE(tokens);
+    CHECK(a.record({tokens, 1, tokens - 1}).size() == b.record({tokens, 1, tokens - 1}).size());
+    CHECK(calls(b.record({tokens, 1, tokens - 1})) == 0);
+  }
+  for (int tokens : {65, 200}) {
+    CAPTURE(tokens);
+    const std::vector<runtime::LaunchRecord> rs = b.record({tokens, 1, tokens - 1});
+    CHECK(calls(rs) == 4 * cfg.num_hidden_layers);
+    CHECK(rs.size() == a.record({tokens, 1, tokens - 1}).size() + size_t(calls(rs)));
+    for (size_t i = 0; i < rs.size(); ++i) {
+      if (rs[i].library < 0)
+        continue;
+      CHECK(rs[i].kernel == -1);
+      CHECK(rs[i].grid[0] == unsigned(tokens)); // the call's rows
+      CHECK(rs[i].args.size() == 3);
+      REQUIRE(i + 1 < rs.size()); // its reduce follows
+      CHECK(lib.kernels.at(size_t(rs[i + 1].kernel)).name.rfind("gemm_splitk_reduce", 0) == 0);
+    }
+  }
+  // Lossless through plan.json, and a launch naming no routine is refused.
+  const nlohmann::json j = runtime::launch_table_to_json(lib);
+  CHECK(runtime::launch_table_from_json(nlohmann::json::parse(j.dump())) == lib);
+  runtime::LaunchTable bad = lib;
+  for (runtime::PlanLaunch& l : bad.launches)
+    if (l.library >= 0)
+      l.args.pop_back();
+  CHECK_THROWS_WITH_AS(runtime::Executor(bad, runtime::placeholder_bindings(bad)),
+                       doctest::Contains("a call takes kernel -1, 3 arguments"), xserv::Error);
 }

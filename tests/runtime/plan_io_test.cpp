@@ -52,6 +52,16 @@ runtime::LaunchTable sample_table() {
             {.kind = K::Rows},
             {.kind = K::Int, .value = -3}};
   t.launches.push_back(l);
+  // A library gemm (compile --dense-gemm cublas) over steps above 64 tokens.
+  t.library.push_back({runtime::PlanLibraryCall::Op::GemmBf16, 100, 64, true});
+  runtime::PlanLaunch g;
+  g.library = 0;
+  g.label = "linear";
+  g.min_rows = 65;
+  g.args = {{.kind = K::Activation, .offset = 128},
+            {.kind = K::Weight, .name = "lm_head.weight"},
+            {.kind = K::Scratch, .index = 0}};
+  t.launches.push_back(g);
   t.scratch.push_back({64, {0.5, 0.25, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0}});
   return t;
 }
@@ -71,7 +81,8 @@ runtime::Plan sample_plan(int pp) {
                .kv_dtype = runtime::KvDtype::Bf16,
                .gemm_split = false,
                .arch = "sm_90a",
-               .expert_format = runtime::ExpertFormat::Mxfp4};
+               .expert_format = runtime::ExpertFormat::Mxfp4,
+               .dense_cublas = true};
   p.weights = {{"model-00001.safetensors", 123456, std::string(64, 'a')}};
   p.memory = {1 << 20, 1 << 19, 1 << 21, 12};
   p.passes = {{"cse", 0.25, true}, {"dce", 0.125, false}};
@@ -216,6 +227,20 @@ TEST_CASE("plan reader: a wrong field is refused naming plan.json and the field"
       {1, "/codegen/launch_table/launches/0/args/3", "int:x",
        "field 'codegen.launch_table': launch table: bad number 'x'"},
       {1, "/codegen/launch_table", nullptr, "field 'codegen.launch_table': missing"},
+      {1, "/codegen/launch_table/library/0/op", "sgemm",
+       "field 'codegen.launch_table': launch table: library[0].op \"sgemm\" is not a library "
+       "routine this runtime knows (gemm_bf16)"},
+      {1, "/codegen/launch_table/library/0/n", 0,
+       "field 'codegen.launch_table': launch table: library[0] is a 0 x 64 gemm"},
+      {1, "/codegen/launch_table/launches/1/library", 1,
+       "field 'codegen.launch_table': launch table: launches[1] calls library[1] (k -1), but "
+       "there are 1 library calls"},
+      {1, "/codegen/launch_table/launches/1/k", 0,
+       "field 'codegen.launch_table': launch table: launches[1] calls library[0] (k 0)"},
+      {1, "/codegen/launch_table/launches/1/args", json::array({"null", "null"}),
+       "field 'codegen.launch_table': launch table: launches[1] calls a gemm with 2 arguments"},
+      {1, "/options/dense_gemm", "rocblas",
+       "field 'options.dense_gemm': must be \"wg\" or \"cublas\", found \"rocblas\""},
       {1, "/config/num_hidden_layers", "2",
        "field 'config.num_hidden_layers': expected an integer"},
       {1, "/digests/graph.ir", "abc", "field 'digests.graph.ir': expected a SHA-256 in hex"},
