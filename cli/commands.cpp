@@ -96,11 +96,11 @@ const std::vector<Command>& commands() {
          {"--pp", "N", "pipeline stages (default 1)"},
          {"--arch", "sm_XX", "GPU architecture of the kernels (default sm_90)"},
          {"--expert-format", "bf16|mxfp4|both",
-          "MoE expert weights on the GPU: dequantised to bf16 (default), kept as mxfp4 (decoded "
-          "in the kernels), or both (mxfp4 for decode steps, bf16 for prompt gemms)"},
+          "MoE expert weights on the GPU: kept as mxfp4 (default, decoded in the kernels), "
+          "dequantised to bf16, or both (mxfp4 for decode steps, bf16 for prompt gemms)"},
          {"--gemm-precision", "split|bf16",
-          "prompt-step gemm activations as bf16 hi + lo pairs (split, default: about fp32) or "
-          "plain bf16 (faster, less exact)"},
+          "gemm activations as plain bf16 (default, fastest) or bf16 hi + lo pairs (split: "
+          "about fp32, batch-invariant)"},
          {"--dense-gemm", "wg|cublas",
           "dense projections of prompt steps on our warpgroup gemm (default) or cuBLAS"},
          {"--no-cubins", "", "write kernel sources only, skip NVRTC"}},
