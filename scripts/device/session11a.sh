@@ -5,8 +5,11 @@
 # same tokens, logits within 1e-3), then the 20b compiled both ways in one call: pp512, pp2048
 # and B64 rows and the serving run at concurrency 64. If every prompt row gains and nothing else
 # moves, make cublas the default (cli/cmd_compile.cpp) and regenerate the goldens. Needs
-# .device/bin/{xserv,runtime_gpu_tests,cli_gpu_tests}, .device/data.
+# .device/bin/{xserv,runtime_gpu_tests,cli_gpu_tests,kernels_bench}, .device/data. First,
+# kernels_bench's k / v projection tiles (32 blocks at 512 tokens on gemm_wg today).
 source "$(dirname "$0")/common.sh"
+timeout 90 $B/kernels_bench -tc="k and v projection tiles*" > /tmp/kv.log 2>&1
+echo "kernels_bench k/v tiles rc=$?"; grep -h "gemm dense" /tmp/kv.log | sed 's/.*MESSAGE: //'
 run_tests runtime_gpu_tests -tc="*library gemm*"
 grep -E "library gemm .*rel L2" "$OUT/runtime_gpu_tests.log" | sed 's/.*MESSAGE: //'
 run_tests cli_gpu_tests -tc="*dense-gemm*"

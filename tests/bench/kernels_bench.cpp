@@ -585,6 +585,35 @@ TEST_CASE("router gemm tiles at prompt steps, 20b (informational)") {
   variants();
 }
 
+TEST_CASE("k and v projection tiles at prompt steps, 20b (informational)") {
+  // The prompt step's k and v projections (2880 -> 512 each) run as 8 weight tiles x 128-token
+  // tiles: 32 blocks at 512 tokens, a quarter of the GPU. Smaller token tiles and split K give
+  // more (split K's reduce is not timed); cuBLAS beside them for --dense-gemm cublas.
+  XSERV_REQUIRE_GPU();
+  if (runtime::probe_device().arch() != "sm_90") {
+    MESSAGE("skipped: gemm_wg needs sm_90");
+    return;
+  }
+  auto variants = [] {
+    for (int tokens : {512, 2048})
+      for (auto [bn, splitk] : {std::pair{128, 1}, std::pair{64, 1}, std::pair{64, 3},
+                                std::pair{64, 5}, std::pair{128, 3}, std::pair{32, 1}})
+        dense_pair(2880, 512, tokens, bn, 1, 4, splitk, false);
+  };
+  g_dry = true;
+  variants();
+  g_dry = false;
+  preload(std::move(g_sources));
+  variants();
+#if XSERV_HAVE_CUBLAS
+  cublasHandle_t h = nullptr;
+  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  for (int tokens : {512, 2048})
+    dense_cublas(h, 2880, 512, tokens);
+  cublasDestroy(h);
+#endif
+}
+
 namespace {
 
 /// attention_decode (+ attention_combine when split) for `seqs` sequences of one token each at
