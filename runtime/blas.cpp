@@ -2,18 +2,14 @@
 // gemm need no cuBLAS, and CPU-only machines none at all).
 #include "runtime/blas.h"
 
-#include <dlfcn.h>
-
-#include <cstdlib>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include <cublas_v2.h>
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "ir/error.h"
+#include "runtime/dl_library.h"
 
 namespace xserv::runtime {
 
@@ -22,56 +18,40 @@ namespace {
 /// The cuBLAS entry points xserv uses, resolved once (cublas_v2.h maps the plain names to
 /// these _v2 symbols).
 struct Api {
-  void* handle = nullptr;
-  std::string error; ///< why loading failed
+  DlLibrary lib;
   decltype(&cublasCreate_v2) create = nullptr;
   decltype(&cublasDestroy_v2) destroy = nullptr;
   decltype(&cublasSetStream_v2) set_stream = nullptr;
   decltype(&cublasSetWorkspace_v2) set_workspace = nullptr;
   // cublasGemmEx has a C++ overload (cudaDataType compute type): the C signature spelled out.
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                            const void*, const void*, cudaDataType, int, const void*,
-                            cudaDataType, int, const void*, void*, cudaDataType, int,
-                            cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t) = nullptr;
   decltype(&cublasGetStatusName) status_name = nullptr;
 };
-
-template <typename F> void resolve(Api& api, F& fn, const char* name) {
-  fn = reinterpret_cast<F>(::dlsym(api.handle, name));
-  if (!fn && api.error.empty())
-    api.error = fmt::format("libcublas.so.13 has no {}", name);
-}
 
 const Api& api() {
   static Api a;
   static std::once_flag once;
   std::call_once(once, [] {
-    std::vector<std::string> tried = {"libcublas.so.13"};
-    if (const char* home = std::getenv("CUDA_HOME"); home && *home)
-      tried.push_back(std::string(home) + "/lib64/libcublas.so.13");
-    tried.push_back("/usr/local/cuda/lib64/libcublas.so.13");
-    for (const std::string& path : tried)
-      if ((a.handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)))
-        break;
-    if (!a.handle) {
-      a.error = fmt::format("cannot load cuBLAS for the plan's library gemms (tried {}): {}",
-                            fmt::join(tried, ", "), ::dlerror());
+    a.lib = dl_open_cuda_library("libcublas.so.13", "cuBLAS for the plan's library gemms");
+    if (!a.lib.handle)
       return;
-    }
-    resolve(a, a.create, "cublasCreate_v2");
-    resolve(a, a.destroy, "cublasDestroy_v2");
-    resolve(a, a.set_stream, "cublasSetStream_v2");
-    resolve(a, a.set_workspace, "cublasSetWorkspace_v2");
-    resolve(a, a.gemm_ex, "cublasGemmEx");
-    resolve(a, a.status_name, "cublasGetStatusName");
+    dl_resolve(a.lib, a.create, "cublasCreate_v2");
+    dl_resolve(a.lib, a.destroy, "cublasDestroy_v2");
+    dl_resolve(a.lib, a.set_stream, "cublasSetStream_v2");
+    dl_resolve(a.lib, a.set_workspace, "cublasSetWorkspace_v2");
+    dl_resolve(a.lib, a.gemm_ex, "cublasGemmEx");
+    dl_resolve(a.lib, a.status_name, "cublasGetStatusName");
   });
   return a;
 }
 
 const Api& loaded() {
   const Api& a = api();
-  if (!a.error.empty())
-    throw Error(a.error);
+  if (!a.lib.error.empty())
+    throw Error(a.lib.error);
   return a;
 }
 

@@ -1,8 +1,6 @@
 // NcclComm over a dlopen'ed libnccl.so.2: non-blocking communicators, every wait bounded.
 #include "runtime/nccl.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -13,14 +11,14 @@
 #include <nccl.h>
 
 #include "ir/error.h"
+#include "runtime/dl_library.h"
 
 namespace xserv::runtime {
 namespace {
 
 /// The NCCL entry points xserv uses, resolved once.
 struct Api {
-  void* handle = nullptr;
-  std::string error; ///< why loading failed
+  DlLibrary lib;
   decltype(&ncclGetUniqueId) get_unique_id = nullptr;
   decltype(&ncclCommInitRankConfig) init_rank_config = nullptr;
   decltype(&ncclCommGetAsyncError) get_async_error = nullptr;
@@ -33,45 +31,31 @@ struct Api {
   decltype(&ncclGetLastError) last_error = nullptr;
 };
 
-template <typename F> void resolve(Api& api, F& fn, const char* name) {
-  fn = reinterpret_cast<F>(::dlsym(api.handle, name));
-  if (!fn && api.error.empty())
-    api.error = fmt::format("libnccl.so.2 has no {}", name);
-}
-
 const Api& api() {
   static Api a;
   static std::once_flag once;
   std::call_once(once, [] {
-    std::vector<std::string> tried = {"libnccl.so.2"};
-    if (const char* home = std::getenv("CUDA_HOME"); home && *home)
-      tried.push_back(std::string(home) + "/lib64/libnccl.so.2");
-    tried.push_back("/usr/local/cuda/lib64/libnccl.so.2");
-    for (const std::string& path : tried)
-      if ((a.handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)))
-        break;
-    if (!a.handle) {
-      a.error = fmt::format("cannot load NCCL (tried {}): {}", fmt::join(tried, ", "), ::dlerror());
+    a.lib = dl_open_cuda_library("libnccl.so.2", "NCCL");
+    if (!a.lib.handle)
       return;
-    }
-    resolve(a, a.get_unique_id, "ncclGetUniqueId");
-    resolve(a, a.init_rank_config, "ncclCommInitRankConfig");
-    resolve(a, a.get_async_error, "ncclCommGetAsyncError");
-    resolve(a, a.abort, "ncclCommAbort");
-    resolve(a, a.finalize, "ncclCommFinalize");
-    resolve(a, a.destroy, "ncclCommDestroy");
-    resolve(a, a.send, "ncclSend");
-    resolve(a, a.recv, "ncclRecv");
-    resolve(a, a.error_string, "ncclGetErrorString");
-    resolve(a, a.last_error, "ncclGetLastError");
+    dl_resolve(a.lib, a.get_unique_id, "ncclGetUniqueId");
+    dl_resolve(a.lib, a.init_rank_config, "ncclCommInitRankConfig");
+    dl_resolve(a.lib, a.get_async_error, "ncclCommGetAsyncError");
+    dl_resolve(a.lib, a.abort, "ncclCommAbort");
+    dl_resolve(a.lib, a.finalize, "ncclCommFinalize");
+    dl_resolve(a.lib, a.destroy, "ncclCommDestroy");
+    dl_resolve(a.lib, a.send, "ncclSend");
+    dl_resolve(a.lib, a.recv, "ncclRecv");
+    dl_resolve(a.lib, a.error_string, "ncclGetErrorString");
+    dl_resolve(a.lib, a.last_error, "ncclGetLastError");
   });
   return a;
 }
 
 const Api& loaded() {
   const Api& a = api();
-  if (!a.error.empty())
-    throw Error(a.error);
+  if (!a.lib.error.empty())
+    throw Error(a.lib.error);
   return a;
 }
 
@@ -84,8 +68,8 @@ ncclComm_t as_comm(void* p) {
 bool nccl_available(std::string* reason) {
   const Api& a = api();
   if (reason)
-    *reason = a.error;
-  return a.error.empty();
+    *reason = a.lib.error;
+  return a.lib.error.empty();
 }
 
 std::string nccl_unique_id() {
