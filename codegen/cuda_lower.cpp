@@ -62,16 +62,21 @@ runtime::LaunchTable Lowerer::run() {
   return std::move(t_);
 }
 
-void Lowerer::emit(int kernel, Rows rows, int lo, int hi, std::vector<LaunchArg> args, int chunk,
-                   int splits_window, int min_splits, int splits_heads) {
-  runtime::PlanLaunch l;
-  l.kernel = kernel;
+bool Lowerer::row_rules(Rows rows, int lo, int hi, runtime::PlanLaunch& l) const {
   l.label = label_;
   l.seq_rows = rows == Rows::Seqs;
   l.min_rows = std::max(lo, outer_lo_);
   l.max_rows = outer_hi_ < 0 ? hi : hi < 0 ? outer_hi_ : std::min(hi, outer_hi_);
+  l.one_per_seq = outer_per_seq_;
   const int capacity = rows == Rows::Tokens ? c_.max_tokens : c_.max_seqs;
-  if ((l.max_rows >= 0 && l.min_rows > l.max_rows) || l.min_rows > capacity)
+  return !((l.max_rows >= 0 && l.min_rows > l.max_rows) || l.min_rows > capacity);
+}
+
+void Lowerer::emit(int kernel, Rows rows, int lo, int hi, std::vector<LaunchArg> args, int chunk,
+                   int splits_window, int min_splits, int splits_heads) {
+  runtime::PlanLaunch l;
+  l.kernel = kernel;
+  if (!row_rules(rows, lo, hi, l))
     return;
   if (kernel < 0)
     throw Error(fmt::format("the CUDA engine has no kernel for {} steps of {} to {} rows", label_,
@@ -80,18 +85,17 @@ void Lowerer::emit(int kernel, Rows rows, int lo, int hi, std::vector<LaunchArg>
   l.splits_window = splits_window;
   l.min_splits = min_splits;
   l.splits_heads = splits_heads;
-  l.one_per_seq = outer_per_seq_;
   l.args = std::move(args);
   t_.launches.push_back(std::move(l));
 }
 
 void Lowerer::emit_library(int library, Rows rows, int lo, int hi, std::vector<LaunchArg> args) {
-  const size_t before = t_.launches.size();
-  emit(0, rows, lo, hi, std::move(args)); // the row rules; kernel 0 stands in until replaced
-  if (t_.launches.size() > before) {
-    t_.launches.back().kernel = -1;
-    t_.launches.back().library = library;
-  }
+  runtime::PlanLaunch l;
+  l.library = library;
+  if (!row_rules(rows, lo, hi, l))
+    return;
+  l.args = std::move(args);
+  t_.launches.push_back(std::move(l));
 }
 
 void Lowerer::allocate_scratch() {

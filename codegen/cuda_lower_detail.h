@@ -112,6 +112,9 @@ private:
   /// unbounded) and within outer_. Entries no step within capacity reaches are left out.
   void emit(int kernel, Rows rows, int lo, int hi, std::vector<LaunchArg> args, int chunk = 0,
             int splits_window = -1, int min_splits = 1, int splits_heads = 0);
+  /// Fills `l`'s label and row rules for rows [lo, hi] within outer_; false when no step within
+  /// capacity reaches them.
+  bool row_rules(Rows rows, int lo, int hi, runtime::PlanLaunch& l) const;
   /// A launch of library call `library` (an index into the table's library list) over the same
   /// row rules, args x, w, y.
   void emit_library(int library, Rows rows, int lo, int hi, std::vector<LaunchArg> args);
@@ -157,6 +160,9 @@ private:
   /// into k.reduce, and the shared partial-sums buffer, grown to this linear's need for `rows`
   /// tokens, into k.part.
   void add_splitk_reduce(DenseGemm& k, const codegen::LinearDims& d, int64_t rows);
+  /// The fp32 partial-sums scratch the split-K gemms and the library gemms share (one linear
+  /// at a time uses it), grown to at least `bytes`.
+  LaunchArg partials(size_t bytes);
 
   /// The warpgroup-MMA MoE gemms (c_.wgmma) of lower_moe for tile config `i` (tokens per tile
   /// kWgMoeTileTokens[i]) over rows [lo, hi]: moe_sort, gemm_act of x, gate_up + SwiGLU,
@@ -257,8 +263,6 @@ private:
   LaunchArg inv_rms_, moe_pair_, moe_tiles_, moe_part_;
   LaunchArg splitk_part_;
   size_t splitk_bytes_ = 0;
-  LaunchArg lib_part_; ///< [rows, n] fp32 sums of the library gemms, shared
-  size_t lib_bytes_ = 0;
 };
 
 } // namespace xserv::codegen::lowering

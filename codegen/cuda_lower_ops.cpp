@@ -15,12 +15,15 @@ void Lowerer::add_splitk_reduce(DenseGemm& k, const codegen::LinearDims& d, int6
     return;
   k.reduce = k_.add(codegen::emit_gemm_splitk_reduce(d.n, k.splitk, d.bias, d.residual,
                                                      {"sums the split-K partials of a gemm"}));
-  const size_t bytes = size_t(k.splitk) * size_t(rows) * size_t(d.n) * sizeof(float);
+  k.part = partials(size_t(k.splitk) * size_t(rows) * size_t(d.n) * sizeof(float));
+}
+
+LaunchArg Lowerer::partials(size_t bytes) {
   if (bytes > splitk_bytes_) {
     splitk_part_ = allocate(bytes);
     splitk_bytes_ = bytes;
   }
-  k.part = splitk_part_;
+  return splitk_part_;
 }
 
 Lowerer::DenseGemm Lowerer::dense_gemm(const codegen::LinearDims& d, ValueId v, bool library) {

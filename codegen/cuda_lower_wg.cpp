@@ -93,12 +93,7 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
     t_.library.push_back({runtime::PlanLibraryCall::Op::GemmBf16, d.n, d.k, false});
     k.lib_reduce = k_.add(codegen::emit_gemm_splitk_reduce(
         d.n, 1, d.bias, d.residual, {"adds bias and residual to a library gemm's sums"}));
-    const size_t bytes = size_t(c_.max_tokens) * size_t(d.n) * sizeof(float);
-    if (bytes > lib_bytes_) {
-      lib_part_ = allocate(bytes);
-      lib_bytes_ = bytes;
-    }
-    k.lib_part = lib_part_;
+    k.lib_part = partials(size_t(c_.max_tokens) * size_t(d.n) * sizeof(float));
   }
   return k;
 }

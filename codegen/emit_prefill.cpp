@@ -16,7 +16,8 @@ using namespace detail;
 
 namespace {
 
-/// Mirrors attention_prefill.cuh: threads per block, query rows per block, keys per tile.
+/// Mirrors attention_prefill.cuh (and attention_mma.cuh's kMmaAttn*): threads per block, query
+/// rows per block, keys per tile.
 constexpr int kPrefillThreads = 256, kPrefillRows = 128, kPrefillKeys = 64;
 
 } // namespace

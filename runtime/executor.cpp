@@ -1,13 +1,12 @@
 // Executor: binds a launch table's symbolic arguments to device memory and replays it.
 #include "runtime/executor.h"
 
-#include "runtime/blas.h"
-
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "ir/error.h"
+#include "runtime/blas.h"
 
 namespace xserv::runtime {
 
@@ -88,7 +87,6 @@ Executor::Executor(LaunchTable table, const Bindings& b, std::vector<LoadedKerne
     if (l.args.size() > kMaxArgs)
       throw Error(fmt::format("launch table: kernel '{}' takes {} arguments, at most {} supported",
                               table_.kernels[size_t(l.kernel)].name, l.args.size(), kMaxArgs));
-
     std::vector<Arg> args;
     for (const LaunchArg& a : l.args) {
       Arg r{a.kind, 0, a.row_stride, a.value};
@@ -185,6 +183,8 @@ size_t Executor::for_each(const StepShape& s, size_t begin, size_t end, F&& f, L
 size_t Executor::run(const StepShape& shape, cudaStream_t stream, size_t begin, size_t end) const {
   if (kernels_.empty())
     throw Error("this executor has no loaded kernels: it can only record");
+  if (!table_.library.empty() && !blas_)
+    throw Error("launch table: it calls library gemms, but no cuBLAS handle is bound");
   return for_each(
       shape, begin, end,
       [&](int k, std::array<unsigned, 3> g, int block, size_t smem, void** args,
@@ -194,8 +194,6 @@ size_t Executor::run(const StepShape& shape, cudaStream_t stream, size_t begin, 
                               sizes, count, dependent_);
       },
       [&](int lib, int rows, const uint64_t* ptrs, size_t) {
-        if (!blas_)
-          throw Error("launch table: a step calls a library gemm, but no cuBLAS handle is bound");
         const PlanLibraryCall& c = table_.library[size_t(lib)];
         blas_->gemm_bf16(stream, c.n, c.k, rows, c.accumulate,
                          reinterpret_cast<const void*>(ptrs[0]),

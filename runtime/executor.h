@@ -77,7 +77,7 @@ public:
   /// Launches allow programmatic dependent launch (Module::launch_raw's `dependent`).
   void set_dependent_launch(bool on) { dependent_ = on; }
   /// The library the table's library calls go to (runtime/blas.h; must outlive the executor).
-  /// A step that reaches a library call without one throws.
+  /// A step of a table with library calls and none bound throws before it launches anything.
   void set_blas(const Blas* blas) { blas_ = blas; }
 
   const LaunchTable& table() const { return table_; }

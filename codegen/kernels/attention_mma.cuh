@@ -32,23 +32,6 @@ __host__ __device__ constexpr int attention_mma_tokens(int group) {
 
 namespace attn_mma {
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-/// Four 8x8 fp16 matrices from shared memory, lane l giving row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-/// The same, each matrix transposed.
-__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
 /// d += a b for a 16x16 fp16 A fragment and a 16x8 fp16 B fragment, fp32 accumulators.
 __device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0,
                                         unsigned b1) {
@@ -227,7 +210,7 @@ attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
 #pragma unroll
         for (int nt = 0; nt < NT; nt += 2) {
           unsigned b[4];
-          ldsm_x4(b, ks + ((nt + mi / 2) * 8 + mr) * KS + kd * 16 + (mi % 2) * 8);
+          ldmatrix_x4(b, ks + ((nt + mi / 2) * 8 + mr) * KS + kd * 16 + (mi % 2) * 8);
           mma_f16(s[nt], qa[kd], b[0], b[1]);
           mma_f16(s[nt + 1], qa[kd], b[2], b[3]);
         }
@@ -287,7 +270,7 @@ attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
 #pragma unroll
         for (int dt = 0; dt < DT; dt += 2) {
           unsigned b[4];
-          ldsm_x4_trans(b, vs + (kk * 16 + (mi % 2) * 8 + mr) * KS + (dt + mi / 2) * 8);
+          ldmatrix_x4_trans(b, vs + (kk * 16 + (mi % 2) * 8 + mr) * KS + (dt + mi / 2) * 8);
           mma_f16(o[dt], hi, b[0], b[1]);
           mma_f16(o[dt + 1], hi, b[2], b[3]);
           mma_f16(o[dt], lo, b[0], b[1]);

@@ -29,6 +29,25 @@ __device__ __forceinline__ void grid_dependency_sync() {
 #define XSERV_CLUSTER_X(n)
 #endif
 
+/// A __shared__ pointer as the 32-bit shared-window address PTX takes.
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+/// Four 8x8 16-bit matrices from shared memory, lane l giving row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+/// The same, each matrix transposed.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
 #if XSERV_HAS_CLUSTERS
 /// Every thread of every block of the cluster arrives; shared-memory writes before it are
 /// visible to the cluster's blocks after it.

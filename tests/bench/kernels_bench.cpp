@@ -193,6 +193,11 @@ const Loaded* want(KernelSource src) {
   return &load(std::move(src));
 }
 
+/// Runs `variants` dry (collecting their kernels), compiles those together, then runs them.
+template <typename F> void with_preloaded(F&& variants) {
+  with_preloaded(variants);
+}
+
 /// One layer's MoE weights of the 20b in both formats (random codes, realistic scales) and a
 /// step's routing of `tokens` tokens (uniform random distinct experts).
 struct MoeBench {
@@ -548,11 +553,7 @@ TEST_CASE("dense gemms: cuBLAS against gemm_wg as the lowering picks it, 20b (in
           dense_pair(s.k, s.n, tokens, 128, s.n >= 4096 ? 2 : 1, s.n >= 4096 ? 3 : 4, 1, false);
       }
   };
-  g_dry = true;
-  variants();
-  g_dry = false;
-  preload(std::move(g_sources));
-  variants();
+  with_preloaded(variants);
   cublasHandle_t h = nullptr;
   REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
   for (const Shape& s : shapes)
@@ -578,11 +579,7 @@ TEST_CASE("router gemm tiles at prompt steps, 20b (informational)") {
             std::pair{64, 5}, std::pair{64, 9}, std::pair{16, 5}, std::pair{32, 9}})
         dense_pair(2880, 32, tokens, bn, 1, 4, splitk, false);
   };
-  g_dry = true;
-  variants();
-  g_dry = false;
-  preload(std::move(g_sources));
-  variants();
+  with_preloaded(variants);
 }
 
 TEST_CASE("k and v projection tiles at prompt steps, 20b (informational)") {
@@ -600,11 +597,7 @@ TEST_CASE("k and v projection tiles at prompt steps, 20b (informational)") {
                                 std::pair{64, 5}, std::pair{128, 3}, std::pair{32, 1}})
         dense_pair(2880, 512, tokens, bn, 1, 4, splitk, false);
   };
-  g_dry = true;
-  variants();
-  g_dry = false;
-  preload(std::move(g_sources));
-  variants();
+  with_preloaded(variants);
 #if XSERV_HAVE_CUBLAS
   cublasHandle_t h = nullptr;
   REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);

@@ -454,36 +454,45 @@ TEST_CASE("the runtime's attention split rule is codegen's") {
     }
 }
 
+namespace {
+
+/// `g` lowered for steps of up to `tokens` tokens and kMaxBatch sequences on the warpgroup
+/// gemms, its own memory plan, plain bf16 or split activations, cuBLAS projections or not.
+runtime::LaunchTable lower_for(const ir::Graph& g, int64_t tokens, bool split, bool cublas) {
+  const compiler::MemoryPlan mem =
+      compiler::plan_memory(g, {{models::dims::kTokens, tokens}, {models::dims::kSeqs, kMaxBatch}});
+  codegen::LoweringContext ctx;
+  ctx.max_tokens = static_cast<int>(tokens);
+  ctx.max_seqs = int(kMaxBatch);
+  ctx.cache_rows = kMaxBatch;
+  ctx.max_seq = kMaxSeq;
+  ctx.gemm_split = split;
+  ctx.wgmma = true;
+  ctx.dense_cublas = cublas;
+  ctx.memory = &mem;
+  codegen::KernelSet ks;
+  return codegen::lower_graph(g, ks, ctx);
+}
+
+} // namespace
+
 TEST_CASE("the warpgroup gemms refuse a step past their 32-bit activation offsets") {
   // gemm_wg addresses an activation row as row x K in 32 bits: a plan whose steps reach 2^32
   // elements is refused at lowering, naming the flag that sets the step size.
   const models::ModelConfig cfg =
       models::ModelConfig::load(testing::source_dir() / "examples/tiny/config.json");
   const ir::Graph g = final_graph(cfg, variants()[1]);
-  auto lower_for = [&](int64_t tokens) {
-    const compiler::MemoryPlan mem = compiler::plan_memory(
-        g, {{models::dims::kTokens, tokens}, {models::dims::kSeqs, kMaxBatch}});
-    codegen::LoweringContext ctx;
-    ctx.max_tokens = static_cast<int>(tokens);
-    ctx.max_seqs = int(kMaxBatch);
-    ctx.cache_rows = kMaxBatch;
-    ctx.max_seq = kMaxSeq;
-    ctx.gemm_split = false;
-    ctx.wgmma = true;
-    ctx.memory = &mem;
-    codegen::KernelSet ks;
-    return codegen::lower_graph(g, ks, ctx);
-  };
+  auto lower_tokens = [&](int64_t tokens) { return lower_for(g, tokens, false, false); };
   const int64_t limit = (int64_t{1} << 32) / cfg.hidden_size; // rows x hidden = 2^32
-  CHECK_THROWS_WITH_AS(lower_for(limit),
+  CHECK_THROWS_WITH_AS(lower_tokens(limit),
                        doctest::Contains("past the gemms' 2^32 element offsets; compile with a "
                                          "smaller --prefill-chunk"),
                        xserv::Error);
   // The MoE down gemm's rows are (token, slot) pairs: k times the tokens.
   CHECK(cfg.num_experts_per_tok == 2);
-  CHECK_THROWS_WITH_AS(lower_for(limit / 2), doctest::Contains("2^32 element offsets"),
+  CHECK_THROWS_WITH_AS(lower_tokens(limit / 2), doctest::Contains("2^32 element offsets"),
                        xserv::Error);
-  CHECK_NOTHROW(lower_for(1024));
+  CHECK_NOTHROW(lower_tokens(1024));
 }
 
 TEST_CASE("--dense-gemm cublas: the projections of steps above 64 tokens are library calls") {
@@ -491,20 +500,7 @@ TEST_CASE("--dense-gemm cublas: the projections of steps above 64 tokens are lib
       models::ModelConfig::load(testing::source_dir() / "examples/tiny/config.json");
   const ir::Graph g = final_graph(cfg, variants()[1]);
   const int capacity = codegen::step_token_capacity(kMaxBatch, kGoldenChunk);
-  const compiler::MemoryPlan mem = compiler::plan_memory(
-      g, {{models::dims::kTokens, capacity}, {models::dims::kSeqs, kMaxBatch}});
-  auto lower_with = [&](bool cublas, bool split) {
-    codegen::LoweringContext ctx;
-    ctx.max_tokens = capacity;
-    ctx.max_seqs = int(kMaxBatch);
-    ctx.cache_rows = kMaxBatch;
-    ctx.max_seq = kMaxSeq;
-    ctx.gemm_split = split;
-    ctx.dense_cublas = cublas;
-    ctx.memory = &mem;
-    codegen::KernelSet ks;
-    return codegen::lower_graph(g, ks, ctx);
-  };
+  auto lower_with = [&](bool cublas, bool split) { return lower_for(g, capacity, split, cublas); };
   const runtime::LaunchTable wg = lower_with(false, false), lib = lower_with(true, false);
   CHECK(wg.library.empty());
   CHECK(lower_with(true, true).library.empty()); // split activations stay on gemm_wg
