@@ -147,9 +147,11 @@ int cmd_compile(const ParsedArgs& args) {
   const std::string precision = args.get("--gemm-precision", "bf16");
   if (precision != "split" && precision != "bf16")
     throw UsageError(fmt::format("--gemm-precision must be split or bf16, got '{}'", precision));
-  // cuBLAS for the dense projections of prompt steps: opt-in until measured end to end (its
-  // kernels_bench numbers: docs/PERF.md session 10).
-  const std::string dense = args.get("--dense-gemm", "wg");
+  // cuBLAS for the dense projections of prompt steps wherever it can serve them (plain bf16
+  // activations on sm_90): pp512 +11%, pp2048 +5% on the 20b, decode unchanged (docs/PERF.md
+  // session 11).
+  const bool cublas_fits = precision == "bf16" && arch == "sm_90";
+  const std::string dense = args.get("--dense-gemm", cublas_fits ? "cublas" : "wg");
   if (dense != "wg" && dense != "cublas")
     throw UsageError(fmt::format("--dense-gemm must be wg or cublas, got '{}'", dense));
   if (dense == "cublas" && (precision == "split" || arch != "sm_90"))

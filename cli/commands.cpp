@@ -102,7 +102,8 @@ const std::vector<Command>& commands() {
           "gemm activations as plain bf16 (default, fastest) or bf16 hi + lo pairs (split: "
           "about fp32, batch-invariant)"},
          {"--dense-gemm", "wg|cublas",
-          "dense projections of prompt steps on our warpgroup gemm (default) or cuBLAS"},
+          "dense projections of prompt steps on cuBLAS (default with bf16 gemms on sm_90) or "
+          "our warpgroup gemm"},
          {"--no-cubins", "", "write kernel sources only, skip NVRTC"}},
         1,
         1},

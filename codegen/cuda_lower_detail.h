@@ -145,8 +145,10 @@ private:
     /// weight tile: the router), through the same reduce.
     bool large_split = false;
     /// Above kSmallGemmRows tokens: LaunchTable::library call `library` (cuBLAS) writes the raw
-    /// sums into `lib_part` ([rows, n] fp32 scratch) and `lib_reduce` adds bias and residual.
-    int library = -1, lib_reduce = -1;
+    /// sums into `lib_part` ([rows, n] fp32 scratch) and `lib_reduce` adds bias and residual;
+    /// its activations come from `lib_act` (gemm_act in K order: cuBLAS reads the checkpoint's
+    /// weight rows, not gemm_wg's K slots).
+    int library = -1, lib_reduce = -1, lib_act = -1;
     LaunchArg lib_part;
     LaunchArg part; ///< [splitk, rows, n] fp32 partial sums
     bool wg = false;

@@ -63,8 +63,12 @@ void Lowerer::linear(int kernel, const DenseGemm& gemm, const codegen::LinearDim
   if (gemm.wg) { // the rows' bf16 activations (shared by the linears of one x), then the gemm
     const int lo = d.max_tokens + 1;
     const LaunchArg xl = c_.gemm_split ? wg_xl_ : null;
-    if (!inv_ready)
-      emit(gemm.act, rows, lo, -1, {x, d.norm ? ln : null, wg_xh_, xl});
+    if (!inv_ready) { // a library gemm's rows in K order (its own act kernel)
+      const std::vector<LaunchArg> act = {x, d.norm ? ln : null, wg_xh_, xl};
+      emit(gemm.act, rows, lo, gemm.library >= 0 ? kSmallGemmRows : -1, act);
+      if (gemm.library >= 0)
+        emit(gemm.lib_act, rows, kSmallGemmRows + 1, -1, act);
+    }
     wg_act_of_ = x;
     wg_act_normed_ = d.norm;
     const std::vector<LaunchArg> whole = {wg_xh_, xl, w, b, h, y, null, null, null, rows_arg()};
@@ -192,25 +196,62 @@ void Lowerer::lower_qkv_rope(ValueId v) {
     dims.push_back(d);
     gemms.push_back(dense_gemm(d, v));
     gemv.push_back(fused ? -1 : k_.add(codegen::emit_linear(d, ir_lines(g_, v))));
+    // The three share q's activations: in K order for cuBLAS, in slots for gemm_wg.
+    if ((gemms.back().library >= 0) != (gemms.front().library >= 0))
+      throw Error("lowering: q, k and v projections must all be library gemms or none");
   }
   if (!fused) {
     for (int r = 0; r < 3; ++r) // one inv-rms for the three projections of the same x
       linear(gemv[size_t(r)], gemms[size_t(r)], dims[size_t(r)], Rows::Tokens, addr(n.inputs[0]),
              addr(n.inputs[1]), addr(n.inputs[size_t(2 + 2 * r)]),
              addr(n.inputs[size_t(3 + 2 * r)]), LaunchArg{}, addr(v, r), r > 0);
-  } else {
+  }
+  const auto [table, att] = yarn_table(v, head_dim);
+  const int hq = static_dim(g_, v, 1, 0), hk = static_dim(g_, v, 1, 1);
+  const auto [kw, vw] = kv_writes_of(v);
+  // Decode steps (one token per sequence) write both caches before attention: with at most 8
+  // tokens in qkv_rope_decode's epilogue (no rope launch), above in rope_yarn_qk_kv. Other
+  // steps rotate in rope_yarn_qk and write the caches after attention (kv_write).
+  const ValueId kc = kw < 0 ? -1 : cache_node(g_.node(kw).inputs[0]);
+  const ValueId vc = kw < 0 ? -1 : cache_node(g_.node(vw).inputs[0]);
+  codegen::QkvDims qr = qd;
+  if (kw >= 0) {
+    qr.head_dim = head_dim;
+    qr.slots = cache_slots(kc);
+    qr.attention_factor = att;
+    qr.f32_cache = g_.type(kc).dtype == ir::DType::F32;
+  }
+  const bool rope_fused = fused && kw >= 0 && codegen::qkv_decode_fits(qr);
+  if (fused) {
     const int qkv = k_.add(codegen::emit_qkv_decode(qd, ir_lines(g_, v)));
     codegen::QkvDims qd1 = qd; // one-token steps: 15.9 against 17.1 us for the 20b's qkv
     qd1.max_tokens = 1;
-    const int qkv1 = k_.add(codegen::emit_qkv_decode(qd1, ir_lines(g_, v)));
     std::vector<LaunchArg> args;
     for (size_t i = 0; i < 8; ++i)
       args.push_back(addr(n.inputs[i]));
     for (int r = 0; r < 3; ++r)
       args.push_back(addr(v, r));
     args.push_back(rows_arg());
-    emit(qkv1, Rows::Tokens, 0, 1, args);
-    emit(qkv, Rows::Tokens, 2, kDecodeTokens, std::move(args));
+    if (rope_fused) {
+      const Node& kn = g_.node(kw);
+      codegen::QkvDims qr1 = qr;
+      qr1.max_tokens = 1;
+      const int rope1 = k_.add(codegen::emit_qkv_decode(qr1, ir_lines(g_, v)));
+      const int rope8 = k_.add(codegen::emit_qkv_decode(qr, ir_lines(g_, v)));
+      std::vector<LaunchArg> rargs = args;
+      for (LaunchArg a : {addr(n.inputs.back()), addr(kn.inputs[3]), addr(kn.inputs[4]), table,
+                          addr(kc), addr(vc)})
+        rargs.push_back(a);
+      outer_per_seq_ = 1;
+      emit(rope1, Rows::Tokens, 0, 1, rargs);
+      emit(rope8, Rows::Tokens, 2, kDecodeTokens, std::move(rargs));
+      outer_per_seq_ = -1; // a few tokens of one sequence: qkv, then rope_yarn_qk
+      emit(qkv, Rows::Tokens, 2, kDecodeTokens, std::move(args));
+      outer_per_seq_ = 0;
+    } else {
+      emit(k_.add(codegen::emit_qkv_decode(qd1, ir_lines(g_, v))), Rows::Tokens, 0, 1, args);
+      emit(qkv, Rows::Tokens, 2, kDecodeTokens, std::move(args));
+    }
     // Steps of more than 8 tokens: the three gemm linears.
     outer_lo_ = kDecodeTokens + 1;
     for (int r = 0; r < 3; ++r)
@@ -219,25 +260,19 @@ void Lowerer::lower_qkv_rope(ValueId v) {
              addr(n.inputs[size_t(3 + 2 * r)]), LaunchArg{}, addr(v, r), r > 0);
     outer_lo_ = 0;
   }
-  const auto [table, att] = yarn_table(v, head_dim);
-  const int hq = static_dim(g_, v, 1, 0), hk = static_dim(g_, v, 1, 1);
   const int rope = k_.add(codegen::emit_rope_yarn_qk(hq, hk, head_dim, att, ir_lines(g_, v)));
-  const auto [kw, vw] = kv_writes_of(v);
   if (kw < 0) {
     emit(rope, Rows::Tokens, 0, -1, {addr(v, 0), addr(v, 1), addr(n.inputs.back()), table});
     return;
   }
-  // Decode steps (one token per sequence): the rotation and both cache writes in one launch;
-  // other steps rotate here and write the caches after attention (kv_write).
   const Node& kn = g_.node(kw);
-  const ValueId kc = cache_node(kn.inputs[0]), vc = cache_node(g_.node(vw).inputs[0]);
   const int rope_kv =
       k_.add(codegen::emit_rope_yarn_qk_kv(hq, hk, head_dim, att, cache_slots(kc),
                                            g_.type(kc).dtype == ir::DType::F32, ir_lines(g_, v)));
   outer_per_seq_ = -1;
   emit(rope, Rows::Tokens, 0, -1, {addr(v, 0), addr(v, 1), addr(n.inputs.back()), table});
   outer_per_seq_ = 1;
-  emit(rope_kv, Rows::Tokens, 0, -1,
+  emit(rope_kv, Rows::Tokens, rope_fused ? kDecodeTokens + 1 : 0, -1,
        {addr(v, 0), addr(v, 1), addr(v, 2), addr(n.inputs.back()), addr(kn.inputs[3]),
         addr(kn.inputs[4]), table, addr(kc), addr(vc)});
   outer_per_seq_ = 0;

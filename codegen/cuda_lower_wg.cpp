@@ -94,6 +94,9 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
     k.lib_reduce = k_.add(codegen::emit_gemm_splitk_reduce(
         d.n, 1, d.bias, d.residual, {"adds bias and residual to a library gemm's sums"}));
     k.lib_part = partials(size_t(c_.max_tokens) * size_t(d.n) * sizeof(float));
+    codegen::GemmActDims a{d.k, d.norm, false, d.eps, 1};
+    a.natural = true;
+    k.lib_act = k_.add(codegen::emit_gemm_act(a, ir_lines(g_, v)));
   }
   return k;
 }

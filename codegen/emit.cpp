@@ -213,9 +213,13 @@ bool qkv_decode_fits(const QkvDims& d) {
   if (!valid_ksplit(d.ksplit))
     return false;
   const int block_rows = gemv_block_rows(qkv_rows(d), d.ksplit);
-  return d.k > 0 && d.k % 8 == 0 && d.nq > 0 && d.nk > 0 && d.nv > 0 && d.nq % block_rows == 0 &&
-         d.nk % block_rows == 0 && d.nv % block_rows == 0 && d.max_tokens >= 1 &&
-         d.max_tokens <= 8 && d.unroll >= 1;
+  const bool rope_fits =
+      d.head_dim == 0 ||
+      (d.head_dim > 0 && qkv_rows(d) == 2 && d.ksplit == 1 && d.head_dim % 16 == 0 &&
+       d.nq % d.head_dim == 0 && d.nk % d.head_dim == 0 && d.nv % d.head_dim == 0 && d.slots > 0);
+  return rope_fits && d.k > 0 && d.k % 8 == 0 && d.nq > 0 && d.nk > 0 && d.nv > 0 &&
+         d.nq % block_rows == 0 && d.nk % block_rows == 0 && d.nv % block_rows == 0 &&
+         d.max_tokens >= 1 && d.max_tokens <= 8 && d.unroll >= 1;
 }
 
 KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& ir_lines) {
@@ -226,9 +230,14 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
                             "K splits {}",
                             d.k, d.nq, d.nk, d.nv, qkv_rows(d), d.ksplit));
   const int rows = qkv_rows(d);
-  std::string name = fmt::format("qkv_decode_k{}_q{}_k{}_v{}{}{}", d.k, d.nq, d.nk, d.nv,
-                                 attr_suffix("eps", d.eps, 1e-5),
+  const bool rope = d.head_dim > 0;
+  std::string name = fmt::format("qkv{}_decode_k{}_q{}_k{}_v{}{}{}", rope ? "_rope" : "", d.k, d.nq,
+                                 d.nk, d.nv, attr_suffix("eps", d.eps, 1e-5),
                                  gemv_tuning_suffix(d.max_tokens, d.rows, d.unroll, d.ksplit));
+  const std::string cache_t = d.f32_cache ? "float" : "__nv_bfloat16";
+  if (rope)
+    name += fmt::format("_d{}_s{}_kv{}", d.head_dim, d.slots, d.f32_cache ? "f32" : "bf16") +
+            attr_suffix("att", d.attention_factor, 1.3465735902799727);
   std::vector<Param> params = {
       {"const float* x", "x"}, {fmt::format("{} ln", kBf16), "ln"}, {"", float_literal(d.eps)}};
   for (const char* n : {"q", "k", "v"}) {
@@ -238,12 +247,23 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
   for (const char* n : {"q", "k", "v"})
     params.push_back({fmt::format("float* y{}", n), fmt::format("y{}", n)});
   params.push_back({"int tokens", "tokens"});
+  if (rope) {
+    for (const char* n : {"positions", "token_seq", "cache_rows"})
+      params.push_back({fmt::format("const int* {}", n), n});
+    params.push_back({"const double* inv_freq", "inv_freq"});
+    params.push_back({"", fmt::format("{:.17g}", d.attention_factor)});
+    params.push_back({cache_t + "* k_cache", "k_cache"});
+    params.push_back({cache_t + "* v_cache", "v_cache"});
+  }
   LaunchRule launch;
   launch.blocks_x = (d.nq + d.nk + d.nv) / gemv_block_rows(rows, d.ksplit);
   launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
   launch.max_tokens = d.max_tokens;
-  std::string call = fmt::format("qkv_decode<{}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.nq, d.nk,
-                                 d.nv, d.max_tokens, rows, d.unroll, d.ksplit);
+  std::string call =
+      rope ? fmt::format("qkv_rope_decode<{}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.nq, d.nk,
+                         d.nv, d.head_dim, d.slots, cache_t, d.max_tokens, d.unroll)
+           : fmt::format("qkv_decode<{}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.nq, d.nk, d.nv,
+                         d.max_tokens, rows, d.unroll, d.ksplit);
   round_act(d.round_act, name, call);
   return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
 }
@@ -374,6 +394,18 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
   launch.min_blocks_per_sm = d.min_blocks;
   std::string call = fmt::format("moe_down_part{}<{}, {}, {}, {}, {}, {}>", d.mxfp4 ? "_mx4" : "",
                                  d.hidden, d.inter, d.experts, d.k, rows, d.unroll);
+  if (d.mma > 0) {
+    if (!d.mxfp4 || !d.round_act || d.hidden % 16 != 0)
+      throw Error("codegen: the tensor-core moe_down_part takes MXFP4 experts, bf16 activations "
+                  "and a hidden size divisible by 16");
+    launch.blocks_x = d.hidden / 16;
+    launch.min_blocks_per_sm = 0;
+    name = fmt::format("moe_down_part_e{}_k{}_d{}_i{}_mx4_mma{}_a16", d.experts, d.k, d.hidden,
+                       d.inter, d.mma == 2 ? "n" : "");
+    call = fmt::format("moe_down_part_mx4_mma<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts,
+                       d.k, d.mma == 2);
+    return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
+  }
   round_act(d.round_act, name, call);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
 }

@@ -80,6 +80,13 @@ struct QkvDims {
   /// 8 rows / ksplit), loads in flight per lane and row, K splits.
   int rows = 0, unroll = 4, ksplit = 1;
   bool round_act = false; ///< as LinearDims'
+  /// head_dim > 0: a decode step's qkv with one token per sequence, RoPE and the KV cache
+  /// writes in its epilogue (rope_yarn_qk_kv's work; kernels/linear.cuh qkv_rope_decode): extra
+  /// parameters positions, token_seq, cache_rows, inv_freq, then k_cache and v_cache (`slots`
+  /// slots, fp32 or bf16). Two rows per warp and no K split only.
+  int head_dim = 0, slots = 0;
+  double attention_factor = 1.0;
+  bool f32_cache = false;
 };
 bool qkv_decode_fits(const QkvDims& d);
 KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& ir_lines);
@@ -134,6 +141,9 @@ struct MoeDims {
   /// hidden and inter must be multiples of 32.
   bool mxfp4 = false;
   bool round_act = false; ///< as LinearDims' (gate_up's x and down_part's SwiGLU output)
+  /// moe_down_part on tensor cores (moe_down_part_mx4_mma; MXFP4 and round_act only): 1 with
+  /// raw bf16 operands, 2 with them normalised first (no subnormal operand). 0: the FMA kernel.
+  int mma = 0;
 };
 
 /// embedding: out[t] = table[ids[t]] widened to fp32. Parameters: table, ids, out; grid.y = tokens.

@@ -52,12 +52,16 @@ KernelSource emit_gemm_act(const GemmActDims& d, const std::vector<std::string>&
       fmt::format("gemm_act_k{}{}{}", d.k, d.norm ? "_norm" : "", d.split ? "_x2" : "_bf16");
   if (d.rows_per_token != 1) // the launch rule differs: kernels are told apart by name
     name += fmt::format("_r{}", d.rows_per_token);
+  if (d.natural)
+    name += "_natural";
   if (d.norm)
     name += attr_suffix("eps", d.eps, 1e-5);
   LaunchRule launch;
   launch.y_per_token = d.rows_per_token;
   return assemble(std::move(name), ir_lines, "gemm_wg.cuh",
-                  fmt::format("gemm_act<{}, {}, {}>", d.k, d.norm, d.split), params, launch);
+                  d.natural ? fmt::format("gemm_act<{}, {}, {}, true>", d.k, d.norm, d.split)
+                            : fmt::format("gemm_act<{}, {}, {}>", d.k, d.norm, d.split),
+                  params, launch);
 }
 
 KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& ir_lines) {

@@ -19,6 +19,7 @@ struct GemmActDims {
   bool split = false;
   double eps = 1e-5;
   int rows_per_token = 1; ///< rows of x per step token (the MoE's down input: k per token)
+  bool natural = false;   ///< K in its own order (a library gemm's input), not gemm_wg's slots
 };
 KernelSource emit_gemm_act(const GemmActDims& d, const std::vector<std::string>& ir_lines);
 

@@ -178,7 +178,8 @@ __device__ __forceinline__ void warp_prefetch_rows_l2(const __nv_bfloat16* w) {
 /// plain loop over the chunks, so the result does not depend on the pipelining.
 /// With KS > 1 the warp takes part `part` of KS equal ranges of K only (split-K: KS warps share
 /// the rows and their partial sums are added by the caller); KS = 1 is the whole row.
-template <int K, int R, int MAX_T, int UNROLL = 4, int KS = 1> struct WarpGemv {
+/// Row r of the warp is row0 + r * APART (1: R consecutive rows).
+template <int K, int R, int MAX_T, int UNROLL = 4, int KS = 1, int APART = 1> struct WarpGemv {
   static_assert(K % 8 == 0, "rows must be whole 16-byte words");
   static constexpr int kChunks = K / 8;                     // 16-byte words per row
   static constexpr int kPart = (kChunks + KS - 1) / KS;     // 16-byte words per part
@@ -197,7 +198,7 @@ template <int K, int R, int MAX_T, int UNROLL = 4, int KS = 1> struct WarpGemv {
       const int c = base + u * kWarp + lane;
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        raw[u][r] = c < n ? __ldg(&w4[r * kChunks + c0 + c]) : make_uint4(0, 0, 0, 0);
+        raw[u][r] = c < n ? __ldg(&w4[r * APART * kChunks + c0 + c]) : make_uint4(0, 0, 0, 0);
     }
   }
 

@@ -52,9 +52,10 @@ __device__ __forceinline__ unsigned mxfp4_pair_scaled(unsigned raw, uint2 f) {
 }
 
 /// The MMA's bf16 activations of fp32 rows (row r = blockIdx.y, 256 threads): xh[r] = bf16(x'[r])
-/// in the slot order of every 64-wide K tile, x' = x (NORM: x * rsqrt(mean(x^2) + eps) * ln);
-/// with SPLIT also xl[r] = bf16(x' - xh) (hi + lo hold ~16 bits of each value).
-template <int K, bool NORM, bool SPLIT>
+/// in the slot order of every 64-wide K tile (NATURAL: in K order, for cuBLAS, whose weights are
+/// the checkpoint's rows), x' = x (NORM: x * rsqrt(mean(x^2) + eps) * ln); with SPLIT also
+/// xl[r] = bf16(x' - xh) (hi + lo hold ~16 bits of each value).
+template <int K, bool NORM, bool SPLIT, bool NATURAL = false>
 __device__ __forceinline__ void
 gemm_act(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
          __nv_bfloat16* __restrict__ xh, __nv_bfloat16* __restrict__ xl) {
@@ -83,15 +84,17 @@ gemm_act(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, floa
   }
   unsigned* oh = reinterpret_cast<unsigned*>(xh + (size_t)blockIdx.y * K);
   unsigned* ol = reinterpret_cast<unsigned*>(xl + (size_t)blockIdx.y * K);
-  // Pair u of a K tile: slots 2u, 2u + 1 hold K values a and a + 4.
+  // Pair u of a K tile: slots 2u, 2u + 1 hold K values a and a + 4 (NATURAL: K 2u and 2u + 1,
+  // the row as it is, for a library gemm).
   for (int p = threadIdx.x; p < K / 2; p += 256) {
-    const int k0 = (p / 32) * 64, a = k0 + wg_k_of_slot(2 * (p % 32));
-    float v0 = xr[a], v1 = xr[a + 4];
+    const int a = NATURAL ? 2 * p : (p / 32) * 64 + wg_k_of_slot(2 * (p % 32));
+    const int b = NATURAL ? a + 1 : a + 4;
+    float v0 = xr[a], v1 = xr[b];
     if (NORM) {
       // (x * inv) * ln, in the decode GEMVs' order (linear_stage_x), so that with plain bf16
       // activations a token rounds the same value in both paths
       v0 = v0 * inv * bf16_to_float(ln[a]);
-      v1 = v1 * inv * bf16_to_float(ln[a + 4]);
+      v1 = v1 * inv * bf16_to_float(ln[b]);
     }
     const unsigned hi = pack_bf16x2(v0, v1);
     oh[p] = hi;

@@ -193,4 +193,83 @@ qkv_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, fl
     linear_store<NV, MAX_T, R, true, false>(acc, b, nullptr, y, row, tokens);
 }
 
+/// qkv_decode of a step with one token per sequence, with rope_yarn_qk_kv's work in its
+/// epilogue (the launch then has no rope kernel): each warp of the q and k blocks computes the
+/// rows j and j + D/2 of one head (a block: 8 such pairs of one head), lane t rotates token t's
+/// pair as rope_yarn does (angle p inv_freq[j], its cosine and sine times att, the products, all
+/// in float64: bitwise rope_yarn_qk_kv's results) and stores it; v rows go in the same pairs.
+/// The rotated k and the v rows also go to k_cache / v_cache (CacheT [rows, S, NK / D, D]) at
+/// row cache_rows[token_seq[t]], slot positions[t] % S: with one token per sequence attention
+/// never reads that slot (rope_yarn_qk_kv). Two rows per warp, no K split; grid.x =
+/// (NQ + NK + NV) / 16.
+template <int K, int NQ, int NK, int NV, int D, int S, typename CacheT, int MAX_T, int UNROLL = 4,
+          bool ROUND = false>
+__device__ __forceinline__ void
+qkv_rope_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
+                const __nv_bfloat16* __restrict__ wq, const __nv_bfloat16* __restrict__ bq,
+                const __nv_bfloat16* __restrict__ wk, const __nv_bfloat16* __restrict__ bk,
+                const __nv_bfloat16* __restrict__ wv, const __nv_bfloat16* __restrict__ bv,
+                float* __restrict__ yq, float* __restrict__ yk, float* __restrict__ yv, int tokens,
+                const int* __restrict__ positions, const int* __restrict__ token_seq,
+                const int* __restrict__ cache_rows, const double* __restrict__ inv_freq, double att,
+                CacheT* __restrict__ k_cache, CacheT* __restrict__ v_cache) {
+  constexpr int kWarps = kLinearThreads / kWarp, kHalf = D / 2, kRows = 2 * kWarps;
+  static_assert(kHalf % kWarps == 0, "a block's row pairs must lie in one head");
+  static_assert(NQ % D == 0 && NK % D == 0 && NV % D == 0, "projections of whole heads");
+  extern __shared__ float4 smem_linear[];
+  float* xs = reinterpret_cast<float*>(smem_linear);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  int first = blockIdx.x * kRows; // in the concatenated rows, then within the projection
+  const __nv_bfloat16 *w = wq, *b = bq;
+  float* y = yq;
+  int part = 0;
+  if (first >= NQ + NK) {
+    first -= NQ + NK, w = wv, b = bv, y = yv, part = 2;
+  } else if (first >= NQ) {
+    first -= NQ, w = wk, b = bk, y = yk, part = 1;
+  }
+  const int pair = first / 2 + warp, head = pair / kHalf, j = pair % kHalf;
+  const int row = head * D + j; // and row + kHalf
+  WarpGemv<K, 2, MAX_T, UNROLL, 1, kHalf> gemv;
+  gemv.start(w + (size_t)row * K);
+  // Lane t's angle for token t, while the weights stream (q and k only).
+  double c = 1.0, sn = 0.0;
+  size_t slot = 0;
+  if (lane < tokens && lane < MAX_T) {
+    const int p = positions[lane];
+    slot = ((size_t)cache_rows[token_seq[lane]] * S + p % S) * (NK / D) * D + (size_t)head * D;
+    if (part < 2) {
+      double s0, c0;
+      sincos(double(p) * inv_freq[j], &s0, &c0);
+      c = c0 * att;
+      sn = s0 * att;
+    }
+  }
+  linear_stage_x<K, MAX_T, true, ROUND>(x, ln, eps, xs, tokens);
+  float acc[2][MAX_T];
+  gemv.finish(xs, tokens, acc);
+  constexpr int kN[3] = {NQ, NK, NV};
+  const int n = kN[part];
+#pragma unroll
+  for (int t = 0; t < MAX_T; ++t) {
+    if (t >= tokens || lane != t)
+      continue;
+    const float x1 = acc[0][t] + bf16_to_float(b[row]),
+                x2 = acc[1][t] + bf16_to_float(b[row + kHalf]);
+    float y1 = x1, y2 = x2;
+    if (part < 2) {
+      const double d1 = x1, d2 = x2;
+      y1 = float(d1 * c - d2 * sn);
+      y2 = float(d2 * c + d1 * sn);
+    }
+    y[(size_t)t * n + row] = y1;
+    y[(size_t)t * n + row + kHalf] = y2;
+    if (part > 0) {
+      CacheT* dst = (part == 1 ? k_cache : v_cache) + slot;
+      store_cache(dst + j, y1);
+      store_cache(dst + j + kHalf, y2);
+    }
+  }
+}
+
 } // namespace xserv_kernels

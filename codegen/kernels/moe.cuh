@@ -215,4 +215,122 @@ moe_down_part_mx4(const float* __restrict__ act, const float* __restrict__ weigh
     part[(size_t)tk * D + o0 + r] = wt * (acc[r][0] + bf16_to_float(down_b[row0 + r]));
 }
 
+/// The raw MXFP4 pair (nibble k, nibble k + 4) of word q (k = 0..3) as a bf16x2 worth
+/// value * 2^-126 each (nibble k in the low half; +-0.5 lands on the bf16 subnormal 2^-127).
+__device__ __forceinline__ unsigned mx4_pair_raw(unsigned q, int k) {
+  const unsigned x = q << (12 - 4 * k);
+  return (x & 0x80008000u) | ((x >> 6) & 0x01c001c0u);
+}
+
+/// d = a b (fresh accumulators) on mma.sync m16n8k16, bf16 operands, fp32 sums; then d += a2 b2.
+__device__ __forceinline__ void mx4_mma_pair(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                             unsigned b1, const unsigned (&a2)[4], unsigned b2,
+                                             unsigned b3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const float z = 0.0f;
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a2[0]), "r"(a2[1]), "r"(a2[2]), "r"(a2[3]), "r"(b2), "r"(b3));
+#endif
+}
+
+/// moe_down_part_mx4 on tensor cores, for plain bf16 activations (ROUND): block (x, tk) computes
+/// rows 16 x .. 16 x + 15 of expert e = ids[tk], its 8 warps each over 1/8 of the I / 32 blocks,
+/// parts added in warp order. A warp's rows are the A operand of mma.sync m16n8k16: thread
+/// (g = lane / 4, c = lane % 4) takes word c of rows g and g + 8 of every 32-value block, whose
+/// nibble pairs (k, k + 4) are its A registers as raw bf16 pairs (mx4_pair_raw: 4 instructions
+/// a pair, no widening); the token's activations (bf16, times 2^64 as mxfp4_stage_x scales them)
+/// are staged once per block in the same K order as B's column 0 (every column holds them).
+/// Each block's two MMAs start from zero and the sum takes the block's scale
+/// (mxfp4_block_sum_scale), so the arithmetic is moe_down_part_mx4's with the 32 products of a
+/// block summed by the tensor cores. NORMALIZE: the raw pairs are first multiplied by 2^64 and
+/// the activations staged unscaled (no bf16 subnormal operand), the same products.
+/// grid.x = D / 16.
+template <int D, int I, int E, int KSEL, bool NORMALIZE = false>
+__device__ __forceinline__ void
+moe_down_part_mx4_mma(const float* __restrict__ act, const float* __restrict__ weights,
+                      const int* __restrict__ ids, const unsigned char* __restrict__ down,
+                      const __nv_bfloat16* __restrict__ down_b, float* __restrict__ part) {
+  static_assert(D % 16 == 0 && I % 32 == 0, "16-row groups of whole blocks");
+  constexpr int kBlocks = I / 32, kWarps = kMoeThreads / kWarp;
+  constexpr int kPer = (kBlocks + kWarps - 1) / kWarps; // blocks of a warp's part of I
+  __shared__ __align__(16) uint4 xs[kBlocks * 4];       // (block, c): B registers of 2 MMAs
+  __shared__ float red[kWarps][16];
+  const int tk = blockIdx.y, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int g = lane / 4, c = lane % 4, r0 = blockIdx.x * 16, e = ids[tk];
+  const bool active = e >= 0 && e < E;
+  const int b0 = warp * kPer, b1 = b0 + kPer < kBlocks ? b0 + kPer : kBlocks;
+  const size_t row = (size_t)(active ? e : 0) * D + r0 + g; // rows row and row + 8
+  const unsigned* w0 = reinterpret_cast<const unsigned*>(down + row * (I / 2)) + c;
+  const unsigned* w8 = reinterpret_cast<const unsigned*>(down + (row + 8) * (I / 2)) + c;
+  const unsigned char* s0 = mxfp4_scales<E * D, I>(down) + row * kBlocks;
+  const unsigned char* s8 = s0 + 8 * kBlocks;
+  unsigned qa[kPer], qb[kPer], sa[kPer], sb[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) { // every load of the warp's part in flight at once
+    const int b = b0 + i;
+    const bool live = active && b < b1;
+    qa[i] = live ? __ldg(w0 + 4 * b) : 0u;
+    qb[i] = live ? __ldg(w8 + 4 * b) : 0u;
+    sa[i] = live ? __ldg(s0 + b) : 0u;
+    sb[i] = live ? __ldg(s8 + b) : 0u;
+  }
+  constexpr float kScale = NORMALIZE ? 1.0f : kMx4XScale;
+  for (int i = threadIdx.x; i < kBlocks * 4; i += kMoeThreads) {
+    const float* xr = act + (size_t)tk * I + 32 * (i / 4) + 8 * (i % 4);
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      v[j] = act_value<true>(xr[j]) * kScale;
+    uint4 o;
+    o.x = pack_exact_bf16x2(v[0], v[4]);
+    o.y = pack_exact_bf16x2(v[1], v[5]);
+    o.z = pack_exact_bf16x2(v[2], v[6]);
+    o.w = pack_exact_bf16x2(v[3], v[7]);
+    xs[i] = o;
+  }
+  __syncthreads();
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    if (b0 + i >= b1)
+      break;
+    const uint4 bx = xs[(b0 + i) * 4 + c];
+    unsigned a[4] = {mx4_pair_raw(qa[i], 0), mx4_pair_raw(qb[i], 0), mx4_pair_raw(qa[i], 1),
+                     mx4_pair_raw(qb[i], 1)};
+    unsigned a2[4] = {mx4_pair_raw(qa[i], 2), mx4_pair_raw(qb[i], 2), mx4_pair_raw(qa[i], 3),
+                      mx4_pair_raw(qb[i], 3)};
+    if (NORMALIZE) {
+      constexpr unsigned k64 = 0x5f805f80u; // bf16x2 (2^64, 2^64)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(a[j]) : "r"(a[j]), "r"(k64));
+        asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(a2[j]) : "r"(a2[j]), "r"(k64));
+      }
+    }
+    float d[4];
+    mx4_mma_pair(d, a, bx.x, bx.y, a2, bx.z, bx.w);
+    acc[0] += mxfp4_block_sum_scale(d[0], sa[i]);
+    acc[2] += mxfp4_block_sum_scale(d[2], sb[i]);
+  }
+  if (c == 0) { // column 0: rows g and g + 8
+    red[warp][g] = acc[0];
+    red[warp][g + 8] = acc[2];
+  }
+  __syncthreads();
+  if (threadIdx.x >= 16 || !active)
+    return;
+  float sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w)
+    sum += red[w][threadIdx.x];
+  const int o = r0 + threadIdx.x;
+  part[(size_t)tk * D + o] = weights[tk] * (sum + bf16_to_float(down_b[(size_t)e * D + o]));
+}
+
 } // namespace xserv_kernels

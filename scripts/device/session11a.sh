@@ -34,4 +34,13 @@ for v in wg lib; do # greedy tokens of a 190-token prompt, both plans
     --max-tokens 32 > /tmp/tok_$v.txt 2> /dev/null
 done
 cmp -s /tmp/tok_wg.txt /tmp/tok_lib.txt && echo "greedy tokens: equal" || echo "greedy tokens: differ"
+echo "== decode without CUDA graphs (launch cost) at $((SECONDS - start)) s"
+XSERV_CUDA_GRAPHS=0 timeout 60 $X bench /tmp/p_wg --backend cuda -p 0 -n 128 -b 1 -r 1 2> /dev/null |
+  grep -E "tg" | cut -d'|' -f6,7,8,11
+echo "== ncu: every kernel of batch-1 decode steps at $((SECONDS - start)) s"
+XSERV_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none --cache-control none \
+  --launch-skip 1500 --launch-count 788 --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+  --csv $X bench /tmp/p_wg --backend cuda -p 0 -n 16 -b 1 -r 1 > /tmp/ncu_decode.csv 2> /tmp/ncu.err
+echo "ncu rc=$?"; tail -3 /tmp/ncu.err
+python3 scripts/device/ncu_table.py /tmp/ncu_decode.csv 4 | tee "$OUT/ncu_decode.txt"
 echo "done in $((SECONDS - start)) s"

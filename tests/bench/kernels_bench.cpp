@@ -176,6 +176,41 @@ TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
   }
 }
 
+TEST_CASE("MXFP4 moe_down_part: FMA against tensor cores, 20b, one token (informational)") {
+  XSERV_REQUIRE_GPU();
+  MoeDims d{2880, 2880, 32, 4, false};
+  d.mxfp4 = true;
+  d.round_act = true;
+  Rng rng{905};
+  // MXFP4 experts [32, 2880, 2880] (140 MB, beyond L2), the 8 disjoint sets of 4 cycled.
+  const size_t n = size_t(d.experts) * d.hidden * d.inter;
+  std::vector<uint8_t> bytes(n / 2 + n / 32);
+  for (size_t i = 0; i < n / 2; ++i)
+    bytes[i] = uint8_t(int((rng.next(1.0f) + 1.0f) * 128.0f) & 0xff);
+  for (size_t b = 0; b < n / 32; ++b)
+    bytes[n / 2 + b] = uint8_t(118 + b % 8);
+  auto down = upload(bytes), bias = upload(random_bf16(rng, {d.experts, d.hidden}, 0.5f).bits);
+  auto act = upload(random_f32(rng, {d.k, d.inter}, 1.0f).f);
+  auto part = poisoned(size_t(d.k) * d.hidden);
+  std::vector<std::unique_ptr<DevBuf>> id_sets, w_sets;
+  for (int s = 0; s < 8; ++s) {
+    id_sets.push_back(upload(std::vector<int32_t>{4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3}));
+    w_sets.push_back(upload(std::vector<float>{0.4f, 0.3f, 0.2f, 0.1f}));
+  }
+  const double mb = double(d.k) * d.hidden * d.inter * (0.5 + 1.0 / 32) / 1e6;
+  for (int mma = 0; mma < 3; ++mma) {
+    MoeDims v = d;
+    v.mma = mma;
+    const Loaded& k = load(emit_moe_down_part(v, {}));
+    const double ms = median_ms([&](int i) {
+      launch(k, 1, 1, act->p, w_sets[i % 8]->p, id_sets[i % 8]->p, down->p, bias->p, part->p);
+    });
+    device_sync();
+    MESSAGE("mxfp4 down_part " << k.src.name << ": " << ms * 1e3 << " us, " << mb / ms
+                               << " GB/s of weights");
+  }
+}
+
 // ---- prefill / batched-decode gemms: mma.sync (gemm.cuh) against warpgroup MMA (gemm_wg.cuh) ----
 
 namespace {

@@ -82,15 +82,26 @@ TEST_CASE("compile --emit ir prints a verified graph, -o writes a plan directory
   CHECK(std::filesystem::exists(dump / "01_cse.ir"));
 }
 
-TEST_CASE("compile --dense-gemm cublas: library gemms in the plan, refused where they cannot run") {
+TEST_CASE("compile --dense-gemm: cuBLAS by default where it can run, wg on request, refusals") {
   const xserv::testing::TempDir tmp("dense_gemm");
   const std::string model = (tmp.path / "model").string();
   REQUIRE(run_xserv("synth --config " +
-                    (xserv::testing::source_dir() / "examples/tiny/config.json").string() +
-                    " -o " + model + " --seed 5")
+                    (xserv::testing::source_dir() / "examples/tiny/config.json").string() + " -o " +
+                    model + " --seed 5")
               .code == 0);
   const std::string plan = (tmp.path / "plan").string();
   const std::string base = "compile " + model + " -o " + plan + " --max-batch 2 --max-seq 512 ";
+  // The default: cuBLAS with plain bf16 gemms on sm_90; gemm_wg where cuBLAS cannot serve the
+  // plan (split activations, another architecture) or when asked.
+  auto dense_of = [&](const std::string& flags) {
+    REQUIRE(run_xserv(base + "--no-cubins " + flags).code == 0);
+    const auto doc = nlohmann::json::parse(run_xserv("inspect " + plan + " --json").out);
+    return doc["options"].value("dense_gemm", std::string("wg"));
+  };
+  CHECK(dense_of("") == "cublas");
+  CHECK(dense_of("--dense-gemm wg") == "wg");
+  CHECK(dense_of("--gemm-precision split") == "wg");
+  CHECK(dense_of("--arch sm_80") == "wg");
   REQUIRE(run_xserv(base + "--no-cubins --dense-gemm cublas").code == 0);
   const RunResult shown = run_xserv("inspect " + plan);
   CHECK(shown.out.find("dense gemms of prompt steps on cuBLAS") != std::string::npos);
@@ -117,8 +128,8 @@ TEST_CASE("plans of every --expert-format run on the CPU backend to the same tok
   const xserv::testing::TempDir tmp("expert_formats");
   const std::string model = (tmp.path / "model").string();
   REQUIRE(run_xserv("synth --config " +
-                    (xserv::testing::source_dir() / "examples/tiny/config.json").string() +
-                    " -o " + model + " --seed 5")
+                    (xserv::testing::source_dir() / "examples/tiny/config.json").string() + " -o " +
+                    model + " --seed 5")
               .code == 0);
   std::string first;
   for (const std::string f : {"bf16", "mxfp4", "both"}) {

@@ -52,7 +52,7 @@ TEST_CASE("gpu: a --dense-gemm cublas plan gives the gemm_wg plan's tokens and l
     REQUIRE(r.code == 0);
     return plan;
   };
-  const fs::path wg_plan = compile("wg", ""), lib_plan = compile("lib", "--dense-gemm cublas");
+  const fs::path wg_plan = compile("wg", "--dense-gemm wg"), lib_plan = compile("lib", "");
   xserv::cli::GraphModelOptions quiet = xserv::cli::graph_model_options();
   quiet.quiet = true;
   auto load = [&](const fs::path& plan) {

@@ -84,6 +84,18 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
     out.push_back(emit_moe_gate_up(moe, {"moe gate_up, bf16 activations"}));
     out.push_back(emit_moe_down_part(moe, {"moe down part, bf16 activations"}));
   }
+  for (int mma : {1, 2}) { // on tensor cores (MXFP4, bf16 activations)
+    moe.mma = mma;
+    if (moe.hidden % 16 == 0)
+      out.push_back(emit_moe_down_part(moe, {"moe down part, tensor cores"}));
+  }
+  QkvDims qr = qd; // decode qkv with RoPE and the cache writes in its epilogue
+  qr.head_dim = int(c.head_dim);
+  qr.slots = 4096;
+  qr.attention_factor = 1.25;
+  qr.f32_cache = true;
+  if (qkv_decode_fits(qr))
+    out.push_back(emit_qkv_decode(qr, {"qkv_rope_decode"}));
   return out;
 }
 

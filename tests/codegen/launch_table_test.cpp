@@ -538,8 +538,21 @@ TEST_CASE("--dense-gemm cublas: the projections of steps above 64 tokens are lib
       CHECK(rs[i].args.size() == 3);
       REQUIRE(i + 1 < rs.size()); // its reduce follows
       CHECK(lib.kernels.at(size_t(rs[i + 1].kernel)).name.rfind("gemm_splitk_reduce", 0) == 0);
+      // Its x was last written by gemm_act in K order (cuBLAS reads the checkpoint's rows; the
+      // slot order of gemm_wg's activations would pair each weight with another K's value).
+      std::string writer;
+      for (size_t j = i; j-- > 0 && writer.empty();) {
+        const std::string& name = lib.kernels.at(size_t(rs[j].kernel < 0 ? 0 : rs[j].kernel)).name;
+        if (rs[j].kernel >= 0 && name.rfind("gemm_act", 0) == 0 &&
+            rs[j].args.at(2) == rs[i].args[0])
+          writer = name;
+      }
+      CHECK(writer.find("_natural") != std::string::npos);
     }
   }
+  for (const runtime::LaunchRecord& r : b.record({64, 1, 63})) // gemm_wg's steps: slots
+    if (r.kernel >= 0)
+      CHECK(lib.kernels.at(size_t(r.kernel)).name.find("_natural") == std::string::npos);
   // Lossless through plan.json, and a launch naming no routine is refused.
   const nlohmann::json j = runtime::launch_table_to_json(lib);
   CHECK(runtime::launch_table_from_json(nlohmann::json::parse(j.dump())) == lib);
@@ -549,4 +562,39 @@ TEST_CASE("--dense-gemm cublas: the projections of steps above 64 tokens are lib
       l.args.pop_back();
   CHECK_THROWS_WITH_AS(runtime::Executor(bad, runtime::placeholder_bindings(bad)),
                        doctest::Contains("a call takes kernel -1, 3 arguments"), xserv::Error);
+}
+
+TEST_CASE("decode steps rotate and write the caches in qkv's epilogue up to 8 sequences") {
+  // One token per sequence and at most 8 tokens: qkv_rope_decode does qkv, RoPE and both
+  // cache writes (no rope launch); more sequences: the gemms, then rope_yarn_qk_kv; several
+  // tokens of a sequence: qkv, rope_yarn_qk, and kv_write after attention.
+  const models::ModelConfig cfg =
+      models::ModelConfig::load(testing::source_dir() / "examples/tiny/config.json");
+  const ir::Graph g = final_graph(cfg, variants()[1]);
+  const runtime::LaunchTable t = lower_for(g, 64, false, false);
+  const runtime::Executor ex(t, runtime::placeholder_bindings(t));
+  auto count = [&](int tokens, int seqs, const std::string& prefix) {
+    int n = 0;
+    for (const runtime::LaunchRecord& r : ex.record({tokens, seqs, 100}))
+      if (r.kernel >= 0 && t.kernels.at(size_t(r.kernel)).name.rfind(prefix, 0) == 0)
+        ++n;
+    return n;
+  };
+  const int layers = int(cfg.num_hidden_layers);
+  for (auto [tokens, seqs] : {std::pair{1, 1}, std::pair{3, 3}, std::pair{8, 8}}) {
+    CAPTURE(tokens);
+    CHECK(count(tokens, seqs, "qkv_rope_decode") == layers);
+    CHECK(count(tokens, seqs,
+                tokens == 1 ? "qkv_rope_decode_k64_q64_k32_v32_t1"
+                            : "qkv_rope_decode_k64_q64_k32_v32_d") == layers);
+    CHECK(count(tokens, seqs, "qkv_decode") == 0);
+    CHECK(count(tokens, seqs, "rope_yarn") == 0);
+    CHECK(count(tokens, seqs, "kv_write") == 0);
+  }
+  CHECK(count(12, 12, "rope_yarn_qk_kv") == layers);
+  CHECK(count(12, 12, "qkv_rope_decode") == 0);
+  CHECK(count(3, 1, "qkv_decode") == layers);
+  CHECK(count(3, 1, "rope_yarn_qk_q") == layers);
+  CHECK(count(3, 1, "kv_write") == 2 * layers);
+  CHECK(count(3, 1, "qkv_rope_decode") == 0);
 }

@@ -38,8 +38,8 @@ Mxfp4Weight random_mxfp4(Rng& rng, int experts, int rows, int cols, int lo, int 
   for (size_t i = 0; i < n / 2; ++i)
     w.device[i] = uint8_t(int((rng.next(1.0f) + 1.0f) * 128.0f) & 0xff);
   for (size_t b = 0; b < blocks; ++b)
-    w.device[n / 2 + b] = uint8_t(lo + int((rng.next(1.0f) + 1.0f) * 0.5f * float(hi - lo + 1)) %
-                                           (hi - lo + 1));
+    w.device[n / 2 + b] =
+        uint8_t(lo + int((rng.next(1.0f) + 1.0f) * 0.5f * float(hi - lo + 1)) % (hi - lo + 1));
   std::vector<float> f(n);
   models::mxfp4_decode_row({w.device.data(), n / 2}, {w.device.data() + n / 2, blocks}, f);
   w.bf16.resize(n);
@@ -132,7 +132,8 @@ TEST_CASE("MoE decode kernels on MXFP4 experts agree with the BF16 kernels") {
          ddn4 = upload(dn.device), dgub = upload(gub.bits), ddnb = upload(dnb.bits);
     for (int tokens : {1, 5}) {
       const Tensor x = random_f32(rng, {tokens, d.hidden}, 3.0f);
-      Tensor w = random_f32(rng, {tokens, d.k}, 1.0f), ids = Tensor::zeros(DType::I32, {tokens, d.k});
+      Tensor w = random_f32(rng, {tokens, d.k}, 1.0f),
+             ids = Tensor::zeros(DType::I32, {tokens, d.k});
       for (int t = 0; t < tokens; ++t)
         for (int j = 0; j < d.k; ++j)
           ids.i[size_t(t * d.k + j)] = (t * 7 + j * 3) % d.experts;
@@ -158,10 +159,9 @@ TEST_CASE("MoE decode kernels on MXFP4 experts agree with the BF16 kernels") {
       }
       // Both against ir::ref (double sums) on the dequantised weights: the MXFP4 kernels are
       // held to be as accurate as the BF16 ones (their sums are only grouped otherwise).
-      const Tensor want =
-          ir::ref::moe_experts(x, w, ids, as_tensor(gu, {d.experts, 2 * d.inter, d.hidden}),
-                               gub.t, as_tensor(dn, {d.experts, d.hidden, d.inter}), dnb.t,
-                               d.limit, d.alpha);
+      const Tensor want = ir::ref::moe_experts(
+          x, w, ids, as_tensor(gu, {d.experts, 2 * d.inter, d.hidden}), gub.t,
+          as_tensor(dn, {d.experts, d.hidden, d.inter}), dnb.t, d.limit, d.alpha);
       const double ref_bf16 = rel_l2(y[0], want.f), ref_mx = rel_l2(y[1], want.f);
       MESSAGE("against ir::ref, hidden " << d.hidden << ", " << tokens << " tokens: BF16 kernels "
                                          << ref_bf16 << ", MXFP4 kernels " << ref_mx);
@@ -169,15 +169,69 @@ TEST_CASE("MoE decode kernels on MXFP4 experts agree with the BF16 kernels") {
       INFO("hidden " << d.hidden << ", tokens " << tokens);
       const double e_act = rel_l2(as_floats(act_bits[1]), as_floats(act_bits[0]));
       const double e_part = rel_l2(as_floats(part_bits[1]), as_floats(part_bits[0]));
-      MESSAGE("MXFP4 vs BF16 decode kernels, hidden " << d.hidden << ", " << tokens
-                                                      << " tokens: rel L2 act " << e_act
-                                                      << ", down " << e_part);
+      MESSAGE("MXFP4 vs BF16 decode kernels, hidden "
+              << d.hidden << ", " << tokens << " tokens: rel L2 act " << e_act << ", down "
+              << e_part);
       // The BF16 kernels' own bound against ir::ref (kernels_gpu_test.cpp): the grouping of the
       // sums by block moves them by about one rounding per block.
       CHECK(e_act <= 3e-6);
       CHECK(e_part <= 3e-6);
     }
   }
+}
+
+TEST_CASE("tensor-core moe_down_part on MXFP4 experts agrees with the FMA kernel and ir::ref") {
+  XSERV_REQUIRE_GPU();
+  uint64_t seed = 9150;
+  for (MoeDims d : {MoeDims{64, 64, 8, 2, false}, MoeDims{2880, 2880, 32, 4, false}})
+    for (auto [lo, hi] : {std::pair{117, 130}, std::pair{100, 140}}) {
+      Rng rng{++seed};
+      d.mxfp4 = true;
+      d.round_act = true;
+      const Mxfp4Weight dn = random_mxfp4(rng, d.experts, d.hidden, d.inter, lo, hi);
+      const Bf16Weight dnb = random_bf16(rng, {d.experts, d.hidden}, 0.5f);
+      auto ddn4 = upload(dn.device), ddnb = upload(dnb.bits);
+      const int tokens = 3, pairs = tokens * d.k;
+      const Tensor act = random_f32(rng, {pairs, d.inter}, 2.0f);
+      const Tensor w = random_f32(rng, {pairs}, 1.0f);
+      Tensor ids = Tensor::zeros(DType::I32, {pairs});
+      for (int j = 0; j < pairs; ++j)
+        ids.i[size_t(j)] = (j * 5 + 3) % d.experts;
+      auto dact = upload(act), dw = upload(w), dids = upload(ids);
+      // ir::ref's arithmetic in double on the bf16-rounded activations the kernels take.
+      std::vector<float> want(size_t(pairs) * d.hidden);
+      for (int j = 0; j < pairs; ++j)
+        for (int o = 0; o < d.hidden; ++o) {
+          const size_t r = (size_t(ids.i[size_t(j)]) * d.hidden + o) * d.inter;
+          double sum = 0.0;
+          for (int i = 0; i < d.inter; ++i)
+            sum += double(models::bf16_to_float(dn.bf16[r + i])) *
+                   double(models::bf16_to_float(
+                       models::float_to_bf16(act.f[size_t(j) * d.inter + i])));
+          const double b = models::bf16_to_float(dnb.bits[size_t(ids.i[size_t(j)]) * d.hidden + o]);
+          want[size_t(j) * d.hidden + o] = float(double(w.f[size_t(j)]) * (sum + b));
+        }
+      std::vector<float> got[3];
+      for (int mma = 0; mma < 3; ++mma) {
+        MoeDims v = d;
+        v.mma = mma;
+        const Loaded& k = load(emit_moe_down_part(v, {}));
+        auto part = poisoned(want.size());
+        launch(k, tokens, 1, dact->p, dw->p, dids->p, ddn4->p, ddnb->p, part->p);
+        device_sync();
+        got[mma] = download(*part, want.size());
+      }
+      const double fma = rel_l2(got[0], want), raw = rel_l2(got[1], want),
+                   norm = rel_l2(got[2], want), vs_fma = rel_l2(got[2], got[0]);
+      MESSAGE("moe_down_part hidden " << d.hidden << ", scales " << lo << ".." << hi
+                                      << " against ir::ref: FMA " << fma << ", tensor cores raw "
+                                      << raw << ", normalised " << norm << "; normalised vs FMA "
+                                      << vs_fma);
+      // Exact products, fp32 sums in another order: within a few roundings of the FMA kernel.
+      CHECK(norm <= std::max(2 * fma, 1e-6));
+      CHECK(vs_fma <= 3e-6);
+      CHECK(raw <= std::max(2 * fma, 1e-6)); // fails if the tensor cores flush bf16 subnormals
+    }
 }
 
 TEST_CASE("grouped MoE gemms on MXFP4 experts equal the BF16 gemms bit for bit") {
@@ -188,10 +242,10 @@ TEST_CASE("grouped MoE gemms on MXFP4 experts equal the BF16 gemms bit for bit")
     int tokens, bm;
     bool split;
   };
-  for (const Case& c : {Case{{256, 192, 8, 2, false}, 150, 32, true},
-                        Case{{256, 192, 8, 2, false}, 150, 64, false},
-                        Case{{256, 192, 8, 2, false}, 150, 128, true},
-                        Case{{2880, 2880, 32, 4, false}, 40, 32, true}}) {
+  for (const Case& c :
+       {Case{{256, 192, 8, 2, false}, 150, 32, true}, Case{{256, 192, 8, 2, false}, 150, 64, false},
+        Case{{256, 192, 8, 2, false}, 150, 128, true},
+        Case{{2880, 2880, 32, 4, false}, 40, 32, true}}) {
     const MoeDims& d = c.d;
     Rng rng{++seed};
     const Mxfp4Weight gu = random_mxfp4(rng, d.experts, 2 * d.inter, d.hidden, 117, 130);

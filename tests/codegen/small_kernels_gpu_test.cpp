@@ -197,6 +197,91 @@ TEST_CASE("rope_yarn_qk_kv: rope_yarn_qk then the two kv_writes, in one launch, 
   }
 }
 
+TEST_CASE("qkv_rope_decode: qkv_decode then rope_yarn_qk_kv, in one launch, bit for bit") {
+  XSERV_REQUIRE_GPU();
+  Rng rng{719};
+  const ir::ref::Yarn yarn;
+  const double att = ir::ref::yarn_attention_factor(yarn);
+  // Decode steps of up to 4 sequences (one token each) in rows 3, 0, 2, 1 of a 4-row cache;
+  // positions wrap an 8- or 128-slot ring and reach far into a full cache.
+  const Tensor pos = Tensor::from_ints({4}, {7, 8, 130, 4000});
+  const Tensor seq = Tensor::from_ints({4}, {0, 1, 2, 3});
+  const Tensor crow = Tensor::from_ints({4}, {3, 0, 2, 1});
+  // (K, q rows, k/v rows, head_dim, slots, fp32 cache, most tokens, bf16 activations)
+  for (auto [k, nq, nkv, head_dim, slots, f32, max_t, round] :
+       {std::tuple{64, 64, 32, 16, 8, false, 8, true},
+        std::tuple{64, 64, 32, 16, 8, true, 1, false},
+        std::tuple{2880, 4096, 512, 64, 8192, true, 1, true},
+        std::tuple{2880, 4096, 512, 64, 128, false, 8, true}})
+    for (int tokens : {1, 3}) {
+      if (tokens > max_t)
+        continue;
+      CAPTURE(k);
+      CAPTURE(slots);
+      CAPTURE(tokens);
+      QkvDims d;
+      d.k = k;
+      d.nq = nq;
+      d.nk = d.nv = nkv;
+      d.max_tokens = max_t;
+      d.round_act = round;
+      const Tensor x = random_f32(rng, {tokens, k}, 2.0f);
+      const Bf16Weight ln = random_bf16(rng, {k}, 1.0f);
+      std::vector<std::unique_ptr<DevBuf>> dw, db;
+      for (int n : {nq, nkv, nkv}) {
+        dw.push_back(upload(random_bf16(rng, {n, k}, 1.0f / std::sqrt(float(k))).bits));
+        db.push_back(upload(random_bf16(rng, {n}, 0.5f).bits));
+      }
+      const std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
+      const int rows = 4, hq = nq / head_dim, hk = nkv / head_dim;
+      const size_t cache_n = size_t(rows) * slots * hk * head_dim, elem = f32 ? 4 : 2;
+      std::vector<uint8_t> init(cache_n * elem);
+      for (auto& b : init)
+        b = static_cast<uint8_t>(rng.next(1.0f) * 100.0f);
+      auto dx = upload(x), dln = upload(ln.bits), dpos = upload(pos), dseq = upload(seq);
+      auto drow = upload(crow), dinv = upload(inv);
+      auto run = [&](DevBuf& q, DevBuf& kk, DevBuf& vv, DevBuf& kc, DevBuf& vc, bool fused) {
+        if (fused) {
+          QkvDims r = d;
+          r.head_dim = head_dim;
+          r.slots = slots;
+          r.attention_factor = att;
+          r.f32_cache = f32;
+          REQUIRE(qkv_decode_fits(r));
+          launch(load(emit_qkv_decode(r, {})), tokens, 1, dx->p, dln->p, dw[0]->p, db[0]->p,
+                 dw[1]->p, db[1]->p, dw[2]->p, db[2]->p, q.p, kk.p, vv.p, tokens, dpos->p, dseq->p,
+                 drow->p, dinv->p, kc.p, vc.p);
+          return;
+        }
+        launch(load(emit_qkv_decode(d, {})), tokens, 1, dx->p, dln->p, dw[0]->p, db[0]->p, dw[1]->p,
+               db[1]->p, dw[2]->p, db[2]->p, q.p, kk.p, vv.p, tokens);
+        launch(load(emit_rope_yarn_qk_kv(hq, hk, head_dim, att, slots, f32, {})), tokens, 1, q.p,
+               kk.p, vv.p, dpos->p, dseq->p, drow->p, dinv->p, kc.p, vc.p);
+      };
+      std::vector<std::unique_ptr<DevBuf>> want, got;
+      for (auto* set : {&want, &got}) {
+        set->push_back(poisoned(size_t(tokens) * nq));
+        set->push_back(poisoned(size_t(tokens) * nkv));
+        set->push_back(poisoned(size_t(tokens) * nkv));
+        set->push_back(upload(init));
+        set->push_back(upload(init));
+        run(*(*set)[0], *(*set)[1], *(*set)[2], *(*set)[3], *(*set)[4], set == &got);
+      }
+      device_sync();
+      auto bytes = [](const DevBuf& b) {
+        std::vector<uint8_t> h(b.bytes);
+        cuda_ok(cudaMemcpy(h.data(), b.p, b.bytes, cudaMemcpyDeviceToHost), "download");
+        return h;
+      };
+      for (size_t i = 0; i < 5; ++i) {
+        CAPTURE(i); // q, k, v, k cache, v cache
+        CHECK(bytes(*got[i]) == bytes(*want[i]));
+      }
+      CHECK(bytes(*got[3]) != init); // the cache writes happened
+      CHECK(bytes(*got[4]) != init);
+    }
+}
+
 TEST_CASE("rope_yarn_qk rotates q and k in place like two rope_yarn") {
   XSERV_REQUIRE_GPU();
   Rng rng{715};
