@@ -34,7 +34,8 @@ std::string attr_suffix(const char* tag, double v, double usual) {
 
 KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines,
                       const std::string& header, const std::string& call,
-                      const std::vector<Param>& params, LaunchRule launch) {
+                      const std::vector<Param>& params, LaunchRule launch,
+                      DependencyWait wait) {
   std::string src = fmt::format("// kernel: {}\n", name);
   for (const std::string& line : ir_lines)
     src += fmt::format("// {}\n", line);
@@ -60,9 +61,11 @@ KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines
       decls.push_back(p.decl);
     args.push_back(p.arg);
   }
-  src += fmt::format("\n    {}) {{\n  xserv_kernels::grid_dependency_sync();\n  "
-                     "xserv_kernels::{}(\n      {});\n}}\n",
-                     fmt::join(decls, ",\n    "), call, fmt::join(args, ", "));
+  src += fmt::format("\n    {}) {{\n  {}xserv_kernels::{}(\n      {});\n}}\n",
+                     fmt::join(decls, ",\n    "),
+                     wait == DependencyWait::Wrapper ? "xserv_kernels::grid_dependency_sync();\n  "
+                                                     : "",
+                     call, fmt::join(args, ", "));
   return {std::move(name), std::move(src), std::move(decls), launch};
 }
 
@@ -206,7 +209,8 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
       fmt::format("linear_decode<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.max_tokens,
                   rows, d.norm, d.bias, d.residual, d.prefetch, d.unroll, d.ksplit);
   round_act(d.round_act, name, call);
-  return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
+  return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch,
+                  DependencyWait::InCall);
 }
 
 bool qkv_decode_fits(const QkvDims& d) {
@@ -265,7 +269,8 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
            : fmt::format("qkv_decode<{}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.nq, d.nk, d.nv,
                          d.max_tokens, rows, d.unroll, d.ksplit);
   round_act(d.round_act, name, call);
-  return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch);
+  return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch,
+                  DependencyWait::InCall);
 }
 
 KernelSource emit_attention_decode(const AttentionDims& d,
@@ -407,7 +412,8 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
     return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
   }
   round_act(d.round_act, name, call);
-  return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
+  return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch,
+                  DependencyWait::InCall);
 }
 
 namespace {

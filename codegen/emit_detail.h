@@ -30,11 +30,16 @@ std::string float_literal(double v);
 /// names stay unique and valid C identifiers.
 std::string attr_suffix(const char* tag, double v, double usual);
 
+/// Where a kernel waits for the previous one (programmatic dependent launch): first thing in
+/// the wrapper, or inside the call, which issues its first weight loads before it waits.
+enum class DependencyWait { Wrapper, InCall };
+
 /// The full kernel source: IR header, launch comment, include, extern "C" wrapper calling
 /// `call` (with __launch_bounds__(block[, min_blocks_per_sm])).
 KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines,
                       const std::string& header, const std::string& call,
-                      const std::vector<Param>& params, LaunchRule launch);
+                      const std::vector<Param>& params, LaunchRule launch,
+                      DependencyWait wait = DependencyWait::Wrapper);
 
 /// The operands both attention kernels take, in the IR's order (q, k, v, k_cache, v_cache,
 /// sinks, positions, token_seq, ctx_lens, cache_rows), then the scale as a literal.

@@ -132,6 +132,7 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
   WarpGemv<K, R, MAX_T, UNROLL, KS> gemv;
   if (row < N)
     gemv.start(w + (size_t)row * K, warp % KS);
+  grid_dependency_sync(); // the weights owe nothing to the previous kernel: loads fly first
 
   linear_stage_x<K, MAX_T, NORM, ROUND>(x, ln, eps, xs, tokens);
 
@@ -178,6 +179,7 @@ qkv_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, fl
   row += warp / KS * R;
   WarpGemv<K, R, MAX_T, UNROLL, KS> gemv; // the first weight loads fly during the norm prologue
   gemv.start(w + (size_t)row * K, warp % KS);
+  grid_dependency_sync(); // and while the previous kernel finishes
   linear_stage_x<K, MAX_T, true, ROUND>(x, ln, eps, xs, tokens);
   float acc[R][MAX_T];
   gemv.finish(xs, tokens, acc);
@@ -232,6 +234,7 @@ qkv_rope_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ l
   const int row = head * D + j; // and row + kHalf
   WarpGemv<K, 2, MAX_T, UNROLL, 1, kHalf> gemv;
   gemv.start(w + (size_t)row * K);
+  grid_dependency_sync(); // the first weight loads fly while the previous kernel finishes
   // Lane t's angle for token t, while the weights stream (q and k only).
   double c = 1.0, sn = 0.0;
   size_t slot = 0;

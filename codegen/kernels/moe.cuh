@@ -10,6 +10,14 @@ namespace xserv_kernels {
 /// Threads per block of the MoE kernels (8 warps).
 constexpr int kMoeThreads = 256;
 
+/// ids[tk] for a kernel that reads it before its grid_dependency_sync (moe_down_part: its weight
+/// loads go out while gate_up finishes). The router wrote ids two launches back and has completed
+/// by then: this grid starts early only once every gate_up block has passed its own wait on the
+/// router. Read from L2 (ld.global.cg), never a stale L1 line.
+__device__ __forceinline__ int moe_early_id(const int* ids, int tk) {
+  return __ldcg(ids + tk);
+}
+
 /// The end of moe_gate_up for a warp's RI (gate, up) row pairs: lane r < RI adds the biases
 /// b[2r], b[2r + 1] to the pair's dot products acc[2r], acc[2r + 1] (on every lane) and stores
 /// the clamped SwiGLU into act[r].
@@ -163,11 +171,12 @@ moe_down_part(const float* __restrict__ act, const float* __restrict__ weights,
   constexpr int kWarps = kMoeThreads / kWarp;
   __shared__ __align__(16) float as[I];
   const int tk = blockIdx.y, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int o0 = (blockIdx.x * kWarps + warp) * R, e = ids[tk];
+  const int o0 = (blockIdx.x * kWarps + warp) * R, e = moe_early_id(ids, tk);
   const bool active = o0 < D && e >= 0 && e < E;
   WarpGemv<I, R, 1, UNROLL> gemv; // the first weight loads fly while act is staged
   if (active)
     gemv.start(down + ((size_t)e * D + o0) * I);
+  grid_dependency_sync(); // ... and while gate_up finishes
   for (int i = threadIdx.x; i < I; i += kMoeThreads)
     as[i] = act_value<ROUND>(act[(size_t)tk * I + i]);
   __syncthreads();
@@ -195,12 +204,13 @@ moe_down_part_mx4(const float* __restrict__ act, const float* __restrict__ weigh
   constexpr int kWarps = kMoeThreads / kWarp;
   __shared__ __align__(16) float as[I / 32 * kMx4XStride];
   const int tk = blockIdx.y, lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int o0 = (blockIdx.x * kWarps + warp) * R, e = ids[tk];
+  const int o0 = (blockIdx.x * kWarps + warp) * R, e = moe_early_id(ids, tk);
   const bool active = o0 < D && e >= 0 && e < E;
   const size_t row0 = (size_t)e * D + o0;
   WarpGemvMx4<I, R, UNROLL> gemv;
   if (active)
     gemv.start(down + row0 * (I / 2), mxfp4_scales<E * D, I>(down) + row0 * (I / 32));
+  grid_dependency_sync(); // ... and while gate_up finishes
   mxfp4_stage_x<I, kMoeThreads, ROUND>(act + (size_t)tk * I, as);
   __syncthreads();
   if (!active)
