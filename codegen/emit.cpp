@@ -34,8 +34,7 @@ std::string attr_suffix(const char* tag, double v, double usual) {
 
 KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines,
                       const std::string& header, const std::string& call,
-                      const std::vector<Param>& params, LaunchRule launch,
-                      DependencyWait wait) {
+                      const std::vector<Param>& params, LaunchRule launch, DependencyWait wait) {
   std::string src = fmt::format("// kernel: {}\n", name);
   for (const std::string& line : ir_lines)
     src += fmt::format("// {}\n", line);
@@ -61,11 +60,10 @@ KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines
       decls.push_back(p.decl);
     args.push_back(p.arg);
   }
-  src += fmt::format("\n    {}) {{\n  {}xserv_kernels::{}(\n      {});\n}}\n",
-                     fmt::join(decls, ",\n    "),
-                     wait == DependencyWait::Wrapper ? "xserv_kernels::grid_dependency_sync();\n  "
-                                                     : "",
-                     call, fmt::join(args, ", "));
+  src += fmt::format(
+      "\n    {}) {{\n  {}xserv_kernels::{}(\n      {});\n}}\n", fmt::join(decls, ",\n    "),
+      wait == DependencyWait::Wrapper ? "xserv_kernels::grid_dependency_sync();\n  " : "", call,
+      fmt::join(args, ", "));
   return {std::move(name), std::move(src), std::move(decls), launch};
 }
 
@@ -299,7 +297,8 @@ KernelSource emit_attention_decode(const AttentionDims& d,
     name += "_r16";
   if (static_cast<float>(d.scale) != static_cast<float>(1.0 / std::sqrt(d.head_dim)))
     name += attr_suffix("scale", d.scale, 1.0 / std::sqrt(d.head_dim));
-  return assemble(std::move(name), ir_lines, "attention.cuh", call, params, launch);
+  return assemble(std::move(name), ir_lines, "attention.cuh", call, params, launch,
+                  DependencyWait::InCall);
 }
 
 KernelSource emit_attention_combine(const AttentionDims& d,
@@ -703,7 +702,8 @@ KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps,
       fmt::format("norm_router_topk<{}, {}, {}, {}, {}, {}>", dim, d.experts, d.k,
                   bias ? "true" : "false", launch.blocks_x, router_ksplit(d.experts));
   round_act(d.round_act, name, call);
-  return assemble(std::move(name), ir_lines, "router.cuh", call, params, launch);
+  return assemble(std::move(name), ir_lines, "router.cuh", call, params, launch,
+                  DependencyWait::InCall);
 }
 
 KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>& ir_lines) {

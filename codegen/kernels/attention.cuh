@@ -541,8 +541,12 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ k,
   const int begin = lo + split * per_split, end = min(p + 1, begin + per_split);
 
   // The scaled queries in chunk order (element r of a head's row: half r / (D/2) of chunk
-  // (r % (D/2)) / 4), staged once the warps' first K/V loads are in flight.
+  // (r % (D/2)) / 4), staged once the warps' first K/V loads are in flight. Those loads come
+  // before the wait for the previous kernel (qkv, which wrote q and the step's k and v and,
+  // with one token a sequence, the cache slot of position p: never a key read here, see
+  // rope_yarn_qk_kv); the cached keys they read were written by earlier steps.
   auto stage_q = [&] {
+    grid_dependency_sync();
     float* qf = reinterpret_cast<float*>(qs);
     for (int i = tid; i < Warp::kHeads * D; i += kAttnThreads) {
       const int h = i / D, r = i % D;

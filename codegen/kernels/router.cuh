@@ -150,8 +150,9 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
   constexpr int kParts = kSplit ? KS : 1;
   WarpGemv<D, kRows, 1, kSplit ? 8 : 4, kParts> gemv;
   const int pair0 = kSplit ? warp / KS : warp;
-  if (kSplit && pair0 < kPairs) // loads fly during the norm
+  if (kSplit && pair0 < kPairs) // loads fly during the norm (and the previous kernel's end)
     gemv.start(w + (size_t)(first + pair0 * kRows) * D, warp % KS);
+  grid_dependency_sync();
   const float* xr = x + (size_t)t * D;
   const float inv = block_inv_rms<D, kThreads>(xr, eps);
   for (int i = threadIdx.x; i < D; i += kThreads) {
