@@ -1,6 +1,7 @@
-// compile --dense-gemm cublas: the projections of prompt steps as cuBLAS library calls
-// (runtime::PlanLibraryCall; the library gemm itself: tests/runtime/blas_gpu_test.cpp). A tiny
-// plan compiled both ways: the same greedy tokens, logits within the bound below.
+// compile --dense-gemm cublas (the default of plain bf16 sm_90 plans): the projections of
+// prompt steps as cuBLAS library calls (runtime::PlanLibraryCall; the library gemm itself:
+// tests/runtime/blas_gpu_test.cpp). A tiny plan compiled both ways: the same greedy tokens,
+// logits within the bound below.
 #include <doctest/doctest.h>
 
 #include <algorithm>
