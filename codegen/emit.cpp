@@ -403,9 +403,9 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
       throw Error("codegen: the tensor-core moe_down_part takes MXFP4 experts, bf16 activations "
                   "and a hidden size divisible by 16");
     launch.blocks_x = d.hidden / 16;
-    launch.min_blocks_per_sm = 0;
-    name = fmt::format("moe_down_part_e{}_k{}_d{}_i{}_mx4_mma{}_a16", d.experts, d.k, d.hidden,
-                       d.inter, d.mma == 2 ? "n" : "");
+    name = fmt::format("moe_down_part_e{}_k{}_d{}_i{}_mx4_mma{}{}_a16", d.experts, d.k, d.hidden,
+                       d.inter, d.mma == 2 ? "n" : "",
+                       d.min_blocks > 0 ? fmt::format("_b{}", d.min_blocks) : "");
     call = fmt::format("moe_down_part_mx4_mma<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts,
                        d.k, d.mma == 2);
     return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);

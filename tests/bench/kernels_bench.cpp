@@ -198,9 +198,12 @@ TEST_CASE("MXFP4 moe_down_part: FMA against tensor cores, 20b, one token (inform
     w_sets.push_back(upload(std::vector<float>{0.4f, 0.3f, 0.2f, 0.1f}));
   }
   const double mb = double(d.k) * d.hidden * d.inter * (0.5 + 1.0 / 32) / 1e6;
-  for (int mma = 0; mma < 3; ++mma) {
+  // (tensor cores: 0 off, 1 raw, 2 normalised operands; blocks per SM for the register cap)
+  for (auto [mma, min_blocks] : {std::pair{0, 0}, std::pair{1, 0}, std::pair{2, 0},
+                                 std::pair{1, 4}, std::pair{1, 5}, std::pair{1, 6}}) {
     MoeDims v = d;
     v.mma = mma;
+    v.min_blocks = min_blocks;
     const Loaded& k = load(emit_moe_down_part(v, {}));
     const double ms = median_ms([&](int i) {
       launch(k, 1, 1, act->p, w_sets[i % 8]->p, id_sets[i % 8]->p, down->p, bias->p, part->p);
