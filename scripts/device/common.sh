@@ -29,3 +29,43 @@ synth20b() {
   $X synth --config $D/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
 }
 
+
+# Old against new in one call: OLD is the old binary (.device/old/xserv, carried), $X the new.
+OLD=${OLD:-.device/old/xserv}
+# bin_of old|new: the binary of a variant.
+bin_of() { if [ "$1" = old ]; then echo "$OLD"; else echo "$X"; fi; }
+
+# ab_compile [flags]: the 20b (synth20b first) compiled by both binaries, in parallel, into
+# /tmp/p_old and /tmp/p_new (max-seq 8192, max-batch 64, then the flags).
+ab_compile() {
+  local v
+  for v in old new; do
+    "$(bin_of $v)" compile /tmp/g20 -o /tmp/p_$v --max-seq 8192 --max-batch 64 "$@" \
+      > /tmp/c_$v.log 2>&1 &
+  done
+  wait
+  tail -1 /tmp/c_new.log
+}
+
+# ab_decode [rounds]: batch-1 decode rows at depth 0 and 4096, old then new, `rounds` times.
+ab_decode() {
+  local round v
+  for round in $(seq "${1:-2}"); do
+    for v in old new; do
+      echo "-- $v (round $round)"
+      timeout 100 "$(bin_of $v)" bench /tmp/p_$v --backend cuda -p 0 -n 128 -b 1 -d 0,4096 -r 2 \
+        2> /dev/null | grep -E "tg" | cut -d'|' -f6,7,8,11
+    done
+  done
+}
+
+# ab_tokens [max tokens]: greedy tokens of a 190-token prompt from both plans, compared.
+ab_tokens() {
+  local v
+  for v in old new; do
+    timeout 60 "$(bin_of $v)" run /tmp/p_$v --backend cuda --prompt-ids "$(seq -s, 1000 37 8000)" \
+      --max-tokens "${1:-32}" > /tmp/tok_$v.txt 2> /dev/null
+  done
+  cmp -s /tmp/tok_old.txt /tmp/tok_new.txt && echo "greedy tokens old/new: equal" ||
+    echo "greedy tokens old/new: differ"
+}

@@ -11,24 +11,13 @@ source "$(dirname "$0")/common.sh"
 run_tests cli_gpu_tests -tc="*dense-gemm*"
 grep -E "cuBLAS plan against" "$OUT/cli_gpu_tests.log" | sed 's/.*MESSAGE: //'
 synth20b
-OLD=.device/old/xserv
-$OLD compile /tmp/g20 -o /tmp/p_old --max-seq 8192 --max-batch 64 > /tmp/c_old.log 2>&1 &
-$X compile /tmp/g20 -o /tmp/p_new --max-seq 8192 --max-batch 64 > /tmp/c_new.log 2>&1 &
+ab_compile
 $X compile /tmp/g20 -o /tmp/p_lib --max-seq 8192 --max-batch 64 --dense-gemm cublas \
-  > /tmp/c_lib.log 2>&1 &
-wait
-tail -1 /tmp/c_new.log
+  > /tmp/c_lib.log 2>&1
 echo "== compiled at $((SECONDS - start)) s"
-for round in 1 2; do
-  for v in old new; do
-    bin=$X; [ $v = old ] && bin=$OLD
-    echo "-- $v (round $round)"
-    timeout 100 $bin bench /tmp/p_$v --backend cuda -p 0 -n 128 -b 1 -d 0,4096 -r 2 2> /dev/null |
-      grep -E "tg" | cut -d'|' -f6,7,8,11
-  done
-done
+ab_decode 2
 for v in old new; do
-  bin=$X; [ $v = old ] && bin=$OLD
+  bin=$(bin_of $v)
   echo "-- $v prompt rows, B64"
   timeout 120 $bin bench /tmp/p_$v --backend cuda -p 512,2048 -n 128 -b 64 -r 2 2> /dev/null |
     grep -E "pp|tg" | cut -d'|' -f6,7,8,11
