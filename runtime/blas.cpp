@@ -49,10 +49,7 @@ const Api& api() {
 }
 
 const Api& loaded() {
-  const Api& a = api();
-  if (!a.lib.error.empty())
-    throw Error(a.lib.error);
-  return a;
+  return dl_loaded(api());
 }
 
 void blas_ok(cublasStatus_t st, const std::string& what) {

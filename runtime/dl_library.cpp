@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ir/error.h"
+
 namespace xserv::runtime {
 
 DlLibrary dl_open_cuda_library(const std::string& soname, const std::string& what) {
@@ -31,6 +33,10 @@ void* dl_symbol(DlLibrary& lib, const char* name) {
   if (!p && lib.error.empty())
     lib.error = fmt::format("{} has no {}", lib.soname, name);
   return p;
+}
+
+void dl_fail(const DlLibrary& lib) {
+  throw Error(lib.error);
 }
 
 } // namespace xserv::runtime

@@ -25,4 +25,15 @@ template <typename F> void dl_resolve(DlLibrary& lib, F& fn, const char* name) {
   fn = reinterpret_cast<F>(dl_symbol(lib, name));
 }
 
+/// Throws xserv::Error with lib.error (what opening or resolving it reported).
+[[noreturn]] void dl_fail(const DlLibrary& lib);
+
+/// `api` (a struct holding a DlLibrary `lib` and its resolved entry points) when every part of
+/// it loaded, else dl_fail.
+template <typename Api> const Api& dl_loaded(const Api& api) {
+  if (!api.lib.error.empty())
+    dl_fail(api.lib);
+  return api;
+}
+
 } // namespace xserv::runtime

@@ -53,10 +53,7 @@ const Api& api() {
 }
 
 const Api& loaded() {
-  const Api& a = api();
-  if (!a.lib.error.empty())
-    throw Error(a.lib.error);
-  return a;
+  return dl_loaded(api());
 }
 
 ncclComm_t as_comm(void* p) {
