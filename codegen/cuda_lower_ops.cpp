@@ -453,6 +453,16 @@ void Lowerer::lower_moe(ValueId v) {
   // there is no BF16 copy.
   d.mxfp4 = c_.expert_format != runtime::ExpertFormat::Bf16;
   const bool both = c_.expert_format == runtime::ExpertFormat::Both;
+  // Decode steps on tensor cores where they fit (MXFP4, plain bf16 activations; sm_90 plans, the
+  // architecture they are measured on): mma.sync per 16 rows and block, the weights through a
+  // shared tile where the sizes allow, else straight into registers (docs/PERF.md, session 12).
+  if (c_.wgmma) {
+    d.mma = true;
+    d.mma_stages = codegen::kMoeMmaStages;
+    if (!codegen::moe_mma_fits(d))
+      d.mma_stages = 0;
+    d.mma = codegen::moe_mma_fits(d);
+  }
   const int gu = k_.add(codegen::emit_moe_gate_up(d, ir_lines(g_, v)));
   // Decode: gate_up + SwiGLU per (token, slot), the down rows per (token, slot), combine.
   const int dn = k_.add(codegen::emit_moe_down_part(d, ir_lines(g_, v)));

@@ -128,6 +128,63 @@ void check_mxfp4_moe(const MoeDims& d) {
                             d.hidden, d.inter));
 }
 
+/// The tensor-core MoE kernels' tiling (MoeDims::mma_*), defaults filled in.
+struct MoeMmaTiling {
+  int groups, splits, chunk, stages;
+  /// Dynamic shared memory of the stages' rings: 2 KB a chunk and warp.
+  size_t ring_bytes() const { return size_t(groups) * splits * stages * 16 * 8 * 16; }
+};
+MoeMmaTiling moe_mma_tiling(const MoeDims& d, bool gate_up) {
+  const int groups = gate_up ? 4 : 2, splits = gate_up ? 2 : 4; // the defaults
+  MoeMmaTiling t{d.mma_groups > 0 ? d.mma_groups : groups, d.mma_splits > 0 ? d.mma_splits : splits,
+                 d.mma_chunk > 0 ? d.mma_chunk : 8, d.mma_stages};
+  if (t.stages > 2 && t.splits > 0) { // no deeper than a split's chunks need (small models)
+    const int blocks = (gate_up ? d.hidden : d.inter) / 32;
+    const int per = ((blocks + t.splits - 1) / t.splits + 1) / 2 * 2; // mx4_mma_split_blocks
+    t.stages = std::max(2, std::min(t.stages, (per + 7) / 8 + 1));
+  }
+  return t;
+}
+
+/// Name suffix of a tensor-core MoE kernel.
+std::string moe_mma_suffix(const MoeMmaTiling& t, int min_blocks) {
+  return fmt::format("_mma_g{}_s{}_c{}{}{}", t.groups, t.splits, t.chunk,
+                     t.stages > 0 ? fmt::format("_t{}", t.stages) : "",
+                     min_blocks > 0 ? fmt::format("_m{}", min_blocks) : "");
+}
+
+/// The template arguments after <D, I, E, KSEL> of a tensor-core MoE kernel.
+std::string moe_mma_args(const MoeMmaTiling& t) {
+  return fmt::format("{}, {}, {}, {}", t.groups, t.splits, t.chunk, t.stages);
+}
+
+} // namespace
+
+/// Whether one tensor-core MoE kernel fits `d`: gate_up's row groups (8 pairs) divide the
+/// intermediate size, down's (16 rows) the hidden size.
+bool moe_mma_kernel_fits(const MoeDims& d, bool gate_up) {
+  const MoeMmaTiling t = moe_mma_tiling(d, gate_up);
+  // The shared ring: chunks of 8 blocks, an even block count, within what one block may have
+  // (227 KB on sm_90).
+  const int k = gate_up ? d.hidden : d.inter;
+  const bool ring_ok = t.chunk == 8 && k % 64 == 0 && t.ring_bytes() <= 200 * 1024;
+  return d.mxfp4 && d.round_act && t.groups > 0 && t.splits > 0 && t.chunk > 0 &&
+         t.chunk % 2 == 0 && 32 * t.groups * t.splits <= 1024 && d.hidden % 32 == 0 &&
+         d.inter % 32 == 0 &&
+         (gate_up ? d.inter % (8 * t.groups) == 0 : d.hidden % (16 * t.groups) == 0) &&
+         (t.stages == 0 || (t.stages >= 2 && ring_ok));
+}
+
+namespace {
+
+void check_moe_mma(const MoeDims& d, bool gate_up) {
+  if (!moe_mma_kernel_fits(d, gate_up))
+    throw Error(fmt::format("codegen: the tensor-core MoE kernels take MXFP4 experts, bf16 "
+                            "activations, an even chunk of blocks and hidden ({}) and intermediate "
+                            "({}) sizes their row groups divide",
+                            d.hidden, d.inter));
+}
+
 /// Name suffix of non-default MoE decode tuning (rows per warp, unroll, prefetch).
 std::string moe_tuning_suffix(const MoeDims& d) {
   std::string s;
@@ -318,6 +375,10 @@ KernelSource emit_attention_combine(const AttentionDims& d,
                   fmt::format("attention_combine<{}, {}>", d.heads, d.head_dim), params, launch);
 }
 
+bool moe_mma_fits(const MoeDims& d) {
+  return moe_mma_kernel_fits(d, true) && moe_mma_kernel_fits(d, false);
+}
+
 KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& ir_lines) {
   check_positive("moe_experts", {d.hidden, d.inter, d.experts, d.k});
   if (d.hidden % 8 != 0 || d.inter % 8 != 0)
@@ -345,6 +406,19 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
   launch.min_blocks_per_sm = d.min_blocks;
   std::string call = fmt::format("moe_gate_up{}<{}, {}, {}, {}, {}, {}, {}>", d.mxfp4 ? "_mx4" : "",
                                  d.hidden, d.inter, d.experts, d.k, pairs, d.unroll, d.prefetch);
+  if (d.mma) {
+    check_moe_mma(d, true);
+    const MoeMmaTiling t = moe_mma_tiling(d, true);
+    launch.block = 32 * t.groups * t.splits;
+    launch.blocks_x = d.inter / (8 * t.groups);
+    launch.smem_fixed = t.stages > 0 ? t.ring_bytes() : 0;
+    name = fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}_mx4_a16", d.experts, d.k, d.hidden, d.inter,
+                       attr_suffix("limit", d.limit, 7.0), attr_suffix("alpha", d.alpha, 1.702)) +
+           moe_mma_suffix(t, d.min_blocks);
+    call = fmt::format("moe_gate_up_mx4_mma<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts, d.k,
+                       moe_mma_args(t));
+    return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
+  }
   name += moe_tuning_suffix(d);
   round_act(d.round_act, name, call);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
@@ -398,17 +472,18 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
   launch.min_blocks_per_sm = d.min_blocks;
   std::string call = fmt::format("moe_down_part{}<{}, {}, {}, {}, {}, {}>", d.mxfp4 ? "_mx4" : "",
                                  d.hidden, d.inter, d.experts, d.k, rows, d.unroll);
-  if (d.mma > 0) {
-    if (!d.mxfp4 || !d.round_act || d.hidden % 16 != 0)
-      throw Error("codegen: the tensor-core moe_down_part takes MXFP4 experts, bf16 activations "
-                  "and a hidden size divisible by 16");
-    launch.blocks_x = d.hidden / 16;
-    name = fmt::format("moe_down_part_e{}_k{}_d{}_i{}_mx4_mma{}{}_a16", d.experts, d.k, d.hidden,
-                       d.inter, d.mma == 2 ? "n" : "",
-                       d.min_blocks > 0 ? fmt::format("_b{}", d.min_blocks) : "");
+  if (d.mma) {
+    check_moe_mma(d, false);
+    const MoeMmaTiling t = moe_mma_tiling(d, false);
+    launch.block = 32 * t.groups * t.splits;
+    launch.blocks_x = d.hidden / (16 * t.groups);
+    launch.smem_fixed = t.stages > 0 ? t.ring_bytes() : 0;
+    name = fmt::format("moe_down_part_e{}_k{}_d{}_i{}_mx4_a16", d.experts, d.k, d.hidden, d.inter) +
+           moe_mma_suffix(t, d.min_blocks);
     call = fmt::format("moe_down_part_mx4_mma<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts,
-                       d.k, d.mma == 2);
-    return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
+                       d.k, moe_mma_args(t));
+    return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch,
+                    DependencyWait::InCall);
   }
   round_act(d.round_act, name, call);
   return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch,

@@ -120,6 +120,10 @@ struct AttentionDims {
 /// moe_down parameters: act, weights, ids, down, down_b, [h], y.
 /// The MoE decode kernels' default loads in flight per lane and row (MoeDims::unroll).
 inline constexpr int kMoeUnroll = 2;
+/// The lowering's ring depth for the tensor-core MoE decode kernels (MoeDims::mma_stages): two
+/// chunks (one in flight while one is computed) measured 577 tok/s on tg128 against 558 with
+/// four (docs/PERF.md, session 12).
+inline constexpr int kMoeMmaStages = 2;
 
 struct MoeDims {
   int hidden = 0, inter = 0, experts = 0, k = 0;
@@ -141,10 +145,22 @@ struct MoeDims {
   /// hidden and inter must be multiples of 32.
   bool mxfp4 = false;
   bool round_act = false; ///< as LinearDims' (gate_up's x and down_part's SwiGLU output)
-  /// moe_down_part on tensor cores (moe_down_part_mx4_mma; MXFP4 and round_act only): 1 with
-  /// raw bf16 operands, 2 with them normalised first (no subnormal operand). 0: the FMA kernel.
-  int mma = 0;
+  /// moe_gate_up and moe_down_part on tensor cores (moe_gate_up_mx4_mma, moe_down_part_mx4_mma:
+  /// MXFP4 and round_act only, moe_mma_fits) rather than the FMA kernels: mma.sync m16n8k16 per
+  /// 16 rows and 32-value block. The tiling: 16-row groups per block (0: 4 for gate_up, 2 for
+  /// down), K splits per group (0: 2 for gate_up, 4 for down) and blocks per chunk of loads in
+  /// flight (0: 8, even); mma_stages > 1: the weights stream through a ring of that many
+  /// chunks of 8 blocks in shared memory (cp.async, ldmatrix) rather than straight into
+  /// registers a word at a time (0).
+  bool mma = false;
+  int mma_groups = 0, mma_splits = 0, mma_chunk = 0, mma_stages = 0;
 };
+
+/// Whether `d`'s decode kernels can run on tensor cores (MoeDims::mma): MXFP4 experts, bf16
+/// activations, and hidden and intermediate sizes that the tiling's row groups divide.
+bool moe_mma_fits(const MoeDims& d);
+/// The same for one of the two kernels (gate_up or down).
+bool moe_mma_kernel_fits(const MoeDims& d, bool gate_up);
 
 /// embedding: out[t] = table[ids[t]] widened to fp32. Parameters: table, ids, out; grid.y = tokens.
 struct EmbeddingDims {

@@ -150,6 +150,11 @@ Kernel Module::kernel(const std::string& name) const {
                 "; it has: " + (have.empty() ? "none" : have) +
                 "; declare kernels extern \"C\" to keep their names)");
   }
+  cudaFuncAttributes attrs{};
+  if (cudaFuncGetAttributes(&attrs, reinterpret_cast<const void*>(k.handle)) == cudaSuccess)
+    k.static_smem = attrs.sharedSizeBytes;
+  else
+    cudaGetLastError();
   // The parameter list, so launches with the wrong arguments fail here, not inside the kernel.
   // The runtime has no parameter count: we ask for indices until cudaErrorInvalidValue, which
   // compute-sanitizer lists as an API error (one per lookup; harmless).
@@ -177,7 +182,7 @@ void Module::launch_raw(const Kernel& k, dim3 grid, dim3 block, size_t smem, cud
                 ") but the launch passed " + std::to_string(count) + " (" +
                 join_sizes(sizes, count) + ")");
   const void* func = reinterpret_cast<const void*>(k.handle);
-  if (smem > kDefaultSmemLimit) {
+  if (smem > 0 && smem + k.static_smem > kDefaultSmemLimit) {
     cudaError_t err =
         cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) {

@@ -17,6 +17,9 @@ struct Kernel {
   /// Byte size of each parameter, as the cubin declares them; empty when the driver cannot say
   /// (then launches are not checked against it).
   std::vector<size_t> param_sizes;
+  /// Static shared memory bytes (a launch whose dynamic bytes take the sum past 48 KB must
+  /// raise the kernel's limit first).
+  size_t static_smem = 0;
 };
 
 /// The SM version a cubin was compiled for (90 for sm_90 and sm_90a), read from its ELF header.

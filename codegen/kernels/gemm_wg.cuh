@@ -20,17 +20,10 @@ namespace xserv_kernels {
 /// The K value (0..63) that slot `kappa` of a 64-wide K tile holds: slot 16 s + 8 h + 2 c + e
 /// (K step s of the MMA, fragment half h, thread c of its quad, element e of a bf16 pair) holds
 /// 16 c + 8 (s / 2) + 2 (s % 2) + h + 4 e: thread c's 16 values are K 16 c .. 16 c + 15, and
-/// each bf16 pair is (v, v + 4) as mxfp4_pair_raw decodes it from a 32-bit word.
+/// each bf16 pair is (v, v + 4) as mx4_pair_raw decodes it from a 32-bit word.
 __host__ __device__ constexpr int wg_k_of_slot(int kappa) {
   return 16 * ((kappa / 2) % 4) + 8 * (kappa / 32) + 2 * ((kappa / 16) % 2) + (kappa / 8) % 2 +
          4 * (kappa % 2);
-}
-
-/// The raw MXFP4 pair (nibble k, nibble k + 4) of word q (k = 0..3) as a bf16x2 worth
-/// value * 2^-126 each (mxfp4_word_raw's pairs, packed: nibble k in the low half).
-__device__ __forceinline__ unsigned mxfp4_pair_raw(unsigned q, int k) {
-  const unsigned x = q << (12 - 4 * k);
-  return (x & 0x80008000u) | ((x >> 6) & 0x01c001c0u);
 }
 
 /// The bf16x2 factors (x, then y) by which a raw MXFP4 pair (value * 2^-126) becomes exactly
@@ -348,7 +341,7 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
       auto pair_of = [&](int wm, int hh, int i) -> unsigned {
         const int k = i % 4;
         if constexpr (MX4)
-          return mxfp4_pair_scaled(mxfp4_pair_raw(raw[wm][hh][i / 4], k), sc[wm][hh]);
+          return mxfp4_pair_scaled(mx4_pair_raw(raw[wm][hh][i / 4], k), sc[wm][hh]);
         else
           return __byte_perm(raw[wm][hh][4 * (i / 4) + k / 2], raw[wm][hh][4 * (i / 4) + k / 2 + 2],
                              (k % 2) ? 0x7632 : 0x5410);

@@ -18,6 +18,15 @@ __device__ __forceinline__ int moe_early_id(const int* ids, int tk) {
   return __ldcg(ids + tk);
 }
 
+/// The clamped SwiGLU of one (gate, up) pair, biases added: (clamp(up, -limit, limit) + 1) *
+/// gate' * sigmoid(alpha gate'), gate' = min(gate, limit).
+__device__ __forceinline__ float moe_swiglu(float gate, float up, float limit, float alpha) {
+  gate = fminf(gate, limit);
+  up = fminf(fmaxf(up, -limit), limit);
+  const float glu = gate / (1.0f + expf(-alpha * gate));
+  return (up + 1.0f) * glu;
+}
+
 /// The end of moe_gate_up for a warp's RI (gate, up) row pairs: lane r < RI adds the biases
 /// b[2r], b[2r + 1] to the pair's dot products acc[2r], acc[2r + 1] (on every lane) and stores
 /// the clamped SwiGLU into act[r].
@@ -33,10 +42,8 @@ __device__ __forceinline__ void moe_swiglu_store(const float (&acc)[2 * RI][1],
   for (int r = 0; r < RI; ++r) {
     if (r != lane)
       continue;
-    const float gate = fminf(acc[2 * r][0] + bf16_to_float(b[2 * r]), limit);
-    const float up = fminf(fmaxf(acc[2 * r + 1][0] + bf16_to_float(b[2 * r + 1]), -limit), limit);
-    const float glu = gate / (1.0f + expf(-alpha * gate));
-    act[r] = (up + 1.0f) * glu;
+    act[r] = moe_swiglu(acc[2 * r][0] + bf16_to_float(b[2 * r]),
+                        acc[2 * r + 1][0] + bf16_to_float(b[2 * r + 1]), limit, alpha);
   }
 }
 
@@ -225,13 +232,6 @@ moe_down_part_mx4(const float* __restrict__ act, const float* __restrict__ weigh
     part[(size_t)tk * D + o0 + r] = wt * (acc[r][0] + bf16_to_float(down_b[row0 + r]));
 }
 
-/// The raw MXFP4 pair (nibble k, nibble k + 4) of word q (k = 0..3) as a bf16x2 worth
-/// value * 2^-126 each (nibble k in the low half; +-0.5 lands on the bf16 subnormal 2^-127).
-__device__ __forceinline__ unsigned mx4_pair_raw(unsigned q, int k) {
-  const unsigned x = q << (12 - 4 * k);
-  return (x & 0x80008000u) | ((x >> 6) & 0x01c001c0u);
-}
-
 /// d = a b (fresh accumulators) on mma.sync m16n8k16, bf16 operands, fp32 sums; then d += a2 b2.
 __device__ __forceinline__ void mx4_mma_pair(float (&d)[4], const unsigned (&a)[4], unsigned b0,
                                              unsigned b1, const unsigned (&a2)[4], unsigned b2,
@@ -249,97 +249,420 @@ __device__ __forceinline__ void mx4_mma_pair(float (&d)[4], const unsigned (&a)[
 #endif
 }
 
-/// moe_down_part_mx4 on tensor cores, for plain bf16 activations (ROUND): block (x, tk) computes
-/// rows 16 x .. 16 x + 15 of expert e = ids[tk], its 8 warps each over 1/8 of the I / 32 blocks,
-/// parts added in warp order. A warp's rows are the A operand of mma.sync m16n8k16: thread
-/// (g = lane / 4, c = lane % 4) takes word c of rows g and g + 8 of every 32-value block, whose
-/// nibble pairs (k, k + 4) are its A registers as raw bf16 pairs (mx4_pair_raw: 4 instructions
-/// a pair, no widening); the token's activations (bf16, times 2^64 as mxfp4_stage_x scales them)
-/// are staged once per block in the same K order as B's column 0 (every column holds them).
-/// Each block's two MMAs start from zero and the sum takes the block's scale
-/// (mxfp4_block_sum_scale), so the arithmetic is moe_down_part_mx4's with the 32 products of a
-/// block summed by the tensor cores. NORMALIZE: the raw pairs are first multiplied by 2^64 and
-/// the activations staged unscaled (no bf16 subnormal operand), the same products.
-/// grid.x = D / 16.
-template <int D, int I, int E, int KSEL, bool NORMALIZE = false>
+/// Stages one token's K activations as the B operand of Mx4MmaRows (the whole block's threads;
+/// a barrier must follow): entry 4 b + c holds values 32 b + 8 c + (0, 4), (1, 5), (2, 6),
+/// (3, 7) as bf16 pairs, rounded to bf16 and times 2^64 (kMx4XScale, as mxfp4_stage_x), the
+/// k-slot order of the A registers thread c builds from word c of block b.
+template <int K, int THREADS>
+__device__ __forceinline__ void mx4_mma_stage_x(const float* __restrict__ x,
+                                                uint4* __restrict__ xs) {
+  for (int i = threadIdx.x; i < K / 8; i += THREADS) {
+    const float4 lo = reinterpret_cast<const float4*>(x)[2 * i];
+    const float4 hi = reinterpret_cast<const float4*>(x)[2 * i + 1];
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    float r[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      r[j] = act_value<true>(v[j]) * kMx4XScale;
+    xs[i] = make_uint4(pack_exact_bf16x2(r[0], r[4]), pack_exact_bf16x2(r[1], r[5]),
+                       pack_exact_bf16x2(r[2], r[6]), pack_exact_bf16x2(r[3], r[7]));
+  }
+}
+
+/// The tensor rows behind MMA rows 0..15 of a warp whose rows start at row0: 16 consecutive
+/// rows, or (pairs: gate_up's (gate, up) interleave) 8 pairs with row m the gate row of pair
+/// m % 8 for m < 8 and its up row for m >= 8, so that a thread holds both halves of its pair.
+__device__ __forceinline__ size_t mx4_mma_row(size_t row0, bool pairs, int m) {
+  return pairs ? row0 + 2 * (m % 8) + m / 8 : row0 + m;
+}
+
+/// One warp's dot products of 16 MXFP4 rows of K values with one token's staged activations
+/// (mx4_mma_stage_x) on tensor cores, over the blocks [b0, b1) of K: rows A and B of thread
+/// (g = lane / 4, c = lane % 4) are the MMA's rows g and g + 8 (any 16 rows the caller picks).
+/// For every 32-value block thread c loads word c of both rows (values 8c .. 8c + 7) and the
+/// rows' scale bytes; the word's nibble pairs (k, k + 4) are its A registers as raw bf16 pairs
+/// (mx4_pair_raw, no widening), two mma.sync m16n8k16 sum the block's 32 products from zero,
+/// and the sum takes the block's scale (mxfp4_block_sum_scale): moe_down_part_mx4's arithmetic
+/// (exact products, one fp32 sum per block, then the blocks in order) with each block summed by
+/// the tensor cores. The loads go out CH blocks at a time, the next chunk's while this one's
+/// MMAs run. Every column of B holds the token, so every lane ends with its rows' sums.
+template <int K, int CH> struct Mx4MmaRows {
+  static_assert(K % 32 == 0 && CH % 2 == 0, "whole blocks, chunks of block pairs");
+  static constexpr int kBlocks = K / 32;
+  /// Scale bytes two at a time (16-bit loads: rows of an even block count and even chunk
+  /// starts keep them aligned), else one at a time.
+  static constexpr bool kPaired = kBlocks % 2 == 0;
+  static constexpr int kScaleRegs = kPaired ? CH / 2 : CH;
+
+  const unsigned* wa = nullptr; // word c of block 0 of row A (row B: wb)
+  const unsigned* wb = nullptr;
+  const unsigned char* sa = nullptr; // the rows' scale bytes
+  const unsigned char* sb = nullptr;
+  unsigned qa[CH], qb[CH], ca[kScaleRegs], cb[kScaleRegs];
+
+  __device__ __forceinline__ void load(int b, int b1) {
+#pragma unroll
+    for (int i = 0; i < CH; ++i) {
+      const bool live = b + i < b1;
+      qa[i] = live ? __ldg(wa + 4 * (b + i)) : 0u;
+      qb[i] = live ? __ldg(wb + 4 * (b + i)) : 0u;
+    }
+#pragma unroll
+    for (int i = 0; i < kScaleRegs; ++i) {
+      if constexpr (kPaired) {
+        const bool live = b + 2 * i < b1;
+        ca[i] = live ? __ldg(reinterpret_cast<const unsigned short*>(sa + b) + i) : 0u;
+        cb[i] = live ? __ldg(reinterpret_cast<const unsigned short*>(sb + b) + i) : 0u;
+      } else {
+        const bool live = b + i < b1;
+        ca[i] = live ? __ldg(sa + b + i) : 0u;
+        cb[i] = live ? __ldg(sb + b + i) : 0u;
+      }
+    }
+  }
+
+  /// Points at the warp's 16 rows of an MXFP4 device tensor (its blocks and its scales,
+  /// mxfp4_scales; MMA row m is mx4_mma_row(row0, pairs, m)) and issues the loads of the first
+  /// chunk of [b0, b1). b0 is even.
+  __device__ __forceinline__ void start(const unsigned char* __restrict__ w,
+                                        const unsigned char* __restrict__ scales, size_t row0,
+                                        bool pairs, int b0, int b1, uint4* = nullptr) {
+    const int c = threadIdx.x % 4, g = (threadIdx.x % kWarp) / 4;
+    const size_t row_a = mx4_mma_row(row0, pairs, g), row_b = mx4_mma_row(row0, pairs, g + 8);
+    wa = reinterpret_cast<const unsigned*>(w + row_a * (K / 2)) + c;
+    wb = reinterpret_cast<const unsigned*>(w + row_b * (K / 2)) + c;
+    sa = scales + row_a * kBlocks;
+    sb = scales + row_b * kBlocks;
+    load(b0, b1);
+  }
+
+  /// The sums of rows A and B over [b0, b1) (after start with the same range).
+  __device__ __forceinline__ void finish(const uint4* __restrict__ xs, int b0, int b1, float& acc_a,
+                                         float& acc_b) {
+    const int c = threadIdx.x % 4;
+    acc_a = 0.0f;
+    acc_b = 0.0f;
+#pragma unroll 1
+    for (int b = b0; b < b1; b += CH) {
+      unsigned ua[CH], ub[CH], sca[kScaleRegs], scb[kScaleRegs];
+#pragma unroll
+      for (int i = 0; i < CH; ++i) {
+        ua[i] = qa[i];
+        ub[i] = qb[i];
+      }
+#pragma unroll
+      for (int i = 0; i < kScaleRegs; ++i) {
+        sca[i] = ca[i];
+        scb[i] = cb[i];
+      }
+      if (b + CH < b1)
+        load(b + CH, b1);
+#pragma unroll
+      for (int i = 0; i < CH; ++i) {
+        if (b + i >= b1)
+          break;
+        const uint4 bx = xs[(b + i) * 4 + c];
+        const unsigned a[4] = {mx4_pair_raw(ua[i], 0), mx4_pair_raw(ub[i], 0),
+                               mx4_pair_raw(ua[i], 1), mx4_pair_raw(ub[i], 1)};
+        const unsigned a2[4] = {mx4_pair_raw(ua[i], 2), mx4_pair_raw(ub[i], 2),
+                                mx4_pair_raw(ua[i], 3), mx4_pair_raw(ub[i], 3)};
+        float d[4];
+        mx4_mma_pair(d, a, bx.x, bx.y, a2, bx.z, bx.w);
+        unsigned s_a, s_b;
+        if constexpr (kPaired) {
+          s_a = i % 2 == 0 ? sca[i / 2] & 0xffu : sca[i / 2] >> 8;
+          s_b = i % 2 == 0 ? scb[i / 2] & 0xffu : scb[i / 2] >> 8;
+        } else {
+          s_a = sca[i];
+          s_b = scb[i];
+        }
+        acc_a += mxfp4_block_sum_scale(d[0], s_a); // column 0: rows g and g + 8
+        acc_b += mxfp4_block_sum_scale(d[2], s_b);
+      }
+    }
+  }
+};
+
+/// Mx4MmaRows with the weights streamed through shared memory and the block scales applied
+/// without a branch: chunks of 8 blocks of the 16 rows go in with 16-byte cp.async (a row's 8
+/// blocks from 8 consecutive lanes) into the warp's ring of STAGES buffers (`tile`: STAGES x
+/// 16 x 8 16-byte slots, block j of row m at slot j ^ (m % 8), so that the rows one ldmatrix
+/// reads hit distinct banks), STAGES - 1 chunks in flight while one is computed; ldmatrix.x4
+/// hands thread (g, c) word c of rows g and g + 8 of two blocks at once, the A registers
+/// Mx4MmaRows loads one word at a time. The scale bytes come one chunk ahead, into registers.
+/// A block's sum takes its scale as one multiply-add by 2^(s - 65) (exact for scale bytes up
+/// to 192); a warp that meets a larger byte (weights beyond 2^65) recomputes its rows with
+/// Mx4MmaRows' exact two-step scaling. Full chunks run without bounds checks. The same
+/// products, block sums and order as Mx4MmaRows. PAIRS: MMA row m is mx4_mma_row(row0, true, m).
+template <int K, int STAGES, bool PAIRS> struct Mx4MmaTileRows {
+  static constexpr int CH = 8; // blocks per chunk
+  static_assert(K % 64 == 0 && STAGES >= 2, "an even block count, two buffers or more");
+  static constexpr int kBlocks = K / 32, kPairs = CH / 2; // scale pairs per row and chunk
+  static constexpr int kBufBytes = 16 * CH * 16;
+  static constexpr int kWarpBytes = STAGES * kBufBytes; ///< a warp's ring
+  const unsigned char* src = nullptr; // block 0 of this lane's first cp.async row (+ 16 jb)
+  const unsigned char* sa = nullptr;  // scale bytes of rows g and g + 8
+  const unsigned char* sb = nullptr;
+  const unsigned char* w = nullptr; // for the exact path
+  const unsigned char* scales = nullptr;
+  size_t row0 = 0;
+  unsigned dst0 = 0, dst1 = 0; // shared addresses of this lane's slots (rows m0, m0 + 4)
+  unsigned tile = 0;
+  unsigned ca[kPairs], cb[kPairs]; // the next chunk's scale pairs of rows g and g + 8
+
+  /// The tensor-row offset of MMA row m0 + 4 j from MMA row m0 (m0 < 4): 4 j, or with PAIRS
+  /// 0, 8, 1, 9 (mx4_mma_row).
+  static __device__ __forceinline__ constexpr int row_step(int j) {
+    return PAIRS ? (j % 2) * 8 + j / 2 : 4 * j;
+  }
+
+  /// Issues chunk b's cp.async (lane l: block l % 8 of MMA rows l / 8 + 4 j) into buffer
+  /// `buf`. TAIL: blocks past b1 are zero-filled.
+  template <bool TAIL> __device__ __forceinline__ void load_tile(int b, int b1, int buf) {
+    const int jb = threadIdx.x % CH;
+    const bool live = !TAIL || b + jb < b1;
+    const unsigned char* p = src + (size_t)(live ? b : b - jb) * 16;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const unsigned dst = (j % 2 ? dst1 : dst0) + buf * kBufBytes + (j / 2) * 8 * CH * 16;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
+                   "l"(p + (size_t)row_step(j) * (K / 2)), "r"(live ? 16 : 0));
+    }
+  }
+
+  /// Chunk b's scale pairs into ca, cb (those past b1 left 0).
+  __device__ __forceinline__ void load_scales(int b, int b1) {
+    const unsigned short* pa = reinterpret_cast<const unsigned short*>(sa + b);
+    const unsigned short* pb = reinterpret_cast<const unsigned short*>(sb + b);
+    const bool full = b + CH <= b1;
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const bool in = full || b + 2 * j < b1;
+      ca[j] = in ? __ldg(pa + j) : 0u;
+      cb[j] = in ? __ldg(pb + j) : 0u;
+    }
+  }
+
+  /// Issues chunk b into buffer `buf` (nothing at or past b1) and commits a group either way,
+  /// so that there is one group a chunk.
+  __device__ __forceinline__ void issue(int b, int b1, int buf) {
+    if (b + CH <= b1)
+      load_tile<false>(b, b1, buf);
+    else if (b < b1)
+      load_tile<true>(b, b1, buf);
+    cp_async_commit();
+  }
+
+  __device__ __forceinline__ void start(const unsigned char* __restrict__ w_,
+                                        const unsigned char* __restrict__ scales_, size_t row0_,
+                                        bool, int b0, int b1, uint4* tile_) {
+    const int lane = threadIdx.x % kWarp, g = lane / 4, m0 = lane / CH, jb = lane % CH;
+    w = w_;
+    scales = scales_;
+    row0 = row0_;
+    src = w_ + mx4_mma_row(row0_, PAIRS, m0) * (K / 2) + jb * 16;
+    sa = scales_ + mx4_mma_row(row0_, PAIRS, g) * kBlocks;
+    sb = scales_ + mx4_mma_row(row0_, PAIRS, g + 8) * kBlocks;
+    tile = smem_u32(tile_);
+    // Block jb of row m at slot jb ^ (m % 8); rows m0 + 8 and m0 + 12 share m0's and m0 + 4's.
+    dst0 = tile + (m0 * CH + (jb ^ m0)) * 16;
+    dst1 = tile + ((m0 + 4) * CH + (jb ^ (m0 + 4))) * 16;
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st)
+      issue(b0 + st * CH, b1, st);
+    load_scales(b0, b1);
+  }
+
+  /// The chunk at block b from buffer `buf`: TAIL checks each block against b1.
+  template <bool TAIL>
+  __device__ __forceinline__ void
+  chunk(const uint4* __restrict__ xs, int b, int b1, int buf, const unsigned (&sca)[kPairs],
+        const unsigned (&scb)[kPairs], float& acc_a, float& acc_b, bool& big) {
+    const int lane = threadIdx.x % kWarp, c = lane % 4;
+    // ldmatrix: lanes 0-7 give rows 0-7 of block i, 8-15 rows 8-15, 16-31 the same of block
+    // i + 1; with i even the slot of (m, i + lane / 16) is i ^ x0.
+    const int m = (lane % 8) + 8 * ((lane / 8) % 2), x0 = (lane / 16) ^ (lane % 8);
+    const unsigned row_addr = tile + buf * kBufBytes + m * CH * 16;
+    const uint4* xb = xs + b * 4 + c;
+#pragma unroll
+    for (int i = 0; i < CH; i += 2) {
+      if (TAIL && b + i >= b1)
+        break;
+      unsigned q[4]; // word c of rows g, g + 8 of block i, then of block i + 1
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(q[0]), "=r"(q[1]), "=r"(q[2]), "=r"(q[3])
+                   : "r"(row_addr + ((i ^ x0) * 16)));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (TAIL && b + i + h >= b1)
+          break;
+        const unsigned qa = q[2 * h], qb = q[2 * h + 1];
+        const uint4 bx = xb[(i + h) * 4];
+        const unsigned a[4] = {mx4_pair_raw(qa, 0), mx4_pair_raw(qb, 0), mx4_pair_raw(qa, 1),
+                               mx4_pair_raw(qb, 1)};
+        const unsigned a2[4] = {mx4_pair_raw(qa, 2), mx4_pair_raw(qb, 2), mx4_pair_raw(qa, 3),
+                                mx4_pair_raw(qb, 3)};
+        float d[4];
+        mx4_mma_pair(d, a, bx.x, bx.y, a2, bx.z, bx.w);
+        const unsigned s_a = h == 0 ? sca[i / 2] & 0xffu : sca[i / 2] >> 8;
+        const unsigned s_b = h == 0 ? scb[i / 2] & 0xffu : scb[i / 2] >> 8;
+        big = big || s_a > 192u || s_b > 192u;
+        // 2^(s - 65) (mxfp4_block_sum_scale's first case): the sum times it is exact.
+        acc_a = fmaf(d[0], __uint_as_float(s_a * 8388608u + (62u << 23)), acc_a);
+        acc_b = fmaf(d[2], __uint_as_float(s_b * 8388608u + (62u << 23)), acc_b);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void finish(const uint4* __restrict__ xs, int b0, int b1, float& acc_a,
+                                         float& acc_b) {
+    acc_a = 0.0f;
+    acc_b = 0.0f;
+    bool big = false;
+    int buf = 0; // chunk n's buffer: n % STAGES
+#pragma unroll 1
+    for (int b = b0; b < b1; b += CH) {
+      unsigned sca[kPairs], scb[kPairs];
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        sca[j] = ca[j];
+        scb[j] = cb[j];
+      }
+      if (b + CH < b1)
+        load_scales(b + CH, b1);
+      cp_async_wait<STAGES - 2>(); // this chunk's group has landed (this lane's copies)
+      __syncwarp(); // ... and every lane's; every lane is done with the previous chunk's buffer
+      issue(b + (STAGES - 1) * CH, b1, buf == 0 ? STAGES - 1 : buf - 1);
+      if (b + CH <= b1)
+        chunk<false>(xs, b, b1, buf, sca, scb, acc_a, acc_b, big);
+      else
+        chunk<true>(xs, b, b1, buf, sca, scb, acc_a, acc_b, big);
+      buf = buf == STAGES - 1 ? 0 : buf + 1;
+    }
+    cp_async_wait<0>();                 // no copy outlives the warp's use of its buffers
+    if (__any_sync(0xffffffffu, big)) { // scale bytes above 192: the exact path
+      Mx4MmaRows<K, 2> exact;           // rare: few registers rather than loads in flight
+      exact.start(w, scales, row0, PAIRS, b0, b1);
+      exact.finish(xs, b0, b1, acc_a, acc_b);
+    }
+  }
+};
+
+template <int STAGES, int K, int CH, bool PAIRS> struct Mx4MmaPicker {
+  using type = Mx4MmaTileRows<K, STAGES, PAIRS>;
+};
+template <int K, int CH, bool PAIRS> struct Mx4MmaPicker<0, K, CH, PAIRS> {
+  using type = Mx4MmaRows<K, CH>;
+};
+/// The tensor-core rows of a warp: words loaded straight into registers CH blocks at a time
+/// (STAGES 0), or streamed through a shared-memory ring of STAGES chunks of 8 blocks.
+template <int STAGES, int K, int CH, bool PAIRS>
+using Mx4MmaPick = typename Mx4MmaPicker<STAGES, K, CH, PAIRS>::type;
+
+/// The K splits of a tensor-core GEMV over `blocks` 32-value blocks: each split's first block
+/// is even (Mx4MmaRows' paired scale loads).
+__host__ __device__ constexpr int mx4_mma_split_blocks(int blocks, int splits) {
+  return ((blocks + splits - 1) / splits + 1) / 2 * 2;
+}
+
+/// moe_gate_up_mx4 on tensor cores, for plain bf16 activations: block (x, tk) computes the
+/// (gate, up) pairs 8 RG x .. 8 RG x + 8 RG - 1 of expert e = ids[tk] with RG x KS warps: warp
+/// (rg, ks) takes the 8 pairs of group rg over the ks-th of KS parts of D (Mx4MmaPick: MMA row
+/// g is pair i's gate row 2i, row g + 8 its up row 2i + 1), the parts summed in order through
+/// shared memory, then moe_swiglu's epilogue. grid.x = I / (8 RG), block 32 RG KS threads;
+/// STAGES > 0: the weights stream through a ring of that many chunks a warp (Mx4MmaTileRows,
+/// RG KS STAGES 2 KB of dynamic shared memory), else CH blocks at a time into registers.
+template <int D, int I, int E, int KSEL, int RG, int KS, int CH, int STAGES = 0>
+__device__ __forceinline__ void
+moe_gate_up_mx4_mma(const float* __restrict__ x, const int* __restrict__ ids,
+                    const unsigned char* __restrict__ gate_up,
+                    const __nv_bfloat16* __restrict__ gate_up_b, float limit, float alpha,
+                    float* __restrict__ act) {
+  static_assert(I % (8 * RG) == 0 && D % 32 == 0, "whole pair groups, whole blocks");
+  constexpr int kThreads = kWarp * RG * KS, kBlocks = D / 32;
+  constexpr int kPer = mx4_mma_split_blocks(kBlocks, KS);
+  __shared__ __align__(16) uint4 xs[kBlocks * 4];
+  extern __shared__ __align__(16) uint4 tiles[]; // STAGES > 0: each warp's ring (dynamic)
+  __shared__ float red[KS][RG * 16];
+  const int tk = blockIdx.y, t = tk / KSEL, warp = threadIdx.x / kWarp;
+  const int rg = warp / KS, ks = warp % KS, g = (threadIdx.x % kWarp) / 4;
+  const int e = ids[tk], i0 = (blockIdx.x * RG + rg) * 8; // the warp's first pair
+  const bool active = e >= 0 && e < E; // the router never gives an id outside [0, E)
+  const int b0 = ks * kPer, b1 = b0 + kPer < kBlocks ? b0 + kPer : kBlocks;
+  const size_t row0 = (size_t)(active ? e : 0) * 2 * I + 2 * i0;
+  Mx4MmaPick<STAGES, D, CH, true> rows; // the first weight loads fly while x is staged
+  if (active && b0 < b1)
+    rows.start(gate_up, mxfp4_scales<E * 2 * I, D>(gate_up), row0, true, b0, b1,
+               tiles + warp * (STAGES * 16 * 8));
+  mx4_mma_stage_x<D, kThreads>(x + (size_t)t * D, xs);
+  __syncthreads();
+  float gate = 0.0f, up = 0.0f;
+  if (active && b0 < b1)
+    rows.finish(xs, b0, b1, gate, up);
+  if (threadIdx.x % 4 == 0) {
+    red[ks][rg * 16 + g] = gate;
+    red[ks][rg * 16 + 8 + g] = up;
+  }
+  __syncthreads();
+  if (!active || threadIdx.x >= RG * 8)
+    return;
+  const int q = threadIdx.x / 8, p = threadIdx.x % 8, pair = (blockIdx.x * RG + q) * 8 + p;
+  float sg = 0.0f, su = 0.0f;
+#pragma unroll
+  for (int s = 0; s < KS; ++s) {
+    sg += red[s][q * 16 + p];
+    su += red[s][q * 16 + 8 + p];
+  }
+  const size_t brow = (size_t)e * 2 * I + 2 * pair;
+  act[(size_t)tk * I + pair] = moe_swiglu(sg + bf16_to_float(gate_up_b[brow]),
+                                          su + bf16_to_float(gate_up_b[brow + 1]), limit, alpha);
+}
+
+/// moe_down_part_mx4 on tensor cores, for plain bf16 activations: block (x, tk) computes rows
+/// 16 RG x .. 16 RG x + 16 RG - 1 of expert e = ids[tk] with RG x KS warps: warp (rg, ks) the 16
+/// rows of group rg over the ks-th of KS parts of I (Mx4MmaPick, STAGES and CH as
+/// moe_gate_up_mx4_mma's), the parts summed in order through shared memory; part[tk, o] =
+/// w[tk] (sum + down_b[e][o]). The first weight loads go out before the wait on gate_up (ids
+/// from L2, as moe_down_part). grid.x = D / (16 RG), block 32 RG KS threads.
+template <int D, int I, int E, int KSEL, int RG, int KS, int CH, int STAGES = 0>
 __device__ __forceinline__ void
 moe_down_part_mx4_mma(const float* __restrict__ act, const float* __restrict__ weights,
                       const int* __restrict__ ids, const unsigned char* __restrict__ down,
                       const __nv_bfloat16* __restrict__ down_b, float* __restrict__ part) {
-  static_assert(D % 16 == 0 && I % 32 == 0, "16-row groups of whole blocks");
-  constexpr int kBlocks = I / 32, kWarps = kMoeThreads / kWarp;
-  constexpr int kPer = (kBlocks + kWarps - 1) / kWarps; // blocks of a warp's part of I
-  __shared__ __align__(16) uint4 xs[kBlocks * 4];       // (block, c): B registers of 2 MMAs
-  __shared__ float red[kWarps][16];
-  const int tk = blockIdx.y, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int g = lane / 4, c = lane % 4, r0 = blockIdx.x * 16, e = ids[tk];
+  static_assert(D % (16 * RG) == 0 && I % 32 == 0, "whole row groups, whole blocks");
+  constexpr int kThreads = kWarp * RG * KS, kBlocks = I / 32;
+  constexpr int kPer = mx4_mma_split_blocks(kBlocks, KS);
+  __shared__ __align__(16) uint4 xs[kBlocks * 4];
+  extern __shared__ __align__(16) uint4 tiles[]; // STAGES > 0: each warp's ring (dynamic)
+  __shared__ float red[KS][RG * 16];
+  const int tk = blockIdx.y, warp = threadIdx.x / kWarp;
+  const int rg = warp / KS, ks = warp % KS, g = (threadIdx.x % kWarp) / 4;
+  const int e = moe_early_id(ids, tk), o0 = (blockIdx.x * RG + rg) * 16;
   const bool active = e >= 0 && e < E;
-  const int b0 = warp * kPer, b1 = b0 + kPer < kBlocks ? b0 + kPer : kBlocks;
-  const size_t row = (size_t)(active ? e : 0) * D + r0 + g; // rows row and row + 8
-  const unsigned* w0 = reinterpret_cast<const unsigned*>(down + row * (I / 2)) + c;
-  const unsigned* w8 = reinterpret_cast<const unsigned*>(down + (row + 8) * (I / 2)) + c;
-  const unsigned char* s0 = mxfp4_scales<E * D, I>(down) + row * kBlocks;
-  const unsigned char* s8 = s0 + 8 * kBlocks;
-  unsigned qa[kPer], qb[kPer], sa[kPer], sb[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) { // every load of the warp's part in flight at once
-    const int b = b0 + i;
-    const bool live = active && b < b1;
-    qa[i] = live ? __ldg(w0 + 4 * b) : 0u;
-    qb[i] = live ? __ldg(w8 + 4 * b) : 0u;
-    sa[i] = live ? __ldg(s0 + b) : 0u;
-    sb[i] = live ? __ldg(s8 + b) : 0u;
-  }
-  constexpr float kScale = NORMALIZE ? 1.0f : kMx4XScale;
-  for (int i = threadIdx.x; i < kBlocks * 4; i += kMoeThreads) {
-    const float* xr = act + (size_t)tk * I + 32 * (i / 4) + 8 * (i % 4);
-    float v[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      v[j] = act_value<true>(xr[j]) * kScale;
-    uint4 o;
-    o.x = pack_exact_bf16x2(v[0], v[4]);
-    o.y = pack_exact_bf16x2(v[1], v[5]);
-    o.z = pack_exact_bf16x2(v[2], v[6]);
-    o.w = pack_exact_bf16x2(v[3], v[7]);
-    xs[i] = o;
+  const int b0 = ks * kPer, b1 = b0 + kPer < kBlocks ? b0 + kPer : kBlocks;
+  const size_t row0 = (size_t)(active ? e : 0) * D + o0;
+  Mx4MmaPick<STAGES, I, CH, false> rows;
+  if (active && b0 < b1)
+    rows.start(down, mxfp4_scales<E * D, I>(down), row0, false, b0, b1,
+               tiles + warp * (STAGES * 16 * 8));
+  grid_dependency_sync(); // ... and while gate_up finishes
+  mx4_mma_stage_x<I, kThreads>(act + (size_t)tk * I, xs);
+  __syncthreads();
+  float sa = 0.0f, sb = 0.0f;
+  if (active && b0 < b1)
+    rows.finish(xs, b0, b1, sa, sb);
+  if (threadIdx.x % 4 == 0) {
+    red[ks][rg * 16 + g] = sa;
+    red[ks][rg * 16 + 8 + g] = sb;
   }
   __syncthreads();
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    if (b0 + i >= b1)
-      break;
-    const uint4 bx = xs[(b0 + i) * 4 + c];
-    unsigned a[4] = {mx4_pair_raw(qa[i], 0), mx4_pair_raw(qb[i], 0), mx4_pair_raw(qa[i], 1),
-                     mx4_pair_raw(qb[i], 1)};
-    unsigned a2[4] = {mx4_pair_raw(qa[i], 2), mx4_pair_raw(qb[i], 2), mx4_pair_raw(qa[i], 3),
-                      mx4_pair_raw(qb[i], 3)};
-    if (NORMALIZE) {
-      constexpr unsigned k64 = 0x5f805f80u; // bf16x2 (2^64, 2^64)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(a[j]) : "r"(a[j]), "r"(k64));
-        asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(a2[j]) : "r"(a2[j]), "r"(k64));
-      }
-    }
-    float d[4];
-    mx4_mma_pair(d, a, bx.x, bx.y, a2, bx.z, bx.w);
-    acc[0] += mxfp4_block_sum_scale(d[0], sa[i]);
-    acc[2] += mxfp4_block_sum_scale(d[2], sb[i]);
-  }
-  if (c == 0) { // column 0: rows g and g + 8
-    red[warp][g] = acc[0];
-    red[warp][g + 8] = acc[2];
-  }
-  __syncthreads();
-  if (threadIdx.x >= 16 || !active)
+  if (!active || threadIdx.x >= RG * 16)
     return;
   float sum = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w)
-    sum += red[w][threadIdx.x];
-  const int o = r0 + threadIdx.x;
+  for (int s = 0; s < KS; ++s)
+    sum += red[s][threadIdx.x];
+  const int o = blockIdx.x * RG * 16 + threadIdx.x;
   part[(size_t)tk * D + o] = weights[tk] * (sum + bf16_to_float(down_b[(size_t)e * D + o]));
 }
 

@@ -18,14 +18,24 @@ __device__ __forceinline__ const unsigned char* mxfp4_scales(const unsigned char
   return w + (size_t)ROWS_TOTAL * (K / 2);
 }
 
+/// The raw MXFP4 pair (nibble k, nibble k + 4) of word q (k = 0..3) as a bf16x2 worth
+/// value * 2^-126 each (nibble k in the low half; +-0.5 lands on the bf16 subnormal 2^-127).
+__device__ __forceinline__ unsigned mx4_pair_raw(unsigned q, int k) {
+  // Nibbles k and k + 4 alone (from q >> 8 for k = 2, 3), then one multiply adds two copies:
+  // shifted so that the signs top the halves, and so that the magnitudes sit in bits 6..8 and
+  // 22..24. The copies' bits are disjoint (no carries); a mask keeps the 8 bits that matter.
+  const unsigned src = k < 2 ? q : q >> 8, kk = k % 2;
+  const unsigned x = src & (0x000f000fu << (4 * kk));
+  return (x * ((1u << (12 - 4 * kk)) + (1u << (6 - 4 * kk)))) & 0x81c081c0u;
+}
+
 /// The 8 values of one 4-byte word of a block (value k in nibble k) as fp32 times 2^-126,
-/// unscaled: each pair (k, k + 4) is shifted to top the two 16-bit halves, its sign and e2m1 bits
-/// become a bf16 pair, widened to two floats (value 0.5 lands on the subnormal 2^-127, exact).
+/// unscaled: each pair (k, k + 4) as mx4_pair_raw's bf16 pair, widened to two floats (value 0.5
+/// lands on the subnormal 2^-127, exact).
 __device__ __forceinline__ void mxfp4_word_raw(unsigned q, float (&f)[8]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const unsigned x = q << (12 - 4 * k);
-    const unsigned p = (x & 0x80008000u) | ((x >> 6) & 0x01c001c0u);
+    const unsigned p = mx4_pair_raw(q, k);
     f[k] = __uint_as_float(p << 16);
     f[k + 4] = __uint_as_float(p & 0xffff0000u);
   }

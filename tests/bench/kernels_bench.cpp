@@ -176,42 +176,120 @@ TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
   }
 }
 
-TEST_CASE("MXFP4 moe_down_part: FMA against tensor cores, 20b, one token (informational)") {
+namespace {
+
+/// Average us per launch of `run(i)` over 40 back-to-back launches (after 5 warm-ups), by CUDA
+/// events around the whole run: launch gaps amortised, as in a CUDA graph without PDL.
+template <typename F> double back_to_back_us(F&& run) {
+  for (int i = 0; i < 5; ++i)
+    run(i);
+  cudaEvent_t a, b;
+  cuda_ok(cudaEventCreate(&a), "event");
+  cuda_ok(cudaEventCreate(&b), "event");
+  std::vector<float> per;
+  for (int rep = 0; rep < 5; ++rep) {
+    cudaEventRecord(a);
+    for (int i = 0; i < 40; ++i)
+      run(i);
+    cudaEventRecord(b);
+    cuda_ok(cudaEventSynchronize(b), "timing");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    per.push_back(ms * 1e3f / 40);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(per.begin(), per.end());
+  return per[per.size() / 2];
+}
+
+} // namespace
+
+TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informational)") {
   XSERV_REQUIRE_GPU();
   MoeDims d{2880, 2880, 32, 4, false};
   d.mxfp4 = true;
   d.round_act = true;
   Rng rng{905};
-  // MXFP4 experts [32, 2880, 2880] (140 MB, beyond L2), the 8 disjoint sets of 4 cycled.
-  const size_t n = size_t(d.experts) * d.hidden * d.inter;
-  std::vector<uint8_t> bytes(n / 2 + n / 32);
-  for (size_t i = 0; i < n / 2; ++i)
-    bytes[i] = uint8_t(int((rng.next(1.0f) + 1.0f) * 128.0f) & 0xff);
-  for (size_t b = 0; b < n / 32; ++b)
-    bytes[n / 2 + b] = uint8_t(118 + b % 8);
-  auto down = upload(bytes), bias = upload(random_bf16(rng, {d.experts, d.hidden}, 0.5f).bits);
+  // MXFP4 experts (gate_up 283 MB, down 142 MB: beyond L2), the 8 disjoint sets of 4 cycled.
+  auto mx = [&](int rows, int cols) {
+    const size_t n = size_t(d.experts) * rows * cols;
+    std::vector<uint8_t> bytes(n / 2 + n / 32);
+    for (size_t i = 0; i < n / 2; ++i)
+      bytes[i] = uint8_t(int((rng.next(1.0f) + 1.0f) * 128.0f) & 0xff);
+    for (size_t b = 0; b < n / 32; ++b)
+      bytes[n / 2 + b] = uint8_t(118 + b % 8);
+    return upload(bytes);
+  };
+  auto gate_up = mx(2 * d.inter, d.hidden), down = mx(d.hidden, d.inter);
+  auto gub = upload(random_bf16(rng, {d.experts, 2 * d.inter}, 0.5f).bits);
+  auto dnb = upload(random_bf16(rng, {d.experts, d.hidden}, 0.5f).bits);
+  auto x = upload(random_f32(rng, {1, d.hidden}, 1.0f).f);
   auto act = upload(random_f32(rng, {d.k, d.inter}, 1.0f).f);
-  auto part = poisoned(size_t(d.k) * d.hidden);
+  auto act_out = poisoned(size_t(d.k) * d.inter), part = poisoned(size_t(d.k) * d.hidden);
   std::vector<std::unique_ptr<DevBuf>> id_sets, w_sets;
   for (int s = 0; s < 8; ++s) {
     id_sets.push_back(upload(std::vector<int32_t>{4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3}));
     w_sets.push_back(upload(std::vector<float>{0.4f, 0.3f, 0.2f, 0.1f}));
   }
-  const double mb = double(d.k) * d.hidden * d.inter * (0.5 + 1.0 / 32) / 1e6;
-  // (tensor cores: 0 off, 1 raw, 2 normalised operands; blocks per SM for the register cap)
-  for (auto [mma, min_blocks] : {std::pair{0, 0}, std::pair{1, 0}, std::pair{2, 0},
-                                 std::pair{1, 4}, std::pair{1, 5}, std::pair{1, 6}}) {
-    MoeDims v = d;
-    v.mma = mma;
-    v.min_blocks = min_blocks;
-    const Loaded& k = load(emit_moe_down_part(v, {}));
-    const double ms = median_ms([&](int i) {
-      launch(k, 1, 1, act->p, w_sets[i % 8]->p, id_sets[i % 8]->p, down->p, bias->p, part->p);
+  const double mb_gu = 2.0 * d.k * d.hidden * d.inter * (0.5 + 1.0 / 32) / 1e6;
+  const double mb_dn = mb_gu / 2;
+  struct Variant {
+    int mma; // 0 FMA, 1 tensor cores (words into registers), 2.. (a shared ring of that depth)
+    int groups, splits, chunk, min_blocks; // MMA tiling (0: default), or FMA rows, unroll
+  };
+  const std::vector<Variant> gu_variants = {
+      {0, 0, 2, 0, 0}, {2, 4, 2, 8, 0}, {2, 4, 2, 8, 3}, {2, 1, 4, 8, 0}, {2, 2, 4, 8, 0},
+      {2, 2, 2, 8, 0}, {3, 4, 2, 8, 0}, {3, 1, 4, 8, 0}, {4, 4, 2, 8, 0}, {2, 1, 8, 8, 0}};
+  const std::vector<Variant> dn_variants = {
+      {0, 0, 2, 0, 0}, {2, 2, 4, 8, 0}, {2, 2, 4, 8, 3}, {2, 1, 4, 8, 0}, {2, 2, 2, 8, 0},
+      {2, 1, 8, 8, 0}, {3, 2, 4, 8, 0}, {3, 1, 4, 8, 0}, {4, 2, 4, 8, 0}, {2, 2, 3, 8, 0}};
+  auto dims = [&](const Variant& v) {
+    MoeDims m = d;
+    m.mma = v.mma > 0;
+    m.mma_stages = v.mma > 1 ? v.mma : 0;
+    if (v.mma) {
+      m.mma_groups = v.groups;
+      m.mma_splits = v.splits;
+      m.mma_chunk = v.chunk;
+    } else {
+      m.rows = v.groups;
+      m.unroll = v.splits;
+    }
+    m.min_blocks = v.min_blocks;
+    return m;
+  };
+  auto fits = [&](const Variant& v, bool gate_up) {
+    return v.mma == 0 || moe_mma_kernel_fits(dims(v), gate_up);
+  };
+  std::vector<KernelSource> all;
+  for (const Variant& v : gu_variants)
+    if (fits(v, true))
+      all.push_back(emit_moe_gate_up(dims(v), {}));
+  for (const Variant& v : dn_variants)
+    if (fits(v, false))
+      all.push_back(emit_moe_down_part(dims(v), {}));
+  preload(all);
+  for (const Variant& v : gu_variants) {
+    if (!fits(v, true))
+      continue;
+    const Loaded& k = load(emit_moe_gate_up(dims(v), {}));
+    const double us = back_to_back_us(
+        [&](int i) { launch(k, 1, 1, x->p, id_sets[i % 8]->p, gate_up->p, gub->p, act_out->p); });
+    MESSAGE("mxfp4 gate_up " << k.src.name << ": " << us << " us, " << mb_gu / us * 1e3
+                             << " GB/s of weights");
+  }
+  for (const Variant& v : dn_variants) {
+    if (!fits(v, false))
+      continue;
+    const Loaded& k = load(emit_moe_down_part(dims(v), {}));
+    const double us = back_to_back_us([&](int i) {
+      launch(k, 1, 1, act->p, w_sets[i % 8]->p, id_sets[i % 8]->p, down->p, dnb->p, part->p);
     });
-    device_sync();
-    MESSAGE("mxfp4 down_part " << k.src.name << ": " << ms * 1e3 << " us, " << mb / ms
+    MESSAGE("mxfp4 down_part " << k.src.name << ": " << us << " us, " << mb_dn / us * 1e3
                                << " GB/s of weights");
   }
+  device_sync();
 }
 
 // ---- prefill / batched-decode gemms: mma.sync (gemm.cuh) against warpgroup MMA (gemm_wg.cuh) ----
@@ -233,7 +311,12 @@ const Loaded* want(KernelSource src) {
 
 /// Runs `variants` dry (collecting their kernels), compiles those together, then runs them.
 template <typename F> void with_preloaded(F&& variants) {
-  with_preloaded(variants);
+  g_dry = true;
+  variants();
+  g_dry = false;
+  preload(std::move(g_sources));
+  g_sources.clear();
+  variants();
 }
 
 /// One layer's MoE weights of the 20b in both formats (random codes, realistic scales) and a

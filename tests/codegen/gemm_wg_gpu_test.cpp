@@ -139,7 +139,7 @@ TEST_CASE("the MXFP4 fragment decode of gemm_wg is the BF16 dequantisation, ever
       "  const int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
       "  if (i < n)\n"
       "    for (int k = 0; k < 4; ++k)\n"
-      "      o[4 * i + k] = xserv_kernels::mxfp4_pair_scaled(xserv_kernels::mxfp4_pair_raw(q[i], "
+      "      o[4 * i + k] = xserv_kernels::mxfp4_pair_scaled(xserv_kernels::mx4_pair_raw(q[i], "
       "k), xserv_kernels::mxfp4_scale_factors(s[i]));\n}\n";
   src.launch.block = 256;
   const Loaded& k = load(src);

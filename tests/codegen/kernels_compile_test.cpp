@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <tuple>
 
 using namespace xserv;
 using namespace xserv::codegen;
@@ -84,10 +85,17 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
     out.push_back(emit_moe_gate_up(moe, {"moe gate_up, bf16 activations"}));
     out.push_back(emit_moe_down_part(moe, {"moe down part, bf16 activations"}));
   }
-  for (int mma : {1, 2}) { // on tensor cores (MXFP4, bf16 activations)
-    moe.mma = mma;
-    if (moe.hidden % 16 == 0)
+  moe.mma = true; // on tensor cores (MXFP4, bf16 activations), default and odd tilings
+  for (auto [groups, splits, chunk, stages] : {std::tuple{0, 0, 0, 0}, std::tuple{1, 3, 2, 0},
+                                               std::tuple{0, 0, 0, 4}, std::tuple{1, 3, 0, 2}}) {
+    moe.mma_groups = groups;
+    moe.mma_splits = splits;
+    moe.mma_chunk = chunk;
+    moe.mma_stages = stages;
+    if (moe_mma_fits(moe)) {
+      out.push_back(emit_moe_gate_up(moe, {"moe gate_up, tensor cores"}));
       out.push_back(emit_moe_down_part(moe, {"moe down part, tensor cores"}));
+    }
   }
   QkvDims qr = qd; // decode qkv with RoPE and the cache writes in its epilogue
   qr.head_dim = int(c.head_dim);

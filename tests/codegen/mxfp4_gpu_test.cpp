@@ -180,57 +180,108 @@ TEST_CASE("MoE decode kernels on MXFP4 experts agree with the BF16 kernels") {
   }
 }
 
-TEST_CASE("tensor-core moe_down_part on MXFP4 experts agrees with the FMA kernel and ir::ref") {
+TEST_CASE("tensor-core MoE decode kernels on MXFP4 experts agree with the FMA kernels and a "
+          "double reference") {
   XSERV_REQUIRE_GPU();
   uint64_t seed = 9150;
-  for (MoeDims d : {MoeDims{64, 64, 8, 2, false}, MoeDims{2880, 2880, 32, 4, false}})
-    for (auto [lo, hi] : {std::pair{117, 130}, std::pair{100, 140}}) {
+  struct Tiling {
+    int groups, splits, chunk, stages; // stages 0: words straight into registers
+  };
+  // 96: three blocks a row (one scale byte at a time).
+  for (MoeDims d : {MoeDims{64, 64, 8, 2, false}, MoeDims{96, 96, 8, 2, false},
+                    MoeDims{2880, 2880, 32, 4, false}})
+    // Scales around realistic weights, a wider spread, and bytes past 192 (the block sum's
+    // second multiply).
+    for (auto [lo, hi] : {std::pair{117, 130}, std::pair{100, 140}, std::pair{185, 200}}) {
       Rng rng{++seed};
       d.mxfp4 = true;
       d.round_act = true;
+      const Mxfp4Weight gu = random_mxfp4(rng, d.experts, 2 * d.inter, d.hidden, lo, hi);
       const Mxfp4Weight dn = random_mxfp4(rng, d.experts, d.hidden, d.inter, lo, hi);
+      const Bf16Weight gub = random_bf16(rng, {d.experts, 2 * d.inter}, 0.5f);
       const Bf16Weight dnb = random_bf16(rng, {d.experts, d.hidden}, 0.5f);
-      auto ddn4 = upload(dn.device), ddnb = upload(dnb.bits);
+      auto dgu4 = upload(gu.device), dgub = upload(gub.bits), ddn4 = upload(dn.device),
+           ddnb = upload(dnb.bits);
       const int tokens = 3, pairs = tokens * d.k;
+      const Tensor x = random_f32(rng, {tokens, d.hidden}, 2.0f);
       const Tensor act = random_f32(rng, {pairs, d.inter}, 2.0f);
       const Tensor w = random_f32(rng, {pairs}, 1.0f);
       Tensor ids = Tensor::zeros(DType::I32, {pairs});
       for (int j = 0; j < pairs; ++j)
         ids.i[size_t(j)] = (j * 5 + 3) % d.experts;
-      auto dact = upload(act), dw = upload(w), dids = upload(ids);
-      // ir::ref's arithmetic in double on the bf16-rounded activations the kernels take.
-      std::vector<float> want(size_t(pairs) * d.hidden);
-      for (int j = 0; j < pairs; ++j)
-        for (int o = 0; o < d.hidden; ++o) {
-          const size_t r = (size_t(ids.i[size_t(j)]) * d.hidden + o) * d.inter;
-          double sum = 0.0;
-          for (int i = 0; i < d.inter; ++i)
-            sum += double(models::bf16_to_float(dn.bf16[r + i])) *
-                   double(models::bf16_to_float(
-                       models::float_to_bf16(act.f[size_t(j) * d.inter + i])));
-          const double b = models::bf16_to_float(dnb.bits[size_t(ids.i[size_t(j)]) * d.hidden + o]);
-          want[size_t(j) * d.hidden + o] = float(double(w.f[size_t(j)]) * (sum + b));
+      auto dx = upload(x), dact = upload(act), dw = upload(w), dids = upload(ids);
+      // Double sums of the dequantised weights and the bf16-rounded activations the kernels
+      // take; the SwiGLU in double.
+      auto dot = [](const Mxfp4Weight& m, size_t row, int n, const float* v) {
+        double sum = 0.0;
+        for (int i = 0; i < n; ++i)
+          sum += double(models::bf16_to_float(m.bf16[row * size_t(n) + size_t(i)])) *
+                 double(models::bf16_to_float(models::float_to_bf16(v[i])));
+        return sum;
+      };
+      std::vector<float> want_act(size_t(pairs) * d.inter), want_part(size_t(pairs) * d.hidden);
+      for (int j = 0; j < pairs; ++j) {
+        const size_t e = size_t(ids.i[size_t(j)]);
+        const float* xt = &x.f[size_t(j / d.k) * d.hidden];
+        for (int i = 0; i < d.inter; ++i) {
+          const size_t r = e * 2 * d.inter + 2 * size_t(i);
+          double gate = dot(gu, r, d.hidden, xt) + models::bf16_to_float(gub.bits[r]);
+          double up = dot(gu, r + 1, d.hidden, xt) + models::bf16_to_float(gub.bits[r + 1]);
+          gate = std::min(gate, d.limit);
+          up = std::clamp(up, -d.limit, d.limit);
+          want_act[size_t(j) * d.inter + i] =
+              float((up + 1.0) * gate / (1.0 + std::exp(-d.alpha * gate)));
         }
-      std::vector<float> got[3];
-      for (int mma = 0; mma < 3; ++mma) {
-        MoeDims v = d;
-        v.mma = mma;
-        const Loaded& k = load(emit_moe_down_part(v, {}));
-        auto part = poisoned(want.size());
-        launch(k, tokens, 1, dact->p, dw->p, dids->p, ddn4->p, ddnb->p, part->p);
-        device_sync();
-        got[mma] = download(*part, want.size());
+        for (int o = 0; o < d.hidden; ++o) {
+          const size_t r = e * d.hidden + size_t(o);
+          want_part[size_t(j) * d.hidden + o] =
+              float(double(w.f[size_t(j)]) * (dot(dn, r, d.inter, &act.f[size_t(j) * d.inter]) +
+                                              models::bf16_to_float(dnb.bits[r])));
+        }
       }
-      const double fma = rel_l2(got[0], want), raw = rel_l2(got[1], want),
-                   norm = rel_l2(got[2], want), vs_fma = rel_l2(got[2], got[0]);
-      MESSAGE("moe_down_part hidden " << d.hidden << ", scales " << lo << ".." << hi
-                                      << " against ir::ref: FMA " << fma << ", tensor cores raw "
-                                      << raw << ", normalised " << norm << "; normalised vs FMA "
-                                      << vs_fma);
-      // Exact products, fp32 sums in another order: within a few roundings of the FMA kernel.
-      CHECK(norm <= std::max(2 * fma, 1e-6));
-      CHECK(vs_fma <= 3e-6);
-      CHECK(raw <= std::max(2 * fma, 1e-6)); // fails if the tensor cores flush bf16 subnormals
+      auto run = [&](const MoeDims& v, std::vector<float>& a, std::vector<float>& p) {
+        const Loaded& kgu = load(emit_moe_gate_up(v, {}));
+        const Loaded& kdn = load(emit_moe_down_part(v, {}));
+        auto dacto = poisoned(want_act.size()), dpart = poisoned(want_part.size());
+        launch(kgu, tokens, 1, dx->p, dids->p, dgu4->p, dgub->p, dacto->p);
+        launch(kdn, tokens, 1, dact->p, dw->p, dids->p, ddn4->p, ddnb->p, dpart->p);
+        device_sync();
+        a = download(*dacto, want_act.size());
+        p = download(*dpart, want_part.size());
+      };
+      std::vector<float> fma_act, fma_part;
+      run(d, fma_act, fma_part);
+      const double fma_a = rel_l2(fma_act, want_act), fma_p = rel_l2(fma_part, want_part);
+      for (const Tiling& t :
+           {Tiling{0, 0, 0, 0}, Tiling{1, 3, 2, 0}, Tiling{2, 1, 4, 0}, Tiling{1, 8, 6, 0},
+            Tiling{0, 0, 0, 4}, Tiling{1, 3, 8, 2}, Tiling{2, 1, 8, 3}, Tiling{1, 4, 8, 6}}) {
+        MoeDims v = d;
+        v.mma = true;
+        v.mma_groups = t.groups;
+        v.mma_splits = t.splits;
+        v.mma_chunk = t.chunk;
+        v.mma_stages = t.stages;
+        if (!moe_mma_fits(v))
+          continue;
+        std::vector<float> mma_act, mma_part;
+        run(v, mma_act, mma_part);
+        const double a = rel_l2(mma_act, want_act), p = rel_l2(mma_part, want_part);
+        const double a_fma = rel_l2(mma_act, fma_act), p_fma = rel_l2(mma_part, fma_part);
+        MESSAGE("hidden " << d.hidden << ", scales " << lo << ".." << hi << ", tiling " << t.groups
+                          << "/" << t.splits << "/" << t.chunk << " stages " << t.stages
+                          << ": against the double reference gate_up FMA " << fma_a
+                          << " tensor cores " << a << ", down FMA " << fma_p << " tensor cores "
+                          << p << "; tensor cores against FMA " << a_fma << ", " << p_fma);
+        INFO("hidden " << d.hidden << ", scales " << lo << ".." << hi << ", tiling " << t.groups
+                       << "/" << t.splits << "/" << t.chunk << " stages " << t.stages);
+        // Exact products, fp32 sums per block in another order: as accurate as the FMA
+        // kernels (fails if the tensor cores flush the bf16 subnormal +-0.5 decodes to, or a
+        // tile skips or repeats blocks), within a few roundings of them.
+        CHECK(a <= std::max(2 * fma_a, 1e-6));
+        CHECK(p <= std::max(2 * fma_p, 1e-6));
+        CHECK(a_fma <= 3e-6);
+        CHECK(p_fma <= 3e-6);
+      }
     }
 }
 

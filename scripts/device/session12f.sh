@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 12, call 6 (1 GPU, ~8 min): the session's last measurement, two-chunk rings as the
+# default: the runtime's shared-memory limit (static + dynamic past 48 KB), kernels_bench's
+# ring depths and tilings, old (.device/old/xserv) against new on the 20b (decode rows twice,
+# pp512, B64, greedy tokens), then the 20b against HF transformers (hf20b.sh's steps).
+# Needs .device/bin/{xserv,runtime_gpu_tests,cli_gpu_tests,kernels_bench}, .device/old/xserv,
+# .device/data.
+source "$(dirname "$0")/common.sh"
+run_tests runtime_gpu_tests -tc="*dynamic shared memory*"
+echo "== bench at $((SECONDS - start)) s"
+timeout 200 $B/kernels_bench -tc="MXFP4 MoE decode*" > "$OUT/kb.log" 2>&1
+echo "kernels_bench rc=$?"; grep -E "mxfp4 (gate_up|down_part)|ERROR" "$OUT/kb.log" | sed 's/.*MESSAGE: //; s/moe_[a-z_]*e32_k4_d2880_i2880_mx4_a16//'
+echo "== 20b at $((SECONDS - start)) s"
+synth20b
+ab_compile
+ab_decode 2
+for v in old new; do
+  echo "-- $v pp512, B64"
+  timeout 100 "$(bin_of $v)" bench /tmp/p_$v --backend cuda -p 512 -n 128 -b 64 -r 2 \
+    2> /dev/null | grep -E "pp|tg" | cut -d'|' -f6,7,8,11
+done
+ab_tokens 64
+echo "== HF at $((SECONDS - start)) s"
+timeout 200 python3 tools/hf_20b_reference.py /tmp/g20 --ids-seed 0 --tokens 256 --greedy 64 \
+  --out /tmp/ref > "$OUT/hf_ref.log" 2>&1
+echo "HF reference rc=$? at $((SECONDS - start)) s"
+XSERV_20B_CKPT=/tmp/g20 XSERV_20B_REF=/tmp/ref timeout 150 $B/cli_gpu_tests \
+  -tc="gpu: synthetic 20b*" > "$OUT/hf20b_test.log" 2>&1
+echo "hf20b test rc=$?: $(grep -E '^\[doctest\] test cases' "$OUT/hf20b_test.log" | tail -1)"
+grep -E "MESSAGE|ERROR" -A1 "$OUT/hf20b_test.log" | grep -vE "^--$" | cut -c1-220 | head -16
+echo "done in $((SECONDS - start)) s"
