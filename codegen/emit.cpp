@@ -232,6 +232,23 @@ int qkv_rows(const QkvDims& d) {
 
 } // namespace
 
+namespace {
+/// linear_decode_mma's tiling, defaults filled in.
+std::array<int, 3> linear_mma_tiling(const LinearDims& d) {
+  return {d.mma_groups > 0 ? d.mma_groups : 2, d.mma_splits > 0 ? d.mma_splits : 8,
+          d.mma_stages > 0 ? d.mma_stages : 4};
+}
+} // namespace
+
+bool linear_mma_fits(const LinearDims& d) {
+  const auto [groups, splits, stages] = linear_mma_tiling(d);
+  const size_t ring = size_t(groups) * splits * stages * 2048;
+  const size_t xs = size_t(d.max_tokens) * (size_t(d.k) / 2 + 4) * 4;
+  return !d.norm && d.round_act && d.k > 0 && d.k % 64 == 0 && d.n > 0 &&
+         d.n % (16 * groups) == 0 && d.max_tokens >= 1 && d.max_tokens <= 8 && stages >= 2 &&
+         32 * groups * splits <= 1024 && ring + xs <= 200 * 1024;
+}
+
 KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir_lines) {
   check_positive("linear", {d.k, d.n, d.max_tokens});
   if (d.k % 8 != 0)
@@ -263,6 +280,23 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
   std::string call =
       fmt::format("linear_decode<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.max_tokens,
                   rows, d.norm, d.bias, d.residual, d.prefetch, d.unroll, d.ksplit);
+  if (d.mma) {
+    if (!linear_mma_fits(d))
+      throw Error(fmt::format("codegen: the tensor-core linear takes bf16 activations, no norm, K "
+                              "a multiple of 64 and N of its row groups (K {}, N {})",
+                              d.k, d.n));
+    const auto [groups, splits, stages] = linear_mma_tiling(d);
+    name = fmt::format("linear{}_k{}_n{}{}_t{}_mma_g{}_s{}_r{}_a16", d.residual ? "_residual" : "",
+                       d.k, d.n, d.bias ? "" : "_nobias", d.max_tokens, groups, splits, stages);
+    launch.block = 32 * groups * splits;
+    launch.blocks_x = d.n / (16 * groups);
+    launch.smem_fixed = size_t(groups) * splits * stages * 2048;
+    launch.smem_per_token = (size_t(d.k) / 2 + 4) * 4;
+    call = fmt::format("linear_decode_mma<{}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.max_tokens,
+                       groups, splits, stages, d.bias, d.residual);
+    return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch,
+                    DependencyWait::InCall);
+  }
   round_act(d.round_act, name, call);
   return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch,
                   DependencyWait::InCall);

@@ -66,7 +66,13 @@ struct LinearDims {
   /// gemm activations (compile --gemm-precision bf16) rounds them in its decode kernels too, so
   /// a token sees the same inputs alone and batched. Name suffix "_a16".
   bool round_act = false;
+  /// linear_decode_mma (tensor cores; no norm, round_act, K % 64 == 0, linear_mma_fits): row
+  /// groups of 16 a block (0: 2), K splits (0: 8) and the ring's chunks (0: 4; the 20b's o_proj:
+  /// 9.3 us at 1 token, 11.6 at 8, against the FMA kernels' 9.5 and 32.9, docs/PERF.md).
+  bool mma = false;
+  int mma_groups = 0, mma_splits = 0, mma_stages = 0;
 };
+bool linear_mma_fits(const LinearDims& d);
 
 /// q, k and v projections of a decode step in one launch (qkv_decode): rms_norm(x) staged once,
 /// each block's rows in one projection. Parameters: x, ln, wq, bq, wk, bk, wv, bv, yq, yk, yv,

@@ -147,6 +147,122 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
   linear_store<N, MAX_T, R, BIAS, RESIDUAL>(acc, b, h, y, row, tokens);
 }
 
+/// linear_decode without the norm on tensor cores, for plain bf16 activations: y[t, n] =
+/// (RESIDUAL ? h[t, n] : 0) + sum_k W[n, k] bf16(x[t, k]) + (BIAS ? b[n] : 0) for up to 8 tokens,
+/// the tokens being the columns of mma.sync m16n8k16 (token t's result never depends on the
+/// others). Block x: rows 16 RG x .. + 16 RG - 1 with RG x KS warps, warp (rg, ks) the 16 rows of
+/// group rg over the ks-th part of K, the parts added in order through shared memory. Each warp
+/// streams its rows through a ring of STAGES chunks (16 rows x 64 values, 16-byte cp.async, a row's
+/// 8 slots at slot j ^ (row % 8)) and ldmatrix.x4 hands thread (g, c) the A words of two slots:
+/// words of the weights as they lie, no conversion. Dynamic shared memory: the rings (RG KS
+/// STAGES 2 KB), then the tokens' activations as bf16 pairs (K / 2 + 4 words a token).
+/// grid.x = N / (16 RG), block 32 RG KS threads. y may alias h. Parameters as linear_decode's
+/// (its norm's ln and eps unused).
+template <int K, int N, int MAX_T, int RG, int KS, int STAGES, bool BIAS, bool RESIDUAL>
+__device__ __forceinline__ void
+linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__, float,
+                  const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
+                  const float* h, float* y, int tokens) {
+  static_assert(K % 64 == 0 && N % (16 * RG) == 0 && MAX_T >= 1 && MAX_T <= 8 && STAGES >= 2,
+                "whole chunks of 64 values, whole row groups, at most 8 tokens, two stages");
+  constexpr int kWarps = RG * KS, kThreads = kWarp * kWarps;
+  constexpr int kChunks = K / 64, kPer = (kChunks + KS - 1) / KS; // a warp's chunks
+  constexpr int kXStride = K / 2 + 4;    // words a token: the 8 tokens' rows hit distinct banks
+  constexpr int kRing = STAGES * 16 * 8; // 16-byte slots a warp
+  extern __shared__ __align__(16) uint4 smem_linear_mma[];
+  unsigned* xs = reinterpret_cast<unsigned*>(smem_linear_mma + kWarps * kRing);
+  __shared__ float red[KS][RG * 16][MAX_T];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, c = lane % 4;
+  const int rg = warp / KS, ks = warp % KS, r0 = (blockIdx.x * RG + rg) * 16;
+  const int c0 = ks * kPer, c1 = c0 + kPer < kChunks ? c0 + kPer : kChunks;
+  // cp.async: lane l copies slot l % 8 of rows l / 8 + 4 j (j < 4) of each chunk.
+  const int m0 = lane / 8, jb = lane % 8;
+  const __nv_bfloat16* src = w + (size_t)(r0 + m0) * K + jb * 8;
+  const unsigned tile = smem_u32(smem_linear_mma + warp * kRing);
+  const unsigned dst0 = tile + (m0 * 8 + (jb ^ m0)) * 16;
+  const unsigned dst1 = tile + ((m0 + 4) * 8 + (jb ^ (m0 + 4))) * 16;
+  auto issue = [&](int ch, int buf) {
+    if (ch < c1) {
+      const __nv_bfloat16* p = src + (size_t)ch * 64;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const unsigned dst = (j % 2 ? dst1 : dst0) + buf * 2048 + (j / 2) * 1024;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
+                     "l"(p + (size_t)(4 * j) * K));
+      }
+    }
+    cp_async_commit(); // one group a chunk, empty past the end
+  };
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) // the weights owe nothing to the previous kernel
+    issue(c0 + st, st);
+  grid_dependency_sync();
+  for (int i = threadIdx.x; i < tokens * (K / 2); i += kThreads) {
+    const int t = i / (K / 2), k2 = i % (K / 2);
+    const float2 v = reinterpret_cast<const float2*>(x + (size_t)t * K)[k2];
+    xs[t * kXStride + k2] = __byte_perm(__float_as_uint(act_value<true>(v.x)),
+                                        __float_as_uint(act_value<true>(v.y)), 0x7632);
+  }
+  __syncthreads();
+  // B column g is token g (spare columns repeat the last token; their sums are dropped).
+  const unsigned* xb = xs + (g < tokens ? g : tokens - 1) * kXStride + c;
+  const int m = (lane % 8) + 8 * ((lane / 8) % 2), x0 = (lane / 16) ^ (lane % 8);
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int buf = 0;
+#pragma unroll 1
+  for (int ch = c0; ch < c1; ++ch) {
+    cp_async_wait<STAGES - 2>(); // chunk ch has landed (this lane's copies)
+    __syncwarp();                // ... and every lane's; all are done with the previous buffer
+    issue(ch + STAGES - 1, buf == 0 ? STAGES - 1 : buf - 1);
+    const unsigned row_addr = tile + buf * 2048 + m * 128;
+    const unsigned* xc = xb + ch * 32;
+    // A chunk's 4 MMAs from zero, then one fp32 add each: the tensor cores' accumulation
+    // (which does not round like fp32 adds) stays 4 MMAs long whatever the K split.
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      unsigned a[4]; // word c of rows g, g + 8 of slot j, then of slot j + 1
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                   : "r"(row_addr + ((j ^ x0) * 16)));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                   "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                   : "+f"(p[0]), "+f"(p[1]), "+f"(p[2]), "+f"(p[3])
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(xc[4 * j]),
+                     "r"(xc[4 * j + 4]));
+#endif
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      d[q] += p[q];
+    buf = buf == STAGES - 1 ? 0 : buf + 1;
+  }
+  cp_async_wait<0>();
+  // d: rows g and g + 8, tokens 2c and 2c + 1.
+  const int rr = rg * 16 + g;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int t = 2 * c + q % 2, row = rr + 8 * (q / 2);
+    if (t < tokens && t < MAX_T)
+      red[ks][row][t] = d[q];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < RG * 16 * tokens; i += kThreads) {
+    const int row = i / tokens, t = i % tokens;
+    float v = 0.0f;
+#pragma unroll
+    for (int s = 0; s < KS; ++s)
+      v += red[s][row][t];
+    const size_t n = (size_t)blockIdx.x * RG * 16 + row;
+    if (BIAS)
+      v += bf16_to_float(b[n]);
+    if (RESIDUAL)
+      v += h[(size_t)t * N + n];
+    y[(size_t)t * N + n] = v;
+  }
+}
+
 /// q, k and v of a decode step in one launch: rows [0, NQ) of the concatenated output are
 /// y_q = Wq xn + bq, the next NK y_k, the last NV y_v, xn = rms_norm(x, ln, eps) staged once per
 /// block. Each block's 8 / KS row groups x R rows lie in one projection (NQ and NK multiples of

@@ -508,8 +508,8 @@ template <int K, int STAGES, bool PAIRS> struct Mx4MmaTileRows {
         const unsigned s_b = h == 0 ? scb[i / 2] & 0xffu : scb[i / 2] >> 8;
         big = big || s_a > 192u || s_b > 192u;
         // 2^(s - 65) (mxfp4_block_sum_scale's first case): the sum times it is exact.
-        acc_a = fmaf(d[0], __uint_as_float(s_a * 8388608u + (62u << 23)), acc_a);
-        acc_b = fmaf(d[2], __uint_as_float(s_b * 8388608u + (62u << 23)), acc_b);
+        acc_a = fmaf(d[0], mx4_scale_factor(s_a), acc_a);
+        acc_b = fmaf(d[2], mx4_scale_factor(s_b), acc_b);
       }
     }
   }

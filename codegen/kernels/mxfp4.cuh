@@ -86,6 +86,15 @@ __device__ __forceinline__ float mxfp4_block_sum_scale(float sum, unsigned s) {
   return (sum * 9223372036854775808.0f) * __uint_as_float((s - 1u) << 23);
 }
 
+/// 2^(s - 65) for a scale byte s <= 192 (mxfp4_block_sum_scale's first factor) as one
+/// multiply-add on the byte: (s + 62) << 23, written as PTX mad so that it stays one
+/// instruction rather than a shift and an add.
+__device__ __forceinline__ float mx4_scale_factor(unsigned s) {
+  unsigned f;
+  asm("mad.lo.u32 %0, %1, 8388608, 520093696;" : "=r"(f) : "r"(s));
+  return __uint_as_float(f);
+}
+
 /// Stages K activations for WarpGemvMx4 (the whole block's threads; a barrier must follow):
 /// xs[b * kMx4XStride + j] = act_value<ROUND>(x[32 b + j]) * kMx4XScale (exact: a power of two).
 template <int K, int THREADS, bool ROUND = false>

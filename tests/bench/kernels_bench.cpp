@@ -292,6 +292,63 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
   device_sync();
 }
 
+TEST_CASE("o_proj decode GEMV: FMA against tensor cores, 20b, 1 and 8 tokens (informational)") {
+  XSERV_REQUIRE_GPU();
+  LinearDims base{4096, 2880, false, true, true, 1e-5};
+  base.round_act = true;
+  Rng rng{906};
+  const Bf16Weight w = random_bf16(rng, {base.n, base.k}, 0.02f);
+  const size_t bytes = w.bits.size() * 2;
+  const int copies = int((256u << 20) / bytes + 1); // cycled beyond the 50 MB L2
+  std::vector<std::unique_ptr<DevBuf>> ws;
+  for (int c = 0; c < copies; ++c)
+    ws.push_back(upload(w.bits));
+  auto x = upload(random_f32(rng, {8, base.k}, 1.0f).f);
+  auto b = upload(random_bf16(rng, {base.n}, 1.0f).bits);
+  auto h = upload(random_f32(rng, {8, base.n}, 1.0f).f);
+  auto y = poisoned(size_t(8) * base.n);
+  struct Variant {
+    bool mma;
+    int max_t, a, b, c; // FMA: unroll (rows, K splits default); MMA: groups, splits, stages
+  };
+  const std::vector<Variant> variants = {
+      {false, 1, 8, 0, 0}, {false, 8, 4, 0, 0}, {true, 8, 1, 8, 4}, {true, 8, 1, 8, 6},
+      {true, 8, 1, 8, 8},  {true, 8, 2, 4, 4},  {true, 8, 2, 4, 6}, {true, 8, 1, 16, 3},
+      {true, 8, 1, 16, 4}, {true, 8, 2, 8, 4},  {true, 8, 1, 4, 8}, {true, 8, 4, 2, 8}};
+  std::vector<KernelSource> all;
+  auto dims = [&](const Variant& v) {
+    LinearDims d = base;
+    d.max_tokens = v.max_t;
+    if (v.mma) {
+      d.mma = true;
+      d.mma_groups = v.a;
+      d.mma_splits = v.b;
+      d.mma_stages = v.c;
+    } else {
+      d.unroll = v.a;
+    }
+    return d;
+  };
+  for (const Variant& v : variants)
+    if (!v.mma || linear_mma_fits(dims(v)))
+      all.push_back(emit_linear(dims(v), {}));
+  preload(all);
+  for (const Variant& v : variants) {
+    if (v.mma && !linear_mma_fits(dims(v)))
+      continue;
+    const Loaded& l = load(emit_linear(dims(v), {}));
+    for (int tokens : {1, 8}) {
+      if (tokens > v.max_t)
+        continue;
+      const double us = back_to_back_us(
+          [&](int i) { launch(l, tokens, 1, x->p, ws[i % copies]->p, b->p, h->p, y->p, tokens); });
+      MESSAGE("o_proj " << l.src.name << " T=" << tokens << ": " << us << " us, "
+                        << bytes / us / 1e3 << " GB/s of weights");
+    }
+  }
+  device_sync();
+}
+
 // ---- prefill / batched-decode gemms: mma.sync (gemm.cuh) against warpgroup MMA (gemm_wg.cuh) ----
 
 namespace {

@@ -22,6 +22,11 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
   std::vector<KernelSource> out;
   out.push_back(emit_linear({d, q + 2 * kv, true, true, false, c.rms_norm_eps}, {"qkv"}));
   out.push_back(emit_linear({q, d, false, true, true}, {"o_proj + residual"}));
+  LinearDims om{q, d, false, true, true}; // on tensor cores, bf16 activations
+  om.round_act = true;
+  om.mma = true;
+  if (linear_mma_fits(om))
+    out.push_back(emit_linear(om, {"o_proj + residual, tensor cores"}));
   out.push_back(emit_linear({d, int(c.num_local_experts), true, true, false, c.rms_norm_eps},
                             {"router logits"}));
   out.push_back(

@@ -99,6 +99,95 @@ TEST_CASE("linear kernels match ir::ref") {
   }
 }
 
+TEST_CASE("tensor-core linear_decode agrees with linear_decode on bf16 activations, each token "
+          "as if alone") {
+  XSERV_REQUIRE_GPU();
+  struct Tiling {
+    int groups, splits, stages;
+  };
+  uint64_t seed = 40;
+  for (LinearDims d :
+       {LinearDims{128, 64, false, true, true}, LinearDims{4096, 2880, false, true, true},
+        LinearDims{2880, 1024, false, false, false}}) {
+    d.round_act = true;
+    Rng rng{++seed};
+    const int max_t = 8;
+    const Tensor x = random_f32(rng, {max_t, d.k}, 2.0f);
+    const Bf16Weight w = random_bf16(rng, {d.n, d.k}, 1.0f / std::sqrt(float(d.k)));
+    const Bf16Weight b = random_bf16(rng, {d.n}, 0.5f);
+    const Tensor h = random_f32(rng, {max_t, d.n}, 1.0f);
+    auto dx = upload(x.f), dw = upload(w.bits), db = upload(b.bits), dh = upload(h.f);
+    // Double sums on the bf16-rounded activations the kernels take.
+    std::vector<float> want(size_t(max_t) * d.n);
+    for (int t = 0; t < max_t; ++t)
+      for (int n = 0; n < d.n; ++n) {
+        double sum = 0.0;
+        for (int k = 0; k < d.k; ++k)
+          sum += double(w.t.f[size_t(n) * d.k + k]) *
+                 double(models::bf16_to_float(models::float_to_bf16(x.f[size_t(t) * d.k + k])));
+        if (d.bias)
+          sum += b.t.f[size_t(n)];
+        if (d.residual)
+          sum += h.f[size_t(t) * d.n + n];
+        want[size_t(t) * d.n + n] = float(sum);
+      }
+    auto run = [&](const LinearDims& v, int tokens) {
+      const Loaded& l = load(emit_linear(v, {}));
+      auto dy = poisoned(size_t(tokens) * d.n);
+      std::vector<void*> args = {dx->p, dw->p};
+      if (d.bias)
+        args.push_back(db->p);
+      if (d.residual)
+        args.push_back(dh->p);
+      args.push_back(dy->p);
+      std::vector<size_t> sizes(args.size(), sizeof(void*));
+      std::vector<void*> ptrs;
+      for (void*& a : args)
+        ptrs.push_back(&a);
+      int t = tokens;
+      ptrs.push_back(&t);
+      sizes.push_back(sizeof(int));
+      const auto g = l.src.launch.grid(tokens);
+      l.module.launch_raw(l.kernel, dim3(g[0], g[1], g[2]), dim3(l.src.launch.block),
+                          l.src.launch.smem(tokens), nullptr, ptrs.data(), sizes.data(),
+                          ptrs.size());
+      device_sync();
+      return download(*dy, size_t(tokens) * d.n);
+    };
+    auto head = [&](const std::vector<float>& v, int tokens) {
+      return std::vector<float>(v.begin(), v.begin() + size_t(tokens) * d.n);
+    };
+    LinearDims f = d;
+    f.max_tokens = max_t;
+    const std::vector<float> fma = run(f, max_t);
+    const double fma_err = rel_l2(fma, want);
+    for (const Tiling& t : {Tiling{0, 0, 0}, Tiling{2, 4, 3}, Tiling{1, 16, 2}, Tiling{4, 2, 6}}) {
+      LinearDims v = f;
+      v.mma = true;
+      v.mma_groups = t.groups;
+      v.mma_splits = t.splits;
+      v.mma_stages = t.stages;
+      if (!linear_mma_fits(v))
+        continue;
+      const std::vector<float> all = run(v, max_t);
+      const double err = rel_l2(all, want), vs_fma = rel_l2(all, fma);
+      MESSAGE("linear_decode_mma k " << d.k << " n " << d.n << " tiling " << t.groups << "/"
+                                     << t.splits << "/" << t.stages << ": against the double "
+                                     << "reference " << err << " (FMA kernel " << fma_err
+                                     << "), against the FMA kernel " << vs_fma);
+      INFO("k " << d.k << " n " << d.n << " tiling " << t.groups << "/" << t.splits << "/"
+                << t.stages);
+      CHECK(err <= std::max(2 * fma_err, 1e-6));
+      CHECK(vs_fma <= 3e-6);
+      // A token's outputs do not depend on the step's other tokens: bitwise.
+      for (int tokens : {1, 3}) {
+        const std::vector<float> few = run(v, tokens);
+        CHECK(std::memcmp(few.data(), head(all, tokens).data(), few.size() * 4) == 0);
+      }
+    }
+  }
+}
+
 // ---- attention -------------------------------------------------------------------------------
 
 namespace {
