@@ -179,10 +179,11 @@ namespace {
 
 void check_moe_mma(const MoeDims& d, bool gate_up) {
   if (!moe_mma_kernel_fits(d, gate_up))
-    throw Error(fmt::format("codegen: the tensor-core MoE kernels take MXFP4 experts, bf16 "
-                            "activations, an even chunk of blocks and hidden ({}) and intermediate "
-                            "({}) sizes their row groups divide",
-                            d.hidden, d.inter));
+    throw Error(fmt::format("codegen: the tensor-core MoE {} kernel takes MXFP4 experts, bf16 "
+                            "activations, an even chunk of blocks (a shared ring: chunks of 8, K a "
+                            "multiple of 64, at most 200 KB) and hidden ({}) and intermediate ({}) "
+                            "sizes its row groups divide",
+                            gate_up ? "gate_up" : "down", d.hidden, d.inter));
 }
 
 /// Name suffix of non-default MoE decode tuning (rows per warp, unroll, prefetch).

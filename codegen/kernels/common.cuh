@@ -61,6 +61,50 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
                : "r"(smem_u32(p)));
 }
 
+/// A warp's ring of STAGES chunks in shared memory, each 16 rows x 8 slots of 16 bytes (2 KB),
+/// filled by cp.async and read by ldmatrix.x4: the tensor-core decode GEMVs stream their weight
+/// rows through it. Lane l copies slot l % 8 of rows l / 8 + 4 j (j < 4) of a chunk; slot s of
+/// row m lies at position s ^ (m % 8), so that the 8 rows one ldmatrix matrix reads hit distinct
+/// banks. load_pair hands thread (g = lane / 4, c = lane % 4) word c of rows g and g + 8 of two
+/// slots, the A registers of mma.sync m16n8k16 when the 16 rows are its rows.
+struct WarpRowRing {
+  static constexpr int kChunkBytes = 16 * 8 * 16;
+  unsigned dst0 = 0, dst1 = 0; // this lane's copy slots in chunk 0 (rows l / 8 and l / 8 + 4)
+  unsigned row_addr = 0;       // this lane's ldmatrix row in chunk 0
+  int x0 = 0;                  // ... and its slot swizzle
+
+  /// `ring`: the warp's STAGES * kChunkBytes bytes (16-byte aligned).
+  __device__ __forceinline__ void init(void* ring) {
+    const int lane = threadIdx.x % kWarp, m0 = lane / 8, jb = lane % 8;
+    const unsigned base = smem_u32(ring);
+    dst0 = base + (m0 * 8 + (jb ^ m0)) * 16; // rows m0 + 8, m0 + 12 share these swizzles
+    dst1 = base + ((m0 + 4) * 8 + (jb ^ (m0 + 4))) * 16;
+    // ldmatrix: lanes 0-7 give rows 0-7 of slot i, 8-15 rows 8-15, 16-31 the same of slot
+    // i + 1; with i even the position of (m, i + lane / 16) is i ^ x0.
+    const int m = (lane % 8) + 8 * ((lane / 8) % 2);
+    row_addr = base + m * 8 * 16;
+    x0 = (lane / 16) ^ (lane % 8);
+  }
+
+  /// This lane's slot of row l / 8 + 4 j of chunk `buf` from src[j] (16 bytes, or zeros when
+  /// bytes is 0; src must still be a valid address).
+  __device__ __forceinline__ void copy(int buf, const void* const (&src)[4], unsigned bytes) const {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const unsigned dst = (j % 2 ? dst1 : dst0) + buf * kChunkBytes + (j / 2) * 8 * 8 * 16;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src[j]),
+                   "r"(bytes));
+    }
+  }
+
+  /// Word c of rows g, g + 8 of slot i (even) of chunk `buf`, then of slot i + 1.
+  __device__ __forceinline__ void load_pair(int buf, int i, unsigned (&q)[4]) const {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(q[0]), "=r"(q[1]), "=r"(q[2]), "=r"(q[3])
+                 : "r"(row_addr + buf * kChunkBytes + ((i ^ x0) * 16)));
+  }
+};
+
 #if XSERV_HAS_CLUSTERS
 /// Every thread of every block of the cluster arrives; shared-memory writes before it are
 /// visible to the cluster's blocks after it.

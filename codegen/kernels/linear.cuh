@@ -175,21 +175,15 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, c = lane % 4;
   const int rg = warp / KS, ks = warp % KS, r0 = (blockIdx.x * RG + rg) * 16;
   const int c0 = ks * kPer, c1 = c0 + kPer < kChunks ? c0 + kPer : kChunks;
-  // cp.async: lane l copies slot l % 8 of rows l / 8 + 4 j (j < 4) of each chunk.
-  const int m0 = lane / 8, jb = lane % 8;
-  const __nv_bfloat16* src = w + (size_t)(r0 + m0) * K + jb * 8;
-  const unsigned tile = smem_u32(smem_linear_mma + warp * kRing);
-  const unsigned dst0 = tile + (m0 * 8 + (jb ^ m0)) * 16;
-  const unsigned dst1 = tile + ((m0 + 4) * 8 + (jb ^ (m0 + 4))) * 16;
+  // Lane l copies slot l % 8 (values 8 (l % 8) ..) of rows l / 8 + 4 j of each chunk.
+  const __nv_bfloat16* src = w + (size_t)(r0 + lane / 8) * K + (lane % 8) * 8;
+  WarpRowRing ring;
+  ring.init(smem_linear_mma + warp * kRing);
   auto issue = [&](int ch, int buf) {
     if (ch < c1) {
       const __nv_bfloat16* p = src + (size_t)ch * 64;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const unsigned dst = (j % 2 ? dst1 : dst0) + buf * 2048 + (j / 2) * 1024;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
-                     "l"(p + (size_t)(4 * j) * K));
-      }
+      const void* const rows[4] = {p, p + (size_t)4 * K, p + (size_t)8 * K, p + (size_t)12 * K};
+      ring.copy(buf, rows, 16);
     }
     cp_async_commit(); // one group a chunk, empty past the end
   };
@@ -206,7 +200,6 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
   __syncthreads();
   // B column g is token g (spare columns repeat the last token; their sums are dropped).
   const unsigned* xb = xs + (g < tokens ? g : tokens - 1) * kXStride + c;
-  const int m = (lane % 8) + 8 * ((lane / 8) % 2), x0 = (lane / 16) ^ (lane % 8);
   float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   int buf = 0;
 #pragma unroll 1
@@ -214,7 +207,6 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
     cp_async_wait<STAGES - 2>(); // chunk ch has landed (this lane's copies)
     __syncwarp();                // ... and every lane's; all are done with the previous buffer
     issue(ch + STAGES - 1, buf == 0 ? STAGES - 1 : buf - 1);
-    const unsigned row_addr = tile + buf * 2048 + m * 128;
     const unsigned* xc = xb + ch * 32;
     // A chunk's 4 MMAs from zero, then one fp32 add each: the tensor cores' accumulation
     // (which does not round like fp32 adds) stays 4 MMAs long whatever the K split.
@@ -222,9 +214,7 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
 #pragma unroll
     for (int j = 0; j < 8; j += 2) {
       unsigned a[4]; // word c of rows g, g + 8 of slot j, then of slot j + 1
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                   : "r"(row_addr + ((j ^ x0) * 16)));
+      ring.load_pair(buf, j, a);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
       asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
                    "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"

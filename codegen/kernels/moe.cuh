@@ -398,16 +398,14 @@ template <int K, int STAGES, bool PAIRS> struct Mx4MmaTileRows {
   static constexpr int CH = 8; // blocks per chunk
   static_assert(K % 64 == 0 && STAGES >= 2, "an even block count, two buffers or more");
   static constexpr int kBlocks = K / 32, kPairs = CH / 2; // scale pairs per row and chunk
-  static constexpr int kBufBytes = 16 * CH * 16;
-  static constexpr int kWarpBytes = STAGES * kBufBytes; ///< a warp's ring
+  static constexpr int kWarpBytes = STAGES * WarpRowRing::kChunkBytes; ///< a warp's ring
   const unsigned char* src = nullptr; // block 0 of this lane's first cp.async row (+ 16 jb)
   const unsigned char* sa = nullptr;  // scale bytes of rows g and g + 8
   const unsigned char* sb = nullptr;
   const unsigned char* w = nullptr; // for the exact path
   const unsigned char* scales = nullptr;
   size_t row0 = 0;
-  unsigned dst0 = 0, dst1 = 0; // shared addresses of this lane's slots (rows m0, m0 + 4)
-  unsigned tile = 0;
+  WarpRowRing ring;
   unsigned ca[kPairs], cb[kPairs]; // the next chunk's scale pairs of rows g and g + 8
 
   /// The tensor-row offset of MMA row m0 + 4 j from MMA row m0 (m0 < 4): 4 j, or with PAIRS
@@ -422,12 +420,10 @@ template <int K, int STAGES, bool PAIRS> struct Mx4MmaTileRows {
     const int jb = threadIdx.x % CH;
     const bool live = !TAIL || b + jb < b1;
     const unsigned char* p = src + (size_t)(live ? b : b - jb) * 16;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const unsigned dst = (j % 2 ? dst1 : dst0) + buf * kBufBytes + (j / 2) * 8 * CH * 16;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
-                   "l"(p + (size_t)row_step(j) * (K / 2)), "r"(live ? 16 : 0));
-    }
+    const void* const rows[4] = {p, p + (size_t)row_step(1) * (K / 2),
+                                 p + (size_t)row_step(2) * (K / 2),
+                                 p + (size_t)row_step(3) * (K / 2)};
+    ring.copy(buf, rows, live ? 16 : 0);
   }
 
   /// Chunk b's scale pairs into ca, cb (those past b1 left 0).
@@ -463,10 +459,7 @@ template <int K, int STAGES, bool PAIRS> struct Mx4MmaTileRows {
     src = w_ + mx4_mma_row(row0_, PAIRS, m0) * (K / 2) + jb * 16;
     sa = scales_ + mx4_mma_row(row0_, PAIRS, g) * kBlocks;
     sb = scales_ + mx4_mma_row(row0_, PAIRS, g + 8) * kBlocks;
-    tile = smem_u32(tile_);
-    // Block jb of row m at slot jb ^ (m % 8); rows m0 + 8 and m0 + 12 share m0's and m0 + 4's.
-    dst0 = tile + (m0 * CH + (jb ^ m0)) * 16;
-    dst1 = tile + ((m0 + 4) * CH + (jb ^ (m0 + 4))) * 16;
+    ring.init(tile_);
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st)
       issue(b0 + st * CH, b1, st);
@@ -478,20 +471,14 @@ template <int K, int STAGES, bool PAIRS> struct Mx4MmaTileRows {
   __device__ __forceinline__ void
   chunk(const uint4* __restrict__ xs, int b, int b1, int buf, const unsigned (&sca)[kPairs],
         const unsigned (&scb)[kPairs], float& acc_a, float& acc_b, bool& big) {
-    const int lane = threadIdx.x % kWarp, c = lane % 4;
-    // ldmatrix: lanes 0-7 give rows 0-7 of block i, 8-15 rows 8-15, 16-31 the same of block
-    // i + 1; with i even the slot of (m, i + lane / 16) is i ^ x0.
-    const int m = (lane % 8) + 8 * ((lane / 8) % 2), x0 = (lane / 16) ^ (lane % 8);
-    const unsigned row_addr = tile + buf * kBufBytes + m * CH * 16;
+    const int c = threadIdx.x % 4;
     const uint4* xb = xs + b * 4 + c;
 #pragma unroll
     for (int i = 0; i < CH; i += 2) {
       if (TAIL && b + i >= b1)
         break;
       unsigned q[4]; // word c of rows g, g + 8 of block i, then of block i + 1
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(q[0]), "=r"(q[1]), "=r"(q[2]), "=r"(q[3])
-                   : "r"(row_addr + ((i ^ x0) * 16)));
+      ring.load_pair(buf, i, q);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (TAIL && b + i + h >= b1)
