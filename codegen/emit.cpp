@@ -186,6 +186,17 @@ void check_moe_mma(const MoeDims& d, bool gate_up) {
                             gate_up ? "gate_up" : "down", d.hidden, d.inter));
 }
 
+/// The launch of a tensor-core MoE kernel (gate_up or down; checked that it fits): its block,
+/// grid.x (8 pairs or 16 rows a row group) and ring bytes. Returns the tiling.
+MoeMmaTiling moe_mma_launch(const MoeDims& d, bool gate_up, LaunchRule& launch) {
+  check_moe_mma(d, gate_up);
+  const MoeMmaTiling t = moe_mma_tiling(d, gate_up);
+  launch.block = 32 * t.groups * t.splits;
+  launch.blocks_x = gate_up ? d.inter / (8 * t.groups) : d.hidden / (16 * t.groups);
+  launch.smem_fixed = t.stages > 0 ? t.ring_bytes() : 0;
+  return t;
+}
+
 /// Name suffix of non-default MoE decode tuning (rows per warp, unroll, prefetch).
 std::string moe_tuning_suffix(const MoeDims& d) {
   std::string s;
@@ -442,11 +453,7 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
   std::string call = fmt::format("moe_gate_up{}<{}, {}, {}, {}, {}, {}, {}>", d.mxfp4 ? "_mx4" : "",
                                  d.hidden, d.inter, d.experts, d.k, pairs, d.unroll, d.prefetch);
   if (d.mma) {
-    check_moe_mma(d, true);
-    const MoeMmaTiling t = moe_mma_tiling(d, true);
-    launch.block = 32 * t.groups * t.splits;
-    launch.blocks_x = d.inter / (8 * t.groups);
-    launch.smem_fixed = t.stages > 0 ? t.ring_bytes() : 0;
+    const MoeMmaTiling t = moe_mma_launch(d, true, launch);
     name = fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}_mx4_a16", d.experts, d.k, d.hidden, d.inter,
                        attr_suffix("limit", d.limit, 7.0), attr_suffix("alpha", d.alpha, 1.702)) +
            moe_mma_suffix(t, d.min_blocks);
@@ -508,11 +515,7 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
   std::string call = fmt::format("moe_down_part{}<{}, {}, {}, {}, {}, {}>", d.mxfp4 ? "_mx4" : "",
                                  d.hidden, d.inter, d.experts, d.k, rows, d.unroll);
   if (d.mma) {
-    check_moe_mma(d, false);
-    const MoeMmaTiling t = moe_mma_tiling(d, false);
-    launch.block = 32 * t.groups * t.splits;
-    launch.blocks_x = d.hidden / (16 * t.groups);
-    launch.smem_fixed = t.stages > 0 ? t.ring_bytes() : 0;
+    const MoeMmaTiling t = moe_mma_launch(d, false, launch);
     name = fmt::format("moe_down_part_e{}_k{}_d{}_i{}_mx4_a16", d.experts, d.k, d.hidden, d.inter) +
            moe_mma_suffix(t, d.min_blocks);
     call = fmt::format("moe_down_part_mx4_mma<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts,

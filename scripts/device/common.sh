@@ -69,3 +69,45 @@ ab_tokens() {
   cmp -s /tmp/tok_old.txt /tmp/tok_new.txt && echo "greedy tokens old/new: equal" ||
     echo "greedy tokens old/new: differ"
 }
+
+# ab_batch B: the batch-B decode row (-p 0 -n 128), old then new.
+ab_batch() {
+  local v
+  for v in old new; do
+    echo "-- $v B$1"
+    timeout 100 "$(bin_of $v)" bench /tmp/p_$v --backend cuda -p 0 -n 128 -b "$1" -r 2 \
+      2> /dev/null | grep -E "tg" | cut -d'|' -f6,7,8,11
+  done
+}
+
+# ab_prompt_b64: the pp512 and 64-sequence rows, old then new.
+ab_prompt_b64() {
+  local v
+  for v in old new; do
+    echo "-- $v pp512, B64"
+    timeout 100 "$(bin_of $v)" bench /tmp/p_$v --backend cuda -p 512 -n 128 -b 64 -r 2 \
+      2> /dev/null | grep -E "pp|tg" | cut -d'|' -f6,7,8,11
+  done
+}
+
+# kb_moe: kernels_bench's MXFP4 MoE decode sweep (FMA and tensor-core tilings), one line each.
+kb_moe() {
+  timeout 200 $B/kernels_bench -tc="MXFP4 MoE decode*" > "$OUT/kb.log" 2>&1
+  echo "kernels_bench rc=$?"
+  grep -E "mxfp4 (gate_up|down_part)|ERROR" "$OUT/kb.log" |
+    sed 's/.*MESSAGE: //; s/moe_[a-z_]*e32_k4_d2880_i2880_mx4_a16//'
+}
+
+# engine_tests: the engine GPU tests and their batch-invariance lines.
+engine_tests() {
+  run_tests engine_gpu_tests
+  grep -E "batch invariance \(" "$OUT/engine_gpu_tests.log" | sed 's/.*MESSAGE: //' | cut -c1-160
+}
+
+# hf_batch_fixtures: cli_gpu_tests' HF batch fixtures (the CUDA engine against HF transformers).
+hf_batch_fixtures() {
+  timeout 150 $B/cli_gpu_tests -tc="*hf batch fixture*" > "$OUT/cli_gpu_tests.log" 2>&1
+  echo "cli_gpu_tests rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' \
+    "$OUT/cli_gpu_tests.log" | tr '\n' ' ')"
+  grep -E "ERROR|FAILED" -A3 "$OUT/cli_gpu_tests.log" | head -10
+}

@@ -10,14 +10,9 @@ source "$(dirname "$0")/common.sh"
 synth20b
 ab_compile
 ab_decode 2
-for v in old new; do
-  echo "-- $v pp512, B64"
-  timeout 100 "$(bin_of $v)" bench /tmp/p_$v --backend cuda -p 512 -n 128 -b 64 -r 2 \
-    2> /dev/null | grep -E "pp|tg" | cut -d'|' -f6,7,8,11
-done
+ab_prompt_b64
 ab_tokens 64
 echo "== tests at $((SECONDS - start)) s"
-run_tests engine_gpu_tests
-grep -E "batch invariance \(" "$OUT/engine_gpu_tests.log" | sed 's/.*MESSAGE: //'
+engine_tests
 run_tests codegen_gpu_tests -tc="*qkv*,*rope*,*linear*,*MoE decode*,*moe_down_part*,*decode GEMV*"
 echo "done in $((SECONDS - start)) s"

@@ -8,8 +8,7 @@ source "$(dirname "$0")/common.sh"
 run_tests codegen_gpu_tests -tc="*tensor-core MoE*"
 grep -E "hidden 2880, scales 117" "$OUT/codegen_gpu_tests.log" | sed 's/.*MESSAGE: //' | cut -c1-250
 echo "== bench at $((SECONDS - start)) s"
-timeout 200 $B/kernels_bench -tc="MXFP4 MoE decode*" > "$OUT/kb.log" 2>&1
-echo "kernels_bench rc=$?"; grep -E "mxfp4 (gate_up|down_part)|ERROR" "$OUT/kb.log" | sed 's/.*MESSAGE: //'
+kb_moe
 n=0
 for k in moe_gate_up_e32_k4_d2880_i2880_mx4_a16 moe_gate_up_e32_k4_d2880_i2880_mx4_a16_mma_g4_s2_c8 \
   moe_gate_up_e32_k4_d2880_i2880_mx4_a16_mma_g4_s2_c8_t \

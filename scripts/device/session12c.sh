@@ -9,14 +9,12 @@ source "$(dirname "$0")/common.sh"
 run_tests codegen_gpu_tests -tc="*MXFP4*,*tensor-core MoE*,*gemm_wg*,*moe kernels*"
 grep -E "hidden 2880, scales 117" "$OUT/codegen_gpu_tests.log" | sed 's/.*MESSAGE: //' | cut -c1-250
 echo "== bench at $((SECONDS - start)) s"
-timeout 200 $B/kernels_bench -tc="MXFP4 MoE decode*" > "$OUT/kb.log" 2>&1
-echo "kernels_bench rc=$?"; grep -E "mxfp4 (gate_up|down_part)|ERROR" "$OUT/kb.log" | sed 's/.*MESSAGE: //; s/moe_[a-z_]*e32_k4_d2880_i2880_mx4_a16//'
+kb_moe
 echo "== 20b at $((SECONDS - start)) s"
 synth20b
 ab_compile
 ab_decode 2
 ab_tokens 64
 echo "== tests at $((SECONDS - start)) s"
-run_tests engine_gpu_tests
-grep -E "batch invariance \(" "$OUT/engine_gpu_tests.log" | sed 's/.*MESSAGE: //'
+engine_tests
 echo "done in $((SECONDS - start)) s"

@@ -8,8 +8,7 @@ source "$(dirname "$0")/common.sh"
 run_tests codegen_gpu_tests -tc="*in-register MXFP4 decode*,*MoE decode kernels on MXFP4*,*tensor-core MoE*,*fragment decode of gemm_wg*,*grouped MoE gemms on MXFP4*"
 grep -E "hidden 2880, scales 117" "$OUT/codegen_gpu_tests.log" | sed 's/.*MESSAGE: //' | cut -c1-250
 echo "== bench at $((SECONDS - start)) s"
-timeout 200 $B/kernels_bench -tc="MXFP4 MoE decode*" > "$OUT/kb.log" 2>&1
-echo "kernels_bench rc=$?"; grep -E "mxfp4 (gate_up|down_part)|ERROR" "$OUT/kb.log" | sed 's/.*MESSAGE: //; s/moe_[a-z_]*e32_k4_d2880_i2880_mx4_a16//'
+kb_moe
 n=0
 for k in moe_gate_up_e32_k4_d2880_i2880_mx4_a16_mma_g4_s2_c8_t moe_down_part_e32_k4_d2880_i2880_mx4_a16_mma_g2_s4_c8_t; do
   n=$((n + 1))

@@ -9,17 +9,13 @@ source "$(dirname "$0")/common.sh"
 run_tests codegen_gpu_tests -tc="*in-register MXFP4 decode*,*MoE decode kernels on MXFP4*,*tensor-core MoE*,*fragment decode of gemm_wg*,*grouped MoE gemms on MXFP4*"
 grep -E "hidden 2880, scales 117" "$OUT/codegen_gpu_tests.log" | sed 's/.*MESSAGE: //' | cut -c1-250
 echo "== bench at $((SECONDS - start)) s"
-timeout 200 $B/kernels_bench -tc="MXFP4 MoE decode*" > "$OUT/kb.log" 2>&1
-echo "kernels_bench rc=$?"; grep -E "mxfp4 (gate_up|down_part)|ERROR" "$OUT/kb.log" | sed 's/.*MESSAGE: //; s/moe_[a-z_]*e32_k4_d2880_i2880_mx4_a16//'
+kb_moe
 echo "== 20b at $((SECONDS - start)) s"
 synth20b
 ab_compile
 ab_decode 1
 ab_tokens 64
 echo "== tests at $((SECONDS - start)) s"
-run_tests engine_gpu_tests
-grep -E "batch invariance \(" "$OUT/engine_gpu_tests.log" | sed 's/.*MESSAGE: //' | cut -c1-160
-timeout 150 $B/cli_gpu_tests -tc="*hf batch fixture*" > "$OUT/cli_gpu_tests.log" 2>&1
-echo "cli_gpu_tests rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/cli_gpu_tests.log" | tr '\n' ' ')"
-grep -E "ERROR|FAILED" -A3 "$OUT/cli_gpu_tests.log" | head -10
+engine_tests
+hf_batch_fixtures
 echo "done in $((SECONDS - start)) s"

@@ -8,17 +8,12 @@
 source "$(dirname "$0")/common.sh"
 run_tests runtime_gpu_tests -tc="*dynamic shared memory*"
 echo "== bench at $((SECONDS - start)) s"
-timeout 200 $B/kernels_bench -tc="MXFP4 MoE decode*" > "$OUT/kb.log" 2>&1
-echo "kernels_bench rc=$?"; grep -E "mxfp4 (gate_up|down_part)|ERROR" "$OUT/kb.log" | sed 's/.*MESSAGE: //; s/moe_[a-z_]*e32_k4_d2880_i2880_mx4_a16//'
+kb_moe
 echo "== 20b at $((SECONDS - start)) s"
 synth20b
 ab_compile
 ab_decode 2
-for v in old new; do
-  echo "-- $v pp512, B64"
-  timeout 100 "$(bin_of $v)" bench /tmp/p_$v --backend cuda -p 512 -n 128 -b 64 -r 2 \
-    2> /dev/null | grep -E "pp|tg" | cut -d'|' -f6,7,8,11
-done
+ab_prompt_b64
 ab_tokens 64
 echo "== HF at $((SECONDS - start)) s"
 timeout 200 python3 tools/hf_20b_reference.py /tmp/g20 --ids-seed 0 --tokens 256 --greedy 64 \

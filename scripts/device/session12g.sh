@@ -17,9 +17,6 @@ ab_compile
 ab_decode 2
 ab_tokens 64
 echo "== tests at $((SECONDS - start)) s"
-run_tests engine_gpu_tests
-grep -E "batch invariance \(" "$OUT/engine_gpu_tests.log" | sed 's/.*MESSAGE: //' | cut -c1-160
-timeout 150 $B/cli_gpu_tests -tc="*hf batch fixture*" > "$OUT/cli_gpu_tests.log" 2>&1
-echo "cli_gpu_tests rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/cli_gpu_tests.log" | tr '\n' ' ')"
-grep -E "ERROR|FAILED" -A3 "$OUT/cli_gpu_tests.log" | head -10
+engine_tests
+hf_batch_fixtures
 echo "done in $((SECONDS - start)) s"

@@ -11,13 +11,8 @@ echo "== 20b at $((SECONDS - start)) s"
 synth20b
 ab_compile
 ab_decode 2
-for v in old new; do
-  echo "-- $v B8"
-  timeout 100 "$(bin_of $v)" bench /tmp/p_$v --backend cuda -p 0 -n 128 -b 8 -r 2 \
-    2> /dev/null | grep -E "tg" | cut -d'|' -f6,7,8,11
-done
+ab_batch 8
 ab_tokens 64
 echo "== tests at $((SECONDS - start)) s"
-run_tests engine_gpu_tests
-grep -E "batch invariance \(" "$OUT/engine_gpu_tests.log" | sed 's/.*MESSAGE: //' | cut -c1-160
+engine_tests
 echo "done in $((SECONDS - start)) s"

@@ -8,10 +8,6 @@ run_tests codegen_gpu_tests -tc="*tensor-core linear_decode*,*tensor-core MoE*"
 synth20b
 ab_compile
 ab_decode 1
-for v in old new; do
-  echo "-- $v B8"
-  timeout 100 "$(bin_of $v)" bench /tmp/p_$v --backend cuda -p 0 -n 128 -b 8 -r 2 \
-    2> /dev/null | grep -E "tg" | cut -d'|' -f6,7,8,11
-done
+ab_batch 8
 ab_tokens 64
 echo "done in $((SECONDS - start)) s"

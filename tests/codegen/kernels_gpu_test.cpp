@@ -30,6 +30,31 @@ constexpr double kTol = 3e-6;
 
 // ---- linear ----------------------------------------------------------------------------------
 
+/// Launches a linear kernel of `d` for `tokens` tokens: x, [ln], w, [b], [h], y, tokens (the
+/// optional pointers as d says).
+void launch_linear(const Loaded& l, const LinearDims& d, int tokens, void* x, void* ln, void* w,
+                   void* b, void* h, void* y) {
+  std::vector<void*> args = {x};
+  if (d.norm)
+    args.push_back(ln);
+  args.push_back(w);
+  if (d.bias)
+    args.push_back(b);
+  if (d.residual)
+    args.push_back(h);
+  args.push_back(y);
+  std::vector<size_t> sizes(args.size(), sizeof(void*));
+  std::vector<void*> ptrs;
+  for (void*& a : args)
+    ptrs.push_back(&a);
+  int t = tokens;
+  ptrs.push_back(&t);
+  sizes.push_back(sizeof(int));
+  const auto g = l.src.launch.grid(tokens);
+  l.module.launch_raw(l.kernel, dim3(g[0], g[1], g[2]), dim3(l.src.launch.block),
+                      l.src.launch.smem(tokens), nullptr, ptrs.data(), sizes.data(), ptrs.size());
+}
+
 void check_linear(const LinearDims& d, int tokens, uint64_t seed) {
   Rng rng{seed};
   const Tensor x = random_f32(rng, {tokens, d.k}, 2.0f);
@@ -45,25 +70,7 @@ void check_linear(const LinearDims& d, int tokens, uint64_t seed) {
   auto dx = upload(x.f), dln = upload(ln.bits), dw = upload(w.bits), db = upload(b.bits);
   auto dh = upload(h.f);
   auto dy = poisoned(want.f.size());
-  const auto g = l.src.launch.grid(tokens);
-  std::vector<void*> args = {dx->p};
-  if (d.norm)
-    args.push_back(dln->p);
-  args.push_back(dw->p);
-  if (d.bias)
-    args.push_back(db->p);
-  if (d.residual)
-    args.push_back(dh->p);
-  args.push_back(dy->p);
-  std::vector<size_t> sizes(args.size(), sizeof(void*));
-  std::vector<void*> ptrs;
-  for (void*& a : args)
-    ptrs.push_back(&a);
-  int t = tokens;
-  ptrs.push_back(&t);
-  sizes.push_back(sizeof(int));
-  l.module.launch_raw(l.kernel, dim3(g[0], g[1], g[2]), dim3(l.src.launch.block),
-                      l.src.launch.smem(tokens), nullptr, ptrs.data(), sizes.data(), ptrs.size());
+  launch_linear(l, d, tokens, dx->p, dln->p, dw->p, db->p, dh->p, dy->p);
   device_sync();
   const double err = rel_l2(download(*dy, want.f.size()), want.f);
   MESSAGE(l.src.name << " T=" << tokens << ": rel L2 " << err);
@@ -134,23 +141,7 @@ TEST_CASE("tensor-core linear_decode agrees with linear_decode on bf16 activatio
     auto run = [&](const LinearDims& v, int tokens) {
       const Loaded& l = load(emit_linear(v, {}));
       auto dy = poisoned(size_t(tokens) * d.n);
-      std::vector<void*> args = {dx->p, dw->p};
-      if (d.bias)
-        args.push_back(db->p);
-      if (d.residual)
-        args.push_back(dh->p);
-      args.push_back(dy->p);
-      std::vector<size_t> sizes(args.size(), sizeof(void*));
-      std::vector<void*> ptrs;
-      for (void*& a : args)
-        ptrs.push_back(&a);
-      int t = tokens;
-      ptrs.push_back(&t);
-      sizes.push_back(sizeof(int));
-      const auto g = l.src.launch.grid(tokens);
-      l.module.launch_raw(l.kernel, dim3(g[0], g[1], g[2]), dim3(l.src.launch.block),
-                          l.src.launch.smem(tokens), nullptr, ptrs.data(), sizes.data(),
-                          ptrs.size());
+      launch_linear(l, v, tokens, dx->p, nullptr, dw->p, db->p, dh->p, dy->p);
       device_sync();
       return download(*dy, size_t(tokens) * d.n);
     };
