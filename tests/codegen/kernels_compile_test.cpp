@@ -202,6 +202,66 @@ TEST_CASE("decode tuning variants and the clustered router compile for sm_90, ba
                     doctest::Contains("at most 256 experts"));
 }
 
+TEST_CASE("tensor-core decode kernels: launch rules, ring sizes, and shapes they refuse") {
+  // The 20b's MoE rows: gate_up 4 groups of 8 pairs x 2 K splits, down 2 groups of 16 rows x 4.
+  MoeDims m{2880, 2880, 32, 4, false};
+  m.mxfp4 = true;
+  m.round_act = true;
+  m.mma = true;
+  m.mma_stages = 2;
+  REQUIRE(moe_mma_fits(m));
+  const KernelSource gu = emit_moe_gate_up(m, {}), dn = emit_moe_down_part(m, {});
+  CHECK(gu.name == "moe_gate_up_e32_k4_d2880_i2880_mx4_a16_mma_g4_s2_c8_t2");
+  CHECK(gu.launch.block == 256);
+  CHECK(gu.launch.blocks_x == 2880 / 32);
+  CHECK(gu.launch.smem(1) == 8 * 2 * 2048); // a 2-chunk ring of 2 KB a warp
+  CHECK(gu.source.find("moe_gate_up_mx4_mma<2880, 2880, 32, 4, 4, 2, 8, 2>") != std::string::npos);
+  CHECK(dn.name == "moe_down_part_e32_k4_d2880_i2880_mx4_a16_mma_g2_s4_c8_t2");
+  CHECK(dn.launch.blocks_x == 2880 / 32);
+  CHECK(dn.launch.y_per_token == 4);
+  // A small model's ring is no deeper than a split's chunks need (2 blocks a row: 1 chunk).
+  MoeDims tiny{64, 64, 8, 2, false};
+  tiny.mxfp4 = tiny.round_act = tiny.mma = true;
+  tiny.mma_stages = 4;
+  CHECK(emit_moe_gate_up(tiny, {}).launch.smem(1) == 8 * 2 * 2048);
+  // Split (fp32-grade) activations, BF16 experts, K not a multiple of 64 for the ring, or row
+  // groups that do not divide the rows: not on tensor cores; asked anyway, a clear error.
+  MoeDims bad = m;
+  bad.round_act = false;
+  CHECK_FALSE(moe_mma_fits(bad));
+  CHECK_THROWS_WITH(emit_moe_gate_up(bad, {}), doctest::Contains("tensor-core MoE gate_up"));
+  bad = m;
+  bad.mxfp4 = false;
+  CHECK_FALSE(moe_mma_fits(bad));
+  bad = m;
+  bad.hidden = bad.inter = 96; // 3 blocks a row: registers only
+  CHECK_FALSE(moe_mma_kernel_fits(bad, true));
+  bad.mma_stages = 0;
+  bad.mma_groups = 2;
+  CHECK(moe_mma_fits(bad));
+  bad = m;
+  bad.mma_groups = 8; // 128-row groups do not divide the 2880 down rows
+  CHECK(moe_mma_kernel_fits(bad, true));
+  CHECK_FALSE(moe_mma_kernel_fits(bad, false));
+  CHECK_THROWS_WITH(emit_moe_down_part(bad, {}), doctest::Contains("tensor-core MoE down"));
+  // o_proj of 2-8 token steps: the tokens in the MMA's columns, their activations after the rings.
+  LinearDims o{4096, 2880, false, true, true};
+  o.round_act = true;
+  o.mma = true;
+  REQUIRE(linear_mma_fits(o));
+  const KernelSource lo = emit_linear(o, {});
+  CHECK(lo.name == "linear_residual_k4096_n2880_t8_mma_g2_s8_r4_a16");
+  CHECK(lo.launch.block == 512);
+  CHECK(lo.launch.blocks_x == 2880 / 32);
+  CHECK(lo.launch.smem(3) == 16 * 4 * 2048 + 3 * (4096 / 2 + 4) * 4);
+  o.norm = true; // qkv's norm is not in the tensor-core kernel
+  CHECK_FALSE(linear_mma_fits(o));
+  CHECK_THROWS_WITH(emit_linear(o, {}), doctest::Contains("tensor-core linear"));
+  o.norm = false;
+  o.k = 2880 + 32;
+  CHECK_FALSE(linear_mma_fits(o));
+}
+
 TEST_CASE("kernel names and sources are deterministic and headed by their IR") {
   LinearDims d{2880, 5120, true, true, false, 1e-5};
   const KernelSource a = emit_linear(d, {"%13 = rms_norm_linear(%11, %1, %2, %3) {eps=1e-05}"});
