@@ -91,6 +91,13 @@ std::string expert_param(bool mxfp4, const char* name) {
   return mxfp4 ? fmt::format("const unsigned char* {}", name) : fmt::format("{} {}", kBf16, name);
 }
 
+void round_act(bool round, std::string& name, std::string& call) {
+  if (!round)
+    return;
+  name += "_a16";
+  call.insert(call.rfind('>'), ", true");
+}
+
 } // namespace detail
 
 using namespace detail;
@@ -109,105 +116,6 @@ std::string gemv_tuning_suffix(int max_tokens, int rows, int unroll, int ksplit)
     s += fmt::format("_u{}", unroll);
   if (ksplit != 1)
     s += fmt::format("_s{}", ksplit);
-  return s;
-}
-
-/// A decode kernel's name and template call with ROUND (LinearDims::round_act): "_a16" on the name
-/// and `true` for the template's last parameter (every call passes all the others).
-void round_act(bool round, std::string& name, std::string& call) {
-  if (!round)
-    return;
-  name += "_a16";
-  call.insert(call.rfind('>'), ", true");
-}
-
-void check_mxfp4_moe(const MoeDims& d) {
-  if (d.mxfp4 && (d.hidden % 32 != 0 || d.inter % 32 != 0))
-    throw Error(fmt::format("codegen: MXFP4 experts need hidden ({}) and intermediate ({}) "
-                            "divisible by 32",
-                            d.hidden, d.inter));
-}
-
-/// The tensor-core MoE kernels' tiling (MoeDims::mma_*), defaults filled in.
-struct MoeMmaTiling {
-  int groups, splits, chunk, stages;
-  /// Dynamic shared memory of the stages' rings: 2 KB a chunk and warp.
-  size_t ring_bytes() const { return size_t(groups) * splits * stages * 16 * 8 * 16; }
-};
-MoeMmaTiling moe_mma_tiling(const MoeDims& d, bool gate_up) {
-  const int groups = gate_up ? 4 : 2, splits = gate_up ? 2 : 4; // the defaults
-  MoeMmaTiling t{d.mma_groups > 0 ? d.mma_groups : groups, d.mma_splits > 0 ? d.mma_splits : splits,
-                 d.mma_chunk > 0 ? d.mma_chunk : 8, d.mma_stages};
-  if (t.stages > 2 && t.splits > 0) { // no deeper than a split's chunks need (small models)
-    const int blocks = (gate_up ? d.hidden : d.inter) / 32;
-    const int per = ((blocks + t.splits - 1) / t.splits + 1) / 2 * 2; // mx4_mma_split_blocks
-    t.stages = std::max(2, std::min(t.stages, (per + 7) / 8 + 1));
-  }
-  return t;
-}
-
-/// Name suffix of a tensor-core MoE kernel.
-std::string moe_mma_suffix(const MoeMmaTiling& t, int min_blocks) {
-  return fmt::format("_mma_g{}_s{}_c{}{}{}", t.groups, t.splits, t.chunk,
-                     t.stages > 0 ? fmt::format("_t{}", t.stages) : "",
-                     min_blocks > 0 ? fmt::format("_m{}", min_blocks) : "");
-}
-
-/// The template arguments after <D, I, E, KSEL> of a tensor-core MoE kernel.
-std::string moe_mma_args(const MoeMmaTiling& t) {
-  return fmt::format("{}, {}, {}, {}", t.groups, t.splits, t.chunk, t.stages);
-}
-
-} // namespace
-
-/// Whether one tensor-core MoE kernel fits `d`: gate_up's row groups (8 pairs) divide the
-/// intermediate size, down's (16 rows) the hidden size.
-bool moe_mma_kernel_fits(const MoeDims& d, bool gate_up) {
-  const MoeMmaTiling t = moe_mma_tiling(d, gate_up);
-  // The shared ring: chunks of 8 blocks, an even block count, within what one block may have
-  // (227 KB on sm_90).
-  const int k = gate_up ? d.hidden : d.inter;
-  const bool ring_ok = t.chunk == 8 && k % 64 == 0 && t.ring_bytes() <= 200 * 1024;
-  return d.mxfp4 && d.round_act && t.groups > 0 && t.splits > 0 && t.chunk > 0 &&
-         t.chunk % 2 == 0 && 32 * t.groups * t.splits <= 1024 && d.hidden % 32 == 0 &&
-         d.inter % 32 == 0 &&
-         (gate_up ? d.inter % (8 * t.groups) == 0 : d.hidden % (16 * t.groups) == 0) &&
-         (t.stages == 0 || (t.stages >= 2 && ring_ok));
-}
-
-namespace {
-
-void check_moe_mma(const MoeDims& d, bool gate_up) {
-  if (!moe_mma_kernel_fits(d, gate_up))
-    throw Error(fmt::format("codegen: the tensor-core MoE {} kernel takes MXFP4 experts, bf16 "
-                            "activations, an even chunk of blocks (a shared ring: chunks of 8, K a "
-                            "multiple of 64, at most 200 KB) and hidden ({}) and intermediate ({}) "
-                            "sizes its row groups divide",
-                            gate_up ? "gate_up" : "down", d.hidden, d.inter));
-}
-
-/// The launch of a tensor-core MoE kernel (gate_up or down; checked that it fits): its block,
-/// grid.x (8 pairs or 16 rows a row group) and ring bytes. Returns the tiling.
-MoeMmaTiling moe_mma_launch(const MoeDims& d, bool gate_up, LaunchRule& launch) {
-  check_moe_mma(d, gate_up);
-  const MoeMmaTiling t = moe_mma_tiling(d, gate_up);
-  launch.block = 32 * t.groups * t.splits;
-  launch.blocks_x = gate_up ? d.inter / (8 * t.groups) : d.hidden / (16 * t.groups);
-  launch.smem_fixed = t.stages > 0 ? t.ring_bytes() : 0;
-  return t;
-}
-
-/// Name suffix of non-default MoE decode tuning (rows per warp, unroll, prefetch).
-std::string moe_tuning_suffix(const MoeDims& d) {
-  std::string s;
-  if (d.rows > 0)
-    s += fmt::format("_r{}", d.rows);
-  if (d.min_blocks > 0)
-    s += fmt::format("_m{}", d.min_blocks);
-  if (d.unroll != kMoeUnroll)
-    s += fmt::format("_u{}", d.unroll);
-  if (d.prefetch)
-    s += "_pf";
   return s;
 }
 
@@ -419,113 +327,6 @@ KernelSource emit_attention_combine(const AttentionDims& d,
   launch.y_per_token = 1;
   return assemble(std::move(name), ir_lines, "attention.cuh",
                   fmt::format("attention_combine<{}, {}>", d.heads, d.head_dim), params, launch);
-}
-
-bool moe_mma_fits(const MoeDims& d) {
-  return moe_mma_kernel_fits(d, true) && moe_mma_kernel_fits(d, false);
-}
-
-KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& ir_lines) {
-  check_positive("moe_experts", {d.hidden, d.inter, d.experts, d.k});
-  if (d.hidden % 8 != 0 || d.inter % 8 != 0)
-    throw Error(fmt::format("codegen: moe_experts needs hidden ({}) and intermediate ({}) "
-                            "divisible by 8",
-                            d.hidden, d.inter));
-  const int pairs = d.rows > 0 ? d.rows : d.inter % 2 == 0 ? 2 : 1; // (gate, up) pairs per warp
-  if (d.inter % pairs != 0 || d.unroll < 1)
-    throw Error(fmt::format("codegen: moe tuning rows {} unroll {} do not fit intermediate {}",
-                            pairs, d.unroll, d.inter));
-  check_mxfp4_moe(d);
-  std::string name = fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}{}", d.experts, d.k, d.hidden,
-                                 d.inter, attr_suffix("limit", d.limit, 7.0),
-                                 attr_suffix("alpha", d.alpha, 1.702), d.mxfp4 ? "_mx4" : "");
-  std::vector<Param> params = {{"const float* x", "x"},
-                               {"const int* ids", "ids"},
-                               {expert_param(d.mxfp4, "gate_up"), "gate_up"},
-                               {fmt::format("{} gate_up_b", kBf16), "gate_up_b"},
-                               {"", float_literal(d.limit)},
-                               {"", float_literal(d.alpha)},
-                               {"float* act", "act"}};
-  LaunchRule launch;
-  launch.blocks_x = (d.inter + 8 * pairs - 1) / (8 * pairs);
-  launch.y_per_token = d.k;
-  launch.min_blocks_per_sm = d.min_blocks;
-  std::string call = fmt::format("moe_gate_up{}<{}, {}, {}, {}, {}, {}, {}>", d.mxfp4 ? "_mx4" : "",
-                                 d.hidden, d.inter, d.experts, d.k, pairs, d.unroll, d.prefetch);
-  if (d.mma) {
-    const MoeMmaTiling t = moe_mma_launch(d, true, launch);
-    name = fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}_mx4_a16", d.experts, d.k, d.hidden, d.inter,
-                       attr_suffix("limit", d.limit, 7.0), attr_suffix("alpha", d.alpha, 1.702)) +
-           moe_mma_suffix(t, d.min_blocks);
-    call = fmt::format("moe_gate_up_mx4_mma<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts, d.k,
-                       moe_mma_args(t));
-    return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
-  }
-  name += moe_tuning_suffix(d);
-  round_act(d.round_act, name, call);
-  return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
-}
-
-KernelSource emit_moe_down(const MoeDims& d, const std::vector<std::string>& ir_lines) {
-  check_positive("moe_experts", {d.hidden, d.inter, d.experts, d.k});
-  if (d.inter % 8 != 0)
-    throw Error(
-        fmt::format("codegen: moe_experts needs intermediate ({}) divisible by 8", d.inter));
-  const int rows = d.hidden % 2 == 0 ? 2 : 1;
-  std::string name = fmt::format("moe_down{}_e{}_k{}_d{}_i{}", d.residual ? "_residual" : "",
-                                 d.experts, d.k, d.hidden, d.inter);
-  std::vector<Param> params = {{"const float* act", "act"},
-                               {"const float* weights", "weights"},
-                               {"const int* ids", "ids"},
-                               {fmt::format("{} down", kBf16), "down"},
-                               {fmt::format("{} down_b", kBf16), "down_b"}};
-  params.push_back(d.residual ? Param{"const float* h", "h"} : Param{"", "nullptr"});
-  params.push_back({"float* y", "y"});
-  LaunchRule launch;
-  launch.blocks_x = (d.hidden + 8 * rows - 1) / (8 * rows);
-  launch.y_per_token = 1;
-  std::string call = fmt::format("moe_down<{}, {}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts,
-                                 d.k, rows, d.residual);
-  return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
-}
-
-KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>& ir_lines) {
-  check_positive("moe_experts", {d.hidden, d.inter, d.experts, d.k});
-  if (d.inter % 8 != 0)
-    throw Error(
-        fmt::format("codegen: moe_experts needs intermediate ({}) divisible by 8", d.inter));
-  const int rows = d.rows > 0 ? d.rows : d.hidden % 2 == 0 ? 2 : 1;
-  if (d.hidden % rows != 0 || d.unroll < 1)
-    throw Error(fmt::format("codegen: moe tuning rows {} unroll {} do not fit hidden {}", rows,
-                            d.unroll, d.hidden));
-  check_mxfp4_moe(d);
-  std::string name = fmt::format("moe_down_part_e{}_k{}_d{}_i{}{}", d.experts, d.k, d.hidden,
-                                 d.inter, d.mxfp4 ? "_mx4" : "") +
-                     moe_tuning_suffix(d);
-  std::vector<Param> params = {{"const float* act", "act"},
-                               {"const float* weights", "weights"},
-                               {"const int* ids", "ids"},
-                               {expert_param(d.mxfp4, "down"), "down"},
-                               {fmt::format("{} down_b", kBf16), "down_b"},
-                               {"float* part", "part"}};
-  LaunchRule launch;
-  launch.blocks_x = (d.hidden + 8 * rows - 1) / (8 * rows);
-  launch.y_per_token = d.k;
-  launch.min_blocks_per_sm = d.min_blocks;
-  std::string call = fmt::format("moe_down_part{}<{}, {}, {}, {}, {}, {}>", d.mxfp4 ? "_mx4" : "",
-                                 d.hidden, d.inter, d.experts, d.k, rows, d.unroll);
-  if (d.mma) {
-    const MoeMmaTiling t = moe_mma_launch(d, false, launch);
-    name = fmt::format("moe_down_part_e{}_k{}_d{}_i{}_mx4_a16", d.experts, d.k, d.hidden, d.inter) +
-           moe_mma_suffix(t, d.min_blocks);
-    call = fmt::format("moe_down_part_mx4_mma<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts,
-                       d.k, moe_mma_args(t));
-    return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch,
-                    DependencyWait::InCall);
-  }
-  round_act(d.round_act, name, call);
-  return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch,
-                  DependencyWait::InCall);
 }
 
 namespace {

@@ -45,6 +45,10 @@ KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines
 /// sinks, positions, token_seq, ctx_lens, cache_rows), then the scale as a literal.
 std::vector<Param> attention_params(const AttentionDims& d);
 
+/// A decode kernel's name and template call with ROUND (LinearDims::round_act): "_a16" on the
+/// name and `true` for the template's last parameter (every call passes all the others).
+void round_act(bool round, std::string& name, std::string& call);
+
 /// Throws xserv::Error unless every dimension is positive.
 void check_positive(const char* what, std::initializer_list<int> dims);
 

@@ -1,0 +1,188 @@
+// The tensor-core decode GEMVs against the FMA kernels they replace, on the 20b's shapes (the
+// MXFP4 MoE rows at one token, o_proj at 1 and 8 tokens): us per launch back to back, weights
+// cycled beyond the 50 MB L2. Part of kernels_bench (never run by ctest; docs/PERF.md keeps the
+// figures):
+//   build/tests/kernels_bench -tc="MXFP4 MoE decode*,o_proj decode GEMV*"
+#include "tests/codegen/kernel_test_util.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+using namespace xserv;
+using namespace xserv::codegen;
+using namespace xserv::kernel_test;
+
+namespace {
+
+/// Average us per launch of `run(i)` over 40 back-to-back launches (after 5 warm-ups), by CUDA
+/// events around the whole run: launch gaps amortised, as in a CUDA graph without PDL.
+template <typename F> double back_to_back_us(F&& run) {
+  for (int i = 0; i < 5; ++i)
+    run(i);
+  cudaEvent_t a, b;
+  cuda_ok(cudaEventCreate(&a), "event");
+  cuda_ok(cudaEventCreate(&b), "event");
+  std::vector<float> per;
+  for (int rep = 0; rep < 5; ++rep) {
+    cudaEventRecord(a);
+    for (int i = 0; i < 40; ++i)
+      run(i);
+    cudaEventRecord(b);
+    cuda_ok(cudaEventSynchronize(b), "timing");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    per.push_back(ms * 1e3f / 40);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(per.begin(), per.end());
+  return per[per.size() / 2];
+}
+
+} // namespace
+
+TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informational)") {
+  XSERV_REQUIRE_GPU();
+  MoeDims d{2880, 2880, 32, 4, false};
+  d.mxfp4 = true;
+  d.round_act = true;
+  Rng rng{905};
+  // MXFP4 experts (gate_up 283 MB, down 142 MB: beyond L2), the 8 disjoint sets of 4 cycled.
+  auto mx = [&](int rows, int cols) {
+    const size_t n = size_t(d.experts) * rows * cols;
+    std::vector<uint8_t> bytes(n / 2 + n / 32);
+    for (size_t i = 0; i < n / 2; ++i)
+      bytes[i] = uint8_t(int((rng.next(1.0f) + 1.0f) * 128.0f) & 0xff);
+    for (size_t b = 0; b < n / 32; ++b)
+      bytes[n / 2 + b] = uint8_t(118 + b % 8);
+    return upload(bytes);
+  };
+  auto gate_up = mx(2 * d.inter, d.hidden), down = mx(d.hidden, d.inter);
+  auto gub = upload(random_bf16(rng, {d.experts, 2 * d.inter}, 0.5f).bits);
+  auto dnb = upload(random_bf16(rng, {d.experts, d.hidden}, 0.5f).bits);
+  auto x = upload(random_f32(rng, {1, d.hidden}, 1.0f).f);
+  auto act = upload(random_f32(rng, {d.k, d.inter}, 1.0f).f);
+  auto act_out = poisoned(size_t(d.k) * d.inter), part = poisoned(size_t(d.k) * d.hidden);
+  std::vector<std::unique_ptr<DevBuf>> id_sets, w_sets;
+  for (int s = 0; s < 8; ++s) {
+    id_sets.push_back(upload(std::vector<int32_t>{4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3}));
+    w_sets.push_back(upload(std::vector<float>{0.4f, 0.3f, 0.2f, 0.1f}));
+  }
+  const double mb_gu = 2.0 * d.k * d.hidden * d.inter * (0.5 + 1.0 / 32) / 1e6;
+  const double mb_dn = mb_gu / 2;
+  struct Variant {
+    int mma; // 0 FMA, 1 tensor cores (words into registers), 2.. (a shared ring of that depth)
+    int groups, splits, chunk, min_blocks; // MMA tiling (0: default), or FMA rows, unroll
+  };
+  const std::vector<Variant> gu_variants = {
+      {0, 0, 2, 0, 0}, {2, 4, 2, 8, 0}, {2, 4, 2, 8, 3}, {2, 1, 4, 8, 0}, {2, 2, 4, 8, 0},
+      {2, 2, 2, 8, 0}, {3, 4, 2, 8, 0}, {3, 1, 4, 8, 0}, {4, 4, 2, 8, 0}, {2, 1, 8, 8, 0}};
+  const std::vector<Variant> dn_variants = {
+      {0, 0, 2, 0, 0}, {2, 2, 4, 8, 0}, {2, 2, 4, 8, 3}, {2, 1, 4, 8, 0}, {2, 2, 2, 8, 0},
+      {2, 1, 8, 8, 0}, {3, 2, 4, 8, 0}, {3, 1, 4, 8, 0}, {4, 2, 4, 8, 0}, {2, 2, 3, 8, 0}};
+  auto dims = [&](const Variant& v) {
+    MoeDims m = d;
+    m.mma = v.mma > 0;
+    m.mma_stages = v.mma > 1 ? v.mma : 0;
+    if (v.mma) {
+      m.mma_groups = v.groups;
+      m.mma_splits = v.splits;
+      m.mma_chunk = v.chunk;
+    } else {
+      m.rows = v.groups;
+      m.unroll = v.splits;
+    }
+    m.min_blocks = v.min_blocks;
+    return m;
+  };
+  auto fits = [&](const Variant& v, bool gate_up) {
+    return v.mma == 0 || moe_mma_kernel_fits(dims(v), gate_up);
+  };
+  std::vector<KernelSource> all;
+  for (const Variant& v : gu_variants)
+    if (fits(v, true))
+      all.push_back(emit_moe_gate_up(dims(v), {}));
+  for (const Variant& v : dn_variants)
+    if (fits(v, false))
+      all.push_back(emit_moe_down_part(dims(v), {}));
+  preload(all);
+  for (const Variant& v : gu_variants) {
+    if (!fits(v, true))
+      continue;
+    const Loaded& k = load(emit_moe_gate_up(dims(v), {}));
+    const double us = back_to_back_us(
+        [&](int i) { launch(k, 1, 1, x->p, id_sets[i % 8]->p, gate_up->p, gub->p, act_out->p); });
+    MESSAGE("mxfp4 gate_up " << k.src.name << ": " << us << " us, " << mb_gu / us * 1e3
+                             << " GB/s of weights");
+  }
+  for (const Variant& v : dn_variants) {
+    if (!fits(v, false))
+      continue;
+    const Loaded& k = load(emit_moe_down_part(dims(v), {}));
+    const double us = back_to_back_us([&](int i) {
+      launch(k, 1, 1, act->p, w_sets[i % 8]->p, id_sets[i % 8]->p, down->p, dnb->p, part->p);
+    });
+    MESSAGE("mxfp4 down_part " << k.src.name << ": " << us << " us, " << mb_dn / us * 1e3
+                               << " GB/s of weights");
+  }
+  device_sync();
+}
+
+TEST_CASE("o_proj decode GEMV: FMA against tensor cores, 20b, 1 and 8 tokens (informational)") {
+  XSERV_REQUIRE_GPU();
+  LinearDims base{4096, 2880, false, true, true, 1e-5};
+  base.round_act = true;
+  Rng rng{906};
+  const Bf16Weight w = random_bf16(rng, {base.n, base.k}, 0.02f);
+  const size_t bytes = w.bits.size() * 2;
+  const int copies = int((256u << 20) / bytes + 1); // cycled beyond the 50 MB L2
+  std::vector<std::unique_ptr<DevBuf>> ws;
+  for (int c = 0; c < copies; ++c)
+    ws.push_back(upload(w.bits));
+  auto x = upload(random_f32(rng, {8, base.k}, 1.0f).f);
+  auto b = upload(random_bf16(rng, {base.n}, 1.0f).bits);
+  auto h = upload(random_f32(rng, {8, base.n}, 1.0f).f);
+  auto y = poisoned(size_t(8) * base.n);
+  struct Variant {
+    bool mma;
+    int max_t, a, b, c; // FMA: unroll (rows, K splits default); MMA: groups, splits, stages
+  };
+  const std::vector<Variant> variants = {
+      {false, 1, 8, 0, 0}, {false, 8, 4, 0, 0}, {true, 8, 1, 8, 4}, {true, 8, 1, 8, 6},
+      {true, 8, 1, 8, 8},  {true, 8, 2, 4, 4},  {true, 8, 2, 4, 6}, {true, 8, 1, 16, 3},
+      {true, 8, 1, 16, 4}, {true, 8, 2, 8, 4},  {true, 8, 1, 4, 8}, {true, 8, 4, 2, 8}};
+  std::vector<KernelSource> all;
+  auto dims = [&](const Variant& v) {
+    LinearDims d = base;
+    d.max_tokens = v.max_t;
+    if (v.mma) {
+      d.mma = true;
+      d.mma_groups = v.a;
+      d.mma_splits = v.b;
+      d.mma_stages = v.c;
+    } else {
+      d.unroll = v.a;
+    }
+    return d;
+  };
+  for (const Variant& v : variants)
+    if (!v.mma || linear_mma_fits(dims(v)))
+      all.push_back(emit_linear(dims(v), {}));
+  preload(all);
+  for (const Variant& v : variants) {
+    if (v.mma && !linear_mma_fits(dims(v)))
+      continue;
+    const Loaded& l = load(emit_linear(dims(v), {}));
+    for (int tokens : {1, 8}) {
+      if (tokens > v.max_t)
+        continue;
+      const double us = back_to_back_us(
+          [&](int i) { launch(l, tokens, 1, x->p, ws[i % copies]->p, b->p, h->p, y->p, tokens); });
+      MESSAGE("o_proj " << l.src.name << " T=" << tokens << ": " << us << " us, "
+                        << bytes / us / 1e3 << " GB/s of weights");
+    }
+  }
+  device_sync();
+}
