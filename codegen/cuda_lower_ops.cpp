@@ -466,10 +466,10 @@ void Lowerer::lower_moe(ValueId v) {
   // shared tile where the sizes allow, else straight into registers (docs/PERF.md, session 12).
   if (c_.wgmma) {
     d.mma = true;
-    d.mma_stages = codegen::kMoeMmaStages;
+    d.mma_stages = codegen::kMoeMmaStages; // the shared ring where the sizes allow,
     if (!codegen::moe_mma_fits(d))
-      d.mma_stages = 0;
-    d.mma = codegen::moe_mma_fits(d);
+      d.mma_stages = 0;               // else the words straight into registers,
+    d.mma = codegen::moe_mma_fits(d); // else the FMA kernels
   }
   const int gu = k_.add(codegen::emit_moe_gate_up(d, ir_lines(g_, v)));
   // Decode: gate_up + SwiGLU per (token, slot), the down rows per (token, slot), combine.
