@@ -77,6 +77,27 @@ public:
     bad(name, *v, accepts);
   }
 
+  /// "NAME[:TIMES]": a kernel name fragment and a repeat count in [2, 16] (default 2).
+  std::optional<std::pair<std::string, int>> repeat(const char* name) const {
+    const auto v = text(name);
+    if (!v)
+      return std::nullopt;
+    const size_t colon = v->rfind(':');
+    std::string kernel = v->substr(0, colon);
+    int times = 2;
+    if (colon != std::string::npos) {
+      char* end = nullptr;
+      errno = 0;
+      const long n = std::strtol(v->c_str() + colon + 1, &end, 10);
+      if (errno || end == v->c_str() + colon + 1 || *end != '\0' || n < 2 || n > 16)
+        bad(name, *v, "NAME or NAME:TIMES with TIMES in [2, 16]");
+      times = static_cast<int>(n);
+    }
+    if (kernel.empty())
+      bad(name, *v, "NAME or NAME:TIMES with a kernel name fragment NAME");
+    return std::make_pair(std::move(kernel), times);
+  }
+
   /// "RANK:WHAT@STEP" with WHAT one of the faults cli/pipeline_wire.h injects.
   std::optional<PipelineFault> fault(const char* name) const {
     const auto v = text(name);
@@ -120,6 +141,10 @@ Env parse_env(const std::function<const char*(const char*)>& get) {
   e.cuda_graphs = r.flag("XSERV_CUDA_GRAPHS").value_or(true);
   e.profile = r.flag("XSERV_PROFILE").value_or(false);
   e.pdl = r.flag("XSERV_PDL").value_or(true);
+  if (const auto rep = r.repeat("XSERV_PROFILE_REPEAT")) {
+    e.profile_repeat = rep->first;
+    e.profile_repeat_times = rep->second;
+  }
   e.prefill_chunk = r.integer("XSERV_PREFILL_CHUNK", 8, 65536);
   if (const auto g = r.choice("XSERV_GEMM_PRECISION", {"split", "bf16"}, "split or bf16"))
     e.gemm_split = *g == "split";

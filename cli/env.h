@@ -28,6 +28,10 @@ struct Env {
   bool cuda_graphs = true;  ///< XSERV_CUDA_GRAPHS=0: decode steps launch eagerly
   bool profile = false;     ///< XSERV_PROFILE=1: time every launch-table entry (graphs off)
   bool pdl = true;          ///< XSERV_PDL=0: no programmatic dependent launch
+  /// XSERV_PROFILE_REPEAT=NAME[:TIMES] (TIMES 2-16, default 2): launches of kernels whose name
+  /// contains NAME go out TIMES times, for their in-graph cost (timing only).
+  std::string profile_repeat;
+  int profile_repeat_times = 2;
   /// XSERV_PREFILL_CHUNK: tokens per prefill sub-step, [8, 65536]; a run with it set lowers
   /// the graph itself instead of replaying the plan (graph mode, saying why).
   std::optional<int> prefill_chunk;

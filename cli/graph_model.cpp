@@ -24,6 +24,8 @@ engine::CudaModelOptions cuda_model_options() {
   o.cuda_graphs = e.cuda_graphs;
   o.profile = e.profile;
   o.dependent_launch = e.pdl;
+  o.repeat_kernel = e.profile_repeat;
+  o.repeat_times = e.profile_repeat_times;
   return o;
 }
 

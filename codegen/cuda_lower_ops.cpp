@@ -140,14 +140,15 @@ void Lowerer::lower_linear(ValueId v) {
   d.bias = residual ? n.inputs.size() == 4 : n.inputs.size() == plain;
   if (norm)
     d.eps = n.attr_float("eps");
-  // The attention output projection of decode steps of 2 to 8 tokens on tensor cores where it
-  // fits (plain bf16 activations, sm_90 plans: the tokens are the MMA's columns; the 20b's 11.6
-  // against 32.9 us at 8 tokens). One token keeps the FMA kernel below: the tensor-core one was
-  // no faster alone (9.3 against 9.5 us) and the token ~1% slower with it (docs/PERF.md,
-  // session 12).
+  // The linears without a norm (the attention output projection, lm_head) of decode steps on
+  // tensor cores where they fit (plain bf16 activations, sm_90 plans: the tokens are the MMA's
+  // columns; the 20b's o_proj 11.6 against 32.9 us at 8 tokens, lm_head 344 against 870). One
+  // token: lm_head too (260 against 270 us), but o_proj keeps an FMA kernel: the tensor-core one
+  // was no faster alone (9.3 against 9.5 us) and the token ~1% slower with it (docs/PERF.md,
+  // sessions 12 and 13).
   codegen::LinearDims dm = d;
   dm.mma = true;
-  const bool mma = residual && c_.wgmma && codegen::linear_mma_fits(dm);
+  const bool mma = c_.wgmma && codegen::linear_mma_fits(dm);
   const int kernel = k_.add(codegen::emit_linear(mma ? dm : d, ir_lines(g_, v)));
   // The attention output projection of a one-token step: a 1-token kernel with 8 loads in
   // flight per lane (13.2 against 15.1 us for the 20b's o_proj in the bandwidth test).

@@ -143,6 +143,8 @@ CudaModel::CudaModel(const fs::path& model_dir, runtime::StageProgram program,
   so.capture_at_start = options.capture_at_start;
   so.dependent_launch = options.dependent_launch;
   so.profile = options.profile;
+  so.repeat_kernel = options.repeat_kernel;
+  so.repeat_times = options.repeat_times;
   m.dev = std::make_unique<runtime::DeviceStage>(m.stage, m.layout.offset, m.layout.total, so);
 
   auto t1 = std::chrono::steady_clock::now();

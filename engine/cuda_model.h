@@ -38,6 +38,9 @@ struct CudaModelOptions {
   /// Every launch table entry timed with CUDA events (graphs off), summed per (phase, op) and
   /// printed when the model closes.
   bool profile = false;
+  /// runtime::DeviceStageOptions::repeat_kernel / repeat_times (XSERV_PROFILE_REPEAT).
+  std::string repeat_kernel;
+  int repeat_times = 2;
 };
 
 /// Runs one stage program on the GPU: weights in BF16 (MXFP4 experts dequantised, or kept as the

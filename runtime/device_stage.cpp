@@ -197,6 +197,12 @@ void DeviceStage::load(LaunchTable table, const std::vector<std::vector<char>>& 
                   load_ms / 1e3 + seconds_since(t0)));
   const DeviceInfo dev = probe_device();
   st.executor->set_dependent_launch(options_.dependent_launch && dev.sm_major >= 9);
+  if (!options_.repeat_kernel.empty()) {
+    st.executor->set_repeat(options_.repeat_kernel, options_.repeat_times);
+    log(fmt::format("XSERV_PROFILE_REPEAT: kernels named *{}* launch {} times (timing only: the "
+                    "results are not the model's)",
+                    options_.repeat_kernel, options_.repeat_times));
+  }
   if (options_.cuda_graphs && options_.capture_at_start)
     capture_all();
 }

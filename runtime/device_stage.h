@@ -41,6 +41,10 @@ struct DeviceStageOptions {
   /// Every table entry timed with CUDA events (graphs off), summed per (phase, op) and printed
   /// when the stage closes.
   bool profile = false;
+  /// Executor::set_repeat's measurement aid: launches of kernels whose name contains
+  /// `repeat_kernel` go out `repeat_times` times (XSERV_PROFILE_REPEAT=NAME[:TIMES]).
+  std::string repeat_kernel;
+  int repeat_times = 2;
 };
 
 /// A host buffer copied into the arena before a sub-step runs (a received activation's rows).

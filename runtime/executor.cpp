@@ -148,6 +148,8 @@ size_t Executor::for_each(const StepShape& s, size_t begin, size_t end, F&& f, L
       continue;
     }
     const PlanKernel& k = table_.kernels[size_t(l.kernel)];
+    const int times =
+        !repeat_.empty() && k.name.find(repeat_) != std::string::npos ? repeat_times_ : 1;
     const int chunk = l.chunk > 0 ? l.chunk : std::max(rows, 1);
     for (int r0 = 0; r0 < rows; r0 += chunk) {
       const int n = std::min(chunk, rows - r0);
@@ -173,8 +175,10 @@ size_t Executor::for_each(const StepShape& s, size_t begin, size_t end, F&& f, L
           bytes[i] = a.base + a.row_stride * uint64_t(r0);
         }
       }
-      f(l.kernel, k.grid(n, splits), k.block, k.smem(n), ptrs.data(), sizes.data(), args.size());
-      ++launched;
+      for (int i = 0; i < times; ++i) {
+        f(l.kernel, k.grid(n, splits), k.block, k.smem(n), ptrs.data(), sizes.data(), args.size());
+        ++launched;
+      }
     }
   }
   return launched;

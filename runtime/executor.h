@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -76,6 +77,14 @@ public:
 
   /// Launches allow programmatic dependent launch (Module::launch_raw's `dependent`).
   void set_dependent_launch(bool on) { dependent_ = on; }
+  /// A measurement aid (XSERV_PROFILE_REPEAT): every launch of a kernel whose name contains
+  /// `kernel` goes out `times` times in a row, so that a CUDA graph's step time grows by that
+  /// kernel's cost where it sits (a kernel that updates its output in place then computes a
+  /// different result: for timing only). Empty `kernel`: off.
+  void set_repeat(std::string kernel, int times) {
+    repeat_ = std::move(kernel);
+    repeat_times_ = std::max(1, times);
+  }
   /// The library the table's library calls go to (runtime/blas.h; must outlive the executor).
   /// A step of a table with library calls and none bound throws before it launches anything.
   void set_blas(const Blas* blas) { blas_ = blas; }
@@ -102,6 +111,8 @@ private:
   std::vector<LoadedKernel> kernels_;
   const Blas* blas_ = nullptr;
   bool dependent_ = false;
+  std::string repeat_;
+  int repeat_times_ = 1;
 };
 
 } // namespace xserv::runtime

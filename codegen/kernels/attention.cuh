@@ -539,14 +539,36 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ k,
   const int lo = WINDOW > 0 ? max(0, p - WINDOW + 1) : 0;
   const int len = p - lo + 1, per_split = (len + splits - 1) / splits;
   const int begin = lo + split * per_split, end = min(p + 1, begin + per_split);
+  // The sinks of this thread's outputs (a weight: loaded now, not at the kernel's end).
+  constexpr int kOuts = (kGroup * D + kAttnThreads - 1) / kAttnThreads;
+  float sink[kOuts];
+#pragma unroll
+  for (int u = 0; u < kOuts; ++u) {
+    const int idx = tid + u * kAttnThreads;
+    sink[u] = splits == 1 && idx < kGroup * D ? bf16_to_float(sinks[g * kGroup + idx / D]) : 0.0f;
+  }
 
   // The scaled queries in chunk order (element r of a head's row: half r / (D/2) of chunk
   // (r % (D/2)) / 4), staged once the warps' first K/V loads are in flight. Those loads come
   // before the wait for the previous kernel (qkv, which wrote q and the step's k and v and,
   // with one token a sequence, the cache slot of position p: never a key read here, see
   // rope_yarn_qk_kv); the cached keys they read were written by earlier steps.
+  const int cached_end = min(end, ctx), step_begin = max(begin, ctx);
   auto stage_q = [&] {
     grid_dependency_sync();
+    // The step's own keys (qkv's k and v rows, the last of the range): asked of L1 now, so that
+    // the warp that folds them in after the cached keys does not start with an L2 round trip
+    // while the others wait at the merge's barrier (a decode step has one such key).
+    if (tid < kWarp && step_begin < end) {
+      constexpr int kLines = (D * 4 + 127) / 128; // lines of an fp32 row
+      const int rows = min(end - step_begin, 4);
+      for (int i = tid; i < rows * 2 * kLines; i += kWarp) {
+        const int j = step_begin + i / (2 * kLines), line = i % kLines;
+        const float* row = ((i / kLines) % 2 ? v : k) + (size_t)(t - (p - j)) * (G * D) + g * D;
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(reinterpret_cast<const char*>(row) +
+                                                     line * 128));
+      }
+    }
     float* qf = reinterpret_cast<float*>(qs);
     for (int i = tid; i < Warp::kHeads * D; i += kAttnThreads) {
       const int h = i / D, r = i % D;
@@ -558,7 +580,6 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ k,
   };
   const int warp = tid / kWarp;
   Warp w(qs, reinterpret_cast<float*>(ps[warp]), cs[warp]);
-  const int cached_end = min(end, ctx), step_begin = max(begin, ctx);
   if (begin < cached_end) // a ring's slots are consecutive within a pass when S % pass == 0
     w.keys(attn_detail::key_range<S % Warp::kPassKeys == 0>(
                k_cache + g * D, v_cache + g * D, begin, cached_end,
@@ -574,7 +595,11 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ k,
   __syncthreads();
 
   // Merge the warps (an empty warp has max -inf and adds nothing) and write out.
-  for (int idx = tid; idx < kGroup * D; idx += kAttnThreads) {
+#pragma unroll
+  for (int u = 0; u < kOuts; ++u) {
+    const int idx = tid + u * kAttnThreads;
+    if (idx >= kGroup * D)
+      break;
     const int hh = idx / D, e = idx % D, head = g * kGroup + hh;
     float mx = neg_inf();
 #pragma unroll
@@ -589,7 +614,7 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ k,
     }
     const size_t th = (size_t)t * H + head;
     if (splits == 1) {
-      out[th * D + e] = attn_finish(mx, sum, o, bf16_to_float(sinks[head]));
+      out[th * D + e] = attn_finish(mx, sum, o, sink[u]);
     } else {
       part_o[(th * splits + split) * D + e] = o;
       if (e == 0) {

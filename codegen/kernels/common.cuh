@@ -219,6 +219,17 @@ __device__ __forceinline__ void warp_prefetch_l2(const void* p, size_t bytes) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(first + size_t(i) * 128));
 }
 
+/// Asks L2 for `bytes` bytes at p, one 128-byte line a thread of the block, without waiting:
+/// a kernel's small weight vectors (a norm's gains) before its dependency wait, so that the
+/// prologue after it finds them in L2 rather than DRAM.
+__device__ __forceinline__ void block_prefetch_l2(const void* p, size_t bytes) {
+  const size_t first = reinterpret_cast<size_t>(p) & ~size_t(127);
+  const size_t last = (reinterpret_cast<size_t>(p) + bytes - 1) & ~size_t(127);
+  const int lines = int((last - first) / 128) + 1;
+  for (int i = threadIdx.x; i < lines; i += blockDim.x)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(first + size_t(i) * 128));
+}
+
 /// Asks L2 for a warp's R consecutive weight rows (bf16 [R, K]) without waiting: issued before
 /// a kernel's prologue so the weight stream starts while the prologue runs.
 template <int K, int R>

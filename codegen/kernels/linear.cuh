@@ -50,12 +50,33 @@ __device__ __forceinline__ void linear_stage_x(const float* __restrict__ x,
   __syncthreads();
 }
 
+/// The biases of a warp's R rows row.. (zeros without BIAS or when !live), on every lane: loaded
+/// before a kernel's dependency wait (a weight), so that the epilogue waits on no DRAM round trip.
+template <int R, bool BIAS>
+__device__ __forceinline__ void load_row_bias(const __nv_bfloat16* __restrict__ b, int row,
+                                              bool live, float (&bias)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    bias[r] = BIAS && live ? bf16_to_float(b[row + r]) : 0.0f;
+}
+
+/// Lane t's residuals h[t, row + r] of token t < tokens (zeros elsewhere or without RESIDUAL):
+/// loaded right after the wait, while the weights stream.
+template <int N, int R, bool RESIDUAL>
+__device__ __forceinline__ void load_row_residual(const float* h, int row, int tokens, bool live,
+                                                  float (&res)[R]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    res[r] = RESIDUAL && live && lane < tokens ? h[(size_t)lane * N + row + r] : 0.0f;
+}
+
 /// Epilogue of a decode GEMV: lane t of the warp writes token t's R rows row.. of y [tokens, N],
-/// plus bias and residual.
+/// plus the bias and residual loaded earlier (load_row_bias, load_row_residual).
 template <int N, int MAX_T, int R, bool BIAS, bool RESIDUAL>
-__device__ __forceinline__ void linear_store(const float (&acc)[R][MAX_T],
-                                             const __nv_bfloat16* __restrict__ b, const float* h,
-                                             float* y, int row, int tokens) {
+__device__ __forceinline__ void linear_store(const float (&acc)[R][MAX_T], const float (&bias)[R],
+                                             const float (&res)[R], float* y, int row,
+                                             int tokens) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int t = 0; t < MAX_T; ++t) {
@@ -65,9 +86,9 @@ __device__ __forceinline__ void linear_store(const float (&acc)[R][MAX_T],
     for (int r = 0; r < R; ++r) {
       float v = acc[r][t];
       if (BIAS)
-        v += bf16_to_float(b[row + r]);
+        v += bias[r];
       if (RESIDUAL)
-        v += h[(size_t)t * N + row + r];
+        v += res[r];
       y[(size_t)t * N + row + r] = v;
     }
   }
@@ -132,7 +153,12 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
   WarpGemv<K, R, MAX_T, UNROLL, KS> gemv;
   if (row < N)
     gemv.start(w + (size_t)row * K, warp % KS);
+  float bias[R], res[R];
+  load_row_bias<R, BIAS>(b, row, row < N && warp % KS == 0, bias);
+  if (NORM)
+    block_prefetch_l2(ln, K * sizeof(__nv_bfloat16));
   grid_dependency_sync(); // the weights owe nothing to the previous kernel: loads fly first
+  load_row_residual<N, R, RESIDUAL>(h, row, tokens, row < N && warp % KS == 0, res);
 
   linear_stage_x<K, MAX_T, NORM, ROUND>(x, ln, eps, xs, tokens);
 
@@ -144,7 +170,7 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
   split_k_total<R, MAX_T, KS>(acc, tokens);
   if (row >= N || warp % KS != 0)
     return;
-  linear_store<N, MAX_T, R, BIAS, RESIDUAL>(acc, b, h, y, row, tokens);
+  linear_store<N, MAX_T, R, BIAS, RESIDUAL>(acc, bias, res, y, row, tokens);
 }
 
 /// linear_decode without the norm on tensor cores, for plain bf16 activations: y[t, n] =
@@ -190,7 +216,26 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) // the weights owe nothing to the previous kernel
     issue(c0 + st, st);
+  // The epilogue's outputs of this thread (element i = threadIdx.x + u kThreads of the block's
+  // rows x tokens): their biases now, their residuals right after the wait, so that neither is a
+  // DRAM or L2 round trip at the kernel's end.
+  constexpr int kEpi = (RG * 16 * MAX_T + kThreads - 1) / kThreads;
+  float bias[kEpi], res[kEpi];
+#pragma unroll
+  for (int u = 0; u < kEpi; ++u) {
+    const int i = threadIdx.x + u * kThreads;
+    bias[u] = BIAS && i < RG * 16 * tokens
+                  ? bf16_to_float(b[(size_t)blockIdx.x * RG * 16 + i / tokens])
+                  : 0.0f;
+  }
   grid_dependency_sync();
+#pragma unroll
+  for (int u = 0; u < kEpi; ++u) {
+    const int i = threadIdx.x + u * kThreads;
+    res[u] = RESIDUAL && i < RG * 16 * tokens
+                 ? h[(size_t)(i % tokens) * N + (size_t)blockIdx.x * RG * 16 + i / tokens]
+                 : 0.0f;
+  }
   for (int i = threadIdx.x; i < tokens * (K / 2); i += kThreads) {
     const int t = i / (K / 2), k2 = i % (K / 2);
     const float2 v = reinterpret_cast<const float2*>(x + (size_t)t * K)[k2];
@@ -238,7 +283,11 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
       red[ks][row][t] = d[q];
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < RG * 16 * tokens; i += kThreads) {
+#pragma unroll
+  for (int u = 0; u < kEpi; ++u) {
+    const int i = threadIdx.x + u * kThreads;
+    if (i >= RG * 16 * tokens)
+      break;
     const int row = i / tokens, t = i % tokens;
     float v = 0.0f;
 #pragma unroll
@@ -246,9 +295,9 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
       v += red[s][row][t];
     const size_t n = (size_t)blockIdx.x * RG * 16 + row;
     if (BIAS)
-      v += bf16_to_float(b[n]);
+      v += bias[u];
     if (RESIDUAL)
-      v += h[(size_t)t * N + n];
+      v += res[u];
     y[(size_t)t * N + n] = v;
   }
 }
@@ -285,6 +334,9 @@ qkv_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, fl
   row += warp / KS * R;
   WarpGemv<K, R, MAX_T, UNROLL, KS> gemv; // the first weight loads fly during the norm prologue
   gemv.start(w + (size_t)row * K, warp % KS);
+  float bias[R], res[R] = {};
+  load_row_bias<R, true>(b, row, warp % KS == 0, bias);
+  block_prefetch_l2(ln, K * sizeof(__nv_bfloat16));
   grid_dependency_sync(); // and while the previous kernel finishes
   linear_stage_x<K, MAX_T, true, ROUND>(x, ln, eps, xs, tokens);
   float acc[R][MAX_T];
@@ -294,11 +346,11 @@ qkv_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, fl
     return;
   // n is NQ, NK or NV: the store's row stride.
   if (n == NQ)
-    linear_store<NQ, MAX_T, R, true, false>(acc, b, nullptr, y, row, tokens);
+    linear_store<NQ, MAX_T, R, true, false>(acc, bias, res, y, row, tokens);
   else if (n == NK)
-    linear_store<NK, MAX_T, R, true, false>(acc, b, nullptr, y, row, tokens);
+    linear_store<NK, MAX_T, R, true, false>(acc, bias, res, y, row, tokens);
   else
-    linear_store<NV, MAX_T, R, true, false>(acc, b, nullptr, y, row, tokens);
+    linear_store<NV, MAX_T, R, true, false>(acc, bias, res, y, row, tokens);
 }
 
 /// qkv_decode of a step with one token per sequence, with rope_yarn_qk_kv's work in its
@@ -340,8 +392,10 @@ qkv_rope_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ l
   const int row = head * D + j; // and row + kHalf
   WarpGemv<K, 2, MAX_T, UNROLL, 1, kHalf> gemv;
   gemv.start(w + (size_t)row * K);
-  grid_dependency_sync(); // the first weight loads fly while the previous kernel finishes
-  // Lane t's angle for token t, while the weights stream (q and k only).
+  // Before the wait, as the weights: the biases, the norm's gains (to L2) and lane t's angle
+  // and cache slot for token t (the step's inputs were uploaded before the step's first kernel).
+  const float b1 = bf16_to_float(b[row]), b2 = bf16_to_float(b[row + kHalf]);
+  block_prefetch_l2(ln, K * sizeof(__nv_bfloat16));
   double c = 1.0, sn = 0.0;
   size_t slot = 0;
   if (lane < tokens && lane < MAX_T) {
@@ -354,6 +408,7 @@ qkv_rope_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ l
       sn = s0 * att;
     }
   }
+  grid_dependency_sync(); // the first weight loads fly while the previous kernel finishes
   linear_stage_x<K, MAX_T, true, ROUND>(x, ln, eps, xs, tokens);
   float acc[2][MAX_T];
   gemv.finish(xs, tokens, acc);
@@ -363,8 +418,7 @@ qkv_rope_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ l
   for (int t = 0; t < MAX_T; ++t) {
     if (t >= tokens || lane != t)
       continue;
-    const float x1 = acc[0][t] + bf16_to_float(b[row]),
-                x2 = acc[1][t] + bf16_to_float(b[row + kHalf]);
+    const float x1 = acc[0][t] + b1, x2 = acc[1][t] + b2;
     float y1 = x1, y2 = x2;
     if (part < 2) {
       const double d1 = x1, d2 = x2;

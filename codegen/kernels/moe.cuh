@@ -581,6 +581,14 @@ moe_gate_up_mx4_mma(const float* __restrict__ x, const int* __restrict__ ids,
   if (active && b0 < b1)
     rows.start(gate_up, mxfp4_scales<E * 2 * I, D>(gate_up), row0, true, b0, b1,
                tiles + warp * (STAGES * 16 * 8));
+  // The epilogue's pair (threads below RG 8): its biases now, not a DRAM round trip at the end.
+  const int q = threadIdx.x / 8, p = threadIdx.x % 8, pair = (blockIdx.x * RG + q) * 8 + p;
+  const size_t brow = (size_t)e * 2 * I + 2 * pair;
+  float bg = 0.0f, bu = 0.0f;
+  if (active && threadIdx.x < RG * 8) {
+    bg = bf16_to_float(gate_up_b[brow]);
+    bu = bf16_to_float(gate_up_b[brow + 1]);
+  }
   mx4_mma_stage_x<D, kThreads>(x + (size_t)t * D, xs);
   __syncthreads();
   float gate = 0.0f, up = 0.0f;
@@ -593,16 +601,13 @@ moe_gate_up_mx4_mma(const float* __restrict__ x, const int* __restrict__ ids,
   __syncthreads();
   if (!active || threadIdx.x >= RG * 8)
     return;
-  const int q = threadIdx.x / 8, p = threadIdx.x % 8, pair = (blockIdx.x * RG + q) * 8 + p;
   float sg = 0.0f, su = 0.0f;
 #pragma unroll
   for (int s = 0; s < KS; ++s) {
     sg += red[s][q * 16 + p];
     su += red[s][q * 16 + 8 + p];
   }
-  const size_t brow = (size_t)e * 2 * I + 2 * pair;
-  act[(size_t)tk * I + pair] = moe_swiglu(sg + bf16_to_float(gate_up_b[brow]),
-                                          su + bf16_to_float(gate_up_b[brow + 1]), limit, alpha);
+  act[(size_t)tk * I + pair] = moe_swiglu(sg + bg, su + bu, limit, alpha);
 }
 
 /// moe_down_part_mx4 on tensor cores, for plain bf16 activations: block (x, tk) computes rows
@@ -632,6 +637,14 @@ moe_down_part_mx4_mma(const float* __restrict__ act, const float* __restrict__ w
   if (active && b0 < b1)
     rows.start(down, mxfp4_scales<E * D, I>(down), row0, false, b0, b1,
                tiles + warp * (STAGES * 16 * 8));
+  // The epilogue's row (threads below RG 16): its bias (a weight) and routing weight (written by
+  // the router with ids, so as early as moe_early_id reads them) now, not at the end.
+  const int o = blockIdx.x * RG * 16 + threadIdx.x;
+  float bias = 0.0f, wt = 0.0f;
+  if (active && threadIdx.x < RG * 16) {
+    bias = bf16_to_float(down_b[(size_t)e * D + o]);
+    wt = __ldcg(weights + tk);
+  }
   grid_dependency_sync(); // ... and while gate_up finishes
   mx4_mma_stage_x<I, kThreads>(act + (size_t)tk * I, xs);
   __syncthreads();
@@ -649,8 +662,7 @@ moe_down_part_mx4_mma(const float* __restrict__ act, const float* __restrict__ w
 #pragma unroll
   for (int s = 0; s < KS; ++s)
     sum += red[s][threadIdx.x];
-  const int o = blockIdx.x * RG * 16 + threadIdx.x;
-  part[(size_t)tk * D + o] = weights[tk] * (sum + bf16_to_float(down_b[(size_t)e * D + o]));
+  part[(size_t)tk * D + o] = wt * (sum + bias);
 }
 
 } // namespace xserv_kernels

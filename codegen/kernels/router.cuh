@@ -152,11 +152,28 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
   const int pair0 = kSplit ? warp / KS : warp;
   if (kSplit && pair0 < kPairs) // loads fly during the norm (and the previous kernel's end)
     gemv.start(w + (size_t)(first + pair0 * kRows) * D, warp % KS);
+  // The pair's biases (split path) and this thread's norm gains before the wait, as the weights.
+  float bias[kRows] = {0.0f, 0.0f};
+  if (BIAS && kSplit && pair0 < kPairs && warp % KS == 0)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      bias[r] = bf16_to_float(b[first + pair0 * kRows + r]);
+  constexpr int kPer = (D + kThreads - 1) / kThreads; // elements of x a thread normalises
+  float gain[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    gain[j] = i < D ? bf16_to_float(ln[i]) : 0.0f;
+  }
   grid_dependency_sync();
   const float* xr = x + (size_t)t * D;
   const float inv = block_inv_rms<D, kThreads>(xr, eps);
-  for (int i = threadIdx.x; i < D; i += kThreads) {
-    const float v = xr[i] * inv * bf16_to_float(ln[i]);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (i >= D)
+      break;
+    const float v = xr[i] * inv * gain[j];
     xs[i] = act_value<ROUND>(v); // the router's input; the experts get v (xn) and round it
                                  // themselves
     if (rank == 0)
@@ -180,7 +197,7 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
 #pragma unroll
         for (int p = 1; p < kParts; ++p)
           v += parts[warp + p][r];
-        logits[pair0 * kRows + r] = BIAS ? v + bf16_to_float(b[first + pair0 * kRows + r]) : v;
+        logits[pair0 * kRows + r] = BIAS ? v + bias[r] : v;
       }
   } else {
     for (int p = warp; p < kPairs; p += kWarps) {

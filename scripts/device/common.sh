@@ -11,13 +11,15 @@ B=.device/bin X=.device/bin/xserv D=.device/data
 start=$SECONDS
 
 # run_tests BINARY [doctest options]: runs one GPU test binary of .device/bin into
-# $OUT/BINARY.log and prints its exit code, doctest's summary and the first failures.
+# $OUT/BINARY.log ($OUT/BINARY$RUN_LOG.log with RUN_LOG set: two runs of one binary keep both
+# logs) and prints its exit code, doctest's summary and the first failures. doctest's -tc
+# patterns are case-insensitive and match anywhere only with a leading '*'.
 run_tests() {
-  local t=$1
+  local t=$1 log="$OUT/$1${RUN_LOG:-}.log"
   shift
-  timeout 300 "$B/$t" "$@" > "$OUT/$t.log" 2>&1
-  echo "$t rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/$t.log" | tr '\n' ' ')"
-  grep -E "ERROR|FAILED" -A3 "$OUT/$t.log" | head -30
+  timeout 300 "$B/$t" "$@" > "$log" 2>&1
+  echo "$t rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$log" | tr '\n' ' ')"
+  grep -E "ERROR|FAILED" -A3 "$log" | head -30
 }
 
 # The 4 prompts (token ids) every pp N against pp 1 comparison runs: 49, 98, 6 and 11 tokens.

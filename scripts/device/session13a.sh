@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
-# Next session's first call (not yet run; 1 GPU, ~6 min): every GPU test binary at HEAD, since
-# session 12's review (cd408f4: a launch helper, a test helper) was checked on the CPU only.
-# codegen_gpu_tests runs in two halves (one run passes run_tests' 300 s), "moe kernels match
-# ir::ref" alone being the slowest. Needs .device/bin/{codegen,engine,runtime,cli}_gpu_tests,
-# .device/data.
+# Session 13, call 1 (1 GPU, ~5 min): where a batch-1 decode token goes inside the CUDA graph,
+# and lm_head of 2-8 token steps on tensor cores. Old (.device/old/xserv: commit 7d80bee)
+# against new on the 20b: greedy tokens, batch 8 and 2, batch 1; kernels_bench's lm_head sweep;
+# then each per-layer kernel launched twice in the graph (XSERV_PROFILE_REPEAT) at depth 0 and
+# 4096: the step's growth is that kernel's in-graph cost. Needs .device/bin/{xserv,
+# kernels_bench}, .device/old/xserv, .device/data.
 source "$(dirname "$0")/common.sh"
-run_tests codegen_gpu_tests -tce="*moe kernels match ir::ref*,*attention*"
-run_tests codegen_gpu_tests -tc="*moe kernels match ir::ref*,*attention*"
-run_tests runtime_gpu_tests
-engine_tests
-hf_batch_fixtures
+synth20b
+ab_compile
+ab_tokens 64
+ab_batch 8
+ab_batch 2
+ab_decode 1
+echo "== kernels_bench at $((SECONDS - start)) s"
+timeout 150 $B/kernels_bench -tc="lm_head decode GEMV*" > "$OUT/kb_lm.log" 2>&1
+echo "kernels_bench rc=$?"
+grep -E "lm_head |ERROR" "$OUT/kb_lm.log" | sed 's/.*MESSAGE: //'
+echo "== repeats at $((SECONDS - start)) s"
+for k in none qkv_rope_decode attention_decode linear_residual rmsnorm_router_topk moe_gate_up \
+  moe_down_part moe_combine_residual; do
+  rep=$k
+  [ "$k" = none ] && rep=
+  echo "-- x2 $k: $(XSERV_PROFILE_REPEAT=$rep timeout 100 $X bench /tmp/p_new --backend cuda -p 0 \
+    -n 128 -b 1 -d 0,4096 -r 1 2> /dev/null | grep -E "tg" | cut -d'|' -f6,7,8 | tr '\n' ' ')"
+done
 echo "done in $((SECONDS - start)) s"

@@ -1,8 +1,8 @@
 // The tensor-core decode GEMVs against the FMA kernels they replace, on the 20b's shapes (the
-// MXFP4 MoE rows at one token, o_proj at 1 and 8 tokens): us per launch back to back, weights
-// cycled beyond the 50 MB L2. Part of kernels_bench (never run by ctest; docs/PERF.md keeps the
-// figures):
-//   build/tests/kernels_bench -tc="MXFP4 MoE decode*,o_proj decode GEMV*"
+// MXFP4 MoE rows at one token, o_proj at 1 and 8 tokens, lm_head at 1, 2 and 8): us per launch
+// back to back, weights cycled beyond the 50 MB L2. Part of kernels_bench (never run by ctest;
+// docs/PERF.md keeps the figures):
+//   build/tests/kernels_bench -tc="MXFP4 MoE decode*,o_proj decode GEMV*,lm_head decode GEMV*"
 #include "tests/codegen/kernel_test_util.h"
 
 #include <algorithm>
@@ -130,9 +130,18 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
   device_sync();
 }
 
-TEST_CASE("o_proj decode GEMV: FMA against tensor cores, 20b, 1 and 8 tokens (informational)") {
-  XSERV_REQUIRE_GPU();
-  LinearDims base{4096, 2880, false, true, true, 1e-5};
+namespace {
+
+/// A decode linear's tuning in the sweep: FMA (unroll a, rows and K splits by default) or tensor
+/// cores (groups a, splits b, stages c), for steps of up to max_t tokens.
+struct LinearVariant {
+  bool mma;
+  int max_t, a, b, c;
+};
+
+/// us per launch of each variant of `base` at each of `tokens`, weights cycled beyond the L2.
+void bench_linear(const char* label, LinearDims base, const std::vector<LinearVariant>& variants,
+                  const std::vector<int>& tokens_list) {
   base.round_act = true;
   Rng rng{906};
   const Bf16Weight w = random_bf16(rng, {base.n, base.k}, 0.02f);
@@ -145,16 +154,7 @@ TEST_CASE("o_proj decode GEMV: FMA against tensor cores, 20b, 1 and 8 tokens (in
   auto b = upload(random_bf16(rng, {base.n}, 1.0f).bits);
   auto h = upload(random_f32(rng, {8, base.n}, 1.0f).f);
   auto y = poisoned(size_t(8) * base.n);
-  struct Variant {
-    bool mma;
-    int max_t, a, b, c; // FMA: unroll (rows, K splits default); MMA: groups, splits, stages
-  };
-  const std::vector<Variant> variants = {
-      {false, 1, 8, 0, 0}, {false, 8, 4, 0, 0}, {true, 8, 1, 8, 4}, {true, 8, 1, 8, 6},
-      {true, 8, 1, 8, 8},  {true, 8, 2, 4, 4},  {true, 8, 2, 4, 6}, {true, 8, 1, 16, 3},
-      {true, 8, 1, 16, 4}, {true, 8, 2, 8, 4},  {true, 8, 1, 4, 8}, {true, 8, 4, 2, 8}};
-  std::vector<KernelSource> all;
-  auto dims = [&](const Variant& v) {
+  auto dims = [&](const LinearVariant& v) {
     LinearDims d = base;
     d.max_tokens = v.max_t;
     if (v.mma) {
@@ -167,22 +167,66 @@ TEST_CASE("o_proj decode GEMV: FMA against tensor cores, 20b, 1 and 8 tokens (in
     }
     return d;
   };
-  for (const Variant& v : variants)
+  std::vector<KernelSource> all;
+  for (const LinearVariant& v : variants)
     if (!v.mma || linear_mma_fits(dims(v)))
       all.push_back(emit_linear(dims(v), {}));
   preload(all);
-  for (const Variant& v : variants) {
+  for (const LinearVariant& v : variants) {
     if (v.mma && !linear_mma_fits(dims(v)))
       continue;
     const Loaded& l = load(emit_linear(dims(v), {}));
-    for (int tokens : {1, 8}) {
+    for (int tokens : tokens_list) {
       if (tokens > v.max_t)
         continue;
-      const double us = back_to_back_us(
-          [&](int i) { launch(l, tokens, 1, x->p, ws[i % copies]->p, b->p, h->p, y->p, tokens); });
-      MESSAGE("o_proj " << l.src.name << " T=" << tokens << ": " << us << " us, "
-                        << bytes / us / 1e3 << " GB/s of weights");
+      const double us = back_to_back_us([&](int i) {
+        if (base.residual)
+          launch(l, tokens, 1, x->p, ws[i % copies]->p, b->p, h->p, y->p, tokens);
+        else if (base.bias)
+          launch(l, tokens, 1, x->p, ws[i % copies]->p, b->p, y->p, tokens);
+        else
+          launch(l, tokens, 1, x->p, ws[i % copies]->p, y->p, tokens);
+      });
+      MESSAGE(label << " " << l.src.name << " T=" << tokens << ": " << us << " us, "
+                    << bytes / us / 1e3 << " GB/s of weights");
     }
   }
   device_sync();
+}
+
+} // namespace
+
+TEST_CASE("o_proj decode GEMV: FMA against tensor cores, 20b, 1 and 8 tokens (informational)") {
+  XSERV_REQUIRE_GPU();
+  LinearDims base{4096, 2880, false, true, true, 1e-5};
+  bench_linear("o_proj", base,
+               {{false, 1, 8, 0, 0},
+                {false, 8, 4, 0, 0},
+                {true, 8, 1, 8, 4},
+                {true, 8, 1, 8, 6},
+                {true, 8, 1, 8, 8},
+                {true, 8, 2, 4, 4},
+                {true, 8, 2, 4, 6},
+                {true, 8, 1, 16, 3},
+                {true, 8, 1, 16, 4},
+                {true, 8, 2, 8, 4},
+                {true, 8, 1, 4, 8},
+                {true, 8, 4, 2, 8}},
+               {1, 8});
+}
+
+TEST_CASE("lm_head decode GEMV: FMA against tensor cores, 20b, 1, 2 and 8 tokens "
+          "(informational)") {
+  XSERV_REQUIRE_GPU();
+  // 2880 -> 201088, no bias, no residual (1.16 GB: one copy is past the L2).
+  LinearDims base{2880, 201088, false, false, false, 1e-5};
+  bench_linear("lm_head", base,
+               {{false, 8, 4, 0, 0},
+                {true, 8, 2, 8, 4},
+                {true, 8, 2, 4, 4},
+                {true, 8, 2, 4, 2},
+                {true, 8, 4, 4, 2},
+                {true, 8, 1, 8, 4},
+                {true, 8, 4, 2, 4}},
+               {1, 2, 8});
 }

@@ -37,6 +37,7 @@ TEST_CASE("env: defaults when nothing is set, and an empty variable counts as un
     CHECK(e.cuda_graphs);
     CHECK_FALSE(e.profile);
     CHECK(e.pdl);
+    CHECK(e.profile_repeat.empty());
     CHECK_FALSE(e.prefill_chunk.has_value());
     CHECK_FALSE(e.gemm_split.has_value());
     CHECK(e.pipeline_timeout == std::chrono::seconds(10));
@@ -56,6 +57,7 @@ TEST_CASE("env: accepted values") {
                             {"XSERV_CUDA_GRAPHS", "0"},
                             {"XSERV_PROFILE", "1"},
                             {"XSERV_PDL", "0"},
+                            {"XSERV_PROFILE_REPEAT", "moe_gate_up:3"},
                             {"XSERV_PREFILL_CHUNK", "1024"},
                             {"XSERV_GEMM_PRECISION", "bf16"},
                             {"XSERV_PIPELINE_TIMEOUT", "2.5"},
@@ -71,6 +73,8 @@ TEST_CASE("env: accepted values") {
   CHECK_FALSE(e.cuda_graphs);
   CHECK(e.profile);
   CHECK_FALSE(e.pdl);
+  CHECK(e.profile_repeat == "moe_gate_up");
+  CHECK(e.profile_repeat_times == 3);
   CHECK(e.prefill_chunk == 1024);
   CHECK(e.gemm_split == false);
   CHECK(e.pipeline_timeout == std::chrono::milliseconds(2500));
@@ -83,6 +87,9 @@ TEST_CASE("env: accepted values") {
   CHECK(e.pipeline_fault->what == "stall");
   CHECK(e.pipeline_fault->step == 17);
   CHECK(parse({{"XSERV_GEMM_PRECISION", "split"}}).gemm_split == true);
+  const cli::Env twice = parse({{"XSERV_PROFILE_REPEAT", "attention_decode"}});
+  CHECK(twice.profile_repeat == "attention_decode");
+  CHECK(twice.profile_repeat_times == 2);
 }
 
 TEST_CASE("env: a bad value is a usage error naming the variable and what it accepts") {
@@ -93,6 +100,9 @@ TEST_CASE("env: a bad value is a usage error naming the variable and what it acc
       {{"XSERV_CUDA_GRAPHS", "off"}, "0 or 1"},
       {{"XSERV_PROFILE", "2"}, "0 or 1"},
       {{"XSERV_PDL", "false"}, "0 or 1"},
+      {{"XSERV_PROFILE_REPEAT", "router:1"}, "NAME or NAME:TIMES with TIMES in [2, 16]"},
+      {{"XSERV_PROFILE_REPEAT", "router:x"}, "NAME or NAME:TIMES with TIMES in [2, 16]"},
+      {{"XSERV_PROFILE_REPEAT", ":3"}, "NAME or NAME:TIMES with a kernel name fragment NAME"},
       {{"XSERV_PREFILL_CHUNK", "4"}, "an integer in [8, 65536]"},
       {{"XSERV_PREFILL_CHUNK", "1024x"}, "an integer in [8, 65536]"},
       {{"XSERV_GEMM_PRECISION", "fp32"}, "split or bf16"},

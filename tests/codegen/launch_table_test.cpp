@@ -598,3 +598,75 @@ TEST_CASE("decode steps rotate and write the caches in qkv's epilogue up to 8 se
   CHECK(count(3, 1, "kv_write") == 2 * layers);
   CHECK(count(3, 1, "qkv_rope_decode") == 0);
 }
+
+TEST_CASE("decode steps run lm_head on tensor cores, o_proj from 2 tokens, FMA for split") {
+  const models::ModelConfig cfg =
+      models::ModelConfig::load(testing::source_dir() / "examples/tiny/config.json");
+  const ir::Graph g = final_graph(cfg, variants()[1]);
+  auto names = [](const runtime::LaunchTable& t, int tokens) {
+    std::vector<std::string> out;
+    const runtime::Executor ex(t, runtime::placeholder_bindings(t));
+    for (const runtime::LaunchRecord& r : ex.record({tokens, tokens, 100}))
+      if (r.kernel >= 0)
+        out.push_back(t.kernels.at(size_t(r.kernel)).name);
+    return out;
+  };
+  auto count = [](const std::vector<std::string>& ns, const std::string& prefix) {
+    return std::count_if(ns.begin(), ns.end(),
+                         [&](const std::string& n) { return n.rfind(prefix, 0) == 0; });
+  };
+  const int layers = int(cfg.num_hidden_layers);
+  const std::string lm_mma = fmt::format("linear_k{}_n{}_nobias_t8_mma_", cfg.hidden_size,
+                                         cfg.vocab_size);
+  const runtime::LaunchTable plain = lower_for(g, 64, false, false);
+  for (int tokens : {2, 5, 8}) {
+    CAPTURE(tokens);
+    const std::vector<std::string> ns = names(plain, tokens);
+    CHECK(count(ns, "linear_residual_k64_n64_t8_mma_") == layers);
+    CHECK(count(ns, lm_mma) == 1);
+    CHECK(count(ns, fmt::format("linear_k{}_n{}", cfg.hidden_size, cfg.vocab_size)) == 1);
+  }
+  const std::vector<std::string> one = names(plain, 1);
+  CHECK(count(one, "linear_residual_k64_n64_t1") == layers); // o_proj: FMA at one token
+  CHECK(count(one, "linear_residual_k64_n64_t8_mma_") == 0);
+  CHECK(count(one, lm_mma) == 1);
+  // Split (fp32-grade) activations keep the FMA kernels at every size.
+  const runtime::LaunchTable split = lower_for(g, 64, true, false);
+  for (int tokens : {1, 2, 8}) {
+    CAPTURE(tokens);
+    const std::vector<std::string> ns = names(split, tokens);
+    CHECK(std::none_of(ns.begin(), ns.end(), [](const std::string& n) {
+      return n.find("_mma_") != std::string::npos;
+    }));
+  }
+}
+
+TEST_CASE("XSERV_PROFILE_REPEAT's executor repeats the named kernel's launches in place") {
+  const models::ModelConfig cfg =
+      models::ModelConfig::load(testing::source_dir() / "examples/tiny/config.json");
+  const ir::Graph g = final_graph(cfg, variants()[1]);
+  const runtime::LaunchTable t = lower_for(g, 64, false, false);
+  runtime::Executor ex(t, runtime::placeholder_bindings(t));
+  const std::vector<runtime::LaunchRecord> base = ex.record({1, 1, 10});
+  ex.set_repeat("attention_decode", 3);
+  const std::vector<runtime::LaunchRecord> rep = ex.record({1, 1, 10});
+  auto is_attn = [&](const runtime::LaunchRecord& r) {
+    return r.kernel >= 0 &&
+           t.kernels.at(size_t(r.kernel)).name.find("attention_decode") != std::string::npos;
+  };
+  const auto attn = std::count_if(base.begin(), base.end(), is_attn);
+  CHECK(attn == cfg.num_hidden_layers);
+  REQUIRE(rep.size() == base.size() + size_t(2 * attn));
+  // The same sequence with each attention launch three times in a row, arguments unchanged.
+  size_t j = 0;
+  for (const runtime::LaunchRecord& r : base) {
+    for (int i = 0; i < (is_attn(r) ? 3 : 1); ++i, ++j) {
+      REQUIRE(j < rep.size());
+      CHECK(rep[j].kernel == r.kernel);
+      CHECK(rep[j].grid == r.grid);
+      CHECK(rep[j].args == r.args);
+    }
+  }
+  ex.set_repeat("", 2);
+  CHECK(ex.record({1, 1, 10}).size() == base.size());
+}
