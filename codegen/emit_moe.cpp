@@ -105,6 +105,15 @@ std::string moe_tuning_suffix(const MoeDims& d) {
   return s;
 }
 
+/// The down emitters' shared checks: positive sizes, the intermediate size in whole 16-byte
+/// words of bf16.
+void check_moe_down_dims(const MoeDims& d) {
+  check_positive("moe_experts", {d.hidden, d.inter, d.experts, d.k});
+  if (d.inter % 8 != 0)
+    throw Error(
+        fmt::format("codegen: moe_experts needs intermediate ({}) divisible by 8", d.inter));
+}
+
 } // namespace
 
 bool moe_mma_fits(const MoeDims& d) {
@@ -153,10 +162,7 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
 }
 
 KernelSource emit_moe_down(const MoeDims& d, const std::vector<std::string>& ir_lines) {
-  check_positive("moe_experts", {d.hidden, d.inter, d.experts, d.k});
-  if (d.inter % 8 != 0)
-    throw Error(
-        fmt::format("codegen: moe_experts needs intermediate ({}) divisible by 8", d.inter));
+  check_moe_down_dims(d);
   const int rows = d.hidden % 2 == 0 ? 2 : 1;
   std::string name = fmt::format("moe_down{}_e{}_k{}_d{}_i{}", d.residual ? "_residual" : "",
                                  d.experts, d.k, d.hidden, d.inter);
@@ -176,10 +182,7 @@ KernelSource emit_moe_down(const MoeDims& d, const std::vector<std::string>& ir_
 }
 
 KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>& ir_lines) {
-  check_positive("moe_experts", {d.hidden, d.inter, d.experts, d.k});
-  if (d.inter % 8 != 0)
-    throw Error(
-        fmt::format("codegen: moe_experts needs intermediate ({}) divisible by 8", d.inter));
+  check_moe_down_dims(d);
   const int rows = d.rows > 0 ? d.rows : d.hidden % 2 == 0 ? 2 : 1;
   if (d.hidden % rows != 0 || d.unroll < 1)
     throw Error(fmt::format("codegen: moe tuning rows {} unroll {} do not fit hidden {}", rows,

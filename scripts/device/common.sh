@@ -113,3 +113,30 @@ hf_batch_fixtures() {
     "$OUT/cli_gpu_tests.log" | tr '\n' ' ')"
   grep -E "ERROR|FAILED" -A3 "$OUT/cli_gpu_tests.log" | head -10
 }
+
+# hf_fidelity: the 20b at /tmp/g20 against HF transformers (hf20b.sh's steps: a 256-token random
+# prompt, 64 greedy tokens; reference into /tmp/ref, then cli_gpu_tests' synthetic-20b cases).
+hf_fidelity() {
+  timeout 200 python3 tools/hf_20b_reference.py /tmp/g20 --ids-seed 0 --tokens 256 --greedy 64 \
+    --out /tmp/ref > "$OUT/hf_ref.log" 2>&1
+  echo "HF reference rc=$? at $((SECONDS - start)) s"
+  XSERV_20B_CKPT=/tmp/g20 XSERV_20B_REF=/tmp/ref timeout 150 $B/cli_gpu_tests \
+    -tc="gpu: synthetic 20b*" > "$OUT/hf20b_test.log" 2>&1
+  echo "hf20b test rc=$?: $(grep -E '^\[doctest\] test cases' "$OUT/hf20b_test.log" | tail -1)"
+  grep -E "MESSAGE|ERROR" -A1 "$OUT/hf20b_test.log" | grep -vE "^--$" | cut -c1-220 | head -16
+}
+
+# repeats DEPTHS KERNEL...: the batch-1 decode row of /tmp/p_new at DEPTHS (as bench -d takes
+# them) with each KERNEL (a kernel-name fragment; "none": nothing) launched twice inside the
+# graph (XSERV_PROFILE_REPEAT): the step's growth over the layers is that kernel's in-graph cost.
+repeats() {
+  local depths=$1 k rep
+  shift
+  for k in "$@"; do
+    rep=$k
+    [ "$k" = none ] && rep=
+    echo "-- x2 $k: $(XSERV_PROFILE_REPEAT=$rep timeout 100 $X bench /tmp/p_new --backend cuda \
+      -p 0 -n 128 -b 1 -d "$depths" -r 1 2> /dev/null | grep -E "tg" | cut -d'|' -f6,7,8 |
+      tr '\n' ' ')"
+  done
+}

@@ -17,11 +17,6 @@ timeout 150 $B/kernels_bench -tc="lm_head decode GEMV*" > "$OUT/kb_lm.log" 2>&1
 echo "kernels_bench rc=$?"
 grep -E "lm_head |ERROR" "$OUT/kb_lm.log" | sed 's/.*MESSAGE: //'
 echo "== repeats at $((SECONDS - start)) s"
-for k in none qkv_rope_decode attention_decode linear_residual rmsnorm_router_topk moe_gate_up \
-  moe_down_part moe_combine_residual; do
-  rep=$k
-  [ "$k" = none ] && rep=
-  echo "-- x2 $k: $(XSERV_PROFILE_REPEAT=$rep timeout 100 $X bench /tmp/p_new --backend cuda -p 0 \
-    -n 128 -b 1 -d 0,4096 -r 1 2> /dev/null | grep -E "tg" | cut -d'|' -f6,7,8 | tr '\n' ' ')"
-done
+repeats 0,4096 none qkv_rope_decode attention_decode linear_residual rmsnorm_router_topk \
+  moe_gate_up moe_down_part moe_combine_residual
 echo "done in $((SECONDS - start)) s"

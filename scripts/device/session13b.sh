@@ -14,11 +14,6 @@ ab_tokens 64
 ab_decode 2
 ab_batch 8
 echo "== repeats at $((SECONDS - start)) s"
-for k in none qkv_rope_decode attention_decode linear_residual rmsnorm_router_topk moe_gate_up \
-  moe_down_part; do
-  rep=$k
-  [ "$k" = none ] && rep=
-  echo "-- x2 $k: $(XSERV_PROFILE_REPEAT=$rep timeout 100 $X bench /tmp/p_new --backend cuda -p 0 \
-    -n 128 -b 1 -r 1 2> /dev/null | grep -E "tg" | cut -d'|' -f6,7,8 | tr '\n' ' ')"
-done
+repeats 0 none qkv_rope_decode attention_decode linear_residual rmsnorm_router_topk \
+  moe_gate_up moe_down_part
 echo "done in $((SECONDS - start)) s"
