@@ -149,19 +149,20 @@ std::unique_ptr<Job> Server::State::submit(engine::Request req, Clock::time_poin
                                n, max_seq(), max_seq() - 1),
                    param, "invalid_request_error", "context_length_exceeded");
   auto ch = std::make_shared<Channel>();
+  std::lock_guard<std::mutex> lock(registry_mu);
   engine::RequestId id = 0;
-  {
-    std::lock_guard<std::mutex> lock(registry_mu);
-    try {
-      id = engine->add(std::move(req));
-    } catch (const engine::QueueFull& e) {
-      throw ApiError(429, std::string("the server is busy: ") + e.what(), "", "rate_limit_exceeded",
-                     "queue_full");
-    } catch (const Error& e) {
-      throw ApiError(400, e.what(), param);
-    }
-    channels[id] = ch;
+  try {
+    id = engine->add(std::move(req));
+  } catch (const engine::QueueFull& e) {
+    throw ApiError(429, std::string("the server is busy: ") + e.what(), "", "rate_limit_exceeded",
+                   "queue_full");
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), param);
   }
+  channels[id] = ch;
+  // The job (drain()'s count of responses still being written) under the same lock as its
+  // channel: a drain that finds the channel and aborts it must also find the job, or it could
+  // close the server before this request's handler has written a byte of its stream.
   return std::make_unique<Job>(*this, id, std::move(ch), n, arrival);
 }
 

@@ -25,17 +25,22 @@ void check_mxfp4_moe(const MoeDims& d) {
 /// The tensor-core MoE kernels' tiling (MoeDims::mma_*), defaults filled in.
 struct MoeMmaTiling {
   int groups, splits, chunk, stages;
-  /// Dynamic shared memory of the stages' rings: 2 KB a chunk and warp.
-  size_t ring_bytes() const { return size_t(groups) * splits * stages * 16 * 8 * 16; }
+  int per = 0; ///< blocks of a K split (mx4_mma_split_blocks)
+  /// Dynamic shared memory of the stages' rings (2 KB a chunk and warp) and the warps' scale
+  /// factors (Mx4MmaTileRows::kScaleSlots: 64 bytes a block of the split).
+  size_t ring_bytes() const {
+    return stages > 0 ? size_t(groups) * splits * (stages * 16 * 8 * 16 + per / 2 * 8 * 16) : 0;
+  }
 };
 MoeMmaTiling moe_mma_tiling(const MoeDims& d, bool gate_up) {
   const int groups = gate_up ? 4 : 2, splits = gate_up ? 2 : 4; // the defaults
   MoeMmaTiling t{d.mma_groups > 0 ? d.mma_groups : groups, d.mma_splits > 0 ? d.mma_splits : splits,
                  d.mma_chunk > 0 ? d.mma_chunk : 8, d.mma_stages};
-  if (t.stages > 2 && t.splits > 0) { // no deeper than a split's chunks need (small models)
+  if (t.splits > 0) {
     const int blocks = (gate_up ? d.hidden : d.inter) / 32;
-    const int per = ((blocks + t.splits - 1) / t.splits + 1) / 2 * 2; // mx4_mma_split_blocks
-    t.stages = std::max(2, std::min(t.stages, (per + 7) / 8 + 1));
+    t.per = ((blocks + t.splits - 1) / t.splits + 1) / 2 * 2; // mx4_mma_split_blocks
+    if (t.stages > 2) // no deeper than a split's chunks need (small models)
+      t.stages = std::max(2, std::min(t.stages, (t.per + 7) / 8 + 1));
   }
   return t;
 }
@@ -87,7 +92,7 @@ MoeMmaTiling moe_mma_launch(const MoeDims& d, bool gate_up, LaunchRule& launch) 
   const MoeMmaTiling t = moe_mma_tiling(d, gate_up);
   launch.block = 32 * t.groups * t.splits;
   launch.blocks_x = gate_up ? d.inter / (8 * t.groups) : d.hidden / (16 * t.groups);
-  launch.smem_fixed = t.stages > 0 ? t.ring_bytes() : 0;
+  launch.smem_fixed = t.ring_bytes();
   return t;
 }
 

@@ -114,6 +114,25 @@ __device__ __forceinline__ void cluster_sync() {
                    : "memory");
 }
 
+/// The first half of a cluster barrier, ordering nothing: with cluster_wait later (every thread
+/// of every block), it proves that the cluster's blocks have all started, so their shared
+/// memory may be written (cluster_store), at no cost once the blocks have run a while.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
+/// Stores v at `local` (a __shared__ address of this block) in the shared memory of the
+/// cluster's block `rank` instead; visible to that block after a cluster_sync.
+__device__ __forceinline__ void cluster_store(float* local, unsigned rank, float v) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+}
+
 /// The float at `local` (a __shared__ address of this block) in the shared memory of the
 /// cluster's block `rank` instead.
 __device__ __forceinline__ float cluster_load(const float* local, unsigned rank) {
@@ -153,8 +172,10 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 /// 1 / rms of the D fp32 values at xr with eps, computed by the whole block of THREADS threads
-/// (sum of squares in fp32) and returned to every thread. Ends with a barrier.
-template <int D, int THREADS>
+/// (sum of squares in fp32) and returned to every thread. Ends with a barrier. ONCE (a kernel
+/// that calls it once): every thread adds the warps' partial sums itself, in the same order,
+/// rather than thread 0 for all behind a second barrier; the result is the same bit for bit.
+template <int D, int THREADS, bool ONCE = false>
 __device__ __forceinline__ float block_inv_rms(const float* xr, float eps) {
   __shared__ float partial[THREADS / kWarp];
   __shared__ float inv;
@@ -166,10 +187,12 @@ __device__ __forceinline__ float block_inv_rms(const float* xr, float eps) {
   if (tid % kWarp == 0)
     partial[tid / kWarp] = ss;
   __syncthreads();
-  if (tid == 0) {
+  if (ONCE || tid == 0) {
     float total = 0.0f;
     for (int i = 0; i < THREADS / kWarp; ++i)
       total += partial[i];
+    if (ONCE)
+      return rsqrtf(total / D + eps);
     inv = rsqrtf(total / D + eps);
   }
   __syncthreads();

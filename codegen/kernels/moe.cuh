@@ -293,6 +293,7 @@ template <int K, int CH> struct Mx4MmaRows {
   /// starts keep them aligned), else one at a time.
   static constexpr bool kPaired = kBlocks % 2 == 0;
   static constexpr int kScaleRegs = kPaired ? CH / 2 : CH;
+  static constexpr int kScaleSlots = 0; ///< no shared scale factors (Mx4MmaTileRows' have some)
 
   const unsigned* wa = nullptr; // word c of block 0 of row A (row B: wb)
   const unsigned* wb = nullptr;
@@ -326,7 +327,8 @@ template <int K, int CH> struct Mx4MmaRows {
   /// chunk of [b0, b1). b0 is even.
   __device__ __forceinline__ void start(const unsigned char* __restrict__ w,
                                         const unsigned char* __restrict__ scales, size_t row0,
-                                        bool pairs, int b0, int b1, uint4* = nullptr) {
+                                        bool pairs, int b0, int b1, uint4* = nullptr,
+                                        float4* = nullptr) {
     const int c = threadIdx.x % 4, g = (threadIdx.x % kWarp) / 4;
     const size_t row_a = mx4_mma_row(row0, pairs, g), row_b = mx4_mma_row(row0, pairs, g + 8);
     wa = reinterpret_cast<const unsigned*>(w + row_a * (K / 2)) + c;
@@ -389,24 +391,30 @@ template <int K, int CH> struct Mx4MmaRows {
 /// 16 x 8 16-byte slots, block j of row m at slot j ^ (m % 8), so that the rows one ldmatrix
 /// reads hit distinct banks), STAGES - 1 chunks in flight while one is computed; ldmatrix.x4
 /// hands thread (g, c) word c of rows g and g + 8 of two blocks at once, the A registers
-/// Mx4MmaRows loads one word at a time. The scale bytes come one chunk ahead, into registers.
-/// A block's sum takes its scale as one multiply-add by 2^(s - 65) (exact for scale bytes up
-/// to 192); a warp that meets a larger byte (weights beyond 2^65) recomputes its rows with
-/// Mx4MmaRows' exact two-step scaling. Full chunks run without bounds checks. The same
-/// products, block sums and order as Mx4MmaRows. PAIRS: MMA row m is mx4_mma_row(row0, true, m).
-template <int K, int STAGES, bool PAIRS> struct Mx4MmaTileRows {
+/// Mx4MmaRows loads one word at a time. A block's sum takes its scale as one multiply-add by
+/// 2^(s - 65) (exact for scale bytes up to 192): the factors of the warp's whole K split (at
+/// most PER blocks, even) are made once, from one pass of 2-byte loads issued with the first
+/// chunk, into the warp's `factors` (kScaleSlots float4s: slot 8 p + g holds rows g, g + 8 of
+/// block 2 p, then of block 2 p + 1), so a block pair costs one shared load rather than a
+/// chunk's worth of scale loads and conversions. A warp with a byte above 192 (weights beyond
+/// 2^65) computes its rows with Mx4MmaRows' exact two-step scaling instead. Full chunks run
+/// without bounds checks. The same products, block sums and order as Mx4MmaRows. PAIRS: MMA
+/// row m is mx4_mma_row(row0, true, m).
+template <int K, int STAGES, bool PAIRS, int PER> struct Mx4MmaTileRows {
   static constexpr int CH = 8; // blocks per chunk
   static_assert(K % 64 == 0 && STAGES >= 2, "an even block count, two buffers or more");
-  static constexpr int kBlocks = K / 32, kPairs = CH / 2; // scale pairs per row and chunk
-  static constexpr int kWarpBytes = STAGES * WarpRowRing::kChunkBytes; ///< a warp's ring
+  static_assert(PER % 2 == 0 && PER > 0, "a K split of whole block pairs");
+  static constexpr int kBlocks = K / 32;
+  static constexpr int kScaleSlots = PER / 2 * 8;     ///< float4 factor slots a warp
+  static constexpr int kScaleItems = PER / 2 * 16;    // (block pair, MMA row) 2-byte loads
+  static constexpr int kScaleLoads = (kScaleItems + kWarp - 1) / kWarp; // ... a lane
   const unsigned char* src = nullptr; // block 0 of this lane's first cp.async row (+ 16 jb)
-  const unsigned char* sa = nullptr;  // scale bytes of rows g and g + 8
-  const unsigned char* sb = nullptr;
-  const unsigned char* w = nullptr; // for the exact path
+  const unsigned char* w = nullptr;   // for the exact path
   const unsigned char* scales = nullptr;
   size_t row0 = 0;
+  float4* factors = nullptr; // the warp's scale factors (kScaleSlots)
   WarpRowRing ring;
-  unsigned ca[kPairs], cb[kPairs]; // the next chunk's scale pairs of rows g and g + 8
+  unsigned raw[kScaleLoads]; // this lane's scale pairs (MMA row lane % 16, pairs lane / 16 + 2u)
 
   /// The tensor-row offset of MMA row m0 + 4 j from MMA row m0 (m0 < 4): 4 j, or with PAIRS
   /// 0, 8, 1, 9 (mx4_mma_row).
@@ -426,19 +434,6 @@ template <int K, int STAGES, bool PAIRS> struct Mx4MmaTileRows {
     ring.copy(buf, rows, live ? 16 : 0);
   }
 
-  /// Chunk b's scale pairs into ca, cb (those past b1 left 0).
-  __device__ __forceinline__ void load_scales(int b, int b1) {
-    const unsigned short* pa = reinterpret_cast<const unsigned short*>(sa + b);
-    const unsigned short* pb = reinterpret_cast<const unsigned short*>(sb + b);
-    const bool full = b + CH <= b1;
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      const bool in = full || b + 2 * j < b1;
-      ca[j] = in ? __ldg(pa + j) : 0u;
-      cb[j] = in ? __ldg(pb + j) : 0u;
-    }
-  }
-
   /// Issues chunk b into buffer `buf` (nothing at or past b1) and commits a group either way,
   /// so that there is one group a chunk.
   __device__ __forceinline__ void issue(int b, int b1, int buf) {
@@ -449,28 +444,57 @@ template <int K, int STAGES, bool PAIRS> struct Mx4MmaTileRows {
     cp_async_commit();
   }
 
+  /// Points at the warp's 16 rows, issues the first STAGES - 1 chunks of [b0, b1) (b1 - b0 <=
+  /// PER) and the scale bytes of the whole range. `factors_`: the warp's kScaleSlots float4s.
   __device__ __forceinline__ void start(const unsigned char* __restrict__ w_,
                                         const unsigned char* __restrict__ scales_, size_t row0_,
-                                        bool, int b0, int b1, uint4* tile_) {
-    const int lane = threadIdx.x % kWarp, g = lane / 4, m0 = lane / CH, jb = lane % CH;
+                                        bool, int b0, int b1, uint4* tile_, float4* factors_) {
+    const int lane = threadIdx.x % kWarp, m0 = lane / CH, jb = lane % CH;
     w = w_;
     scales = scales_;
     row0 = row0_;
+    factors = factors_;
     src = w_ + mx4_mma_row(row0_, PAIRS, m0) * (K / 2) + jb * 16;
-    sa = scales_ + mx4_mma_row(row0_, PAIRS, g) * kBlocks;
-    sb = scales_ + mx4_mma_row(row0_, PAIRS, g + 8) * kBlocks;
     ring.init(tile_);
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st)
       issue(b0 + st * CH, b1, st);
-    load_scales(b0, b1);
+    // Lane l loads the pairs lane / 16 + 2 u of MMA row l % 16 (its row pointer is even: rows
+    // of an even block count, an even b0).
+    const unsigned short* srow = reinterpret_cast<const unsigned short*>(
+        scales_ + mx4_mma_row(row0_, PAIRS, lane % 16) * kBlocks + b0);
+#pragma unroll
+    for (int u = 0; u < kScaleLoads; ++u) {
+      const int p = lane / 16 + 2 * u;
+      raw[u] = lane + u * kWarp < kScaleItems && b0 + 2 * p < b1 ? __ldg(srow + p) : 0u;
+    }
   }
 
-  /// The chunk at block b from buffer `buf`: TAIL checks each block against b1.
+  /// Turns the loaded scale bytes into the warp's factors; true if any is above 192.
+  __device__ __forceinline__ bool make_factors() {
+    const int lane = threadIdx.x % kWarp, m = lane % 16;
+    bool big = false;
+    float* f = reinterpret_cast<float*>(factors) + (m % 8) * 4 + m / 8;
+#pragma unroll
+    for (int u = 0; u < kScaleLoads; ++u) {
+      if (lane + u * kWarp >= kScaleItems)
+        break;
+      const int p = lane / 16 + 2 * u;
+      const unsigned lo = raw[u] & 0xffu, hi = raw[u] >> 8;
+      big = big || lo > 192u || hi > 192u;
+      f[p * 32] = mx4_scale_factor(lo);
+      f[p * 32 + 2] = mx4_scale_factor(hi);
+    }
+    __syncwarp();
+    return __any_sync(0xffffffffu, big);
+  }
+
+  /// The chunk at block b (k = b - b0 blocks into the split) from buffer `buf`: TAIL checks
+  /// each block against b1.
   template <bool TAIL>
-  __device__ __forceinline__ void
-  chunk(const uint4* __restrict__ xs, int b, int b1, int buf, const unsigned (&sca)[kPairs],
-        const unsigned (&scb)[kPairs], float& acc_a, float& acc_b, bool& big) {
+  __device__ __forceinline__ void chunk(const uint4* __restrict__ xs,
+                                        const float4* __restrict__ fg, int b, int b1, int buf,
+                                        float& acc_a, float& acc_b) {
     const int c = threadIdx.x % 4;
     const uint4* xb = xs + b * 4 + c;
 #pragma unroll
@@ -479,6 +503,7 @@ template <int K, int STAGES, bool PAIRS> struct Mx4MmaTileRows {
         break;
       unsigned q[4]; // word c of rows g, g + 8 of block i, then of block i + 1
       ring.load_pair(buf, i, q);
+      const float4 f = fg[i / 2 * 8]; // rows g, g + 8 of block i, then of block i + 1
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (TAIL && b + i + h >= b1)
@@ -491,12 +516,9 @@ template <int K, int STAGES, bool PAIRS> struct Mx4MmaTileRows {
                                 mx4_pair_raw(qb, 3)};
         float d[4];
         mx4_mma_pair(d, a, bx.x, bx.y, a2, bx.z, bx.w);
-        const unsigned s_a = h == 0 ? sca[i / 2] & 0xffu : sca[i / 2] >> 8;
-        const unsigned s_b = h == 0 ? scb[i / 2] & 0xffu : scb[i / 2] >> 8;
-        big = big || s_a > 192u || s_b > 192u;
         // 2^(s - 65) (mxfp4_block_sum_scale's first case): the sum times it is exact.
-        acc_a = fmaf(d[0], mx4_scale_factor(s_a), acc_a);
-        acc_b = fmaf(d[2], mx4_scale_factor(s_b), acc_b);
+        acc_a = fmaf(d[0], h == 0 ? f.x : f.z, acc_a);
+        acc_b = fmaf(d[2], h == 0 ? f.y : f.w, acc_b);
       }
     }
   }
@@ -505,46 +527,41 @@ template <int K, int STAGES, bool PAIRS> struct Mx4MmaTileRows {
                                          float& acc_b) {
     acc_a = 0.0f;
     acc_b = 0.0f;
-    bool big = false;
+    if (make_factors()) { // scale bytes above 192: the exact path
+      cp_async_wait<0>(); // no copy outlives the warp's use of its buffers
+      Mx4MmaRows<K, 2> exact; // rare: few registers rather than loads in flight
+      exact.start(w, scales, row0, PAIRS, b0, b1);
+      exact.finish(xs, b0, b1, acc_a, acc_b);
+      return;
+    }
+    const float4* fg = factors + (threadIdx.x % kWarp) / 4; // slot 8 p + g
     int buf = 0; // chunk n's buffer: n % STAGES
 #pragma unroll 1
-    for (int b = b0; b < b1; b += CH) {
-      unsigned sca[kPairs], scb[kPairs];
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) {
-        sca[j] = ca[j];
-        scb[j] = cb[j];
-      }
-      if (b + CH < b1)
-        load_scales(b + CH, b1);
+    for (int b = b0; b < b1; b += CH, fg += CH / 2 * 8) {
       cp_async_wait<STAGES - 2>(); // this chunk's group has landed (this lane's copies)
       __syncwarp(); // ... and every lane's; every lane is done with the previous chunk's buffer
       issue(b + (STAGES - 1) * CH, b1, buf == 0 ? STAGES - 1 : buf - 1);
       if (b + CH <= b1)
-        chunk<false>(xs, b, b1, buf, sca, scb, acc_a, acc_b, big);
+        chunk<false>(xs, fg, b, b1, buf, acc_a, acc_b);
       else
-        chunk<true>(xs, b, b1, buf, sca, scb, acc_a, acc_b, big);
+        chunk<true>(xs, fg, b, b1, buf, acc_a, acc_b);
       buf = buf == STAGES - 1 ? 0 : buf + 1;
     }
-    cp_async_wait<0>();                 // no copy outlives the warp's use of its buffers
-    if (__any_sync(0xffffffffu, big)) { // scale bytes above 192: the exact path
-      Mx4MmaRows<K, 2> exact;           // rare: few registers rather than loads in flight
-      exact.start(w, scales, row0, PAIRS, b0, b1);
-      exact.finish(xs, b0, b1, acc_a, acc_b);
-    }
+    cp_async_wait<0>(); // no copy outlives the warp's use of its buffers
   }
 };
 
-template <int STAGES, int K, int CH, bool PAIRS> struct Mx4MmaPicker {
-  using type = Mx4MmaTileRows<K, STAGES, PAIRS>;
+template <int STAGES, int K, int CH, bool PAIRS, int PER> struct Mx4MmaPicker {
+  using type = Mx4MmaTileRows<K, STAGES, PAIRS, PER>;
 };
-template <int K, int CH, bool PAIRS> struct Mx4MmaPicker<0, K, CH, PAIRS> {
+template <int K, int CH, bool PAIRS, int PER> struct Mx4MmaPicker<0, K, CH, PAIRS, PER> {
   using type = Mx4MmaRows<K, CH>;
 };
 /// The tensor-core rows of a warp: words loaded straight into registers CH blocks at a time
-/// (STAGES 0), or streamed through a shared-memory ring of STAGES chunks of 8 blocks.
-template <int STAGES, int K, int CH, bool PAIRS>
-using Mx4MmaPick = typename Mx4MmaPicker<STAGES, K, CH, PAIRS>::type;
+/// (STAGES 0), or streamed through a shared-memory ring of STAGES chunks of 8 blocks, over K
+/// splits of at most PER blocks.
+template <int STAGES, int K, int CH, bool PAIRS, int PER>
+using Mx4MmaPick = typename Mx4MmaPicker<STAGES, K, CH, PAIRS, PER>::type;
 
 /// The K splits of a tensor-core GEMV over `blocks` 32-value blocks: each split's first block
 /// is even (Mx4MmaRows' paired scale loads).
@@ -558,7 +575,8 @@ __host__ __device__ constexpr int mx4_mma_split_blocks(int blocks, int splits) {
 /// g is pair i's gate row 2i, row g + 8 its up row 2i + 1), the parts summed in order through
 /// shared memory, then moe_swiglu's epilogue. grid.x = I / (8 RG), block 32 RG KS threads;
 /// STAGES > 0: the weights stream through a ring of that many chunks a warp (Mx4MmaTileRows,
-/// RG KS STAGES 2 KB of dynamic shared memory), else CH blocks at a time into registers.
+/// RG KS STAGES 2 KB of dynamic shared memory, then each warp's scale factors: 64 bytes a block
+/// of its K split), else CH blocks at a time into registers.
 template <int D, int I, int E, int KSEL, int RG, int KS, int CH, int STAGES = 0>
 __device__ __forceinline__ void
 moe_gate_up_mx4_mma(const float* __restrict__ x, const int* __restrict__ ids,
@@ -577,10 +595,14 @@ moe_gate_up_mx4_mma(const float* __restrict__ x, const int* __restrict__ ids,
   const bool active = e >= 0 && e < E; // the router never gives an id outside [0, E)
   const int b0 = ks * kPer, b1 = b0 + kPer < kBlocks ? b0 + kPer : kBlocks;
   const size_t row0 = (size_t)(active ? e : 0) * 2 * I + 2 * i0;
-  Mx4MmaPick<STAGES, D, CH, true> rows; // the first weight loads fly while x is staged
+  using Rows = Mx4MmaPick<STAGES, D, CH, true, kPer>;
+  // The tile path's scale factors, after the rings: the warp's kScaleSlots.
+  float4* factors = reinterpret_cast<float4*>(tiles + RG * KS * STAGES * 16 * 8) +
+                    warp * Rows::kScaleSlots;
+  Rows rows; // the first weight loads fly while x is staged
   if (active && b0 < b1)
     rows.start(gate_up, mxfp4_scales<E * 2 * I, D>(gate_up), row0, true, b0, b1,
-               tiles + warp * (STAGES * 16 * 8));
+               tiles + warp * (STAGES * 16 * 8), factors);
   // The epilogue's pair (threads below RG 8): its biases now, not a DRAM round trip at the end.
   const int q = threadIdx.x / 8, p = threadIdx.x % 8, pair = (blockIdx.x * RG + q) * 8 + p;
   const size_t brow = (size_t)e * 2 * I + 2 * pair;
@@ -633,10 +655,14 @@ moe_down_part_mx4_mma(const float* __restrict__ act, const float* __restrict__ w
   const bool active = e >= 0 && e < E;
   const int b0 = ks * kPer, b1 = b0 + kPer < kBlocks ? b0 + kPer : kBlocks;
   const size_t row0 = (size_t)(active ? e : 0) * D + o0;
-  Mx4MmaPick<STAGES, I, CH, false> rows;
+  using Rows = Mx4MmaPick<STAGES, I, CH, false, kPer>;
+  // The tile path's scale factors, after the rings: the warp's kScaleSlots.
+  float4* factors = reinterpret_cast<float4*>(tiles + RG * KS * STAGES * 16 * 8) +
+                    warp * Rows::kScaleSlots;
+  Rows rows;
   if (active && b0 < b1)
     rows.start(down, mxfp4_scales<E * D, I>(down), row0, false, b0, b1,
-               tiles + warp * (STAGES * 16 * 8));
+               tiles + warp * (STAGES * 16 * 8), factors);
   // The epilogue's row (threads below RG 16): its bias (a weight) and routing weight (written by
   // the router with ids, so as early as moe_early_id reads them) now, not at the end.
   const int o = blockIdx.x * RG * 16 + threadIdx.x;

@@ -119,8 +119,10 @@ __device__ __forceinline__ void warp_topk_softmax(const float* r, float* __restr
 /// (nullptr: none).
 /// grid.x = C: with clusters (sm_90) the C blocks of a token form one cluster, each normalises
 /// x (cheap) and computes E / C of the logits, so the router's rows stream through C SMs in one
-/// round of loads; block 0 gathers the logits from the others' shared memory and picks.
-/// Without clusters block 0 does everything and the others return.
+/// round of loads; each block stores its logits straight into block 0's shared memory (the
+/// blocks have all started: a relaxed arrive at the start, its wait before the stores) and one
+/// cluster barrier later block 0 picks. Without clusters block 0 does everything and the others
+/// return.
 template <int D, int E, int KSEL, bool BIAS, int C, int KS, bool ROUND = false>
 __device__ __forceinline__ void
 norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
@@ -142,9 +144,23 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
   constexpr int kPairs = kBlockRows / kRows;
   static_assert(kWarps % KS == 0, "K splits must divide the block's warps");
   __shared__ __align__(16) float xs[D];
-  __shared__ float logits[E]; // this block's kBlockRows, then (block 0) all E
+  __shared__ float logits[E]; // block 0's: every block's logits (from the others remotely)
   const int t = blockIdx.y, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int first = rank * kBlockRows;
+#if XSERV_HAS_CLUSTERS
+  if (C > 1)
+    cluster_arrive_relaxed();
+#endif
+  // Logit first + i into block 0's logits (its own shared memory with one block).
+  auto put = [&](int i, float v) {
+#if XSERV_HAS_CLUSTERS
+    if (C > 1) {
+      cluster_store(&logits[first + i], 0, v);
+      return;
+    }
+#endif
+    logits[first + i] = v;
+  };
   // Split-K when every pair gets its own KS warps (the cluster path); else whole rows.
   constexpr bool kSplit = KS > 1 && kPairs * KS <= kWarps;
   constexpr int kParts = kSplit ? KS : 1;
@@ -167,7 +183,7 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
   }
   grid_dependency_sync();
   const float* xr = x + (size_t)t * D;
-  const float inv = block_inv_rms<D, kThreads>(xr, eps);
+  const float inv = block_inv_rms<D, kThreads, true>(xr, eps);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + j * kThreads;
@@ -180,6 +196,10 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
       xn[(size_t)t * D + i] = v;
   }
   __syncthreads();
+#if XSERV_HAS_CLUSTERS
+  if (C > 1)
+    cluster_wait(); // every block has started: block 0's logits may be written
+#endif
   if (kSplit) {
     __shared__ float parts[kWarps][kRows];
     float acc[kRows][1] = {{0.0f}, {0.0f}};
@@ -197,7 +217,7 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
 #pragma unroll
         for (int p = 1; p < kParts; ++p)
           v += parts[warp + p][r];
-        logits[pair0 * kRows + r] = BIAS ? v + bias[r] : v;
+        put(pair0 * kRows + r, BIAS ? v + bias[r] : v);
       }
   } else {
     for (int p = warp; p < kPairs; p += kWarps) {
@@ -208,24 +228,21 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
       if (lane == 0)
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
-          logits[p * kRows + r] =
-              BIAS ? acc[r][0] + bf16_to_float(b[first + p * kRows + r]) : acc[r][0];
+          put(p * kRows + r,
+              BIAS ? acc[r][0] + bf16_to_float(b[first + p * kRows + r]) : acc[r][0]);
     }
   }
 #if XSERV_HAS_CLUSTERS
   if (C > 1) {
-    cluster_sync(); // every block's logits written
-    float mine = 0.0f;
-    if (rank == 0 && threadIdx.x < E)
-      mine = cluster_load(&logits[threadIdx.x % kBlockRows], threadIdx.x / kBlockRows);
-    cluster_sync(); // read before any block exits or block 0 overwrites its own
+    cluster_sync(); // every block's logits are in block 0's shared memory
     if (rank != 0)
       return;
-    if (threadIdx.x < E)
-      logits[threadIdx.x] = mine;
+  } else {
+    __syncthreads();
   }
-#endif
+#else
   __syncthreads();
+#endif
   if (warp == 0)
     warp_topk_softmax<E, KSEL>(logits, weights + (size_t)t * KSEL, ids + (size_t)t * KSEL);
 }

@@ -12,12 +12,13 @@ start=$SECONDS
 
 # run_tests BINARY [doctest options]: runs one GPU test binary of .device/bin into
 # $OUT/BINARY.log ($OUT/BINARY$RUN_LOG.log with RUN_LOG set: two runs of one binary keep both
-# logs) and prints its exit code, doctest's summary and the first failures. doctest's -tc
-# patterns are case-insensitive and match anywhere only with a leading '*'.
+# logs) and prints its exit code, doctest's summary and the first failures, within RUN_TIMEOUT
+# seconds (300 by default). doctest's -tc patterns are case-insensitive and match anywhere only
+# with a leading '*'.
 run_tests() {
   local t=$1 log="$OUT/$1${RUN_LOG:-}.log"
   shift
-  timeout 300 "$B/$t" "$@" > "$log" 2>&1
+  timeout "${RUN_TIMEOUT:-300}" "$B/$t" "$@" > "$log" 2>&1
   echo "$t rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$log" | tr '\n' ' ')"
   grep -E "ERROR|FAILED" -A3 "$log" | head -30
 }

@@ -214,7 +214,10 @@ TEST_CASE("tensor-core decode kernels: launch rules, ring sizes, and shapes they
   CHECK(gu.name == "moe_gate_up_e32_k4_d2880_i2880_mx4_a16_mma_g4_s2_c8_t2");
   CHECK(gu.launch.block == 256);
   CHECK(gu.launch.blocks_x == 2880 / 32);
-  CHECK(gu.launch.smem(1) == 8 * 2 * 2048); // a 2-chunk ring of 2 KB a warp
+  // A 2-chunk ring of 2 KB a warp, then its scale factors: 16 bytes a block pair and MMA row
+  // pair of the warp's 46-block K split.
+  CHECK(gu.launch.smem(1) == 8 * (2 * 2048 + 46 / 2 * 8 * 16));
+  CHECK(dn.launch.smem(1) == 8 * (2 * 2048 + 24 / 2 * 8 * 16)); // 4 splits of 24 blocks
   CHECK(gu.source.find("moe_gate_up_mx4_mma<2880, 2880, 32, 4, 4, 2, 8, 2>") != std::string::npos);
   CHECK(dn.name == "moe_down_part_e32_k4_d2880_i2880_mx4_a16_mma_g2_s4_c8_t2");
   CHECK(dn.launch.blocks_x == 2880 / 32);
@@ -223,7 +226,7 @@ TEST_CASE("tensor-core decode kernels: launch rules, ring sizes, and shapes they
   MoeDims tiny{64, 64, 8, 2, false};
   tiny.mxfp4 = tiny.round_act = tiny.mma = true;
   tiny.mma_stages = 4;
-  CHECK(emit_moe_gate_up(tiny, {}).launch.smem(1) == 8 * 2 * 2048);
+  CHECK(emit_moe_gate_up(tiny, {}).launch.smem(1) == 8 * (2 * 2048 + 128));
   // Split (fp32-grade) activations, BF16 experts, K not a multiple of 64 for the ring, or row
   // groups that do not divide the rows: not on tensor cores; asked anyway, a clear error.
   MoeDims bad = m;
