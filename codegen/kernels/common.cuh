@@ -132,17 +132,6 @@ __device__ __forceinline__ void cluster_store(float* local, unsigned rank, float
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
   asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
 }
-
-/// The float at `local` (a __shared__ address of this block) in the shared memory of the
-/// cluster's block `rank` instead.
-__device__ __forceinline__ float cluster_load(const float* local, unsigned rank) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
 #endif
 
 /// -infinity as a float (NVRTC has no <math.h> INFINITY).
