@@ -272,7 +272,8 @@ int cmd_compile(const ParsedArgs& args) {
                 .gemm_split = precision == "split",
                 .arch = arch,
                 .expert_format = expert_format,
-                .dense_cublas = dense == "cublas"};
+                .dense_cublas = dense == "cublas",
+                .timeline = args.has("--timeline")};
   pf.weights = std::move(weight_files);
   pf.memory = {mem.arena_bytes, mem.peak_live, mem.unpacked,
                static_cast<int64_t>(mem.buffers.size())};
@@ -318,6 +319,7 @@ int cmd_compile(const ParsedArgs& args) {
   ko.gemm_split = pf.options.gemm_split;
   ko.wgmma = arch == "sm_90";
   ko.dense_cublas = pf.options.dense_cublas;
+  ko.timeline = pf.options.timeline;
   PlanKernelsResult whole = write_plan_kernels(g, plan, ko);
   pf.codegen = std::move(whole.codegen);
   if (pf.stages.empty()) { // pp 1: the whole graph is the one stage

@@ -104,7 +104,10 @@ const std::vector<Command>& commands() {
          {"--dense-gemm", "wg|cublas",
           "dense projections of prompt steps on cuBLAS (default with bf16 gemms on sm_90) or "
           "our warpgroup gemm"},
-         {"--no-cubins", "", "write kernel sources only, skip NVRTC"}},
+         {"--no-cubins", "", "write kernel sources only, skip NVRTC"},
+         {"--timeline", "",
+          "a diagnostic plan: every kernel stamps the GPU clock as it starts, and the run prints "
+          "each kernel's share of the step (docs/DESIGN.md)"}},
         1,
         1},
        &cmd_compile},

@@ -27,8 +27,12 @@ public:
   const codegen::KernelSource& source(int i) const { return sources_.at(static_cast<size_t>(i)); }
   /// The launch table's entry for every kernel: name and launch rule.
   std::vector<runtime::PlanKernel> plan_kernels() const;
+  /// Text put into every kernel's source from now on, after its header comments
+  /// (StageOptions::timeline's define).
+  void set_prelude(std::string text) { prelude_ = std::move(text); }
 
 private:
+  std::string prelude_;
   std::vector<codegen::KernelSource> sources_;
   std::map<std::string, int> by_name_;
   std::vector<int> uses_;

@@ -12,6 +12,8 @@ int KernelSet::add(codegen::KernelSource src) {
   }
   const int i = static_cast<int>(sources_.size());
   by_name_[src.name] = i;
+  if (!prelude_.empty()) // after the header comments, before the first include
+    src.source.insert(std::min(src.source.find("#include"), src.source.size()), prelude_);
   sources_.push_back(std::move(src));
   uses_.push_back(1);
   return i;

@@ -28,6 +28,8 @@ LoweredStage lower_stage(const ir::Graph& g, const StageOptions& opts) {
     out.memory.arena_bytes = end;
   }
   ctx.memory = &out.memory;
+  if (opts.timeline)
+    out.kernels.set_prelude("#define XSERV_TIMELINE 1 // a timeline plan (compile --timeline)\n");
   out.table = lower_graph(g, out.kernels, ctx);
   out.layout = stage_layout(g, ctx);
   return out;

@@ -32,6 +32,9 @@ struct StageOptions {
   /// Debugging (xserv trace): every activation gets its own arena buffer, no reuse, so any
   /// value of a sub-step can be read back after it ran.
   bool keep_activations = false;
+  /// A diagnostic plan (compile --timeline): every kernel's source starts with
+  /// `#define XSERV_TIMELINE 1`, so its launches stamp the GPU clock (runtime/timeline.h).
+  bool timeline = false;
 };
 
 /// The lowering of one stage's final graph.

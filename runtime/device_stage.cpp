@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <string_view>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -20,6 +22,7 @@
 #include "runtime/device.h"
 #include "runtime/executor.h"
 #include "runtime/module.h"
+#include "runtime/timeline.h"
 
 namespace xserv::runtime {
 
@@ -54,6 +57,8 @@ struct DeviceStage::State {
   };
   std::map<std::pair<std::string, std::string>, OpTime> op_times;
   std::map<std::string, int64_t> phase_steps;
+  /// A timeline plan's stamp arrays (kernel index, device address), one per kernel module.
+  std::vector<std::pair<int, void*>> timeline;
 
   cudaGraphExec_t capture(cudaStream_t stream, const StepShape& s) {
     // Relaxed: a first launch of a kernel may set its shared-memory attribute, which is no
@@ -109,6 +114,8 @@ DeviceStage::~DeviceStage() {
     log(fmt::format("{} CUDA graphs captured", state_->graph_execs.size()));
   if (options_.profile)
     print_profile();
+  if (!state_->timeline.empty())
+    print_timeline();
   for (cudaEvent_t e : state_->events)
     cudaEventDestroy(e);
   for (auto& [key, exec] : state_->graph_execs)
@@ -182,7 +189,17 @@ void DeviceStage::load(LaunchTable table, const std::vector<std::vector<char>>& 
     const std::string& name = table.kernels[i].name;
     st.modules.push_back(Module::load(cubins[i], name));
     st.kernels.push_back(st.modules.back().kernel(name));
+    // A timeline plan's kernel (compile --timeline) carries the stamps' symbol.
+    const std::string_view bytes(cubins[i].data(), cubins[i].size());
+    if (bytes.find(kTimelineSymbol) != std::string_view::npos)
+      if (auto [p, n] = st.modules.back().global(kTimelineSymbol);
+          p && n == kTimelineWords * sizeof(uint64_t))
+        st.timeline.emplace_back(int(i), p);
   }
+  if (!st.timeline.empty())
+    log(fmt::format("{}: a timeline plan: {} kernels stamp their launches (diagnostic; the "
+                    "report comes when the stage closes)",
+                    source, st.timeline.size()));
   const size_t kernel_count = table.kernels.size(), library_calls = table.library.size();
   if (library_calls > 0)
     st.blas = std::make_unique<Blas>();
@@ -324,6 +341,27 @@ std::vector<float> DeviceStage::read_arena(uint64_t offset, size_t count) const 
   check(cudaMemcpy(out.data(), arena_ + offset, count * sizeof(float), cudaMemcpyDeviceToHost),
         "copying an activation back");
   return out;
+}
+
+void DeviceStage::print_timeline() const {
+  std::vector<TimelineStamp> stamps;
+  std::vector<uint64_t> slots(kTimelineWords);
+  for (const auto& [k, p] : state_->timeline) {
+    if (cudaMemcpy(slots.data(), p, slots.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      std::fprintf(stderr, "[timeline] could not read the stamps of %s\n",
+                   state_->kernels[size_t(k)].name.c_str());
+      return;
+    }
+    for (size_t i = 0; i < kTimelineSlots; ++i)
+      stamps.push_back({k, slots[2 + 2 * i], slots[3 + 2 * i]});
+  }
+  std::vector<std::string> names;
+  for (const Kernel& k : state_->kernels)
+    names.push_back(k.name);
+  for (const std::string& line : timeline_lines(timeline_report(std::move(stamps), names)))
+    std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 void DeviceStage::print_profile() const {

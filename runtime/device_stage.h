@@ -118,6 +118,8 @@ private:
   void* allocate(size_t bytes, const void* host = nullptr);
   void capture_all();
   void print_profile() const;
+  /// A timeline plan's report (runtime/timeline.h) on stderr.
+  void print_timeline() const;
 
   StageLayout layout_;
   DeviceStageOptions options_;

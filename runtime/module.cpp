@@ -135,6 +135,16 @@ std::vector<std::string> Module::kernel_names() const {
   return names;
 }
 
+std::pair<void*, size_t> Module::global(const std::string& name) const {
+  void* p = nullptr;
+  size_t bytes = 0;
+  if (!library_ || cudaLibraryGetGlobal(&p, &bytes, library_, name.c_str()) != cudaSuccess) {
+    cudaGetLastError();
+    return {nullptr, 0};
+  }
+  return {p, bytes};
+}
+
 Kernel Module::kernel(const std::string& name) const {
   if (!library_)
     throw Error("kernel " + name + " requested from an empty module");

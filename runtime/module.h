@@ -6,6 +6,7 @@
 #include <array>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xserv::runtime {
@@ -48,6 +49,10 @@ public:
 
   /// Names of the kernels in the module, sorted.
   std::vector<std::string> kernel_names() const;
+
+  /// The device address and size of the module's __device__ variable `name` (declare it
+  /// extern "C"); {nullptr, 0} when the module has none.
+  std::pair<void*, size_t> global(const std::string& name) const;
 
   /// Launches `k` with `args`, whose types must match the kernel's parameters exactly (an int
   /// where the kernel takes int64_t is caught by size; a float* for a bf16* is not). Errors

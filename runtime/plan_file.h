@@ -45,6 +45,9 @@ struct PlanOptions {
   /// --dense-gemm cublas: dense projections above 64 tokens call cuBLAS (the launch tables'
   /// library calls); "wg" (false) keeps gemm_wg. Absent in older plans: wg.
   bool dense_cublas = false;
+  /// --timeline: a diagnostic plan whose kernels stamp their launches (runtime/timeline.h).
+  /// Absent in other plans.
+  bool timeline = false;
 
   bool operator==(const PlanOptions&) const = default;
 };

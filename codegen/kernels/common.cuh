@@ -3,9 +3,38 @@
 
 #include <cuda_bf16.h>
 
+// XSERV_TIMELINE (a diagnostic plan: compile --timeline puts the define into every kernel): the
+// launch stamps that grid_dependency_sync() leaves in the kernel's module. xserv_timeline[0] is
+// the %gridid of the module's latest launch, [1] how many launches it has stamped, then 1024
+// (launch, ns) slots taken in turn: each launch's %gridid and the %globaltimer of the first of
+// its blocks past the dependency wait. The runtime reads them back (runtime/timeline.h).
+#if defined(XSERV_TIMELINE)
+extern "C" {
+__device__ unsigned long long xserv_timeline[2 + 2 * 1024];
+}
+#endif
+
 namespace xserv_kernels {
 
 constexpr int kWarp = 32;
+
+/// Stamps this launch into xserv_timeline once: its first block to get here claims the next
+/// slot (a module's launches run one after another: each waits for the kernels before it).
+__device__ __forceinline__ void timeline_stamp() {
+#if defined(XSERV_TIMELINE) && defined(__CUDA_ARCH__)
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    unsigned long long ns, id;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(id));
+    if (atomicExch(&xserv_timeline[0], id) != id) {
+      const unsigned long long n = atomicAdd(&xserv_timeline[1], 1ull);
+      unsigned long long* slot = xserv_timeline + 2 + 2 * (n % 1024);
+      slot[0] = id;
+      slot[1] = ns;
+    }
+  }
+#endif
+}
 
 /// First statement of every generated kernel. Under programmatic dependent launch (sm_90+) a
 /// grid may be scheduled while the stream's previous kernel is still running: wait until that
@@ -16,6 +45,7 @@ __device__ __forceinline__ void grid_dependency_sync() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+  timeline_stamp();
 }
 
 /// Thread-block clusters (sm_90+): XSERV_CLUSTER_X(n) on a kernel groups n consecutive blocks

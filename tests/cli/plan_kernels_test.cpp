@@ -90,6 +90,35 @@ TEST_CASE("every kernel of the tiny and 120b plans compiles for sm_90") {
   CHECK(pj["codegen"]["launches_per_decode_step"].get<int>() > 36 * 7);
 }
 
+TEST_CASE("compile --timeline: every kernel defines XSERV_TIMELINE and carries the stamps") {
+  const fs::path src = xserv::testing::source_dir();
+  const xserv::testing::TempDir tmp("plan_timeline");
+  const fs::path plan = tmp.path / "tiny";
+  const nlohmann::json pj = compile_plan(src / "examples/tiny", plan, "--timeline");
+  check_cubins(plan, pj, 12); // the sources still start with their "// kernel:" header
+  CHECK(pj["options"]["timeline"] == true);
+  for (const auto& k : pj["codegen"]["kernels"]) {
+    CAPTURE(k["name"].get<std::string>());
+    const std::string source = read_file(plan / k["source"].get<std::string>());
+    const size_t def = source.find("#define XSERV_TIMELINE 1");
+    REQUIRE(def != std::string::npos);
+    CHECK(def < source.find("#include")); // before the headers that read it
+    // The stamps' array is in every cubin, where the runtime looks it up by name.
+    CHECK(read_file(plan / k["cubin"].get<std::string>()).find("xserv_timeline") !=
+          std::string::npos);
+  }
+  RunResult r = run_xserv("inspect " + plan.string());
+  CHECK(r.code == 0);
+  CHECK(r.out.find("timeline stamps in every kernel") != std::string::npos);
+  // A plain plan has neither the option nor the define.
+  const fs::path plain = tmp.path / "plain";
+  const nlohmann::json plj = compile_plan(src / "examples/tiny", plain, "");
+  CHECK_FALSE(plj["options"].contains("timeline"));
+  for (const auto& k : plj["codegen"]["kernels"])
+    CHECK(read_file(plain / k["source"].get<std::string>()).find("XSERV_TIMELINE 1") ==
+          std::string::npos);
+}
+
 TEST_CASE("every kernel of the 20b plan compiles for sm_90") {
   XSERV_REQUIRE_DATA(data);
   xserv::testing::TempDir cache("kernel_cache");

@@ -170,7 +170,15 @@ TEST_CASE("plan round trip: write_plan then read_plan gives the same plan, pp 1 
     CHECK(doc["options"]["expert_format"] == "mxfp4");
     CHECK(doc.contains("pipeline") == (pp > 1));
     CHECK(doc["codegen"].contains("launch_table") == (pp == 1));
+    CHECK_FALSE(doc["options"].contains("timeline")); // written only for a timeline plan
   }
+  // A timeline plan (compile --timeline) says so, and reads back as one.
+  runtime::Plan t = sample_plan(1);
+  t.options.timeline = true;
+  runtime::write_plan(dir.path, t);
+  const runtime::Plan back = runtime::read_plan(dir.path);
+  CHECK(back.options.timeline);
+  CHECK(back == t);
 }
 
 TEST_CASE("write_plan refuses a plan whose stages disagree with options.pp") {
