@@ -251,25 +251,27 @@ __device__ __forceinline__ float bf16_to_float(const __nv_bfloat16& v) {
   return __bfloat162float(v);
 }
 
-/// Asks L2 for `bytes` bytes at p, spread over a warp's lanes, without waiting: the whole
-/// 128-byte lines that hold a byte of them, never a line past the last byte.
-__device__ __forceinline__ void warp_prefetch_l2(const void* p, size_t bytes) {
+/// Asks L2 for the whole 128-byte lines that hold a byte of [p, p + bytes), line i by the
+/// thread with i % stride == index, without waiting; never a line past the last byte.
+__device__ __forceinline__ void prefetch_lines_l2(const void* p, size_t bytes, int index,
+                                                  int stride) {
   const size_t first = reinterpret_cast<size_t>(p) & ~size_t(127);
   const size_t last = (reinterpret_cast<size_t>(p) + bytes - 1) & ~size_t(127);
   const int lines = int((last - first) / 128) + 1;
-  for (int i = threadIdx.x % kWarp; i < lines; i += kWarp)
+  for (int i = index; i < lines; i += stride)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(first + size_t(i) * 128));
 }
 
-/// Asks L2 for `bytes` bytes at p, one 128-byte line a thread of the block, without waiting:
-/// a kernel's small weight vectors (a norm's gains) before its dependency wait, so that the
-/// prologue after it finds them in L2 rather than DRAM.
+/// prefetch_lines_l2 spread over a warp's lanes.
+__device__ __forceinline__ void warp_prefetch_l2(const void* p, size_t bytes) {
+  prefetch_lines_l2(p, bytes, threadIdx.x % kWarp, kWarp);
+}
+
+/// prefetch_lines_l2 over the block, a line a thread: a kernel's small weight vectors (a norm's
+/// gains) before its dependency wait, so that the prologue after it finds them in L2 rather
+/// than DRAM.
 __device__ __forceinline__ void block_prefetch_l2(const void* p, size_t bytes) {
-  const size_t first = reinterpret_cast<size_t>(p) & ~size_t(127);
-  const size_t last = (reinterpret_cast<size_t>(p) + bytes - 1) & ~size_t(127);
-  const int lines = int((last - first) / 128) + 1;
-  for (int i = threadIdx.x; i < lines; i += blockDim.x)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(first + size_t(i) * 128));
+  prefetch_lines_l2(p, bytes, threadIdx.x, blockDim.x);
 }
 
 /// Asks L2 for a warp's R consecutive weight rows (bf16 [R, K]) without waiting: issued before
