@@ -150,14 +150,19 @@ void Lowerer::lower_linear(ValueId v) {
   dm.mma = true;
   const bool mma = c_.wgmma && codegen::linear_mma_fits(dm);
   const int kernel = k_.add(codegen::emit_linear(mma ? dm : d, ir_lines(g_, v)));
-  // The attention output projection of a one-token step: a 1-token kernel with 8 loads in
-  // flight per lane (13.2 against 15.1 us for the 20b's o_proj in the bandwidth test).
+  // The attention output projection of a one-token step: a 1-token kernel. On sm_90 its blocks
+  // copy their whole share of W into shared memory as they start (linear_decode_smem), which
+  // the previous kernel's trigger lets them do while attention_combine runs; elsewhere 8 loads
+  // in flight per lane (13.2 against 15.1 us for the 20b's o_proj in the bandwidth test).
   int kernel1 = -1;
   if (residual) {
     codegen::LinearDims d1 = d;
     d1.max_tokens = 1;
     d1.unroll = 8;
-    kernel1 = k_.add(codegen::emit_linear(d1, ir_lines(g_, v)));
+    codegen::LinearDims ds = d1;
+    ds.smem = true;
+    const bool smem = c_.wgmma && codegen::linear_smem_rows(ds) > 0;
+    kernel1 = k_.add(codegen::emit_linear(smem ? ds : d1, ir_lines(g_, v)));
   }
   linear(kernel, dense_gemm(d, v), d, rows_kind(g_, v), addr(n.inputs[0]),
          norm ? addr(n.inputs[1]) : LaunchArg{}, addr(n.inputs[wi]),

@@ -169,6 +169,15 @@ bool linear_mma_fits(const LinearDims& d) {
          32 * groups * splits <= 1024 && ring + xs <= 200 * 1024;
 }
 
+int linear_smem_rows(const LinearDims& d, int sms) {
+  if (d.norm || d.max_tokens != 1 || d.k <= 0 || d.k % 8 != 0 || d.n <= 0)
+    return 0;
+  for (int rows = 8; rows <= 256 && size_t(rows) * size_t(d.k) * 2 <= 200 * 1024; rows += 8)
+    if (d.n % rows == 0 && d.n / rows <= sms)
+      return rows;
+  return 0;
+}
+
 KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir_lines) {
   check_positive("linear", {d.k, d.n, d.max_tokens});
   if (d.k % 8 != 0)
@@ -216,6 +225,20 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
                        groups, splits, stages, d.bias, d.residual);
     return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch,
                     DependencyWait::InCall);
+  }
+  if (d.smem) {
+    const int block_rows = linear_smem_rows(d);
+    if (block_rows == 0)
+      throw Error(fmt::format("codegen: the shared-memory linear takes one token, no norm and a "
+                              "block's rows in 200 KiB on at most 132 SMs (K {}, N {})",
+                              d.k, d.n));
+    name = fmt::format("linear{}_k{}_n{}{}_t1_smem_r{}", d.residual ? "_residual" : "", d.k, d.n,
+                       d.bias ? "" : "_nobias", block_rows);
+    launch.blocks_x = d.n / block_rows;
+    launch.smem_fixed = size_t(block_rows) * size_t(d.k) * 2;
+    launch.smem_per_token = 0;
+    call = fmt::format("linear_decode_smem<{}, {}, {}, {}, {}>", d.k, d.n, block_rows, d.bias,
+                       d.residual);
   }
   round_act(d.round_act, name, call);
   return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch,

@@ -71,8 +71,16 @@ struct LinearDims {
   /// 9.3 us at 1 token, 11.6 at 8, against the FMA kernels' 9.5 and 32.9, docs/PERF.md).
   bool mma = false;
   int mma_groups = 0, mma_splits = 0, mma_stages = 0;
+  /// linear_decode_smem (one token, no norm, sm_90): each block's rows copied whole into shared
+  /// memory before the dependency wait, so the weights stream while the previous kernel runs
+  /// (o_proj under decode attention). Rows a block: linear_smem_rows.
+  bool smem = false;
 };
 bool linear_mma_fits(const LinearDims& d);
+/// linear_decode_smem's rows a block for d: the fewest, a multiple of 8 dividing N, that put
+/// the grid on at most `sms` SMs with the rows in 200 KiB of shared memory; 0 when none does
+/// or d is not a one-token linear without a norm.
+int linear_smem_rows(const LinearDims& d, int sms = 132);
 
 /// q, k and v projections of a decode step in one launch (qkv_decode): rms_norm(x) staged once,
 /// each block's rows in one projection. Parameters: x, ln, wq, bq, wk, bk, wv, bv, yq, yk, yv,

@@ -173,6 +173,109 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
   linear_store<N, MAX_T, R, BIAS, RESIDUAL>(acc, bias, res, y, row, tokens);
 }
 
+/// linear_decode for one token without the norm, its weights resident before the dependency
+/// wait: y[n] = (RESIDUAL ? h[n] : 0) + sum_k W[n, k] x[k] + (BIAS ? b[n] : 0), x through
+/// act_value<ROUND>. Block x owns rows ROWS x .. + ROWS - 1, copied whole into dynamic shared
+/// memory by the bulk-copy engine (8 pieces, one mbarrier each) as the block starts, so a grid
+/// that the previous kernel's trigger schedules early (o_proj during decode attention) streams
+/// its whole share of W while that kernel runs; after the wait only the multiply is left. Warp w
+/// takes the w-th eighth of every row's 16-byte words, lane l the words l, l + 32, ... of it,
+/// their activations read once into registers; a row's partials are summed over lanes, then
+/// over the warps in order. grid.x = N / ROWS (at most an SM each: linear_smem_rows
+/// in the emitter), dynamic shared memory ROWS K bf16. Below sm_90 the threads copy the rows.
+template <int K, int N, int ROWS, bool BIAS, bool RESIDUAL, bool ROUND = false>
+__device__ __forceinline__ void
+linear_decode_smem(const float* __restrict__ x, const __nv_bfloat16* __restrict__, float,
+                   const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
+                   const float* h, float* y, int tokens) {
+  constexpr int kWarps = kLinearThreads / kWarp, kPieces = 8;
+  static_assert(K % 8 == 0 && N % ROWS == 0 && ROWS % kPieces == 0 && ROWS <= kLinearThreads,
+                "whole 16-byte words, whole blocks of rows in 8 pieces, a thread a row");
+  constexpr int kWords = K / 8;                                // 16-byte words a row
+  constexpr int kWarpWords = (kWords + kWarps - 1) / kWarps;   // a warp's columns
+  constexpr int kLaneWords = (kWarpWords + kWarp - 1) / kWarp; // a lane's
+  constexpr int kPieceRows = ROWS / kPieces;
+  extern __shared__ __align__(128) uint4 smem_linear_rows[]; // [ROWS][kWords]
+  __shared__ __align__(8) unsigned long long landed[kPieces];
+  __shared__ float red[kWarps][ROWS];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const size_t row0 = (size_t)blockIdx.x * ROWS;
+  const uint4* src = reinterpret_cast<const uint4*>(w + row0 * K);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int p = 0; p < kPieces; ++p)
+      mbarrier_init(&landed[p], 1);
+#pragma unroll
+    for (int p = 0; p < kPieces; ++p)
+      bulk_copy_g2s(smem_linear_rows + p * kPieceRows * kWords, src + p * kPieceRows * kWords,
+                    kPieceRows * kWords * 16, &landed[p]);
+  }
+#else
+  for (int i = threadIdx.x; i < ROWS * kWords; i += kLinearThreads)
+    smem_linear_rows[i] = __ldg(src + i);
+#endif
+  const bool mine = threadIdx.x < ROWS; // thread r writes row row0 + r
+  const float bias = BIAS && mine ? bf16_to_float(b[row0 + threadIdx.x]) : 0.0f;
+  __syncthreads(); // the barriers are initialised before anyone waits on them
+  grid_dependency_sync();
+  const float res = RESIDUAL && mine ? h[row0 + threadIdx.x] : 0.0f;
+  const int c0 = warp * kWarpWords;
+  const int c1 = c0 + kWarpWords < kWords ? c0 + kWarpWords : kWords;
+  float xr[kLaneWords][8];
+#pragma unroll
+  for (int j = 0; j < kLaneWords; ++j) {
+    const int c = c0 + lane + j * kWarp;
+    const float4 lo = c < c1 ? reinterpret_cast<const float4*>(x)[2 * c] : make_float4(0, 0, 0, 0);
+    const float4 hi =
+        c < c1 ? reinterpret_cast<const float4*>(x)[2 * c + 1] : make_float4(0, 0, 0, 0);
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      xr[j][e] = act_value<ROUND>(v[e]);
+  }
+  float acc[ROWS];
+#pragma unroll
+  for (int p = 0; p < kPieces; ++p) {
+    mbarrier_wait(&landed[p], 0);
+#pragma unroll
+    for (int q = 0; q < kPieceRows; ++q) {
+      const int r = p * kPieceRows + q;
+      float a = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kLaneWords; ++j) {
+        const int c = c0 + lane + j * kWarp;
+        if (kLaneWords * kWarp > kWarpWords && c >= c1)
+          break;
+        float wf[8];
+        unpack_bf16x8(smem_linear_rows[r * kWords + c], wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          a = fmaf(wf[e], xr[j][e], a);
+      }
+      acc[r] = a;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0)
+      red[warp][r] = v;
+  }
+  __syncthreads();
+  if (!mine || tokens < 1)
+    return;
+  float v = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i)
+    v += red[i][threadIdx.x];
+  if (BIAS)
+    v += bias;
+  if (RESIDUAL)
+    v += res;
+  y[row0 + threadIdx.x] = v;
+}
+
 /// linear_decode without the norm on tensor cores, for plain bf16 activations: y[t, n] =
 /// (RESIDUAL ? h[t, n] : 0) + sum_k W[n, k] bf16(x[t, k]) + (BIAS ? b[n] : 0) for up to 8 tokens,
 /// the tokens being the columns of mma.sync m16n8k16 (token t's result never depends on the

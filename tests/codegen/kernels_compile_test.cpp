@@ -27,6 +27,14 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
   om.mma = true;
   if (linear_mma_fits(om))
     out.push_back(emit_linear(om, {"o_proj + residual, tensor cores"}));
+  for (bool round : {false, true}) { // one token, the rows resident in shared memory (sm_90)
+    LinearDims os{q, d, false, true, true};
+    os.max_tokens = 1;
+    os.smem = true;
+    os.round_act = round;
+    if (linear_smem_rows(os) > 0)
+      out.push_back(emit_linear(os, {"o_proj + residual, rows in shared memory"}));
+  }
   out.push_back(emit_linear({d, int(c.num_local_experts), true, true, false, c.rms_norm_eps},
                             {"router logits"}));
   out.push_back(
@@ -158,6 +166,15 @@ TEST_CASE("decode tuning variants and the clustered router compile for sm_90, ba
   ks.push_back(emit_linear(o, {}));
   CHECK(ks.back().name == "linear_residual_k4096_n2880_t1_u8_s4");
   CHECK(ks.back().launch.blocks_x == 2880 / (8 / 4 * 2)); // two rows per group of 4 warps
+  LinearDims os = o;
+  os.smem = true;
+  CHECK(linear_smem_rows(os) == 24); // 120 blocks of 192 KiB: 16 rows would take 180 SMs
+  ks.push_back(emit_linear(os, {}));
+  CHECK(ks.back().name == "linear_residual_k4096_n2880_t1_smem_r24");
+  CHECK(ks.back().launch.blocks_x == 120);
+  CHECK(ks.back().launch.smem(1) == 24 * 4096 * 2);
+  os.max_tokens = 2;
+  CHECK(linear_smem_rows(os) == 0);
   QkvDims q{2880, 4096, 512, 512};
   q.rows = 1;
   q.ksplit = 2;

@@ -106,6 +106,47 @@ TEST_CASE("linear kernels match ir::ref") {
   }
 }
 
+TEST_CASE("linear_decode_smem (one token, rows resident in shared memory) matches ir::ref and "
+          "linear_decode") {
+  XSERV_REQUIRE_GPU();
+  uint64_t seed = 30;
+  for (LinearDims d : {LinearDims{4096, 2880, false, true, true},  // 20b o_proj + residual
+                       LinearDims{64, 64, false, true, true},      // tiny o_proj
+                       LinearDims{2880, 1000, false, false, false}, // plain, no bias
+                       LinearDims{200, 24, false, true, false}}) {  // K not a multiple of 64
+    d.max_tokens = 1;
+    LinearDims s = d;
+    s.smem = true;
+    REQUIRE(linear_smem_rows(s) > 0);
+    check_linear(s, 1, ++seed); // fp32 activations against ir::ref
+    // bf16 activations (round_act): against the FMA kernel on the same rounded inputs.
+    d.round_act = s.round_act = true;
+    Rng rng{++seed};
+    const Tensor x = random_f32(rng, {1, d.k}, 2.0f);
+    const Bf16Weight w = random_bf16(rng, {d.n, d.k}, 1.0f / std::sqrt(float(d.k)));
+    const Bf16Weight b = random_bf16(rng, {d.n}, 0.5f);
+    const Tensor h = random_f32(rng, {1, d.n}, 1.0f);
+    auto dx = upload(x.f), dw = upload(w.bits), db = upload(b.bits), dh = upload(h.f);
+    auto run = [&](const LinearDims& v) {
+      const Loaded& l = load(emit_linear(v, {}));
+      auto dy = poisoned(size_t(d.n));
+      launch_linear(l, v, 1, dx->p, nullptr, dw->p, db->p, dh->p, dy->p);
+      device_sync();
+      return download(*dy, size_t(d.n));
+    };
+    const double err = rel_l2(run(s), run(d));
+    MESSAGE("linear_decode_smem k " << d.k << " n " << d.n << ", bf16 activations: against "
+                                    << "linear_decode " << err);
+    CHECK(err <= kTol);
+  }
+  // Rows that cannot sit in 200 KiB on 132 SMs, and steps above one token, are refused.
+  LinearDims wide{2880, 5120, false, true, false};
+  wide.max_tokens = 1;
+  wide.smem = true;
+  CHECK(linear_smem_rows(wide) == 0);
+  CHECK_THROWS_WITH(emit_linear(wide, {}), doctest::Contains("shared-memory linear"));
+}
+
 TEST_CASE("tensor-core linear_decode agrees with linear_decode on bf16 activations, each token "
           "as if alone") {
   XSERV_REQUIRE_GPU();

@@ -627,7 +627,8 @@ TEST_CASE("decode steps run lm_head on tensor cores, o_proj from 2 tokens, FMA f
     CHECK(count(ns, fmt::format("linear_k{}_n{}", cfg.hidden_size, cfg.vocab_size)) == 1);
   }
   const std::vector<std::string> one = names(plain, 1);
-  CHECK(count(one, "linear_residual_k64_n64_t1") == layers); // o_proj: FMA at one token
+  // o_proj at one token: FMA, its rows resident in shared memory before the wait (sm_90).
+  CHECK(count(one, "linear_residual_k64_n64_t1_smem_r8") == layers);
   CHECK(count(one, "linear_residual_k64_n64_t8_mma_") == 0);
   CHECK(count(one, lm_mma) == 1);
   // Split (fp32-grade) activations keep the FMA kernels at every size.
@@ -639,6 +640,21 @@ TEST_CASE("decode steps run lm_head on tensor cores, o_proj from 2 tokens, FMA f
       return n.find("_mma_") != std::string::npos;
     }));
   }
+  CHECK(count(names(split, 1), "linear_residual_k64_n64_t1_smem_r8") == layers);
+  // Plans for an architecture before sm_90 (no bulk copies) keep the streaming kernel.
+  const compiler::MemoryPlan mem =
+      compiler::plan_memory(g, {{models::dims::kTokens, 64}, {models::dims::kSeqs, kMaxBatch}});
+  codegen::LoweringContext ctx;
+  ctx.max_tokens = 64;
+  ctx.max_seqs = int(kMaxBatch);
+  ctx.cache_rows = kMaxBatch;
+  ctx.max_seq = kMaxSeq;
+  ctx.wgmma = false;
+  ctx.memory = &mem;
+  codegen::KernelSet ks;
+  const runtime::LaunchTable sm80 = codegen::lower_graph(g, ks, ctx);
+  CHECK(count(names(sm80, 1), "linear_residual_k64_n64_t1_smem") == 0);
+  CHECK(count(names(sm80, 1), "linear_residual_k64_n64_t1") == layers);
 }
 
 TEST_CASE("XSERV_PROFILE_REPEAT's executor repeats the named kernel's launches in place") {
