@@ -73,7 +73,7 @@ struct LinearDims {
   int mma_groups = 0, mma_splits = 0, mma_stages = 0;
   /// linear_decode_smem (one token, no norm, sm_90): each block's rows copied whole into shared
   /// memory before the dependency wait, so the weights stream while the previous kernel runs
-  /// (o_proj under decode attention). Rows a block: linear_smem_rows.
+  /// (o_proj under attention_combine). Rows a block: linear_smem_rows.
   bool smem = false;
 };
 bool linear_mma_fits(const LinearDims& d);

@@ -177,7 +177,7 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
 /// wait: y[n] = (RESIDUAL ? h[n] : 0) + sum_k W[n, k] x[k] + (BIAS ? b[n] : 0), x through
 /// act_value<ROUND>. Block x owns rows ROWS x .. + ROWS - 1, copied whole into dynamic shared
 /// memory by the bulk-copy engine (8 pieces, one mbarrier each) as the block starts, so a grid
-/// that the previous kernel's trigger schedules early (o_proj during decode attention) streams
+/// that the previous kernel's trigger schedules early (o_proj during attention_combine) streams
 /// its whole share of W while that kernel runs; after the wait only the multiply is left. Warp w
 /// takes the w-th eighth of every row's 16-byte words, lane l the words l, l + 32, ... of it,
 /// their activations read once into registers; a row's partials are summed over lanes, then
