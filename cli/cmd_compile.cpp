@@ -180,8 +180,10 @@ int cmd_compile(const ParsedArgs& args) {
     uint64_t total = 0;
     std::vector<fs::path> paths;
     for (const auto& f : ckpt.files()) {
-      weight_files.push_back(
-          {f.path().filename().string(), f.file_size(), runtime::sampled_file_digest(f.path())});
+      weight_files.push_back({f.path().filename().string(),
+                              f.file_size(),
+                              runtime::sampled_file_digest(f.path()),
+                              {}}); // sha256: the full read below
       paths.push_back(f.path());
       total += f.file_size();
     }

@@ -78,10 +78,12 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
   };
   const std::vector<Variant> gu_variants = {
       {0, 0, 2, 0, 0}, {2, 4, 2, 8, 0}, {2, 4, 2, 8, 3}, {2, 1, 4, 8, 0}, {2, 2, 4, 8, 0},
-      {2, 2, 2, 8, 0}, {3, 4, 2, 8, 0}, {3, 1, 4, 8, 0}, {4, 4, 2, 8, 0}, {2, 1, 8, 8, 0}};
+      {2, 2, 2, 8, 0}, {3, 4, 2, 8, 0}, {3, 1, 4, 8, 0}, {4, 4, 2, 8, 0}, {2, 1, 8, 8, 0},
+      {3, 4, 1, 8, 0}, {4, 4, 1, 8, 0}, {8, 4, 1, 8, 0}}; // whole-K warps, deeper rings
   const std::vector<Variant> dn_variants = {
       {0, 0, 2, 0, 0}, {2, 2, 4, 8, 0}, {2, 2, 4, 8, 3}, {2, 1, 4, 8, 0}, {2, 2, 2, 8, 0},
-      {2, 1, 8, 8, 0}, {3, 2, 4, 8, 0}, {3, 1, 4, 8, 0}, {4, 2, 4, 8, 0}, {2, 2, 3, 8, 0}};
+      {2, 1, 8, 8, 0}, {3, 2, 4, 8, 0}, {3, 1, 4, 8, 0}, {4, 2, 4, 8, 0}, {2, 2, 3, 8, 0},
+      {3, 2, 1, 8, 0}, {4, 2, 1, 8, 0}, {8, 2, 1, 8, 0}, {3, 2, 2, 8, 0}};
   auto dims = [&](const Variant& v) {
     MoeDims m = d;
     m.mma = v.mma > 0;
@@ -126,6 +128,27 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
     });
     MESSAGE("mxfp4 down_part " << k.src.name << ": " << us << " us, " << mb_dn / us * 1e3
                                << " GB/s of weights");
+  }
+  // The default tilings on fewer blocks (grid.x below its 90, the bytes in proportion): how
+  // the time grows with the blocks an SM carries (docs/PERF.md, session 16).
+  auto narrow = [](KernelSource k, int bx) {
+    const std::string name = k.name + "_bx" + std::to_string(bx);
+    k.source.replace(k.source.find(" " + k.name + "("), k.name.size() + 2, " " + name + "(");
+    k.name = name;
+    k.launch.blocks_x = bx;
+    return k;
+  };
+  for (int bx : {90, 66, 45, 33, 22}) {
+    const Loaded& g = load(narrow(emit_moe_gate_up(dims(gu_variants[1]), {}), bx));
+    const double ug = back_to_back_us(
+        [&](int i) { launch(g, 1, 1, x->p, id_sets[i % 8]->p, gate_up->p, gub->p, act_out->p); });
+    const Loaded& dn = load(narrow(emit_moe_down_part(dims(dn_variants[1]), {}), bx));
+    const double ud = back_to_back_us([&](int i) {
+      launch(dn, 1, 1, act->p, w_sets[i % 8]->p, id_sets[i % 8]->p, down->p, dnb->p, part->p);
+    });
+    MESSAGE("default tilings on " << 4 * bx << " blocks: gate_up " << ug << " us ("
+                                  << mb_gu * bx / 90 / ug * 1e3 << " GB/s), down " << ud << " us ("
+                                  << mb_dn * bx / 90 / ud * 1e3 << " GB/s)");
   }
   device_sync();
 }
