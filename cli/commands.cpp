@@ -189,7 +189,7 @@ const std::vector<Command>& commands() {
        &cmd_run},
       {{"serve",
         "PLAN_OR_MODEL [--host 127.0.0.1] [--port 8000] [options]",
-        "serve a model over OpenAI-compatible HTTP (/v1/chat/completions, /v1/completions, ...)",
+        "serve a model over OpenAI-compatible HTTP (/v1/chat/completions, /v1/responses, ...)",
         {{"--host", "ADDR", "address to listen on (default 127.0.0.1)"},
          {"--port", "N", "port to listen on (default 8000; 0: any free port)"},
          {"--api-key", "KEY", "require Authorization: Bearer KEY (default: $XSERV_API_KEY)"},

@@ -45,6 +45,8 @@ public:
   const std::string& content() const { return content_; }
   const std::string& reasoning() const { return reasoning_; }
   const std::vector<ToolCall>& tool_calls() const { return tool_calls_; }
+  /// Inside an analysis message's text (after its <|message|>, before its end).
+  bool in_reasoning() const { return state_ == State::Content && target_ == Target::Reasoning; }
 
 private:
   enum class State { Header, Content, BetweenMessages };

@@ -1,9 +1,11 @@
-// The completion endpoints: /v1/chat/completions, /v1/completions, /tokenize, /detokenize.
+// The completion endpoints: /v1/chat/completions, /v1/responses, /v1/completions, /tokenize,
+// /detokenize.
 #include <algorithm>
 #include <ctime>
 
 #include <fmt/format.h>
 
+#include "cli/openai_responses.h"
 #include "cli/serve_session.h"
 #include "cli/serve_state.h"
 
@@ -90,18 +92,36 @@ struct Driver {
   }
 };
 
-void stream_response(httplib::Response& res, std::shared_ptr<Driver> d, Json first,
-                     std::function<Json()> last, std::function<Json()> usage) {
+/// How a stream puts its events on the wire: chat and text completions send `data: JSON` and
+/// end with `data: [DONE]`; the Responses API names each event (`event: TYPE`), numbers it
+/// (sequence_number) and ends with its last event.
+struct StreamFormat {
+  bool named = false; ///< `event: TYPE` lines and sequence numbers (Responses)
+  std::function<Json(const ApiError&)> error = openai::error_body;
+};
+
+/// Streams `d`'s request: the `first` events, then each event's chunks, then `last()`'s.
+void stream_response(httplib::Response& res, std::shared_ptr<Driver> d, std::vector<Json> first,
+                     std::function<std::vector<Json>()> last, StreamFormat format = {}) {
   res.set_header("Cache-Control", "no-cache");
+  auto seq = std::make_shared<int64_t>(0);
   res.set_chunked_content_provider(
       "text/event-stream",
-      [d, first, last, usage](size_t, httplib::DataSink& sink) {
+      [d, first, last, format, seq](size_t, httplib::DataSink& sink) {
         auto send = [&](const Json& j) {
-          const std::string s = "data: " + dump_json(j) + "\n\n";
+          std::string s;
+          if (format.named) {
+            Json e = j;
+            e["sequence_number"] = (*seq)++;
+            s = "event: " + e.value("type", "") + "\ndata: " + dump_json(e) + "\n\n";
+          } else {
+            s = "data: " + dump_json(j) + "\n\n";
+          }
           return sink.write(s.data(), s.size());
         };
-        if (!first.is_null() && !send(first))
-          return false; // the job's release aborts the request
+        for (const Json& e : first)
+          if (!send(e))
+            return false; // the job's release aborts the request
         try {
           bool aborted = false;
           while (!d->job->finished()) {
@@ -120,25 +140,61 @@ void stream_response(httplib::Response& res, std::shared_ptr<Driver> d, Json fir
             }
           }
           d->job->complete(d->id, d->finish_reason());
-          if (!send(last()))
-            return false;
-          if (Json u = usage(); !u.is_null() && !send(u))
-            return false;
+          for (const Json& e : last())
+            if (!send(e))
+              return false;
         } catch (const ApiError& e) {
           d->job->complete(d->id, "error");
-          if (!send(openai::error_body(e)))
+          if (!send(format.error(e)))
             return false;
         }
-        const std::string done = "data: [DONE]\n\n";
-        sink.write(done.data(), done.size());
+        if (!format.named) {
+          const std::string done = "data: [DONE]\n\n";
+          sink.write(done.data(), done.size());
+        }
         sink.done();
         return true;
       },
       [d](bool) { d->job.reset(); });
 }
 
+/// A stream's usage chunk (stream_options.include_usage): no choices, the request's usage.
+Json usage_chunk(const Driver& d, const char* object, int64_t created, const std::string& model) {
+  return {{"id", d.id},
+          {"object", object},
+          {"created", created},
+          {"model", model},
+          {"choices", Json::array()},
+          {"usage", usage_json(d.job->prompt_tokens(), d.job->generated())}};
+}
+
 int64_t now_s() {
   return static_cast<int64_t>(std::time(nullptr));
+}
+
+/// A chat request queued: its driver (id PREFIX + random hex) and the session that turns its
+/// events into deltas. The prompt is the messages' harmony rendering; with tools, <|call|>
+/// does not end generation: the model may make several calls in one turn (ChatSession ends
+/// the turn at the first id after a call that is not <|start|>). `param` names the prompt's
+/// field in a refusal.
+std::pair<std::shared_ptr<Driver>, std::shared_ptr<ChatSession>>
+start_chat(Server::State& st, const openai::ChatRequest& cr, Clock::time_point arrival,
+           const std::string& prefix, const std::string& param) {
+  const auto ids = models::render_for_completion(*st.tok, cr.messages);
+  const bool tools = std::any_of(cr.messages.begin(), cr.messages.end(), [](const auto& m) {
+    return m.developer && !m.developer->tools.empty();
+  });
+  std::vector<int32_t> stops = models::stop_token_ids(); // <|return|>, <|call|>
+  if (tools)
+    stops = {static_cast<int32_t>(st.tok->special_id("<|return|>"))};
+  engine::Request er =
+      make_request(st, std::vector<int32_t>(ids.begin(), ids.end()), cr.params, std::move(stops));
+  auto d = std::make_shared<Driver>(st, st.make_id(prefix));
+  d->job = st.submit(std::move(er), arrival, param);
+  auto session = std::make_shared<ChatSession>(*st.tok, cr.params, d->id);
+  d->stop_hit = [session] { return session->stop_hit(); };
+  d->finish_reason = [session] { return session->finish_reason(); };
+  return {d, session};
 }
 
 } // namespace
@@ -148,20 +204,7 @@ void handle_chat(Server::State& st, const httplib::Request& req, httplib::Respon
   try {
     openai::ChatRequest cr = openai::parse_chat_request(openai::parse_body(req.body));
     st.check_model(cr.model);
-    const auto ids = models::render_for_completion(*st.tok, cr.messages);
-    // With tools, <|call|> does not end generation: the model may make several calls in one
-    // turn (ChatSession ends the turn at the first id after a call that is not <|start|>).
-    const bool tools = std::any_of(cr.messages.begin(), cr.messages.end(), [](const auto& m) {
-      return m.developer && !m.developer->tools.empty();
-    });
-    std::vector<int32_t> stops = models::stop_token_ids(); // <|return|>, <|call|>
-    if (tools)
-      stops = {static_cast<int32_t>(st.tok->special_id("<|return|>"))};
-    engine::Request er =
-        make_request(st, std::vector<int32_t>(ids.begin(), ids.end()), cr.params, std::move(stops));
-    auto d = std::make_shared<Driver>(st, st.make_id("chatcmpl-"));
-    d->job = st.submit(std::move(er), arrival, "messages");
-    auto session = std::make_shared<ChatSession>(*st.tok, cr.params, d->id);
+    auto [d, session] = start_chat(st, cr, arrival, "chatcmpl-", "messages");
     const int64_t created = now_s();
     const bool want_logprobs = cr.params.top_logprobs >= 0;
     auto chunk = [id = d->id, created, model = st.options.model_name](Json delta, Json logprobs,
@@ -189,23 +232,16 @@ void handle_chat(Server::State& st, const httplib::Request& req, httplib::Respon
         chunks.push_back(chunk(Json::object(), lp, nullptr));
       return chunks;
     };
-    d->stop_hit = [session] { return session->stop_hit(); };
-    d->finish_reason = [session] { return session->finish_reason(); };
     if (cr.params.stream) {
       const bool include_usage = cr.params.include_usage;
-      stream_response(
-          res, d, chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr),
-          [chunk, session] { return chunk(Json::object(), nullptr, session->finish_reason()); },
-          [d, include_usage, created, model = st.options.model_name]() -> Json {
-            if (!include_usage)
-              return nullptr;
-            return {{"id", d->id},
-                    {"object", "chat.completion.chunk"},
-                    {"created", created},
-                    {"model", model},
-                    {"choices", Json::array()},
-                    {"usage", usage_json(d->job->prompt_tokens(), d->job->generated())}};
-          });
+      stream_response(res, d, {chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)},
+                      [d, chunk, session, include_usage, created, model = st.options.model_name] {
+                        std::vector<Json> out = {
+                            chunk(Json::object(), nullptr, session->finish_reason())};
+                        if (include_usage)
+                          out.push_back(usage_chunk(*d, "chat.completion.chunk", created, model));
+                        return out;
+                      });
       return;
     }
     d->respond(req, res, "chat.completion", created, [&] {
@@ -218,6 +254,64 @@ void handle_chat(Server::State& st, const httplib::Request& req, httplib::Respon
     set_error(res, e);
   } catch (const Error& e) {
     set_error(res, ApiError(400, e.what(), "messages"));
+  }
+}
+
+void handle_responses(Server::State& st, const httplib::Request& req, httplib::Response& res) {
+  const auto arrival = Clock::now();
+  try {
+    const openai::ResponsesRequest rr =
+        openai::parse_responses_request(openai::parse_body(req.body));
+    const openai::ChatRequest cr = openai::parse_responses_chat(rr);
+    st.check_model(cr.model);
+    auto [d, session] = start_chat(st, cr, arrival, "resp_", "input");
+    const int64_t created = now_s();
+    auto out = std::make_shared<openai::ResponsesOutput>(d->id.substr(5));
+    d->on_event = [session, out](const engine::Event& ev) {
+      Json logprobs = Json::array(); // not asked for: top_logprobs is refused
+      std::vector<Json> events;
+      for (const Json& delta : session->on_event(ev, logprobs))
+        for (Json& e : out->push(delta))
+          events.push_back(std::move(e));
+      return events;
+    };
+    // The response object as it stands; `status` empty: from the finish reason.
+    auto object = [d, session, out, created, echo = rr.echo,
+                   model = st.options.model_name](std::string status) {
+      const bool running = status == "in_progress";
+      Json r = openai::response_object(d->id, created, model, echo, status, out->output(),
+                                       d->job->prompt_tokens(), d->job->generated(),
+                                       session->reasoning_tokens());
+      if (running)
+        r["usage"] = nullptr;
+      return r;
+    };
+    if (rr.stream) {
+      const Json initial = object("in_progress");
+      stream_response(
+          res, d,
+          {{{"type", "response.created"}, {"response", initial}},
+           {{"type", "response.in_progress"}, {"response", initial}}},
+          [session, out, object] {
+            const std::string status = openai::responses_status(session->finish_reason());
+            std::vector<Json> events = out->finish(status == "completed");
+            events.push_back(
+                {{"type", status == "completed" ? "response.completed" : "response.incomplete"},
+                 {"response", object(status)}});
+            return events;
+          },
+          StreamFormat{true, openai::responses_error_event});
+      return;
+    }
+    d->run_blocking(req);
+    const std::string status = openai::responses_status(session->finish_reason());
+    out->finish(status == "completed");
+    res.set_content(dump_json(object(status)), "application/json");
+    d->job.reset(); // counts as done for drain() now, not when the lambdas let go of the driver
+  } catch (const ApiError& e) {
+    set_error(res, e);
+  } catch (const Error& e) {
+    set_error(res, ApiError(400, e.what(), "input"));
   }
 }
 
@@ -272,19 +366,13 @@ void handle_completion(Server::State& st, const httplib::Request& req, httplib::
     d->finish_reason = [session] { return session->finish_reason(); };
     if (cr.params.stream) {
       const bool include_usage = cr.params.include_usage;
-      stream_response(
-          res, d, nullptr,
-          [chunk, session] { return chunk("", nullptr, session->finish_reason()); },
-          [d, include_usage, created, model = st.options.model_name]() -> Json {
-            if (!include_usage)
-              return nullptr;
-            return {{"id", d->id},
-                    {"object", "text_completion"},
-                    {"created", created},
-                    {"model", model},
-                    {"choices", Json::array()},
-                    {"usage", usage_json(d->job->prompt_tokens(), d->job->generated())}};
-          });
+      stream_response(res, d, {},
+                      [d, chunk, session, include_usage, created, model = st.options.model_name] {
+                        std::vector<Json> out = {chunk("", nullptr, session->finish_reason())};
+                        if (include_usage)
+                          out.push_back(usage_chunk(*d, "text_completion", created, model));
+                        return out;
+                      });
       return;
     }
     d->respond(req, res, "text_completion", created, [&] {

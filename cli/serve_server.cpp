@@ -340,6 +340,9 @@ void add_routes(Server::State& st) {
   });
   h.Post("/v1/chat/completions",
          [&st](const httplib::Request& req, httplib::Response& res) { handle_chat(st, req, res); });
+  h.Post("/v1/responses", [&st](const httplib::Request& req, httplib::Response& res) {
+    handle_responses(st, req, res);
+  });
   h.Post("/v1/completions", [&st](const httplib::Request& req, httplib::Response& res) {
     handle_completion(st, req, res);
   });

@@ -94,7 +94,10 @@ std::vector<Json> ChatSession::on_event(const engine::Event& ev, Json& logprobs)
   if (ev.token >= 0 && !stop_id && !stop_.matched() && !calls_done_) {
     if (top_logprobs_ >= 0)
       logprobs.push_back(chat_logprob(tok_, ev));
+    const bool reasoning = out_.in_reasoning();
     add_pieces(out_.push(static_cast<models::TokenId>(ev.token)), deltas);
+    if (reasoning || out_.in_reasoning())
+      ++reasoning_tokens_;
   }
   if (ev.finish != engine::FinishReason::None) {
     add_pieces(out_.finish(), deltas);

@@ -25,6 +25,8 @@ public:
   const std::string& finish_reason() const { return finish_; }
   /// The assistant message of the non-streaming response.
   openai::Json message() const;
+  /// Generated ids that belong to analysis messages (from their <|message|> to their end).
+  int64_t reasoning_tokens() const { return reasoning_tokens_; }
 
 private:
   void add_pieces(std::vector<openai::OutputPiece> pieces, std::vector<openai::Json>& deltas);
@@ -38,6 +40,7 @@ private:
   // the turn (calls_done_: the id is dropped and the request is aborted).
   models::TokenId call_id_, start_id_;
   bool after_call_ = false, calls_done_ = false;
+  int64_t reasoning_tokens_ = 0;
 };
 
 /// The same for a text completion: generated text without specials, stop strings applied.

@@ -105,6 +105,7 @@ bool peer_closed(int fd);
 
 /// Routes of the completion endpoints (serve_chat.cpp) and the token endpoints.
 void handle_chat(Server::State& st, const httplib::Request& req, httplib::Response& res);
+void handle_responses(Server::State& st, const httplib::Request& req, httplib::Response& res);
 void handle_completion(Server::State& st, const httplib::Request& req, httplib::Response& res);
 void handle_tokenize(Server::State& st, const httplib::Request& req, httplib::Response& res);
 void handle_detokenize(Server::State& st, const httplib::Request& req, httplib::Response& res);

@@ -6,6 +6,7 @@
 
 #include "cli/openai_output.h"
 #include "cli/openai_request.h"
+#include "cli/openai_responses.h"
 #include "cli/serve_session.h"
 #include "tests/test_util.h"
 
@@ -262,4 +263,199 @@ TEST_CASE("serve: chat session finish reasons, stop strings and usage") {
   CHECK(stopped->stop_hit());
   CHECK(stopped->finish_reason() == "stop");
   CHECK(stopped->message()["content"] == "hello");
+}
+
+TEST_CASE("responses: input items render as the chat request that means the same") {
+  XSERV_REQUIRE_DATA(data);
+  auto prompt_of_chat = [](const std::string& body) {
+    return xserv::models::render_for_completion(tokenizer(),
+                                                parse_chat_request(parse_body(body)).messages);
+  };
+  auto prompt_of_responses = [](const std::string& body) {
+    return xserv::models::render_for_completion(
+        tokenizer(), parse_responses_chat(parse_responses_request(parse_body(body))).messages);
+  };
+  // A string input is one user message.
+  CHECK(prompt_of_responses(R"({"input": "Hi"})") ==
+        prompt_of_chat(R"({"messages": [{"role": "user", "content": "Hi"}]})"));
+  // Instructions, text parts, effort, tools, and a tool round trip with reasoning before it.
+  const std::string responses = R"({
+    "instructions": "Be brief.",
+    "reasoning": {"effort": "high"},
+    "input": [
+      {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+      {"type": "reasoning", "id": "rs_1", "summary": [],
+       "content": [{"type": "reasoning_text", "text": "Need the tool."}]},
+      {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "get_weather",
+       "arguments": "{\"city\":\"Paris\"}", "status": "completed"},
+      {"type": "function_call_output", "call_id": "c1", "output": "{\"temp\": 20}"},
+      {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+       "content": [{"type": "output_text", "text": "20 C.", "annotations": []}]},
+      {"role": "user", "content": "Thanks"}],
+    "tools": [{"type": "function", "name": "get_weather", "description": "Weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]})";
+  const std::string chat = R"({
+    "reasoning_effort": "high",
+    "messages": [
+      {"role": "developer", "content": "Be brief."},
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "reasoning": "Need the tool.", "content": null,
+       "tool_calls": [{"id": "c1", "type": "function",
+                       "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 20}"},
+      {"role": "assistant", "content": "20 C."},
+      {"role": "user", "content": "Thanks"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]})";
+  const auto want = prompt_of_chat(chat);
+  CHECK(prompt_of_responses(responses) == want);
+  const std::string text = tokenizer().decode(want);
+  CHECK(text.find("Reasoning: high") != std::string::npos);
+  CHECK(text.find("functions.get_weather") != std::string::npos);
+
+  const ResponsesRequest r = parse_responses_request(parse_body(
+      R"({"input": "x", "max_output_tokens": 7, "temperature": 0.5, "stream": true,
+          "instructions": "I", "metadata": {"k": "v"}, "store": true})"));
+  CHECK(r.stream);
+  CHECK(r.chat["max_tokens"] == 7);
+  CHECK(r.echo["max_output_tokens"] == 7);
+  CHECK(r.echo["temperature"] == 0.5);
+  CHECK(r.echo["instructions"] == "I");
+  CHECK(r.echo["metadata"]["k"] == "v");
+  CHECK(parse_responses_chat(r).params.max_tokens == 7);
+}
+
+TEST_CASE("responses: validation names the field as the client wrote it") {
+  auto param = [](const std::string& body) {
+    return caught([&] { parse_responses_chat(parse_responses_request(parse_body(body))); }).param;
+  };
+  CHECK(param(R"({"input": "hi"})").empty());
+  CHECK(param(R"({})") == "input");
+  CHECK(param(R"({"input": ""})") == "input");
+  CHECK(param(R"({"input": []})") == "input");
+  CHECK(param(R"({"input": "hi", "frob": 1})") == "frob");
+  CHECK(param(R"({"input": "hi", "max_output_tokens": 0})") == "max_output_tokens");
+  CHECK(param(R"({"input": "hi", "temperature": 3})") == "temperature");
+  CHECK(param(R"({"input": "hi", "previous_response_id": "resp_1"})") == "previous_response_id");
+  CHECK(param(R"({"input": "hi", "reasoning": {"effort": "minimal"}})") == "reasoning.effort");
+  CHECK(param(R"({"input": "hi", "reasoning": {"summary": "auto"}})") == "reasoning.summary");
+  CHECK(param(R"({"input": "hi", "tools": [{"type": "web_search"}]})") == "tools[0].type");
+  CHECK(param(R"({"input": "hi", "tools": [{"type": "function"}]})") == "tools[0].name");
+  CHECK(param(R"({"input": "hi", "include": ["reasoning.encrypted_content"]})") == "include");
+  CHECK(param(R"({"input": "hi", "text": {"format": {"type": "json_schema"}}})") ==
+        "text.format.type");
+  CHECK(param(R"({"input": "hi", "truncation": "auto"})") == "truncation");
+  CHECK(param(R"({"input": [{"role": "user", "content": [{"type": "input_image"}]}]})") ==
+        "input[0].content[0].type");
+  CHECK(param(R"({"input": [{"role": "robot", "content": "x"}]})") == "input[0].role");
+  CHECK(param(R"({"input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]})") ==
+        "input[0].call_id");
+  CHECK(param(R"({"input": [{"type": "function_call", "call_id": "c1", "name": "f"}]})") ==
+        "input[0].arguments");
+  CHECK(param(R"({"input": [{"type": "item_reference", "id": "x"}]})") == "input[0].type");
+  CHECK(param(R"({"input": [{"role": "user", "content": "x", "extra": 1}]})") == "input[0].extra");
+}
+
+TEST_CASE("responses: chat deltas become output items and the stream's events") {
+  ResponsesOutput out("abc");
+  std::vector<std::string> types;
+  auto feed = [&](std::vector<Json> events) {
+    for (const Json& e : events)
+      types.push_back(e["type"]);
+    return events;
+  };
+  feed(out.push({{"reasoning", "Think"}}));
+  feed(out.push({{"reasoning", " more."}}));
+  auto text = feed(out.push({{"content", "Hi"}}));
+  CHECK(text.back()["delta"] == "Hi");
+  CHECK(text.back()["output_index"] == 1);
+  CHECK(text.back()["item_id"] == "msg_abc_1");
+  feed(out.push(
+      {{"tool_calls", Json::array({{{"index", 0},
+                                    {"id", "call_x_0"},
+                                    {"type", "function"},
+                                    {"function", {{"name", "f"}, {"arguments", ""}}}}})}}));
+  auto args = feed(out.push(
+      {{"tool_calls", Json::array({{{"index", 0}, {"function", {{"arguments", "{\"a\":"}}}}})}}));
+  CHECK(args.back()["type"] == "response.function_call_arguments.delta");
+  CHECK(args.back()["item_id"] == "fc_abc_2");
+  feed(out.push(
+      {{"tool_calls", Json::array({{{"index", 0}, {"function", {{"arguments", "1}"}}}}})}}));
+  feed(out.finish(true));
+  const std::vector<std::string> want = {"response.output_item.added",
+                                         "response.content_part.added",
+                                         "response.reasoning_text.delta",
+                                         "response.reasoning_text.delta",
+                                         "response.reasoning_text.done",
+                                         "response.content_part.done",
+                                         "response.output_item.done",
+                                         "response.output_item.added",
+                                         "response.content_part.added",
+                                         "response.output_text.delta",
+                                         "response.output_text.done",
+                                         "response.content_part.done",
+                                         "response.output_item.done",
+                                         "response.output_item.added",
+                                         "response.function_call_arguments.delta",
+                                         "response.function_call_arguments.delta",
+                                         "response.function_call_arguments.done",
+                                         "response.output_item.done"};
+  CHECK(types == want);
+  const Json& o = out.output();
+  REQUIRE(o.size() == 3);
+  CHECK(o[0]["type"] == "reasoning");
+  CHECK(o[0]["content"][0]["text"] == "Think more.");
+  CHECK(o[0]["status"] == "completed");
+  CHECK(o[1]["type"] == "message");
+  CHECK(o[1]["content"][0]["text"] == "Hi");
+  CHECK(o[2]["type"] == "function_call");
+  CHECK(o[2]["call_id"] == "call_x_0");
+  CHECK(o[2]["name"] == "f");
+  CHECK(o[2]["arguments"] == "{\"a\":1}");
+  CHECK(out.output_text() == "Hi");
+
+  // Cut by the token limit: the open item is incomplete; an empty output still has a message.
+  ResponsesOutput cut("d");
+  cut.push({{"content", "abc"}});
+  cut.finish(false);
+  CHECK(cut.output()[0]["status"] == "incomplete");
+  ResponsesOutput empty("e");
+  std::vector<Json> ev = empty.finish(true);
+  REQUIRE(empty.output().size() == 1);
+  CHECK(empty.output()[0]["type"] == "message");
+  CHECK(empty.output()[0]["content"][0]["text"] == "");
+  CHECK(ev.back()["type"] == "response.output_item.done");
+
+  const Json r = response_object("resp_1", 5, "m",
+                                 parse_responses_request(parse_body(R"({"input": "x"})")).echo,
+                                 "incomplete", out.output(), 10, 4, 2);
+  CHECK(r["incomplete_details"]["reason"] == "max_output_tokens");
+  CHECK(r["usage"]["total_tokens"] == 14);
+  CHECK(r["usage"]["output_tokens_details"]["reasoning_tokens"] == 2);
+  CHECK(responses_status("length") == "incomplete");
+  CHECK(responses_status("tool_calls") == "completed");
+  CHECK(responses_status("abort") == "cancelled");
+}
+
+TEST_CASE("serve: the chat session counts the ids of analysis messages") {
+  XSERV_REQUIRE_DATA(data);
+  using xserv::engine::Event;
+  using xserv::engine::FinishReason;
+  ChatSession session(tokenizer(), GenParams{}, "resp_0123456789abcdef");
+  const auto analysis = ids("<|channel|>analysis<|message|>Let me think.<|end|>");
+  const auto final_part = ids("<|start|>assistant<|channel|>final<|message|>Hi.");
+  std::vector<xserv::models::TokenId> all = analysis;
+  all.insert(all.end(), final_part.begin(), final_part.end());
+  Json lp = Json::array();
+  for (size_t i = 0; i < all.size(); ++i) {
+    Event ev;
+    ev.token = int32_t(all[i]);
+    ev.finish = i + 1 == all.size() ? FinishReason::Length : FinishReason::None;
+    session.on_event(ev, lp);
+  }
+  // From <|message|> to <|end|>: the analysis ids less <|channel|> and "analysis".
+  const auto header = ids("<|channel|>analysis");
+  CHECK(session.reasoning_tokens() == int64_t(analysis.size() - header.size()));
+  CHECK(session.message()["reasoning"] == "Let me think.");
+  CHECK(session.message()["content"] == "Hi.");
 }

@@ -221,6 +221,75 @@ TEST_CASE("serve: chat completions, plain and streamed with usage") {
   CHECK(logprob_entries == 6);
 }
 
+TEST_CASE("serve: responses, plain and streamed as named, numbered events") {
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s;
+  const std::string body = R"({"model": "gpt-oss", "input": "Hi", "instructions": "Be brief.",
+    "max_output_tokens": 6, "temperature": 0})";
+  HttpResponse r = s.post("/v1/responses", body);
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  Json j = Json::parse(r.body);
+  CHECK(j["object"] == "response");
+  CHECK(j["id"].get<std::string>().rfind("resp_", 0) == 0);
+  CHECK(j["status"] == "incomplete"); // six ids of garbage: cut by max_output_tokens
+  CHECK(j["incomplete_details"]["reason"] == "max_output_tokens");
+  CHECK(j["instructions"] == "Be brief.");
+  CHECK(j["max_output_tokens"] == 6);
+  REQUIRE(j["output"].size() == 1);
+  CHECK(j["output"][0]["type"] == "message"); // garbage text degrades to content
+  CHECK(j["output"][0]["role"] == "assistant");
+  const std::string text = j["output"][0]["content"][0]["text"];
+  CHECK(j["usage"]["output_tokens"] == 6);
+  CHECK(j["usage"]["input_tokens"].get<int>() > 10);
+  CHECK(j["usage"]["total_tokens"] == j["usage"]["input_tokens"].get<int>() + 6);
+  // The same prompt as the chat request that means the same.
+  HttpResponse chat = s.post("/v1/chat/completions", R"({"messages": [
+    {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    "max_tokens": 6, "temperature": 0})");
+  REQUIRE(chat.status == 200);
+  Json cj = Json::parse(chat.body);
+  CHECK(cj["usage"]["prompt_tokens"] == j["usage"]["input_tokens"]);
+  CHECK(cj["choices"][0]["message"]["content"] == text);
+
+  Json sb = Json::parse(body);
+  sb["stream"] = true;
+  HttpResponse st = s.post("/v1/responses", sb.dump());
+  REQUIRE(st.status == 200);
+  CHECK(st.headers.find("text/event-stream") != std::string::npos);
+  // Each event: an `event: TYPE` line, then its data with the same type and the next number.
+  std::vector<std::string> names;
+  for (size_t i = 0; (i = st.body.find("event: ", i)) != std::string::npos; ++i)
+    names.push_back(st.body.substr(i + 7, st.body.find('\n', i) - i - 7));
+  const auto events = sse_data(st.body);
+  REQUIRE(events.size() == names.size());
+  REQUIRE(events.size() >= 8);
+  std::string streamed;
+  for (size_t i = 0; i < events.size(); ++i) {
+    Json e = Json::parse(events[i]);
+    CHECK(e["type"] == names[i]);
+    CHECK(e["sequence_number"] == int(i));
+    if (e["type"] == "response.output_text.delta")
+      streamed += e["delta"].get<std::string>();
+  }
+  CHECK(names.front() == "response.created");
+  CHECK(names[1] == "response.in_progress");
+  CHECK(Json::parse(events.front())["response"]["status"] == "in_progress");
+  CHECK(names.back() == "response.incomplete");
+  CHECK(st.body.find("[DONE]") == std::string::npos);
+  Json last = Json::parse(events.back())["response"];
+  CHECK(last["usage"]["output_tokens"] == 6);
+  CHECK(last["output"][0]["content"][0]["text"] == text);
+  CHECK(streamed == text);
+
+  HttpResponse bad = s.post("/v1/responses", R"({"input": "x", "max_output_tokens": 0})");
+  CHECK(bad.status == 400);
+  CHECK(error_of(bad)["param"] == "max_output_tokens");
+  HttpResponse prev = s.post("/v1/responses", R"({"input": "x", "previous_response_id": "r"})");
+  CHECK(prev.status == 400);
+  CHECK(error_of(prev)["param"] == "previous_response_id");
+}
+
 TEST_CASE("serve: a tool call round trip gives a well-formed answer") {
   XSERV_REQUIRE_DATA(data);
   TinyServer s;

@@ -1,5 +1,6 @@
-// libFuzzer target: any byte string as the body of POST /v1/chat/completions (first byte even)
-// or /v1/completions (odd) is parsed as serve does (parse_body, then the typed request) and
+// libFuzzer target: any byte string as the body of POST /v1/chat/completions (first byte even),
+// /v1/responses (3 modulo 4) or /v1/completions (the other odd bytes) is parsed as serve does
+// (parse_body, then the typed request; a Responses body through its chat translation) and
 // either accepted or refused with an ApiError whose error body serialises as serve sends it;
 // nothing else may happen (an nlohmann exception escaping would be a 500 without a field).
 #include <cstddef>
@@ -9,18 +10,21 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/openai_request.h"
+#include "cli/openai_responses.h"
 #include "ir/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace xserv::cli::openai;
   if (size == 0)
     return 0;
-  const bool chat = data[0] % 2 == 0;
+  const bool chat = data[0] % 2 == 0, responses = data[0] % 4 == 3;
   const std::string body(reinterpret_cast<const char*>(data) + 1, size - 1);
   try {
     const Json j = parse_body(body);
     if (chat)
       (void)parse_chat_request(j);
+    else if (responses)
+      (void)parse_responses_chat(parse_responses_request(j));
     else
       (void)parse_completion_request(j);
   } catch (const ApiError& e) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """`xserv serve` through the official `openai` Python client: chat, streaming with usage,
-completions, a tool call round trip, and the client's error types for 400 / 401 / 404.
+completions, responses (plain, streamed, a function call round trip), a tool call round trip,
+and the client's error types for 400 / 401 / 404.
 
 usage: openai_client_test.py XSERV_BINARY SOURCE_DIR DATA_DIR
 Exits 77 (ctest SKIP_RETURN_CODE) when the openai package or the shared data is missing.
@@ -56,7 +57,7 @@ def main() -> int:
             code = server.wait(timeout=120)
             log.close()
         assert code == 0, f"xserv serve exited {code}:\n" + open(log_path).read()
-    print("ok: chat, stream with usage, completions, tool round trip, 400/401/404")
+    print("ok: chat, stream with usage, completions, responses, tool round trips, 400/401/404")
     return 0
 
 
@@ -104,6 +105,32 @@ def run_checks(openai, base_url: str) -> None:
     assert msg.role == "assistant"
     assert msg.content is not None or msg.tool_calls
 
+    ask = dict(model="tiny", input="What is 2 + 2?", instructions="Answer briefly.",
+               reasoning={"effort": "low"}, max_output_tokens=8, temperature=0)
+    resp = client.responses.create(**ask)
+    assert resp.object == "response" and resp.status == "incomplete", resp.status
+    assert resp.incomplete_details.reason == "max_output_tokens"
+    assert resp.usage.output_tokens == 8, resp.usage
+    assert resp.usage.total_tokens == resp.usage.input_tokens + 8
+    assert resp.output and resp.output[-1].type == "message", resp.output
+    events = list(client.responses.create(**ask, stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == resp.output_text, (streamed, resp.output_text)
+    assert events[-1].response.output_text == resp.output_text
+    fn_tools = [{"type": "function", "name": "get_weather",
+                 "description": "Current weather in a city",
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                "required": ["city"]}}]
+    after_call = client.responses.create(model="tiny", tools=fn_tools, max_output_tokens=6,
+                                         temperature=0, input=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "call_abc", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_abc", "output": '{"temp_c": 21}'}])
+    assert after_call.output and after_call.tools[0].name == "get_weather"
+
     def expect(error_type, call, param=None):
         try:
             call()
@@ -120,6 +147,10 @@ def run_checks(openai, base_url: str) -> None:
         model="tiny", messages=messages, extra_body={"frobnicate": 1}), "frobnicate")
     expect(openai.NotFoundError, lambda: client.chat.completions.create(
         model="gpt-5", messages=messages))
+    expect(openai.BadRequestError, lambda: client.responses.create(
+        model="tiny", input="x", previous_response_id="resp_1"), "previous_response_id")
+    expect(openai.BadRequestError, lambda: client.responses.create(
+        model="tiny", input="x", max_output_tokens=0), "max_output_tokens")
     bad_key = openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0)
     expect(openai.AuthenticationError, lambda: bad_key.chat.completions.create(
         model="tiny", messages=messages))
