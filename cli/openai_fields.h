@@ -103,4 +103,20 @@ private:
   std::set<std::string> known_;
 };
 
+/// The text of a `content` field: a string, or an array of parts, each read by `part` (a
+/// Fields of the part, returning its text; the part's unknown fields are refused after it).
+template <class F> std::string text_of_parts(const Json& v, const std::string& param, F part) {
+  if (v.is_string())
+    return v.get<std::string>();
+  if (!v.is_array())
+    bad(param, "must be a string or an array of text parts, not " + type_name(v));
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    Fields f(v[i], fmt::format("{}[{}]", param, i));
+    out += part(f);
+    f.reject_unknown();
+  }
+  return out;
+}
+
 } // namespace xserv::cli::openai

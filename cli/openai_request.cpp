@@ -97,23 +97,14 @@ void parse_common(Fields& f, GenParams& p, std::string& model) {
 std::string content_text(const Json& v, const std::string& param) {
   if (v.is_null())
     return "";
-  if (v.is_string())
-    return v.get<std::string>();
-  if (!v.is_array())
-    bad(param, "must be a string or an array of text parts, not " + type_name(v));
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) {
-    Fields part(v[i], fmt::format("{}[{}]", param, i));
-    auto type = part.string("type");
-    if (type != "text")
+  return text_of_parts(v, param, [](Fields& part) {
+    if (part.string("type") != "text")
       bad(part.path("type"), "must be \"text\" (only text content is supported)");
     auto text = part.string("text");
     if (!text)
       bad(part.path("text"), "is missing");
-    part.reject_unknown();
-    out += *text;
-  }
-  return out;
+    return *text;
+  });
 }
 
 models::ToolDescription parse_tool(const Json& t, const std::string& param) {

@@ -13,13 +13,7 @@ namespace {
 /// The text of an input item's `content`: a string, or an array of text parts (input_text,
 /// output_text or text; refusals carry their text too).
 std::string input_text(const Json& v, const std::string& param) {
-  if (v.is_string())
-    return v.get<std::string>();
-  if (!v.is_array())
-    bad(param, "must be a string or an array of text parts, not " + type_name(v));
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) {
-    Fields part(v[i], fmt::format("{}[{}]", param, i));
+  return text_of_parts(v, param, [](Fields& part) {
     const auto type = part.string("type");
     const bool text = type == "input_text" || type == "output_text" || type == "text";
     if (!text && type != "refusal")
@@ -31,10 +25,8 @@ std::string input_text(const Json& v, const std::string& param) {
       bad(part.path(text ? "text" : "refusal"), "is missing");
     part.get("annotations");
     part.get("logprobs");
-    part.reject_unknown();
-    out += *t;
-  }
-  return out;
+    return *t;
+  });
 }
 
 /// The reasoning text of a reasoning input item: its reasoning_text content, else its summary.
