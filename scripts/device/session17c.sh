@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Session 17, call 3 (1 GPU, ~5 min): why moe_combine grew from 3.4 to 8.6 us when qkv's blocks
+# stream their rows into shared memory during it (17b), with compile-time knobs of an
+# experimental patch (not kept): XSERV_EXP_QKV_PAD (qkv's block fills an SM's shared memory, so
+# no moe_combine block shares its SM), XSERV_EXP_COMBINE_BLOCKS=3 (moe_combine in 3 blocks of
+# 960 threads, leaving 129 SMs to qkv's 128 blocks), XSERV_EXP_COMBINE_LATE (moe_combine lets
+# its dependents start only after its loads have landed). Batch-1 rows of each plan, old
+# (6d3ca8a) first and last; timelines of two. Needs .device/bin/xserv, .device/old/xserv.
+source "$(dirname "$0")/common.sh"
+synth20b
+declare -A KNOBS=([base]="" [pad]="XSERV_EXP_QKV_PAD=1" [c3]="XSERV_EXP_COMBINE_BLOCKS=3"
+  [late]="XSERV_EXP_COMBINE_LATE=1" [pad_c3]="XSERV_EXP_QKV_PAD=1 XSERV_EXP_COMBINE_BLOCKS=3"
+  [c3_late]="XSERV_EXP_COMBINE_BLOCKS=3 XSERV_EXP_COMBINE_LATE=1"
+  [pad_c3_late]="XSERV_EXP_QKV_PAD=1 XSERV_EXP_COMBINE_BLOCKS=3 XSERV_EXP_COMBINE_LATE=1")
+VARIANTS="base pad c3 late pad_c3 c3_late pad_c3_late"
+$OLD compile /tmp/g20 -o /tmp/p_old --max-seq 8192 --max-batch 64 > /tmp/c_old.log 2>&1 &
+for v in $VARIANTS; do
+  env ${KNOBS[$v]} $X compile /tmp/g20 -o /tmp/p_$v --max-seq 8192 --max-batch 64 > /tmp/c_$v.log 2>&1 &
+done
+wait
+for v in pad_c3 c3_late; do
+  env ${KNOBS[$v]} $X compile /tmp/g20 -o /tmp/p_tl_$v --max-seq 8192 --max-batch 64 --timeline \
+    > /tmp/c_tl_$v.log 2>&1 &
+done
+row() { # row LABEL BINARY PLAN
+  echo "-- $1: $(timeout 100 $2 bench $3 --backend cuda -p 0 -n 128 -b 1 -d 0,4096 -r 2 2> /dev/null |
+    grep -E "tg" | cut -d'|' -f6,7 | tr -s ' ' | tr '\n' ' ')"
+}
+row old $OLD /tmp/p_old
+for v in $VARIANTS; do row $v $X /tmp/p_$v; done
+row old $OLD /tmp/p_old
+row base $X /tmp/p_base
+wait
+for v in pad_c3 c3_late; do
+  for depth in 0 4096; do
+    echo "== timeline $v -d $depth"
+    timeout 100 $X bench /tmp/p_tl_$v --backend cuda -p 0 -n 128 -b 1 -d $depth -r 1 \
+      2> "$OUT/tl_${v}_d$depth.log" | grep -E "tg" | cut -d'|' -f6,7
+    grep -E "^\[timeline\]" "$OUT/tl_${v}_d$depth.log" | sed -n '3,13p' | cut -c1-118
+  done
+done
+ab() { cmp -s /tmp/tok_$1.txt /tmp/tok_$2.txt && echo "tokens $1/$2 equal" || echo "tokens $1/$2 differ"; }
+for v in old pad_c3_late; do
+  b=$X; [ $v = old ] && b=$OLD
+  timeout 60 $b run /tmp/p_$v --backend cuda --prompt-ids "$(seq -s, 1000 37 8000)" \
+    --max-tokens 64 > /tmp/tok_$v.txt 2> /dev/null
+done
+ab old pad_c3_late
+echo "done in $((SECONDS - start)) s"
