@@ -141,3 +141,51 @@ repeats() {
       tr '\n' ' ')"
   done
 }
+
+# row LABEL BINARY PLAN: the batch-1 decode rows of PLAN at depth 0 and 4096 (-r 2) on one line.
+row() {
+  echo "-- $1: $(timeout 100 "$2" bench "$3" --backend cuda -p 0 -n 128 -b 1 -d 0,4096 -r 2 \
+    2> /dev/null | grep -E "tg" | cut -d'|' -f6,7 | tr -s ' ' | tr '\n' ' ')"
+}
+
+# timelines TAG PLAN DEPTH...: the batch-1 row of a timeline plan (compile --timeline) at each
+# depth, with the first rows of its kernel table; the whole report in $OUT/tl_TAG_dDEPTH.log.
+timelines() {
+  local tag=$1 plan=$2 depth
+  shift 2
+  for depth in "$@"; do
+    echo "== timeline $tag -d $depth"
+    timeout 100 $X bench "$plan" --backend cuda -p 0 -n 128 -b 1 -d "$depth" -r 1 \
+      2> "$OUT/tl_${tag}_d$depth.log" | grep -E "tg" | cut -d'|' -f6,7
+    grep -E "^\[timeline\]" "$OUT/tl_${tag}_d$depth.log" | sed -n '1p;3,13p' | cut -c1-118
+  done
+}
+
+# compile_variants KNOBS_ARRAY VARIANT...: /tmp/g20 compiled by $X into /tmp/p_VARIANT for each
+# variant, in parallel, with the environment assignments KNOBS_ARRAY[VARIANT] (the name of an
+# associative array of compile-time knobs), and by $OLD into /tmp/p_old.
+compile_variants() {
+  local -n knobs=$1
+  local v
+  shift
+  $OLD compile /tmp/g20 -o /tmp/p_old --max-seq 8192 --max-batch 64 > /tmp/c_old.log 2>&1 &
+  for v in "$@"; do
+    env ${knobs[$v]} $X compile /tmp/g20 -o /tmp/p_$v --max-seq 8192 --max-batch 64 \
+      > /tmp/c_$v.log 2>&1 &
+  done
+  wait
+}
+
+# ab_round: the usual old-against-new measurement of a decode change: both plans (ab_compile),
+# greedy tokens over 64 steps, the batch-1 rows twice, batch 8, then the new binary's timeline
+# plan (compiled meanwhile) at depth 0 and 4096.
+ab_round() {
+  ab_compile
+  $X compile /tmp/g20 -o /tmp/p_tl_new --max-seq 8192 --max-batch 64 --timeline \
+    > /tmp/c_tl.log 2>&1 &
+  ab_tokens 64
+  ab_decode 2
+  ab_batch 8
+  wait
+  timelines new /tmp/p_tl_new 0 4096
+}

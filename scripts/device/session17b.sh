@@ -7,18 +7,7 @@
 # .device/data.
 source "$(dirname "$0")/common.sh"
 synth20b
-ab_compile
-$X compile /tmp/g20 -o /tmp/p_tl_new --max-seq 8192 --max-batch 64 --timeline > /tmp/c_tl.log 2>&1 &
-ab_tokens 64
-ab_decode 2
-ab_batch 8
-wait
-for depth in 0 4096; do
-  echo "== new timeline -b 1 -d $depth"
-  timeout 100 $X bench /tmp/p_tl_new --backend cuda -p 0 -n 128 -b 1 -d $depth -r 1 \
-    2> "$OUT/tl_d$depth.log" | grep -E "tg" | cut -d'|' -f6,7
-  grep -E "^\[timeline\]" "$OUT/tl_d$depth.log" | sed -n '1p;3,13p' | cut -c1-118
-done
+ab_round
 RUN_TIMEOUT=240 run_tests codegen_gpu_tests -tc="*qkv_rope_decode*"
 engine_tests
 XSERV_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none --cache-control none \

@@ -13,32 +13,17 @@ declare -A KNOBS=([base]="" [pad]="XSERV_EXP_QKV_PAD=1" [c3]="XSERV_EXP_COMBINE_
   [c3_late]="XSERV_EXP_COMBINE_BLOCKS=3 XSERV_EXP_COMBINE_LATE=1"
   [pad_c3_late]="XSERV_EXP_QKV_PAD=1 XSERV_EXP_COMBINE_BLOCKS=3 XSERV_EXP_COMBINE_LATE=1")
 VARIANTS="base pad c3 late pad_c3 c3_late pad_c3_late"
-$OLD compile /tmp/g20 -o /tmp/p_old --max-seq 8192 --max-batch 64 > /tmp/c_old.log 2>&1 &
-for v in $VARIANTS; do
-  env ${KNOBS[$v]} $X compile /tmp/g20 -o /tmp/p_$v --max-seq 8192 --max-batch 64 > /tmp/c_$v.log 2>&1 &
-done
-wait
+compile_variants KNOBS $VARIANTS
 for v in pad_c3 c3_late; do
   env ${KNOBS[$v]} $X compile /tmp/g20 -o /tmp/p_tl_$v --max-seq 8192 --max-batch 64 --timeline \
     > /tmp/c_tl_$v.log 2>&1 &
 done
-row() { # row LABEL BINARY PLAN
-  echo "-- $1: $(timeout 100 $2 bench $3 --backend cuda -p 0 -n 128 -b 1 -d 0,4096 -r 2 2> /dev/null |
-    grep -E "tg" | cut -d'|' -f6,7 | tr -s ' ' | tr '\n' ' ')"
-}
 row old $OLD /tmp/p_old
 for v in $VARIANTS; do row $v $X /tmp/p_$v; done
 row old $OLD /tmp/p_old
 row base $X /tmp/p_base
 wait
-for v in pad_c3 c3_late; do
-  for depth in 0 4096; do
-    echo "== timeline $v -d $depth"
-    timeout 100 $X bench /tmp/p_tl_$v --backend cuda -p 0 -n 128 -b 1 -d $depth -r 1 \
-      2> "$OUT/tl_${v}_d$depth.log" | grep -E "tg" | cut -d'|' -f6,7
-    grep -E "^\[timeline\]" "$OUT/tl_${v}_d$depth.log" | sed -n '3,13p' | cut -c1-118
-  done
-done
+for v in pad_c3 c3_late; do timelines $v /tmp/p_tl_$v 0 4096; done
 ab() { cmp -s /tmp/tok_$1.txt /tmp/tok_$2.txt && echo "tokens $1/$2 equal" || echo "tokens $1/$2 differ"; }
 for v in old pad_c3_late; do
   b=$X; [ $v = old ] && b=$OLD

@@ -13,30 +13,15 @@ declare -A KNOBS=([q40]="" [q4]="XSERV_EXP_QKV_INFLIGHT=4" [q8]="XSERV_EXP_QKV_I
   [o4]="XSERV_EXP_NO_QKV_SMEM=1 XSERV_EXP_OPROJ_INFLIGHT=4" [o8]="XSERV_EXP_NO_QKV_SMEM=1"
   [q8o2]="XSERV_EXP_QKV_INFLIGHT=8 XSERV_EXP_OPROJ_INFLIGHT=2")
 VARIANTS="q40 q4 q8 q16 o8 o2 o4 q8o2"
-$OLD compile /tmp/g20 -o /tmp/p_old --max-seq 8192 --max-batch 64 > /tmp/c_old.log 2>&1 &
-for v in $VARIANTS; do
-  env ${KNOBS[$v]} $X compile /tmp/g20 -o /tmp/p_$v --max-seq 8192 --max-batch 64 > /tmp/c_$v.log 2>&1 &
-done
-wait
+compile_variants KNOBS $VARIANTS
 for v in q8 q8o2; do
   env ${KNOBS[$v]} $X compile /tmp/g20 -o /tmp/p_tl_$v --max-seq 8192 --max-batch 64 --timeline \
     > /tmp/c_tl_$v.log 2>&1 &
 done
-row() { # row LABEL BINARY PLAN
-  echo "-- $1: $(timeout 100 $2 bench $3 --backend cuda -p 0 -n 128 -b 1 -d 0,4096 -r 2 2> /dev/null |
-    grep -E "tg" | cut -d'|' -f6,7 | tr -s ' ' | tr '\n' ' ')"
-}
 row old $OLD /tmp/p_old
 for v in $VARIANTS; do row $v $X /tmp/p_$v; done
 row old $OLD /tmp/p_old
 row q8 $X /tmp/p_q8
 wait
-for v in q8 q8o2; do
-  for depth in 0 4096; do
-    echo "== timeline $v -d $depth"
-    timeout 100 $X bench /tmp/p_tl_$v --backend cuda -p 0 -n 128 -b 1 -d $depth -r 1 \
-      2> "$OUT/tl_${v}_d$depth.log" | grep -E "tg" | cut -d'|' -f6,7
-    grep -E "^\[timeline\]" "$OUT/tl_${v}_d$depth.log" | sed -n '3,13p' | cut -c1-118
-  done
-done
+for v in q8 q8o2; do timelines $v /tmp/p_tl_$v 0 4096; done
 echo "done in $((SECONDS - start)) s"

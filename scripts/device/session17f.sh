@@ -8,18 +8,7 @@
 source "$(dirname "$0")/common.sh"
 synth20b
 export XSERV_EXP_FUSED_MOE=1
-ab_compile
+ab_round
 grep -c moe_pair /tmp/p_new/plan.json
-$X compile /tmp/g20 -o /tmp/p_tl_new --max-seq 8192 --max-batch 64 --timeline > /tmp/c_tl.log 2>&1 &
-ab_tokens 64
-ab_decode 2
-ab_batch 8
-wait
-for depth in 0 4096; do
-  echo "== new timeline -b 1 -d $depth"
-  timeout 100 $X bench /tmp/p_tl_new --backend cuda -p 0 -n 128 -b 1 -d $depth -r 1 \
-    2> "$OUT/tl_d$depth.log" | grep -E "tg" | cut -d'|' -f6,7
-  grep -E "^\[timeline\]" "$OUT/tl_d$depth.log" | sed -n '1p;3,13p' | cut -c1-118
-done
 RUN_TIMEOUT=200 engine_tests
 echo "done in $((SECONDS - start)) s"

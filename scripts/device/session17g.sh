@@ -1,26 +1,5 @@
 #!/usr/bin/env bash
-# Session 17, call 7 (1 GPU, ~3 min): 17f again, the waiting down parts polling with a 64 ns
-# backoff and each slot's counters on their own 128-byte line: gate_up and down of one-token steps in one launch
-# (moe_pair_mx4_mma: down part x of slot s starts once slot s's gate_up parts are counted, no
-# kernel boundary between them; compile-time XSERV_EXP_FUSED_MOE of an experimental patch),
-# old (6d3ca8a) against it: greedy tokens, the batch-1 rows twice, B8, the timeline at depth 0
-# and 4096, the engine GPU tests on fused plans. Needs .device/bin/{xserv,engine_gpu_tests},
-# .device/old/xserv, .device/data.
-source "$(dirname "$0")/common.sh"
-synth20b
-export XSERV_EXP_FUSED_MOE=1
-ab_compile
-grep -c moe_pair /tmp/p_new/plan.json
-$X compile /tmp/g20 -o /tmp/p_tl_new --max-seq 8192 --max-batch 64 --timeline > /tmp/c_tl.log 2>&1 &
-ab_tokens 64
-ab_decode 2
-ab_batch 8
-wait
-for depth in 0 4096; do
-  echo "== new timeline -b 1 -d $depth"
-  timeout 100 $X bench /tmp/p_tl_new --backend cuda -p 0 -n 128 -b 1 -d $depth -r 1 \
-    2> "$OUT/tl_d$depth.log" | grep -E "tg" | cut -d'|' -f6,7
-  grep -E "^\[timeline\]" "$OUT/tl_d$depth.log" | sed -n '1p;3,13p' | cut -c1-118
-done
-RUN_TIMEOUT=200 engine_tests
-echo "done in $((SECONDS - start)) s"
+# Session 17, call 7 (1 GPU, ~1.5 min): session17f.sh again, on a binary whose waiting down parts
+# poll with a 64 ns backoff and keep each slot's counters on their own 128-byte line (the same
+# experimental patch, XSERV_EXP_FUSED_MOE, not kept).
+exec bash "$(dirname "$0")/session17f.sh"
