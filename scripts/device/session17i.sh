@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Session 17, call 9 (1 GPU, ~4 min): the 120b's shapes against HF transformers on one GPU: a
+# Session 17, call 9 (1 GPU, ~1 min): the 120b's shapes against HF transformers on one GPU: a
 # synthetic checkpoint of gpt-oss-120b's config cut to its first 4 layers (128 experts, the
-# 120b's router and MoE widths, made here from examples/gpt-oss-120b/config.json), 96 random ids and 32 greedy steps through
-# tools/hf_20b_reference.py (HF BF16 and fp32), then cli_gpu_tests' HF case on it. The full 36
+# 120b's router and MoE widths; the config made here from examples/gpt-oss-120b/config.json),
+# 96 random ids and 32 greedy steps through tools/hf_20b_reference.py (HF BF16 and fp32), then
+# cli_gpu_tests' HF case on it. The full 36
 # layers against HF BF16 (234 GB for HF) need nvidia-h200-x2. Needs .device/bin/{xserv,
 # cli_gpu_tests}.
 source "$(dirname "$0")/common.sh"
