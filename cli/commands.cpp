@@ -1,82 +1,133 @@
 // The command table: names, usage, options and handlers of every xserv subcommand.
 #include "cli/commands.h"
 
+#include <initializer_list>
+
 namespace xserv::cli {
 
 namespace {
 
-const char* kVerifyWeightsHelp =
+// Option groups several commands declare with the same meaning and help.
+
+const OptSpec kWeights{"--weights", "DIR",
+                       "checkpoint directory (default: the one the plan was built from)"};
+const OptSpec kVerifyWeights{
+    "--verify-weights", "",
     "plan: hash every checkpoint file whole (SHA-256) against the digests compile recorded, "
-    "before loading (about 1 GB/s a file on a CPU with SHA extensions)";
+    "before loading (about 1 GB/s a file on a CPU with SHA extensions)"};
+
+/// Where the model runs and where its weights come from.
+const std::vector<OptSpec>& load_options() {
+  static const std::vector<OptSpec> opts = {
+      {"--backend", "auto|cpu|cuda", "where to run (default auto: cuda when a GPU is usable)"},
+      kWeights,
+      kVerifyWeights};
+  return opts;
+}
+
+const OptSpec kTokenizer{"--tokenizer", "PATH", "tokenizer.json or o200k_base.tiktoken"};
+
+/// Sampling beyond the seed (whose default each command states).
+const std::vector<OptSpec>& sampling_options_spec() {
+  static const std::vector<OptSpec> opts = {
+      {"--temperature", "T", "0 for greedy (default)"},
+      {"--top-p", "P", "nucleus sampling threshold (default 1)"},
+      {"--top-k", "K", "sample among the K most likely (default: all)"},
+      {"--min-p", "P", "drop tokens below P x the most likely one's probability (default 0)"}};
+  return opts;
+}
+
+/// The harmony chat format's system-side settings.
+const std::vector<OptSpec>& chat_format_options() {
+  static const std::vector<OptSpec> opts = {
+      {"--system", "TEXT", "developer instructions for the chat"},
+      {"--reasoning", "low|medium|high", "reasoning effort (default medium)"},
+      {"--date", "YYYY-MM-DD", "current date for the system message"}};
+  return opts;
+}
+
+const OptSpec kShowReasoning{"--show-reasoning", "", "also stream the analysis channel"};
+
+const OptSpec kPipelineToken{
+    "--pipeline-token", "TOKEN",
+    "pipelined plan: the secret every rank proves it holds (default: $XSERV_PIPELINE_TOKEN; "
+    "visible to other users in ps, prefer the variable on shared hosts)"};
+
+/// How rank 0 of a pipelined plan finds its stages, then the token.
+const std::vector<OptSpec>& pipeline_options() {
+  static const std::vector<OptSpec> opts = {
+      {"--coordinator", "HOST:PORT",
+       "pipelined plan: listen here for ranks started with `xserv worker` (default: start "
+       "them on this host)"},
+      {"--world", "N", "pipelined plan: ranks in all (must equal the plan's stages)"},
+      {"--pp-local", "", "pipelined plan: run every stage in this process instead"},
+      kPipelineToken};
+  return opts;
+}
+
+/// The options of a command: its own and the groups, in order.
+std::vector<OptSpec> options(std::initializer_list<std::vector<OptSpec>> parts) {
+  std::vector<OptSpec> all;
+  for (const std::vector<OptSpec>& p : parts)
+    all.insert(all.end(), p.begin(), p.end());
+  return all;
+}
 
 } // namespace
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {{"bench",
-        "PLAN_OR_MODEL [-p 512,2048] [-n 128] [-d 0,4096] [-b 1,8,32,64] [-r 5] [-o md|json|csv]\n"
+        "PLAN_OR_MODEL [-p 512,2048] [-n 128] [-d 0,4096] [-b 1,8,32,64] [-r 5] [-o "
+        "md|json|csv]\n"
         "       xserv bench [PLAN_OR_MODEL | --endpoint URL] --requests N [--concurrency C] "
         "[--rate R] [--input-len I] [--output-len O]",
         "measure prefill and decode tokens/s on random token ids, as llama-bench does; with "
         "--requests, serving throughput and latency, as vllm bench serve does",
-        {{"-p", "N,N", "prompt sizes for prefill tests ppN (default 512; 0 skips)"},
-         {"-n", "N,N", "tokens for decode tests tgN (default 128; 0 skips)"},
-         {"-d", "D,D", "context depth filled before each test, untimed (default 0)"},
-         {"-b", "B,B", "sequences decoded together in tg tests (default 1)"},
-         {"-r", "R", "timed repeats after one warm-up (default 5)"},
-         {"-o", "md|json|csv", "output format (default md)"},
-         {"--seed", "S", "seed of the random token ids (default 1)"},
-         {"--backend", "auto|cpu|cuda", "where to run (default auto: cuda when a GPU is usable)"},
-         {"--weights", "DIR", "checkpoint directory (default: the one the plan was built from)"},
-         {"--verify-weights", "", kVerifyWeightsHelp},
-         {"--max-seq", "S", "cache length (default: what the tests need, or the plan's)"},
-         {"--max-batch", "B", "cache rows (default: what the tests need, or the plan's)"},
-         {"--pp-local", "", "pipelined plan: run every stage in this process (one GPU)"},
-         {"--pipeline-token", "TOKEN",
-          "pipelined plan: the secret every rank proves it holds (default: $XSERV_PIPELINE_TOKEN; "
-          "visible to other users in ps, prefer the variable on shared hosts)"},
-         {"--requests", "N", "serving benchmark: N random requests through the engine"},
-         {"--concurrency", "C", "serving: requests in flight at most (default 64)"},
-         {"--rate", "R", "serving: Poisson arrivals per second (default 0: all at once)"},
-         {"--input-len", "I", "serving: prompt tokens per request (default 512)"},
-         {"--output-len", "O", "serving: generated tokens per request (default 256)"},
-         {"--len-range", "F", "serving: lengths uniform in len x [1-F, 1+F] (default 0)"},
-         {"--max-running", "N", "serving: sequences the engine runs at once (default: max batch)"},
-         {"--max-tokens-per-step", "N", "serving: the engine's token budget (default 8192)"},
-         {"--admit-batch", "N", "serving: waiting requests join N at a time (default 1)"},
-         {"--endpoint", "URL", "serving: an OpenAI-compatible server instead of a plan"},
-         {"--model", "NAME", "serving with --endpoint: the model name to send"},
-         {"--api-key", "KEY", "serving with --endpoint: the bearer token"},
-         {"--vocab", "V", "serving with --endpoint: prompt ids below V (default 199998)"},
-         {"--disconnect", "F",
-          "serving with --endpoint: this fraction of clients hang up "
-          "mid-stream (default 0)"}},
-        0,
-        1},
+        options(
+            {{{"-p", "N,N", "prompt sizes for prefill tests ppN (default 512; 0 skips)"},
+              {"-n", "N,N", "tokens for decode tests tgN (default 128; 0 skips)"},
+              {"-d", "D,D", "context depth filled before each test, untimed (default 0)"},
+              {"-b", "B,B", "sequences decoded together in tg tests (default 1)"},
+              {"-r", "R", "timed repeats after one warm-up (default 5)"},
+              {"-o", "md|json|csv", "output format (default md)"},
+              {"--seed", "S", "seed of the random token ids (default 1)"}},
+             load_options(),
+             {{"--max-seq", "S", "cache length (default: what the tests need, or the plan's)"},
+              {"--max-batch", "B", "cache rows (default: what the tests need, or the plan's)"},
+              {"--pp-local", "", "pipelined plan: run every stage in this process (one GPU)"},
+              kPipelineToken,
+              {"--requests", "N", "serving benchmark: N random requests through the engine"},
+              {"--concurrency", "C", "serving: requests in flight at most (default 64)"},
+              {"--rate", "R", "serving: Poisson arrivals per second (default 0: all at once)"},
+              {"--input-len", "I", "serving: prompt tokens per request (default 512)"},
+              {"--output-len", "O", "serving: generated tokens per request (default 256)"},
+              {"--len-range", "F", "serving: lengths uniform in len x [1-F, 1+F] (default 0)"},
+              {"--max-running", "N",
+               "serving: sequences the engine runs at once (default: max batch)"},
+              {"--max-tokens-per-step", "N", "serving: the engine's token budget (default 8192)"},
+              {"--admit-batch", "N", "serving: waiting requests join N at a time (default 1)"},
+              {"--endpoint", "URL", "serving: an OpenAI-compatible server instead of a plan"},
+              {"--model", "NAME", "serving with --endpoint: the model name to send"},
+              {"--api-key", "KEY", "serving with --endpoint: the bearer token"},
+              {"--vocab", "V", "serving with --endpoint: prompt ids below V (default 199998)"},
+              {"--disconnect", "F",
+               "serving with --endpoint: this fraction of clients hang up "
+               "mid-stream (default 0)"}}}),
+        0, 1},
        &cmd_bench},
-      {{"chat",
-        "PLAN_OR_MODEL [options]",
+      {{"chat", "PLAN_OR_MODEL [options]",
         "talk with a model: one line per turn on stdin, /help for the commands",
-        {{"--system", "TEXT", "developer instructions for the chat"},
-         {"--reasoning", "low|medium|high", "reasoning effort (default medium)"},
-         {"--date", "YYYY-MM-DD", "current date for the system message"},
-         {"--show-reasoning", "", "also stream the analysis channel"},
-         {"--max-tokens", "N", "most tokens per reply (default 1024)"},
-         {"--temperature", "T", "0 for greedy (default)"},
-         {"--top-p", "P", "nucleus sampling threshold (default 1)"},
-         {"--top-k", "K", "sample among the K most likely (default: all)"},
-         {"--min-p", "P", "drop tokens below P x the most likely one's probability (default 0)"},
-         {"--seed", "S", "sampling seed (default 0; turn N uses S+N)"},
-         {"--backend", "auto|cpu|cuda", "where to run (default auto: cuda when a GPU is usable)"},
-         {"--weights", "DIR", "checkpoint directory (default: the one the plan was built from)"},
-         {"--verify-weights", "", kVerifyWeightsHelp},
-         {"--tokenizer", "PATH", "tokenizer.json or o200k_base.tiktoken"},
-         {"--max-seq", "S", "longest conversation in tokens (default: the plan's, else 4096)"},
-         {"--pipeline-token", "TOKEN",
-          "pipelined plan: the secret every rank proves it holds (default: $XSERV_PIPELINE_TOKEN; "
-          "visible to other users in ps, prefer the variable on shared hosts)"}},
-        1,
-        1},
+        options(
+            {chat_format_options(),
+             {kShowReasoning, {"--max-tokens", "N", "most tokens per reply (default 1024)"}},
+             sampling_options_spec(),
+             {{"--seed", "S", "sampling seed (default 0; turn N uses S+N)"}},
+             load_options(),
+             {kTokenizer,
+              {"--max-seq", "S", "longest conversation in tokens (default: the plan's, else 4096)"},
+              kPipelineToken}}),
+        1, 1},
        &cmd_chat},
       {{"compile",
         "MODEL_DIR (-o PLAN_DIR | --emit ir) [options]",
@@ -106,42 +157,36 @@ const std::vector<Command>& commands() {
           "our warpgroup gemm"},
          {"--no-cubins", "", "write kernel sources only, skip NVRTC"},
          {"--timeline", "",
-          "a diagnostic plan: every kernel stamps the GPU clock as it starts, and the run prints "
+          "a diagnostic plan: every kernel stamps the GPU clock as it starts, and the run "
+          "prints "
           "each kernel's share of the step (docs/DESIGN.md)"}},
         1,
         1},
        &cmd_compile},
-      {{"eval",
-        "(PLAN_OR_MODEL | --endpoint URL) --task gsm8k|aime25 --data FILE.jsonl [options]",
+      {{"eval", "(PLAN_OR_MODEL | --endpoint URL) --task gsm8k|aime25 --data FILE.jsonl [options]",
         "score a model on GSM8K or AIME 2025: accuracy, pass@k, per-sample JSONL",
-        {{"--task", "gsm8k|aime25", "which benchmark the data file holds"},
-         {"--data", "FILE", "JSONL problems (gsm8k_test.jsonl, aime2025.jsonl)"},
-         {"--limit", "N", "only the first N problems"},
-         {"--samples", "K", "samples per problem (default 1; sample k uses seed S+k)"},
-         {"--batch", "B", "sequences generated together (default: the plan's, else 8)"},
-         {"--reasoning", "low|medium|high", "reasoning effort (default medium)"},
-         {"--max-tokens", "N", "most tokens per sample (default 2048)"},
-         {"--out", "FILE", "write one JSON line per sample here"},
-         {"--temperature", "T", "0 for greedy (default)"},
-         {"--top-p", "P", "nucleus sampling threshold (default 1)"},
-         {"--top-k", "K", "sample among the K most likely (default: all)"},
-         {"--min-p", "P", "drop tokens below P x the most likely one's probability (default 0)"},
-         {"--seed", "S", "sampling seed (default 0)"},
-         {"--backend", "auto|cpu|cuda", "where to run (default auto: cuda when a GPU is usable)"},
-         {"--weights", "DIR", "checkpoint directory (default: the one the plan was built from)"},
-         {"--verify-weights", "", kVerifyWeightsHelp},
-         {"--tokenizer", "PATH", "tokenizer.json or o200k_base.tiktoken"},
-         {"--max-seq", "S", "longest sequence (default: the plan's, else prompt + max tokens)"},
-         {"--endpoint", "URL",
-          "instead of a plan: an OpenAI-compatible server (http://HOST:PORT[/v1]); --batch "
-          "requests at a time"},
-         {"--model", "NAME", "with --endpoint: the model to ask for (default: its first)"},
-         {"--api-key", "KEY", "with --endpoint: sent as Authorization: Bearer KEY"},
-         {"--pipeline-token", "TOKEN",
-          "pipelined plan: the secret every rank proves it holds (default: $XSERV_PIPELINE_TOKEN; "
-          "visible to other users in ps, prefer the variable on shared hosts)"}},
-        0,
-        1},
+        options(
+            {{{"--task", "gsm8k|aime25", "which benchmark the data file holds"},
+              {"--data", "FILE", "JSONL problems (gsm8k_test.jsonl, aime2025.jsonl)"},
+              {"--limit", "N", "only the first N problems"},
+              {"--samples", "K", "samples per problem (default 1; sample k uses seed S+k)"},
+              {"--batch", "B", "sequences generated together (default: the plan's, else 8)"},
+              {"--reasoning", "low|medium|high", "reasoning effort (default medium)"},
+              {"--max-tokens", "N", "most tokens per sample (default 2048)"},
+              {"--out", "FILE", "write one JSON line per sample here"}},
+             sampling_options_spec(),
+             {{"--seed", "S", "sampling seed (default 0)"}},
+             load_options(),
+             {kTokenizer,
+              {"--max-seq", "S",
+               "longest sequence (default: the plan's, else prompt + max tokens)"},
+              {"--endpoint", "URL",
+               "instead of a plan: an OpenAI-compatible server (http://HOST:PORT[/v1]); --batch "
+               "requests at a time"},
+              {"--model", "NAME", "with --endpoint: the model to ask for (default: its first)"},
+              {"--api-key", "KEY", "with --endpoint: sent as Authorization: Bearer KEY"},
+              kPipelineToken}}),
+        0, 1},
        &cmd_eval},
       {{"inspect",
         "PLAN_DIR [--json]",
@@ -150,72 +195,47 @@ const std::vector<Command>& commands() {
         1,
         1},
        &cmd_inspect},
-      {{"run",
-        "PLAN_OR_MODEL (--prompt-ids 1,2,3 | --prompt TEXT) [options]",
+      {{"run", "PLAN_OR_MODEL (--prompt-ids 1,2,3 | --prompt TEXT) [options]",
         "generate from a plan or checkpoint: token ids, or text in the harmony chat format",
-        {{"--prompt-ids", "IDS", "comma-separated prompt token ids"},
-         {"--prompt", "TEXT", "a user message, rendered in the harmony chat format"},
-         {"--system", "TEXT", "developer instructions for the chat"},
-         {"--reasoning", "low|medium|high", "reasoning effort (default medium)"},
-         {"--date", "YYYY-MM-DD", "current date for the system message"},
-         {"--raw", "", "send --prompt as plain text, without the chat format"},
-         {"--show-reasoning", "", "also stream the analysis channel"},
-         {"--max-tokens", "N", "tokens to generate (default 128)"},
-         {"--temperature", "T", "0 for greedy (default)"},
-         {"--top-p", "P", "nucleus sampling threshold (default 1)"},
-         {"--top-k", "K", "sample among the K most likely (default: all)"},
-         {"--min-p", "P", "drop tokens below P x the most likely one's probability (default 0)"},
-         {"--seed", "S", "sampling seed (default 0)"},
-         {"--stop-at-eos", "", "with --prompt-ids: stop at the config's eos ids"},
-         {"--logits-out", "FILE",
-          "with --prompt-ids: write each step's logits (vocab float32 values per generated "
-          "token, little-endian) to FILE"},
-         {"--backend", "auto|cpu|cuda", "where to run (default auto: cuda when a GPU is usable)"},
-         {"--weights", "DIR", "checkpoint directory (default: the one the plan was built from)"},
-         {"--verify-weights", "", kVerifyWeightsHelp},
-         {"--tokenizer", "PATH", "tokenizer.json or o200k_base.tiktoken"},
-         {"--max-seq", "S", "longest sequence (default: the plan's, else 4096)"},
-         {"--max-batch", "B", "sequences decoded together"},
-         {"--coordinator", "HOST:PORT",
-          "pipelined plan: listen here for ranks started with `xserv worker` (default: start "
-          "them on this host)"},
-         {"--world", "N", "pipelined plan: ranks in all (must equal the plan's stages)"},
-         {"--pp-local", "", "pipelined plan: run every stage in this process instead"},
-         {"--pipeline-token", "TOKEN",
-          "pipelined plan: the secret every rank proves it holds (default: $XSERV_PIPELINE_TOKEN; "
-          "visible to other users in ps, prefer the variable on shared hosts)"}},
-        1,
-        1},
+        options(
+            {{{"--prompt-ids", "IDS", "comma-separated prompt token ids"},
+              {"--prompt", "TEXT", "a user message, rendered in the harmony chat format"}},
+             chat_format_options(),
+             {{"--raw", "", "send --prompt as plain text, without the chat format"},
+              kShowReasoning,
+              {"--max-tokens", "N", "tokens to generate (default 128)"}},
+             sampling_options_spec(),
+             {{"--seed", "S", "sampling seed (default 0)"},
+              {"--stop-at-eos", "", "with --prompt-ids: stop at the config's eos ids"},
+              {"--logits-out", "FILE",
+               "with --prompt-ids: write each step's logits (vocab float32 values per generated "
+               "token, little-endian) to FILE"}},
+             load_options(),
+             {kTokenizer,
+              {"--max-seq", "S", "longest sequence (default: the plan's, else 4096)"},
+              {"--max-batch", "B", "sequences decoded together"}},
+             pipeline_options()}),
+        1, 1},
        &cmd_run},
-      {{"serve",
-        "PLAN_OR_MODEL [--host 127.0.0.1] [--port 8000] [options]",
+      {{"serve", "PLAN_OR_MODEL [--host 127.0.0.1] [--port 8000] [options]",
         "serve a model over OpenAI-compatible HTTP (/v1/chat/completions, /v1/responses, ...)",
-        {{"--host", "ADDR", "address to listen on (default 127.0.0.1)"},
-         {"--port", "N", "port to listen on (default 8000; 0: any free port)"},
-         {"--api-key", "KEY", "require Authorization: Bearer KEY (default: $XSERV_API_KEY)"},
-         {"--served-model-name", "NAME", "the model name clients use (default gpt-oss)"},
-         {"--max-running", "N", "requests running at once (default: the plan's max batch)"},
-         {"--max-queue", "N", "requests waiting for a row; more get 429 (default 4096)"},
-         {"--max-tokens-per-step", "N", "decode plus prompt tokens per step (default 8192)"},
-         {"--max-body", "SIZE", "largest request body; larger get 413 (default 16MiB)"},
-         {"--http-threads", "N", "HTTP worker threads (default 512 + max running)"},
-         {"--grace", "SECONDS", "on SIGTERM/SIGINT, time running requests get (default 30)"},
-         {"--backend", "auto|cpu|cuda", "where to run (default auto: cuda when a GPU is usable)"},
-         {"--weights", "DIR", "checkpoint directory (default: the one the plan was built from)"},
-         {"--verify-weights", "", kVerifyWeightsHelp},
-         {"--tokenizer", "PATH", "tokenizer.json or o200k_base.tiktoken"},
-         {"--max-seq", "S", "longest sequence (default: the plan's, else 4096)"},
-         {"--max-batch", "B", "KV-cache rows (default: the plan's)"},
-         {"--coordinator", "HOST:PORT",
-          "pipelined plan: listen here for ranks started with `xserv worker` (default: start "
-          "them on this host)"},
-         {"--world", "N", "pipelined plan: ranks in all (must equal the plan's stages)"},
-         {"--pp-local", "", "pipelined plan: run every stage in this process instead"},
-         {"--pipeline-token", "TOKEN",
-          "pipelined plan: the secret every rank proves it holds (default: $XSERV_PIPELINE_TOKEN; "
-          "visible to other users in ps, prefer the variable on shared hosts)"}},
-        1,
-        1},
+        options(
+            {{{"--host", "ADDR", "address to listen on (default 127.0.0.1)"},
+              {"--port", "N", "port to listen on (default 8000; 0: any free port)"},
+              {"--api-key", "KEY", "require Authorization: Bearer KEY (default: $XSERV_API_KEY)"},
+              {"--served-model-name", "NAME", "the model name clients use (default gpt-oss)"},
+              {"--max-running", "N", "requests running at once (default: the plan's max batch)"},
+              {"--max-queue", "N", "requests waiting for a row; more get 429 (default 4096)"},
+              {"--max-tokens-per-step", "N", "decode plus prompt tokens per step (default 8192)"},
+              {"--max-body", "SIZE", "largest request body; larger get 413 (default 16MiB)"},
+              {"--http-threads", "N", "HTTP worker threads (default 512 + max running)"},
+              {"--grace", "SECONDS", "on SIGTERM/SIGINT, time running requests get (default 30)"}},
+             load_options(),
+             {kTokenizer,
+              {"--max-seq", "S", "longest sequence (default: the plan's, else 4096)"},
+              {"--max-batch", "B", "KV-cache rows (default: the plan's)"}},
+             pipeline_options()}),
+        1, 1},
        &cmd_serve},
       {{"worker",
         "PLAN_DIR --rank R --world N --coordinator HOST:PORT [--device D] [--weights DIR] "
@@ -225,11 +245,9 @@ const std::vector<Command>& commands() {
          {"--world", "N", "ranks in all"},
          {"--coordinator", "HOST:PORT", "where rank 0 listens"},
          {"--device", "D", "with the CUDA backend: run on this host's visible GPU D (default 0)"},
-         {"--weights", "DIR", "checkpoint directory (default: the one the plan was built from)"},
-         {"--verify-weights", "", kVerifyWeightsHelp},
-         {"--pipeline-token", "TOKEN",
-          "pipelined plan: the secret every rank proves it holds (default: $XSERV_PIPELINE_TOKEN; "
-          "visible to other users in ps, prefer the variable on shared hosts)"}},
+         kWeights,
+         kVerifyWeights,
+         kPipelineToken},
         1,
         1},
        &cmd_worker},
