@@ -76,7 +76,7 @@ struct ChatSession {
     req.sampling.seed = sampling.seed + static_cast<uint64_t>(total.turns);
     req.stop_ids = models::stop_token_ids();
     models::StreamParser parser(tok);
-    std::string last_channel;
+    ChannelEcho echo(show_reasoning);
     engine::GenerateStats st;
     const auto t0 = std::chrono::steady_clock::now();
     try {
@@ -86,14 +86,8 @@ struct ChatSession {
             if (ev.token < 0)
               return true;
             const int32_t id = ev.token;
-            std::string piece = parser.push(static_cast<models::TokenId>(id));
-            const std::string& ch = parser.current_channel();
-            if (ch == "final" || (show_reasoning && !ch.empty())) {
-              if (show_reasoning && ch != last_channel)
-                std::cout << (last_channel.empty() ? "" : "\n") << "[" << ch << "] ";
-              last_channel = ch;
-              std::cout << piece << std::flush;
-            }
+            const std::string piece = parser.push(static_cast<models::TokenId>(id));
+            echo.print(parser.current_channel(), piece);
             return !parser.stopped();
           },
           {}, &st);
@@ -105,7 +99,7 @@ struct ChatSession {
       return;
     }
     parser.finish();
-    if (last_channel.empty()) // e.g. random weights, or max_tokens spent on the analysis
+    if (!echo.printed()) // e.g. random weights, or max_tokens spent on the analysis
       std::cout << fmt::format("(no reply text in {} generated tokens)", st.generated_tokens);
     std::cout << std::endl;
     // Harmony drops the analysis of earlier turns when re-rendering (auto_drop_analysis).

@@ -164,7 +164,7 @@ int cmd_run(const ParsedArgs& args) {
   auto model = make_model(src, args);
   models::StreamParser parser(tok);
   models::StreamDecoder decoder(tok);
-  std::string last_channel;
+  ChannelEcho echo(show_reasoning);
   engine::GenerateStats st;
   const std::vector<engine::Generation> out = engine::generate(
       *model, {req},
@@ -176,14 +176,8 @@ int cmd_run(const ParsedArgs& args) {
           std::cout << decoder.push(static_cast<models::TokenId>(id)) << std::flush;
           return true;
         }
-        std::string text = parser.push(static_cast<models::TokenId>(id));
-        const std::string& ch = parser.current_channel();
-        if (ch == "final" || (show_reasoning && !ch.empty())) {
-          if (show_reasoning && ch != last_channel)
-            std::cout << (last_channel.empty() ? "" : "\n") << "[" << ch << "] ";
-          last_channel = ch;
-          std::cout << text << std::flush;
-        }
+        const std::string text = parser.push(static_cast<models::TokenId>(id));
+        echo.print(parser.current_channel(), text);
         return !parser.stopped();
       },
       {}, &st);

@@ -38,6 +38,21 @@ runtime::SamplerOptions sampling_options(const ParsedArgs& args);
 /// The ids of --prompt-ids (comma-separated, each in [0, 2^31)); a usage error otherwise.
 std::vector<int32_t> parse_prompt_ids(const ParsedArgs& args);
 
+/// A harmony reply streamed to stdout as it is parsed: the final channel's text, and with
+/// show_reasoning every channel's, each new channel tagged "[name] " on a line of its own.
+class ChannelEcho {
+public:
+  explicit ChannelEcho(bool show_reasoning) : show_(show_reasoning) {}
+  /// Prints `text`, which the parser produced while in `channel` ("" before the first).
+  void print(const std::string& channel, const std::string& text);
+  /// Whether anything has been printed.
+  bool printed() const { return !last_.empty(); }
+
+private:
+  bool show_;
+  std::string last_; // the channel of the last text printed
+};
+
 /// Progress lines on stderr ("[compile] building graph ... 12.3 ms").
 class Progress {
 public:
