@@ -264,9 +264,10 @@ void handle_responses(Server::State& st, const httplib::Request& req, httplib::R
         openai::parse_responses_request(openai::parse_body(req.body));
     const openai::ChatRequest cr = openai::parse_responses_chat(rr);
     st.check_model(cr.model);
-    auto [d, session] = start_chat(st, cr, arrival, "resp_", "input");
+    const std::string prefix = "resp_";
+    auto [d, session] = start_chat(st, cr, arrival, prefix, "input");
     const int64_t created = now_s();
-    auto out = std::make_shared<openai::ResponsesOutput>(d->id.substr(5));
+    auto out = std::make_shared<openai::ResponsesOutput>(d->id.substr(prefix.size()));
     d->on_event = [session, out](const engine::Event& ev) {
       Json logprobs = Json::array(); // not asked for: top_logprobs is refused
       std::vector<Json> events;

@@ -189,3 +189,22 @@ ab_round() {
   wait
   timelines new /tmp/p_tl_new 0 4096
 }
+
+# variant_sweep KNOBS_ARRAY "VARIANT..." "TIMELINE_VARIANT..." AGAIN: compile_variants, timeline
+# plans of the listed variants (compiled while the rows run), the batch-1 rows of old, of each
+# variant, of old again and of AGAIN again (the spread between calls), then those timelines.
+variant_sweep() {
+  local -n sweep_knobs=$1
+  local variants=$2 timeline_variants=$3 again=$4 v
+  compile_variants sweep_knobs $variants
+  for v in $timeline_variants; do
+    env ${sweep_knobs[$v]} $X compile /tmp/g20 -o /tmp/p_tl_$v --max-seq 8192 --max-batch 64 \
+      --timeline > /tmp/c_tl_$v.log 2>&1 &
+  done
+  row old $OLD /tmp/p_old
+  for v in $variants; do row $v $X /tmp/p_$v; done
+  row old $OLD /tmp/p_old
+  row "$again" $X /tmp/p_$again
+  wait
+  for v in $timeline_variants; do timelines $v /tmp/p_tl_$v 0 4096; done
+}

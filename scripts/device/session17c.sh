@@ -13,17 +13,7 @@ declare -A KNOBS=([base]="" [pad]="XSERV_EXP_QKV_PAD=1" [c3]="XSERV_EXP_COMBINE_
   [c3_late]="XSERV_EXP_COMBINE_BLOCKS=3 XSERV_EXP_COMBINE_LATE=1"
   [pad_c3_late]="XSERV_EXP_QKV_PAD=1 XSERV_EXP_COMBINE_BLOCKS=3 XSERV_EXP_COMBINE_LATE=1")
 VARIANTS="base pad c3 late pad_c3 c3_late pad_c3_late"
-compile_variants KNOBS $VARIANTS
-for v in pad_c3 c3_late; do
-  env ${KNOBS[$v]} $X compile /tmp/g20 -o /tmp/p_tl_$v --max-seq 8192 --max-batch 64 --timeline \
-    > /tmp/c_tl_$v.log 2>&1 &
-done
-row old $OLD /tmp/p_old
-for v in $VARIANTS; do row $v $X /tmp/p_$v; done
-row old $OLD /tmp/p_old
-row base $X /tmp/p_base
-wait
-for v in pad_c3 c3_late; do timelines $v /tmp/p_tl_$v 0 4096; done
+variant_sweep KNOBS "$VARIANTS" "pad_c3 c3_late" base
 ab() { cmp -s /tmp/tok_$1.txt /tmp/tok_$2.txt && echo "tokens $1/$2 equal" || echo "tokens $1/$2 differ"; }
 for v in old pad_c3_late; do
   b=$X; [ $v = old ] && b=$OLD

@@ -13,15 +13,5 @@ declare -A KNOBS=([q40]="" [q4]="XSERV_EXP_QKV_INFLIGHT=4" [q8]="XSERV_EXP_QKV_I
   [o4]="XSERV_EXP_NO_QKV_SMEM=1 XSERV_EXP_OPROJ_INFLIGHT=4" [o8]="XSERV_EXP_NO_QKV_SMEM=1"
   [q8o2]="XSERV_EXP_QKV_INFLIGHT=8 XSERV_EXP_OPROJ_INFLIGHT=2")
 VARIANTS="q40 q4 q8 q16 o8 o2 o4 q8o2"
-compile_variants KNOBS $VARIANTS
-for v in q8 q8o2; do
-  env ${KNOBS[$v]} $X compile /tmp/g20 -o /tmp/p_tl_$v --max-seq 8192 --max-batch 64 --timeline \
-    > /tmp/c_tl_$v.log 2>&1 &
-done
-row old $OLD /tmp/p_old
-for v in $VARIANTS; do row $v $X /tmp/p_$v; done
-row old $OLD /tmp/p_old
-row q8 $X /tmp/p_q8
-wait
-for v in q8 q8o2; do timelines $v /tmp/p_tl_$v 0 4096; done
+variant_sweep KNOBS "$VARIANTS" "q8 q8o2" q8
 echo "done in $((SECONDS - start)) s"
