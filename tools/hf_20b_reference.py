@@ -71,7 +71,7 @@ def run(model, ids, greedy, out_dir, tag):
 
 
 def draw_ids(seed, tokens, vocab):
-    """The random prompt of --ids-seed SEED (scripts/device/pp120b.sh hands xserv the same)."""
+    """The random prompt of --ids-seed SEED (scripts/device/hf20b.sh hands xserv the same)."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (1, tokens), generator=gen)
 

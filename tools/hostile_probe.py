@@ -21,8 +21,8 @@ HTTP server. Every case is classified:
 Writes DIR/results.jsonl and DIR/summary.md, and prints the summary. Written without reading
 tests/ so that it is independent of the project's own hostile-input tests; the cases for what
 the first run left (frames with lying sizes, Content-Length and Transfer-Encoding oddities with a
-smuggled request behind them, --verify-weights, plan.json's config block) were added by the
-session that fixed them.
+smuggled request behind them, --verify-weights, plan.json's config block) were added with the
+fixes.
 """
 import argparse
 import hashlib

@@ -4,7 +4,7 @@
 Compiles each configuration below (the 20b's shapes) with nvcc for sm_90a against
 codegen/kernels, disassembles it with cuobjdump and counts the instructions of the longest loop
 that holds an HGMMA (one K tile), with the registers and spills ptxas reports. This is how
-docs/PERF.md (session 9) counted a K tile before and after a kernel change; it measures
+docs/PERF.md counted a K tile before and after a kernel change this way; it measures
 instructions, not time. cuobjdump is not in the CUDA toolkit here: `pip download --no-deps
 nvidia-cuda-cuobjdump` and unzip the wheel, then pass its bin/ with --cuobjdump-dir.
 

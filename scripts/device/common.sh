@@ -1,48 +1,61 @@
 # Sourced by the device scripts (never run alone): the repository root as the working directory,
-# the environment every call needs, and run_tests. Each script documents what it needs in
-# .device/ (built here and carried with [".device/bin", ".device/data"]); logs land in $OUT.
+# the environment every call needs and the helpers the scripts share. What a script needs in
+# .device/ (built here, carried) is in its header and in README.md; logs land in $OUT.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[1]}")/../.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} XSERV_SOURCE_DIR=$PWD
-export XSERV_KERNEL_CACHE=${XSERV_KERNEL_CACHE:-/tmp/xk} NCCL_NVLS_ENABLE=0
+cd "$(dirname "${BASH_SOURCE[1]}")/../.." || exit 1
+B=.device/bin X=.device/bin/xserv D=.device/data
+# xserv and the test binaries find libcpp-httplib (copied into .device/bin) beside them.
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$PWD/$B:${LD_LIBRARY_PATH:-} XSERV_SOURCE_DIR=$PWD
+export XSERV_KERNEL_CACHE=${XSERV_KERNEL_CACHE:-/tmp/xk} NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-B=.device/bin X=.device/bin/xserv D=.device/data
 start=$SECONDS
 
-# run_tests BINARY [doctest options]: runs one GPU test binary of .device/bin into
-# $OUT/BINARY.log ($OUT/BINARY$RUN_LOG.log with RUN_LOG set: two runs of one binary keep both
-# logs) and prints its exit code, doctest's summary and the first failures, within RUN_TIMEOUT
-# seconds (300 by default). doctest's -tc patterns are case-insensitive and match anywhere only
-# with a leading '*'.
+# Old against new in one call: OLD is the old binary (.device/old/xserv, carried), $X the new.
+OLD=${OLD:-.device/old/xserv}
+have_old() { [ -x "$OLD" ]; }
+# bin_of old|new: the binary of a variant.
+bin_of() { if [ "$1" = old ]; then echo "$OLD"; else echo "$X"; fi; }
+
+# gpu_info: one line per GPU, and how many there are in $NGPU.
+gpu_info() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  NGPU=$(nvidia-smi -L | grep -c '^GPU')
+}
+
+# at: seconds since the script started.
+at() { echo "$((SECONDS - start)) s"; }
+
+# run_tests BINARY [doctest options]: one GPU test binary of .device/bin into $OUT/BINARY.log
+# within RUN_TIMEOUT seconds (300 by default); prints its exit code (124: the timeout), doctest's
+# summary and the first failures. doctest's -tc patterns are case-insensitive and match anywhere
+# only with a leading '*'.
 run_tests() {
-  local t=$1 log="$OUT/$1${RUN_LOG:-}.log"
+  local t=$1 log="$OUT/$1.log"
   shift
   timeout "${RUN_TIMEOUT:-300}" "$B/$t" "$@" > "$log" 2>&1
   echo "$t rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' "$log" | tr '\n' ' ')"
   grep -E "ERROR|FAILED" -A3 "$log" | head -30
 }
 
-# The 4 prompts (token ids) every pp N against pp 1 comparison runs: 49, 98, 6 and 11 tokens.
+# The 4 prompts (token ids) of the pipeline comparisons: 49, 98, 6 and 11 tokens.
 PROMPTS=("$(seq -s, 1000 37 2800)" "$(seq -s, 7 3 300)" "200002,1,2,3,4,5" "$(seq -s, 50000 911 60000)")
+# The 190-token prompt of the old-against-new token checks.
+PROMPT190=$(seq -s, 1000 37 8000)
 
 # synth20b [--reuse]: the synthetic 20b (seed 0) at /tmp/g20; --reuse keeps one already there.
 synth20b() {
-  [ "${1:-}" = --reuse ] && [ -d /tmp/g20 ] && return 0
+  [ "${1:-}" = --reuse ] && [ -f /tmp/g20/config.json ] && return 0
+  rm -rf /tmp/g20
   $X synth --config $D/gpt-oss-20b.json -o /tmp/g20 --seed 0 2>&1 | tail -1
 }
 
-
-# Old against new in one call: OLD is the old binary (.device/old/xserv, carried), $X the new.
-OLD=${OLD:-.device/old/xserv}
-# bin_of old|new: the binary of a variant.
-bin_of() { if [ "$1" = old ]; then echo "$OLD"; else echo "$X"; fi; }
-
-# ab_compile [flags]: the 20b (synth20b first) compiled by both binaries, in parallel, into
-# /tmp/p_old and /tmp/p_new (max-seq 8192, max-batch 64, then the flags).
-ab_compile() {
+# compile_pair [flags]: /tmp/g20 compiled by the new binary into /tmp/p_new and, when there is
+# an old one, by it into /tmp/p_old, in parallel (max-seq 8192, max-batch 64, then the flags).
+compile_pair() {
   local v
-  for v in old new; do
+  for v in new old; do
+    [ $v = old ] && ! have_old && continue
     "$(bin_of $v)" compile /tmp/g20 -o /tmp/p_$v --max-seq 8192 --max-batch 64 "$@" \
       > /tmp/c_$v.log 2>&1 &
   done
@@ -50,161 +63,52 @@ ab_compile() {
   tail -1 /tmp/c_new.log
 }
 
-# ab_decode [rounds]: batch-1 decode rows at depth 0 and 4096, old then new, `rounds` times.
-ab_decode() {
-  local round v
-  for round in $(seq "${1:-2}"); do
-    for v in old new; do
-      echo "-- $v (round $round)"
-      timeout 100 "$(bin_of $v)" bench /tmp/p_$v --backend cuda -p 0 -n 128 -b 1 -d 0,4096 -r 2 \
-        2> /dev/null | grep -E "tg" | cut -d'|' -f6,7,8,11
-    done
-  done
+# rows LABEL BINARY PLAN [bench options]: the md rows of one `xserv bench` from the test column
+# on (test, t/s, peak memory, and TTFT / TPOT for batched rows), each prefixed with LABEL.
+rows() {
+  local label=$1 bin=$2 plan=$3
+  shift 3
+  timeout "${BENCH_TIMEOUT:-200}" "$bin" bench "$plan" --backend cuda "$@" 2> /dev/null |
+    grep -E '^\| ' | grep -vE '^\| model ' | cut -d'|' -f6- | sed "s/^/$label |/"
 }
 
-# ab_tokens [max tokens]: greedy tokens of a 190-token prompt from both plans, compared.
-ab_tokens() {
+# tokens_equal A B: the greedy tokens of PROMPT190 from plans A and B (64 steps), compared;
+# binaries from bin_of (A and B are old|new and the plans /tmp/p_A, /tmp/p_B).
+tokens_equal() {
   local v
-  for v in old new; do
-    timeout 60 "$(bin_of $v)" run /tmp/p_$v --backend cuda --prompt-ids "$(seq -s, 1000 37 8000)" \
-      --max-tokens "${1:-32}" > /tmp/tok_$v.txt 2> /dev/null
+  for v in "$1" "$2"; do
+    timeout 90 "$(bin_of $v)" run /tmp/p_$v --backend cuda --prompt-ids "$PROMPT190" \
+      --max-tokens 64 > /tmp/tok_$v.txt 2> /dev/null
   done
-  cmp -s /tmp/tok_old.txt /tmp/tok_new.txt && echo "greedy tokens old/new: equal" ||
-    echo "greedy tokens old/new: differ"
+  cmp -s /tmp/tok_$1.txt /tmp/tok_$2.txt && echo "greedy tokens $1 / $2: equal" ||
+    echo "greedy tokens $1 / $2: DIFFER"
 }
 
-# ab_batch B: the batch-B decode row (-p 0 -n 128), old then new.
-ab_batch() {
-  local v
-  for v in old new; do
-    echo "-- $v B$1"
-    timeout 100 "$(bin_of $v)" bench /tmp/p_$v --backend cuda -p 0 -n 128 -b "$1" -r 2 \
-      2> /dev/null | grep -E "tg" | cut -d'|' -f6,7,8,11
+# serving_lines FILE: the headline figures of a serving report, on one line.
+serving_lines() {
+  grep -E "completed|failed|output token|TTFT (median|p99)|TPOT (median|p99)|ITL (median|p99)|host share|first error" \
+    "$1" | cut -c1-90 | tr -s ' ' | tr '\n' ';'
+  echo
+}
+
+# wait_health PORT PID SECONDS: until GET /health answers 200, the server dies, or time is up.
+wait_health() {
+  local t0=$SECONDS
+  while [ $((SECONDS - t0)) -lt "$3" ]; do
+    curl -sf -m 2 "http://127.0.0.1:$1/health" > /dev/null && return 0
+    kill -0 "$2" 2> /dev/null || { echo "server died"; return 1; }
+    sleep 0.5
   done
+  echo "no /health 200 after $3 s"
+  return 1
 }
 
-# ab_prompt_b64: the pp512 and 64-sequence rows, old then new.
-ab_prompt_b64() {
-  local v
-  for v in old new; do
-    echo "-- $v pp512, B64"
-    timeout 100 "$(bin_of $v)" bench /tmp/p_$v --backend cuda -p 512 -n 128 -b 64 -r 2 \
-      2> /dev/null | grep -E "pp|tg" | cut -d'|' -f6,7,8,11
-  done
-}
-
-# kb_moe: kernels_bench's MXFP4 MoE decode sweep (FMA and tensor-core tilings), one line each.
-kb_moe() {
-  timeout 200 $B/kernels_bench -tc="MXFP4 MoE decode*" > "$OUT/kb.log" 2>&1
-  echo "kernels_bench rc=$?"
-  grep -E "mxfp4 (gate_up|down_part)|ERROR" "$OUT/kb.log" |
-    sed 's/.*MESSAGE: //; s/moe_[a-z_]*e32_k4_d2880_i2880_mx4_a16//'
-}
-
-# engine_tests: the engine GPU tests and their batch-invariance lines.
-engine_tests() {
-  run_tests engine_gpu_tests
-  grep -E "batch invariance \(" "$OUT/engine_gpu_tests.log" | sed 's/.*MESSAGE: //' | cut -c1-160
-}
-
-# hf_batch_fixtures: cli_gpu_tests' HF batch fixtures (the CUDA engine against HF transformers).
-hf_batch_fixtures() {
-  timeout 150 $B/cli_gpu_tests -tc="*hf batch fixture*" > "$OUT/cli_gpu_tests.log" 2>&1
-  echo "cli_gpu_tests rc=$?: $(grep -E '^\[doctest\] (test cases|assertions)' \
-    "$OUT/cli_gpu_tests.log" | tr '\n' ' ')"
-  grep -E "ERROR|FAILED" -A3 "$OUT/cli_gpu_tests.log" | head -10
-}
-
-# hf_fidelity: the 20b at /tmp/g20 against HF transformers (hf20b.sh's steps: a 256-token random
-# prompt, 64 greedy tokens; reference into /tmp/ref, then cli_gpu_tests' synthetic-20b cases).
-hf_fidelity() {
-  timeout 200 python3 tools/hf_20b_reference.py /tmp/g20 --ids-seed 0 --tokens 256 --greedy 64 \
-    --out /tmp/ref > "$OUT/hf_ref.log" 2>&1
-  echo "HF reference rc=$? at $((SECONDS - start)) s"
-  XSERV_20B_CKPT=/tmp/g20 XSERV_20B_REF=/tmp/ref timeout 150 $B/cli_gpu_tests \
-    -tc="gpu: synthetic 20b*" > "$OUT/hf20b_test.log" 2>&1
-  echo "hf20b test rc=$?: $(grep -E '^\[doctest\] test cases' "$OUT/hf20b_test.log" | tail -1)"
-  grep -E "MESSAGE|ERROR" -A1 "$OUT/hf20b_test.log" | grep -vE "^--$" | cut -c1-220 | head -16
-}
-
-# repeats DEPTHS KERNEL...: the batch-1 decode row of /tmp/p_new at DEPTHS (as bench -d takes
-# them) with each KERNEL (a kernel-name fragment; "none": nothing) launched twice inside the
-# graph (XSERV_PROFILE_REPEAT): the step's growth over the layers is that kernel's in-graph cost.
-repeats() {
-  local depths=$1 k rep
-  shift
-  for k in "$@"; do
-    rep=$k
-    [ "$k" = none ] && rep=
-    echo "-- x2 $k: $(XSERV_PROFILE_REPEAT=$rep timeout 100 $X bench /tmp/p_new --backend cuda \
-      -p 0 -n 128 -b 1 -d "$depths" -r 1 2> /dev/null | grep -E "tg" | cut -d'|' -f6,7,8 |
-      tr '\n' ' ')"
-  done
-}
-
-# row LABEL BINARY PLAN: the batch-1 decode rows of PLAN at depth 0 and 4096 (-r 2) on one line.
-row() {
-  echo "-- $1: $(timeout 100 "$2" bench "$3" --backend cuda -p 0 -n 128 -b 1 -d 0,4096 -r 2 \
-    2> /dev/null | grep -E "tg" | cut -d'|' -f6,7 | tr -s ' ' | tr '\n' ' ')"
-}
-
-# timelines TAG PLAN DEPTH...: the batch-1 row of a timeline plan (compile --timeline) at each
-# depth, with the first rows of its kernel table; the whole report in $OUT/tl_TAG_dDEPTH.log.
-timelines() {
-  local tag=$1 plan=$2 depth
-  shift 2
-  for depth in "$@"; do
-    echo "== timeline $tag -d $depth"
-    timeout 100 $X bench "$plan" --backend cuda -p 0 -n 128 -b 1 -d "$depth" -r 1 \
-      2> "$OUT/tl_${tag}_d$depth.log" | grep -E "tg" | cut -d'|' -f6,7
-    grep -E "^\[timeline\]" "$OUT/tl_${tag}_d$depth.log" | sed -n '1p;3,13p' | cut -c1-118
-  done
-}
-
-# compile_variants KNOBS_ARRAY VARIANT...: /tmp/g20 compiled by $X into /tmp/p_VARIANT for each
-# variant, in parallel, with the environment assignments KNOBS_ARRAY[VARIANT] (the name of an
-# associative array of compile-time knobs), and by $OLD into /tmp/p_old.
-compile_variants() {
-  local -n knobs=$1
-  local v
-  shift
-  $OLD compile /tmp/g20 -o /tmp/p_old --max-seq 8192 --max-batch 64 > /tmp/c_old.log 2>&1 &
-  for v in "$@"; do
-    env ${knobs[$v]} $X compile /tmp/g20 -o /tmp/p_$v --max-seq 8192 --max-batch 64 \
-      > /tmp/c_$v.log 2>&1 &
-  done
-  wait
-}
-
-# ab_round: the usual old-against-new measurement of a decode change: both plans (ab_compile),
-# greedy tokens over 64 steps, the batch-1 rows twice, batch 8, then the new binary's timeline
-# plan (compiled meanwhile) at depth 0 and 4096.
-ab_round() {
-  ab_compile
-  $X compile /tmp/g20 -o /tmp/p_tl_new --max-seq 8192 --max-batch 64 --timeline \
-    > /tmp/c_tl.log 2>&1 &
-  ab_tokens 64
-  ab_decode 2
-  ab_batch 8
-  wait
-  timelines new /tmp/p_tl_new 0 4096
-}
-
-# variant_sweep KNOBS_ARRAY "VARIANT..." "TIMELINE_VARIANT..." AGAIN: compile_variants, timeline
-# plans of the listed variants (compiled while the rows run), the batch-1 rows of old, of each
-# variant, of old again and of AGAIN again (the spread between calls), then those timelines.
-variant_sweep() {
-  local -n sweep_knobs=$1
-  local variants=$2 timeline_variants=$3 again=$4 v
-  compile_variants sweep_knobs $variants
-  for v in $timeline_variants; do
-    env ${sweep_knobs[$v]} $X compile /tmp/g20 -o /tmp/p_tl_$v --max-seq 8192 --max-batch 64 \
-      --timeline > /tmp/c_tl_$v.log 2>&1 &
-  done
-  row old $OLD /tmp/p_old
-  for v in $variants; do row $v $X /tmp/p_$v; done
-  row old $OLD /tmp/p_old
-  row "$again" $X /tmp/p_$again
-  wait
-  for v in $timeline_variants; do timelines $v /tmp/p_tl_$v 0 4096; done
+# stop_server PID: SIGTERM, 20 s to drain and exit (its exit code printed), then SIGKILL.
+stop_server() {
+  local i
+  kill -TERM "$1" 2> /dev/null
+  for i in $(seq 40); do kill -0 "$1" 2> /dev/null || break; sleep 0.5; done
+  kill -KILL "$1" 2> /dev/null
+  wait "$1" 2> /dev/null
+  echo "server exit code $?"
 }

@@ -5,7 +5,7 @@ Usage: compare_logits.py DIR A B PROMPTS [VOCAB]
 Reads DIR/logits_{A}_p{i}.f32 and DIR/logits_{B}_p{i}.f32 for i < PROMPTS (float32 rows of
 VOCAB, default 201088) and prints, per prompt, B's worst relative L2 distance to A over the rows,
 the first row's (the prompt step's), and how many rows are bitwise equal. Exits 1 when any row
-is further than 1e-3 (the pipeline issue's bound) or the row counts differ.
+is further than 1e-3 (docs/TESTING.md's bound for pipelines) or the row counts differ.
 """
 import os
 import sys

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Packs, on this machine, what llama_serve.sh needs to build llama.cpp's llama-server and
-# llama-bench (CUDA, sm_90) on the GPU machine and to convert a synthetic checkpoint to GGUF
-# there (the GPU machine has no network). Nothing of llama.cpp enters this repository: the
+# Packs, on this machine, what llama.sh needs to build llama.cpp's llama-server, llama-bench and
+# llama-batched-bench (CUDA, sm_90) on the GPU machine and to convert a synthetic checkpoint to
+# GGUF there (the GPU machine has no network). Nothing of llama.cpp enters this repository: the
 # sources come from a git directory made by the search tool's `fetch` of a llama.cpp repository
 # and go, packed, to the git-ignored .device/llama/ (carry it with .device/bin and .device/data):
 #   .device/llama/llama-src.tar.xz        the build subset: cmake files, ggml (core, CPU, CUDA),

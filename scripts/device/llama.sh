@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
-# One call on nvidia-h200 (issue 16): `xserv serve` against llama.cpp's llama-server on the same
-# synthetic gpt-oss-20b, both driven by one harness: `xserv bench --endpoint` (256 requests of
-# 512 prompt + 256 output tokens at concurrency 64, then 8 at concurrency 1) and
-# `xserv eval --endpoint` (GSM8K, 64 problems, 256 tokens at most: on random weights this checks
-# the chat path end to end and times it; the accuracy is noise). llama.cpp is built here from
-# the sources that scripts/device/llama_src.sh packed (CUDA, sm_90, llama-server and
-# llama-bench), the checkpoint converted to GGUF with its convert_hf_to_gguf.py (MXFP4 experts
-# stay MXFP4, the rest BF16, the gpt-oss chat template inside).
+# xserv next to llama.cpp on the same synthetic gpt-oss-20b, one call (nvidia-h200, ~8-10 min,
+# the llama.cpp build ~5-7 of them; re-entrant, see below):
+# - serving through one harness: `xserv serve` and `llama-server -np 64` each driven by
+#   `xserv bench --endpoint` (256 requests of 512 prompt + 256 output tokens at concurrency 64,
+#   then 8 at concurrency 1) and `xserv eval --endpoint` (GSM8K, 64 problems, 256 tokens at
+#   most: on random weights this checks the chat path end to end; the accuracy is noise);
+# - the llama-bench rows of docs/TARGETS.md: llama-bench -p 512,2048 -n 128 -d 0,4096,
+#   llama-batched-bench at 8 and 64 sequences, and xserv bench's same rows in the same call.
+# llama.cpp is built here from the sources scripts/device/llama_src.sh packed (CUDA, sm_90), the
+# checkpoint converted to GGUF with its convert_hf_to_gguf.py (MXFP4 experts stay MXFP4, the
+# rest BF16, the gpt-oss chat template inside).
 # Needs .device/bin/xserv (+ libcpp-httplib beside it), .device/data/{gpt-oss-20b.json,
 # o200k_base.tiktoken, gsm8k_test.jsonl (the evals are skipped without it)}, .device/llama;
 # carry [".device/bin", ".device/data", ".device/llama"].
 # Knobs: BUDGET seconds for the whole call (default 570; a phase that would not fit is skipped),
-# OVERLAP=1 (default) runs xserv's benchmarks while llama.cpp still builds and the checkpoint
-# converts (both at nice 19: a pessimistic setting for xserv, never for llama-server, which runs
-# alone); OVERLAP=0 waits for both first. LLAMA_SERVER_FLAGS / XSERV_SERVE_FLAGS add flags.
-# Re-entrant: the build and the conversion run in their own sessions (setsid), which outlive a
-# call, and every step leaves a done-file in /tmp/lsr. A call that runs out of BUDGET leaves them
-# running; the same command again on the still-warm machine (within its 30 s) goes on from there
-# and skips what is done (results too). FRESH=1 starts over. REUSE_G20=1 keeps the /tmp/g20 and
-# /tmp/p64 of an earlier script in this machine's life (synth20b, compile --max-seq 8192
-# --max-batch 64) instead of making them again. PREP=1 only starts the build and the conversion
-# (and makes /tmp/g20, /tmp/p64) and returns in about a minute: a next call that does not time
-# anything (a GPU test suite) can run while they go on, then this script without PREP.
+# OVERLAP=1 (default) runs xserv's serving benchmark while llama.cpp still builds and the
+# checkpoint converts (both at nice 19: a pessimistic setting for xserv, never for llama-server,
+# which runs alone); OVERLAP=0 waits for both first. LLAMA_SERVER_FLAGS / XSERV_SERVE_FLAGS add
+# flags. Re-entrant: the build and the conversion run in their own sessions (setsid), which
+# outlive a call, and every step leaves a done-file in /tmp/lsr. A call that runs out of BUDGET
+# leaves them running; the same command again on the still-warm machine (within its 30 s) goes
+# on from there and skips what is done (results too). FRESH=1 starts over. REUSE_G20=1 keeps
+# the /tmp/g20 and /tmp/p64 an earlier script made on this machine (synth20b, compile
+# --max-seq 8192 --max-batch 64). PREP=1 only starts the build and the conversion (and makes
+# /tmp/g20, /tmp/p64) and returns in about a minute: a next call that times nothing (the GPU
+# test suite) can run while they go on, then this script without PREP.
 source "$(dirname "$0")/common.sh"
 BUDGET=${BUDGET:-570}
 LS=/tmp/llama.cpp LB=/tmp/llama.cpp/build R=/tmp/lsr
@@ -34,7 +37,7 @@ server_pid=""
 # On exit: the server of this call goes; a build or conversion still running is left to a next
 # call (KEEP=0 ends them too).
 cleanup() {
-  [ -n "$server_pid" ] && stop_server
+  [ -n "$server_pid" ] && stop_ours
   if [ "${KEEP:-1}" = 0 ]; then
     for f in $R/build.pid $R/convert.pid; do [ -f $f ] && kill -- -"$(cat $f)" 2> /dev/null; done
   fi
@@ -45,18 +48,6 @@ done_ok() { [ -f $R/$1.done ] && grep -q '^rc=0 ' $R/$1.done; }
 # running NAME: NAME's background session is alive.
 running() { [ -f $R/$1.pid ] && kill -0 "$(cat $R/$1.pid)" 2> /dev/null; }
 trap cleanup EXIT
-
-# wait_health PORT PID SECONDS: until GET /health answers 200, the server dies, or time is up.
-wait_health() {
-  local t0=$SECONDS
-  while [ $((SECONDS - t0)) -lt "$3" ]; do
-    curl -sf -m 2 "http://127.0.0.1:$1/health" > /dev/null && return 0
-    kill -0 "$2" 2> /dev/null || { echo "server died"; return 1; }
-    sleep 0.5
-  done
-  echo "no /health 200 after $3 s"
-  return 1
-}
 
 # bench_endpoint NAME PORT: warm-up, concurrency 64, concurrency 1, GSM8K, each into $R/NAME_*.
 bench_endpoint() {
@@ -85,12 +76,9 @@ bench_endpoint() {
   fi
 }
 
-# stop_server: SIGTERM, 20 s to exit, then SIGKILL.
-stop_server() {
-  kill -TERM "$server_pid" 2> /dev/null
-  for _ in $(seq 40); do kill -0 "$server_pid" 2> /dev/null || break; sleep 0.5; done
-  kill -KILL "$server_pid" 2> /dev/null
-  wait "$server_pid" 2> /dev/null
+# stop_ours: this call's server (common.sh's stop_server), forgotten.
+stop_ours() {
+  stop_server "$server_pid"
   server_pid=""
 }
 
@@ -147,12 +135,16 @@ for n in ("xserv", "llama"):
         print(f"\nGSM8K via {n}: " + res[f"{n}_gsm8k"].strip().replace("\n", " | "))
 lb = res.get("llama_bench")
 if isinstance(lb, list):
-    print("\nllama-bench: " + ", ".join(
-        f"pp{t['n_prompt']}" * (t['n_gen'] == 0) + f"tg{t['n_gen']}" * (t['n_prompt'] == 0)
-        + f" {t['avg_ts']:,.1f} tok/s" for t in lb))
-xb = res.get("xserv_bench")
-if isinstance(xb, dict) and isinstance(xb.get("results"), list):
-    print("xserv bench: " + ", ".join(f"{t['test']} {t['avg_ts']:,.1f} tok/s" for t in xb["results"]))
+    def name(t):
+        n = f"pp{t['n_prompt']}" if t.get("n_gen", 0) == 0 else f"tg{t['n_gen']}"
+        return n + (f" @ d{t['n_depth']}" if t.get("n_depth") else "")
+    print("\nllama-bench: " + ", ".join(f"{name(t)} {t['avg_ts']:,.1f} tok/s" for t in lb))
+if res.get("llama_batched"):
+    print("llama-batched-bench (S_TG t/s is the batched decode figure):\n" + res["llama_batched"])
+for f in ("xserv_bench", "xserv_bench_batch"):
+    xb = res.get(f)
+    if isinstance(xb, dict) and isinstance(xb.get("results"), list):
+        print("xserv bench: " + ", ".join(f"{t['test']} {t['avg_ts']:,.1f} tok/s" for t in xb["results"]))
 EOF
   grep -h "^phase" $R/times.txt 2> /dev/null
   echo "== done at $((SECONDS - start)) s"
@@ -164,7 +156,7 @@ export PATH=/usr/local/cuda/bin:$PATH
 if done_ok build || running build; then
   phase "llama.cpp build: $(cat $R/build.done 2> /dev/null || echo 'still running from an earlier call')"
 else
-  phase "unpack llama.cpp, build llama-server + llama-bench in the background (ninja -j16, nice 19)"
+  phase "unpack llama.cpp, build llama-server, llama-bench, llama-batched-bench in the background (ninja -j16, nice 19)"
   rm -rf $LS $R/build.done && tar -xJf .device/llama/llama-src.tar.xz -C /tmp || exit 1
   setsid bash -c "t0=\$SECONDS
     cmake -S $LS -B $LB -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
@@ -174,6 +166,8 @@ else
       > $R/build.log 2>&1 && echo \"phase llama.cpp cmake configure: \$((SECONDS - t0)) s\" >> $R/times.txt &&
     nice -n 19 ninja -C $LB -j16 llama-server llama-bench >> $R/build.log 2>&1
     rc=\$?
+    [ \$rc = 0 ] && { nice -n 19 ninja -C $LB -j16 llama-batched-bench >> $R/build.log 2>&1 ||
+      echo 'no llama-batched-bench target' >> $R/build.log; }
     echo \"phase llama.cpp build: \$((SECONDS - t0)) s, rc=\$rc\" >> $R/times.txt
     echo \"rc=\$rc \$((SECONDS - t0)) s\" > $R/build.done" < /dev/null > /dev/null 2>&1 &
   echo $! > $R/build.pid
@@ -240,7 +234,7 @@ xserv_part() {
     echo "phase xserv serve ready: $((SECONDS - t0)) s" >> $R/times.txt
     bench_endpoint xserv $XPORT
   fi
-  stop_server
+  stop_ours
   echo "phase xserv part: $((SECONDS - t0)) s" >> $R/times.txt
 }
 
@@ -270,17 +264,25 @@ if ! grep -q '"completed": [1-9]' $R/llama_c64.json 2> /dev/null; then
     grep -m3 -E "n_ctx_slot|model loaded|chat template" $R/llama_server.log
     bench_endpoint llama $LPORT
   fi
-  stop_server
+  stop_ours
   echo "phase llama part: $((SECONDS - t0)) s" >> $R/times.txt
 fi
 
-if [ "$(left)" -gt 70 ] && [ ! -s $R/llama_bench.json ]; then
-  phase "llama-bench pp512 / tg128"
-  timeout 90 $LB/bin/llama-bench -m /tmp/g20.gguf -ngl 999 -fa 1 -p 512 -n 128 -r 3 -o json \
-    > $R/llama_bench.json 2> $R/llama_bench.err || tail -3 $R/llama_bench.err
+if [ "$(left)" -gt 100 ] && [ ! -s $R/llama_bench.json ]; then
+  phase "llama-bench pp512, pp2048, tg128 at depth 0 and 4096"
+  timeout 150 $LB/bin/llama-bench -m /tmp/g20.gguf -ngl 999 -fa 1 -p 512,2048 -n 128 -d 0,4096 \
+    -r 3 -o json > $R/llama_bench.json 2> $R/llama_bench.err || tail -3 $R/llama_bench.err
+fi
+if [ "$(left)" -gt 70 ] && [ -x $LB/bin/llama-batched-bench ] && [ ! -s $R/llama_batched.txt ]; then
+  phase "llama-batched-bench: 128 tokens at 8 and 64 sequences"
+  timeout 90 $LB/bin/llama-batched-bench -m /tmp/g20.gguf -ngl 999 -fa on -c 16384 -npp 1 \
+    -ntg 128 -npl 8,64 > $R/llama_batched.log 2>&1 || tail -3 $R/llama_batched.log
+  grep -E '^\|' $R/llama_batched.log > $R/llama_batched.txt
 fi
 if [ "$(left)" -gt 40 ] && [ ! -s $R/xserv_bench.json ]; then
-  phase "xserv bench pp512 / tg128 (same call)"
-  timeout 60 $X bench /tmp/p64 --backend cuda -p 512 -n 128 -r 3 -o json > $R/xserv_bench.json \
-    2> /dev/null
+  phase "xserv bench, the same rows (same call)"
+  timeout 100 $X bench /tmp/p64 --backend cuda -p 512,2048 -n 128 -b 1 -d 0,4096 -r 2 -o json \
+    > $R/xserv_bench.json 2> /dev/null
+  timeout 60 $X bench /tmp/p64 --backend cuda -p 0 -n 128 -b 8,64 -r 2 -o json \
+    > $R/xserv_bench_batch.json 2> /dev/null
 fi
