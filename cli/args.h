@@ -6,15 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "ir/error.h"
+#include "base/error.h"
 
 namespace xserv::cli {
 
-/// A mistake in how xserv was called (unknown flag, missing value, bad path): exit code 2.
-class UsageError : public Error {
-public:
-  using Error::Error;
-};
+using xserv::UsageError; // base/error.h: exit code 2
 
 struct OptSpec {
   OptSpec(std::string n, std::string m, std::string h, std::string a = "")

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "base/stats.h"
 #include "models/config.h"
 
 namespace xserv::cli {
@@ -30,11 +31,6 @@ struct BenchModel {
 /// weights with experts held as `expert_dtype_bytes` bytes per value (2 for BF16).
 BenchModel describe_model(const models::ModelConfig& cfg, const std::string& backend,
                           double expert_dtype_bytes);
-
-double mean(const std::vector<double>& v);
-double stddev(const std::vector<double>& v); ///< sample standard deviation (0 for one value)
-/// The q-quantile (0..1) by nearest rank of a copy of v.
-double quantile(std::vector<double> v, double q);
 
 /// Renders rows as "md" (llama-bench's table), "json" or "csv". Throws UsageError for others.
 std::string render_bench(const BenchModel& model, const std::vector<BenchRow>& rows,

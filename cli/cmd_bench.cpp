@@ -20,7 +20,9 @@
 #include "cli/bench_report.h"
 #include "cli/commands.h"
 #include "cli/model_source.h"
-#include "cli/serving_bench.h"
+#include "cli/serving_report.h"
+#include "engine/model_bench.h"
+#include "server/http_load.h"
 
 namespace xserv::cli {
 namespace {
@@ -40,85 +42,9 @@ std::vector<int64_t> int_list(const ParsedArgs& args, const std::string& name,
   return out;
 }
 
-class Bench {
-public:
-  Bench(Model& e, uint64_t seed) : e_(e), rng_(seed) {}
-
-  std::vector<int32_t> random_ids(int64_t n) {
-    std::uniform_int_distribution<int32_t> u(0, static_cast<int32_t>(e_.config().vocab_size - 1));
-    std::vector<int32_t> ids(static_cast<size_t>(n));
-    for (auto& id : ids)
-      id = u(rng_);
-    return ids;
-  }
-
-  /// Prefills `depth` tokens into each of `batch` sequences, untimed. Returns the step input
-  /// continuing them with one token each.
-  models::StepInput fill(int64_t depth, int64_t batch) {
-    e_.reset();
-    models::StepInput next;
-    for (int64_t b = 0; b < batch; ++b) {
-      next.tokens.push_back(random_ids(1));
-      next.ctx_lens.push_back(static_cast<int32_t>(depth));
-      next.cache_rows.push_back(static_cast<int32_t>(b));
-    }
-    if (depth > 0) {
-      models::StepInput pre;
-      for (int64_t b = 0; b < batch; ++b) {
-        pre.tokens.push_back(random_ids(depth));
-        pre.ctx_lens.push_back(0);
-        pre.cache_rows.push_back(static_cast<int32_t>(b));
-      }
-      e_.step_greedy(pre);
-      e_.synchronize();
-    }
-    return next;
-  }
-
-  double prefill(int64_t p, int64_t depth) {
-    models::StepInput in = fill(depth, 1);
-    in.tokens[0] = random_ids(p);
-    each_->start();
-    e_.step_greedy(in);
-    return static_cast<double>(p) / each_->stop() * 1e3;
-  }
-
-  /// n decode steps for `batch` sequences; appends per-step times to `step_ms`.
-  double decode(int64_t n, int64_t depth, int64_t batch, std::vector<double>& step_ms,
-                double& ttft_ms) {
-    models::StepInput in = fill(depth, batch);
-    if (depth == 0) { // the first token of each sequence is a 1-token prefill: that is TTFT
-      each_->start();
-      e_.step_greedy(in);
-      ttft_ms = each_->stop();
-      for (auto& c : in.ctx_lens)
-        c += 1;
-    }
-    double total_ms = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      each_->start();
-      e_.step_greedy(in);
-      const double step = each_->stop();
-      step_ms.push_back(step);
-      total_ms += step;
-      // The next inputs are made between the timed steps.
-      for (size_t b = 0; b < in.tokens.size(); ++b) {
-        in.tokens[b] = random_ids(1);
-        in.ctx_lens[b] += 1;
-      }
-    }
-    return static_cast<double>(n * batch) / total_ms * 1e3;
-  }
-
-private:
-  Model& e_;
-  std::mt19937_64 rng_;
-  std::unique_ptr<Stopwatch> each_ = e_.stopwatch(); ///< around each timed step
-};
-
 /// `xserv bench --requests N ...`: the serving benchmark, in this process or against --endpoint.
 int serving_bench(const ParsedArgs& args) {
-  ServingOptions o;
+  engine::ServingOptions o;
   o.requests = args.get_int("--requests", 256, 1, 1 << 24);
   o.concurrency = args.get_int("--concurrency", 64, 1, 1 << 16);
   o.rate = args.get_double("--rate", 0.0);
@@ -135,7 +61,7 @@ int serving_bench(const ParsedArgs& args) {
     throw UsageError(fmt::format("-o must be md, json or csv, got '{}'", format));
 
   if (args.has("--endpoint")) {
-    Endpoint ep;
+    server::Endpoint ep;
     ep.url = args.get("--endpoint");
     ep.model = args.get("--model", "");
     ep.api_key = args.get("--api-key", "");
@@ -143,10 +69,11 @@ int serving_bench(const ParsedArgs& args) {
     o.disconnect = args.get_double("--disconnect", 0.0);
     if (!(o.disconnect >= 0 && o.disconnect <= 1))
       throw UsageError("--disconnect must be a fraction in [0, 1]");
-    const Workload w = make_workload(o);
+    const engine::Workload w = engine::make_workload(o);
     double seconds = 0;
-    const auto records = run_http_load(ep, w, o, &seconds);
-    std::cout << render_serving(summarize(records, seconds), o, ep.url, {}, format) << std::flush;
+    const auto records = server::run_http_load(ep, w, o, &seconds);
+    std::cout << render_serving(engine::summarize(records, seconds), o, ep.url, {}, format)
+              << std::flush;
     return 0;
   }
 
@@ -155,7 +82,7 @@ int serving_bench(const ParsedArgs& args) {
   ModelSource src = resolve_source(args.positional()[0], args);
   const int64_t need_seq = static_cast<int64_t>(double(o.input_len) * (1 + o.len_range)) + 1 +
                            static_cast<int64_t>(double(o.output_len) * (1 + o.len_range)) + 1;
-  if (src.plan_dir.empty()) {
+  if (!src.plan) {
     src.max_seq = need_seq;
     src.max_batch = std::min<int64_t>(o.concurrency, 64);
   } else if (need_seq > src.max_seq) {
@@ -170,18 +97,18 @@ int serving_bench(const ParsedArgs& args) {
   eo.max_running = args.get_int("--max-running", 0, 0, 1 << 20);
   eo.max_tokens_per_step = args.get_int("--max-tokens-per-step", 8192, 1, 1 << 24);
   eo.admit_batch = args.get_int("--admit-batch", 1, 1, 1 << 16);
-  const Workload w = make_workload(o);
+  const engine::Workload w = engine::make_workload(o);
   // Warm-up: one short request, so that kernel loading and first launches stay out of the run.
   {
-    ServingOptions wo = o;
+    engine::ServingOptions wo = o;
     wo.requests = 1;
-    Workload ww = make_workload(wo);
+    engine::Workload ww = engine::make_workload(wo);
     ww.output_lens[0] = std::min<int64_t>(ww.output_lens[0], 4);
-    run_engine_load(*model, ww, wo, eo, nullptr, nullptr);
+    engine::run_engine_load(*model, ww, wo, eo, nullptr, nullptr);
   }
   engine::EngineStats st;
   double seconds = 0;
-  const auto records = run_engine_load(*model, w, o, eo, &st, &seconds);
+  const auto records = engine::run_engine_load(*model, w, o, eo, &st, &seconds);
   const double steps = double(std::max<int64_t>(st.steps, 1));
   const std::vector<std::pair<std::string, std::string>> extra = {
       {"engine steps", std::to_string(st.steps)},
@@ -193,7 +120,7 @@ int serving_bench(const ParsedArgs& args) {
       {"token budget per step",
        std::to_string(std::max(eo.max_tokens_per_step, st.kv_rows))}, // raised to max running
       {"admit batch", std::to_string(eo.admit_batch)}};
-  std::cout << render_serving(summarize(records, seconds), o,
+  std::cout << render_serving(engine::summarize(records, seconds), o,
                               fmt::format("xserv engine ({})", model->backend()), extra, format)
             << std::flush;
   return 0;
@@ -224,16 +151,16 @@ int cmd_bench(const ParsedArgs& args) {
   }
   for (int64_t b : batches)
     need_batch = std::max(need_batch, b);
-  if (!src.plan_dir.empty() && (need_seq > src.max_seq || need_batch > src.max_batch))
+  if (src.plan && (need_seq > src.max_seq || need_batch > src.max_batch))
     throw UsageError(fmt::format("the tests need sequences of {} and batches of {}, the plan "
                                  "allows {} and {} (compile with larger --max-seq/--max-batch)",
                                  need_seq, need_batch, src.max_seq, src.max_batch));
-  if (src.plan_dir.empty()) {
+  if (!src.plan) {
     src.max_seq = need_seq;
     src.max_batch = need_batch;
   }
   auto engine = make_model(src, args);
-  Bench bench(*engine, static_cast<uint64_t>(args.get_int("--seed", 1, 0, INT64_MAX)));
+  engine::ModelBench bench(*engine, static_cast<uint64_t>(args.get_int("--seed", 1, 0, INT64_MAX)));
   std::vector<BenchRow> rows;
   auto depth_suffix = [](int64_t d) { return d ? fmt::format(" @ d{}", d) : std::string(); };
   for (int64_t d : depths) {

@@ -39,10 +39,10 @@ struct TurnStats {
 
 /// Everything a conversation needs across turns.
 struct ChatSession {
-  ChatSession(models::Tokenizer t, Model& m) : tok(std::move(t)), model(m) {}
+  ChatSession(models::Tokenizer t, engine::Model& m) : tok(std::move(t)), model(m) {}
 
   models::Tokenizer tok;
-  Model& model;
+  engine::Model& model;
   std::string instructions, date;
   models::ReasoningEffort effort = models::ReasoningEffort::Medium;
   runtime::SamplerOptions sampling;
@@ -189,9 +189,9 @@ int cmd_chat(const ParsedArgs& args) {
     throw UsageError(fmt::format("--reasoning: {}", e.what()));
   }
   ModelSource src = resolve_source(args.positional()[0], args);
-  if (src.plan_dir.empty()) // a plan keeps the batch its launch table was compiled for
+  if (!src.plan) // a plan keeps the batch its launch table was compiled for
     src.max_batch = 1;
-  std::unique_ptr<Model> model = make_model(src, args);
+  std::unique_ptr<engine::Model> model = make_model(src, args);
   ChatSession chat(load_tokenizer(src, args), *model);
   chat.instructions = args.get("--system");
   chat.date = date;

@@ -72,15 +72,15 @@ int64_t size_source(ModelSource& src, const ParsedArgs& args, const EvalRun& run
   size_t longest = 0;
   for (const engine::Request& r : run.requests)
     longest = std::max(longest, r.prompt.size());
-  if (src.plan_dir.empty() && !args.has("--max-seq"))
+  if (!src.plan && !args.has("--max-seq"))
     src.max_seq = static_cast<int64_t>(longest) + run.max_tokens;
-  const int64_t plan_batch = src.plan_dir.empty() ? 4096 : src.max_batch;
-  int64_t batch = args.get_int("--batch", src.plan_dir.empty() ? 8 : src.max_batch, 1, 1 << 16);
+  const int64_t plan_batch = !src.plan ? 4096 : src.max_batch;
+  int64_t batch = args.get_int("--batch", !src.plan ? 8 : src.max_batch, 1, 1 << 16);
   if (batch > plan_batch)
     throw UsageError(
         fmt::format("--batch {} exceeds the plan's maximum batch of {}", batch, plan_batch));
   batch = std::min<int64_t>(batch, static_cast<int64_t>(run.requests.size()));
-  if (src.plan_dir.empty())
+  if (!src.plan)
     src.max_batch = batch;
   return batch;
 }

@@ -12,7 +12,7 @@
 
 #include "cli/commands.h"
 #include "cli/model_source.h"
-#include "cli/roofline.h"
+#include "engine/roofline.h"
 #include "ir/graph.h"
 #include "models/config.h"
 #include "runtime/plan_io.h"
@@ -52,13 +52,13 @@ int cmd_inspect(const ParsedArgs& args) {
   // The graph is for display only: run may work without it (it can be deleted).
   std::optional<ir::Graph> g;
   if (fs::exists(dir / plan.graph)) {
-    g = read_graph(dir / plan.graph, "graph file");
+    g = ir::parse_file(dir / plan.graph, "graph file");
     ir::verify_or_throw(*g, "in " + (dir / plan.graph).string());
   }
   const runtime::PlanOptions& opt = plan.options;
   const int64_t max_batch = opt.max_batch;
   const int64_t max_seq = opt.max_seq;
-  const WeightBytes w = weight_bytes(cfg, opt.expert_format);
+  const engine::WeightBytes w = engine::weight_bytes(cfg, opt.expert_format);
   // KV cache: full layers hold max_seq positions, sliding layers a ring of sliding_window.
   const double kv_elem = opt.kv_dtype == runtime::KvDtype::F32 ? 4 : 2;
   double kv = 0;
@@ -70,12 +70,12 @@ int cmd_inspect(const ParsedArgs& args) {
   if (g)
     for (const auto& n : g->nodes)
       ++ops[std::string(ir::op_name(n.op))];
-  const DecodeEstimate d0 = decode_floor(cfg, 1, 0, {}, opt.expert_format),
-                       d4k = decode_floor(cfg, 1, 4096, {}, opt.expert_format);
-  const DecodeEstimate b64 =
-      decode_floor(cfg, std::min<int64_t>(64, max_batch), 0, {}, opt.expert_format);
-  const double pf = prefill_flops_per_token(cfg, 256);
-  const Ceilings ceil;
+  const engine::DecodeEstimate d0 = engine::decode_floor(cfg, 1, 0, {}, opt.expert_format),
+                               d4k = engine::decode_floor(cfg, 1, 4096, {}, opt.expert_format);
+  const engine::DecodeEstimate b64 =
+      engine::decode_floor(cfg, std::min<int64_t>(64, max_batch), 0, {}, opt.expert_format);
+  const double pf = engine::prefill_flops_per_token(cfg, 256);
+  const engine::Ceilings ceil;
 
   if (args.has("--json")) {
     nlohmann::json stages = nlohmann::json::array();

@@ -17,7 +17,7 @@ namespace {
 
 /// The prompt's rate, then the decode rate of the tokens after the first: the first token comes
 /// with the prompt's last step, so counting it with the decode would charge the prompt to it.
-void print_stats(const engine::GenerateStats& st, const Model& e) {
+void print_stats(const engine::GenerateStats& st, const engine::Model& e) {
   const int64_t after_first = std::max<int64_t>(st.generated_tokens - 1, 0);
   std::fprintf(stderr,
                "[run] %s: prompt %lld tokens in %.1f ms (%.1f tok/s, first token included), "
@@ -97,7 +97,7 @@ int cmd_run(const ParsedArgs& args) {
   // A plan runs with the batch it was compiled for (its launch table is for that many rows);
   // a checkpoint directory needs one row.
   ModelSource src = resolve_source(args.positional()[0], args);
-  if (!args.has("--max-batch") && src.plan_dir.empty())
+  if (!args.has("--max-batch") && !src.plan)
     src.max_batch = 1;
   engine::Request req;
   req.max_tokens = args.get_int("--max-tokens", 128, 1, 1 << 24);

@@ -11,7 +11,7 @@
 #include "cli/commands.h"
 #include "cli/env.h"
 #include "cli/model_source.h"
-#include "cli/serve_server.h"
+#include "server/server.h"
 
 namespace xserv::cli {
 namespace {
@@ -36,7 +36,7 @@ sigset_t block_stop_signals() {
 } // namespace
 
 int cmd_serve(const ParsedArgs& args) {
-  ServeOptions opt;
+  server::ServeOptions opt;
   opt.model_name = args.get("--served-model-name", "gpt-oss");
   opt.api_key = args.get("--api-key");
   if (opt.api_key.empty())
@@ -68,7 +68,7 @@ int cmd_serve(const ParsedArgs& args) {
   });
   waiter.detach();
 
-  Server server(opt);
+  server::Server server(opt);
   const int bound = server.listen(host, port);
   say(fmt::format("[serve] listening on http://{}:{} (loading the model; /health is 503)", host,
                   bound));
@@ -77,7 +77,7 @@ int cmd_serve(const ParsedArgs& args) {
   models::Tokenizer tok = load_tokenizer(src, args);
   progress.finish();
   progress.step(fmt::format("loading {}", args.positional()[0]));
-  std::unique_ptr<Model> model = make_model(src, args);
+  std::unique_ptr<engine::Model> model = make_model(src, args);
   progress.finish(fmt::format("{} backend, {} rows of {} tokens", model->backend(),
                               model->max_batch(), model->max_seq()));
   server.attach(*model, tok);

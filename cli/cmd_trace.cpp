@@ -10,10 +10,14 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/env.h"
 #include "cli/float_file.h"
-#include "cli/graph_model.h"
 #include "cli/model_source.h"
+#include "driver/compile_graph.h"
 #include "engine/cpu_model.h"
+#include "engine/cuda_model.h"
+#include "engine/load_model.h"
+#include "models/config.h"
 #include "models/step.h"
 
 namespace xserv::cli {
@@ -49,17 +53,18 @@ Tracked tracked_values(const ir::Graph& g) {
 
 int cmd_trace(const ParsedArgs& args) {
   ModelSource src = resolve_source(args.positional()[0], args);
-  if (src.plan_dir.empty())
+  if (!src.plan)
     throw UsageError("xserv trace runs a plan: `xserv compile MODEL_DIR -o PLAN` first");
   const std::vector<int32_t> ids = parse_prompt_ids(args);
   const std::string out = args.get("-o", "");
   if (out.empty())
     throw UsageError("xserv trace needs -o FILE");
-  const std::string backend = resolve_backend(src, args.get("--backend", "cpu"));
-  ir::Graph g = read_graph(src.plan_dir / "graph.ir", "the plan's graph");
+  const runtime::PlanOptions& plan = src.plan->plan->options;
+  const std::string backend = engine::resolve_backend(plan.arch, args.get("--backend", "cpu"));
+  ir::Graph g = ir::parse_file(src.plan->dir / "graph.ir", "the plan's graph");
   const models::ModelConfig config = models::ModelConfig::load(src.model_dir / "config.json");
   const int64_t tokens = static_cast<int64_t>(ids.size()), hidden = config.hidden_size;
-  check_prompt(ids, src.max_seq, config.vocab_size);
+  engine::check_prompt(ids, src.max_seq, config.vocab_size);
   const models::StepInput step{{ids}, {0}, {0}};
 
   std::vector<std::vector<float>> rows; // per tracked value: tokens x hidden
@@ -81,23 +86,24 @@ int cmd_trace(const ParsedArgs& args) {
   } else {
     // The plan's graph compiled again in memory with every value in its own buffer (the plan's
     // launch table reuses them), read back after one step.
-    GraphModelOptions opts = graph_model_options();
+    driver::GraphCompileOptions opts;
     opts.keep_activations = true; // every value keeps its own buffer until the next step
-    opts.cuda_graphs = false;
-    opts.prefill_chunk =
-        static_cast<int>(std::clamp<int64_t>(src.plan->options.prefill_chunk, 8, 65536));
-    opts.gemm_split = src.plan->options.gemm_split;
-    opts.expert_format = src.plan->options.expert_format;
+    opts.prefill_chunk = static_cast<int>(std::clamp<int64_t>(plan.prefill_chunk, 8, 65536));
+    opts.gemm_split = plan.gemm_split;
+    opts.expert_format = plan.expert_format;
+    opts.kernel_cache = kernel_cache_dir();
     if (tokens > opts.prefill_chunk)
       throw Error(fmt::format("xserv trace --backend cuda takes at most {} tokens (one prefill "
                               "sub-step), got {}",
                               opts.prefill_chunk, tokens));
-    CompiledGraph compiled = compile_graph(g, 1, src.max_seq, opts);
+    driver::CompiledGraph compiled = driver::compile_graph(g, 1, src.max_seq, opts);
     const Tracked t = tracked_values(compiled.graph);
     std::vector<uint64_t> offsets;
     for (ir::ValueId v : t.values)
       offsets.push_back(compiled.offset_of(v));
-    engine::CudaModel gpu(src.model_dir, std::move(compiled.program), opts);
+    engine::CudaModelOptions mo = cuda_model_options();
+    mo.cuda_graphs = false;
+    engine::CudaModel gpu(src.model_dir, std::move(compiled.program), mo);
     gpu.step(step);
     for (uint64_t off : offsets)
       rows.push_back(gpu.read_activation(off, static_cast<size_t>(tokens * hidden)));
@@ -116,7 +122,7 @@ int cmd_trace(const ParsedArgs& args) {
                                {"hidden", hidden},
                                {"ids", ids},
                                {"backend", backend},
-                               {"plan", src.plan_dir.string()},
+                               {"plan", src.plan->dir.string()},
                                {"model_dir", src.model_dir.string()}};
   std::ofstream meta_out(meta_path);
   meta_out << meta.dump(1) << "\n";

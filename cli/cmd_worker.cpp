@@ -8,7 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/model_source.h"
-#include "cli/pipeline.h"
+#include "engine/pipeline/worker.h"
 
 namespace xserv::cli {
 
@@ -36,13 +36,17 @@ int cmd_worker(const ParsedArgs& args) {
     ::setenv("CUDA_VISIBLE_DEVICES", pick.c_str(), 1);
   }
   const ModelSource src = resolve_source(args.positional()[0], args);
-  if (src.plan_dir.empty() || src.stage_graphs.empty())
+  if (!src.plan || !src.plan->plan->pipelined())
     throw UsageError(fmt::format("'{}' is not a plan compiled with --pp N", args.positional()[0]));
   const int rank = static_cast<int>(args.get_int("--rank", 0, 0, 1 << 16));
   const int world = static_cast<int>(args.get_int("--world", 0, 1, 1 << 16));
-  const std::string token = pipeline_token_given(args);
+  engine::pipeline::PipelineOptions options = pipeline_options(args);
+  if (options.token.empty()) // a usage mistake (exit 2), said before anything connects
+    throw UsageError("no pipeline token: neither --pipeline-token nor XSERV_PIPELINE_TOKEN is "
+                     "set; give every rank the same secret as rank 0");
   try {
-    return run_pipeline_worker(src, rank, world, args.get("--coordinator"), token);
+    return engine::pipeline::run_worker(*src.plan, rank, world, options, cuda_model_options(),
+                                        run_settings());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "xserv worker (rank %d): error: %s\n", rank, e.what());
     return 1;

@@ -134,7 +134,7 @@ const std::vector<Command>& commands() {
         "compile a gpt-oss checkpoint (or a directory holding only config.json) into a plan",
         {{"-o", "PLAN_DIR", "write the plan directory here", "--output"},
          {"--emit", "ir|plan", "stop and print the IR (ir) or write the plan (plan, default)"},
-         {"--passes", "P1,P2", "pass pipeline (default: cse,dce)"},
+         {"--passes", "P1,P2", "passes to run, in order (default: cse, the fusions, dce)"},
          {"--dump-after", "P1,P2", "print the IR after these passes ('all' for every pass)"},
          {"--verify-after-all", "", "verify the IR after every pass"},
          {"--stop-after", "N", "run only the first N passes"},

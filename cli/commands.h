@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "base/progress.h"
 #include "cli/args.h"
 #include "runtime/sampler.h"
 
@@ -51,21 +52,6 @@ public:
 private:
   bool show_;
   std::string last_; // the channel of the last text printed
-};
-
-/// Progress lines on stderr ("[compile] building graph ... 12.3 ms").
-class Progress {
-public:
-  explicit Progress(std::string tag);
-  /// Prints "[tag] what" and starts timing; finish() ends the line with the elapsed time.
-  void step(const std::string& what);
-  void finish(const std::string& detail = "");
-  double total_ms() const;
-
-private:
-  std::string tag_;
-  double start_ = 0, step_start_ = 0;
-  bool open_ = false;
 };
 
 } // namespace xserv::cli

@@ -98,7 +98,7 @@ public:
     return std::make_pair(std::move(kernel), times);
   }
 
-  /// "RANK:WHAT@STEP" with WHAT one of the faults cli/pipeline_wire.h injects.
+  /// "RANK:WHAT@STEP" with WHAT one of the faults engine/pipeline/wire.h injects.
   std::optional<PipelineFault> fault(const char* name) const {
     const auto v = text(name);
     if (!v)

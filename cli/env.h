@@ -1,23 +1,21 @@
 // The XSERV_* environment variables, read and checked in one place (docs/DESIGN.md,
-// "Environment variables", lists them all): the rest of xserv asks env() instead of getenv.
+// "Environment variables", lists them all): the commands pass what they read down as options:
+// no layer below cli/ reads an XSERV_* variable.
 #pragma once
 
 #include <chrono>
-#include <filesystem>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
 
+#include "engine/pipeline/options.h"
+
 namespace xserv::cli {
 
-/// XSERV_PIPELINE_FAULT="RANK:WHAT@STEP", for the tests: rank RANK fails at step STEP in the way
-/// WHAT says (cli/pipeline_wire.h, maybe_fault and its siblings).
-struct PipelineFault {
-  int rank = 0;
-  std::string what; ///< exit, hang, stop, stall or narrow
-  int64_t step = 0;
-};
+/// XSERV_PIPELINE_FAULT="RANK:WHAT@STEP", for the tests (engine/pipeline/options.h).
+using PipelineFault = engine::pipeline::Fault;
 
 /// Every XSERV_* setting the xserv binary reads. An unset or empty variable is its default.
 struct Env {

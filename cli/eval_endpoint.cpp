@@ -11,12 +11,12 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/eval_data.h"
 #include "models/harmony.h"
+#include "server/openai_client.h"
 
 namespace xserv::cli {
 namespace {
@@ -24,65 +24,22 @@ namespace {
 using Json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
-/// "http://host:port[/v1][/]" -> "http://host:port"; UsageError for anything else.
-std::string endpoint_base(std::string url) {
-  if (!url.starts_with("http://") && !url.starts_with("https://"))
-    throw UsageError(fmt::format("--endpoint '{}' must start with http:// or https://", url));
-  while (url.ends_with("/"))
-    url.pop_back();
-  if (url.ends_with("/v1"))
-    url.resize(url.size() - 3);
-  if (url.find('/', url.find("//") + 2) != std::string::npos)
-    throw UsageError(fmt::format("--endpoint '{}': give the server's root or its /v1", url));
-  return url;
-}
-
-/// What one sample came back with.
-struct EndpointSample {
-  std::string content, reasoning, error;
-  int64_t tokens = 0;
-  double seconds = 0;
-};
-
-/// One chat completion, non-streaming; errors (HTTP or transport) go into `error`.
-EndpointSample ask(httplib::Client& cli, const Json& body, const httplib::Headers& headers) {
-  EndpointSample s;
-  const auto t0 = Clock::now();
-  auto res = cli.Post("/v1/chat/completions", headers, body.dump(), "application/json");
-  s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (!res) {
-    s.error = "request failed: " + httplib::to_string(res.error());
-    return s;
-  }
-  Json j = Json::parse(res->body, nullptr, false);
-  if (res->status != 200 || j.is_discarded() || !j.contains("choices")) {
-    s.error = fmt::format("HTTP {}: {}", res->status, res->body.substr(0, 300));
-    return s;
-  }
-  const Json& m = j["choices"][0]["message"];
-  if (m.contains("content") && m["content"].is_string())
-    s.content = m["content"].get<std::string>();
-  for (const char* k : {"reasoning", "reasoning_content"})
-    if (m.contains(k) && m[k].is_string())
-      s.reasoning = m[k].get<std::string>();
-  if (j.contains("usage") && j["usage"].contains("completion_tokens"))
-    s.tokens = j["usage"]["completion_tokens"].get<int64_t>();
-  return s;
-}
-
 } // namespace
 
 int eval_endpoint(const ParsedArgs& args) {
   if (!args.positional().empty())
     throw UsageError("give a PLAN or --endpoint URL, not both");
-  const std::string base = endpoint_base(args.get("--endpoint"));
+  const std::string url = args.get("--endpoint");
+  const std::string api_key = args.get("--api-key", "");
+  server::OpenAIClient probe(url, api_key);
+  const std::string& base = probe.base();
   const EvalOptions opts = read_eval_options(args);
   const EvalTask task = opts.task;
   const std::vector<EvalProblem>& problems = opts.problems;
   const size_t k_samples = opts.samples_per_problem;
   const int64_t max_tokens = opts.max_tokens;
   const std::string effort(models::effort_name(opts.effort));
-  const runtime::SamplerOptions& sampling = opts.sampling;
+  const engine::SamplerOptions& sampling = opts.sampling;
   const size_t concurrency = static_cast<size_t>(args.get_int("--batch", 8, 1, 4096));
   std::ofstream out;
   if (args.has("--out")) {
@@ -90,20 +47,9 @@ int eval_endpoint(const ParsedArgs& args) {
     if (!out)
       throw UsageError(fmt::format("cannot write --out file '{}'", args.get("--out")));
   }
-  httplib::Headers headers;
-  if (args.has("--api-key"))
-    headers.emplace("Authorization", "Bearer " + args.get("--api-key"));
   std::string model = args.get("--model");
-  if (model.empty()) { // the server's first model
-    httplib::Client cli(base);
-    auto res = cli.Get("/v1/models", headers);
-    Json j = res ? Json::parse(res->body, nullptr, false) : Json();
-    if (!res || res->status != 200 || j.is_discarded() || !j.contains("data") || j["data"].empty())
-      throw Error(
-          fmt::format("{}/v1/models: {} (give --model NAME)", base,
-                      res ? fmt::format("HTTP {}", res->status) : httplib::to_string(res.error())));
-    model = j["data"][0]["id"].get<std::string>();
-  }
+  if (model.empty()) // the server's first model
+    model = probe.first_model();
   const size_t n_req = problems.size() * k_samples;
   std::fprintf(stderr,
                "[eval] %s: %zu problems x %zu samples against %s (model %s), %zu at a "
@@ -120,8 +66,7 @@ int eval_endpoint(const ParsedArgs& args) {
   const auto t0 = Clock::now();
   std::atomic<size_t> next{0};
   auto worker = [&] {
-    httplib::Client cli(base);
-    cli.set_read_timeout(std::chrono::hours(1));
+    server::OpenAIClient client(url, api_key);
     for (size_t i = next++; i < n_req; i = next++) {
       const size_t p = i / k_samples, k = i % k_samples;
       const std::string user = eval_user_prompt(task, problems[p].question);
@@ -136,9 +81,10 @@ int eval_endpoint(const ParsedArgs& args) {
         body["top_k"] = sampling.top_k;
       if (sampling.min_p > 0)
         body["min_p"] = sampling.min_p;
-      EndpointSample s = ask(cli, body, headers);
+      const server::ChatReply s = client.chat(body);
       const auto answer = extract_eval_answer(task, s.content);
-      SampleScore sc{p, answer && *answer == problems[p].reference, answer.has_value(), s.tokens};
+      SampleScore sc{p, answer && *answer == problems[p].reference, answer.has_value(),
+                     s.completion_tokens};
       std::lock_guard<std::mutex> lock(mu);
       scores.push_back(sc);
       correct += sc.correct;

@@ -61,7 +61,7 @@ struct LoweringContext {
   const compiler::MemoryPlan* memory = nullptr;
 };
 
-/// Lowers every node of `g` (the default pipeline's output) to launch table entries of kernels
+/// Lowers every node of `g` (the default passes' output) to launch table entries of kernels
 /// it adds to `kernels` (the table's kernels are theirs, in the same order); reshape and extract
 /// are aliases and sources launch nothing. Arguments are symbolic: arena offsets, weights by
 /// name, caches by index (the graph's cache nodes in order), step inputs by param name and

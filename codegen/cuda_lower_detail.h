@@ -13,8 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "base/error.h"
 #include "codegen/cuda_lower.h"
-#include "ir/error.h"
 
 namespace xserv::codegen::lowering {
 

@@ -469,7 +469,8 @@ void Lowerer::lower_moe(ValueId v) {
   const bool both = c_.expert_format == runtime::ExpertFormat::Both;
   // Decode steps on tensor cores where they fit (MXFP4, plain bf16 activations; sm_90 plans, the
   // architecture they are measured on): mma.sync per 16 rows and block, the weights through a
-  // shared tile where the sizes allow, else straight into registers (docs/PERF.md, session 12).
+  // shared tile where the sizes allow, else straight into registers (docs/PERF.md, "Kernel
+  // figures").
   if (c_.wgmma) {
     d.mma = true;
     d.mma_stages = codegen::kMoeMmaStages; // the shared ring where the sizes allow,

@@ -1,7 +1,7 @@
 // The warpgroup-MMA gemms of the lowering (sm_90, LoweringContext::wgmma): dense linears of
 // steps above 8 tokens and the grouped MoE gemms, each after gemm_act has written its bf16
 // activations (codegen/kernels/gemm_wg.cuh). Tile shapes from kernels_bench on the H200
-// (docs/PERF.md, session 8).
+// (docs/PERF.md, "Kernel figures").
 #include "codegen/cuda_lower_detail.h"
 #include "codegen/emit_wg.h"
 
@@ -60,14 +60,14 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   k.splitk = wg_splitk(d.k, d.n);
   // cuBLAS above kSmallGemmRows tokens (plain bf16 activations only: the split pair would need
   // two calls): kernels_bench measured it 1.5-1.7x gemm_wg on the 20b's q and o_proj shapes from
-  // 512 tokens on, slower at 64 (docs/PERF.md session 10). Not the router (split K below) nor
-  // lm_head (vocabulary-wide, faster on gemm_wg, and its rows are sequences).
+  // 512 tokens on, slower at 64 (docs/PERF.md, "Kernel figures"). Not the router (split K below)
+  // nor lm_head (vocabulary-wide, faster on gemm_wg, and its rows are sequences).
   const bool use_library = library && c_.dense_cublas && !c_.gemm_split && d.n <= kLibraryMaxN &&
                            c_.max_tokens > kSmallGemmRows;
   // Many tokens: 128-token tiles; two m64 tiles a block for wide outputs (20b qkv at 512
   // tokens: 86 -> 68 us), one for narrower ones (o_proj 2880: 62 against 73 us). Outputs of one
   // 64-row tile (the router's 32) would be a handful of blocks (4 at 512 tokens): 64-token tiles
-  // with K split as for few tokens instead (kernels_bench "router gemm tiles", session 10: 20b
+  // with K split as for few tokens instead (kernels_bench "router gemm tiles": 20b
   // router at 512 tokens 26.3 -> 9.7 us, at 2048 28.3 -> 12.0 us, before the reduce's ~2-3).
   k.large_split = !use_library && d.n <= 64 && k.splitk > 1;
   g.bn = k.large_split ? kSmallGemmRows : 128;

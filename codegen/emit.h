@@ -136,7 +136,7 @@ struct AttentionDims {
 inline constexpr int kMoeUnroll = 2;
 /// The lowering's ring depth for the tensor-core MoE decode kernels (MoeDims::mma_stages): two
 /// chunks (one in flight while one is computed) measured 577 tok/s on tg128 against 558 with
-/// four (docs/PERF.md, session 12).
+/// four (docs/PERF.md, "Kernel figures").
 inline constexpr int kMoeMmaStages = 2;
 
 struct MoeDims {

@@ -4,7 +4,7 @@
 
 #include "codegen/emit_detail.h"
 
-#include "ir/error.h"
+#include "base/error.h"
 
 #include <fmt/format.h>
 

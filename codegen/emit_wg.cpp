@@ -2,7 +2,7 @@
 #include "codegen/emit_wg.h"
 #include "codegen/emit_detail.h"
 
-#include "ir/error.h"
+#include "base/error.h"
 
 #include <fmt/format.h>
 

@@ -2,7 +2,7 @@
 // in-memory compile both run them.
 #include "codegen/lower_stage.h"
 
-#include "models/gpt_oss.h"
+#include "ir/dims.h"
 
 namespace xserv::codegen {
 
@@ -18,7 +18,7 @@ LoweredStage lower_stage(const ir::Graph& g, const StageOptions& opts) {
   ctx.wgmma = opts.wgmma;
   ctx.dense_cublas = opts.dense_cublas;
   out.memory = compiler::plan_memory(
-      g, {{models::dims::kTokens, ctx.max_tokens}, {models::dims::kSeqs, opts.max_batch}});
+      g, {{ir::dims::kTokens, ctx.max_tokens}, {ir::dims::kSeqs, opts.max_batch}});
   if (opts.keep_activations) {
     int64_t end = 0;
     for (compiler::PlannedBuffer& b : out.memory.buffers) {

@@ -13,7 +13,7 @@ namespace xserv::codegen {
 
 /// Default tokens per prefill sub-step (`xserv compile --prefill-chunk` takes min(this,
 /// max-seq)): a serving step that mixes 64 decode tokens with four 512-token prompts runs as one
-/// sub-step (docs/PERF.md, session 6: 1024 split it in two).
+/// sub-step (1024 split it in two).
 inline constexpr int kPrefillChunk = 2048;
 
 /// What a stage is lowered for: the run's capacities and the compile flags that change launches.

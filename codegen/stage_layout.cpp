@@ -4,9 +4,9 @@
 
 #include <fmt/format.h>
 
+#include "base/error.h"
 #include "codegen/cuda_lower.h"
-#include "ir/error.h"
-#include "models/gpt_oss.h"
+#include "ir/dims.h"
 
 namespace xserv::codegen {
 
@@ -37,7 +37,7 @@ runtime::StageLayout stage_layout(const ir::Graph& g, const LoweringContext& ctx
   const ir::Type& out_type = g.type(out);
   l.output.offset = offset_of(out);
   l.output.row_bytes = row_bytes(out);
-  l.output.per_token = out_type.shape.at(0).name == models::dims::kTokens;
+  l.output.per_token = out_type.shape.at(0).name == ir::dims::kTokens;
   l.output.sends = g.node(out).op == ir::Op::Send;
   l.output.vocab = out_type.shape.back().size;
   for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(g.size()); ++v) {
@@ -46,8 +46,8 @@ runtime::StageLayout stage_layout(const ir::Graph& g, const LoweringContext& ctx
       l.recvs.push_back({n.attr_str("name"), offset_of(v), row_bytes(v)});
     } else if (n.op == ir::Op::Cache) {
       runtime::StageLayout::Cache c;
-      c.shape = ir::concrete(g.type(v).shape, {{models::dims::kCacheRows, ctx.cache_rows},
-                                               {models::dims::kMaxSeq, ctx.max_seq}});
+      c.shape = ir::concrete(g.type(v).shape, {{ir::dims::kCacheRows, ctx.cache_rows},
+                                               {ir::dims::kMaxSeq, ctx.max_seq}});
       c.elem_bytes = g.type(v).dtype == ir::DType::F32 ? 4 : 2;
       l.caches.push_back(std::move(c));
     } else if (n.op == ir::Op::Weight && weight_names.insert(n.attr_str("name")).second) {

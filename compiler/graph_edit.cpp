@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "ir/error.h"
+#include "base/error.h"
 
 namespace xserv::compiler {
 

@@ -26,15 +26,15 @@ struct PassInfo {
   PassFn run;
 };
 
-/// Every pass the pipeline string may name, in a stable order.
+/// Every pass a pass list may name, in a stable order.
 const std::vector<PassInfo>& registered_passes();
 /// The pass named `name`, or nullptr.
 const PassInfo* find_pass(std::string_view name);
 
-/// The default pipeline of `xserv compile`: cleanup, then the fusions (fuse_qkv before
+/// The default pass list of `xserv compile`: cleanup, then the fusions (fuse_qkv before
 /// fuse_rmsnorm_linear, which would otherwise split the attention norm over three linears),
 /// then a final sweep.
-inline constexpr const char* kDefaultPipeline =
+inline constexpr const char* kDefaultPasses =
     "cse,fuse_qkv,fuse_rmsnorm_linear,fuse_router,fuse_linear_residual,fuse_moe_residual,dce";
 
 } // namespace xserv::compiler

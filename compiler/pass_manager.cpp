@@ -1,4 +1,4 @@
-// PassManager: the straight-line pipeline, logging and timing each step.
+// PassManager: the passes in list order, logging and timing each step.
 #include "compiler/pass_manager.h"
 
 #include <chrono>
@@ -8,11 +8,11 @@
 
 #include <fmt/format.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 
 namespace xserv::compiler {
 
-PassManager::PassManager(PipelineOptions opts, PassOptions pass_opts)
+PassManager::PassManager(PassManagerOptions opts, PassOptions pass_opts)
     : opts_(std::move(opts)), pass_opts_(pass_opts) {}
 
 std::ostream& PassManager::log() const {
@@ -30,13 +30,13 @@ void PassManager::add(std::string_view name) {
   passes_.push_back(p);
 }
 
-void PassManager::add_pipeline(std::string_view pipeline) {
+void PassManager::add_passes(std::string_view list) {
   size_t start = 0;
-  while (start <= pipeline.size()) {
-    size_t end = pipeline.find(',', start);
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
     if (end == std::string_view::npos)
-      end = pipeline.size();
-    std::string_view name = pipeline.substr(start, end - start);
+      end = list.size();
+    std::string_view name = list.substr(start, end - start);
     while (!name.empty() && name.front() == ' ')
       name.remove_prefix(1);
     while (!name.empty() && name.back() == ' ')

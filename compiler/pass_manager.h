@@ -1,4 +1,4 @@
-// PassManager: runs a named pipeline of passes with dumps, verification and timings.
+// PassManager: runs a list of named passes with dumps, verification and timings.
 #pragma once
 
 #include <filesystem>
@@ -11,7 +11,7 @@
 namespace xserv::compiler {
 
 /// Debugging switches, as `xserv compile` exposes them.
-struct PipelineOptions {
+struct PassManagerOptions {
   std::vector<std::string> dump_after; ///< pass names whose output IR is printed ("all" too)
   bool verify_after_all = false;       ///< run ir::verify after every pass
   int stop_after = -1;                 ///< run only the first N passes (bisecting); -1: all
@@ -31,14 +31,14 @@ struct PassTiming {
 
 class PassManager {
 public:
-  explicit PassManager(PipelineOptions opts = {}, PassOptions pass_opts = {});
+  explicit PassManager(PassManagerOptions opts = {}, PassOptions pass_opts = {});
 
-  /// Appends the passes of a comma-separated pipeline ("cse,dce"). Throws xserv::Error naming
+  /// Appends the passes of a comma-separated list ("cse,dce"). Throws xserv::Error naming
   /// an unknown pass and listing the known ones.
-  void add_pipeline(std::string_view pipeline);
+  void add_passes(std::string_view list);
   void add(std::string_view pass_name);
 
-  /// Runs the pipeline. The input is verified first; with verify_after_all, after each pass
+  /// Runs the passes. The input is verified first; with verify_after_all, after each pass
   /// too (a failure names the pass). Returns the final graph.
   ir::Graph run(ir::Graph g);
 
@@ -47,7 +47,7 @@ public:
 
 private:
   std::ostream& log() const;
-  PipelineOptions opts_;
+  PassManagerOptions opts_;
   PassOptions pass_opts_;
   std::vector<const PassInfo*> passes_;
   std::vector<PassTiming> timings_;

@@ -1,4 +1,4 @@
-// The table of passes the pipeline string can name.
+// The table of passes a pass list can name.
 #include "compiler/cse.h"
 #include "compiler/dce.h"
 #include "compiler/fuse_linear_residual.h"

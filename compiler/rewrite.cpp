@@ -1,7 +1,7 @@
 // compact(): the renumbering step shared by the cleanup passes.
 #include "compiler/rewrite.h"
 
-#include "ir/error.h"
+#include "base/error.h"
 
 namespace xserv::compiler {
 

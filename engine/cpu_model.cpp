@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/gpt_oss.h"
 
 namespace xserv::engine {
@@ -40,7 +40,7 @@ CpuModel::CpuModel(const std::filesystem::path& model_dir, int64_t max_batch, in
     (*cache)[name] = t;
     return t;
   };
-  env_.dims = {{models::dims::kCacheRows, max_batch_}, {models::dims::kMaxSeq, max_seq_}};
+  env_.dims = {{ir::dims::kCacheRows, max_batch_}, {ir::dims::kMaxSeq, max_seq_}};
 }
 
 std::vector<ir::Tensor> CpuModel::run_graph(const ir::Graph& g,

@@ -10,6 +10,7 @@
 #include "models/checkpoint.h"
 
 #include <map>
+#include <string_view>
 #include <vector>
 
 namespace xserv::engine {

@@ -13,9 +13,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "base/error.h"
 #include "engine/step_split.h"
 #include "engine/weight_specs.h"
-#include "ir/error.h"
 #include "models/checkpoint.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/cuda_options.h"
 #include "engine/model.h"
 #include "runtime/device_stage.h"
 #include "runtime/plan_stage.h"
@@ -19,29 +20,6 @@ using StageInputs = std::map<std::string, std::vector<std::vector<float>>>;
 
 using runtime::StageTransport;
 using runtime::Stream;
-
-/// How a CudaModel runs its program. The command line fills it from the environment
-/// (cli/env.h: XSERV_KERNEL_CACHE, XSERV_CUDA_GRAPHS, XSERV_PROFILE, XSERV_PDL).
-struct CudaModelOptions {
-  /// Cubin cache for the kernels the weight upload compiles (MXFP4 dequantisation); required.
-  std::filesystem::path cache_dir;
-  bool quiet = false; ///< no "[cuda] ..." progress lines on stderr
-  /// Decode sub-steps (one token per sequence) run as CUDA graphs, captured once per (batch
-  /// size, attention key bucket) and replayed; off: every launch goes out eagerly.
-  bool cuda_graphs = true;
-  /// With cuda_graphs: capture the graph of every decode shape (batch 1..max_batch x attention
-  /// key buckets up to max_seq) when the model loads, so no request waits for a capture.
-  bool capture_at_start = true;
-  /// Kernels launch with programmatic dependent launch on sm_90 and newer (each grid is
-  /// scheduled while the previous one drains; every generated kernel first waits for it).
-  bool dependent_launch = true;
-  /// Every launch table entry timed with CUDA events (graphs off), summed per (phase, op) and
-  /// printed when the model closes.
-  bool profile = false;
-  /// runtime::DeviceStageOptions::repeat_kernel / repeat_times (XSERV_PROFILE_REPEAT).
-  std::string repeat_kernel;
-  int repeat_times = 2;
-};
 
 /// Runs one stage program on the GPU: weights in BF16 (MXFP4 experts dequantised, or kept as the
 /// layout says), activations fp32 in the layout's arena, KV caches as the layout shapes them. It

@@ -1,7 +1,9 @@
 // The Engine: continuous batching of generation requests over one Model. Requests join and
 // leave between steps; each step runs one decode token of every running sequence and fills the
 // rest of a token budget with prompt chunks of the others (the shape of MLC-LLM's serve engine
-// and of vLLM's scheduler with chunked prefill).
+// and of vLLM's scheduler with chunked prefill). The Scheduler (engine/scheduler.h) picks a
+// step's work; the Engine takes requests in from other threads, runs the model and turns its
+// output into tokens and finishes.
 #pragma once
 
 #include <chrono>
@@ -16,82 +18,13 @@
 #include <string_view>
 #include <vector>
 
+#include "base/error.h"
 #include "engine/model.h"
-#include "ir/error.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
 #include "runtime/sampler.h"
 
 namespace xserv::engine {
-
-using RequestId = uint64_t;
-
-/// Why a request ended.
-enum class FinishReason {
-  None,   ///< still running
-  Stop,   ///< it emitted one of its stop ids (the id is its last token)
-  Length, ///< max_tokens generated, or its sequence reached the model's max_seq
-  Abort,  ///< abort() was called, or its event callback asked to stop
-  /// The model failed for this request alone: the logits row its next token would come from
-  /// held a NaN or an infinity (Event::error says at which step and position). No token.
-  Error,
-};
-
-/// "stop", "length", "abort", "error" ("" for None): the names OpenAI-style APIs use.
-std::string_view finish_name(FinishReason r);
-
-/// One generation request.
-struct Request {
-  std::vector<int32_t> prompt; ///< token ids: at least one, at most the model's max_seq
-  int64_t max_tokens = 128;    ///< at most this many generated tokens (>= 1)
-  runtime::SamplerOptions sampling;
-  /// Generation ends after emitting one of these (the id is reported as the last token).
-  std::vector<int32_t> stop_ids;
-  /// -1: no log-probabilities; 0..20: each token's log-probability (of the sampled
-  /// distribution's logits at temperature 1, as OpenAI reports them) and the `top_logprobs`
-  /// most likely alternatives.
-  int top_logprobs = -1;
-  /// Every generated token's event carries the full logits row it was picked from.
-  bool return_logits = false;
-};
-
-/// A candidate token and its log-probability.
-struct TokenLogprob {
-  int32_t token = 0;
-  float logprob = 0;
-};
-
-/// What a step reports for one request: a new token, its end, or both.
-struct Event {
-  RequestId id = 0;
-  int32_t token = -1; ///< the new token, or -1 when the request ended without one (abort)
-  FinishReason finish = FinishReason::None; ///< set on the request's last event
-  /// Length finishes: the sequence filled the model's max_seq (not max_tokens).
-  bool hit_max_seq = false;
-  int64_t prompt_tokens = 0;    ///< of the request
-  int64_t generated_tokens = 0; ///< so far, this token included
-  float logprob = 0;            ///< of `token` (top_logprobs >= 0)
-  std::vector<TokenLogprob> top_logprobs;
-  std::vector<float> logits; ///< return_logits: the row `token` was picked from
-  std::string error;         ///< finish Error: what went wrong, naming the step and position
-};
-
-/// How an Engine schedules.
-struct EngineOptions {
-  /// Sequences running at once, each owning a KV-cache row; 0: the model's max_batch (and
-  /// never more).
-  int64_t max_running = 0;
-  /// Requests waiting for a row; add() beyond this throws QueueFull.
-  int64_t max_queue = 4096;
-  /// Tokens per step: one decode token of each running sequence first, then prompt chunks in
-  /// arrival order up to this budget (vLLM's max_num_batched_tokens). At least 1; raised to
-  /// max_running, so that no running sequence ever waits for a step.
-  int64_t max_tokens_per_step = 8192;
-  /// Waiting requests join only when this many can join at once (free rows), so that one
-  /// prompt step serves several of them, unless nothing is running or the oldest has waited
-  /// max_admit_wait steps. 1: each joins as soon as a row is free (the lowest time to first
-  /// token); larger trades time to first token for throughput.
-  int64_t admit_batch = 1;
-  int64_t max_admit_wait = 16;
-};
 
 /// Counters and gauges of an Engine, a consistent snapshot.
 struct EngineStats {
@@ -148,7 +81,12 @@ public:
   const EngineOptions& options() const { return options_; }
 
 private:
-  struct Sequence;
+  /// Step 1: requests and aborts other threads queued; aborted sequences' last events.
+  void take_in(std::vector<Event>& events, int64_t& aborted_waiting, int64_t& aborted_running);
+  /// Step 3: the scheduled sequences' tokens and finishes from the model's output; finished
+  /// sequences leave the scheduler. Counts into `generated` and `finished` (stop, length, error).
+  void update_from_output(const ScheduledStep& s, const StepOutput& out, int64_t step_index,
+                          std::vector<Event>& events, int64_t& generated, int64_t finished[3]);
 
   Model& model_;
   EngineOptions options_;
@@ -159,9 +97,7 @@ private:
   std::vector<RequestId> aborts_;
   EngineStats stats_;
   // Owned by step():
-  std::deque<std::unique_ptr<Sequence>> waiting_;  ///< in arrival order, no row yet
-  std::vector<std::unique_ptr<Sequence>> running_; ///< holding a row, in admission order
-  std::vector<int32_t> free_rows_;
+  Scheduler scheduler_;
   int64_t last_prompt_tokens_ = 0;
   std::vector<Event> undelivered_; ///< events of a step whose model call threw
 };

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/sampler.h"
 
 namespace xserv::engine {

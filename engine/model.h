@@ -72,6 +72,9 @@ public:
   /// A stopwatch on this model's timeline; the default uses the host clock around
   /// synchronize().
   virtual std::unique_ptr<Stopwatch> stopwatch();
+  /// Why the model can run no further steps (a pipeline rank died or hung), or "" while it can.
+  /// A server reports itself unhealthy while this is set; step() throws from then on.
+  virtual std::string broken() const { return ""; }
 };
 
 /// Throws xserv::Error when a prompt of `ids` is empty, exceeds `max_seq` tokens or holds an id

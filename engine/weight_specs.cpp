@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/mxfp4.h"
 
 namespace xserv::engine {

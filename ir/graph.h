@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -104,5 +105,8 @@ std::string print_node(const Graph& g, ValueId v);
 /// "SOURCE:line:column: message" when `source` (a file name) is given. Value names in the text
 /// may be any %identifier; they are renumbered in order.
 Graph parse(std::string_view text, std::string_view source = {});
+/// parse() of the text in `file` (a plan's graph.ir or stageN.ir); Error "FILE: WHAT missing"
+/// when it cannot be read.
+Graph parse_file(const std::filesystem::path& file, std::string_view what);
 
 } // namespace xserv::ir

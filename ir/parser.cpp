@@ -1,11 +1,13 @@
 // parse(): the text form back into a Graph, with line:column errors.
 #include <cctype>
 #include <charconv>
+#include <fstream>
+#include <iterator>
 #include <map>
 
 #include <fmt/format.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "ir/graph.h"
 
 namespace xserv::ir {
@@ -271,6 +273,14 @@ private:
 
 Graph parse(std::string_view text, std::string_view source) {
   return Parser(text, source.empty() ? std::string() : std::string(source) + ":").run();
+}
+
+Graph parse_file(const std::filesystem::path& file, std::string_view what) {
+  std::ifstream in(file);
+  if (!in)
+    throw Error(fmt::format("{}: {} missing", file.string(), what));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse(text, file.string());
 }
 
 } // namespace xserv::ir

@@ -17,7 +17,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/bf16.h"
 #include "models/mxfp4.h"
 

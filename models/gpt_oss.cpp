@@ -5,8 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "base/error.h"
 #include "ir/builder.h"
-#include "ir/error.h"
 
 namespace xserv::models {
 namespace {
@@ -19,8 +19,8 @@ using ir::Op;
 using ir::Type;
 using ir::ValueId;
 
-const Dim kT = Dim::dynamic(dims::kTokens);
-const Dim kB = Dim::dynamic(dims::kSeqs);
+const Dim kT = Dim::dynamic(ir::dims::kTokens);
+const Dim kB = Dim::dynamic(ir::dims::kSeqs);
 
 /// The runtime inputs shared by every layer.
 struct Inputs {
@@ -65,8 +65,8 @@ public:
     ValueId vh = heads(v, nkv);
 
     const bool sliding = c_.is_sliding(l);
-    const Dim slots = sliding ? Dim(c_.sliding_window) : Dim::dynamic(dims::kMaxSeq);
-    const Type cache_t{kv_, {Dim::dynamic(dims::kCacheRows), slots, nkv, hd}};
+    const Dim slots = sliding ? Dim(c_.sliding_window) : Dim::dynamic(ir::dims::kMaxSeq);
+    const Type cache_t{kv_, {Dim::dynamic(ir::dims::kCacheRows), slots, nkv, hd}};
     ValueId kc = b_.cache(p + "k_cache", cache_t), vc = b_.cache(p + "v_cache", cache_t);
     ValueId sinks = w(p + "self_attn.sinks", bf16({nh}));
     ValueId attn = b_.add_node(

@@ -1,6 +1,7 @@
 // build_gpt_oss(): the whole gpt-oss forward pass as one IR graph, for prefill and decode alike.
 #pragma once
 
+#include "ir/dims.h"
 #include "ir/graph.h"
 #include "models/config.h"
 
@@ -28,15 +29,6 @@ inline constexpr const char* kCtxLens = "ctx_lens";     ///< i32[B], cached toke
 inline constexpr const char* kCacheRows = "cache_rows"; ///< i32[B], KV cache row per sequence
 inline constexpr const char* kLogitRows = "logit_rows"; ///< i32[B], token whose logits to return
 } // namespace params
-
-/// Dynamic dimension names: tokens in the step, sequences in the step, cache rows (max batch)
-/// and cache positions (max sequence length).
-namespace dims {
-inline constexpr const char* kTokens = "T";
-inline constexpr const char* kSeqs = "B";
-inline constexpr const char* kCacheRows = "N";
-inline constexpr const char* kMaxSeq = "S";
-} // namespace dims
 
 /// Emits the forward pass of MODEL.md for `cfg`: embedding, the decoder layers (sliding-window
 /// attention where cfg says so, with a ring cache of sliding_window slots; full attention with

@@ -13,7 +13,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/json_error.h"
 
 namespace xserv::models {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "ir/error.h"
+#include "base/error.h"
 
 namespace xserv::models {
 

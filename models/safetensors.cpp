@@ -24,7 +24,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 
 namespace xserv::models {
 namespace {

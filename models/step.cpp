@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/gpt_oss.h"
 
 namespace xserv::models {

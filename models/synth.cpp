@@ -30,7 +30,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/bf16.h"
 #include "models/checkpoint.h"
 #include "models/safetensors.h"

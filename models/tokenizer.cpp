@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 
 namespace xserv::models {
 namespace {

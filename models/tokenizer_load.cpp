@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/json_error.h"
 #include "models/tokenizer_impl.h"
 

@@ -8,7 +8,7 @@
 #include <cublas_v2.h>
 #include <fmt/format.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/dl_library.h"
 
 namespace xserv::runtime {

@@ -1,5 +1,5 @@
 // The same-device stage transport: a queue of device buffers through which one pipeline stage's
-// sent activations reach the next stage on the same GPU (engine/pipeline_local.h), so any --pp
+// sent activations reach the next stage on the same GPU (engine/pipeline/local.h), so any --pp
 // plan runs on one GPU.
 #pragma once
 

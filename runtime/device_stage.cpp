@@ -16,7 +16,7 @@
 
 #include <fmt/format.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/blas.h"
 #include "runtime/device.h"
 #include "runtime/executor.h"

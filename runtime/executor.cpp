@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/blas.h"
 
 namespace xserv::runtime {

@@ -5,7 +5,7 @@
 // that says why an entry is stale.
 #include "runtime/kernel_cache.h"
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/sha256.h"
 
 #include <atomic>
@@ -123,6 +123,13 @@ CachedCubin get_or_compile(const std::string& source, const std::string& name,
                 "' cannot name a cache file: use letters, digits, '_', '.' and '-'");
   CachedCubin result;
   result.key = kernel_cache_key(source, name, opts);
+  if (cache_dir.empty()) { // no cache: compile every time
+    CompileResult compiled = compile_cuda(source, name, opts);
+    result.cubin = std::move(compiled.cubin);
+    result.compiled = true;
+    result.compile_ms = compiled.compile_ms;
+    return result;
+  }
   result.path = cache_dir / (name + ".cubin");
   const fs::path key_path = cache_dir / (name + ".key");
   const std::string source_digest = sha256_hex(source);

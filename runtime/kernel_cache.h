@@ -32,7 +32,8 @@ std::string kernel_cache_key(const std::string& source, const std::string& name,
 /// (CACHE_DIR/NAME.key) matches, else compiling with compile_cuda() and storing the result
 /// atomically (temp file + rename, cubin before key). A stale entry (another arch, source,
 /// options or NVRTC version) or a damaged one is recompiled after a one-line notice, sent to
-/// `notice` or, when that is empty, to stderr. `name` must be a plain file name
+/// `notice` or, when that is empty, to stderr. An empty `cache_dir` compiles without a cache
+/// (no file is read or written). `name` must be a plain file name
 /// ([A-Za-z0-9_.-]). Throws xserv::Error on compile errors and when the cache cannot be
 /// written.
 CachedCubin get_or_compile(const std::string& source, const std::string& name,

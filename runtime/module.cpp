@@ -2,7 +2,7 @@
 // the module, the kernel and the architectures involved.
 #include "runtime/module.h"
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/device.h"
 
 #include <algorithm>

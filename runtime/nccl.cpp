@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/dl_library.h"
 
 namespace xserv::runtime {

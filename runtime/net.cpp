@@ -14,7 +14,7 @@
 #include <cstring>
 #include <thread>
 
-#include "ir/error.h"
+#include "base/error.h"
 
 namespace xserv::runtime {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "ir/error.h"
+#include "base/error.h"
 
 namespace xserv::runtime {
 

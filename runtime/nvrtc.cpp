@@ -1,7 +1,7 @@
 // NVRTC wrapper: flags from CompileOptions, in-memory headers, cubin out, readable errors.
 #include "runtime/nvrtc.h"
 
-#include "ir/error.h"
+#include "base/error.h"
 
 #include <nvrtc.h>
 

@@ -103,7 +103,7 @@ inline int attention_splits(int max_keys) {
 /// Blocks of attention_decode a step's key splits aim for: about what the GPU holds at once
 /// (H200: 132 SMs x 2 blocks of 256 threads). Splitting further only adds partial states and a
 /// combine: at 64 sequences of 640 keys one split takes 63 us, 16 splits 175 us
-/// (kernels_bench, docs/PERF.md session 9).
+/// (kernels_bench "attention decode under key splits").
 inline constexpr int kAttnSplitBlocks = 256;
 
 /// Key splits of attention_decode and attention_combine in a step of `tokens` tokens whose keys

@@ -18,7 +18,7 @@
 
 #include <fmt/format.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/sha256.h"
 
 namespace xserv::runtime {

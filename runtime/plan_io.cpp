@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/layout_json.h"
 #include "runtime/plan_json.h"
 #include "runtime/sha256.h"

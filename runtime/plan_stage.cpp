@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/kernel_cache.h"
 
 namespace xserv::runtime {

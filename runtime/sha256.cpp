@@ -1,7 +1,7 @@
 // SHA-256 as specified in FIPS 180-4, section 6.2, processing 64-byte blocks.
 #include "runtime/sha256.h"
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/sha256_ni.h"
 
 #include <algorithm>

@@ -2,7 +2,7 @@
 // The streaming upload itself lives in runtime/weights_upload.cpp.
 #include "runtime/weights.h"
 
-#include "ir/error.h"
+#include "base/error.h"
 
 #include <cuda_runtime_api.h>
 

@@ -12,7 +12,7 @@
 //    while the host fills batch i+1.
 #include "runtime/weights.h"
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/device.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/module.h"
@@ -21,9 +21,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <fcntl.h>

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-# The `xserv serve` test with the official openai client (tests/serve/) skips without it: a small
+# The `xserv serve` test with the official openai client (tests/server/) skips without it: a small
 # install, only when missing; a failure (offline) just leaves that test skipped.
 python3 -c 'import openai' 2>/dev/null ||
   python3 -m pip install --quiet openai >/dev/null 2>&1 ||

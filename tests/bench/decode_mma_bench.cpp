@@ -130,7 +130,7 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
                                << " GB/s of weights");
   }
   // The default tilings on fewer blocks (grid.x below its 90, the bytes in proportion): how
-  // the time grows with the blocks an SM carries (docs/PERF.md, session 16).
+  // the time grows with the blocks an SM carries (docs/PERF.md, "Kernel figures").
   auto narrow = [](KernelSource k, int bx) {
     const std::string name = k.name + "_bx" + std::to_string(bx);
     k.source.replace(k.source.find(" " + k.name + "("), k.name.size() + 2, " " + name + "(");

@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/tokenizer.h"
 
 namespace {

@@ -13,9 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/model_source.h"
+#include "runtime/open_plan.h"
 #include "runtime/sha256.h"
-#include "tests/cli/run_xserv.h"
+#include "tests/run_xserv.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -135,9 +135,9 @@ TEST_CASE("a plan refuses a checkpoint that changed since compile") {
 }
 
 TEST_CASE("a plan compiled for another GPU architecture is refused with the fix") {
-  CHECK_NOTHROW(xserv::cli::check_plan_arch("sm_90", "sm_90", "NVIDIA H200"));
-  CHECK_NOTHROW(xserv::cli::check_plan_arch("", "sm_80", "NVIDIA A100"));
-  CHECK_THROWS_WITH(xserv::cli::check_plan_arch("sm_90", "sm_80", "NVIDIA A100"),
+  CHECK_NOTHROW(xserv::runtime::check_plan_arch("sm_90", "sm_90", "NVIDIA H200"));
+  CHECK_NOTHROW(xserv::runtime::check_plan_arch("", "sm_80", "NVIDIA A100"));
+  CHECK_THROWS_WITH(xserv::runtime::check_plan_arch("sm_90", "sm_80", "NVIDIA A100"),
                     "the plan was compiled for sm_90 but GPU 0 (NVIDIA A100) is sm_80: recompile "
                     "it with --arch sm_80");
 }

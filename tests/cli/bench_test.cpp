@@ -12,10 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/error.h"
 #include "cli/bench_report.h"
-#include "ir/error.h"
+#include "cli/serving_report.h"
 #include "models/config.h"
-#include "tests/cli/run_xserv.h"
+#include "tests/run_xserv.h"
 #include "tests/test_util.h"
 
 using namespace xserv;
@@ -42,16 +43,33 @@ cli::BenchRow row(std::string test, std::vector<double> ts, int64_t batch = 1) {
 } // namespace
 
 TEST_CASE("mean, sample standard deviation and nearest-rank quantiles") {
-  CHECK(cli::mean({1, 2, 3, 6}) == 3.0);
-  CHECK(cli::stddev({2, 4, 4, 4, 5, 5, 7, 9}) == doctest::Approx(2.138089935));
-  CHECK(cli::stddev({5}) == 0.0);
+  CHECK(xserv::mean({1, 2, 3, 6}) == 3.0);
+  CHECK(xserv::stddev({2, 4, 4, 4, 5, 5, 7, 9}) == doctest::Approx(2.138089935));
+  CHECK(xserv::stddev({5}) == 0.0);
   std::vector<double> v;
   for (int i = 100; i >= 1; --i)
     v.push_back(i);
-  CHECK(cli::quantile(v, 0.5) == 50);
-  CHECK(cli::quantile(v, 0.99) == 99);
-  CHECK(cli::quantile(v, 1.0) == 100);
-  CHECK(cli::quantile({}, 0.5) == 0);
+  CHECK(xserv::quantile(v, 0.5) == 50);
+  CHECK(xserv::quantile(v, 0.99) == 99);
+  CHECK(xserv::quantile(v, 1.0) == 100);
+  CHECK(xserv::quantile({}, 0.5) == 0);
+}
+
+TEST_CASE("the serving report renders its figures as md and json") {
+  engine::ServingOptions o;
+  o.requests = 12;
+  engine::ServingReport rep;
+  rep.requests = rep.completed = 12;
+  rep.output_tokens = 60;
+  rep.output_tps = 30.5;
+  rep.ttft.p99 = 7.25;
+  const nlohmann::json j = nlohmann::json::parse(cli::render_serving(rep, o, "fake", {}, "json"));
+  CHECK(j["completed"] == 12);
+  CHECK(j["output_throughput"].get<double>() == doctest::Approx(30.5));
+  CHECK(j["p99_ttft_ms"].get<double>() == doctest::Approx(7.25));
+  const std::string md = cli::render_serving(rep, o, "fake", {}, "md");
+  CHECK(md.find("| TTFT p99 (ms) | 7.25 |") != std::string::npos);
+  CHECK_THROWS_AS(cli::render_serving(rep, o, "fake", {}, "xml"), UsageError);
 }
 
 TEST_CASE("the 20b model is described as llama-bench would") {

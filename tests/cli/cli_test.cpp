@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "tests/cli/run_xserv.h"
+#include "tests/run_xserv.h"
 #include "tests/test_util.h"
 
 using xserv::testing::run_xserv;

@@ -9,9 +9,9 @@
 
 #include "cli/args.h"
 #include "cli/env.h"
-#include "cli/model_source.h"
+#include "runtime/open_plan.h"
 #include "runtime/plan_io.h"
-#include "tests/cli/run_xserv.h"
+#include "tests/run_xserv.h"
 #include "tests/test_util.h"
 
 using namespace xserv;
@@ -142,26 +142,30 @@ TEST_CASE("env: a plan refuses XSERV_PREFILL_CHUNK and XSERV_GEMM_PRECISION othe
                          " --max-seq 256 --max-batch 2 --no-cubins --gemm-precision bf16");
   INFO(c.out);
   REQUIRE(c.code == 0);
-  cli::ModelSource src;
-  src.plan_dir = plan;
+  runtime::OpenedPlan src;
+  src.dir = plan;
   src.model_dir = model;
-  src.max_batch = 2;
-  src.max_seq = 256;
   src.plan = std::make_shared<const runtime::Plan>(runtime::read_plan(plan));
   CHECK_FALSE(src.plan->options.gemm_split);
   const runtime::StageLayout& layout = src.plan->stages.at(0).layout;
   CHECK_FALSE(layout.gemm_split);
-  CHECK_NOTHROW(cli::check_plan_run(src, layout, parse({})));
-  CHECK_NOTHROW(cli::check_plan_run(
-      src, layout, parse({{"XSERV_GEMM_PRECISION", "bf16"}, {"XSERV_PREFILL_CHUNK", "256"}})));
-  CHECK_THROWS_WITH_AS(cli::check_plan_run(src, layout, parse({{"XSERV_GEMM_PRECISION", "split"}})),
-                       doctest::Contains("recompile it with xserv compile --gemm-precision split"),
-                       cli::UsageError);
-  CHECK_THROWS_WITH_AS(cli::check_plan_run(src, layout, parse({{"XSERV_PREFILL_CHUNK", "64"}})),
+  // The settings the commands take from the environment (cli/model_source.cpp: run_settings).
+  auto settings = [](const cli::Env& e) {
+    return runtime::RunSettings{e.prefill_chunk, e.gemm_split};
+  };
+  CHECK_NOTHROW(runtime::check_plan_run(src, layout, 2, 256, settings(parse({}))));
+  CHECK_NOTHROW(runtime::check_plan_run(
+      src, layout, 2, 256,
+      settings(parse({{"XSERV_GEMM_PRECISION", "bf16"}, {"XSERV_PREFILL_CHUNK", "256"}}))));
+  CHECK_THROWS_WITH_AS(
+      runtime::check_plan_run(src, layout, 2, 256,
+                              settings(parse({{"XSERV_GEMM_PRECISION", "split"}}))),
+      doctest::Contains("recompile it with xserv compile --gemm-precision split"), cli::UsageError);
+  CHECK_THROWS_WITH_AS(runtime::check_plan_run(src, layout, 2, 256,
+                                               settings(parse({{"XSERV_PREFILL_CHUNK", "64"}}))),
                        doctest::Contains("recompile it with xserv compile --prefill-chunk 64"),
                        cli::UsageError);
-  src.max_seq = 128;
-  CHECK_THROWS_WITH_AS(cli::check_plan_run(src, layout, parse({})),
+  CHECK_THROWS_WITH_AS(runtime::check_plan_run(src, layout, 2, 128, settings(parse({}))),
                        doctest::Contains("recompile it with xserv compile --max-batch 2 --max-seq "
                                          "128"),
                        cli::UsageError);

@@ -13,11 +13,12 @@
 
 #include "cli/args.h"
 #include "cli/eval_data.h"
-#include "tests/cli/run_xserv.h"
+#include "tests/run_xserv.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace xserv::cli;
+using namespace xserv::eval;
 
 using xserv::testing::run_xserv;
 using xserv::testing::RunResult;

@@ -9,11 +9,11 @@
 
 #include "cli/commands.h"
 #include "cli/model_source.h"
-#include "cli/roofline.h"
-#include "engine/pipeline_boundary.h"
+#include "engine/pipeline/boundary.h"
+#include "engine/roofline.h"
 #include "models/config.h"
 #include "runtime/plan_io.h"
-#include "tests/cli/run_xserv.h"
+#include "tests/run_xserv.h"
 #include "tests/test_util.h"
 
 using namespace xserv;
@@ -24,28 +24,29 @@ namespace fs = std::filesystem;
 TEST_CASE("20b floors agree with the ceiling arithmetic of TARGETS.md") {
   XSERV_REQUIRE_DATA(data);
   auto cfg = models::ModelConfig::load(data / "gpt-oss-20b");
-  const cli::WeightBytes w = cli::weight_bytes(cfg);
+  const engine::WeightBytes w = engine::weight_bytes(cfg);
   // TARGETS.md: attention 1.27 GB, lm_head 1.16 GB, 4 experts x 24 layers 4.78 GB in BF16.
   CHECK(w.attention / 1e9 == doctest::Approx(1.27).epsilon(0.01));
   CHECK(w.lm_head / 1e9 == doctest::Approx(1.16).epsilon(0.01));
   CHECK(4 * 24 * w.expert_one_layer_one / 1e9 == doctest::Approx(4.78).epsilon(0.01));
   // ... read once at 4.3 TB/s: 1.68 ms, 596 tok/s.
-  const cli::DecodeEstimate d = cli::decode_floor(cfg, 1, 0);
+  const engine::DecodeEstimate d = engine::decode_floor(cfg, 1, 0);
   CHECK(d.seconds * 1e3 == doctest::Approx(1.68).epsilon(0.01));
   CHECK(d.tokens_per_s == doctest::Approx(596).epsilon(0.01));
   // Prefill: ~6.1 GFLOP per token.
-  CHECK(cli::prefill_flops_per_token(cfg, 0) / 1e9 == doctest::Approx(6.1).epsilon(0.02));
+  CHECK(engine::prefill_flops_per_token(cfg, 0) / 1e9 == doctest::Approx(6.1).epsilon(0.02));
   // 48 KiB of KV cache per token.
-  CHECK(cli::kv_bytes_per_token(cfg) == 48 * 1024);
+  CHECK(engine::kv_bytes_per_token(cfg) == 48 * 1024);
   // A batch of 64 touches (nearly) every expert, so far more bytes but far more tokens.
-  const cli::DecodeEstimate b = cli::decode_floor(cfg, 64, 0);
+  const engine::DecodeEstimate b = engine::decode_floor(cfg, 64, 0);
   CHECK(b.bytes > 5 * d.bytes);
   CHECK(b.tokens_per_s > 10 * d.tokens_per_s);
   // MXFP4 experts (TARGETS.md): the 4 x 24 active experts read 1.27 GB, 0.86 ms a token.
   const auto mx = runtime::ExpertFormat::Mxfp4;
-  CHECK(4 * 24 * cli::weight_bytes(cfg, mx).expert_one_layer_one / 1e9 ==
+  CHECK(4 * 24 * engine::weight_bytes(cfg, mx).expert_one_layer_one / 1e9 ==
         doctest::Approx(1.27).epsilon(0.02));
-  CHECK(cli::decode_floor(cfg, 1, 0, {}, mx).seconds * 1e3 == doctest::Approx(0.86).epsilon(0.02));
+  CHECK(engine::decode_floor(cfg, 1, 0, {}, mx).seconds * 1e3 ==
+        doctest::Approx(0.86).epsilon(0.02));
 }
 
 TEST_CASE("inspect prints the stage table and roofline, and --json the same facts") {
@@ -167,9 +168,9 @@ TEST_CASE(
   CHECK(doc["stages"][1]["recvs"][0] == p.stages[0].sends[0].name);
   // The experts' bytes in the plan's format (17 bytes per 32 values), MXFP4 kernels in its code.
   const auto cfg = models::ModelConfig::load(fs::path(model) / "config.json");
-  const double mx_bytes = cli::weight_bytes(cfg, runtime::ExpertFormat::Mxfp4).experts;
+  const double mx_bytes = engine::weight_bytes(cfg, runtime::ExpertFormat::Mxfp4).experts;
   CHECK(doc["weights"]["experts"].get<double>() == doctest::Approx(mx_bytes));
-  CHECK(mx_bytes < 0.3 * cli::weight_bytes(cfg).experts);
+  CHECK(mx_bytes < 0.3 * engine::weight_bytes(cfg).experts);
   size_t mx4 = 0;
   for (const auto& k : p.codegen.kernels)
     mx4 += k.name.find("_mx4") != std::string::npos;
@@ -187,13 +188,13 @@ TEST_CASE(
   REQUIRE(run != nullptr);
   const cli::ModelSource src =
       cli::resolve_source(plan.string(), cli::parse_args(run->spec, {plan.string()}));
-  REQUIRE(src.plan != nullptr);
-  for (const runtime::PlanStage& st : src.plan->stages)
+  REQUIRE(src.plan.has_value());
+  for (const runtime::PlanStage& st : src.plan->plan->stages)
     CHECK(st.layout.expert_format == runtime::ExpertFormat::Mxfp4);
-  CHECK(*src.plan == p);
-  CHECK(src.stage_graphs == std::vector<std::string>{"stage0.ir", "stage1.ir"});
+  CHECK(*src.plan->plan == p);
+  CHECK(src.plan->plan->stages.at(1).graph == "stage1.ir");
   const cli::ModelSource ck = cli::resolve_source(model, cli::parse_args(run->spec, {model}));
-  CHECK(ck.plan == nullptr);
+  CHECK_FALSE(ck.plan.has_value());
   CHECK(
       run_xserv("compile " + model + " -o " + (tmp.path / "bad").string() + " --expert-format fp8")
           .code == 2);
@@ -203,16 +204,18 @@ TEST_CASE(
   for (size_t i = 0; i < 2; ++i)
     for (int64_t tokens : {1, 37}) {
       CAPTURE(tokens);
-      const ir::Graph g = cli::read_graph(plan / p.stages[i].graph, "stage");
-      auto same = [](const std::vector<engine::BoundaryTensor>& a,
-                     const std::vector<engine::BoundaryTensor>& b) {
+      const ir::Graph g = ir::parse_file(plan / p.stages[i].graph, "stage");
+      auto same = [](const std::vector<engine::pipeline::BoundaryTensor>& a,
+                     const std::vector<engine::pipeline::BoundaryTensor>& b) {
         bool eq = a.size() == b.size();
         for (size_t k = 0; eq && k < a.size(); ++k)
           eq = a[k].name == b[k].name && a[k].dtype == b[k].dtype && a[k].shape == b[k].shape;
         return eq;
       };
-      CHECK(same(engine::stage_receives(p.stages[i], tokens), engine::stage_receives(g, tokens)));
-      CHECK(same(engine::stage_sends(p.stages[i], tokens), engine::stage_sends(g, tokens)));
+      CHECK(same(engine::pipeline::stage_receives(p.stages[i], tokens),
+                 engine::pipeline::stage_receives(g, tokens)));
+      CHECK(same(engine::pipeline::stage_sends(p.stages[i], tokens),
+                 engine::pipeline::stage_sends(g, tokens)));
     }
   // The IR programs may be deleted (the CUDA runtime replays the tables); the CPU backend, which
   // runs them, names the missing file.

@@ -13,7 +13,7 @@
 
 #include "runtime/plan_checkpoint.h"
 #include "runtime/sha256.h"
-#include "tests/cli/run_xserv.h"
+#include "tests/run_xserv.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;

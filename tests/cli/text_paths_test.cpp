@@ -11,7 +11,7 @@
 
 #include "models/harmony.h"
 #include "models/tokenizer.h"
-#include "tests/cli/run_xserv.h"
+#include "tests/run_xserv.h"
 #include "tests/test_util.h"
 
 using xserv::testing::run_xserv;
@@ -30,9 +30,9 @@ const fs::path& scratch() {
 const fs::path& tiny_model() {
   static const fs::path model = [] {
     const fs::path dir = scratch() / "tiny";
-    const RunResult r = run_xserv("synth --config " +
-                                  (xserv::testing::source_dir() / "examples/tiny/config.json").string() +
-                                  " -o " + dir.string() + " --seed 5");
+    const RunResult r = run_xserv(
+        "synth --config " + (xserv::testing::source_dir() / "examples/tiny/config.json").string() +
+        " -o " + dir.string() + " --seed 5");
     INFO(r.out);
     REQUIRE(r.code == 0);
     return dir;

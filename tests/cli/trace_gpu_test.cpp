@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include "runtime/device.h"
-#include "tests/cli/run_xserv.h"
+#include "tests/run_xserv.h"
 #include "tests/test_util.h"
 
 using xserv::testing::read_floats;

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/checkpoint.h"
-#include "tests/cli/run_xserv.h"
+#include "tests/run_xserv.h"
 #include "tests/test_util.h"
 
 using xserv::testing::read_floats;

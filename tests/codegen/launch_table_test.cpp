@@ -19,10 +19,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/error.h"
 #include "codegen/cuda_lower.h"
 #include "compiler/memory_plan.h"
 #include "compiler/pass_manager.h"
-#include "ir/error.h"
 #include "models/config.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
@@ -154,7 +154,7 @@ ir::Graph final_graph(const models::ModelConfig& cfg, const Variant& v) {
   models::BuildOptions bo;
   bo.kv_dtype = v.kv_bf16 ? ir::DType::BF16 : ir::DType::F32;
   compiler::PassManager pm;
-  pm.add_pipeline(compiler::kDefaultPipeline);
+  pm.add_passes(compiler::kDefaultPasses);
   return pm.run(models::build_gpt_oss(cfg, bo));
 }
 
@@ -171,7 +171,7 @@ void lower(const models::ModelConfig& cfg, const Variant& v, Lowered& out) {
   out.graph = final_graph(cfg, v);
   out.capacity = codegen::step_token_capacity(kMaxBatch, v.prefill_chunk);
   out.memory = compiler::plan_memory(
-      out.graph, {{models::dims::kTokens, out.capacity}, {models::dims::kSeqs, kMaxBatch}});
+      out.graph, {{ir::dims::kTokens, out.capacity}, {ir::dims::kSeqs, kMaxBatch}});
   codegen::LoweringContext ctx;
   ctx.max_tokens = out.capacity;
   ctx.max_seqs = int(kMaxBatch);
@@ -460,7 +460,7 @@ namespace {
 /// gemms, its own memory plan, plain bf16 or split activations, cuBLAS projections or not.
 runtime::LaunchTable lower_for(const ir::Graph& g, int64_t tokens, bool split, bool cublas) {
   const compiler::MemoryPlan mem =
-      compiler::plan_memory(g, {{models::dims::kTokens, tokens}, {models::dims::kSeqs, kMaxBatch}});
+      compiler::plan_memory(g, {{ir::dims::kTokens, tokens}, {ir::dims::kSeqs, kMaxBatch}});
   codegen::LoweringContext ctx;
   ctx.max_tokens = static_cast<int>(tokens);
   ctx.max_seqs = int(kMaxBatch);
@@ -616,8 +616,8 @@ TEST_CASE("decode steps run lm_head on tensor cores, o_proj from 2 tokens, FMA f
                          [&](const std::string& n) { return n.rfind(prefix, 0) == 0; });
   };
   const int layers = int(cfg.num_hidden_layers);
-  const std::string lm_mma = fmt::format("linear_k{}_n{}_nobias_t8_mma_", cfg.hidden_size,
-                                         cfg.vocab_size);
+  const std::string lm_mma =
+      fmt::format("linear_k{}_n{}_nobias_t8_mma_", cfg.hidden_size, cfg.vocab_size);
   const runtime::LaunchTable plain = lower_for(g, 64, false, false);
   for (int tokens : {2, 5, 8}) {
     CAPTURE(tokens);
@@ -636,14 +636,13 @@ TEST_CASE("decode steps run lm_head on tensor cores, o_proj from 2 tokens, FMA f
   for (int tokens : {1, 2, 8}) {
     CAPTURE(tokens);
     const std::vector<std::string> ns = names(split, tokens);
-    CHECK(std::none_of(ns.begin(), ns.end(), [](const std::string& n) {
-      return n.find("_mma_") != std::string::npos;
-    }));
+    CHECK(std::none_of(ns.begin(), ns.end(),
+                       [](const std::string& n) { return n.find("_mma_") != std::string::npos; }));
   }
   CHECK(count(names(split, 1), "linear_residual_k64_n64_t1_smem_r8") == layers);
   // Plans for an architecture before sm_90 (no bulk copies) keep the streaming kernel.
   const compiler::MemoryPlan mem =
-      compiler::plan_memory(g, {{models::dims::kTokens, 64}, {models::dims::kSeqs, kMaxBatch}});
+      compiler::plan_memory(g, {{ir::dims::kTokens, 64}, {ir::dims::kSeqs, kMaxBatch}});
   codegen::LoweringContext ctx;
   ctx.max_tokens = 64;
   ctx.max_seqs = int(kMaxBatch);

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "base/error.h"
 #include "compiler/memory_plan.h"
-#include "ir/error.h"
 #include "models/config.h"
 #include "models/gpt_oss.h"
 #include "tests/test_util.h"
@@ -162,7 +162,7 @@ TEST_CASE("the linear-time packing places every buffer where the quadratic state
   for (int64_t tokens : {1, 7, 512}) {
     CAPTURE(tokens);
     const compiler::MemoryPlan fast =
-        compiler::plan_memory(g, {{models::dims::kTokens, tokens}, {models::dims::kSeqs, 4}});
+        compiler::plan_memory(g, {{ir::dims::kTokens, tokens}, {ir::dims::kSeqs, 4}});
     compiler::MemoryPlan slow = fast;
     reference_packing(slow);
     REQUIRE(fast.buffers.size() == slow.buffers.size());

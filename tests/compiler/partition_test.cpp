@@ -34,7 +34,7 @@ models::ModelConfig tiny_layers(int layers) {
 
 ir::Graph fused(const ir::Graph& g) {
   compiler::PassManager pm;
-  pm.add_pipeline(compiler::kDefaultPipeline);
+  pm.add_passes(compiler::kDefaultPasses);
   return pm.run(g);
 }
 

@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include "base/error.h"
 #include "compiler/pass_manager.h"
-#include "ir/error.h"
 #include "ir/interpreter.h"
 #include "models/config.h"
 #include "models/gpt_oss.h"
@@ -27,11 +27,11 @@ const char* kInput = R"(
 
 TEST_CASE("a pipeline runs in order and reports timings") {
   std::ostringstream log;
-  compiler::PipelineOptions opts;
+  compiler::PassManagerOptions opts;
   opts.log = &log;
   opts.debug = 1;
   compiler::PassManager pm(opts);
-  pm.add_pipeline("cse, dce");
+  pm.add_passes("cse, dce");
   ir::Graph out = pm.run(ir::parse(kInput));
   CHECK(out.size() == 3);
   REQUIRE(pm.timings().size() == 2);
@@ -45,18 +45,18 @@ TEST_CASE("a pipeline runs in order and reports timings") {
 TEST_CASE("unknown passes are named with the known ones") {
   compiler::PassManager pm;
   CHECK_THROWS_WITH_AS(
-      pm.add_pipeline("cse,fuse_everything"),
+      pm.add_passes("cse,fuse_everything"),
       doctest::Contains("unknown pass 'fuse_everything' (known passes: cse, dce, "), Error);
 }
 
 TEST_CASE("stop-after runs only the first N passes, dump-after prints the IR") {
   std::ostringstream log;
-  compiler::PipelineOptions opts;
+  compiler::PassManagerOptions opts;
   opts.log = &log;
   opts.stop_after = 1;
   opts.dump_after = {"cse"};
   compiler::PassManager pm(opts);
-  pm.add_pipeline("cse,dce");
+  pm.add_passes("cse,dce");
   ir::Graph out = pm.run(ir::parse(kInput));
   CHECK(pm.timings().size() == 1);
   CHECK(out.size() == 4); // cse merged %b into %a; the dead %d stays without dce
@@ -66,11 +66,11 @@ TEST_CASE("stop-after runs only the first N passes, dump-after prints the IR") {
 TEST_CASE("dump-dir receives one file per pass") {
   testing::TempDir tmp("pm_dump");
   const std::filesystem::path dir = tmp.path / "dump"; // the pass manager creates it
-  compiler::PipelineOptions opts;
+  compiler::PassManagerOptions opts;
   opts.dump_dir = dir;
   opts.verify_after_all = true;
   compiler::PassManager pm(opts);
-  pm.add_pipeline("cse,dce");
+  pm.add_passes("cse,dce");
   pm.run(ir::parse(kInput));
   CHECK(std::filesystem::exists(dir / "01_cse.ir"));
   CHECK(std::filesystem::exists(dir / "02_dce.ir"));
@@ -84,13 +84,13 @@ TEST_CASE("an invalid input graph is refused before any pass runs") {
   CHECK_THROWS_WITH_AS(pm.run(g), doctest::Contains("used before its definition"), Error);
 }
 
-TEST_CASE("the default pipeline on the tiny model keeps the interpreter's answer") {
+TEST_CASE("the default passes on the tiny model keeps the interpreter's answer") {
   auto cfg = models::ModelConfig::load(testing::source_dir() / "examples/tiny");
   ir::Graph g = models::build_gpt_oss(cfg);
-  compiler::PipelineOptions opts;
+  compiler::PassManagerOptions opts;
   opts.verify_after_all = true;
   compiler::PassManager pm(opts);
-  pm.add_pipeline(compiler::kDefaultPipeline);
+  pm.add_passes(compiler::kDefaultPasses);
   ir::Graph out = pm.run(g);
   ir::InterpretEnv env;
   env.weights = ir::random_weights(2);

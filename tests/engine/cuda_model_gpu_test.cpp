@@ -4,10 +4,10 @@
 // Tolerances (never loosened to pass): at each position xserv's relative L2 to HF float32 must
 // be <= 5e-6 token by token (10x the measured worst, 5.2e-7 on deep4l) and <= 3e-5 for a
 // 48-token prefill step (6x the measured worst, 4.9e-6 on deep4l: the tensor-core gemm path
-// with bf16 hi + lo activations); both measured on an H200, fp32 KV, session 6 (docs/PERF.md;
-// HF bfloat16's own error, 4.6e-3..6.7e-3, is reported beside them), and the CUDA engine's
-// logits within 5e-6 of the CPU engine's (measured 2.6e-6). Greedy tokens must equal HF float32's
-// wherever HF's top-2 margin exceeds 0.05 (and the earlier tokens agreed).
+// with bf16 hi + lo activations); both measured on an H200, fp32 KV (docs/PERF.md, "Fidelity
+// against HF transformers"; HF bfloat16's own error, 4.6e-3..6.7e-3, is reported beside them), and
+// the CUDA engine's logits within 5e-6 of the CPU engine's (measured 2.6e-6). Greedy tokens must
+// equal HF float32's wherever HF's top-2 margin exceeds 0.05 (and the earlier tokens agreed).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -27,11 +27,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cli/graph_model.h"
-#include "cli/model_source.h"
 #include "engine/cpu_model.h"
 #include "engine/engine.h"
-#include "engine/pipeline_local.h"
+#include "engine/pipeline/local.h"
 #include "ir/interpreter.h"
 #include "models/checkpoint.h"
 #include "models/config.h"
@@ -41,8 +39,8 @@
 #include "runtime/plan_io.h"
 #include "runtime/plan_stage.h"
 #include "runtime/sampler.h"
-#include "tests/cli/cuda_test_util.h"
-#include "tests/cli/run_xserv.h"
+#include "tests/compiled_model.h"
+#include "tests/run_xserv.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -50,7 +48,6 @@ namespace {
 namespace fs = std::filesystem;
 using xserv::testing::quiet;
 using xserv::testing::source_dir;
-namespace cli = xserv::cli;
 namespace engine = xserv::engine;
 namespace models = xserv::models;
 using json = nlohmann::json;
@@ -150,7 +147,7 @@ void check_fixture(const std::string& name) {
   synthesize(dir / "config.json", fx.at("seed").get<uint64_t>(), tmp.path, &fx.at("files"));
   const auto config = models::ModelConfig::load(tmp.path / "config.json");
   const xserv::ir::Graph all = models::build_gpt_oss(config, {.last_logits_only = false});
-  const auto engine_model = cli::graph_cuda_model(tmp.path, 1, kMaxSeq, &all, quiet());
+  const auto engine_model = xserv::testing::graph_cuda_model(tmp.path, 1, kMaxSeq, &all, quiet());
   engine::CudaModel& engine = *engine_model;
 
   // 1. One step of all 48 tokens (run as sub-steps of 8 through the cache).
@@ -224,10 +221,10 @@ TEST_CASE("cuda engine agrees with the CPU engine on a batch of 3: prefill, then
   TempDir tmp("tiny");
   synthesize(source_dir() / "examples/tiny/config.json", 7, tmp.path);
   engine::CpuModel cpu(tmp.path, 3, kMaxSeq);
-  const auto gpu_model = cli::graph_cuda_model(tmp.path, 3, kMaxSeq, nullptr, quiet());
+  const auto gpu_model = xserv::testing::graph_cuda_model(tmp.path, 3, kMaxSeq, nullptr, quiet());
   engine::CudaModel& gpu = *gpu_model;
-  const auto greedy_model =
-      cli::graph_cuda_model(tmp.path, 3, kMaxSeq, nullptr, quiet()); // the same steps, step_greedy
+  const auto greedy_model = xserv::testing::graph_cuda_model(
+      tmp.path, 3, kMaxSeq, nullptr, quiet()); // the same steps, step_greedy
   engine::CudaModel& greedy = *greedy_model;
   models::StepInput step;
   step.tokens = {{11, 22, 33, 44, 55}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, {200005}};
@@ -274,11 +271,11 @@ struct GreedyRun {
 GreedyRun greedy_run(const fs::path& model, const std::vector<std::vector<int32_t>>& prompts,
                      int64_t max_seq, int steps, bool graphs,
                      xserv::runtime::ExpertFormat experts = xserv::runtime::ExpertFormat::Bf16) {
-  cli::GraphModelOptions opts = quiet();
+  xserv::testing::GraphModelOptions opts = quiet();
   opts.cuda_graphs = graphs;
   opts.expert_format = experts;
   const auto nseq = static_cast<int64_t>(prompts.size());
-  const auto engine_model = cli::graph_cuda_model(model, nseq, max_seq, nullptr, opts);
+  const auto engine_model = xserv::testing::graph_cuda_model(model, nseq, max_seq, nullptr, opts);
   engine::CudaModel& engine = *engine_model;
   GreedyRun out;
   out.tokens.resize(prompts.size());
@@ -345,7 +342,7 @@ TEST_CASE("gpu: the engine's stopwatch times steps on the GPU timeline") {
   XSERV_REQUIRE_GPU();
   TempDir tmp("stopwatch");
   synthesize(source_dir() / "examples/tiny/config.json", 3, tmp.path);
-  const auto gpu_model = cli::graph_cuda_model(tmp.path, 1, kMaxSeq, nullptr, quiet());
+  const auto gpu_model = xserv::testing::graph_cuda_model(tmp.path, 1, kMaxSeq, nullptr, quiet());
   engine::CudaModel& gpu = *gpu_model;
   models::StepInput step;
   step.tokens = {some_ids(kMaxSeq - 4, 201088, 4)};
@@ -432,25 +429,20 @@ TEST_CASE("gpu: a pp 2 plan's stages on one GPU (same-device transport) give the
         tmp.path);
     INFO(r.err);
     REQUIRE(r.code == 0);
-    cli::ModelSource src; // what resolve_source makes of the plan
-    src.plan_dir = plan;
-    src.model_dir = tmp.path;
-    src.max_batch = 3;
-    src.max_seq = kMaxSeq;
-    src.plan = std::make_shared<const xserv::runtime::Plan>(xserv::runtime::read_plan(plan));
+    const xserv::runtime::OpenedPlan src = xserv::testing::read_opened_plan(plan, tmp.path);
     for (const auto& st : src.plan->stages) // the runtime replays tables: no IR is read
       fs::remove(plan / st.graph);
     fs::remove(plan / "graph.ir");
     return src;
   };
-  const cli::ModelSource pp1 = compile("pp1", ""), pp2 = compile("pp2", "--pp 2");
-  const auto whole_model = cli::plan_cuda_model(pp1, quiet());
-  engine::CudaModel& whole = *whole_model;
+  const xserv::runtime::OpenedPlan pp1 = compile("pp1", ""), pp2 = compile("pp2", "--pp 2");
+  const auto whole_model = xserv::testing::plan_cuda_model(pp1, 3, kMaxSeq);
+  engine::Model& whole = *whole_model;
   std::vector<xserv::runtime::StageProgram> programs;
   for (size_t s = 0; s < 2; ++s)
-    programs.push_back(xserv::runtime::load_stage_program(pp2.plan_dir, *pp2.plan, s, dev.arch(),
-                                                          quiet().cache_dir));
-  auto staged = engine::make_local_cuda_pipeline(tmp.path, std::move(programs), quiet());
+    programs.push_back(
+        xserv::runtime::load_stage_program(pp2.dir, *pp2.plan, s, dev.arch(), quiet().cache_dir));
+  auto staged = engine::pipeline::make_local_cuda_pipeline(tmp.path, std::move(programs), quiet());
   // A prefill of 18 tokens over three sequences (the gemm path), then decode steps (GEMVs).
   models::StepInput step;
   step.tokens = {{11, 22, 33, 44, 55}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, {200005}};

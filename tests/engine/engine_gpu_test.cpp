@@ -13,16 +13,13 @@
 #include <map>
 #include <random>
 
-#include "cli/args.h"
-#include "cli/graph_model.h"
-#include "cli/model_source.h"
 #include "engine/engine.h"
 #include "models/config.h"
 #include "models/synth.h"
 #include "runtime/device.h"
 #include "runtime/plan_io.h"
-#include "tests/cli/cuda_test_util.h"
-#include "tests/cli/run_xserv.h"
+#include "tests/compiled_model.h"
+#include "tests/run_xserv.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -77,11 +74,11 @@ std::vector<Outcome> run(engine::Model& model, const std::vector<Request>& reqs,
 /// decode kernels round their inputs alike (act_value).
 void check_invariance(const fs::path& model_dir, int steps, int64_t max_seq, bool split,
                       bool tokens_bar = true) {
-  cli::GraphModelOptions opts = quiet();
+  testing::GraphModelOptions opts = quiet();
   opts.gemm_split = split;
   if (!split)
     opts.expert_format = xserv::runtime::ExpertFormat::Mxfp4;
-  const auto model_model = cli::graph_cuda_model(model_dir, 64, max_seq, nullptr, opts);
+  const auto model_model = testing::graph_cuda_model(model_dir, 64, max_seq, nullptr, opts);
   engine::CudaModel& model = *model_model;
   const int64_t vocab = model.config().vocab_size;
   std::mt19937_64 rng(11);
@@ -171,7 +168,7 @@ TEST_CASE("gpu: sampled and greedy requests share steps, the sampled ones follow
   so.seed = 6;
   models::synth_checkpoint(models::ModelConfig::load(source_dir() / "examples/tiny/config.json"),
                            tmp.path, so);
-  const auto model_model = cli::graph_cuda_model(tmp.path, 8, 128, nullptr, quiet());
+  const auto model_model = testing::graph_cuda_model(tmp.path, 8, 128, nullptr, quiet());
   engine::CudaModel& model = *model_model;
   std::mt19937_64 rng(3);
   Request greedy, sampled;
@@ -213,18 +210,13 @@ TEST_CASE("gpu: a compiled plan runs from its layout and launch table, graph.ir 
     r.max_tokens = 12;
     reqs.push_back(std::move(r));
   }
-  cli::GraphModelOptions o = quiet();
-  o.prefill_chunk = 256;                 // the plan's: compile's default min(2048, max-seq)
-  o.gemm_split = false;                  // and its defaults: plain bf16 gemm activations,
+  testing::GraphModelOptions o = quiet();
+  o.prefill_chunk = 256; // the plan's: compile's default min(2048, max-seq)
+  o.gemm_split = false;  // and its defaults: plain bf16 gemm activations,
   o.expert_format = xserv::runtime::ExpertFormat::Mxfp4; // MXFP4 experts
-  auto source = [&](int64_t max_batch) { // what resolve_source makes of `plan`
-    cli::ModelSource src;
-    src.plan_dir = plan;
-    src.model_dir = tmp.path / "m";
-    src.max_batch = max_batch;
-    src.max_seq = 256;
-    src.plan = std::make_shared<const runtime::Plan>(runtime::read_plan(plan));
-    return src;
+  auto load = [&](int64_t max_batch) {                   // the plan's program at a run's batch
+    return testing::plan_cuda_model(testing::read_opened_plan(plan, tmp.path / "m"), max_batch, 256,
+                                    o);
   };
   auto tokens_of = [&](engine::Model& m) {
     std::vector<std::vector<int32_t>> out;
@@ -234,19 +226,19 @@ TEST_CASE("gpu: a compiled plan runs from its layout and launch table, graph.ir 
   };
   std::vector<std::vector<int32_t>> replayed, compiled;
   {
-    const auto m = cli::plan_cuda_model(source(4), o); // the plan's program: no graph read
+    const auto m = load(4); // the plan's program: no graph read
     replayed = tokens_of(*m);
   }
   {
-    const auto m = cli::graph_cuda_model(tmp.path / "m", 4, 256, nullptr, o); // compiled in memory
+    const auto m =
+        testing::graph_cuda_model(tmp.path / "m", 4, 256, nullptr, o); // compiled in memory
     compiled = tokens_of(*m);
   }
   CHECK(replayed == compiled);
   fs::remove(plan / "graph.ir");
-  const auto m = cli::plan_cuda_model(source(4), o);
+  const auto m = load(4);
   CHECK(tokens_of(*m) == replayed);
   // Another max batch than the plan's is refused, naming the compile flags.
-  CHECK_THROWS_WITH_AS(cli::plan_cuda_model(source(2), o),
-                       doctest::Contains("recompile it with xserv compile --max-batch 2"),
-                       cli::UsageError);
+  CHECK_THROWS_WITH_AS(load(2), doctest::Contains("recompile it with xserv compile --max-batch 2"),
+                       UsageError);
 }

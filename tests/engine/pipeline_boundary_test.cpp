@@ -5,14 +5,14 @@
 #include <string>
 #include <vector>
 
-#include "engine/pipeline_boundary.h"
-#include "ir/error.h"
+#include "base/error.h"
+#include "engine/pipeline/boundary.h"
 #include "ir/graph.h"
 
 TEST_CASE("check_boundary: only the plan's names, dtypes and shapes for the step's tokens pass") {
-  using xserv::engine::BoundaryTensor;
-  using xserv::engine::check_boundary;
-  using xserv::engine::Named;
+  using xserv::engine::pipeline::BoundaryTensor;
+  using xserv::engine::pipeline::check_boundary;
+  using xserv::engine::pipeline::Named;
   using xserv::ir::DType;
   using xserv::ir::Tensor;
   const xserv::ir::Graph g = xserv::ir::parse(R"(
@@ -22,11 +22,11 @@ TEST_CASE("check_boundary: only the plan's names, dtypes and shapes for the step
     %s = send(%y) {name="act.9", peer=2} : f32[T,8]
     return %s
   )");
-  const std::vector<BoundaryTensor> in = xserv::engine::stage_receives(g, 3);
+  const std::vector<BoundaryTensor> in = xserv::engine::pipeline::stage_receives(g, 3);
   REQUIRE(in.size() == 1);
   CHECK(in[0].name == "act.7");
   CHECK(in[0].shape == std::vector<int64_t>{3, 8});
-  const std::vector<BoundaryTensor> out = xserv::engine::stage_sends(g, 5);
+  const std::vector<BoundaryTensor> out = xserv::engine::pipeline::stage_sends(g, 5);
   REQUIRE(out.size() == 1);
   CHECK(out[0].name == "act.9");
   CHECK(out[0].shape == std::vector<int64_t>{5, 8});
@@ -66,7 +66,7 @@ TEST_CASE("check_boundary: only the plan's names, dtypes and shapes for the step
 }
 
 TEST_CASE("boundary_bytes: 4 bytes an element, saturating instead of wrapping") {
-  using xserv::engine::boundary_bytes;
+  using xserv::engine::pipeline::boundary_bytes;
   using xserv::ir::DType;
   CHECK(boundary_bytes({}) == 0);
   CHECK(boundary_bytes({{"a", DType::F32, {3, 8}}, {"b", DType::I32, {5}}}) == 4 * (24 + 5));

@@ -7,9 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/layout_json.h"
-#include "tests/cli/run_xserv.h"
+#include "tests/run_xserv.h"
 #include "tests/test_util.h"
 
 using namespace xserv;
@@ -31,7 +31,7 @@ TEST_CASE("plan layout: the tiny plan records its arena, output, caches and weig
   const runtime::StageLayout l = runtime::stage_layout_from_json(pj["codegen"]["layout"]);
   CHECK(l.max_batch == 4);
   CHECK(l.max_seq == 256);
-  CHECK(l.tokens == 256); // the prefill chunk: min(2048, max-seq)
+  CHECK(l.tokens == 256);    // the prefill chunk: min(2048, max-seq)
   CHECK_FALSE(l.gemm_split); // compile's default: plain bf16 gemm activations
   CHECK(l.arena_bytes == pj["codegen"]["arena_bytes"].get<uint64_t>());
   // Last-token logits: one row of the 201,088-token vocabulary per sequence, in the arena.

@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "engine/step_split.h"
-#include "ir/error.h"
 #include "models/gpt_oss.h"
-#include "tests/cli/step_input.h"
+#include "tests/step_input.h"
 
 using xserv::engine::ParamLayout;
 using xserv::engine::Piece;

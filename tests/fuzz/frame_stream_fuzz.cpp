@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/net.h"
 
 #if defined(__SANITIZE_ADDRESS__)

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "ir/graph.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -16,8 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/http_framing.h"
-#include "cli/openai_request.h"
+#include "server/http_framing.h"
+#include "server/openai_request.h"
 
 namespace {
 
@@ -108,8 +108,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                           (!wants_body || !lengths.empty());
   const bool fits = distinct.empty() || at_most(distinct[0], std::to_string(max_body));
 
-  const std::optional<xserv::cli::openai::ApiError> e =
-      xserv::cli::check_body_framing(method, headers, max_body);
+  const std::optional<xserv::server::openai::ApiError> e =
+      xserv::server::check_body_framing(method, headers, max_body);
   if (!e) {
     if (!framing_ok || !fits)
       contract_broken();
@@ -134,7 +134,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (std::string(e->what()).empty() || e->code != "invalid_body_framing")
     contract_broken();
   try {
-    (void)xserv::cli::openai::error_body(*e).dump(); // strict: throws on invalid UTF-8
+    (void)xserv::server::openai::error_body(*e).dump(); // strict: throws on invalid UTF-8
   } catch (const nlohmann::json::exception&) {
     contract_broken();
   }

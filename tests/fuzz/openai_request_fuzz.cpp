@@ -9,12 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/openai_request.h"
-#include "cli/openai_responses.h"
-#include "ir/error.h"
+#include "base/error.h"
+#include "server/openai_request.h"
+#include "server/openai_responses.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace xserv::cli::openai;
+  using namespace xserv::server::openai;
   if (size == 0)
     return 0;
   const bool chat = data[0] % 2 == 0, responses = data[0] % 4 == 3;

@@ -1,4 +1,4 @@
-// libFuzzer target: any byte string as the payload of a pipeline frame (cli/pipeline_wire.h)
+// libFuzzer target: any byte string as the payload of a pipeline frame (engine/pipeline/wire.h)
 // either fails with xserv::Error or decodes into a header and tensors whose data matches their
 // shapes; a step decoded from it is then checked (validate_step, check_boundary against a stage
 // that receives f32[T, 8]) with xserv::Error as the only way to refuse. The first byte picks how
@@ -10,10 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/pipeline_wire.h"
-#include "engine/pipeline_boundary.h"
+#include "base/error.h"
+#include "engine/pipeline/boundary.h"
+#include "engine/pipeline/wire.h"
 #include "engine/step_split.h"
-#include "ir/error.h"
 #include "ir/graph.h"
 
 namespace {
@@ -34,10 +34,10 @@ const xserv::ir::Graph& stage() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace xserv;
   const std::string payload(reinterpret_cast<const char*>(data), size);
-  engine::Named tensors;
+  engine::pipeline::Named tensors;
   nlohmann::json head;
   try {
-    head = cli::wire::decode(payload, &tensors);
+    head = engine::pipeline::wire::decode(payload, &tensors);
   } catch (const Error&) {
     return 0;
   }
@@ -57,11 +57,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (bytes > payload.size()) // every byte of a tensor came from the payload
     std::abort();
   try {
-    const models::StepInput in = cli::wire::step_from_header(head);
+    const models::StepInput in = engine::pipeline::wire::step_from_header(head);
     engine::validate_step(in, 4, 64, 1000);
-    engine::check_boundary(tensors, engine::stage_receives(stage(), engine::token_count(in)),
-                           "fuzz");
-    engine::check_boundary(tensors, engine::stage_sends(stage(), engine::token_count(in)), "fuzz");
+    engine::pipeline::check_boundary(
+        tensors, engine::pipeline::stage_receives(stage(), engine::pipeline::token_count(in)),
+        "fuzz");
+    engine::pipeline::check_boundary(
+        tensors, engine::pipeline::stage_sends(stage(), engine::pipeline::token_count(in)), "fuzz");
   } catch (const Error&) {
   }
   return 0;

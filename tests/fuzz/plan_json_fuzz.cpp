@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/config.h"
 #include "runtime/plan_checkpoint.h"
 #include "runtime/plan_io.h"

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <span>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

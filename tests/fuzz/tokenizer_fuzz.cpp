@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/tokenizer.h"
 #include "models/tokenizer_impl.h"
 

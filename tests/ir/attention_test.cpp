@@ -6,7 +6,7 @@
 #include <cmath>
 #include <random>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "ir/reference.h"
 
 using namespace xserv::ir;

@@ -2,7 +2,7 @@
 // interpreter's reading of them (recv takes what the driver passes under its name).
 #include <doctest/doctest.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
 

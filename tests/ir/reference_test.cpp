@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "ir/reference.h"
 #include "tests/test_util.h"
 

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "ir/graph.h"
 
 using namespace xserv::ir;

@@ -10,7 +10,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/checkpoint.h"
 #include "models/mxfp4.h"
 #include "models/synth.h"

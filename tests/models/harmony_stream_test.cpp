@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/harmony.h"
 #include "tests/test_util.h"
 
@@ -26,7 +26,11 @@ std::vector<TokenId> special(const Tokenizer& tok, const std::string& text) {
 bool valid_utf8(const std::string& s) {
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    const size_t n = c < 0x80           ? 1
+                     : (c >> 5) == 0x6  ? 2
+                     : (c >> 4) == 0xE  ? 3
+                     : (c >> 3) == 0x1E ? 4
+                                        : 0;
     if (n == 0 || i + n > s.size())
       return false;
     for (size_t k = 1; k < n; ++k)
@@ -107,9 +111,9 @@ TEST_CASE("harmony stream: a UTF-8 character split over several ids streams whol
 TEST_CASE("harmony stream: an empty final message is a final with no text") {
   XSERV_REQUIRE_DATA(data);
   const Tokenizer& tok = tokenizer(data);
-  const auto ids = special(
-      tok, "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final"
-           "<|message|><|return|>");
+  const auto ids =
+      special(tok, "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final"
+                   "<|message|><|return|>");
   StreamParser parser(tok);
   std::string streamed;
   for (TokenId id : ids) {

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/harmony.h"
 #include "tests/models/harmony_vectors.h"
 #include "tests/test_util.h"

@@ -7,7 +7,7 @@
 
 #include <doctest/doctest.h>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/safetensors.h"
 #include "tests/test_util.h"
 

@@ -17,7 +17,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/checkpoint.h"
 #include "models/synth.h"
 #include "tests/test_util.h"

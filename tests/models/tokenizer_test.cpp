@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "models/tokenizer.h"
 #include "tests/test_util.h"
 

@@ -1,5 +1,5 @@
 // GPU tests of the module layer: NVRTC-compiled kernels loaded, launched and checked on the CPU.
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/device.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/module.h"

@@ -1,7 +1,7 @@
 // NCCL point-to-point between two GPUs of this host (two ranks, one thread each): bytes arrive
 // intact, and a receive whose sender never comes ends in a bounded wait with an error naming
 // the peer instead of a hang. Needs two GPUs and libnccl.so.2; skips with a message otherwise.
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/device.h"
 #include "runtime/nccl.h"
 
@@ -82,8 +82,7 @@ TEST_CASE("gpu: NCCL send/recv between two GPUs, and a missing sender ends in a 
     cudaFree(buf);
     cudaStreamDestroy(s);
   });
-  MESSAGE("connect_pipeline: rank 0 " << connect_ms[0] << " ms, rank 1 " << connect_ms[1]
-                                      << " ms");
+  MESSAGE("connect_pipeline: rank 0 " << connect_ms[0] << " ms, rank 1 " << connect_ms[1] << " ms");
   size_t wrong = 0;
   for (size_t i = 0; i < n; ++i)
     wrong += got[i] != static_cast<uint8_t>(i * 131 + 7);

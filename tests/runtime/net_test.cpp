@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/net.h"
 #include "tests/test_util.h"
 

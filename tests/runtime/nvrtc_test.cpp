@@ -1,5 +1,5 @@
 // CPU tests of kernel compilation (NVRTC, no GPU needed), SHA-256 and the cubin cache.
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/device.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/module.h"

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/plan_io.h"
 #include "tests/test_util.h"
 

@@ -11,7 +11,7 @@
 #include <set>
 #include <vector>
 
-#include "ir/error.h"
+#include "base/error.h"
 #include "runtime/sampler.h"
 
 using xserv::runtime::Sampler;
@@ -38,7 +38,8 @@ std::vector<double> softmax_over(const std::vector<int>& keep, double t) {
 std::vector<int> by_logit() {
   std::vector<int> ids(kLogits.size());
   std::iota(ids.begin(), ids.end(), 0);
-  std::sort(ids.begin(), ids.end(), [](int a, int b) { return kLogits[size_t(a)] > kLogits[size_t(b)]; });
+  std::sort(ids.begin(), ids.end(),
+            [](int a, int b) { return kLogits[size_t(a)] > kLogits[size_t(b)]; });
   return ids;
 }
 
@@ -89,7 +90,8 @@ TEST_CASE("sampler: frequencies follow softmax(logits / temperature)") {
     check_frequencies(draw({.temperature = t, .seed = 11}), softmax_over(all, t));
   }
   // The temperature matters: at 0.5 the top id is drawn far more often than at 1.7.
-  const auto cold = draw({.temperature = 0.5f, .seed = 1}), hot = draw({.temperature = 1.7f, .seed = 1});
+  const auto cold = draw({.temperature = 0.5f, .seed = 1}),
+             hot = draw({.temperature = 1.7f, .seed = 1});
   CHECK(cold[1] > hot[1] + kDraws / 10);
 }
 

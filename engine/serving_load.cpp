@@ -1,0 +1,179 @@
+// The serving workload, its in-process driver and its report.
+#include "engine/serving_load.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <queue>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "base/error.h"
+#include "base/stats.h"
+
+namespace xserv::engine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int64_t draw_len(std::mt19937_64& rng, int64_t len, double range) {
+  if (range <= 0)
+    return len;
+  const auto lo = std::max<int64_t>(1, int64_t(std::floor(double(len) * (1 - range))));
+  const auto hi = std::max<int64_t>(lo, int64_t(std::ceil(double(len) * (1 + range))));
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+
+ServingReport::Dist dist(std::vector<double> ms) {
+  ServingReport::Dist d;
+  if (ms.empty())
+    return d;
+  d.mean = mean(ms);
+  d.median = quantile(ms, 0.5);
+  d.p99 = quantile(ms, 0.99);
+  return d;
+}
+
+} // namespace
+
+Workload make_workload(const ServingOptions& o) {
+  if (o.vocab <= 0)
+    throw Error("the serving benchmark needs the model's vocabulary size");
+  Workload w;
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(o.vocab - 1));
+  std::exponential_distribution<double> gap(o.rate > 0 ? o.rate : 1.0);
+  double t = 0;
+  for (int64_t i = 0; i < o.requests; ++i) {
+    std::vector<int32_t> p(static_cast<size_t>(draw_len(rng, o.input_len, o.len_range)));
+    for (int32_t& x : p)
+      x = id(rng);
+    w.prompts.push_back(std::move(p));
+    w.output_lens.push_back(draw_len(rng, o.output_len, o.len_range));
+    if (o.rate > 0 && i > 0)
+      t += gap(rng);
+    w.arrivals.push_back(t);
+  }
+  // Drawn after the rest, so a workload's prompts do not depend on `disconnect`.
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int64_t i = 0; i < o.requests; ++i) {
+    const int64_t half = std::max<int64_t>(1, w.output_lens[size_t(i)] / 2);
+    w.hang_up_after.push_back(
+        u(rng) < o.disconnect ? std::uniform_int_distribution<int64_t>(1, half)(rng) : 0);
+  }
+  return w;
+}
+
+std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w, const ServingOptions& o,
+                                           const EngineOptions& eo, EngineStats* stats,
+                                           double* duration_s) {
+  EngineOptions opts = eo;
+  opts.max_queue = std::max<int64_t>(opts.max_queue, o.requests);
+  Engine e(model, opts);
+  const size_t n = w.prompts.size();
+  std::vector<RequestRecord> rec(n);
+  RequestId first = 0;
+  // The client's semaphore: when each of its `concurrency` slots came free (a request is sent
+  // at max(its arrival, the earliest free slot), as a client blocked on the semaphore would).
+  std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
+  for (int64_t c = 0; c < o.concurrency; ++c)
+    free_at.push(0.0);
+  size_t sent = 0, done = 0;
+  int64_t in_flight = 0;
+  const auto t0 = Clock::now();
+  while (done < n) {
+    // The client: every request that has arrived, while fewer than `concurrency` are in flight.
+    const double now = seconds_since(t0);
+    while (sent < n && in_flight < o.concurrency && w.arrivals[sent] <= now) {
+      Request r;
+      r.prompt = w.prompts[sent];
+      r.max_tokens = w.output_lens[sent];
+      const RequestId id = e.add(std::move(r));
+      if (sent == 0)
+        first = id;
+      rec[sent].sent = std::max(w.arrivals[sent], free_at.top());
+      free_at.pop();
+      rec[sent].prompt_tokens = static_cast<int64_t>(w.prompts[sent].size());
+      ++sent;
+      ++in_flight;
+    }
+    if (e.idle()) { // nothing to run until the next arrival
+      if (sent < n)
+        std::this_thread::sleep_for(std::chrono::duration<double>(
+            std::max(0.0, std::min(w.arrivals[sent] - seconds_since(t0), 0.01))));
+      continue;
+    }
+    const std::vector<Event> events = e.step();
+    const double t = seconds_since(t0);
+    for (const Event& ev : events) {
+      RequestRecord& r = rec[size_t(ev.id - first)];
+      if (ev.token >= 0) {
+        if (r.token_times.empty())
+          r.first_token = t;
+        r.token_times.push_back(t);
+        r.output_tokens = ev.generated_tokens;
+      }
+      if (ev.finish != FinishReason::None) {
+        r.end = t;
+        r.ok = ev.finish == FinishReason::Length;
+        if (!r.ok)
+          r.error = ev.error.empty() ? fmt::format("finished with '{}'", finish_name(ev.finish))
+                                     : ev.error;
+        ++done;
+        --in_flight;
+        free_at.push(t);
+      }
+    }
+  }
+  if (duration_s)
+    *duration_s = seconds_since(t0);
+  if (stats)
+    *stats = e.stats();
+  return rec;
+}
+
+ServingReport summarize(const std::vector<RequestRecord>& records, double duration_s) {
+  ServingReport r;
+  r.requests = static_cast<int64_t>(records.size());
+  r.duration_s = duration_s;
+  std::vector<double> ttft, tpot, itl, e2e;
+  for (const RequestRecord& q : records) {
+    if (q.disconnected) {
+      ++r.disconnected;
+      continue;
+    }
+    if (!q.ok) {
+      ++r.failed;
+      if (r.first_error.empty())
+        r.first_error = q.error;
+      continue;
+    }
+    ++r.completed;
+    r.prompt_tokens += q.prompt_tokens;
+    r.output_tokens += q.output_tokens;
+    ttft.push_back(1e3 * (q.first_token - q.sent));
+    e2e.push_back(1e3 * (q.end - q.sent));
+    if (q.output_tokens > 1) // TPOT leaves out the first token, as vllm bench serve does
+      tpot.push_back(1e3 * (q.end - q.first_token) / double(q.output_tokens - 1));
+    for (size_t i = 1; i < q.token_times.size(); ++i)
+      itl.push_back(1e3 * (q.token_times[i] - q.token_times[i - 1]));
+  }
+  const double d = std::max(duration_s, 1e-9);
+  r.request_rate = double(r.completed) / d;
+  r.output_tps = double(r.output_tokens) / d;
+  r.total_tps = double(r.prompt_tokens + r.output_tokens) / d;
+  r.ttft = dist(ttft);
+  r.tpot = dist(tpot);
+  r.itl = dist(itl);
+  r.e2e = dist(e2e);
+  return r;
+}
+
+} // namespace xserv::engine

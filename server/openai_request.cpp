@@ -1,0 +1,311 @@
+// Parsing of OpenAI chat and text completion bodies: every field typed, ranged and known.
+#include "server/openai_request.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "models/json_error.h"
+#include "server/openai_fields.h"
+
+namespace xserv::server::openai {
+namespace {
+
+/// Options that only make sense at one value here: accepted when equal to it, else 400.
+void only_default(Fields& f, const std::string& key, double value) {
+  if (auto x = f.number(key, -1e9, 1e9); x && *x != value)
+    bad(f.path(key), fmt::format("is not supported (only {})", value));
+}
+
+void parse_stop(Fields& f, GenParams& p) {
+  if (const Json* v = f.get("stop")) {
+    auto add = [&](const Json& s) {
+      if (!s.is_string())
+        bad("stop", "must be a string or an array of strings, not " + type_name(s));
+      if (s.get<std::string>().empty())
+        bad("stop", "must not hold an empty string");
+      p.stop.push_back(s.get<std::string>());
+    };
+    if (v->is_array()) {
+      if (v->size() > 16)
+        bad("stop", fmt::format("holds {} strings, at most 16", v->size()));
+      for (const Json& s : *v)
+        add(s);
+    } else {
+      add(*v);
+    }
+  }
+  if (const Json* v = f.get("stop_token_ids")) {
+    if (!v->is_array())
+      bad("stop_token_ids", "must be an array of token ids, not " + type_name(*v));
+    for (const Json& id : *v) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+        bad("stop_token_ids", "must hold token ids (integers >= 0), not " + id.dump());
+      p.stop_token_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
+  }
+}
+
+/// The fields chat and text completions share.
+void parse_common(Fields& f, GenParams& p, std::string& model) {
+  model = f.string("model").value_or("");
+  p.sampling.temperature = static_cast<float>(f.number("temperature", 0, 2).value_or(1.0));
+  p.sampling.top_p = static_cast<float>(f.number("top_p", 0, 1).value_or(1.0));
+  if (p.sampling.top_p <= 0)
+    bad("top_p", "must be in (0, 1], not 0");
+  if (auto k = f.integer("top_k", -1, 1 << 20))
+    p.sampling.top_k = *k < 0 ? 0 : static_cast<int>(*k);
+  p.sampling.min_p = static_cast<float>(f.number("min_p", 0, 1).value_or(0.0));
+  // Without a seed every request draws its own stream (OpenAI's behaviour): two identical
+  // requests at temperature 1 must not return the same text.
+  if (auto s = f.integer("seed", INT64_MIN, INT64_MAX))
+    p.sampling.seed = static_cast<uint64_t>(*s);
+  else
+    p.sampling.seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+  if (auto n = f.integer("max_tokens", 1, INT32_MAX))
+    p.max_tokens = *n;
+  if (auto n = f.integer("max_completion_tokens", 1, INT32_MAX)) {
+    if (p.max_tokens && *p.max_tokens != *n)
+      bad("max_completion_tokens", "differs from max_tokens; give one of them");
+    p.max_tokens = *n;
+  }
+  f.integer("n", 1, 1); // one choice per request
+  only_default(f, "presence_penalty", 0);
+  only_default(f, "frequency_penalty", 0);
+  only_default(f, "repetition_penalty", 1);
+  if (const Json* lb = f.get("logit_bias"); lb && !(lb->is_object() && lb->empty()))
+    bad("logit_bias", "is not supported");
+  parse_stop(f, p);
+  p.ignore_eos = f.boolean("ignore_eos").value_or(false);
+  p.stream = f.boolean("stream").value_or(false);
+  if (const Json* so = f.get("stream_options")) {
+    Fields s(*so, "stream_options");
+    p.include_usage = s.boolean("include_usage").value_or(false);
+    s.boolean("continuous_usage_stats"); // accepted, not acted on
+    s.reject_unknown();
+    if (!p.stream)
+      bad("stream_options", "is only allowed when stream is true");
+  }
+  f.string("user"); // accepted and ignored, as by OpenAI for abuse tracking
+}
+
+/// Text of a message `content`: a string, or an array of {"type": "text", "text": ...} parts.
+std::string content_text(const Json& v, const std::string& param) {
+  if (v.is_null())
+    return "";
+  return text_of_parts(v, param, [](Fields& part) {
+    if (part.string("type") != "text")
+      bad(part.path("type"), "must be \"text\" (only text content is supported)");
+    auto text = part.string("text");
+    if (!text)
+      bad(part.path("text"), "is missing");
+    return *text;
+  });
+}
+
+models::ToolDescription parse_tool(const Json& t, const std::string& param) {
+  Fields f(t, param);
+  if (f.string("type") != "function")
+    bad(f.path("type"), "must be \"function\"");
+  const Json* fn = f.get("function");
+  if (!fn)
+    bad(f.path("function"), "is missing");
+  f.reject_unknown();
+  Fields g(*fn, f.path("function"));
+  models::ToolDescription d;
+  auto name = g.string("name");
+  if (!name || name->empty())
+    bad(g.path("name"), "is missing");
+  d.name = *name;
+  d.description = g.string("description").value_or("");
+  if (const Json* params = g.get("parameters")) {
+    if (!params->is_object())
+      bad(g.path("parameters"), "must be a JSON schema object, not " + type_name(*params));
+    if (!params->empty())
+      d.parameters = params->dump();
+  }
+  g.boolean("strict");
+  g.reject_unknown();
+  return d;
+}
+
+} // namespace
+
+std::vector<models::Message> chat_to_harmony(const Json& messages, const Json& tools,
+                                             models::ReasoningEffort effort) {
+  using models::Message;
+  if (!messages.is_array() || messages.empty())
+    bad("messages", "must be a non-empty array of messages");
+  models::SystemContent sys;
+  sys.reasoning_effort = effort;
+  models::DeveloperContent dev;
+  if (!tools.is_null()) {
+    if (!tools.is_array())
+      bad("tools", "must be an array of function tools, not " + type_name(tools));
+    models::ToolNamespace ns{"functions", "", {}};
+    for (size_t i = 0; i < tools.size(); ++i)
+      ns.tools.push_back(parse_tool(tools[i], fmt::format("tools[{}]", i)));
+    if (!ns.tools.empty())
+      dev.tools.push_back(std::move(ns));
+  }
+  std::vector<Message> turns;
+  std::map<std::string, std::string> call_names; // tool_call_id -> function name
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string at = fmt::format("messages[{}]", i);
+    Fields f(messages[i], at);
+    auto role = f.string("role");
+    if (!role)
+      bad(f.path("role"), "is missing");
+    const Json* content = f.get("content");
+    const std::string text = content ? content_text(*content, f.path("content")) : "";
+    f.string("name");
+    if (*role == "system" || *role == "developer") {
+      dev.instructions += (dev.instructions.empty() ? "" : "\n\n") + text;
+    } else if (*role == "user") {
+      turns.push_back(Message::user(text));
+    } else if (*role == "assistant") {
+      auto reasoning = f.string("reasoning");
+      if (auto rc = f.string("reasoning_content"); rc && !reasoning)
+        reasoning = rc;
+      f.get("refusal");
+      if (reasoning && !reasoning->empty())
+        turns.push_back(Message::assistant(*reasoning, "analysis"));
+      const Json* calls = f.get("tool_calls");
+      if (calls && !calls->is_array())
+        bad(f.path("tool_calls"), "must be an array, not " + type_name(*calls));
+      const bool has_calls = calls && !calls->empty();
+      if (!text.empty() || (!has_calls && !(reasoning && !reasoning->empty())))
+        turns.push_back(Message::assistant(text, has_calls ? "commentary" : "final"));
+      for (size_t c = 0; has_calls && c < calls->size(); ++c) {
+        Fields tc((*calls)[c], fmt::format("{}.tool_calls[{}]", at, c));
+        auto id = tc.string("id").value_or("");
+        if (auto type = tc.string("type"); type && *type != "function")
+          bad(tc.path("type"), "must be \"function\"");
+        const Json* fn = tc.get("function");
+        if (!fn)
+          bad(tc.path("function"), "is missing");
+        tc.reject_unknown();
+        Fields g(*fn, tc.path("function"));
+        auto name = g.string("name");
+        if (!name || name->empty())
+          bad(g.path("name"), "is missing");
+        auto args = g.string("arguments").value_or("{}");
+        g.reject_unknown();
+        Message m = Message::assistant(args, "commentary");
+        m.recipient = "functions." + *name;
+        m.content_type = "<|constrain|>json";
+        turns.push_back(std::move(m));
+        if (!id.empty())
+          call_names[id] = *name;
+      }
+    } else if (*role == "tool") {
+      auto id = f.string("tool_call_id");
+      if (!id)
+        bad(f.path("tool_call_id"), "is missing");
+      auto it = call_names.find(*id);
+      if (it == call_names.end())
+        bad(f.path("tool_call_id"),
+            fmt::format("'{}' matches no tool call of an earlier assistant message", *id));
+      Message m = Message::tool("functions." + it->second, text, "commentary");
+      m.recipient = "assistant";
+      turns.push_back(std::move(m));
+    } else {
+      bad(f.path("role"), fmt::format("must be system, developer, user, assistant or tool, not "
+                                      "'{}'",
+                                      *role));
+    }
+    f.reject_unknown();
+  }
+  std::vector<Message> out;
+  out.push_back(Message::make_system(std::move(sys)));
+  if (!dev.instructions.empty() || !dev.tools.empty())
+    out.push_back(Message::make_developer(std::move(dev)));
+  for (auto& m : turns)
+    out.push_back(std::move(m));
+  return out;
+}
+
+ChatRequest parse_chat_request(const Json& body) {
+  Fields f(body, "");
+  ChatRequest r;
+  parse_common(f, r.params, r.model);
+  if (auto lp = f.boolean("logprobs"); lp && *lp)
+    r.params.top_logprobs = 0;
+  if (auto k = f.integer("top_logprobs", 0, 20)) {
+    if (r.params.top_logprobs < 0)
+      bad("top_logprobs", "needs logprobs: true");
+    r.params.top_logprobs = static_cast<int>(*k);
+  }
+  auto effort = models::ReasoningEffort::Medium;
+  if (auto e = f.string("reasoning_effort")) {
+    if (*e != "low" && *e != "medium" && *e != "high")
+      bad("reasoning_effort", fmt::format("must be low, medium or high, not '{}'", *e));
+    effort = models::parse_reasoning_effort(*e);
+  }
+  Json tools = nullptr;
+  if (const Json* t = f.get("tools"))
+    tools = *t;
+  if (const Json* tc = f.get("tool_choice")) {
+    if (!tc->is_string() || (*tc != "auto" && *tc != "none"))
+      bad("tool_choice", "only \"auto\" and \"none\" are supported");
+    if (*tc == "none")
+      tools = nullptr;
+  }
+  f.boolean("parallel_tool_calls");
+  if (const Json* rf = f.get("response_format")) {
+    Fields g(*rf, "response_format");
+    if (g.string("type") != "text")
+      bad("response_format.type", "only \"text\" is supported");
+    g.reject_unknown();
+  }
+  f.get("metadata");
+  f.boolean("store");
+  const Json* messages = f.get("messages");
+  if (!messages)
+    bad("messages", "is missing");
+  f.reject_unknown();
+  r.messages = chat_to_harmony(*messages, tools, effort);
+  return r;
+}
+
+CompletionRequest parse_completion_request(const Json& body) {
+  Fields f(body, "");
+  CompletionRequest r;
+  parse_common(f, r.params, r.model);
+  if (auto k = f.integer("logprobs", 0, 20))
+    r.params.top_logprobs = static_cast<int>(*k);
+  if (auto echo = f.boolean("echo"); echo && *echo)
+    bad("echo", "is not supported");
+  f.integer("best_of", 1, 1);
+  if (auto suffix = f.string("suffix"); suffix && !suffix->empty())
+    bad("suffix", "is not supported");
+  const Json* prompt = f.get("prompt");
+  if (!prompt)
+    bad("prompt", "is missing");
+  f.reject_unknown();
+  const Json* p = prompt;
+  if (p->is_array() && p->size() == 1 && (*p)[0].is_string())
+    p = &(*p)[0];
+  if (p->is_string()) {
+    if (p->get<std::string>().empty())
+      bad("prompt", "must not be empty");
+    r.prompt_text = p->get<std::string>();
+  } else if (p->is_array() && !p->empty()) {
+    for (const Json& id : *p) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+        bad("prompt", "must be a string or an array of token ids (one prompt per request), "
+                      "not " +
+                          id.dump());
+      r.prompt_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
+  } else {
+    bad("prompt", "must be a non-empty string or array of token ids, not " + type_name(*p));
+  }
+  return r;
+}
+
+} // namespace xserv::server::openai

@@ -1,0 +1,173 @@
+// Engine events -> chat deltas, messages, completion text and logprobs.
+#include "server/session.h"
+
+namespace xserv::server {
+
+using openai::Json;
+using openai::OutputPiece;
+
+namespace {
+
+Json bytes_of(std::string_view s) {
+  Json b = Json::array();
+  for (unsigned char c : s)
+    b.push_back(int(c));
+  return b;
+}
+
+/// A chat logprobs entry for one token and its alternatives.
+Json chat_logprob(const models::Tokenizer& tok, const engine::Event& ev) {
+  auto text = tok.id_to_token(static_cast<models::TokenId>(ev.token));
+  Json top = Json::array();
+  for (const auto& t : ev.top_logprobs) {
+    auto s = tok.id_to_token(static_cast<models::TokenId>(t.token));
+    top.push_back({{"token", std::string(s)}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}});
+  }
+  return {{"token", std::string(text)},
+          {"logprob", ev.logprob},
+          {"bytes", bytes_of(text)},
+          {"top_logprobs", top}};
+}
+
+} // namespace
+
+std::string finish_reason_name(engine::FinishReason r) {
+  return std::string(engine::finish_name(r));
+}
+
+Json usage_json(int64_t prompt, int64_t completion) {
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion}};
+}
+
+ChatSession::ChatSession(models::Tokenizer tok, const openai::GenParams& params,
+                         const std::string& id)
+    : tok_(tok), out_(tok, "call_" + id.substr(id.size() > 12 ? id.size() - 12 : 0) + "_"),
+      stop_(params.stop), top_logprobs_(params.top_logprobs), call_id_(tok.special_id("<|call|>")),
+      start_id_(tok.special_id("<|start|>")) {}
+
+void ChatSession::add_pieces(std::vector<OutputPiece> pieces, std::vector<Json>& deltas) {
+  for (OutputPiece& p : pieces) {
+    if (stop_.matched())
+      return;
+    switch (p.kind) {
+    case OutputPiece::Kind::Content: {
+      std::string text = stop_.push(p.text);
+      content_ += text;
+      if (!text.empty())
+        deltas.push_back({{"content", text}});
+      break;
+    }
+    case OutputPiece::Kind::Reasoning:
+      deltas.push_back({{"reasoning", p.text}});
+      break;
+    case OutputPiece::Kind::ToolStart: {
+      const auto& call = out_.tool_calls()[size_t(p.tool_index)];
+      Json tc = {{"index", p.tool_index},
+                 {"id", call.id},
+                 {"type", "function"},
+                 {"function", {{"name", call.name}, {"arguments", ""}}}};
+      deltas.push_back({{"tool_calls", Json::array({tc})}});
+      break;
+    }
+    case OutputPiece::Kind::ToolArguments: {
+      Json tc = {{"index", p.tool_index}, {"function", {{"arguments", p.text}}}};
+      deltas.push_back({{"tool_calls", Json::array({tc})}});
+      break;
+    }
+    }
+  }
+}
+
+std::vector<Json> ChatSession::on_event(const engine::Event& ev, Json& logprobs) {
+  std::vector<Json> deltas;
+  // The id that ended a Stop finish is a stop id: it closes the output, it is not text.
+  const bool stop_id = ev.finish == engine::FinishReason::Stop;
+  if (ev.token >= 0 && !stop_id && after_call_) { // what follows a tool call
+    after_call_ = false;
+    if (ev.token != static_cast<int32_t>(start_id_))
+      calls_done_ = true; // not another call: the turn ends here, without this id
+  }
+  if (ev.token == static_cast<int32_t>(call_id_) && !stop_id)
+    after_call_ = true;
+  if (ev.token >= 0 && !stop_id && !stop_.matched() && !calls_done_) {
+    if (top_logprobs_ >= 0)
+      logprobs.push_back(chat_logprob(tok_, ev));
+    const bool reasoning = out_.in_reasoning();
+    add_pieces(out_.push(static_cast<models::TokenId>(ev.token)), deltas);
+    if (reasoning || out_.in_reasoning())
+      ++reasoning_tokens_;
+  }
+  if (ev.finish != engine::FinishReason::None) {
+    add_pieces(out_.finish(), deltas);
+    if (!stop_.matched()) {
+      std::string rest = stop_.flush();
+      content_ += rest;
+      if (!rest.empty())
+        deltas.push_back({{"content", rest}});
+    }
+    if (stop_.matched())
+      finish_ = "stop";
+    else if ((ev.finish == engine::FinishReason::Stop || calls_done_) && !out_.tool_calls().empty())
+      finish_ = "tool_calls";
+    else
+      finish_ = finish_reason_name(ev.finish);
+  }
+  return deltas;
+}
+
+Json ChatSession::message() const {
+  Json m = {{"role", "assistant"}};
+  const bool calls = !out_.tool_calls().empty();
+  m["content"] = content_.empty() && calls ? Json(nullptr) : Json(content_);
+  if (!out_.reasoning().empty())
+    m["reasoning"] = out_.reasoning();
+  if (calls) {
+    Json list = Json::array();
+    for (const auto& c : out_.tool_calls())
+      list.push_back({{"id", c.id},
+                      {"type", "function"},
+                      {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    m["tool_calls"] = list;
+  }
+  return m;
+}
+
+CompletionSession::CompletionSession(models::Tokenizer tok, const openai::GenParams& params)
+    : tok_(tok), decoder_(tok), stop_(params.stop), top_logprobs_(params.top_logprobs) {}
+
+std::string CompletionSession::on_event(const engine::Event& ev, Json& logprobs) {
+  std::string text;
+  const bool stop_id = ev.finish == engine::FinishReason::Stop;
+  if (ev.token >= 0 && !stop_id && !stop_.matched()) {
+    const auto id = static_cast<models::TokenId>(ev.token);
+    if (!tok_.is_special(id))
+      text = stop_.push(decoder_.push(id));
+    if (top_logprobs_ >= 0) {
+      if (logprobs.is_null())
+        logprobs = {{"tokens", Json::array()},
+                    {"token_logprobs", Json::array()},
+                    {"top_logprobs", Json::array()},
+                    {"text_offset", Json::array()}};
+      Json top = Json::object();
+      for (const auto& t : ev.top_logprobs)
+        top[std::string(tok_.id_to_token(static_cast<models::TokenId>(t.token)))] = t.logprob;
+      logprobs["tokens"].push_back(std::string(tok_.id_to_token(id)));
+      logprobs["token_logprobs"].push_back(ev.logprob);
+      logprobs["top_logprobs"].push_back(top);
+      logprobs["text_offset"].push_back(text_.size());
+    }
+  }
+  if (ev.finish != engine::FinishReason::None) {
+    if (!stop_.matched())
+      text += stop_.push(decoder_.flush());
+    if (!stop_.matched())
+      text += stop_.flush();
+    finish_ = stop_.matched() ? "stop" : finish_reason_name(ev.finish);
+  }
+  text_ += text;
+  return text;
+}
+
+} // namespace xserv::server

@@ -1,0 +1,71 @@
+// Per-request conversion of engine events into OpenAI chat / text completion JSON.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/openai_output.h"
+#include "server/openai_request.h"
+
+namespace xserv::server {
+
+/// Turns one chat request's events into message deltas (streaming) and the final message.
+/// Stop strings apply to the content (final channel) text; when one matches, the caller is
+/// told to abort the request (stop_hit()) and later text is dropped.
+class ChatSession {
+public:
+  ChatSession(models::Tokenizer tok, const openai::GenParams& params, const std::string& id);
+  /// The deltas ({"content": ...}, {"reasoning": ...}, {"tool_calls": [...]}) an event adds;
+  /// `logprobs` receives its logprobs entries ({"token", "logprob", "bytes", "top_logprobs"}).
+  std::vector<openai::Json> on_event(const engine::Event& ev, openai::Json& logprobs);
+  /// A stop string matched, or the model made its last tool call: abort the engine request.
+  bool stop_hit() const { return stop_.matched() || calls_done_; }
+  /// The reason for the client: stop, length, tool_calls or abort (after the finish event).
+  const std::string& finish_reason() const { return finish_; }
+  /// The assistant message of the non-streaming response.
+  openai::Json message() const;
+  /// Generated ids that belong to analysis messages (from their <|message|> to their end).
+  int64_t reasoning_tokens() const { return reasoning_tokens_; }
+
+private:
+  void add_pieces(std::vector<openai::OutputPiece> pieces, std::vector<openai::Json>& deltas);
+  models::Tokenizer tok_;
+  openai::HarmonyOutput out_;
+  openai::StopMatcher stop_;
+  int top_logprobs_;
+  std::string content_, finish_;
+  // Several tool calls in one turn: when <|call|> is not a stop id (a request with tools), a
+  // <|call|> closes one call; a <|start|> right after it begins another, anything else ends
+  // the turn (calls_done_: the id is dropped and the request is aborted).
+  models::TokenId call_id_, start_id_;
+  bool after_call_ = false, calls_done_ = false;
+  int64_t reasoning_tokens_ = 0;
+};
+
+/// The same for a text completion: generated text without specials, stop strings applied.
+class CompletionSession {
+public:
+  CompletionSession(models::Tokenizer tok, const openai::GenParams& params);
+  /// The text an event adds; `logprobs` (legacy completions format, an object of arrays)
+  /// receives its tokens.
+  std::string on_event(const engine::Event& ev, openai::Json& logprobs);
+  bool stop_hit() const { return stop_.matched(); }
+  const std::string& finish_reason() const { return finish_; }
+  const std::string& text() const { return text_; }
+
+private:
+  models::Tokenizer tok_;
+  models::StreamDecoder decoder_;
+  openai::StopMatcher stop_;
+  int top_logprobs_;
+  std::string text_, finish_;
+};
+
+/// OpenAI's name for an engine finish: "stop", "length", "abort".
+std::string finish_reason_name(engine::FinishReason r);
+
+/// {"prompt_tokens", "completion_tokens", "total_tokens"}.
+openai::Json usage_json(int64_t prompt, int64_t completion);
+
+} // namespace xserv::server
