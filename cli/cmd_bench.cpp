@@ -56,6 +56,8 @@ int serving_bench(const ParsedArgs& args) {
   if (!(o.len_range >= 0 && o.len_range < 1))
     throw UsageError("--len-range must be in [0, 1)");
   o.seed = static_cast<uint64_t>(args.get_int("--seed", 1, 0, INT64_MAX));
+  o.shared_prefix = args.get_int("--shared-prefix", 0, 0, 1 << 24);
+  o.turns = args.get_int("--turns", 1, 1, 1 << 16);
   const std::string format = args.get("-o", "md");
   if (format != "md" && format != "json" && format != "csv")
     throw UsageError(fmt::format("-o must be md, json or csv, got '{}'", format));
@@ -72,7 +74,7 @@ int serving_bench(const ParsedArgs& args) {
     const engine::Workload w = engine::make_workload(o);
     double seconds = 0;
     const auto records = server::run_http_load(ep, w, o, &seconds);
-    std::cout << render_serving(engine::summarize(records, seconds), o, ep.url, {}, format)
+    std::cout << render_serving(engine::summarize(records, seconds, w.turn), o, ep.url, {}, format)
               << std::flush;
     return 0;
   }
@@ -80,11 +82,14 @@ int serving_bench(const ParsedArgs& args) {
   if (args.positional().empty())
     throw UsageError("give a plan or model directory, or --endpoint URL");
   ModelSource src = resolve_source(args.positional()[0], args);
-  const int64_t need_seq = static_cast<int64_t>(double(o.input_len) * (1 + o.len_range)) + 1 +
-                           static_cast<int64_t>(double(o.output_len) * (1 + o.len_range)) + 1;
+  // The longest request: the shared prefix, and each turn's new tokens and reply.
+  const int64_t need_seq =
+      o.shared_prefix +
+      o.turns * (static_cast<int64_t>(double(o.input_len) * (1 + o.len_range)) + 1 +
+                 static_cast<int64_t>(double(o.output_len) * (1 + o.len_range)) + 1);
   if (!src.plan) {
     src.max_seq = need_seq;
-    src.max_batch = std::min<int64_t>(o.concurrency, 64);
+    src.max_batch = std::min<int64_t>(o.concurrency, 256);
   } else if (need_seq > src.max_seq) {
     throw UsageError(
         fmt::format("requests of up to {} tokens need --max-seq {}, the plan allows {} "
@@ -97,6 +102,7 @@ int serving_bench(const ParsedArgs& args) {
   eo.max_running = args.get_int("--max-running", 0, 0, 1 << 20);
   eo.max_tokens_per_step = args.get_int("--max-tokens-per-step", 8192, 1, 1 << 24);
   eo.admit_batch = args.get_int("--admit-batch", 1, 1, 1 << 16);
+  engine_kv_options(args, eo);
   const engine::Workload w = engine::make_workload(o);
   // Warm-up: one short request, so that kernel loading and first launches stay out of the run.
   {
@@ -116,11 +122,21 @@ int serving_bench(const ParsedArgs& args) {
       {"engine host time per step (ms)", fmt::format("{:.3f}", st.schedule_ms / steps)},
       {"engine host share of a step",
        fmt::format("{:.2f}%", 100 * st.schedule_ms / std::max(st.model_ms + st.schedule_ms, 1e-9))},
-      {"max running (KV rows)", std::to_string(st.kv_rows)},
+      {"max running", std::to_string(st.kv_rows)},
       {"token budget per step",
        std::to_string(std::max(eo.max_tokens_per_step, st.kv_rows))}, // raised to max running
-      {"admit batch", std::to_string(eo.admit_batch)}};
-  std::cout << render_serving(engine::summarize(records, seconds), o,
+      {"prefill budget beside decodes", std::to_string(eo.prefill_budget)},
+      {"admit batch", std::to_string(eo.admit_batch)},
+      {"KV blocks (full pool, used at the end)",
+       fmt::format("{} of {} blocks of {}", st.kv_blocks_used, st.kv_blocks, st.kv_block_size)},
+      {"prefix cache", eo.prefix_caching ? "on" : "off"},
+      {"prefix-cache hit tokens / queried",
+       fmt::format("{} / {} ({:.1f}%)", st.prefix_hits, st.prefix_queries,
+                   100.0 * double(st.prefix_hits) /
+                       double(std::max<int64_t>(st.prefix_queries, 1)))},
+      {"prefix-cache evictions", std::to_string(st.prefix_evictions)},
+      {"preemptions", std::to_string(st.preemptions)}};
+  std::cout << render_serving(engine::summarize(records, seconds, w.turn), o,
                               fmt::format("xserv engine ({})", model->backend()), extra, format)
             << std::flush;
   return 0;

@@ -43,10 +43,13 @@ int cmd_compile(const ParsedArgs& args) {
     throw UsageError("missing -o PLAN_DIR (or use --emit ir to print the IR)");
   if (emit == "plan")
     o.output = args.get("-o");
-  o.max_batch = args.get_int("--max-batch", 64, 1, runtime::kPlanMaxBatch);
+  o.max_batch = args.get_int("--max-batch", 256, 1, runtime::kPlanMaxBatch);
   o.max_seq = args.get_int("--max-seq", 8192, 1, runtime::kPlanMaxSeq);
   o.prefill_chunk =
       args.get_int("--prefill-chunk", std::min<int64_t>(2048, o.max_seq), 1, int64_t{1} << 20);
+  o.kv_block = args.get_int("--kv-block", 16, 1, 1024);
+  if ((o.kv_block & (o.kv_block - 1)) != 0)
+    throw UsageError(fmt::format("--kv-block must be a power of two, got {}", o.kv_block));
   o.arch = arch_flag(args);
   // The defaults (docs/PERF.md, "Compile options"): MXFP4 experts win decode
   // and batched decode for a few percent of prefill and hold 40% less memory; plain bf16 gemm

@@ -162,6 +162,7 @@ int cmd_eval(const ParsedArgs& args) {
   // starts the next as soon as one ends.
   engine::EngineOptions eo;
   eo.max_running = static_cast<int64_t>(batch);
+  engine_kv_options(args, eo);
   const std::vector<engine::Generation> gens = engine::generate(
       *model, run.requests,
       [&](size_t i, const engine::Event& ev) {

@@ -2,6 +2,7 @@
 // the ops of its graph, and roofline floors for decode and prefill. It reads the plan through
 // runtime::read_plan, like run.
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -15,6 +16,7 @@
 #include "engine/roofline.h"
 #include "ir/graph.h"
 #include "models/config.h"
+#include "runtime/device.h"
 #include "runtime/plan_io.h"
 
 namespace xserv::cli {
@@ -59,13 +61,27 @@ int cmd_inspect(const ParsedArgs& args) {
   const int64_t max_batch = opt.max_batch;
   const int64_t max_seq = opt.max_seq;
   const engine::WeightBytes w = engine::weight_bytes(cfg, opt.expert_format);
-  // KV cache: full layers hold max_seq positions, sliding layers a ring of sliding_window.
+  // The KV pools: a position's bytes in the full-attention and the sliding-window pool (keys and
+  // values of those layers); how many blocks they hold is decided when the model loads.
   const double kv_elem = opt.kv_dtype == runtime::KvDtype::F32 ? 4 : 2;
-  double kv = 0;
+  double full_pos = 0, window_pos = 0;
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
-    kv += static_cast<double>(cfg.is_sliding(l) ? std::min(cfg.sliding_window, max_seq) : max_seq) *
-          static_cast<double>(cfg.kv_width()) * 2 * kv_elem * static_cast<double>(max_batch);
+    (cfg.is_sliding(l) ? window_pos : full_pos) +=
+        static_cast<double>(cfg.kv_width()) * 2 * kv_elem;
+  const int64_t kv_block = plan.stages.front().layout.kv_block;
   const double arena = static_cast<double>(plan.memory.arena_bytes);
+  // What the default --gpu-memory-utilization (0.9) leaves the full pool on this machine's GPU,
+  // after the weights, the arena, 1 GiB of workspaces and the window pool.
+  const runtime::DeviceInfo dev = runtime::probe_device();
+  const double ring = std::ceil(double(cfg.sliding_window) / double(kv_block)) + 1;
+  const double window_pool =
+      window_pos * double(kv_block) *
+      (2 * double(max_batch) * ring + double(opt.prefill_chunk) / double(kv_block));
+  const double kv_capacity =
+      dev.available ? std::max(0.0, double(dev.memory_bytes) * 0.9 - double(w.total()) - arena -
+                                        double(1ull << 30) - window_pool) /
+                          std::max(full_pos, 1.0)
+                    : 0;
   std::map<std::string, int> ops;
   if (g)
     for (const auto& n : g->nodes)
@@ -94,12 +110,12 @@ int cmd_inspect(const ParsedArgs& args) {
                           {"activation_arena_bytes", st.activation_arena_bytes}};
       if (plan.pipelined()) {
         j["weight_bytes"] = st.weight_bytes;
-        j["kv_cache_bytes"] = st.kv_cache_bytes;
+        j["kv_bytes_per_position"] = double(st.kv_cache_bytes) / double(kv_block);
         j["estimated_decode_ms"] = st.estimated_decode_ms;
         j["estimated_prefill_us_per_token"] = st.estimated_prefill_us_per_token;
       } else {
         j["weight_bytes"] = w.total();
-        j["kv_cache_bytes"] = kv;
+        j["kv_bytes_per_position"] = full_pos + window_pos;
       }
       stages.push_back(std::move(j));
     }
@@ -123,6 +139,13 @@ int cmd_inspect(const ParsedArgs& args) {
           {"embed", w.embed},
           {"lm_head", w.lm_head},
           {"total", w.total()}}},
+        {"kv_pool",
+         {{"block_positions", kv_block},
+          {"full_bytes_per_position", full_pos},
+          {"window_bytes_per_position", window_pos},
+          {"window", cfg.sliding_window},
+          {"capacity_tokens_at_0_9",
+           dev.available ? nlohmann::json(int64_t(kv_capacity)) : nlohmann::json()}}},
         {"graph", g ? nlohmann::json{{"nodes", g->size()}, {"ops", ops}} : nlohmann::json()},
         {"kernels", std::move(kernels)},
         {"launches_per_decode_step", plan.codegen.launches_per_decode_step},
@@ -156,15 +179,16 @@ int cmd_inspect(const ParsedArgs& args) {
     // Each stage's program, its share of the weights and KV, the cost model's estimate, and
     // the launch table the CUDA runtime replays for it.
     // The partitioner's cost model counts BF16 experts (its balance is the same either way).
-    s += "stage  layers      weights (BF16 experts)   KV cache     activations  decode est.  "
+    s += "stage  layers      weights (BF16 experts)   KV/position  activations  decode est.  "
          "prefill est.  launches\n";
     for (size_t i = 0; i < plan.stages.size(); ++i) {
       const runtime::PlanStage& st = plan.stages[i];
       const std::string range = fmt::format("{}..{}{}{}", st.first_layer, st.last_layer,
                                             st.embedding ? "+e" : "", st.head ? "+h" : "");
-      s += fmt::format("{:<6} {:<10}  {:>10.2f} GB            {:>8.2f} GB  {:>8.1f} MB  {:>7.3f} ms"
+      s += fmt::format("{:<6} {:<10}  {:>10.2f} GB           {:>7.1f} KiB  {:>8.1f} MB  {:>7.3f} ms"
                        "   {:>6.2f} us/tok  {:>8}\n",
-                       i, range, gb(double(st.weight_bytes)), gb(double(st.kv_cache_bytes)),
+                       i, range, gb(double(st.weight_bytes)),
+                       double(st.kv_cache_bytes) / double(kv_block) / 1024.0,
                        double(st.activation_arena_bytes) / 1e6, st.estimated_decode_ms,
                        st.estimated_prefill_us_per_token, st.launches_per_decode_step);
     }
@@ -172,13 +196,29 @@ int cmd_inspect(const ParsedArgs& args) {
                      "norm + lm_head; launches per decode step)\n\n",
                      plan.imbalance * 100);
   } else {
-    s += fmt::format("stage  layers      weights ({} experts)  KV cache     activations\n",
+    s += fmt::format("stage  layers      weights ({} experts)  KV/position  activations\n",
                      opt.expert_format == runtime::ExpertFormat::Mxfp4  ? "MXFP4"
                      : opt.expert_format == runtime::ExpertFormat::Both ? "both "
                                                                         : "BF16 ");
-    s += fmt::format("0      0..{:<8}  {:>10.2f} GB            {:>8.2f} GB  {:>8.1f} MB\n\n",
-                     cfg.num_hidden_layers - 1, gb(w.total()), gb(kv), arena / 1e6);
+    s += fmt::format("0      0..{:<8}  {:>10.2f} GB           {:>7.1f} KiB  {:>8.1f} MB\n\n",
+                     cfg.num_hidden_layers - 1, gb(w.total()), (full_pos + window_pos) / 1024.0,
+                     arena / 1e6);
   }
+  s += fmt::format("KV pool: blocks of {} positions, paged; a position takes {:.1f} KiB in the "
+                   "full-attention pool",
+                   kv_block, full_pos / 1024.0);
+  if (window_pos > 0)
+    s += fmt::format(" and {:.1f} KiB in the sliding-window pool (window {}: a sequence holds at "
+                     "most {} of its blocks)",
+                     window_pos / 1024.0, cfg.sliding_window, int64_t(ring));
+  s += fmt::format(". The pools are sized when the model loads (--gpu-memory-utilization, "
+                   "--kv-memory); max batch {} bounds a step, not the sequences the pool holds",
+                   max_batch);
+  if (dev.available)
+    s += fmt::format("; at 0.9 of this {} ({:.0f} GiB): about {} tokens, {} sequences of {}",
+                     dev.name, double(dev.memory_bytes) / double(1ull << 30), int64_t(kv_capacity),
+                     int64_t(kv_capacity) / std::max<int64_t>(max_seq, 1), max_seq);
+  s += "\n";
   s += fmt::format("weights: attention {:.2f} GB, router {:.3f} GB, experts {:.2f} GB, embed "
                    "{:.2f} GB, lm_head {:.2f} GB\n",
                    gb(w.attention), gb(w.router), gb(w.experts), gb(w.embed), gb(w.lm_head));

@@ -1,4 +1,5 @@
 // `xserv serve`: load a plan, serve it over OpenAI-compatible HTTP, drain on SIGTERM/SIGINT.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -33,6 +34,18 @@ sigset_t block_stop_signals() {
   return set;
 }
 
+/// A flag's seconds as a positive duration (UsageError otherwise).
+std::chrono::milliseconds seconds_flag(const ParsedArgs& args, const char* name, double fallback) {
+  const double s = args.get_double(name, fallback);
+  if (!(s > 0) || s > 86400 * 365)
+    throw UsageError(fmt::format("{} must be a number of seconds above 0", name));
+  return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(s * 1000.0)));
+}
+
+/// How long a server whose model broke keeps answering 503 (so health checks and clients see
+/// why) before it exits 1 for its supervisor to restart it.
+constexpr auto kBrokenLinger = std::chrono::seconds(2);
+
 } // namespace
 
 int cmd_serve(const ParsedArgs& args) {
@@ -41,11 +54,22 @@ int cmd_serve(const ParsedArgs& args) {
   opt.api_key = args.get("--api-key");
   if (opt.api_key.empty())
     opt.api_key = env().api_key;
+  opt.metrics_public = args.has("--metrics-public");
   opt.engine.max_running = args.get_int("--max-running", 0, 0, 1 << 20);
   opt.engine.max_queue = args.get_int("--max-queue", 4096, 0, 1 << 24);
   opt.engine.max_tokens_per_step = args.get_int("--max-tokens-per-step", 8192, 1, 1 << 24);
-  opt.max_body_bytes = parse_size(args.get("--max-body", "16MiB"), "--max-body");
-  opt.http_threads = static_cast<int>(args.get_int("--http-threads", 0, 0, 1 << 16));
+  engine_kv_options(args, opt.engine);
+  opt.max_json_depth = static_cast<int>(args.get_int("--max-json-depth", 64, 1, 10000));
+  server::ConnectionLimits& c = opt.connections;
+  c.max_body_bytes = parse_size(args.get("--max-body", "16MiB"), "--max-body");
+  c.max_connections = static_cast<size_t>(args.get_int("--max-connections", 8192, 1, 1 << 24));
+  c.max_per_client =
+      static_cast<size_t>(args.get_int("--max-connections-per-client", 512, 0, 1 << 24));
+  c.header_timeout = seconds_flag(args, "--header-timeout", 10);
+  c.body_timeout = seconds_flag(args, "--body-timeout", 60);
+  c.idle_timeout = seconds_flag(args, "--keep-alive-timeout", 30);
+  c.write_timeout = seconds_flag(args, "--write-timeout", 60);
+  opt.io_threads = static_cast<int>(args.get_int("--http-threads", 2, 1, 256));
   const std::string host = args.get("--host", "127.0.0.1");
   const int port = static_cast<int>(args.get_int("--port", 8000, 0, 65535));
   const auto grace =
@@ -83,8 +107,22 @@ int cmd_serve(const ParsedArgs& args) {
   server.attach(*model, tok);
   loaded = true;
   say(fmt::format("[serve] ready: model '{}' at http://{}:{}/v1", opt.model_name, host, bound));
-  while (signal_seen == 0)
+  std::string broken;
+  while (signal_seen == 0 && (broken = server.broken()).empty())
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (!broken.empty()) {
+    // Nothing in this process can mend a pipeline that lost a rank: exit non-zero so that a
+    // supervisor (systemd Restart=on-failure, a Kubernetes restart policy) starts it afresh.
+    say(fmt::format("[serve] the model is broken ({}); /health answers 503; exiting with "
+                    "status 1 in {} s",
+                    broken, std::chrono::duration<double>(kBrokenLinger).count()));
+    for (auto until = std::chrono::steady_clock::now() + kBrokenLinger;
+         signal_seen == 0 && std::chrono::steady_clock::now() < until;)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    server.drain(std::chrono::milliseconds(0));
+    say("[serve] stopped: the model is broken");
+    return 1;
+  }
   say(fmt::format("[serve] signal {}: draining (grace {:.1f} s)", signal_seen.load(),
                   grace.count() / 1e3));
   server.drain(grace);

@@ -65,7 +65,9 @@ int cmd_trace(const ParsedArgs& args) {
   const models::ModelConfig config = models::ModelConfig::load(src.model_dir / "config.json");
   const int64_t tokens = static_cast<int64_t>(ids.size()), hidden = config.hidden_size;
   engine::check_prompt(ids, src.max_seq, config.vocab_size);
-  const models::StepInput step{{ids}, {0}, {0}};
+  models::StepInput step; // one sequence in row 0 of the pools
+  step.tokens = {ids};
+  step.ctx_lens = {0};
 
   std::vector<std::vector<float>> rows; // per tracked value: tokens x hidden
   std::vector<std::string> names;
@@ -74,6 +76,7 @@ int cmd_trace(const ParsedArgs& args) {
     for (ir::ValueId v : t.values)
       g.outputs.push_back(v);
     engine::CpuModel cpu(src.model_dir, 1, src.max_seq, &g);
+    models::assign_rows(step, {0}, cpu.kv_geometry());
     const std::vector<ir::Tensor> res = cpu.run_graph(g, models::step_params(step));
     for (size_t i = 0; i < t.values.size(); ++i) {
       const ir::Tensor& x = res.at(res.size() - t.values.size() + i);
@@ -104,6 +107,7 @@ int cmd_trace(const ParsedArgs& args) {
     engine::CudaModelOptions mo = cuda_model_options();
     mo.cuda_graphs = false;
     engine::CudaModel gpu(src.model_dir, std::move(compiled.program), mo);
+    models::assign_rows(step, {0}, gpu.kv_geometry());
     gpu.step(step);
     for (uint64_t off : offsets)
       rows.push_back(gpu.read_activation(off, static_cast<size_t>(tokens * hidden)));

@@ -16,12 +16,23 @@ const OptSpec kVerifyWeights{
     "plan: hash every checkpoint file whole (SHA-256) against the digests compile recorded, "
     "before loading (about 1 GB/s a file on a CPU with SHA extensions)"};
 
-/// Where the model runs and where its weights come from.
+/// Where the model runs and where its weights come from; the KV pools and the engine's use of
+/// them.
 const std::vector<OptSpec>& load_options() {
   static const std::vector<OptSpec> opts = {
       {"--backend", "auto|cpu|cuda", "where to run (default auto: cuda when a GPU is usable)"},
       kWeights,
-      kVerifyWeights};
+      kVerifyWeights,
+      {"--gpu-memory-utilization", "F",
+       "share of the GPU's memory the process may hold; the KV pools get what the weights and "
+       "buffers leave of it (default 0.9)"},
+      {"--kv-memory", "GIB", "KV pools of this many GiB instead"},
+      {"--no-prefix-cache", "", "compute every prompt whole (no reuse of cached KV blocks)"},
+      {"--prefill-budget", "N",
+       "prompt tokens a step takes beside running decodes (default 512; 0: the step budget)"},
+      {"--backlog-steps", "N",
+       "a deeper backlog raises that budget to the waiting prompt tokens over N steps (default "
+       "8; 0: the fixed budget only)"}};
   return opts;
 }
 
@@ -94,7 +105,8 @@ const std::vector<Command>& commands() {
               {"--seed", "S", "seed of the random token ids (default 1)"}},
              load_options(),
              {{"--max-seq", "S", "cache length (default: what the tests need, or the plan's)"},
-              {"--max-batch", "B", "cache rows (default: what the tests need, or the plan's)"},
+              {"--max-batch", "B",
+               "most sequences a step holds (default: what the tests need, or the plan's)"},
               {"--pp-local", "", "pipelined plan: run every stage in this process (one GPU)"},
               kPipelineToken,
               {"--requests", "N", "serving benchmark: N random requests through the engine"},
@@ -103,6 +115,10 @@ const std::vector<Command>& commands() {
               {"--input-len", "I", "serving: prompt tokens per request (default 512)"},
               {"--output-len", "O", "serving: generated tokens per request (default 256)"},
               {"--len-range", "F", "serving: lengths uniform in len x [1-F, 1+F] (default 0)"},
+              {"--shared-prefix", "N", "serving: every prompt starts with the same N tokens"},
+              {"--turns", "N",
+               "serving: conversations of N turns, each turn's prompt the last one's with its "
+               "reply and input-len new tokens (default 1)"},
               {"--max-running", "N",
                "serving: sequences the engine runs at once (default: max batch)"},
               {"--max-tokens-per-step", "N", "serving: the engine's token budget (default 8192)"},
@@ -140,7 +156,9 @@ const std::vector<Command>& commands() {
          {"--stop-after", "N", "run only the first N passes"},
          {"--dump-dir", "DIR", "write NN_pass.ir files for each step here"},
          {"--all-logits", "", "return logits for every token, not only each sequence's last"},
-         {"--max-batch", "B", "most sequences decoded together (default 64)"},
+         {"--max-batch", "B",
+          "most sequences a step holds: decode graph buckets and step buffers (default 256)"},
+         {"--kv-block", "N", "positions per KV-cache block, a power of two (default 16)"},
          {"--max-seq", "S", "longest sequence, prompt plus output (default 8192)"},
          {"--kv-dtype", "f32|bf16", "KV cache element type (default f32: exact keys/values)"},
          {"--prefill-chunk", "T", "most prompt tokens per step (default min(2048, max-seq))"},
@@ -213,7 +231,7 @@ const std::vector<Command>& commands() {
              load_options(),
              {kTokenizer,
               {"--max-seq", "S", "longest sequence (default: the plan's, else 4096)"},
-              {"--max-batch", "B", "sequences decoded together"}},
+              {"--max-batch", "B", "most sequences a step holds (default: the plan's)"}},
              pipeline_options()}),
         1, 1},
        &cmd_run},
@@ -222,13 +240,31 @@ const std::vector<Command>& commands() {
         options(
             {{{"--host", "ADDR", "address to listen on (default 127.0.0.1)"},
               {"--port", "N", "port to listen on (default 8000; 0: any free port)"},
-              {"--api-key", "KEY", "require Authorization: Bearer KEY (default: $XSERV_API_KEY)"},
+              {"--api-key", "KEY",
+               "require Authorization: Bearer KEY on every route but /health (default: "
+               "$XSERV_API_KEY)"},
+              {"--metrics-public", "", "serve /metrics without the API key"},
               {"--served-model-name", "NAME", "the model name clients use (default gpt-oss)"},
               {"--max-running", "N", "requests running at once (default: the plan's max batch)"},
               {"--max-queue", "N", "requests waiting for a row; more get 429 (default 4096)"},
               {"--max-tokens-per-step", "N", "decode plus prompt tokens per step (default 8192)"},
               {"--max-body", "SIZE", "largest request body; larger get 413 (default 16MiB)"},
-              {"--http-threads", "N", "HTTP worker threads (default 512 + max running)"},
+              {"--max-json-depth", "N",
+               "deepest nesting of a request body's arrays and objects; deeper get 400 "
+               "(default 64)"},
+              {"--max-connections", "N", "connections open at once; more get 503 (default 8192)"},
+              {"--max-connections-per-client", "N",
+               "connections open at once from one address; more get 503 (default 512; 0: no cap)"},
+              {"--header-timeout", "SECONDS",
+               "a request's whole header, from its first byte; slower clients are cut off "
+               "(default 10)"},
+              {"--body-timeout", "SECONDS", "a request's whole body (default 60)"},
+              {"--keep-alive-timeout", "SECONDS",
+               "an idle kept-alive connection waits this long for its next request (default 30)"},
+              {"--write-timeout", "SECONDS",
+               "a client that reads nothing this long is cut off, its request aborted (default "
+               "60)"},
+              {"--http-threads", "N", "threads serving the connections (default 2)"},
               {"--grace", "SECONDS", "on SIGTERM/SIGINT, time running requests get (default 30)"}},
              load_options(),
              {kTokenizer,

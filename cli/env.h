@@ -39,8 +39,10 @@ struct Env {
   /// XSERV_PIPELINE_TIMEOUT (seconds, > 0, at least 0.1 is used): a silent rank is hung.
   std::chrono::milliseconds pipeline_timeout{10000};
   /// XSERV_PIPELINE_STEP_TIMEOUT (seconds, > 0, at least 0.1 is used): the longest wait for one
-  /// rank's answer in a step.
-  std::chrono::milliseconds pipeline_step_timeout{600000};
+  /// rank's answer in a step, however many heartbeats come. 60 s: a GPU stage's largest step
+  /// takes well under a second, its first a few (CUDA graphs); the CPU interpreter on a large
+  /// model needs more, and says so by this variable's name when it runs out.
+  std::chrono::milliseconds pipeline_step_timeout{60000};
   int pipeline_micro_batches = 0; ///< XSERV_PIPELINE_MICROBATCHES: >= 1; 0 (unset): default
   std::string pipeline_transport = "auto"; ///< XSERV_PIPELINE_TRANSPORT=auto|nccl|tcp
   /// XSERV_PIPELINE_TOKEN: the pipeline's shared secret when --pipeline-token is not given.

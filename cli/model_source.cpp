@@ -63,6 +63,27 @@ engine::CudaModelOptions cuda_model_options() {
   return o;
 }
 
+void kv_memory_options(const ParsedArgs& args, engine::CudaModelOptions& o) {
+  if (args.has("--kv-memory")) {
+    const double gib = args.get_double("--kv-memory", 0.0);
+    if (!(gib > 0 && gib < 1 << 20))
+      throw UsageError("--kv-memory must be a positive number of GiB");
+    o.kv_memory = uint64_t(gib * double(uint64_t(1) << 30));
+    if (args.has("--gpu-memory-utilization"))
+      throw UsageError("give --kv-memory or --gpu-memory-utilization, not both");
+    return;
+  }
+  o.gpu_memory_utilization = args.get_double("--gpu-memory-utilization", 0.9);
+  if (!(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1))
+    throw UsageError("--gpu-memory-utilization must be a fraction in (0, 1]");
+}
+
+void engine_kv_options(const ParsedArgs& args, engine::EngineOptions& o) {
+  o.prefix_caching = !args.has("--no-prefix-cache");
+  o.prefill_budget = args.get_int("--prefill-budget", o.prefill_budget, 0, 1 << 24);
+  o.backlog_steps = args.get_int("--backlog-steps", o.backlog_steps, 0, 1 << 20);
+}
+
 runtime::RunSettings run_settings() {
   return {env().prefill_chunk, env().gemm_split};
 }
@@ -102,6 +123,7 @@ std::unique_ptr<engine::Model> make_model(const ModelSource& src, const ParsedAr
     if (args.has("--world"))
       o.world = static_cast<int>(args.get_int("--world", 1, 1, 1 << 16));
     o.cuda = cuda_model_options();
+    kv_memory_options(args, o.cuda);
     o.settings = run_settings();
     o.pipeline = pipeline_options(args);
     return engine::load_model(*src.plan, o);
@@ -119,8 +141,9 @@ std::unique_ptr<engine::Model> make_model(const ModelSource& src, const ParsedAr
   const ir::Graph g =
       models::build_gpt_oss(models::ModelConfig::load(src.model_dir / "config.json"));
   driver::CompiledGraph c = driver::compile_graph(g, src.max_batch, src.max_seq, co);
-  return std::make_unique<engine::CudaModel>(src.model_dir, std::move(c.program),
-                                             cuda_model_options());
+  engine::CudaModelOptions mo = cuda_model_options();
+  kv_memory_options(args, mo);
+  return std::make_unique<engine::CudaModel>(src.model_dir, std::move(c.program), mo);
 }
 
 models::Tokenizer load_tokenizer(const ModelSource& src, const ParsedArgs& args) {

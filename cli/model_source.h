@@ -36,6 +36,13 @@ ModelSource resolve_source(const std::string& path, const ParsedArgs& args);
 /// XSERV_PROFILE, XSERV_PDL, XSERV_PROFILE_REPEAT.
 engine::CudaModelOptions cuda_model_options();
 
+/// The KV pools' size from --kv-memory GIB, else --gpu-memory-utilization F (default 0.9: the
+/// share of the GPU's memory the process may hold in all). UsageError for values out of range.
+void kv_memory_options(const ParsedArgs& args, engine::CudaModelOptions& o);
+
+/// The engine's --no-prefix-cache, --prefill-budget N and --backlog-steps N.
+void engine_kv_options(const ParsedArgs& args, engine::EngineOptions& o);
+
 /// XSERV_PREFILL_CHUNK and XSERV_GEMM_PRECISION, which a plan must have been compiled with.
 runtime::RunSettings run_settings();
 

@@ -20,6 +20,8 @@ std::string render_serving(const engine::ServingReport& r, const engine::Serving
       {"input / output tokens",
        fmt::format("{} / {}{}", o.input_len, o.output_len,
                    o.len_range > 0 ? fmt::format(" (+-{:g}%)", 100 * o.len_range) : "")},
+      {"shared prompt prefix (tokens)", std::to_string(o.shared_prefix)},
+      {"turns per conversation", std::to_string(o.turns)},
       {"completed / failed", fmt::format("{} / {}", r.completed, r.failed)},
       {"disconnected on purpose", std::to_string(r.disconnected)},
       {"duration (s)", fmt::format("{:.2f}", r.duration_s)},
@@ -35,6 +37,10 @@ std::string render_serving(const engine::ServingReport& r, const engine::Serving
   add_dist("TPOT", r.tpot);
   add_dist("ITL", r.itl);
   add_dist("E2E", r.e2e);
+  for (size_t t = 0; t < r.ttft_by_turn.size(); ++t)
+    rows.push_back(
+        {fmt::format("TTFT of turn {} median / p99 (ms)", t + 1),
+         fmt::format("{:.2f} / {:.2f}", r.ttft_by_turn[t].median, r.ttft_by_turn[t].p99)});
   rows.insert(rows.end(), extra.begin(), extra.end());
   if (!r.first_error.empty())
     rows.push_back({"first error", r.first_error});
@@ -59,6 +65,8 @@ std::string render_serving(const engine::ServingReport& r, const engine::Serving
     j["input_len"] = o.input_len;
     j["output_len"] = o.output_len;
     j["len_range"] = o.len_range;
+    j["shared_prefix"] = o.shared_prefix;
+    j["turns"] = o.turns;
     j["completed"] = r.completed;
     j["failed"] = r.failed;
     j["disconnected"] = r.disconnected;
@@ -72,6 +80,11 @@ std::string render_serving(const engine::ServingReport& r, const engine::Serving
       j[std::string("median_") + name + "_ms"] = d.median;
       j[std::string("p99_") + name + "_ms"] = d.p99;
     }
+    nlohmann::ordered_json turns = nlohmann::ordered_json::array();
+    for (const auto& d : r.ttft_by_turn)
+      turns.push_back({{"median_ttft_ms", d.median}, {"p99_ttft_ms", d.p99}});
+    if (!turns.empty())
+      j["ttft_by_turn"] = std::move(turns);
     for (const auto& [k, v] : extra)
       j[k] = v;
     if (!r.first_error.empty())

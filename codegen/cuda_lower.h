@@ -40,9 +40,9 @@ private:
 
 /// What the lowering needs from the engine: capacities and where activations live.
 struct LoweringContext {
-  int max_tokens = 8;                  ///< T capacity of the activation arena and scratch buffers
-  int max_seqs = 1;                    ///< B capacity
-  int64_t cache_rows = 1, max_seq = 1; ///< the N and S dims of cache nodes
+  int max_tokens = 8;  ///< T capacity of the activation arena and scratch buffers
+  int max_seqs = 1;    ///< B capacity
+  int64_t max_seq = 1; ///< the S dim: the longest sequence (its block table's length)
   /// Gemm activations as a bf16 hi + lo pair (about fp32 precision, twice the MMAs) rather than
   /// one bf16 value.
   bool gemm_split = true;

@@ -220,8 +220,10 @@ private:
   /// The KV cache node a cache operand (a cache or an earlier kv_write of it) stands for.
   ValueId cache_node(ValueId v) const;
 
-  /// Positions a cache holds: its static slot count (sliding-window ring) or max_seq.
-  int cache_slots(ValueId cache) const;
+  /// Positions per block of a paged cache (its static second dimension).
+  int cache_block(ValueId cache) const;
+  /// Entries of the block table that pages `cache`: the plan's max sequence in blocks.
+  int table_blocks(ValueId cache) const;
 
   /// attention: the split-key decode kernel and its combine for few tokens, the query-tiled
   /// prefill kernel above.

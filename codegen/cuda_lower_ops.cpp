@@ -231,7 +231,8 @@ void Lowerer::lower_qkv_rope(ValueId v) {
   codegen::QkvDims qr = qd;
   if (kw >= 0) {
     qr.head_dim = head_dim;
-    qr.slots = cache_slots(kc);
+    qr.block = cache_block(kc);
+    qr.table = table_blocks(kc);
     qr.attention_factor = att;
     qr.f32_cache = g_.type(kc).dtype == ir::DType::F32;
   }
@@ -281,7 +282,7 @@ void Lowerer::lower_qkv_rope(ValueId v) {
   }
   const Node& kn = g_.node(kw);
   const int rope_kv =
-      k_.add(codegen::emit_rope_yarn_qk_kv(hq, hk, head_dim, att, cache_slots(kc),
+      k_.add(codegen::emit_rope_yarn_qk_kv(hq, hk, head_dim, att, cache_block(kc), table_blocks(kc),
                                            g_.type(kc).dtype == ir::DType::F32, ir_lines(g_, v)));
   outer_per_seq_ = -1;
   emit(rope, Rows::Tokens, 0, -1, {addr(v, 0), addr(v, 1), addr(n.inputs.back()), table});
@@ -332,9 +333,16 @@ ValueId Lowerer::cache_node(ValueId v) const {
   return v;
 }
 
-int Lowerer::cache_slots(ValueId cache) const {
+int Lowerer::cache_block(ValueId cache) const {
   const ir::Dim& d = g_.type(cache).shape.at(1);
-  return as_int(d.name.empty() ? d.size : c_.max_seq);
+  XSERV_CHECK(d.is_static() && d.size > 0,
+              "a cache without a static block size: " + ir::print_node(g_, cache));
+  return as_int(d.size);
+}
+
+int Lowerer::table_blocks(ValueId cache) const {
+  const int64_t block = cache_block(cache);
+  return as_int((c_.max_seq + block - 1) / block);
 }
 
 void Lowerer::lower_attention(ValueId v) {
@@ -344,7 +352,8 @@ void Lowerer::lower_attention(ValueId v) {
   d.heads = static_dim(g_, v, 1);
   d.head_dim = static_dim(g_, v, 2);
   d.kv_heads = static_dim(g_, n.inputs[1], 1);
-  d.slots = cache_slots(kc);
+  d.block = cache_block(kc);
+  d.table = table_blocks(kc);
   d.window = as_int(n.attr_int("window"));
   d.scale = n.attr_float("scale");
   d.f32_cache = g_.type(kc).dtype == ir::DType::F32;
@@ -388,8 +397,12 @@ void Lowerer::lower_attention(ValueId v) {
 void Lowerer::lower_kv_write(ValueId v) {
   const Node& n = g_.node(v);
   const ValueId cache = cache_node(n.inputs[0]);
-  const codegen::KvWriteDims d{static_dim(g_, n.inputs[1], 1), static_dim(g_, n.inputs[1], 2),
-                               cache_slots(cache), g_.type(cache).dtype == ir::DType::F32};
+  const codegen::KvWriteDims d{static_dim(g_, n.inputs[1], 1),
+                               static_dim(g_, n.inputs[1], 2),
+                               cache_block(cache),
+                               table_blocks(cache),
+                               as_int(n.has_attr("window") ? n.attr_int("window") : 0),
+                               g_.type(cache).dtype == ir::DType::F32};
   const int kernel = k_.add(codegen::emit_kv_write(d, ir_lines(g_, v)));
   // In decode steps rope_yarn_qk_kv already wrote this one (kv_in_rope_).
   outer_per_seq_ = kv_in_rope_.count(v) ? -1 : 0;

@@ -81,7 +81,7 @@ std::vector<Param> attention_params(const AttentionDims& d) {
   for (const char* n : {"k_cache", "v_cache"})
     params.push_back({fmt::format("{} {}", cache_t, n), n});
   params.push_back({fmt::format("{} sinks", kBf16), "sinks"});
-  for (const char* n : {"positions", "token_seq", "ctx_lens", "cache_rows"})
+  for (const char* n : {"positions", "token_seq", "ctx_lens", "block_table"})
     params.push_back({fmt::format("const int* {}", n), n});
   params.push_back({"", float_literal(d.scale)});
   return params;
@@ -249,10 +249,10 @@ bool qkv_decode_fits(const QkvDims& d) {
   if (!valid_ksplit(d.ksplit))
     return false;
   const int block_rows = gemv_block_rows(qkv_rows(d), d.ksplit);
-  const bool rope_fits =
-      d.head_dim == 0 ||
-      (d.head_dim > 0 && qkv_rows(d) == 2 && d.ksplit == 1 && d.head_dim % 16 == 0 &&
-       d.nq % d.head_dim == 0 && d.nk % d.head_dim == 0 && d.nv % d.head_dim == 0 && d.slots > 0);
+  const bool rope_fits = d.head_dim == 0 || (d.head_dim > 0 && qkv_rows(d) == 2 && d.ksplit == 1 &&
+                                             d.head_dim % 16 == 0 && d.nq % d.head_dim == 0 &&
+                                             d.nk % d.head_dim == 0 && d.nv % d.head_dim == 0 &&
+                                             d.block > 0 && d.table > 0);
   return rope_fits && d.k > 0 && d.k % 8 == 0 && d.nq > 0 && d.nk > 0 && d.nv > 0 &&
          d.nq % block_rows == 0 && d.nk % block_rows == 0 && d.nv % block_rows == 0 &&
          d.max_tokens >= 1 && d.max_tokens <= 8 && d.unroll >= 1;
@@ -272,7 +272,8 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
                                  gemv_tuning_suffix(d.max_tokens, d.rows, d.unroll, d.ksplit));
   const std::string cache_t = d.f32_cache ? "float" : "__nv_bfloat16";
   if (rope)
-    name += fmt::format("_d{}_s{}_kv{}", d.head_dim, d.slots, d.f32_cache ? "f32" : "bf16") +
+    name += fmt::format("_d{}_b{}_m{}_kv{}", d.head_dim, d.block, d.table,
+                        d.f32_cache ? "f32" : "bf16") +
             attr_suffix("att", d.attention_factor, 1.3465735902799727);
   std::vector<Param> params = {
       {"const float* x", "x"}, {fmt::format("{} ln", kBf16), "ln"}, {"", float_literal(d.eps)}};
@@ -284,7 +285,7 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
     params.push_back({fmt::format("float* y{}", n), fmt::format("y{}", n)});
   params.push_back({"int tokens", "tokens"});
   if (rope) {
-    for (const char* n : {"positions", "token_seq", "cache_rows"})
+    for (const char* n : {"positions", "token_seq", "block_table"})
       params.push_back({fmt::format("const int* {}", n), n});
     params.push_back({"const double* inv_freq", "inv_freq"});
     params.push_back({"", fmt::format("{:.17g}", d.attention_factor)});
@@ -296,8 +297,8 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
   launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
   launch.max_tokens = d.max_tokens;
   std::string call =
-      rope ? fmt::format("qkv_rope_decode<{}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.nq, d.nk,
-                         d.nv, d.head_dim, d.slots, cache_t, d.max_tokens, d.unroll)
+      rope ? fmt::format("qkv_rope_decode<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.nq, d.nk,
+                         d.nv, d.head_dim, d.block, d.table, cache_t, d.max_tokens, d.unroll)
            : fmt::format("qkv_decode<{}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.nq, d.nk, d.nv,
                          d.max_tokens, rows, d.unroll, d.ksplit);
   round_act(d.round_act, name, call);
@@ -307,14 +308,14 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
 
 KernelSource emit_attention_decode(const AttentionDims& d,
                                    const std::vector<std::string>& ir_lines) {
-  check_positive("attention", {d.heads, d.kv_heads, d.head_dim, d.slots});
+  check_positive("attention", {d.heads, d.kv_heads, d.head_dim, d.block, d.table});
   if (d.heads % d.kv_heads != 0 || d.head_dim % 8 != 0)
     throw Error(fmt::format("codegen: attention needs heads ({}) divisible by kv_heads ({}) and "
                             "head_dim ({}) divisible by 8",
                             d.heads, d.kv_heads, d.head_dim));
   std::string name =
-      fmt::format("attention_decode_h{}_g{}_d{}_s{}{}", d.heads, d.kv_heads, d.head_dim, d.slots,
-                  d.window ? fmt::format("_w{}", d.window) : "");
+      fmt::format("attention_decode_h{}_g{}_d{}_b{}_m{}{}", d.heads, d.kv_heads, d.head_dim,
+                  d.block, d.table, d.window ? fmt::format("_w{}", d.window) : "");
   std::vector<Param> params = attention_params(d);
   for (const char* n : {"out", "part_ml", "part_o"})
     params.push_back({fmt::format("float* {}", n), n});
@@ -323,8 +324,9 @@ KernelSource emit_attention_decode(const AttentionDims& d,
   launch.y_per_token = 1;
   launch.z_splits = true;
   const char* cache = d.f32_cache ? ", float" : d.round16 ? ", __nv_bfloat16" : "";
-  std::string call = fmt::format("attention_decode<{}, {}, {}, {}, {}{}{}>", d.heads, d.kv_heads,
-                                 d.head_dim, d.slots, d.window, cache, d.round16 ? ", true" : "");
+  std::string call =
+      fmt::format("attention_decode<{}, {}, {}, {}, {}, {}{}{}>", d.heads, d.kv_heads, d.head_dim,
+                  d.block, d.table, d.window, cache, d.round16 ? ", true" : "");
   if (d.f32_cache)
     name += "_kvf32";
   if (d.round16)
@@ -542,42 +544,44 @@ KernelSource emit_rope_yarn_qk(int hq, int hk, int head_dim, double attention_fa
                   fmt::format("rope_yarn_qk<{}, {}, {}>", hq, hk, head_dim), params, launch);
 }
 
-KernelSource emit_rope_yarn_qk_kv(int hq, int hk, int head_dim, double attention_factor, int slots,
-                                  bool f32_cache, const std::vector<std::string>& ir_lines) {
+KernelSource emit_rope_yarn_qk_kv(int hq, int hk, int head_dim, double attention_factor, int block,
+                                  int table, bool f32_cache,
+                                  const std::vector<std::string>& ir_lines) {
   KernelSource base = emit_rope_yarn_qk(hq, hk, head_dim, attention_factor, ir_lines);
-  check_positive("rope_yarn_qk_kv", {slots});
+  check_positive("rope_yarn_qk_kv", {block, table});
   const std::string cache_t = f32_cache ? "float" : "__nv_bfloat16";
   std::string name = base.name;
   name.replace(0, std::string("rope_yarn_qk").size(), "rope_yarn_qk_kv");
-  name += fmt::format("_s{}_kv{}", slots, f32_cache ? "f32" : "bf16");
+  name += fmt::format("_b{}_m{}_kv{}", block, table, f32_cache ? "f32" : "bf16");
   std::vector<Param> params = {{"float* q", "q"},
                                {"float* k", "k"},
                                {"const float* v", "v"},
                                {"const int* positions", "positions"},
                                {"const int* token_seq", "token_seq"},
-                               {"const int* cache_rows", "cache_rows"},
+                               {"const int* block_table", "block_table"},
                                {"const double* inv_freq", "inv_freq"},
                                {"", fmt::format("{:.17g}", attention_factor)},
                                {cache_t + "* k_cache", "k_cache"},
                                {cache_t + "* v_cache", "v_cache"}};
-  return assemble(
-      std::move(name), ir_lines, "rope.cuh",
-      fmt::format("rope_yarn_qk_kv<{}, {}, {}, {}, {}>", hq, hk, head_dim, slots, cache_t), params,
-      base.launch);
+  return assemble(std::move(name), ir_lines, "rope.cuh",
+                  fmt::format("rope_yarn_qk_kv<{}, {}, {}, {}, {}, {}>", hq, hk, head_dim, block,
+                              table, cache_t),
+                  params, base.launch);
 }
 
 KernelSource emit_kv_write(const KvWriteDims& d, const std::vector<std::string>& ir_lines) {
-  check_positive("kv_write", {d.kv_heads, d.head_dim, d.slots});
+  check_positive("kv_write", {d.kv_heads, d.head_dim, d.block, d.table});
   std::vector<Param> params = {{d.f32_cache ? "float* cache" : "__nv_bfloat16* cache", "cache"},
                                {"const float* x", "x"},
                                {"const int* positions", "positions"},
                                {"const int* token_seq", "token_seq"},
-                               {"const int* cache_rows", "cache_rows"}};
-  return assemble(fmt::format("kv_write_g{}_d{}_s{}{}", d.kv_heads, d.head_dim, d.slots,
+                               {"const int* block_table", "block_table"}};
+  return assemble(fmt::format("kv_write_g{}_d{}_b{}_m{}{}{}", d.kv_heads, d.head_dim, d.block,
+                              d.table, d.window ? fmt::format("_w{}", d.window) : "",
                               d.f32_cache ? "_kvf32" : ""),
                   ir_lines, "gather.cuh",
-                  fmt::format("kv_write<{}, {}{}>", d.kv_heads * d.head_dim, d.slots,
-                              d.f32_cache ? ", float" : ""),
+                  fmt::format("kv_write<{}, {}, {}, {}{}>", d.kv_heads * d.head_dim, d.block,
+                              d.table, d.window, d.f32_cache ? ", float" : ""),
                   params, per_row(256));
 }
 

@@ -96,9 +96,10 @@ struct QkvDims {
   bool round_act = false; ///< as LinearDims'
   /// head_dim > 0: a decode step's qkv with one token per sequence, RoPE and the KV cache
   /// writes in its epilogue (rope_yarn_qk_kv's work; kernels/linear.cuh qkv_rope_decode): extra
-  /// parameters positions, token_seq, cache_rows, inv_freq, then k_cache and v_cache (`slots`
-  /// slots, fp32 or bf16). Two rows per warp and no K split only.
-  int head_dim = 0, slots = 0;
+  /// parameters positions, token_seq, block_table, inv_freq, then k_cache and v_cache (paged in
+  /// blocks of `block` positions, tables of `table` entries; fp32 or bf16). Two rows per warp
+  /// and no K split only.
+  int head_dim = 0, block = 0, table = 0;
   double attention_factor = 1.0;
   bool f32_cache = false;
 };
@@ -109,18 +110,21 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
 /// positions, inv_freq; grid.y = tokens.
 KernelSource emit_rope_yarn_qk(int hq, int hk, int head_dim, double attention_factor,
                                const std::vector<std::string>& ir_lines);
-/// rope_yarn_qk that also writes the step's k (rotated) and v into the layer's KV caches, for
-/// steps with one token per sequence (codegen/kernels/rope.cuh rope_yarn_qk_kv). Parameters: q,
-/// k, v, positions, token_seq, cache_rows, inv_freq, k_cache, v_cache; grid.y = tokens.
-KernelSource emit_rope_yarn_qk_kv(int hq, int hk, int head_dim, double attention_factor, int slots,
-                                  bool f32_cache, const std::vector<std::string>& ir_lines);
+/// rope_yarn_qk that also writes the step's k (rotated) and v into the layer's paged KV caches
+/// (blocks of `block` positions, tables of `table` entries), for steps with one token per
+/// sequence (codegen/kernels/rope.cuh rope_yarn_qk_kv). Parameters: q, k, v, positions,
+/// token_seq, block_table, inv_freq, k_cache, v_cache; grid.y = tokens.
+KernelSource emit_rope_yarn_qk_kv(int hq, int hk, int head_dim, double attention_factor, int block,
+                                  int table, bool f32_cache,
+                                  const std::vector<std::string>& ir_lines);
 
 /// attention with sinks, decode: split over keys, then attention_combine when splits > 1.
 /// Kernel parameters: q, k, v, k_cache, v_cache, sinks, positions, token_seq, ctx_lens,
-/// cache_rows, out, part_ml, part_o.
+/// block_table, out, part_ml, part_o.
 struct AttentionDims {
   int heads = 0, kv_heads = 0, head_dim = 0;
-  int slots = 0;  ///< cache slots per row: the ring size on sliding layers
+  int block = 0;  ///< positions per KV-cache block
+  int table = 0;  ///< entries of a sequence's block table
   int window = 0; ///< 0: full causal attention
   double scale = 0;
   bool f32_cache = false; ///< fp32 KV cache instead of bf16
@@ -188,11 +192,12 @@ struct RopeDims {
   double attention_factor = 1.0; ///< ir::ref::yarn_attention_factor
 };
 
-/// kv_write of [T, kv_heads, head_dim] fp32 into a bf16 (or fp32) cache [rows, slots, kv_heads,
-/// head_dim].
-/// Parameters: cache, x, positions, token_seq, cache_rows; grid.y = tokens.
+/// kv_write of [T, kv_heads, head_dim] fp32 into a paged bf16 (or fp32) cache [blocks, block,
+/// kv_heads, head_dim] through block tables of `table` entries; with a window, a token no later
+/// query sees is left out. Parameters: cache, x, positions, token_seq, block_table; grid.y =
+/// tokens.
 struct KvWriteDims {
-  int kv_heads = 0, head_dim = 0, slots = 0;
+  int kv_heads = 0, head_dim = 0, block = 0, table = 0, window = 0;
   bool f32_cache = false;
 };
 

@@ -42,7 +42,7 @@ KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines
                       DependencyWait wait = DependencyWait::Wrapper);
 
 /// The operands both attention kernels take, in the IR's order (q, k, v, k_cache, v_cache,
-/// sinks, positions, token_seq, ctx_lens, cache_rows), then the scale as a literal.
+/// sinks, positions, token_seq, ctx_lens, block_table), then the scale as a literal.
 std::vector<Param> attention_params(const AttentionDims& d);
 
 /// A decode kernel's name and template call with ROUND (LinearDims::round_act): "_a16" on the

@@ -35,15 +35,15 @@ namespace {
 /// block); `mma` picks attention_mma.cuh's tensor-core template.
 KernelSource emit_prefill(const AttentionDims& d, const std::vector<std::string>& ir_lines,
                           bool mma) {
-  check_positive("attention", {d.heads, d.kv_heads, d.head_dim, d.slots});
+  check_positive("attention", {d.heads, d.kv_heads, d.head_dim, d.block, d.table});
   if (d.heads % d.kv_heads != 0 || kPrefillRows % (d.heads / d.kv_heads) != 0 ||
       d.head_dim % 16 != 0)
     throw Error(fmt::format("codegen: prefill attention needs heads ({}) divisible by kv_heads "
                             "({}) with a quotient dividing {}, and head_dim ({}) divisible by 16",
                             d.heads, d.kv_heads, kPrefillRows, d.head_dim));
   const char* fn = mma ? "attention_prefill_mma" : "attention_prefill";
-  std::string name = fmt::format("{}_h{}_g{}_d{}_s{}{}", fn, d.heads, d.kv_heads, d.head_dim,
-                                 d.slots, d.window ? fmt::format("_w{}", d.window) : "");
+  std::string name = fmt::format("{}_h{}_g{}_d{}_b{}_m{}{}", fn, d.heads, d.kv_heads, d.head_dim,
+                                 d.block, d.table, d.window ? fmt::format("_w{}", d.window) : "");
   std::vector<Param> params = attention_params(d);
   params.push_back({"float* out", "out"});
   params.push_back({"int tokens", "tokens"});
@@ -55,8 +55,9 @@ KernelSource emit_prefill(const AttentionDims& d, const std::vector<std::string>
   // static; two blocks' registers (<= 128 a thread) fit an SM.
   launch.smem_fixed = mma ? 0 : attention_prefill_smem_bytes(d.head_dim);
   launch.min_blocks_per_sm = 2;
-  std::string call = fmt::format("{}<{}, {}, {}, {}, {}{}>", fn, d.heads, d.kv_heads, d.head_dim,
-                                 d.slots, d.window, d.f32_cache ? ", float" : "");
+  std::string call =
+      fmt::format("{}<{}, {}, {}, {}, {}, {}{}>", fn, d.heads, d.kv_heads, d.head_dim, d.block,
+                  d.table, d.window, d.f32_cache ? ", float" : "");
   if (d.f32_cache)
     name += "_kvf32";
   name += attr_suffix("scale", d.scale, 1.0 / std::sqrt(d.head_dim));

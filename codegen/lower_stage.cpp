@@ -11,14 +11,16 @@ LoweredStage lower_stage(const ir::Graph& g, const StageOptions& opts) {
   LoweringContext ctx;
   ctx.max_tokens = step_token_capacity(opts.max_batch, opts.prefill_chunk);
   ctx.max_seqs = static_cast<int>(opts.max_batch);
-  ctx.cache_rows = opts.max_batch;
   ctx.max_seq = opts.max_seq;
   ctx.gemm_split = opts.gemm_split;
   ctx.expert_format = opts.expert_format;
   ctx.wgmma = opts.wgmma;
   ctx.dense_cublas = opts.dense_cublas;
-  out.memory = compiler::plan_memory(
-      g, {{ir::dims::kTokens, ctx.max_tokens}, {ir::dims::kSeqs, opts.max_batch}});
+  const int64_t block = ir::kv_block_of(g);
+  out.memory =
+      compiler::plan_memory(g, {{ir::dims::kTokens, ctx.max_tokens},
+                                {ir::dims::kSeqs, opts.max_batch},
+                                {ir::dims::kTableBlocks, (opts.max_seq + block - 1) / block}});
   if (opts.keep_activations) {
     int64_t end = 0;
     for (compiler::PlannedBuffer& b : out.memory.buffers) {

@@ -1,4 +1,5 @@
 // stage_layout(): the graph facts a compiled plan carries so that run needs no graph.
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -45,11 +46,16 @@ runtime::StageLayout stage_layout(const ir::Graph& g, const LoweringContext& ctx
     if (n.op == ir::Op::Recv) {
       l.recvs.push_back({n.attr_str("name"), offset_of(v), row_bytes(v)});
     } else if (n.op == ir::Op::Cache) {
+      const ir::Shape& s = g.type(v).shape;
       runtime::StageLayout::Cache c;
-      c.shape = ir::concrete(g.type(v).shape, {{ir::dims::kCacheRows, ctx.cache_rows},
-                                               {ir::dims::kMaxSeq, ctx.max_seq}});
+      for (size_t i = 1; i < s.size(); ++i)
+        c.block_shape.push_back(s[i].size);
       c.elem_bytes = g.type(v).dtype == ir::DType::F32 ? 4 : 2;
+      c.window = s.at(0).name == ir::dims::kWindowBlocks;
+      l.kv_block = s.at(1).size;
       l.caches.push_back(std::move(c));
+    } else if (n.op == ir::Op::Attention) {
+      l.window = std::max(l.window, n.attr_int("window"));
     } else if (n.op == ir::Op::Weight && weight_names.insert(n.attr_str("name")).second) {
       runtime::StageLayout::Weight w;
       w.name = n.attr_str("name");
@@ -61,6 +67,7 @@ runtime::StageLayout stage_layout(const ir::Graph& g, const LoweringContext& ctx
       l.weights.push_back(std::move(w));
     }
   }
+  l.table_blocks = (l.max_seq + l.kv_block - 1) / l.kv_block;
   return l;
 }
 

@@ -30,7 +30,7 @@ struct StageInfo {
   int64_t weight_bytes = 0;              ///< resident, experts as the GPU holds them
   int64_t decode_bytes = 0;   ///< weights read per decode token (k of E experts, all dense)
   double prefill_flops = 0;   ///< matrix FLOPs per prefill token (lm_head excluded)
-  int64_t kv_bytes = 0;       ///< KV caches at the bound rows and slots
+  int64_t kv_bytes = 0;       ///< KV caches at the bound block counts (1: bytes of a block)
   double decode_seconds = 0;  ///< decode_bytes at the model's bandwidth
   double prefill_seconds = 0; ///< per prefill token, prefill_flops at the model's FLOP rate
   double cost = 0;            ///< decode_seconds + prefill_seconds: what the split balances
@@ -51,7 +51,7 @@ struct Partition {
 /// decoder layers minimising the most expensive stage: the embedding goes with the first stage,
 /// the final norm and lm_head with the last. A node belongs to the latest layer among its
 /// operands (weights and caches by their "model.layers.N." names); params are copied into every
-/// stage that reads them. `dims` binds the caches' rows and slots for StageInfo::kv_bytes.
+/// stage that reads them. `dims` binds the caches' block counts for StageInfo::kv_bytes.
 /// Throws xserv::Error for fewer than one stage or more stages than layers, naming the limit.
 Partition partition_pipeline(const ir::Graph& g, int stages, const ir::DimBindings& dims = {},
                              const PartitionCostModel& model = {});

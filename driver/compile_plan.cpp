@@ -119,6 +119,7 @@ CompileResult compile_plan(const CompileOptions& o) {
   models::BuildOptions bopts;
   bopts.last_logits_only = !o.all_logits;
   bopts.kv_dtype = o.kv_dtype;
+  bopts.kv_block = o.kv_block;
   ir::Graph g = models::build_gpt_oss(cfg, bopts);
   progress.finish(fmt::format("{} nodes", g.size()));
 
@@ -144,8 +145,10 @@ CompileResult compile_plan(const CompileOptions& o) {
 
   // 5. Activations for the largest step: a prefill chunk, or one token for each of max_batch
   //    sequences, whichever holds more tokens.
-  const ir::DimBindings arena_dims = {{ir::dims::kTokens, std::max(chunk, o.max_batch)},
-                                      {ir::dims::kSeqs, o.max_batch}};
+  const ir::DimBindings arena_dims = {
+      {ir::dims::kTokens, std::max(chunk, o.max_batch)},
+      {ir::dims::kSeqs, o.max_batch},
+      {ir::dims::kTableBlocks, (o.max_seq + o.kv_block - 1) / o.kv_block}};
   progress.step("planning activation memory");
   const compiler::MemoryPlan mem = compiler::plan_memory(g, arena_dims);
   progress.finish(compiler::describe(mem));
@@ -160,8 +163,9 @@ CompileResult compile_plan(const CompileOptions& o) {
       cost.mxfp4_held_bytes =
           o.expert_format == runtime::ExpertFormat::Both ? 2.0 + 17.0 / 32.0 : 17.0 / 32.0;
     }
+    // KV bytes per stage: of one block of positions of each of its caches.
     partition = compiler::partition_pipeline(
-        g, o.pp, {{ir::dims::kCacheRows, o.max_batch}, {ir::dims::kMaxSeq, o.max_seq}}, cost);
+        g, o.pp, {{ir::dims::kKvBlocks, 1}, {ir::dims::kWindowBlocks, 1}}, cost);
     progress.finish(fmt::format("imbalance {:.1f}%", partition.imbalance * 100));
   }
   if (o.output.empty()) {
@@ -187,6 +191,7 @@ CompileResult compile_plan(const CompileOptions& o) {
                 .last_logits_only = bopts.last_logits_only,
                 .kv_dtype =
                     o.kv_dtype == ir::DType::BF16 ? runtime::KvDtype::Bf16 : runtime::KvDtype::F32,
+                .kv_block = o.kv_block,
                 .gemm_split = o.gemm_split,
                 .arch = o.arch,
                 .expert_format = o.expert_format,

@@ -22,7 +22,7 @@ namespace xserv::driver {
 struct CompileOptions {
   std::filesystem::path model;  ///< a checkpoint directory, or a config.json (IR only)
   std::filesystem::path output; ///< the plan directory; empty: build and return the IR only
-  int64_t max_batch = 64;       ///< --max-batch: decode graph buckets and KV rows
+  int64_t max_batch = 256;      ///< --max-batch: sequences a step holds (decode graph buckets)
   int64_t max_seq = 8192;       ///< --max-seq
   int64_t prefill_chunk = 0;    ///< --prefill-chunk; 0: min(2048, max_seq)
   std::string arch = "sm_90";   ///< --arch (checked by the caller's parser)
@@ -33,6 +33,7 @@ struct CompileOptions {
   /// --dense-gemm cublas; nullopt: cuBLAS wherever it can serve (bf16 gemms on sm_90).
   std::optional<bool> dense_cublas;
   ir::DType kv_dtype = ir::DType::F32; ///< --kv-dtype
+  int64_t kv_block = 16;               ///< --kv-block: positions per KV-cache block
   bool all_logits = false;             ///< --all-logits: logits for every token
   int pp = 1;                          ///< --pp: pipeline stages
   std::string passes;                  ///< --passes; empty: compiler::kDefaultPasses

@@ -1,17 +1,20 @@
 // CpuModel: checkpoint weights decoded to fp32 on first use, then the interpreter per step.
 #include "engine/cpu_model.h"
 
+#include <algorithm>
 #include <map>
 
 #include <fmt/format.h>
 
 #include "base/error.h"
+#include "engine/step_split.h"
 #include "models/gpt_oss.h"
 
 namespace xserv::engine {
 
 CpuModel::CpuModel(const std::filesystem::path& model_dir, int64_t max_batch, int64_t max_seq,
-                   const ir::Graph* graph, std::vector<ir::Graph> stages)
+                   const ir::Graph* graph, std::vector<ir::Graph> stages, int64_t kv_blocks,
+                   int64_t window_blocks)
     : ckpt_(models::Checkpoint::open(model_dir, {.map_data = true, .validate = true})),
       max_batch_(max_batch), max_seq_(max_seq) {
   graph_ = graph ? *graph : models::build_gpt_oss(ckpt_.config());
@@ -40,7 +43,67 @@ CpuModel::CpuModel(const std::filesystem::path& model_dir, int64_t max_batch, in
     (*cache)[name] = t;
     return t;
   };
-  env_.dims = {{ir::dims::kCacheRows, max_batch_}, {ir::dims::kMaxSeq, max_seq_}};
+  // The paging of the caches: the graph's, or every stage's (one without sliding layers has no
+  // window, one without layers no caches).
+  kv_ = models::kv_geometry(graph_, max_seq_);
+  if (!stages_.empty()) {
+    kv_.window = 0;
+    for (const ir::Graph& s : stages_) {
+      const models::KvGeometry k = models::kv_geometry(s, max_seq_);
+      kv_.window = std::max(kv_.window, k.window);
+      if (std::any_of(s.nodes.begin(), s.nodes.end(),
+                      [](const ir::Node& n) { return n.op == ir::Op::Cache; })) {
+        kv_.block_size = k.block_size;
+        kv_.table_blocks = k.table_blocks;
+      }
+    }
+  }
+  // Which caches page from the window pool, and one block's bytes in each pool (fp32).
+  uint64_t full_block_bytes = 0, window_block_bytes = 0;
+  auto note_caches = [&](const ir::Graph& g) {
+    for (const ir::Node& n : g.nodes) {
+      if (n.op != ir::Op::Cache)
+        continue;
+      const auto& shape = n.type().shape;
+      const bool window = !shape.empty() && shape[0].name == ir::dims::kWindowBlocks;
+      window_cache_[n.attr_str("name")] = window;
+      uint64_t bytes = 4;
+      for (size_t i = 1; i < shape.size(); ++i)
+        bytes *= uint64_t(shape[i].is_static() ? shape[i].size : 1);
+      (window ? window_block_bytes : full_block_bytes) += bytes;
+    }
+  };
+  if (stages_.empty())
+    note_caches(graph_);
+  for (const ir::Graph& s : stages_)
+    note_caches(s);
+  // The pools: as asked, else max_batch sequences of max_seq positions within kHostKvBytes
+  // (at least one sequence), and the null block.
+  constexpr uint64_t kHostKvBytes = uint64_t(256) << 20;
+  int64_t fit = max_batch_;
+  if (full_block_bytes > 0)
+    fit = std::clamp<int64_t>(
+        int64_t(kHostKvBytes /
+                (full_block_bytes * uint64_t(std::max<int64_t>(kv_.table_blocks, 1)))),
+        1, max_batch_);
+  kv_.blocks = kv_blocks > 0 ? kv_blocks : fit * kv_.table_blocks + 1;
+  kv_.window_blocks = kv_.window == 0     ? 0
+                      : window_blocks > 0 ? window_blocks
+                                          : 2 * fit * kv_.ring_blocks() + 1;
+  env_.dims = {{ir::dims::kKvBlocks, kv_.blocks},
+               {ir::dims::kWindowBlocks, std::max<int64_t>(kv_.window_blocks, 1)},
+               {ir::dims::kMaxSeq, max_seq_}};
+}
+
+void CpuModel::copy_blocks(const std::vector<models::StepInput::BlockCopy>& copies) {
+  for (const models::StepInput::BlockCopy& c : copies)
+    for (auto& [name, t] : env_.state) {
+      const auto w = window_cache_.find(name);
+      if (!t || w == window_cache_.end() || w->second != c.window)
+        continue;
+      const int64_t per = t->numel() / t->dim(0);
+      std::copy_n(t->f.begin() + c.src * per, per, t->f.begin() + c.dst * per);
+    }
 }
 
 std::vector<ir::Tensor> CpuModel::run_graph(const ir::Graph& g,
@@ -50,9 +113,8 @@ std::vector<ir::Tensor> CpuModel::run_graph(const ir::Graph& g,
 }
 
 std::vector<std::vector<float>> CpuModel::step(const models::StepInput& in) {
-  if (static_cast<int64_t>(in.tokens.size()) > max_batch_)
-    throw Error(fmt::format("{} sequences in one step exceed the maximum batch of {}",
-                            in.tokens.size(), max_batch_));
+  validate_step(in, max_batch_, max_seq_, ckpt_.config().vocab_size, kv_);
+  copy_blocks(in.copies);
   env_.params = models::step_params(in);
   std::vector<ir::Tensor> out =
       stages_.empty() ? ir::interpret(graph_, env_) : ir::interpret_stages(stages_, env_);

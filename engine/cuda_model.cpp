@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 
 #include "base/error.h"
+#include "engine/kv/kv_cache.h"
 #include "engine/step_split.h"
 #include "engine/weight_specs.h"
 #include "models/checkpoint.h"
@@ -42,7 +43,8 @@ struct CudaModel::Impl {
   bool per_token = false;
   bool sends = false; ///< the stage ends in a pipeline send (a stage that is not the last)
   int64_t vocab = 0;
-  ParamLayout layout{8, 1};
+  ParamLayout layout{8, 1, 1, false};
+  models::KvGeometry kv;
   runtime::DeviceWeights device_weights;
   std::map<std::string, void*> weights;
   std::unique_ptr<runtime::DeviceStage> dev; ///< after device_weights: released first
@@ -55,6 +57,8 @@ struct CudaModel::Impl {
   }
 
   void upload_weights(const fs::path& cache_dir);
+  /// Decides the pools' blocks as CudaModelOptions says and allocates them.
+  void size_pools(const CudaModelOptions& o);
   /// The recv named `name` (a pipeline stage's input).
   const runtime::StageLayout::Recv& recv(const std::string& name) const {
     const auto it = std::find_if(stage.recvs.begin(), stage.recvs.end(),
@@ -111,6 +115,66 @@ void CudaModel::Impl::upload_weights(const fs::path& cache_dir) {
   }
 }
 
+void CudaModel::Impl::size_pools(const CudaModelOptions& o) {
+  const int64_t ring = kv.ring_blocks();
+  const uint64_t fb = dev->kv_block_bytes(), wb = dev->window_block_bytes();
+  const bool rows = o.kv_blocks <= 0 && o.kv_memory == 0 && o.gpu_memory_utilization <= 0;
+  int64_t blocks = 0, wblocks = 0;
+  if (rows) { // fixed rows: max_batch sequences of max_seq positions, and the null block
+    blocks = max_batch * kv.table_blocks + 1;
+    // Rings of `ring` blocks a row, or, in the engine, a step's reads and writes for each.
+    wblocks = kv.window > 0 ? 2 * max_batch * ring + 1 : 0;
+  } else {
+    // The window pool: each running sequence reads a window of `ring` blocks and a step writes
+    // up to as many more; twice that over max_batch, and a prompt chunk's worth, leaves room
+    // for cached prefixes' windows.
+    wblocks = kv.window == 0        ? 0
+              : o.window_blocks > 0 ? o.window_blocks
+                                    : 2 * max_batch * ring + int64_t(tcap) / kv.block_size + 1;
+    blocks = o.kv_blocks;
+    uint64_t budget = o.kv_memory;
+    if (blocks <= 0 && budget == 0) {
+      // What the process may hold in all is gpu_memory_utilization of the GPU (vLLM's rule):
+      // less what is in use now (the weights, the arena, anything else on the GPU) and a
+      // reserve for what is still to come (decode graphs, the libraries' workspaces).
+      const auto [free_b, total_b] = runtime::device_memory();
+      const auto allowed = uint64_t(double(total_b) * o.gpu_memory_utilization);
+      const uint64_t used = total_b - free_b, reserve = uint64_t(1) << 30;
+      budget = allowed > used + reserve ? allowed - used - reserve : 0;
+      log(fmt::format("KV memory: {:.0f}% of {:.2f} GiB is {:.2f} GiB; {:.2f} GiB in use, {:.2f} "
+                      "GiB kept for graphs and workspaces: {:.2f} GiB for the KV pools",
+                      100 * o.gpu_memory_utilization, double(total_b) / (1ull << 30),
+                      double(allowed) / (1ull << 30), double(used) / (1ull << 30),
+                      double(reserve) / (1ull << 30), double(budget) / (1ull << 30)));
+    }
+    if (blocks <= 0) {
+      const uint64_t window_bytes = uint64_t(wblocks) * wb,
+                     one = uint64_t(kv.table_blocks + 1) * fb;
+      if (budget < window_bytes + one)
+        throw Error(fmt::format("{:.2f} GiB of KV memory cannot hold one sequence of {} positions "
+                                "({:.2f} GiB with the sliding-window pool): give more KV memory "
+                                "(--kv-memory, --gpu-memory-utilization), or compile with a "
+                                "smaller --max-seq",
+                                double(budget) / (1ull << 30), max_seq,
+                                double(window_bytes + one) / (1ull << 30)));
+      blocks = int64_t((budget - window_bytes) / std::max<uint64_t>(fb, 1));
+      // More than four times what max_batch sequences of max_seq hold is no use (a small model
+      // on a large GPU): the rest stays free.
+      const int64_t most = 4 * max_batch * kv.table_blocks + 1;
+      if (blocks > most) {
+        log(fmt::format("KV pool capped at {} blocks (4 x max batch {} x {} positions); {:.2f} GiB "
+                        "of the budget left unused",
+                        most, max_batch, max_seq,
+                        double(uint64_t(blocks - most) * fb) / (1ull << 30)));
+        blocks = most;
+      }
+    }
+  }
+  dev->allocate_pools(blocks, wblocks);
+  kv.blocks = blocks;
+  kv.window_blocks = wblocks;
+}
+
 CudaModel::CudaModel(const fs::path& model_dir, runtime::StageProgram program,
                      const CudaModelOptions& options) {
   const runtime::DeviceInfo dev = runtime::probe_device();
@@ -136,7 +200,11 @@ CudaModel::CudaModel(const fs::path& model_dir, runtime::StageProgram program,
   m.sends = m.stage.output.sends;
   m.vocab = m.stage.output.vocab;
 
-  m.layout = ParamLayout(static_cast<size_t>(m.tcap), static_cast<size_t>(m.max_batch));
+  m.kv.block_size = m.stage.kv_block;
+  m.kv.table_blocks = m.stage.table_blocks;
+  m.kv.window = m.stage.window;
+  m.layout = ParamLayout(static_cast<size_t>(m.tcap), static_cast<size_t>(m.max_batch),
+                         static_cast<size_t>(m.kv.table_blocks), m.kv.window > 0);
   runtime::DeviceStageOptions so;
   so.quiet = options.quiet;
   so.cuda_graphs = options.cuda_graphs;
@@ -152,13 +220,14 @@ CudaModel::CudaModel(const fs::path& model_dir, runtime::StageProgram program,
   m.upload_weights(options.cache_dir);
   m.log(fmt::format("loaded {} weight tensors, {:.2f} GB on the GPU, {:.1f} s", m.weights.size(),
                     double(m.device_weights.device_bytes()) / 1e9, seconds_since(t1)));
+  m.size_pools(options);
+  m.log(kv::pool_summary(m.kv, m.dev->kv_block_bytes(), m.dev->window_block_bytes()));
   m.dev->load(std::move(program.table), program.cubins, m.weights, program.source, program.compiled,
               program.load_ms);
   m.log(fmt::format(
-      "ready: {} launch table entries{}, arena {:.1f} MiB, KV caches for {} x {}, "
-      "{:.2f} GB in all, {:.1f} s",
+      "ready: {} launch table entries{}, arena {:.1f} MiB, {:.2f} GB in all, {:.1f} s",
       m.dev->entries(), options.cuda_graphs && !options.profile ? " (decode as CUDA graphs)" : "",
-      double(m.stage.arena_bytes) / (1 << 20), m.max_batch, m.max_seq,
+      double(m.stage.arena_bytes) / (1 << 20),
       double(m.dev->allocated_bytes() + m.device_weights.device_bytes()) / 1e9, seconds_since(t0)));
 }
 
@@ -172,6 +241,10 @@ int64_t CudaModel::max_batch() const {
 }
 int64_t CudaModel::max_seq() const {
   return impl_->max_seq;
+}
+
+const models::KvGeometry& CudaModel::kv_geometry() const {
+  return impl_->kv;
 }
 std::vector<float> CudaModel::read_activation(uint64_t offset, size_t count) const {
   return impl_->dev->read_arena(offset, count);
@@ -219,15 +292,56 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
                                   const std::vector<size_t>& input_rows,
                                   const StageTransport* transport,
                                   const std::vector<bool>* want_rows) {
-  const std::map<std::string, ir::Tensor> p = models::step_params(sub);
-  const int tokens = static_cast<int>(p.at(models::params::kTokenIds).numel());
-  const int seqs = static_cast<int>(sub.tokens.size());
-  int32_t* params_host = dev->params();
-  for (const auto& [name, off] : layout.offset) {
-    const std::vector<int32_t>& src = p.at(name).i;
-    std::copy(src.begin(), src.end(), params_host + off);
+  // A decode sub-step runs at its padded batch (runtime::decode_batch_bucket), so that a few
+  // captured graphs serve every batch, on every rank of a pipeline alike: the padding
+  // sequences decode token 0 at position 0 into the null block, and their rows are dropped.
+  const int real = static_cast<int>(sub.tokens.size());
+  const bool decode = std::all_of(sub.tokens.begin(), sub.tokens.end(),
+                                  [](const auto& t) { return t.size() == 1; });
+  const int padded = decode
+                         ? runtime::decode_batch_bucket(
+                               real, static_cast<int>(std::min<int64_t>(max_batch, int64_t(tcap))))
+                         : real;
+  models::StepInput pad;
+  const models::StepInput* step = &sub;
+  if (padded > real) {
+    pad = sub;
+    pad.copies.clear();
+    for (int b = real; b < padded; ++b) {
+      pad.tokens.push_back({0});
+      pad.ctx_lens.push_back(0);
+      pad.block_tables.push_back({0});
+      if (!pad.window_tables.empty())
+        pad.window_tables.push_back({0});
+    }
+    step = &pad;
   }
+  const std::map<std::string, ir::Tensor> p = models::step_params(*step);
+  const int tokens = static_cast<int>(p.at(models::params::kTokenIds).numel());
+  const int seqs = static_cast<int>(step->tokens.size());
+  int32_t* params_host = dev->params();
   runtime::SubStep s;
+  // The per-token and per-sequence inputs, then each table's rows at the layout's stride (the
+  // parts of the block the step uses are all that goes up).
+  const size_t mb = layout.table_blocks;
+  for (const auto& [name, off] : layout.offset) {
+    const bool table = name == models::params::kBlockTable || name == models::params::kWindowTable;
+    if (!table) {
+      const std::vector<int32_t>& src = p.at(name).i;
+      std::copy(src.begin(), src.end(), params_host + off);
+      s.params.push_back({off, src.size()});
+      continue;
+    }
+    const auto& tables =
+        name == models::params::kBlockTable ? step->block_tables : step->window_tables;
+    for (size_t b = 0; b < tables.size(); ++b) {
+      int32_t* row = params_host + off + b * mb;
+      const size_t n = std::min(tables[b].size(), mb);
+      std::copy(tables[b].begin(), tables[b].begin() + std::ptrdiff_t(n), row);
+      std::fill(row + n, row + mb, -1);
+    }
+    s.params.push_back({off, tables.size() * mb});
+  }
   s.shape.tokens = tokens;
   s.shape.seqs = seqs;
   for (int32_t pos : p.at(models::params::kPositions).i)
@@ -242,13 +356,14 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
     }
   }
   s.transport = transport;
-  const size_t n = static_cast<size_t>(per_token ? tokens : seqs);
+  // Output rows of the real sequences only (padding sequences come last, one token each).
+  const size_t n = static_cast<size_t>(per_token ? tokens - (seqs - real) : real);
   const size_t v = static_cast<size_t>(vocab);
   s.rows = n;
   const std::vector<int32_t>& last = p.at(models::params::kLogitRows).i;
   s.keys = greedy != nullptr; // greedy is only set when the sampling epilogue exists
   if (greedy && want_rows)    // the logits rows a sampling request needs
-    for (size_t b = 0; b < static_cast<size_t>(seqs); ++b)
+    for (size_t b = 0; b < static_cast<size_t>(real); ++b)
       if ((*want_rows)[b])
         s.wanted.push_back(per_token ? static_cast<size_t>(last[b]) : b);
   dev->run(s);
@@ -263,7 +378,7 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
     static_assert(runtime::kArgmaxNonFinite == kNonFinite,
                   "a non-finite row's greedy pick is the engine's marker");
     if (want_rows)
-      for (size_t b = 0; b < static_cast<size_t>(seqs); ++b) {
+      for (size_t b = 0; b < static_cast<size_t>(real); ++b) {
         const size_t r = per_token ? static_cast<size_t>(last[b]) : b;
         rows.emplace_back();
         if ((*want_rows)[b])
@@ -277,7 +392,7 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
     return;
   }
   // One row per sequence whose last token is in this sub-step (the caller marks which).
-  for (size_t b = 0; b < static_cast<size_t>(seqs); ++b) {
+  for (size_t b = 0; b < static_cast<size_t>(real); ++b) {
     const size_t r = per_token ? static_cast<size_t>(last[b]) : b;
     rows.emplace_back(out_host + r * v, out_host + (r + 1) * v);
   }
@@ -289,7 +404,9 @@ std::vector<std::vector<float>> CudaModel::Impl::run(const models::StepInput& in
                                                      const StageTransport* transport,
                                                      const std::vector<bool>* want) {
   Impl& m = *this;
-  validate_step(in, m.max_batch, m.max_seq, m.ckpt.config().vocab_size);
+  validate_step(in, m.max_batch, m.max_seq, m.ckpt.config().vocab_size, m.kv);
+  for (const models::StepInput::BlockCopy& c : in.copies)
+    m.dev->copy_block(c.window, c.src, c.dst);
   std::vector<std::vector<float>> result(all ? 0 : in.tokens.size());
   std::vector<size_t> seq_offset(in.tokens.size() + 1, 0); // each sequence's first row
   if (!inputs.empty())

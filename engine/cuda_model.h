@@ -42,6 +42,7 @@ public:
   const models::ModelConfig& config() const override;
   int64_t max_batch() const override;
   int64_t max_seq() const override;
+  const models::KvGeometry& kv_geometry() const override;
   std::string backend() const override { return "cuda"; }
   std::vector<std::vector<float>> step(const models::StepInput& in) override;
   /// Greedy tokens picked on the GPU (the plan's argmax kernel): only a few bytes per sequence

@@ -28,6 +28,15 @@ struct CudaModelOptions {
   /// runtime::DeviceStageOptions::repeat_kernel / repeat_times (XSERV_PROFILE_REPEAT).
   std::string repeat_kernel;
   int repeat_times = 2;
+  /// The KV pools (models::KvGeometry): `kv_blocks` full-attention blocks when given, else a
+  /// pool of `kv_memory` bytes, else what gpu_memory_utilization of the GPU leaves after what is
+  /// in use (vLLM's rule; the command line's default is 0.9); the sliding-window pool
+  /// `window_blocks`, else twice the windows of max_batch sequences and a prompt chunk's. All
+  /// zero: max_batch fixed rows of max_seq positions (tests and benchmarks that place
+  /// sequences themselves, models::row_tables).
+  int64_t kv_blocks = 0, window_blocks = 0;
+  uint64_t kv_memory = 0;
+  double gpu_memory_utilization = 0;
 };
 
 } // namespace xserv::engine

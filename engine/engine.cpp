@@ -3,16 +3,18 @@
 //
 // A step, in order:
 //   1. Take in what other threads queued: new requests go to the back of the scheduler's
-//      waiting queue, aborts end their request (running ones free their KV row for this very
+//      waiting queue, aborts end their request (running ones free their KV blocks for this very
 //      step).
 //   2. The scheduler picks the step's sequences and tokens (engine/scheduler.h: decodes first,
-//      then prompt chunks under the token budget, newcomers while rows last).
-//   3. One model step over all of them. Sequences whose step ends at their prompt's end or that
-//      decode get a token: the model's greedy pick, or the request's own sampler over its
-//      logits row (only rows that need logits bring them back).
+//      then prompt chunks under the token budget, newcomers while blocks last, preempting the
+//      newest when the pools run dry).
+//   3. One model step over all of them; the scheduler commits what it wrote (full blocks enter
+//      the prefix cache). Sequences whose step reaches their last token get a token: the
+//      model's greedy pick, or the request's own sampler over its logits row (only rows that
+//      need logits bring them back). A request with n > 1 forks into its choices there.
 //   4. Finishes: a stop id, max_tokens, or a sequence that filled max_seq; a logits row with a
-//      NaN or an infinity ends its request alone with an error (no token); the row is free for
-//      the next step.
+//      NaN or an infinity ends its sequence alone with an error (no token); its blocks are free
+//      for the next step.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -76,10 +78,13 @@ std::string_view finish_name(FinishReason r) {
 
 namespace {
 
-/// `o` checked, with max_running within the model's rows and the budget raised to it.
+/// `o` checked, with max_running within the model's batch and the budget raised to it.
 EngineOptions resolved(EngineOptions o, int64_t rows) {
+  XSERV_CHECK(rows >= 1, "a model with no batch");
   if (o.max_running <= 0 || o.max_running > rows)
     o.max_running = rows;
+  if (o.prefill_budget < 0)
+    throw Error(fmt::format("prefill_budget {} is negative", o.prefill_budget));
   if (o.max_queue < 0)
     throw Error(fmt::format("max_queue {} is negative", o.max_queue));
   if (o.max_tokens_per_step < 1)
@@ -94,9 +99,11 @@ EngineOptions resolved(EngineOptions o, int64_t rows) {
 } // namespace
 
 Engine::Engine(Model& model, EngineOptions options)
-    : model_(model), options_(resolved(options, model.max_batch())), scheduler_(options_) {
+    : model_(model), options_(resolved(options, model.max_batch())),
+      scheduler_(options_, model.kv_geometry()) {
   stats_.kv_rows = options_.max_running;
   model_.reset();
+  refresh_stats();
 }
 
 Engine::~Engine() = default;
@@ -112,6 +119,11 @@ RequestId Engine::add(Request request) {
   for (int32_t id : request.stop_ids)
     if (id < 0 || id >= cfg.vocab_size)
       throw Error(fmt::format("stop id {} is outside the vocabulary [0, {})", id, cfg.vocab_size));
+  const int64_t most = std::min<int64_t>(kMaxChoices, options_.max_running);
+  if (request.n < 1 || request.n > most)
+    throw Error(fmt::format("n {} is outside [1, {}] (at most {} choices, and no more than the "
+                            "engine runs at once, {})",
+                            request.n, most, kMaxChoices, options_.max_running));
   std::lock_guard lock(mu_);
   if (stats_.waiting >= options_.max_queue)
     throw QueueFull(fmt::format("the queue is full ({} requests waiting)", stats_.waiting));
@@ -122,9 +134,9 @@ RequestId Engine::add(Request request) {
   return id;
 }
 
-void Engine::abort(RequestId id) {
+void Engine::abort(RequestId id, int choice) {
   std::lock_guard lock(mu_);
-  aborts_.push_back(id);
+  aborts_.emplace_back(id, choice);
   work_.notify_all();
 }
 
@@ -145,9 +157,26 @@ EngineStats Engine::stats() const {
   return stats_;
 }
 
+void Engine::refresh_stats() {
+  const kv::KvStats kv = scheduler_.kv().stats();
+  stats_.running = static_cast<int64_t>(scheduler_.running());
+  stats_.kv_rows_in_use = stats_.running;
+  stats_.waiting = static_cast<int64_t>(scheduler_.waiting() + pending_.size());
+  stats_.kv_block_size = scheduler_.kv().geometry().block_size;
+  stats_.kv_blocks = kv.blocks;
+  stats_.kv_blocks_used = kv.blocks_used;
+  stats_.kv_window_blocks = kv.window_blocks;
+  stats_.kv_window_blocks_used = kv.window_blocks_used;
+  stats_.kv_cached_free = kv.cached_free;
+  stats_.prefix_queries = kv.prefix_queries;
+  stats_.prefix_hits = kv.prefix_hits;
+  stats_.prefix_evictions = kv.prefix_evictions;
+  stats_.preemptions = scheduler_.preemptions();
+}
+
 void Engine::take_in(std::vector<Event>& events, int64_t& aborted_waiting,
                      int64_t& aborted_running) {
-  std::vector<RequestId> aborts;
+  std::vector<std::pair<RequestId, int>> aborts;
   {
     std::lock_guard lock(mu_);
     for (auto& [id, req] : pending_)
@@ -155,77 +184,98 @@ void Engine::take_in(std::vector<Event>& events, int64_t& aborted_waiting,
     pending_.clear();
     aborts.swap(aborts_);
   }
-  for (RequestId id : aborts) {
+  for (const auto& [id, choice] : aborts) {
     const size_t running_before = scheduler_.running();
-    const std::unique_ptr<Sequence> s = scheduler_.remove(id);
-    if (!s) // unknown, or finished already
-      continue;
-    (scheduler_.running() < running_before ? aborted_running : aborted_waiting) += 1;
-    Event ev;
-    ev.id = s->id;
-    ev.finish = FinishReason::Abort;
-    ev.prompt_tokens = static_cast<int64_t>(s->req.prompt.size());
-    ev.generated_tokens = static_cast<int64_t>(s->generated.size());
-    events.push_back(std::move(ev));
+    const std::vector<std::unique_ptr<Sequence>> seqs = scheduler_.remove(id, choice);
+    const auto was_running = int64_t(running_before - scheduler_.running());
+    const size_t events_before = events.size();
+    for (const auto& s : seqs) { // none: unknown, or finished already
+      // A request not yet forked holds the places of all its choices: each gets its end.
+      const int last = s->forked ? s->choice : static_cast<int>(std::max<int64_t>(s->req.n, 1)) - 1;
+      for (int c = s->choice; c <= last; ++c) {
+        Event ev;
+        ev.id = s->id;
+        ev.choice = c;
+        ev.finish = FinishReason::Abort;
+        ev.prompt_tokens = static_cast<int64_t>(s->prompt_len);
+        ev.generated_tokens = static_cast<int64_t>(s->generated());
+        events.push_back(std::move(ev));
+      }
+    }
+    // Counted by choice: an unforked request's others count as waiting ones.
+    aborted_running += was_running;
+    aborted_waiting += int64_t(events.size() - events_before) - was_running;
   }
 }
 
-void Engine::update_from_output(const ScheduledStep& s, const StepOutput& out, int64_t step_index,
+bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& row, bool need,
+                        int64_t step_index, std::vector<Event>& events, int64_t& generated,
+                        int64_t finished[3]) {
+  const auto max_seq = static_cast<size_t>(model_.max_seq());
+  Event ev;
+  ev.id = q.id;
+  ev.choice = q.choice;
+  ev.prompt_tokens = static_cast<int64_t>(q.prompt_len);
+  // A NaN or an infinity in the row the token comes from (the model's greedy pick says
+  // kNonFinite when it saw one) makes any token garbage: the sequence ends here, the others
+  // go on.
+  if (greedy == kNonFinite || (need && !all_finite(row))) {
+    ev.finish = FinishReason::Error;
+    ev.generated_tokens = static_cast<int64_t>(q.generated());
+    ev.error = fmt::format("non-finite logits (NaN or infinity) at engine step {}, position "
+                           "{} of the sequence (generated token {}): the model's numbers "
+                           "broke down, no token is sampled from them",
+                           step_index, q.tokens.size() - 1, q.generated() + 1);
+    ++finished[2];
+    events.push_back(std::move(ev));
+    return true;
+  }
+  const int32_t tok = need && q.req.sampling.temperature > 0 ? q.sampler.sample(row) : greedy;
+  q.tokens.push_back(tok);
+  ++generated;
+  ev.token = tok;
+  ev.generated_tokens = static_cast<int64_t>(q.generated());
+  if (q.req.top_logprobs >= 0)
+    fill_logprobs(row, tok, q.req.top_logprobs, ev);
+  if (q.req.return_logits)
+    ev.logits = row;
+  if (std::find(q.req.stop_ids.begin(), q.req.stop_ids.end(), tok) != q.req.stop_ids.end())
+    ev.finish = FinishReason::Stop;
+  else if (ev.generated_tokens >= q.req.max_tokens)
+    ev.finish = FinishReason::Length;
+  else if (q.tokens.size() > max_seq) { // no position left for the new token
+    ev.finish = FinishReason::Length;
+    ev.hit_max_seq = true;
+  }
+  if (ev.finish != FinishReason::None)
+    ++finished[ev.finish == FinishReason::Stop ? 0 : 1];
+  const bool done = ev.finish != FinishReason::None;
+  events.push_back(std::move(ev));
+  return done;
+}
+
+void Engine::update_from_output(const ScheduledStep& s, const std::vector<bool>& yields,
+                                const StepOutput& out, int64_t step_index,
                                 std::vector<Event>& events, int64_t& generated,
                                 int64_t finished[3]) {
-  const auto max_seq = static_cast<size_t>(model_.max_seq());
-  std::vector<RequestId> done;
+  std::vector<const Sequence*> done;
   for (size_t b = 0; b < s.seqs.size(); ++b) {
+    if (!yields[b])
+      continue; // a chunk that does not reach the sequence's end: no token yet
     Sequence& q = *s.seqs[b];
-    q.cached += s.input.tokens[b].size();
-    if (q.in_prompt())
-      continue; // a prompt chunk that does not end the prompt: no token yet
     const std::vector<float>& row = out.logits[b];
     const bool need = s.need_logits[b];
-    Event ev;
-    ev.id = q.id;
-    ev.prompt_tokens = static_cast<int64_t>(q.req.prompt.size());
-    // A NaN or an infinity in the row the token comes from (the model's greedy pick says
-    // kNonFinite when it saw one) makes any token garbage: the request ends here, the others
-    // go on.
-    if (out.greedy[b] == kNonFinite || (need && !all_finite(row))) {
-      ev.finish = FinishReason::Error;
-      ev.generated_tokens = static_cast<int64_t>(q.generated.size());
-      ev.error = fmt::format("non-finite logits (NaN or infinity) at engine step {}, position "
-                             "{} of the sequence (generated token {}): the model's numbers "
-                             "broke down, no token is sampled from them",
-                             step_index, q.cached - 1, q.generated.size() + 1);
-      ++finished[2];
-      done.push_back(q.id);
-      events.push_back(std::move(ev));
-      continue;
-    }
-    const int32_t tok =
-        need && q.req.sampling.temperature > 0 ? q.sampler.sample(row) : out.greedy[b];
-    q.generated.push_back(tok);
-    ++generated;
-    ev.token = tok;
-    ev.generated_tokens = static_cast<int64_t>(q.generated.size());
-    if (q.req.top_logprobs >= 0)
-      fill_logprobs(row, tok, q.req.top_logprobs, ev);
-    if (q.req.return_logits)
-      ev.logits = row;
-    if (std::find(q.req.stop_ids.begin(), q.req.stop_ids.end(), tok) != q.req.stop_ids.end())
-      ev.finish = FinishReason::Stop;
-    else if (ev.generated_tokens >= q.req.max_tokens)
-      ev.finish = FinishReason::Length;
-    else if (q.cached + 1 > max_seq) { // no position left for the next token
-      ev.finish = FinishReason::Length;
-      ev.hit_max_seq = true;
-    }
-    if (ev.finish != FinishReason::None) {
-      ++finished[ev.finish == FinishReason::Stop ? 0 : 1];
-      done.push_back(q.id);
-    }
-    events.push_back(std::move(ev));
+    // A request's choices part here, at its first token, each drawing from the same row.
+    std::vector<Sequence*> choices = {&q};
+    if (!q.forked)
+      for (Sequence* c : scheduler_.fork(q))
+        choices.push_back(c);
+    for (Sequence* c : choices)
+      if (take_token(*c, out.greedy[b], row, need, step_index, events, generated, finished))
+        done.push_back(c);
   }
-  for (RequestId id : done)
-    scheduler_.release(id);
+  for (const Sequence* q : done)
+    scheduler_.release(q);
 }
 
 std::vector<Event> Engine::step() {
@@ -253,11 +303,11 @@ std::vector<Event> Engine::step() {
       out = model_.step_mixed(sched.input, sched.need_logits);
     } catch (...) {
       // The step did not happen: every sequence keeps its state (the next step runs the same
-      // tokens again); what this step took in and ended is counted, and the error goes up.
+      // tokens again, and makes its block copies); what this step took in and ended is
+      // counted, and the error goes up.
+      scheduler_.step_failed(sched);
       std::lock_guard lock(mu_);
-      stats_.waiting -= sched.admitted + aborted_waiting;
-      stats_.running = static_cast<int64_t>(scheduler_.running());
-      stats_.kv_rows_in_use = stats_.running;
+      refresh_stats();
       stats_.finished_abort += aborted_running + aborted_waiting;
       undelivered_ = std::move(events); // the aborts' last events come with the next step
       throw;
@@ -269,13 +319,15 @@ std::vector<Event> Engine::step() {
       XSERV_CHECK(!sched.need_logits[b] ||
                       int64_t(out.logits[b].size()) == model_.config().vocab_size,
                   "the model returned a logits row of another size than the vocabulary");
-    update_from_output(sched, out, step_index, events, generated, finished);
+    std::vector<bool> yields(sched.seqs.size());
+    for (size_t b = 0; b < sched.seqs.size(); ++b)
+      yields[b] = sched.yields(b);
+    scheduler_.commit(sched);
+    update_from_output(sched, yields, out, step_index, events, generated, finished);
   }
 
   std::lock_guard lock(mu_);
-  stats_.waiting -= sched.admitted + aborted_waiting;
-  stats_.running = static_cast<int64_t>(scheduler_.running());
-  stats_.kv_rows_in_use = stats_.running;
+  refresh_stats();
   if (!sched.empty())
     ++stats_.steps;
   stats_.prompt_tokens += sched.prompt_tokens;
@@ -294,6 +346,10 @@ std::vector<Generation> generate(Model& model, const std::vector<Request>& reque
                                  const EventCallback& on_event, EngineOptions options,
                                  GenerateStats* stats) {
   options.max_queue = std::max<int64_t>(options.max_queue, int64_t(requests.size()));
+  for (size_t i = 0; i < requests.size(); ++i)
+    if (requests[i].n != 1)
+      throw Error(fmt::format("request {}: generate() runs one choice a request, n is {}", i,
+                              requests[i].n));
   Engine engine(model, options);
   std::vector<RequestId> ids;
   for (size_t i = 0; i < requests.size(); ++i) {

@@ -28,10 +28,19 @@ namespace xserv::engine {
 
 /// Counters and gauges of an Engine, a consistent snapshot.
 struct EngineStats {
-  int64_t running = 0;        ///< requests holding a KV row (in prefill or decode)
-  int64_t waiting = 0;        ///< queued for a row
+  int64_t running = 0;        ///< sequences holding KV blocks (in prefill or decode)
+  int64_t waiting = 0;        ///< queued, or preempted and waiting to be recomputed
   int64_t kv_rows_in_use = 0; ///< == running
-  int64_t kv_rows = 0;        ///< rows the engine may use
+  int64_t kv_rows = 0;        ///< sequences the engine may run at once (max_running)
+  // The KV pools (engine/kv/kv_cache.h): blocks of kv_block_size positions.
+  int64_t kv_block_size = 0;
+  int64_t kv_blocks = 0, kv_blocks_used = 0;
+  int64_t kv_window_blocks = 0, kv_window_blocks_used = 0;
+  int64_t kv_cached_free = 0; ///< free full blocks still holding a cached prefix block
+  int64_t prefix_queries = 0; ///< prompt tokens looked up in the prefix cache
+  int64_t prefix_hits = 0;    ///< of them, tokens found cached (not computed again)
+  int64_t prefix_evictions = 0;
+  int64_t preemptions = 0; ///< sequences preempted (blocks freed, recomputed later)
   int64_t steps = 0;
   int64_t prompt_tokens = 0;    ///< prompt tokens processed
   int64_t generated_tokens = 0; ///< tokens generated
@@ -50,20 +59,24 @@ public:
 /// from any thread; step() from one thread at a time.
 class Engine {
 public:
-  /// The model must outlive the engine. Starts with every KV row free (resets the model).
+  /// The model must outlive the engine. Starts with every KV block free (resets the model).
+  /// Throws xserv::Error when the model's KV pools cannot hold one sequence of max_seq.
   explicit Engine(Model& model, EngineOptions options = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  /// Queues a request; it joins at the next step that has a free row and budget. Throws
+  /// Queues a request; it joins at the next step that has room, budget and KV blocks. Throws
   /// xserv::Error naming the field or limit for a request the model cannot run (empty prompt,
   /// prompt longer than max_seq, an id outside the vocabulary, max_tokens < 1, top_logprobs
-  /// above 20, sampling options out of range) and QueueFull when max_queue are waiting.
+  /// above 20, n outside [1, min(kMaxChoices, max_running)], sampling options out of range)
+  /// and QueueFull when max_queue are waiting.
   RequestId add(Request request);
-  /// The request leaves at the next step: its last event has finish Abort and its row is free
-  /// for that step's newcomers. Unknown or finished ids are ignored.
-  void abort(RequestId id);
+  /// The request leaves at the next step: each of its unfinished choices' last event has finish
+  /// Abort and its blocks are free for that step's newcomers. Unknown or finished ids are
+  /// ignored. With `choice` >= 0, only that choice leaves (a stop string matched in one of n);
+  /// before the request forks into its choices (its first token) that is all of them.
+  void abort(RequestId id, int choice = -1);
   /// Runs one step: takes in new requests and aborts, picks the step's sequences, runs the model
   /// and samples. Returns this step's events in order (a request's events in token order).
   /// When the model throws, the error goes up and nothing is lost: the step's sequences keep
@@ -83,10 +96,20 @@ public:
 private:
   /// Step 1: requests and aborts other threads queued; aborted sequences' last events.
   void take_in(std::vector<Event>& events, int64_t& aborted_waiting, int64_t& aborted_running);
-  /// Step 3: the scheduled sequences' tokens and finishes from the model's output; finished
-  /// sequences leave the scheduler. Counts into `generated` and `finished` (stop, length, error).
-  void update_from_output(const ScheduledStep& s, const StepOutput& out, int64_t step_index,
-                          std::vector<Event>& events, int64_t& generated, int64_t finished[3]);
+  /// Step 3: the scheduled sequences' tokens and finishes from the model's output (`yields`:
+  /// which of them reached their last token); a request with n > 1 forks into its choices at
+  /// its first token; finished sequences leave the scheduler. Counts into `generated` and
+  /// `finished` (stop, length, error).
+  void update_from_output(const ScheduledStep& s, const std::vector<bool>& yields,
+                          const StepOutput& out, int64_t step_index, std::vector<Event>& events,
+                          int64_t& generated, int64_t finished[3]);
+  /// The next token of `q` from its step's row (`greedy`: the model's pick), its event and its
+  /// finish; true when it finished.
+  bool take_token(Sequence& q, int32_t greedy, const std::vector<float>& row, bool need,
+                  int64_t step_index, std::vector<Event>& events, int64_t& generated,
+                  int64_t finished[3]);
+  /// The stats the scheduler knows (running, waiting, the KV pools), under mu_.
+  void refresh_stats();
 
   Model& model_;
   EngineOptions options_;
@@ -94,7 +117,7 @@ private:
   std::condition_variable work_;
   RequestId next_id_ = 1;
   std::deque<std::pair<RequestId, Request>> pending_; ///< added, not yet seen by step()
-  std::vector<RequestId> aborts_;
+  std::vector<std::pair<RequestId, int>> aborts_;     ///< (id, choice or -1 for all)
   EngineStats stats_;
   // Owned by step():
   Scheduler scheduler_;
@@ -122,7 +145,8 @@ struct GenerateStats {
 };
 
 /// Runs every request through an Engine over `model` to its end (`while (!idle()) step()`),
-/// all queued at once (so up to max_running at a time, the rest joining as rows free up).
+/// all queued at once (so up to max_running at a time, the rest joining as blocks free up).
+/// Requests of one choice only (n = 1).
 /// Throws xserv::Error naming the request for one the model cannot run, before any step. A
 /// request that finishes with FinishReason::Error does not stop the others; its Generation
 /// says so (throw_if_failed turns the first into an xserv::Error).

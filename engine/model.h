@@ -1,4 +1,4 @@
-// A model: forward steps of one gpt-oss network over KV-cache rows (CPU interpreter, CUDA plan,
+// A model: forward steps of one gpt-oss network over paged KV caches (CPU interpreter, CUDA plan,
 // pipelined stages). The Engine (engine/engine.h) schedules requests onto one.
 #pragma once
 
@@ -39,19 +39,21 @@ struct StepOutput {
   std::vector<std::vector<float>> logits;
 };
 
-/// Runs forward steps of one model over up to max_batch KV-cache rows of up to max_seq tokens.
-/// A step (models::StepInput) mixes sequences freely: each brings one or more new tokens, its
-/// context length and the cache row it owns. A row's cached positions below a sequence's
-/// context length are the only ones read, so a row needs no clearing before a new sequence
-/// takes it.
+/// Runs forward steps of one model for up to max_batch sequences a step of up to max_seq tokens
+/// each, over paged KV caches (kv_geometry(): the block size and the pools' blocks). A step
+/// (models::StepInput) mixes sequences freely: each brings one or more new tokens, its context
+/// length and its block tables. Only a sequence's cached positions below its context length are
+/// read, so a block needs no clearing before another sequence takes it.
 class Model {
 public:
   virtual ~Model() = default;
   virtual const models::ModelConfig& config() const = 0;
-  /// KV-cache rows: the most sequences a step may hold.
+  /// The most sequences a step may hold.
   virtual int64_t max_batch() const = 0;
-  /// Positions per row: the longest sequence.
+  /// The longest sequence, in positions.
   virtual int64_t max_seq() const = 0;
+  /// How the KV caches are paged: block size, table width, window, blocks of each pool.
+  virtual const models::KvGeometry& kv_geometry() const = 0;
   virtual std::string backend() const = 0;
   /// One step: returns the logits of each sequence's last new token, one row per sequence.
   virtual std::vector<std::vector<float>> step(const models::StepInput& in) = 0;
@@ -63,7 +65,7 @@ public:
   /// with need_logits[b] set (need_logits has one entry per sequence). The default runs
   /// step_greedy when no row is wanted, else step() and picks on the host.
   virtual StepOutput step_mixed(const models::StepInput& in, const std::vector<bool>& need_logits);
-  /// Forgets every cached sequence.
+  /// Forgets every cached sequence (clears the pools).
   virtual void reset() = 0;
   /// Waits until queued work is done, so host timers bracket it (a no-op on the CPU).
   virtual void synchronize() {}

@@ -1,6 +1,8 @@
 // ModelBench: the timed steps of `xserv bench`.
 #include "engine/model_bench.h"
 
+#include <numeric>
+
 namespace xserv::engine {
 
 ModelBench::ModelBench(Model& m, uint64_t seed) : e_(m), rng_(seed), each_(m.stopwatch()) {}
@@ -15,21 +17,27 @@ std::vector<int32_t> ModelBench::random_ids(int64_t n) {
   return ids;
 }
 
-models::StepInput ModelBench::fill(int64_t depth, int64_t batch) {
+models::StepInput ModelBench::fill(int64_t depth, int64_t batch, int64_t positions) {
   e_.reset();
+  // Sequence b owns row b of the pools, as many blocks as its positions need
+  // (models::row_tables): the depth, the tokens of the test and the one after.
+  std::vector<int32_t> rows(static_cast<size_t>(batch));
+  std::iota(rows.begin(), rows.end(), 0);
+  const int64_t row_blocks = e_.kv_geometry().blocks_for(depth + positions);
   models::StepInput next;
   for (int64_t b = 0; b < batch; ++b) {
     next.tokens.push_back(random_ids(1));
     next.ctx_lens.push_back(static_cast<int32_t>(depth));
-    next.cache_rows.push_back(static_cast<int32_t>(b));
   }
+  models::assign_rows(next, rows, e_.kv_geometry(), row_blocks);
   if (depth > 0) {
     models::StepInput pre;
     for (int64_t b = 0; b < batch; ++b) {
       pre.tokens.push_back(random_ids(depth));
       pre.ctx_lens.push_back(0);
-      pre.cache_rows.push_back(static_cast<int32_t>(b));
     }
+    pre.block_tables = next.block_tables;
+    pre.window_tables = next.window_tables;
     e_.step_greedy(pre);
     e_.synchronize();
   }
@@ -37,7 +45,7 @@ models::StepInput ModelBench::fill(int64_t depth, int64_t batch) {
 }
 
 double ModelBench::prefill(int64_t p, int64_t depth) {
-  models::StepInput in = fill(depth, 1);
+  models::StepInput in = fill(depth, 1, p);
   in.tokens[0] = random_ids(p);
   each_->start();
   e_.step_greedy(in);
@@ -46,7 +54,7 @@ double ModelBench::prefill(int64_t p, int64_t depth) {
 
 double ModelBench::decode(int64_t n, int64_t depth, int64_t batch, std::vector<double>& step_ms,
                           double& ttft_ms) {
-  models::StepInput in = fill(depth, batch);
+  models::StepInput in = fill(depth, batch, n + 1);
   if (depth == 0) { // the first token of each sequence is a 1-token prefill: that is TTFT
     each_->start();
     e_.step_greedy(in);

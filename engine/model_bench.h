@@ -28,9 +28,9 @@ public:
 
 private:
   std::vector<int32_t> random_ids(int64_t n);
-  /// Prefills `depth` tokens into each of `batch` sequences, untimed. Returns the step input
-  /// continuing them with one token each.
-  models::StepInput fill(int64_t depth, int64_t batch);
+  /// Prefills `depth` tokens into each of `batch` sequences, untimed, with blocks for `positions`
+  /// more. Returns the step input continuing them with one token each.
+  models::StepInput fill(int64_t depth, int64_t batch, int64_t positions);
 
   Model& e_;
   std::mt19937_64 rng_;

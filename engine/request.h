@@ -44,7 +44,13 @@ struct Request {
   int top_logprobs = -1;
   /// Every generated token's event carries the full logits row it was picked from.
   bool return_logits = false;
+  /// Choices generated from the prompt (1..kMaxChoices): the prompt is computed once and its
+  /// KV blocks shared; choice c samples with seed + c. Each choice's events carry its index.
+  int n = 1;
 };
+
+/// The most choices one request may ask for.
+inline constexpr int kMaxChoices = 128;
 
 /// A candidate token and its log-probability.
 struct TokenLogprob {
@@ -55,6 +61,7 @@ struct TokenLogprob {
 /// What a step reports for one request: a new token, its end, or both.
 struct Event {
   RequestId id = 0;
+  int choice = 0;     ///< of the request's n
   int32_t token = -1; ///< the new token, or -1 when the request ended without one (abort)
   FinishReason finish = FinishReason::None; ///< set on the request's last event
   /// Length finishes: the sequence filled the model's max_seq (not max_tokens).
@@ -69,21 +76,35 @@ struct Event {
 
 /// How an Engine schedules.
 struct EngineOptions {
-  /// Sequences running at once, each owning a KV-cache row; 0: the model's max_batch (and
-  /// never more).
+  /// Sequences running at once (a request with n choices counts n); 0: the model's max_batch
+  /// (and never more). How many fit is the KV pools' business: admission and preemption go by
+  /// blocks.
   int64_t max_running = 0;
-  /// Requests waiting for a row; add() beyond this throws QueueFull.
+  /// Requests waiting; add() beyond this throws QueueFull.
   int64_t max_queue = 4096;
   /// Tokens per step: one decode token of each running sequence first, then prompt chunks in
   /// arrival order up to this budget (vLLM's max_num_batched_tokens). At least 1; raised to
   /// max_running, so that no running sequence ever waits for a step.
   int64_t max_tokens_per_step = 8192;
-  /// Waiting requests join only when this many can join at once (free rows), so that one
+  /// With decode tokens in a step, its prompt tokens stop at this many (0: no limit but
+  /// max_tokens_per_step), so that a running sequence's next token is not held up behind a long
+  /// prompt chunk.
+  int64_t prefill_budget = 512;
+  /// A deep backlog raises the budget: with decodes in the step, prompt tokens may go up to the
+  /// backlog (prompt tokens of the waiting and still-prefilling sequences) over this many steps,
+  /// so that a burst of requests is taken in within about that many steps rather than one
+  /// budget a step, while a steady trickle of arrivals stays under prefill_budget. 0: a fixed
+  /// budget.
+  int64_t backlog_steps = 8;
+  /// Waiting requests join only when this many can join at once (free places), so that one
   /// prompt step serves several of them, unless nothing is running or the oldest has waited
-  /// max_admit_wait steps. 1: each joins as soon as a row is free (the lowest time to first
-  /// token); larger trades time to first token for throughput.
+  /// max_admit_wait steps. 1: each joins as soon as it can (the lowest time to first token);
+  /// larger trades time to first token for throughput.
   int64_t admit_batch = 1;
   int64_t max_admit_wait = 16;
+  /// Full KV blocks are kept by content hash after their sequence leaves, and a new request
+  /// starts from its longest cached prefix.
+  bool prefix_caching = true;
 };
 
 } // namespace xserv::engine

@@ -1,93 +1,279 @@
-// The Scheduler: decodes first, then prompt chunks under the token budget, admission by rows.
+// The Scheduler: decodes first, then chunks under the token budget, admission and preemption by
+// KV blocks, forks of n > 1 requests.
 #include "engine/scheduler.h"
 
 #include <algorithm>
-#include <functional>
+
+#include <fmt/format.h>
+
+#include "base/error.h"
 
 namespace xserv::engine {
 
-Scheduler::Scheduler(const EngineOptions& options) : options_(options) {
-  // Rows are handed out lowest first; the stack keeps the lowest on top.
-  for (int32_t r = static_cast<int32_t>(options_.max_running) - 1; r >= 0; --r)
-    free_rows_.push_back(r);
+namespace {
+
+/// The sampler of choice `c`: the request's options with seed + c (choice 0 keeps the seed), so
+/// that n choices with a seed equal n requests with those seeds.
+runtime::SamplerOptions choice_sampling(runtime::SamplerOptions o, int c) {
+  o.seed += uint64_t(c);
+  return o;
 }
+
+} // namespace
+
+Sequence::Sequence(RequestId i, Request r, int c)
+    : id(i), choice(c), req(std::move(r)), sampler(choice_sampling(req.sampling, c)) {
+  tokens = req.prompt;
+  prompt_len = req.prompt.size();
+  forked = req.n <= 1;
+}
+
+Scheduler::Scheduler(const EngineOptions& options, const models::KvGeometry& kv)
+    : options_(options), kv_(kv, options.prefix_caching) {}
 
 void Scheduler::enqueue(std::unique_ptr<Sequence> s) {
   waiting_.push_back(std::move(s));
 }
 
-std::unique_ptr<Sequence> Scheduler::remove(RequestId id) {
-  auto r = std::find_if(running_.begin(), running_.end(), [&](auto& s) { return s->id == id; });
-  if (r != running_.end()) {
-    std::unique_ptr<Sequence> s = std::move(*r);
-    running_.erase(r);
-    free_rows_.push_back(s->row);
-    std::sort(free_rows_.begin(), free_rows_.end(), std::greater<>()); // lowest on top
-    return s;
-  }
-  auto w = std::find_if(waiting_.begin(), waiting_.end(), [&](auto& s) { return s->id == id; });
-  if (w == waiting_.end())
-    return nullptr;
-  std::unique_ptr<Sequence> s = std::move(*w);
-  waiting_.erase(w);
-  return s;
+std::vector<std::unique_ptr<Sequence>> Scheduler::remove(RequestId id, int choice) {
+  std::vector<std::unique_ptr<Sequence>> out;
+  // A request not forked yet is one sequence (choice 0) standing for all its choices.
+  auto matches = [&](const Sequence& s) {
+    return s.id == id && (choice < 0 || s.choice == choice || !s.forked);
+  };
+  for (auto it = running_.begin(); it != running_.end();)
+    if (matches(**it)) {
+      kv_.release((*it)->blocks);
+      out.push_back(std::move(*it));
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  for (auto it = waiting_.begin(); it != waiting_.end();)
+    if (matches(**it)) {
+      out.push_back(std::move(*it));
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a->choice < b->choice; });
+  return out;
 }
 
-void Scheduler::release(RequestId id) {
-  (void)remove(id);
+void Scheduler::release(const Sequence* s) {
+  const auto it =
+      std::find_if(running_.begin(), running_.end(), [&](auto& r) { return r.get() == s; });
+  if (it != running_.end()) {
+    kv_.release((*it)->blocks);
+    running_.erase(it);
+    return;
+  }
+  const auto w =
+      std::find_if(waiting_.begin(), waiting_.end(), [&](auto& r) { return r.get() == s; });
+  XSERV_CHECK(w != waiting_.end(), "release of a sequence the scheduler does not hold");
+  waiting_.erase(w);
+}
+
+void Scheduler::clear_kv() {
+  XSERV_CHECK(running_.empty(), "the KV cache cleared under running sequences");
+  kv_.clear();
+  copies_.clear();
+}
+
+int64_t Scheduler::slots_in_use() const {
+  int64_t n = 0;
+  for (const auto& s : running_)
+    n += s->slots();
+  return n;
+}
+
+int64_t Scheduler::replay_limit() const {
+  return 2 * kv_.geometry().block_size;
+}
+
+bool Scheduler::one_token(const Sequence& s, int64_t cached) const {
+  const auto size = int64_t(s.tokens.size()), prompt = int64_t(s.prompt_len);
+  return size - cached == 1 || (cached >= prompt && size - cached <= replay_limit());
+}
+
+int64_t Scheduler::chunk(const Sequence& s, int64_t cached, int64_t budget) const {
+  const auto size = int64_t(s.tokens.size()), prompt = int64_t(s.prompt_len);
+  // Few generated tokens to recompute: the chunk stops at the prompt's end, and they are fed
+  // back one a step after it.
+  const int64_t end = cached < prompt && size - prompt <= replay_limit() ? prompt : size;
+  return std::min(end - cached, budget);
+}
+
+Sequence* Scheduler::preempt_newest() {
+  std::unique_ptr<Sequence> s = std::move(running_.back());
+  running_.pop_back();
+  kv_.release(s->blocks);
+  s->cached = 0;
+  s->waited = 0;
+  ++s->preemptions;
+  ++preemptions_;
+  Sequence* p = s.get();
+  waiting_.push_front(std::move(s));
+  return p;
 }
 
 ScheduledStep Scheduler::schedule() {
   ScheduledStep out;
-  int64_t budget = options_.max_tokens_per_step;
-  // 1. Decodes: one token of every running sequence whose prompt is cached.
-  for (auto& s : running_)
-    if (!s->in_prompt()) {
-      out.input.tokens.push_back({s->generated.back()});
-      out.input.ctx_lens.push_back(static_cast<int32_t>(s->cached));
-      out.input.cache_rows.push_back(s->row);
-      out.seqs.push_back(s.get());
-      --budget;
-    }
-  auto add_chunk = [&](Sequence& s) {
-    const size_t n = std::min<size_t>(s.req.prompt.size() - s.cached, size_t(budget));
-    out.input.tokens.emplace_back(s.req.prompt.begin() + std::ptrdiff_t(s.cached),
-                                  s.req.prompt.begin() + std::ptrdiff_t(s.cached + n));
-    out.input.ctx_lens.push_back(static_cast<int32_t>(s.cached));
-    out.input.cache_rows.push_back(s.row);
-    out.seqs.push_back(&s);
-    budget -= int64_t(n);
-    out.prompt_tokens += int64_t(n);
+  out.input.copies = std::move(copies_);
+  copies_.clear();
+  struct Entry {
+    Sequence* s;
+    size_t n;
   };
-  // 2. Prompt chunks of running sequences, in admission order.
-  for (auto& s : running_)
-    if (s->in_prompt() && budget > 0)
-      add_chunk(*s);
-  // 3. Newcomers join in groups of admit_batch (one prompt step then serves several), unless
-  //    nothing runs or the oldest has waited max_admit_wait steps.
-  const int64_t can_join = std::min<int64_t>({int64_t(waiting_.size()), int64_t(free_rows_.size()),
-                                              options_.max_running - int64_t(running_.size())});
-  const bool join_now = can_join >= options_.admit_batch || running_.empty() ||
-                        (!waiting_.empty() && waiting_.front()->waited >= options_.max_admit_wait);
+  std::vector<Entry> decodes, chunks;
+  int64_t ndecode = 0;
+  for (const auto& s : running_)
+    ndecode += one_token(*s, int64_t(s->cached)) ? 1 : 0;
+  // The chunks' budget: what the decodes leave of the step's tokens, and with decodes in the
+  // step at most prefill_budget, so that a decode step is not held up by a long prompt.
+  int64_t budget = options_.max_tokens_per_step - ndecode;
+  if (ndecode > 0 && options_.prefill_budget > 0) {
+    int64_t allowed = options_.prefill_budget;
+    if (options_.backlog_steps > 0) {
+      int64_t backlog = 0;
+      for (const auto& s : running_)
+        if (!one_token(*s, int64_t(s->cached)))
+          backlog += int64_t(s->pending());
+      for (const auto& s : waiting_)
+        backlog += int64_t(s->pending());
+      allowed = std::max(allowed, backlog / options_.backlog_steps);
+    }
+    budget = std::min(budget, allowed);
+  }
+  // 1-2. Running sequences in admission order; each finds its blocks, preempting the newest
+  //      others when the pools are dry (the newest may be itself: it then waits).
+  for (size_t i = 0; i < running_.size();) {
+    Sequence& s = *running_[i];
+    const bool decode = one_token(s, int64_t(s.cached));
+    const int64_t want = decode ? 1 : chunk(s, int64_t(s.cached), budget);
+    if (want <= 0) {
+      ++i;
+      continue;
+    }
+    int64_t n = kv_.fit(s.blocks, int64_t(s.cached), want);
+    while (n == 0) {
+      const Sequence* victim = preempt_newest();
+      ++out.preempted;
+      if (victim == &s)
+        break;
+      n = kv_.fit(s.blocks, int64_t(s.cached), want);
+    }
+    if (n == 0)
+      break; // s itself went back to the queue, and it was the last running
+    XSERV_CHECK(kv_.allocate(s.blocks, int64_t(s.cached), n), "blocks that fit() promised");
+    (decode ? decodes : chunks).push_back({&s, size_t(n)});
+    if (!decode)
+      budget -= n;
+    ++i;
+  }
+  // 3. Newcomers (and preempted sequences, first in line) join in groups of admit_batch (one
+  //    prompt step then serves several), unless nothing runs or the oldest has waited
+  //    max_admit_wait steps; never in a step that had to preempt.
+  int64_t room = options_.max_running - slots_in_use();
+  int64_t can_join = 0;
+  for (size_t i = 0, r = size_t(std::max<int64_t>(room, 0)); i < waiting_.size(); ++i) {
+    if (waiting_[i]->slots() > int64_t(r))
+      break;
+    r -= size_t(waiting_[i]->slots());
+    ++can_join;
+  }
+  const bool join_now =
+      out.preempted == 0 &&
+      (can_join >= options_.admit_batch || running_.empty() ||
+       (!waiting_.empty() && waiting_.front()->waited >= options_.max_admit_wait));
   for (auto& w : waiting_)
     ++w->waited;
-  while (join_now && budget > 0 && !waiting_.empty() && !free_rows_.empty() &&
-         int64_t(running_.size()) < options_.max_running) {
-    std::unique_ptr<Sequence> s = std::move(waiting_.front());
+  // A watermark of free blocks keeps newcomers from taking what running decodes need next.
+  const int64_t reserve = running_.empty() ? 0 : std::max<int64_t>(1, kv_.stats().blocks / 100);
+  while (join_now && budget > 0 && !waiting_.empty() && waiting_.front()->slots() <= room) {
+    Sequence& w = *waiting_.front();
+    const auto hit = kv_.match_prefix(w.blocks, w.tokens);
+    const bool decode = one_token(w, hit);
+    const int64_t want = decode ? 1 : chunk(w, hit, budget);
+    const int64_t n = kv_.fit(w.blocks, hit, want, reserve);
+    if (n <= 0) {
+      kv_.release(w.blocks);
+      break;
+    }
+    XSERV_CHECK(kv_.allocate(w.blocks, hit, n), "blocks that fit() promised");
+    w.cached = size_t(hit);
+    if (w.preemptions == 0 && w.generated() == 0)
+      ++out.admitted;
+    room -= w.slots();
+    running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
-    s->row = free_rows_.back();
-    free_rows_.pop_back();
-    running_.push_back(std::move(s));
-    ++out.admitted;
-    add_chunk(*running_.back());
+    (decode ? decodes : chunks).push_back({running_.back().get(), size_t(n)});
+    if (!decode)
+      budget -= n;
   }
+  // The step: decodes first (a sub-step of them alone can replay a decode graph), then chunks.
+  for (const std::vector<Entry>* list : {&decodes, &chunks})
+    for (const Entry& e : *list) {
+      Sequence& s = *e.s;
+      out.input.tokens.emplace_back(s.tokens.begin() + std::ptrdiff_t(s.cached),
+                                    s.tokens.begin() + std::ptrdiff_t(s.cached + e.n));
+      out.input.ctx_lens.push_back(static_cast<int32_t>(s.cached));
+      out.input.block_tables.emplace_back();
+      std::vector<int32_t> window;
+      kv_.tables(s.blocks, int64_t(s.cached + e.n), out.input.block_tables.back(), window);
+      if (kv_.geometry().window > 0)
+        out.input.window_tables.push_back(std::move(window));
+      out.seqs.push_back(&s);
+      if (list == &chunks)
+        out.prompt_tokens += int64_t(e.n);
+    }
   // Logits rows only where a token comes of the step and the request samples or reports them.
   out.need_logits.resize(out.seqs.size());
-  for (size_t b = 0; b < out.seqs.size(); ++b) {
-    const Sequence& s = *out.seqs[b];
-    const bool yields_token = s.cached + out.input.tokens[b].size() >= s.req.prompt.size();
-    out.need_logits[b] = yields_token && s.needs_logits();
+  for (size_t b = 0; b < out.seqs.size(); ++b)
+    out.need_logits[b] = out.yields(b) && out.seqs[b]->needs_logits();
+  return out;
+}
+
+void Scheduler::commit(const ScheduledStep& s) {
+  for (size_t b = 0; b < s.seqs.size(); ++b) {
+    Sequence& q = *s.seqs[b];
+    const auto n = int64_t(s.input.tokens[b].size());
+    kv_.commit(q.blocks, q.tokens, int64_t(q.cached), n);
+    q.cached += size_t(n);
   }
+}
+
+void Scheduler::step_failed(const ScheduledStep& s) {
+  copies_.insert(copies_.begin(), s.input.copies.begin(), s.input.copies.end());
+}
+
+std::vector<Sequence*> Scheduler::fork(Sequence& parent) {
+  XSERV_CHECK(!parent.forked, "a sequence forked twice");
+  XSERV_CHECK(
+      std::any_of(running_.begin(), running_.end(), [&](auto& r) { return r.get() == &parent; }),
+      "fork of a sequence that is not running");
+  parent.forked = true;
+  std::vector<Sequence*> out;
+  std::vector<std::unique_ptr<Sequence>> running, waiting;
+  for (int c = 1; c < parent.req.n; ++c) {
+    auto kid = std::make_unique<Sequence>(parent.id, parent.req, c);
+    kid->forked = true;
+    kid->tokens = parent.tokens;
+    kid->prompt_len = parent.prompt_len;
+    out.push_back(kid.get());
+    if (kv_.fork(parent.blocks, int64_t(parent.cached), kid->blocks, copies_)) {
+      kid->cached = parent.cached;
+      running.push_back(std::move(kid));
+    } else { // no blocks now: it recomputes from the prefix cache when its turn comes
+      waiting.push_back(std::move(kid));
+    }
+  }
+  // The choices are the newest running sequences: a dry pool preempts them before any older
+  // request.
+  for (auto& k : running)
+    running_.push_back(std::move(k));
+  waiting_.insert(waiting_.begin(), std::make_move_iterator(waiting.begin()),
+                  std::make_move_iterator(waiting.end()));
   return out;
 }
 

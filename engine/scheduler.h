@@ -1,8 +1,15 @@
-// The Engine's scheduler: which sequences a step runs and which tokens each brings. It owns the
-// waiting queue, the running sequences and their KV-cache rows; schedule() returns a plain
-// record of one step that the engine hands to the model, and release() takes back a finished
-// sequence's row (the shape of vLLM's scheduler: schedule(), then the engine's update from the
+// The Engine's scheduler: which sequences a step runs and which tokens each brings, over the
+// paged KV cache (engine/kv/kv_cache.h). It owns the waiting queue, the running sequences and
+// their blocks; schedule() returns a plain record of one step that the engine hands to the
+// model, commit() enters what the step wrote, and release() takes back a finished sequence's
+// blocks (the shape of vLLM's v1 scheduler: schedule(), then the engine's update from the
 // model's output).
+//
+// Admission and preemption go by blocks: a waiting request joins while the pools give the blocks
+// of its first chunk (after its longest cached prefix); when a running sequence's next tokens
+// find the pools dry, the most recently admitted sequence is preempted (its blocks go back, with
+// their prefix-cache entries, and it waits at the front of the queue to be recomputed), so the
+// oldest always goes on and no request fails for memory.
 #pragma once
 
 #include <cstdint>
@@ -10,25 +17,37 @@
 #include <memory>
 #include <vector>
 
+#include "engine/kv/kv_cache.h"
 #include "engine/request.h"
 #include "models/step.h"
 #include "runtime/sampler.h"
 
 namespace xserv::engine {
 
-/// A request inside the engine: its own sampler, its KV-cache row while running, and how far
-/// it has come.
+/// One choice of a request inside the engine: its own sampler, its tokens and KV blocks, and
+/// how far its cache has come.
 struct Sequence {
   RequestId id = 0;
+  int choice = 0; ///< of the request's n
   Request req;
   runtime::Sampler sampler;
-  int32_t row = -1;   ///< KV-cache row while running
-  size_t cached = 0;  ///< tokens in the row: prompt tokens, then generated ones fed back
-  int64_t waited = 0; ///< steps spent waiting for a row
-  std::vector<int32_t> generated;
+  std::vector<int32_t> tokens; ///< the prompt, then the generated ids
+  size_t prompt_len = 0;
+  size_t cached = 0;  ///< positions whose KV the blocks hold (tokens[0, cached))
+  int64_t waited = 0; ///< steps spent waiting
+  int64_t preemptions = 0;
+  /// A request with n > 1 forks into its choices when its prompt is done; until then this one
+  /// sequence holds their places.
+  bool forked = false;
+  kv::SeqBlocks blocks;
 
-  Sequence(RequestId i, Request r) : id(i), req(std::move(r)), sampler(req.sampling) {}
-  bool in_prompt() const { return cached < req.prompt.size(); }
+  Sequence(RequestId i, Request r, int c = 0);
+  size_t generated() const { return tokens.size() - prompt_len; }
+  /// Tokens still to compute: the prompt's, or a preempted sequence's whole history, or the
+  /// last generated token in a decode.
+  size_t pending() const { return tokens.size() - cached; }
+  /// Sequences of the engine's running limit this one stands for (its choices, before a fork).
+  int64_t slots() const { return forked ? 1 : std::max<int64_t>(req.n, 1); }
   /// Its tokens come from its logits row (sampling, log-probabilities or logits asked for),
   /// not from the model's greedy pick alone.
   bool needs_logits() const {
@@ -40,44 +59,83 @@ struct Sequence {
 struct ScheduledStep {
   models::StepInput input;     ///< the model's input: one entry per sequence
   std::vector<Sequence*> seqs; ///< the step's sequences, in the input's order
-  /// Per sequence: the step ends its prompt or decodes (a token comes of it) and the token
-  /// needs the logits row.
+  /// Per sequence: the step reaches its last token (a token comes of it) and the token needs
+  /// the logits row.
   std::vector<bool> need_logits;
-  int64_t prompt_tokens = 0; ///< prompt tokens in the step
-  int64_t admitted = 0;      ///< waiting requests that joined in this step
+  int64_t prompt_tokens = 0; ///< tokens of the step that are not decodes (prompts, recomputes)
+  int64_t admitted = 0;      ///< requests that joined from the queue in this step, first time
+  int64_t preempted = 0;     ///< sequences preempted to find blocks for this step
   bool empty() const { return seqs.empty(); }
+  /// Whether sequence b's step ends at its last token (the model's row for it is a new token).
+  bool yields(size_t b) const {
+    return seqs[b]->cached + input.tokens[b].size() == seqs[b]->tokens.size();
+  }
 };
 
 class Scheduler {
 public:
-  /// `options` as the Engine resolved them (max_running within the model's rows, the budget
-  /// raised to max_running).
-  explicit Scheduler(const EngineOptions& options);
+  /// `options` as the Engine resolved them; `kv` is the model's paging.
+  Scheduler(const EngineOptions& options, const models::KvGeometry& kv);
 
   /// Queues a new sequence behind the waiting ones.
   void enqueue(std::unique_ptr<Sequence> s);
-  /// Takes sequence `id` out, running (its row is free for this very step) or waiting; null
-  /// when it is neither.
-  std::unique_ptr<Sequence> remove(RequestId id);
-  /// The next step, in order: a decode token of every running sequence whose prompt is cached
-  /// (the budget never holds one back); prompt chunks of running sequences still in their
-  /// prompt, in admission order; then waiting requests in arrival order, each taking the lowest
-  /// free row, while fewer than max_running run and the step holds fewer than
-  /// max_tokens_per_step tokens. Waiting requests join only in groups of admit_batch, unless
-  /// nothing runs or the oldest has waited max_admit_wait steps.
+  /// Takes every choice of request `id` out (`choice` >= 0: that one only, or the request's one
+  /// sequence before it forked), running (their blocks are free for this very step) or
+  /// waiting; empty when it has none.
+  std::vector<std::unique_ptr<Sequence>> remove(RequestId id, int choice = -1);
+  /// The next step. Running sequences in admission order: a decode token of each whose history
+  /// is cached (the budget never holds one back; one_token), then chunks of those still
+  /// computing a prompt (or recomputing after a preemption) under the token budget (with decodes in
+  /// the step, at most prefill_budget of them); then waiting requests in order, each from its
+  /// longest cached prefix, while the running limit, the budget and the blocks last (a watermark of
+  /// blocks kept free) and no sequence had to be preempted in this step. Waiting requests join only
+  /// in groups of admit_batch, unless nothing runs or the oldest has waited max_admit_wait steps.
   ScheduledStep schedule();
-  /// A running sequence that finished leaves; its row is free for the next step.
-  void release(RequestId id);
+  /// The step ran: every sequence of it has its new tokens' KV in its blocks (its cached length
+  /// moves on, full blocks enter the prefix cache).
+  void commit(const ScheduledStep& s);
+  /// The step did not run (the model threw): its block copies are made by the next step.
+  void step_failed(const ScheduledStep& s);
+  /// The choices of `parent` (a request with n > 1 whose prompt the last step finished): n - 1
+  /// new sequences sharing its blocks (a partly filled last block copied on write by the next
+  /// step), running after it; a choice the pools have no blocks for waits at the front of the
+  /// queue and recomputes. Returns them in choice order.
+  std::vector<Sequence*> fork(Sequence& parent);
+  /// A sequence that finished leaves (running, or a choice waiting for its first blocks); its
+  /// blocks are free for the next step.
+  void release(const Sequence* s);
 
   size_t running() const { return running_.size(); }
   size_t waiting() const { return waiting_.size(); }
-  int64_t rows() const { return options_.max_running; }
+  int64_t max_running() const { return options_.max_running; }
+  const kv::KvCache& kv() const { return kv_; }
+  int64_t preemptions() const { return preemptions_; }
+  /// Forgets every block (the model's pools were cleared); nothing may be running.
+  void clear_kv();
 
 private:
+  /// Preempts the most recently admitted running sequence (its blocks go back, it waits first
+  /// in line to be recomputed); returns it.
+  Sequence* preempt_newest();
+  /// Places taken against max_running: running sequences and the choices of unforked ones.
+  int64_t slots_in_use() const;
+  /// Whether `s`, `cached` positions in, computes one token next, in a sub-step of one-token
+  /// sequences: its decode, or a generated token it recomputes after a preemption. Up to
+  /// replay_limit() such tokens (those past its cached blocks) are fed back one a step, through
+  /// the same kernels as when they were first decoded, so that its next tokens come out as they
+  /// would have without the preemption; more are recomputed as a prompt chunk.
+  bool one_token(const Sequence& s, int64_t cached) const;
+  int64_t replay_limit() const;
+  /// The tokens of a chunk of `s` from `cached` within `budget`: to its end, or to its prompt's
+  /// end when its generated tokens will be fed back one a step.
+  int64_t chunk(const Sequence& s, int64_t cached, int64_t budget) const;
+
   EngineOptions options_;
-  std::deque<std::unique_ptr<Sequence>> waiting_;  ///< in arrival order, no row yet
-  std::vector<std::unique_ptr<Sequence>> running_; ///< holding a row, in admission order
-  std::vector<int32_t> free_rows_;                 ///< lowest on top
+  kv::KvCache kv_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;    ///< in order, no blocks
+  std::vector<std::unique_ptr<Sequence>> running_;   ///< holding blocks, in admission order
+  std::vector<models::StepInput::BlockCopy> copies_; ///< for the next step
+  int64_t preemptions_ = 0;
 };
 
 } // namespace xserv::engine

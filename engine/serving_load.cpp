@@ -46,17 +46,32 @@ ServingReport::Dist dist(std::vector<double> ms) {
 Workload make_workload(const ServingOptions& o) {
   if (o.vocab <= 0)
     throw Error("the serving benchmark needs the model's vocabulary size");
+  if (o.turns < 1 || o.shared_prefix < 0)
+    throw Error(fmt::format("a workload of {} turns and a shared prefix of {} tokens", o.turns,
+                            o.shared_prefix));
   Workload w;
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(o.vocab - 1));
   std::exponential_distribution<double> gap(o.rate > 0 ? o.rate : 1.0);
+  auto draw_ids = [&](int64_t n, std::vector<int32_t>& out) {
+    for (int64_t k = 0; k < n; ++k)
+      out.push_back(id(rng));
+  };
+  std::vector<int32_t> shared;
+  draw_ids(o.shared_prefix, shared);
+  // Conversations: request i is turn i / conversations of conversation i % conversations.
+  const int64_t conversations = std::max<int64_t>(1, (o.requests + o.turns - 1) / o.turns);
+  std::vector<std::vector<int32_t>> history(size_t(conversations), shared);
   double t = 0;
   for (int64_t i = 0; i < o.requests; ++i) {
-    std::vector<int32_t> p(static_cast<size_t>(draw_len(rng, o.input_len, o.len_range)));
-    for (int32_t& x : p)
-      x = id(rng);
-    w.prompts.push_back(std::move(p));
+    const int64_t conv = i % conversations, turn = i / conversations;
+    std::vector<int32_t>& h = history[size_t(conv)];
+    draw_ids(draw_len(rng, o.input_len, o.len_range), h);
+    w.prompts.push_back(h);
     w.output_lens.push_back(draw_len(rng, o.output_len, o.len_range));
+    draw_ids(w.output_lens.back(), h); // the reply the next turn's prompt carries
+    w.turn.push_back(turn);
+    w.after.push_back(turn > 0 ? i - conversations : -1);
     if (o.rate > 0 && i > 0)
       t += gap(rng);
     w.arrivals.push_back(t);
@@ -91,7 +106,8 @@ std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w, cons
   while (done < n) {
     // The client: every request that has arrived, while fewer than `concurrency` are in flight.
     const double now = seconds_since(t0);
-    while (sent < n && in_flight < o.concurrency && w.arrivals[sent] <= now) {
+    while (sent < n && in_flight < o.concurrency && w.arrivals[sent] <= now &&
+           (w.after.empty() || w.after[sent] < 0 || rec[size_t(w.after[sent])].end > 0)) {
       Request r;
       r.prompt = w.prompts[sent];
       r.max_tokens = w.output_lens[sent];
@@ -99,12 +115,14 @@ std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w, cons
       if (sent == 0)
         first = id;
       rec[sent].sent = std::max(w.arrivals[sent], free_at.top());
+      if (!w.after.empty() && w.after[sent] >= 0) // a next turn goes once the last is done
+        rec[sent].sent = std::max(rec[sent].sent, rec[size_t(w.after[sent])].end);
       free_at.pop();
       rec[sent].prompt_tokens = static_cast<int64_t>(w.prompts[sent].size());
       ++sent;
       ++in_flight;
     }
-    if (e.idle()) { // nothing to run until the next arrival
+    if (e.idle()) { // nothing to run until the next arrival (a next turn's is never idle)
       if (sent < n)
         std::this_thread::sleep_for(std::chrono::duration<double>(
             std::max(0.0, std::min(w.arrivals[sent] - seconds_since(t0), 0.01))));
@@ -139,12 +157,15 @@ std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w, cons
   return rec;
 }
 
-ServingReport summarize(const std::vector<RequestRecord>& records, double duration_s) {
+ServingReport summarize(const std::vector<RequestRecord>& records, double duration_s,
+                        const std::vector<int64_t>& turns) {
   ServingReport r;
   r.requests = static_cast<int64_t>(records.size());
   r.duration_s = duration_s;
   std::vector<double> ttft, tpot, itl, e2e;
-  for (const RequestRecord& q : records) {
+  std::vector<std::vector<double>> by_turn;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const RequestRecord& q = records[i];
     if (q.disconnected) {
       ++r.disconnected;
       continue;
@@ -159,6 +180,10 @@ ServingReport summarize(const std::vector<RequestRecord>& records, double durati
     r.prompt_tokens += q.prompt_tokens;
     r.output_tokens += q.output_tokens;
     ttft.push_back(1e3 * (q.first_token - q.sent));
+    if (i < turns.size()) {
+      by_turn.resize(std::max(by_turn.size(), size_t(turns[i] + 1)));
+      by_turn[size_t(turns[i])].push_back(ttft.back());
+    }
     e2e.push_back(1e3 * (q.end - q.sent));
     if (q.output_tokens > 1) // TPOT leaves out the first token, as vllm bench serve does
       tpot.push_back(1e3 * (q.end - q.first_token) / double(q.output_tokens - 1));
@@ -173,6 +198,9 @@ ServingReport summarize(const std::vector<RequestRecord>& records, double durati
   r.tpot = dist(tpot);
   r.itl = dist(itl);
   r.e2e = dist(e2e);
+  if (by_turn.size() > 1)
+    for (auto& v : by_turn)
+      r.ttft_by_turn.push_back(dist(std::move(v)));
   return r;
 }
 

@@ -24,6 +24,13 @@ struct ServingOptions {
   /// HTTP only: this fraction of the requests (drawn from the seed) hang up mid-stream, after a
   /// random number of tokens in [1, output_len / 2], as impatient clients do.
   double disconnect = 0;
+  /// Every prompt starts with the same this many tokens (a system prompt), then input_len of
+  /// its own.
+  int64_t shared_prefix = 0;
+  /// Requests are conversations of this many turns: turn t's prompt is turn t - 1's, a reply of
+  /// output_len ids standing for the answer, and input_len new ones; it is sent once turn t - 1
+  /// is done. Requests go turn by turn (all conversations' first turns, then their seconds).
+  int64_t turns = 1;
 };
 
 /// One request as the client saw it; times in seconds since the run began.
@@ -42,6 +49,8 @@ struct Workload {
   std::vector<int64_t> output_lens;
   std::vector<double> arrivals;       ///< seconds since the start, non-decreasing
   std::vector<int64_t> hang_up_after; ///< tokens before the client hangs up; 0: never
+  std::vector<int64_t> after;         ///< the request that must finish first; -1: none
+  std::vector<int64_t> turn;          ///< of its conversation, from 0
 };
 Workload make_workload(const ServingOptions& o);
 
@@ -63,8 +72,11 @@ struct ServingReport {
     double mean = 0, median = 0, p99 = 0;
   };
   Dist ttft, tpot, itl, e2e;
+  std::vector<Dist> ttft_by_turn; ///< with conversations of several turns
   std::string first_error;
 };
-ServingReport summarize(const std::vector<RequestRecord>& records, double duration_s);
+/// `turns` (the workload's turn of each request) splits TTFT by turn when given.
+ServingReport summarize(const std::vector<RequestRecord>& records, double duration_s,
+                        const std::vector<int64_t>& turns = {});
 
 } // namespace xserv::engine

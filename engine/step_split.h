@@ -14,11 +14,13 @@
 namespace xserv::engine {
 
 /// Where each step input (models::params) lives in the param block, in int32 elements: the
-/// per-token inputs for `tokens` tokens, then the per-sequence ones for `seqs` sequences.
+/// per-token inputs for `tokens` tokens, the per-sequence ones for `seqs` sequences, then the
+/// block tables, `seqs` rows of `table_blocks` entries each (the window table only `window`).
 struct ParamLayout {
   std::map<std::string, size_t> offset;
   size_t total = 0;
-  ParamLayout(size_t tokens, size_t seqs);
+  size_t table_blocks = 0; ///< entries of a table row
+  ParamLayout(size_t tokens, size_t seqs, size_t table_blocks, bool window);
 };
 
 /// One sequence's slice of the step's tokens that a sub-step processes.
@@ -36,7 +38,7 @@ std::vector<std::vector<Piece>> split_step(const models::StepInput& in,
 std::vector<std::vector<Piece>> split_step(const models::StepInput& in, size_t cap);
 
 /// A sub-step's own step input: its pieces' tokens, context lengths (advanced by each piece's
-/// start) and cache rows.
+/// start) and block tables.
 models::StepInput piece_step(const models::StepInput& in, const std::vector<Piece>& pieces);
 
 /// Whether `p` holds its sequence's last token of the step (its logits row is the sequence's).
@@ -45,7 +47,9 @@ inline bool ends_sequence(const models::StepInput& in, const Piece& p) {
 }
 
 /// Checks a step against a model's limits: throws xserv::Error naming the limit (batch,
-/// sequence length, cache rows, vocabulary) or the malformed part.
-void validate_step(const models::StepInput& in, int64_t max_batch, int64_t max_seq, int64_t vocab);
+/// sequence length, vocabulary, a block the step reads or writes that is missing or outside its
+/// pool) or the malformed part.
+void validate_step(const models::StepInput& in, int64_t max_batch, int64_t max_seq, int64_t vocab,
+                   const models::KvGeometry& kv);
 
 } // namespace xserv::engine

@@ -77,4 +77,11 @@ void Node::set_attr(std::string name, Attr value) {
     attrs.insert(it, {std::move(name), std::move(value)});
 }
 
+int64_t kv_block_of(const Graph& g) {
+  for (const Node& n : g.nodes)
+    if (n.op == Op::Cache && n.type().shape.size() > 1 && n.type().shape[1].is_static())
+      return n.type().shape[1].size;
+  return 1;
+}
+
 } // namespace xserv::ir

@@ -105,6 +105,10 @@ std::string print_node(const Graph& g, ValueId v);
 /// "SOURCE:line:column: message" when `source` (a file name) is given. Value names in the text
 /// may be any %identifier; they are renumbered in order.
 Graph parse(std::string_view text, std::string_view source = {});
+/// Positions per block of the graph's paged KV caches (their static second dimension); 1 for a
+/// graph without caches.
+int64_t kv_block_of(const Graph& g);
+
 /// parse() of the text in `file` (a plan's graph.ir or stageN.ir); Error "FILE: WHAT missing"
 /// when it cannot be read.
 Graph parse_file(const std::filesystem::path& file, std::string_view what);

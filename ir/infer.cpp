@@ -29,13 +29,13 @@ bool infer_source(Checker& c, const Node& n, std::vector<Type>& out) {
 bool infer_attention(Checker& c, const Node& n, std::vector<Type>& out) {
   if (!(c.rank(0, 3, "q") && c.rank(1, 3, "k") && c.rank(2, 3, "v") && c.rank(3, 4, "k cache") &&
         c.rank(4, 4, "v cache") && c.rank(5, 1, "sinks") && c.rank(6, 1, "positions") &&
-        c.rank(7, 1, "token_seq") && c.rank(8, 1, "ctx_lens") && c.rank(9, 1, "cache_rows")))
+        c.rank(7, 1, "token_seq") && c.rank(8, 1, "ctx_lens") && c.rank(9, 2, "block table")))
     return false;
   for (size_t i = 0; i < 6; ++i)
     if (!c.floaty(i, "q/k/v/caches/sinks"))
       return false;
   for (size_t i = 6; i < 10; ++i)
-    if (!c.integer(i, "positions/token_seq/ctx_lens/cache_rows"))
+    if (!c.integer(i, "positions/token_seq/ctx_lens/block table"))
       return false;
   const Shape &q = c.in(0).shape, &k = c.in(1).shape, &kc = c.in(3).shape;
   if (!(c.same_dim(q[0], k[0], "q and k tokens") && c.same_dim(q[2], k[2], "head_dim") &&
@@ -44,16 +44,14 @@ bool infer_attention(Checker& c, const Node& n, std::vector<Type>& out) {
         c.same_dim(c.in(5).shape[0], q[1], "sinks per query head") &&
         c.same_dim(c.in(6).shape[0], q[0], "positions") &&
         c.same_dim(c.in(7).shape[0], q[0], "token_seq") &&
-        c.same_dim(c.in(8).shape[0], c.in(9).shape[0], "ctx_lens and cache_rows")))
+        c.same_dim(c.in(8).shape[0], c.in(9).shape[0], "ctx_lens and block table rows")))
     return c.fail(c.error().empty() ? "k/v or k/v cache shapes differ" : c.error());
   if (q[1].is_static() && k[1].is_static() && (k[1].size == 0 || q[1].size % k[1].size != 0))
     return c.fail("query heads must be a multiple of kv heads");
   if (!c.has_int_attr("window", 0, int64_t{1} << 40) || !c.has_float_attr("scale", true))
     return false;
-  int64_t window = n.attr_int("window");
-  if (window > 0 && kc[1].is_static() && kc[1].size < window)
-    return c.fail(
-        fmt::format("a sliding cache needs >= window ({}) slots, has {}", window, kc[1].size));
+  if (!kc[1].is_static() || kc[1].size < 1)
+    return c.fail("a KV cache's second dimension is its block size, a static size");
   out = {f32(q)};
   return true;
 }
@@ -177,13 +175,17 @@ std::string infer_types(const Graph& g, const Node& n, std::vector<Type>& out) {
     break;
   case Op::KvWrite:
     if (c.rank(0, 4, "cache") && c.rank(1, 3, "x") && c.floaty(1, "x") &&
-        c.integer(2, "positions") && c.integer(3, "token_seq") && c.integer(4, "cache_rows") &&
-        c.same_dim(c.in(0).shape[2], c.in(1).shape[1], "kv heads") &&
+        c.integer(2, "positions") && c.integer(3, "token_seq") && c.rank(4, 2, "block table") &&
+        c.integer(4, "block table") && c.same_dim(c.in(0).shape[2], c.in(1).shape[1], "kv heads") &&
         c.same_dim(c.in(0).shape[3], c.in(1).shape[2], "head_dim") &&
         c.same_dim(c.in(2).shape[0], c.in(1).shape[0], "positions") &&
         c.same_dim(c.in(3).shape[0], c.in(1).shape[0], "token_seq")) {
       if (g.node(n.inputs[0]).op != Op::Cache)
         c.fail("kv_write's first operand must be a cache");
+      else if (!c.in(0).shape[1].is_static() || c.in(0).shape[1].size < 1)
+        c.fail("a KV cache's second dimension is its block size, a static size");
+      else if (n.has_attr("window") && !c.has_int_attr("window", 0, int64_t{1} << 40))
+        ;
       else
         out = {c.in(0)};
     }

@@ -112,9 +112,9 @@ Results eval_node(const Graph& g, size_t i, const std::vector<Results>& val, Int
     // The cache node's value is the live state tensor; kv_write mutates it in place, so every
     // later reader (in node order) sees the write.
     auto cache = std::const_pointer_cast<Tensor>(val[static_cast<size_t>(n.inputs[0])][0]);
-    Tensor no_ctx = Tensor::zeros(DType::I32, {in(4).numel()});
+    Tensor no_ctx = Tensor::zeros(DType::I32, {in(4).dim(0)});
     ref::Batch b{in(2), in(3), no_ctx, in(4)};
-    ref::kv_write(*cache, in(1), b);
+    ref::kv_write(*cache, in(1), b, n.has_attr("window") ? n.attr_int("window") : 0);
     return {cache};
   }
   case Op::RouterTopK: {

@@ -160,22 +160,34 @@ Tensor rope_yarn(const Tensor& x, const Tensor& positions, const Yarn& y) {
 
 namespace {
 
-/// Where sequence b's cache lives and how many of its positions precede the step, checked.
+/// How many of sequence b's positions precede the step, checked.
 struct SeqInfo {
-  int64_t row;
+  int64_t seq;
   int64_t ctx;
 };
 
-SeqInfo seq_info(const Batch& batch, int64_t t, int64_t rows) {
+SeqInfo seq_info(const Batch& batch, int64_t t) {
   const int64_t b = batch.token_seq.i[idx(t)], nseq = batch.ctx_lens.numel();
   if (b < 0 || b >= nseq)
     throw Error(
         fmt::format("token {} names sequence {}, but the step has {} sequences", t, b, nseq));
-  const int64_t row = batch.cache_rows.i[idx(b)];
-  if (row < 0 || row >= rows)
+  if (batch.table.dim(0) != nseq)
     throw Error(
-        fmt::format("sequence {} uses cache row {}, but the cache has {} rows", b, row, rows));
-  return {row, batch.ctx_lens.i[idx(b)]};
+        fmt::format("the block table has {} rows for {} sequences", batch.table.dim(0), nseq));
+  return {b, batch.ctx_lens.i[idx(b)]};
+}
+
+/// Element offset of position j of sequence `seq` in a paged cache [blocks, BS, G, D].
+int64_t slot_offset(const Batch& batch, const Tensor& cache, int64_t seq, int64_t j) {
+  const int64_t bs = cache.dim(1), width = batch.table.dim(1), blocks = cache.dim(0);
+  if (j / bs >= width)
+    throw Error(fmt::format("position {} of sequence {} is past its block table's {} blocks of {}",
+                            j, seq, width, bs));
+  const int64_t block = batch.table.i[idx(seq * width + j / bs)];
+  if (block < 0 || block >= blocks)
+    throw Error(fmt::format("sequence {}: position {} is in block {}, but the cache has {} blocks",
+                            seq, j, block, blocks));
+  return (block * bs + j % bs) * cache.dim(2) * cache.dim(3);
 }
 
 } // namespace
@@ -184,25 +196,22 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                  const Tensor& v_cache, const Tensor& sinks, const Batch& batch, int64_t window,
                  double scale) {
   const int64_t t_count = q.dim(0), h_count = q.dim(1), d = q.dim(2), g_count = k.dim(1);
-  const int64_t slots = k_cache.dim(1), group = h_count / g_count;
+  const int64_t group = h_count / g_count;
   Tensor out = Tensor::zeros(DType::F32, q.shape);
   std::vector<double> scores;
   for (int64_t t = 0; t < t_count; ++t) {
-    const SeqInfo s = seq_info(batch, t, k_cache.dim(0));
+    const SeqInfo s = seq_info(batch, t);
     const int64_t p = batch.positions.i[idx(t)];
     if (p < s.ctx)
       throw Error(fmt::format("token {} is at position {} but its sequence already has {} "
                               "cached positions",
                               t, p, s.ctx));
     const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-    if (s.ctx - lo > slots)
-      throw Error(fmt::format("position {} needs {} cached keys but the cache holds {}", p,
-                              s.ctx - lo, slots));
     // Key/value row j: cached positions come from the cache, the step's own from k/v. The
     // step's tokens of one sequence are contiguous with consecutive positions.
     auto key_row = [&](const Tensor& step, const Tensor& cache, int64_t j, int64_t g) {
       if (j < s.ctx)
-        return &cache.f[idx(((s.row * slots + j % slots) * g_count + g) * d)];
+        return &cache.f[idx(slot_offset(batch, cache, s.seq, j) + g * d)];
       const int64_t tj = t - (p - j);
       if (tj < 0 || batch.token_seq.i[idx(tj)] != batch.token_seq.i[idx(t)] ||
           batch.positions.i[idx(tj)] != j)
@@ -243,15 +252,26 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   return out;
 }
 
-void kv_write(Tensor& cache, const Tensor& x, const Batch& batch) {
-  const int64_t t_count = x.dim(0), g = x.dim(1), d = x.dim(2), slots = cache.dim(1);
+void kv_write(Tensor& cache, const Tensor& x, const Batch& batch, int64_t window) {
+  const int64_t t_count = x.dim(0), g = x.dim(1), d = x.dim(2);
   for (int64_t t = 0; t < t_count; ++t) {
-    const SeqInfo s = seq_info(batch, t, cache.dim(0));
+    const SeqInfo s = seq_info(batch, t);
     const int64_t p = batch.positions.i[idx(t)];
     if (p < 0)
       throw Error(fmt::format("token {} has negative position {}", t, p));
+    // A sliding layer's token is left out when a later token of its sequence lands in the same
+    // slot (a table that reuses a ring of blocks): tokens of a sequence are contiguous with
+    // consecutive positions, so that token sits ring * bs further, and no query after this
+    // step reaches back to p.
+    if (window > 0) {
+      const int64_t bs = cache.dim(1), ring = (window + bs - 1) / bs + 1, t2 = t + ring * bs;
+      const int64_t width = batch.table.dim(1), row = s.seq * width;
+      if (t2 < t_count && batch.token_seq.i[idx(t2)] == s.seq &&
+          batch.table.i[idx(row + p / bs)] == batch.table.i[idx(row + p / bs + ring)])
+        continue;
+    }
     std::copy_n(x.f.begin() + t * g * d, g * d,
-                cache.f.begin() + (s.row * slots + p % slots) * g * d);
+                cache.f.begin() + slot_offset(batch, cache, s.seq, p));
   }
 }
 

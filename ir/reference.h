@@ -20,13 +20,14 @@ std::vector<double> yarn_inv_freq(const Yarn& y, int64_t head_dim);
 double yarn_attention_factor(const Yarn& y);
 
 /// Sequence bookkeeping shared by attention and kv_write: tokens of the step are flattened;
-/// token t belongs to sequence token_seq[t] at position positions[t]; sequence b owns cache row
-/// cache_rows[b] and had ctx_lens[b] tokens cached before this step.
+/// token t belongs to sequence token_seq[t] at position positions[t]; sequence b had
+/// ctx_lens[b] tokens cached before this step, and its position j lives in slot j % BS of the
+/// cache block table[b, j / BS] (a paged cache [blocks, BS, G, D]).
 struct Batch {
   const Tensor& positions;
   const Tensor& token_seq;
   const Tensor& ctx_lens;
-  const Tensor& cache_rows;
+  const Tensor& table;
 };
 
 Tensor embedding(const Tensor& table, const Tensor& ids);
@@ -40,8 +41,12 @@ Tensor rope_yarn(const Tensor& x, const Tensor& positions, const Yarn& y);
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
                  const Tensor& v_cache, const Tensor& sinks, const Batch& batch, int64_t window,
                  double scale);
-/// Writes x [T,G,D] into cache [N,S,G,D] at row cache_rows[token_seq[t]], slot positions[t] % S.
-void kv_write(Tensor& cache, const Tensor& x, const Batch& batch);
+/// Writes x [T,G,D] into the paged cache [blocks, BS, G, D]: token t at position p of sequence b
+/// into slot p % BS of block table[b, p / BS]. With window > 0 a token is left out when its
+/// sequence's token ring = ceil(window / BS) + 1 blocks later in the step lands in the same
+/// block (a table that reuses a ring of blocks): no query after the step sees it, and the two
+/// stores would race on a GPU.
+void kv_write(Tensor& cache, const Tensor& x, const Batch& batch, int64_t window = 0);
 /// Top-k of each row (ties: lower index first) and the softmax over the k selected values.
 void router_topk(const Tensor& logits, int64_t k, Tensor& weights, Tensor& ids);
 /// Mixture of experts with the clamped SwiGLU (MODEL.md, "MoE"); gate_up rows interleave

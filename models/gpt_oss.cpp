@@ -1,6 +1,7 @@
 // build_gpt_oss(): emits MODEL.md's forward pass, layer by layer, through ir::Builder.
 #include "models/gpt_oss.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -24,12 +25,13 @@ const Dim kB = Dim::dynamic(ir::dims::kSeqs);
 
 /// The runtime inputs shared by every layer.
 struct Inputs {
-  ValueId ids, positions, token_seq, ctx_lens, cache_rows;
+  ValueId ids, positions, token_seq, ctx_lens, block_table, window_table;
 };
 
 class GptOssBuilder {
 public:
-  GptOssBuilder(const ModelConfig& c, ir::Graph& g, ir::DType kv) : c_(c), b_(g), kv_(kv) {}
+  GptOssBuilder(const ModelConfig& c, ir::Graph& g, ir::DType kv, int64_t block)
+      : c_(c), b_(g), kv_(kv), block_(block) {}
 
   Type bf16(ir::Shape s) const { return Type{DType::BF16, std::move(s)}; }
 
@@ -65,19 +67,19 @@ public:
     ValueId vh = heads(v, nkv);
 
     const bool sliding = c_.is_sliding(l);
-    const Dim slots = sliding ? Dim(c_.sliding_window) : Dim::dynamic(ir::dims::kMaxSeq);
-    const Type cache_t{kv_, {Dim::dynamic(ir::dims::kCacheRows), slots, nkv, hd}};
+    const int64_t window = sliding ? c_.sliding_window : 0;
+    const Dim blocks = Dim::dynamic(sliding ? ir::dims::kWindowBlocks : ir::dims::kKvBlocks);
+    const Type cache_t{kv_, {blocks, block_, nkv, hd}};
+    const ValueId table = sliding ? in.window_table : in.block_table;
     ValueId kc = b_.cache(p + "k_cache", cache_t), vc = b_.cache(p + "v_cache", cache_t);
     ValueId sinks = w(p + "self_attn.sinks", bf16({nh}));
     ValueId attn = b_.add_node(
-        Op::Attention,
-        {qr, kr, vh, kc, vc, sinks, in.positions, in.token_seq, in.ctx_lens, in.cache_rows},
-        {{"scale", 1.0 / std::sqrt(static_cast<double>(hd))},
-         {"window", sliding ? c_.sliding_window : int64_t{0}}});
+        Op::Attention, {qr, kr, vh, kc, vc, sinks, in.positions, in.token_seq, in.ctx_lens, table},
+        {{"scale", 1.0 / std::sqrt(static_cast<double>(hd))}, {"window", window}});
     // The step's keys go into the cache only after attention has read the earlier ones: a
-    // ring cache would otherwise lose positions this step still needs.
-    b_.add_node(Op::KvWrite, {kc, kr, in.positions, in.token_seq, in.cache_rows});
-    b_.add_node(Op::KvWrite, {vc, vh, in.positions, in.token_seq, in.cache_rows});
+    // sliding layer's blocks may be reused by the engine once no query sees them.
+    b_.add_node(Op::KvWrite, {kc, kr, in.positions, in.token_seq, table}, {{"window", window}});
+    b_.add_node(Op::KvWrite, {vc, vh, in.positions, in.token_seq, table}, {{"window", window}});
     ValueId flat = b_.add_typed(Op::Reshape, {attn}, Type{DType::F32, {kT, nh * hd}});
     ValueId o = b_.add_node(Op::Linear, {flat, w(p + "self_attn.o_proj.weight", bf16({d, nh * hd})),
                                          w(p + "self_attn.o_proj.bias", bf16({d}))});
@@ -104,9 +106,16 @@ public:
 
   void build(const BuildOptions& opts) {
     const Type tok{DType::I32, {kT}}, seq{DType::I32, {kB}};
-    Inputs in{b_.param(params::kTokenIds, tok), b_.param(params::kPositions, tok),
-              b_.param(params::kTokenSeq, tok), b_.param(params::kCtxLens, seq),
-              b_.param(params::kCacheRows, seq)};
+    const Type table{DType::I32, {kB, Dim::dynamic(ir::dims::kTableBlocks)}};
+    bool any_sliding = false;
+    for (int64_t l = 0; l < c_.num_hidden_layers; ++l)
+      any_sliding = any_sliding || c_.is_sliding(l);
+    Inputs in{b_.param(params::kTokenIds, tok),
+              b_.param(params::kPositions, tok),
+              b_.param(params::kTokenSeq, tok),
+              b_.param(params::kCtxLens, seq),
+              b_.param(params::kBlockTable, table),
+              any_sliding ? b_.param(params::kWindowTable, table) : ValueId(-1)};
     const int64_t d = c_.hidden_size, v = c_.vocab_size;
     ValueId h = b_.add_node(Op::Embedding, {w("model.embed_tokens.weight", bf16({v, d})), in.ids});
     for (int64_t l = 0; l < c_.num_hidden_layers; ++l)
@@ -126,6 +135,7 @@ private:
   const ModelConfig& c_;
   Builder b_;
   ir::DType kv_;
+  int64_t block_;
 };
 
 } // namespace
@@ -134,8 +144,31 @@ ir::Graph build_gpt_oss(const ModelConfig& cfg, const BuildOptions& opts) {
   ir::Graph g;
   if (opts.kv_dtype != DType::F32 && opts.kv_dtype != DType::BF16)
     throw Error("the KV cache holds f32 or bf16 values");
-  GptOssBuilder(cfg, g, opts.kv_dtype).build(opts);
+  if (opts.kv_block < 1 || opts.kv_block > 1024 || (opts.kv_block & (opts.kv_block - 1)) != 0)
+    throw Error(fmt::format("the KV block size must be a power of two in [1, 1024], got {}",
+                            opts.kv_block));
+  GptOssBuilder(cfg, g, opts.kv_dtype, opts.kv_block).build(opts);
   return g;
+}
+
+KvGeometry kv_geometry(const ir::Graph& g, int64_t max_seq) {
+  KvGeometry k;
+  k.block_size = 0;
+  for (const ir::Node& n : g.nodes) {
+    if (n.op == Op::Cache) {
+      const int64_t bs = n.type().shape.at(1).size;
+      if (k.block_size != 0 && bs != k.block_size)
+        throw Error(fmt::format("the graph's KV caches have blocks of {} and {} positions",
+                                k.block_size, bs));
+      k.block_size = bs;
+    } else if (n.op == Op::Attention) {
+      k.window = std::max(k.window, n.attr_int("window"));
+    }
+  }
+  if (k.block_size == 0)
+    k.block_size = 16; // no cache in this graph (a pipeline stage without layers)
+  k.table_blocks = k.blocks_for(max_seq);
+  return k;
 }
 
 } // namespace xserv::models

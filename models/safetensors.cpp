@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <utility>
 
 #include <fcntl.h>
@@ -161,9 +162,23 @@ SafetensorsHeader parse_safetensors_json(std::string_view text, uint64_t data_st
   // nlohmann stops at a NUL byte, so NUL padding would pass; the reference (serde) rejects it.
   if (text.find('\0') != std::string_view::npos)
     fail(source, "header is not valid JSON (it contains a NUL byte)");
-  json doc = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  // JSON lets a later key replace an earlier one; a tensor named twice would lose its first
+  // entry's bytes to what looks like a gap, so duplicates are named instead.
+  std::set<std::string> keys;
+  std::string duplicate;
+  json doc = json::parse(
+      text.begin(), text.end(),
+      [&](int depth, json::parse_event_t event, json& parsed) {
+        if (event == json::parse_event_t::key && depth == 1 && duplicate.empty() &&
+            !keys.insert(parsed.get<std::string>()).second)
+          duplicate = parsed.get<std::string>();
+        return true;
+      },
+      /*allow_exceptions=*/false);
   if (doc.is_discarded())
     fail(source, "header is not valid JSON");
+  if (!duplicate.empty())
+    fail(source, fmt::format("header names '{}' twice (a duplicate key)", duplicate));
   if (!doc.is_object())
     fail(source, fmt::format("header must be a JSON object, found {}", doc.type_name()));
   if (text.front() != '{')

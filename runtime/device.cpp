@@ -38,4 +38,11 @@ DeviceInfo probe_device() {
   return info;
 }
 
+std::pair<size_t, size_t> device_memory() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
+    return {0, 0};
+  return {free_b, total_b};
+}
+
 } // namespace xserv::runtime

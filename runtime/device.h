@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 namespace xserv::runtime {
 
@@ -21,5 +22,8 @@ struct DeviceInfo {
 /// Probes the CUDA driver. Never throws: a machine without a driver or GPU yields
 /// available = false and a one-line reason ("no CUDA driver found").
 DeviceInfo probe_device();
+
+/// Free and total bytes of the current GPU's memory (cudaMemGetInfo); zeros without a GPU.
+std::pair<size_t, size_t> device_memory();
 
 } // namespace xserv::runtime

@@ -97,10 +97,25 @@ DeviceStage::DeviceStage(const StageLayout& layout,
                        out_rows * static_cast<size_t>(layout_.output.vocab) * sizeof(float)),
         "pinned logits");
   arena_ = static_cast<char*>(allocate(static_cast<size_t>(layout_.arena_bytes)));
+  for (const StageLayout::Cache& c : layout_.caches)
+    (c.window ? window_block_bytes_ : kv_block_bytes_) += c.block_bytes();
+}
+
+void DeviceStage::allocate_pools(int64_t kv_blocks, int64_t window_blocks) {
+  XSERV_CHECK(caches_.empty(), "DeviceStage::allocate_pools twice");
+  XSERV_CHECK(kv_blocks >= 1 && window_blocks >= 0, "a KV pool without blocks");
+  kv_blocks_ = kv_blocks;
+  window_blocks_ = window_blocks;
+  const uint64_t need =
+      kv_block_bytes_ * uint64_t(kv_blocks) + window_block_bytes_ * uint64_t(window_blocks);
+  const auto [free_b, total_b] = device_memory();
+  if (need > free_b)
+    throw Error(fmt::format("the KV caches need {:.2f} GiB ({} + {} blocks), the GPU has {:.2f} "
+                            "GiB free of {:.2f}: ask for less KV memory or fewer positions",
+                            double(need) / (1ull << 30), kv_blocks, window_blocks,
+                            double(free_b) / (1ull << 30), double(total_b) / (1ull << 30)));
   for (const StageLayout::Cache& c : layout_.caches) {
-    size_t bytes = static_cast<size_t>(c.elem_bytes);
-    for (int64_t d : c.shape)
-      bytes *= static_cast<size_t>(d);
+    const size_t bytes = size_t(c.block_bytes()) * size_t(c.window ? window_blocks : kv_blocks);
     caches_.emplace_back(allocate(bytes), bytes);
   }
   reset();
@@ -152,6 +167,7 @@ void DeviceStage::load(LaunchTable table, const std::vector<std::vector<char>>& 
                        const std::map<std::string, void*>& weights, const std::string& source,
                        int compiled, double load_ms) {
   State& st = *state_;
+  XSERV_CHECK(caches_.size() == layout_.caches.size(), "DeviceStage::load before allocate_pools");
   // Its regions: the arena, weights by name, caches in the layout's order, step inputs by name,
   // and its scratch buffers (constants uploaded once).
   Bindings bind;
@@ -225,20 +241,21 @@ void DeviceStage::load(LaunchTable table, const std::vector<std::vector<char>>& 
 
 void DeviceStage::capture_all() {
   // Every decode shape a run can meet, captured now rather than inside a request (as vLLM
-  // does): batch sizes 1..max_batch x attention key buckets up to max_seq's.
+  // does): the padded batch sizes (decode_batch_bucket) up to max_batch x attention key
+  // buckets up to max_seq's.
   auto t0 = std::chrono::steady_clock::now();
   const int top = attention_key_bucket(static_cast<int>(layout_.max_seq));
-  const int tcap = static_cast<int>(layout_.tokens);
+  const int most = static_cast<int>(std::min<int64_t>(layout_.max_batch, layout_.tokens));
+  const std::vector<int> sizes = decode_batch_sizes(most);
   int buckets = 0;
-  for (int b = 1; b <= static_cast<int>(layout_.max_batch) && b <= tcap; ++b)
+  for (int b : sizes)
     for (int bucket = 64, n = 0; bucket <= top; bucket *= 2, ++n) {
       buckets = std::max(buckets, n + 1);
       StepShape s{b, b, bucket - 1};
       state_->graph_execs.emplace(std::make_tuple(b, b, bucket), state_->capture(stream_, s));
     }
-  log(fmt::format("captured {} decode graphs (batch 1..{} x {} key buckets) in {:.2f} s",
-                  state_->graph_execs.size(), std::min<int64_t>(layout_.max_batch, tcap), buckets,
-                  seconds_since(t0)));
+  log(fmt::format("captured {} decode graphs ({} batch sizes 1..{} x {} key buckets) in {:.2f} s",
+                  state_->graph_execs.size(), sizes.size(), most, buckets, seconds_since(t0)));
 }
 
 size_t DeviceStage::entries() const {
@@ -252,9 +269,16 @@ size_t DeviceStage::graphs_captured() const {
 void DeviceStage::run(const SubStep& s) {
   State& st = *state_;
   XSERV_CHECK(st.executor, "DeviceStage::run before load");
-  check(cudaMemcpyAsync(params_dev_, params_host_, param_words_ * sizeof(int32_t),
-                        cudaMemcpyHostToDevice, stream_),
-        "uploading the step inputs");
+  if (s.params.empty())
+    check(cudaMemcpyAsync(params_dev_, params_host_, param_words_ * sizeof(int32_t),
+                          cudaMemcpyHostToDevice, stream_),
+          "uploading the step inputs");
+  for (const auto& [first, count] : s.params) {
+    XSERV_CHECK(first + count <= param_words_, "a step-input range past the block");
+    check(cudaMemcpyAsync(params_dev_ + first, params_host_ + first, count * sizeof(int32_t),
+                          cudaMemcpyHostToDevice, stream_),
+          "uploading the step inputs");
+  }
   // A pipeline stage's received activations: this sub-step's rows of each recv value.
   for (const HostUpload& u : s.uploads)
     check(cudaMemcpyAsync(arena_ + u.arena_offset, u.src, u.bytes, cudaMemcpyHostToDevice, stream_),
@@ -325,6 +349,22 @@ void DeviceStage::reset() {
   for (auto& c : caches_)
     check(cudaMemsetAsync(c.first, 0, c.second, stream_), "clearing the KV cache");
   check(cudaStreamSynchronize(stream_), "clearing the KV cache");
+}
+
+void DeviceStage::copy_block(bool window, int32_t src, int32_t dst) {
+  const int64_t blocks = window ? window_blocks_ : kv_blocks_;
+  XSERV_CHECK(src >= 0 && src < blocks && dst >= 0 && dst < blocks,
+              fmt::format("a copy of KV block {} to {} in a pool of {}", src, dst, blocks));
+  for (size_t i = 0; i < caches_.size(); ++i) {
+    const StageLayout::Cache& c = layout_.caches[i];
+    if (c.window != window)
+      continue;
+    char* base = static_cast<char*>(caches_[i].first);
+    const size_t b = size_t(c.block_bytes());
+    check(cudaMemcpyAsync(base + size_t(dst) * b, base + size_t(src) * b, b,
+                          cudaMemcpyDeviceToDevice, stream_),
+          "copying a KV block");
+  }
 }
 
 void DeviceStage::synchronize() {

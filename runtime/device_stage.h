@@ -57,6 +57,8 @@ struct HostUpload {
 /// One sub-step for DeviceStage::run.
 struct SubStep {
   StepShape shape;
+  /// The parts of the step-input block to upload, as (first int32, count); empty: all of it.
+  std::vector<std::pair<size_t, size_t>> params;
   std::vector<HostUpload> uploads;           ///< after the step inputs, in order
   const StageTransport* transport = nullptr; ///< receives before, sends after, waits
   size_t rows = 0; ///< output rows of the sub-step: its tokens (per-token output) or sequences
@@ -70,14 +72,24 @@ struct SubStep {
 /// A stage's device memory, kernels and launch table (see the file comment).
 class DeviceStage {
 public:
-  /// Creates its stream and allocates what `layout` asks for: the arena, the KV caches (cleared)
-  /// and pinned host buffers for the output rows, and the step-input block of `param_words`
-  /// int32 values (input `name` at param_offsets[name]). Throws xserv::Error on CUDA errors.
+  /// Creates its stream and allocates what `layout` asks for but the KV caches: the arena, pinned
+  /// host buffers for the output rows, and the step-input block of `param_words` int32 values
+  /// (input `name` at param_offsets[name]). Throws xserv::Error on CUDA errors.
   DeviceStage(const StageLayout& layout, const std::map<std::string, size_t>& param_offsets,
               size_t param_words, const DeviceStageOptions& options);
   ~DeviceStage();
   DeviceStage(const DeviceStage&) = delete;
   DeviceStage& operator=(const DeviceStage&) = delete;
+
+  /// Allocates the KV caches (cleared): every cache of the full-attention pool holds
+  /// `kv_blocks` blocks, every cache of the sliding-window pool (the layout's caches with
+  /// `window` set) `window_blocks`; a block id pages all of a pool's layers. Before load();
+  /// throws xserv::Error naming the bytes when they do not fit.
+  void allocate_pools(int64_t kv_blocks, int64_t window_blocks);
+  /// Device bytes one block of each pool takes over all of the stage's caches (known from the
+  /// layout, before allocate_pools).
+  uint64_t kv_block_bytes() const { return kv_block_bytes_; }
+  uint64_t window_block_bytes() const { return window_block_bytes_; }
 
   /// Binds `table` to the stage's memory and `weights` (device pointers by name, kept alive by
   /// the caller), uploads its scratch constants, loads `cubins` (one per table.kernels entry)
@@ -103,6 +115,12 @@ public:
 
   /// Clears the KV caches.
   void reset();
+  /// Queues a copy of block `src` to block `dst` in every cache of one pool (the sliding-window
+  /// pool's with `window`), ahead of the next run() on the stage's stream.
+  void copy_block(bool window, int32_t src, int32_t dst);
+  /// Blocks of the full-attention and the sliding-window pools (after allocate_pools).
+  int64_t kv_blocks() const { return kv_blocks_; }
+  int64_t window_blocks() const { return window_blocks_; }
   void synchronize();
   /// `count` floats of the arena from byte `offset`, after the queued work. Throws xserv::Error
   /// for a range outside the arena.
@@ -136,6 +154,8 @@ private:
   int argmax_chunks_ = 0;          ///< keys per sequence
   uint64_t* keys_host_ = nullptr;  ///< pinned, [max_batch, argmax_chunks]
   std::vector<std::pair<void*, size_t>> caches_; ///< in the layout's order
+  int64_t kv_blocks_ = 0, window_blocks_ = 0;
+  uint64_t kv_block_bytes_ = 0, window_block_bytes_ = 0;
   std::unique_ptr<State> state_; ///< kernels, executor, decode graphs, profiling events
 };
 

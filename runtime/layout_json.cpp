@@ -56,7 +56,8 @@ json stage_layout_to_json(const StageLayout& l) {
   for (const auto& r : l.recvs)
     recvs.push_back({{"name", r.name}, {"offset", r.offset}, {"row_bytes", r.row_bytes}});
   for (const auto& c : l.caches)
-    caches.push_back({{"shape", c.shape}, {"elem_bytes", c.elem_bytes}});
+    caches.push_back(
+        {{"block_shape", c.block_shape}, {"elem_bytes", c.elem_bytes}, {"window", c.window}});
   for (const auto& w : l.weights)
     weights.push_back({{"name", w.name}, {"shape", w.shape}});
   return {{"max_batch", l.max_batch},
@@ -72,6 +73,9 @@ json stage_layout_to_json(const StageLayout& l) {
             {"sends", l.output.sends},
             {"vocab", l.output.vocab}}},
           {"recvs", recvs},
+          {"kv_block", l.kv_block},
+          {"table_blocks", l.table_blocks},
+          {"window", l.window},
           {"caches", caches},
           {"weights", weights}};
 }
@@ -111,13 +115,24 @@ StageLayout stage_layout_from_json(const json& j) {
       throw Error(fmt::format("layout: recv '{}' ends past the arena", rv.name));
     l.recvs.push_back(std::move(rv));
   }
+  l.kv_block = integer(j, "kv_block", "", 1, 1024);
+  if ((l.kv_block & (l.kv_block - 1)) != 0)
+    throw Error(fmt::format("layout: kv_block = {} is not a power of two", l.kv_block));
+  l.table_blocks = integer(j, "table_blocks", "", 1, int64_t{1} << 24);
+  if (l.table_blocks != (l.max_seq + l.kv_block - 1) / l.kv_block)
+    throw Error(fmt::format("layout: table_blocks = {} is not max_seq {} in blocks of {}",
+                            l.table_blocks, l.max_seq, l.kv_block));
+  l.window = integer(j, "window", "", 0, int64_t{1} << 24);
   for (const json& c : field(j, "caches", "")) {
     StageLayout::Cache cv;
-    cv.shape = shape(c, "shape", "caches[].");
+    cv.block_shape = shape(c, "block_shape", "caches[].");
     cv.elem_bytes = static_cast<int>(integer(c, "elem_bytes", "caches[].", 2, 4));
-    if (cv.shape[0] != l.max_batch)
-      throw Error(fmt::format("layout: a cache has {} rows, the layout {} sequences", cv.shape[0],
-                              l.max_batch));
+    cv.window = boolean(c, "window", "caches[].");
+    if (cv.block_shape.size() != 3 || cv.block_shape[0] != l.kv_block)
+      throw Error(
+          fmt::format("layout: a cache's block is not [{}, kv heads, head dim]", l.kv_block));
+    if (cv.window && l.window == 0)
+      throw Error("layout: a cache pages from the window pool, but the layout has no window");
     l.caches.push_back(std::move(cv));
   }
   for (const json& w : field(j, "weights", "")) {

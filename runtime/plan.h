@@ -94,6 +94,29 @@ inline int attention_key_bucket(int keys) {
   return b;
 }
 
+/// The batch a decode step of `seqs` sequences runs at, padded so that a few captured CUDA
+/// graphs serve every batch: exact up to 16 (a small batch's padding would route its dummy
+/// tokens to experts no real token needs), then multiples of 8 to 64, of 16 to 128, of 32 to
+/// 256, of 64 beyond; never above `most` (the stage's max batch and step capacity), which is a
+/// size of its own.
+inline int decode_batch_bucket(int seqs, int most) {
+  int b = seqs;
+  if (seqs > 16) {
+    const int step = seqs <= 64 ? 8 : seqs <= 128 ? 16 : seqs <= 256 ? 32 : 64;
+    b = (seqs + step - 1) / step * step;
+  }
+  return std::min(b, most);
+}
+
+/// Every batch decode_batch_bucket gives for 1..most, ascending.
+inline std::vector<int> decode_batch_sizes(int most) {
+  std::vector<int> out;
+  for (int s = 1; s <= most; ++s)
+    if (decode_batch_bucket(s, most) == s)
+      out.push_back(s);
+  return out;
+}
+
 /// Key splits of attention_decode for at most `max_keys` keys: one per 64 keys, 1 to 32 (the
 /// same rule as codegen::attention_splits, which sizes the kernels' buffers).
 inline int attention_splits(int max_keys) {
@@ -261,8 +284,8 @@ struct LaunchTable {
 /// by compile into plan.json ("codegen"."layout"); a run whose max batch, max sequence, step
 /// capacity or gemm precision differ cannot use it.
 struct StageLayout {
-  int64_t max_batch = 0; ///< KV-cache rows and sequences per step
-  int64_t max_seq = 0;   ///< positions per row
+  int64_t max_batch = 0; ///< sequences per step
+  int64_t max_seq = 0;   ///< positions of the longest sequence
   int64_t tokens = 0;    ///< step capacity (T) the arena and the launch table are for
   bool gemm_split = true;
   /// The expert matrices' device format: the weight upload and the MoE kernels both follow it.
@@ -285,11 +308,25 @@ struct StageLayout {
     bool operator==(const Recv&) const = default;
   };
   std::vector<Recv> recvs;
-  /// A KV cache, in the graph's order (the launch table's Cache index): its concrete shape
-  /// [rows, slots, kv heads, head dim] and element size.
+  /// The paging of the KV caches: positions per block, entries of a sequence's block table (the
+  /// longest sequence in blocks), and the sliding layers' window (0: none). How many blocks the
+  /// pools hold is decided when a model loads, not at compile.
+  int64_t kv_block = 16;
+  int64_t table_blocks = 0;
+  int64_t window = 0;
+  /// A KV cache, in the graph's order (the launch table's Cache index): one block's shape
+  /// [kv_block, kv heads, head dim], its element size, and which pool it pages from (the
+  /// sliding layers' window pool through window_table, else the full pool through block_table).
   struct Cache {
-    std::vector<int64_t> shape;
+    std::vector<int64_t> block_shape;
     int elem_bytes = 4;
+    bool window = false;
+    uint64_t block_bytes() const {
+      uint64_t n = static_cast<uint64_t>(elem_bytes);
+      for (int64_t d : block_shape)
+        n *= static_cast<uint64_t>(d);
+      return n;
+    }
     bool operator==(const Cache&) const = default;
   };
   std::vector<Cache> caches;

@@ -15,8 +15,9 @@ namespace xserv::runtime {
 
 /// The plan.json version this xserv writes and reads; a plan of another version is refused with
 /// "recompile the plan". 2: per-stage launch tables and layouts, options.gemm_precision and
-/// options.expert_format, named sends and receives.
-inline constexpr int64_t kPlanVersion = 2;
+/// options.expert_format, named sends and receives; 3: paged KV caches (options.kv_block, block
+/// tables instead of cache rows).
+inline constexpr int64_t kPlanVersion = 3;
 
 /// The limits `xserv compile` enforces, which a plan must respect to be run.
 inline constexpr int64_t kPlanMaxBatch = 4096;
@@ -33,12 +34,13 @@ inline const char* kv_dtype_name(KvDtype d) {
 
 /// What the plan was compiled for: the compile flags a run may not exceed or change.
 struct PlanOptions {
-  int64_t max_batch = 1;        ///< --max-batch: KV-cache rows, sequences per step, [1, 4096]
-  int64_t max_seq = 1;          ///< --max-seq: positions per row, [1, 2^24]
+  int64_t max_batch = 1;        ///< --max-batch: sequences per step (decode graphs), [1, 4096]
+  int64_t max_seq = 1;          ///< --max-seq: positions of the longest sequence, [1, 2^24]
   int64_t prefill_chunk = 1;    ///< --prefill-chunk: tokens per prefill sub-step, [1, 2^24]
   int pp = 1;                   ///< --pp: pipeline stages, [1, 64]
   bool last_logits_only = true; ///< not --all-logits
   KvDtype kv_dtype = KvDtype::F32;
+  int64_t kv_block = 16;      ///< --kv-block: positions per KV-cache block, a power of two
   bool gemm_split = true;     ///< gemm activations as bf16 hi + lo ("split") or plain "bf16"
   std::string arch = "sm_90"; ///< --arch: the GPU architecture of the cubins, "sm_NN"
   ExpertFormat expert_format = ExpertFormat::Bf16; ///< --expert-format
@@ -120,6 +122,7 @@ struct PlanStage {
   bool embedding = true, head = true;  ///< holds the embedding / final norm and lm_head
   std::vector<PlanTransfer> sends, recvs;
   /// The partition's cost model (pp > 1; display).
+  /// kv_cache_bytes: of one KV block of positions of the stage's layers (both pools).
   int64_t weight_bytes = 0, kv_cache_bytes = 0, decode_bytes_per_token = 0;
   double prefill_flops_per_token = 0, estimated_decode_ms = 0, estimated_prefill_us_per_token = 0;
   int64_t activation_arena_bytes = 0;

@@ -87,6 +87,7 @@ json plan_options_to_json(const PlanOptions& o) {
             {"prefill_chunk", o.prefill_chunk},
             {"last_logits_only", o.last_logits_only},
             {"kv_dtype", kv_dtype_name(o.kv_dtype)},
+            {"kv_block", o.kv_block},
             {"gemm_precision", o.gemm_split ? "split" : "bf16"},
             {"arch", o.arch},
             {"expert_format", expert_format_name(o.expert_format)}};

@@ -184,6 +184,9 @@ PlanOptions read_options(const Checker& c, const json& doc) {
   p.prefill_chunk = c.integer(o, "options", "prefill_chunk", 1, kPlanMaxSeq);
   p.last_logits_only = c.boolean(o, "options", "last_logits_only");
   p.kv_dtype = c.choice(o, "options", "kv_dtype", {"f32", "bf16"}) ? KvDtype::Bf16 : KvDtype::F32;
+  p.kv_block = c.integer(o, "options", "kv_block", 1, 1024);
+  if ((p.kv_block & (p.kv_block - 1)) != 0)
+    c.fail("options.kv_block", fmt::format("{} is not a power of two", p.kv_block));
   p.gemm_split = c.choice(o, "options", "gemm_precision", {"split", "bf16"}) == 0;
   p.arch = c.string(o, "options", "arch");
   const bool arch_ok =
@@ -255,6 +258,9 @@ void read_stage_code(const Checker& c, const json& obj, const std::string& path,
                            l.max_batch, l.max_seq, opts.max_batch, opts.max_seq));
   if (l.gemm_split != opts.gemm_split)
     c.fail(lf + ".gemm_split", "disagrees with options.gemm_precision");
+  if (l.kv_block != opts.kv_block)
+    c.fail(lf + ".kv_block",
+           fmt::format("{}, but options.kv_block is {}", l.kv_block, opts.kv_block));
   if (l.expert_format != opts.expert_format)
     c.fail(lf + ".expert_format", fmt::format("\"{}\", but options.expert_format is \"{}\"",
                                               expert_format_name(l.expert_format),

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build ccache pkg-config libfmt-dev doctest-dev llvm-16-dev
-          nlohmann-json3-dev libpcre2-dev libcpp-httplib-dev python3)
+          nlohmann-json3-dev libpcre2-dev libboost-dev python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

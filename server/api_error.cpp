@@ -19,7 +19,35 @@ Json error_body(const ApiError& e) {
   return out;
 }
 
-Json parse_body(const std::string& body) {
+size_t json_too_deep_at(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i; // the escaped character cannot end the string
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth)
+        return i;
+    } else if (c == ']' || c == '}') {
+      depth = depth > 0 ? depth - 1 : 0;
+    }
+  }
+  return std::string_view::npos;
+}
+
+Json parse_body(const std::string& body, int max_depth) {
+  if (const size_t at = json_too_deep_at(body, max_depth); at != std::string_view::npos)
+    throw ApiError(400,
+                   fmt::format("the request body nests arrays and objects deeper than the "
+                               "server's limit of {} levels (at byte {}; --max-json-depth)",
+                               max_depth, at),
+                   "", "invalid_request_error", "json_too_deep");
   Json j;
   try {
     j = Json::parse(body);

@@ -2,7 +2,9 @@
 // refusal names its HTTP status, the offending field and a machine-readable code.
 #pragma once
 
+#include <cstddef>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -31,7 +33,18 @@ public:
 /// and code are null when empty).
 Json error_body(const ApiError& e);
 
-/// A request body as JSON; throws ApiError 400 when it is not a JSON object.
-Json parse_body(const std::string& body);
+/// How deep a request body may nest arrays and objects unless --max-json-depth says otherwise
+/// (as llama.cpp's server: OpenAI request bodies nest a dozen levels, tool schemas a few more).
+inline constexpr int kMaxJsonDepth = 64;
+
+/// Where `text` opens an array or object nested deeper than `max_depth` (the top level is depth
+/// 1): its byte offset, or npos when it nests no deeper. One pass that skips strings as JSON
+/// reads them, so for any text it never counts less than the parser would build before it
+/// stops; nothing recursive touches a body before this has passed.
+size_t json_too_deep_at(std::string_view text, int max_depth);
+
+/// A request body as JSON; throws ApiError 400 when it nests deeper than `max_depth` (checked
+/// before it is parsed: copying and printing a value recurse) or is not a JSON object.
+Json parse_body(const std::string& body, int max_depth = kMaxJsonDepth);
 
 } // namespace xserv::server::openai

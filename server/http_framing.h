@@ -1,33 +1,43 @@
-// How an HTTP request's body is delimited, checked before cpp-httplib reads it: the library parses
-// Content-Length with strtoull (so "abc" reads as an empty body and "-1" as 2^64 - 1), takes the
-// first of two Content-Length headers, lets Transfer-Encoding win over Content-Length silently,
-// reads a chunked body with no size limit and a POST without either until the client closes. A
-// request whose end is in doubt is refused here (cli/serve_server.cpp's pre-routing gate) and its
-// connection closed.
+// How a request's header and body framing is judged: Beast's parser reads Content-Length and
+// Transfer-Encoding strictly (digits only, one value, not both, chunked last) under the header
+// and body limits; this names its refusals for the client and adds the two rules it leaves to the
+// server. Also the API key check of the Authorization header.
 #pragma once
 
-#include <cstdint>
+#include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 
-#include <httplib.h>
+#include <boost/beast/core/error.hpp>
 
-#include "server/openai_request.h"
+#include "server/api_error.h"
 
 namespace xserv::server {
 
-/// The first problem with how a request of `method` with `headers` delimits its body, or
-/// nullopt when the library may read it:
-/// - Content-Length: decimal digits only (400 otherwise: "abc", "-1", "+5", "1,1"), the same
-///   number when given more than once (400; compared as written but for leading zeros, so two
-///   past 2^64 differ), at most `max_body` bytes (413, before any is read; past 2^64 always);
-/// - Transfer-Encoding: never with Content-Length (400: the two disagree on where the body
-///   ends), no coding but chunked (400), and chunked bodies are refused too (411: cpp-httplib
-///   0.11 does not hold them to --max-body, so one could fill memory);
-/// - POST, PUT, PATCH and DELETE need Content-Length (411); GET and HEAD carry no body (400 for
-///   a non-zero Content-Length or any Transfer-Encoding: the library would read the body as
-///   the next request).
-std::optional<openai::ApiError>
-check_body_framing(const std::string& method, const httplib::Headers& headers, uint64_t max_body);
+/// The answer to a request Beast's parser refused with `ec`: 431 for a header past
+/// `max_header` bytes, 413 for a body past `max_body` (a Content-Length is refused before any
+/// of the body is read, a chunked body as soon as it grows past), 400 naming what was malformed
+/// otherwise. Every one closes its connection: what follows cannot be read as a request.
+openai::ApiError parser_refusal(const boost::beast::error_code& ec, size_t max_header,
+                                size_t max_body);
+
+/// What the parser leaves to the server about a request of `method` whose header carries
+/// Content-Length or not and Transfer-Encoding `coding` ("" when absent): a Transfer-Encoding
+/// that does not end in chunked (400: RFC 9112 6.3, the request's length cannot be known), and a
+/// POST, PUT or PATCH with neither field (411: its body would be read as the next request).
+/// nullopt when the body can be read.
+std::optional<openai::ApiError> framing_refusal(std::string_view method, bool content_length,
+                                                std::string_view coding);
+
+/// Whether an Authorization header value carries `key` as a Bearer token: the scheme without
+/// regard to case (RFC 9110 11.1), one or more spaces, then the key compared in constant time.
+bool bearer_matches(std::string_view authorization, std::string_view key);
+
+/// The verdict on a request's `bytes` as a session reaches it: the header parsed by Beast
+/// under `max_header` and `max_body`, then framing_refusal; nullopt when its body may be read.
+/// Also nullopt for a header not yet complete. For tests and fuzz targets.
+std::optional<openai::ApiError> head_refusal(std::string_view bytes, size_t max_header,
+                                             size_t max_body);
 
 } // namespace xserv::server

@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
-#include <httplib.h>
 #include <nlohmann/json.hpp>
+
+#include "server/http_client.h"
 
 namespace xserv::server {
 
@@ -28,16 +31,33 @@ std::vector<engine::RequestRecord> run_http_load(const Endpoint& ep, const engin
   const size_t n = w.prompts.size();
   std::vector<engine::RequestRecord> rec(n);
   std::atomic<size_t> next{0};
+  // A conversation's next turn goes once its last is done (Workload::after).
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  std::vector<char> done(n, 0);
+  const HttpBase base = parse_http_base(ep.url);
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (!ep.api_key.empty())
+    headers.emplace_back("Authorization", "Bearer " + ep.api_key);
   const auto t0 = Clock::now();
   auto worker = [&] {
-    httplib::Client client(ep.url);
-    client.set_read_timeout(600, 0);
-    client.set_connection_timeout(10, 0);
+    HttpClient client(base, std::chrono::seconds(600));
     for (size_t i = next++; i < n; i = next++) {
       const double wait = w.arrivals[i] - seconds_since(t0);
       if (wait > 0)
         std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+      if (!w.after.empty() && w.after[i] >= 0) {
+        std::unique_lock lock(done_mu);
+        done_cv.wait(lock, [&] { return done[size_t(w.after[i])] != 0; });
+      }
       engine::RequestRecord& r = rec[i];
+      auto finish = [&] {
+        {
+          std::lock_guard lock(done_mu);
+          done[i] = 1;
+        }
+        done_cv.notify_all();
+      };
       nlohmann::json body = {{"model", ep.model},
                              {"prompt", w.prompts[i]},
                              {"max_tokens", w.output_lens[i]},
@@ -45,17 +65,10 @@ std::vector<engine::RequestRecord> run_http_load(const Endpoint& ep, const engin
                              {"temperature", 0},
                              {"stream", true},
                              {"stream_options", {{"include_usage", true}}}};
-      httplib::Request req;
-      req.method = "POST";
-      req.path = "/v1/completions";
-      req.body = body.dump();
-      req.set_header("Content-Type", "application/json");
-      if (!ep.api_key.empty())
-        req.set_header("Authorization", "Bearer " + ep.api_key);
       std::string buffer;
       int64_t chunks = 0, usage = -1;
-      req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
-        buffer.append(data, len);
+      auto sink = [&](std::string_view data) {
+        buffer.append(data);
         if (buffer.size() > (1 << 20)) { // not a stream of events: keep the start for the error
           r.error = "the server sent no event stream: " + buffer.substr(0, 200);
           return false;
@@ -85,7 +98,7 @@ std::vector<engine::RequestRecord> run_http_load(const Endpoint& ep, const engin
             ++chunks;
             if (w.hang_up_after[i] > 0 && chunks >= w.hang_up_after[i]) {
               r.disconnected = true;
-              return false; // hang up: httplib closes the connection
+              return false; // hang up: the client closes the connection
             }
           }
         }
@@ -93,16 +106,16 @@ std::vector<engine::RequestRecord> run_http_load(const Endpoint& ep, const engin
       };
       r.sent = seconds_since(t0);
       r.prompt_tokens = static_cast<int64_t>(w.prompts[i].size());
-      const httplib::Result res = client.send(req);
+      const HttpReply res = client.request("POST", "/v1/completions", body.dump(), headers, sink);
       r.end = seconds_since(t0);
       r.output_tokens = usage >= 0 ? usage : chunks;
+      finish();
       if (r.disconnected)
         continue;
-      if (!res)
-        r.error = "HTTP error: " + httplib::to_string(res.error());
-      else if (res->status != 200) // the body went to the receiver: what is left of it
-        r.error = fmt::format("HTTP {}: {}", res->status,
-                              (res->body.empty() ? buffer : res->body).substr(0, 200));
+      if (!res.error.empty())
+        r.error = "HTTP error: " + res.error;
+      else if (res.status != 200)
+        r.error = fmt::format("HTTP {}: {}", res.status, res.body.substr(0, 200));
       r.ok = r.error.empty() && !r.token_times.empty();
       if (r.error.empty() && r.token_times.empty())
         r.error = "no tokens in the stream";

@@ -65,12 +65,34 @@ std::string ServeMetrics::render(const engine::EngineStats& st) const {
     out += fmt::format("# HELP xserv:{} {}\n# TYPE xserv:{} gauge\nxserv:{} {}\n", name, help, name,
                        name, v);
   };
-  gauge("num_requests_running", "Requests holding a KV-cache row.", double(st.running));
-  gauge("num_requests_waiting", "Requests queued for a KV-cache row.", double(st.waiting));
-  gauge("kv_rows_in_use", "KV-cache rows in use.", double(st.kv_rows_in_use));
-  gauge("kv_rows_total", "KV-cache rows the engine may use.", double(st.kv_rows));
-  gauge("kv_cache_usage_perc", "Fraction of KV-cache rows in use.",
-        st.kv_rows ? double(st.kv_rows_in_use) / double(st.kv_rows) : 0.0);
+  auto counter = [&](const char* name, const char* help, double v) {
+    out += fmt::format("# HELP xserv:{} {}\n# TYPE xserv:{} counter\nxserv:{} {}\n", name, help,
+                       name, name, v);
+  };
+  gauge("num_requests_running", "Sequences holding KV blocks (prefill or decode).",
+        double(st.running));
+  gauge("num_requests_waiting", "Sequences queued, or preempted and waiting to be recomputed.",
+        double(st.waiting));
+  gauge("kv_block_size", "Positions per KV block.", double(st.kv_block_size));
+  gauge("kv_blocks_total", "Blocks of the full-attention KV pool.", double(st.kv_blocks));
+  gauge("kv_blocks_in_use", "Full-attention KV blocks held by running sequences.",
+        double(st.kv_blocks_used));
+  gauge("kv_window_blocks_total", "Blocks of the sliding-window KV pool.",
+        double(st.kv_window_blocks));
+  gauge("kv_window_blocks_in_use", "Sliding-window KV blocks held by running sequences.",
+        double(st.kv_window_blocks_used));
+  gauge("kv_cached_blocks_free", "Free blocks still holding a cached prefix (evictable).",
+        double(st.kv_cached_free));
+  gauge("kv_cache_usage_perc", "Fraction of the full-attention KV pool in use.",
+        st.kv_blocks ? double(st.kv_blocks_used) / double(st.kv_blocks) : 0.0);
+  counter("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+          double(st.prefix_queries));
+  counter("prefix_cache_hits_total", "Prompt tokens found in the prefix cache (not computed).",
+          double(st.prefix_hits));
+  counter("prefix_cache_evictions_total", "Cached prefix blocks evicted for new ones.",
+          double(st.prefix_evictions));
+  counter("num_preemptions_total", "Sequences preempted when KV blocks ran out (recomputed).",
+          double(st.preemptions));
   out += fmt::format("# HELP xserv:prompt_tokens_total Prompt tokens of finished requests.\n"
                      "# TYPE xserv:prompt_tokens_total counter\nxserv:prompt_tokens_total {}\n",
                      prompt_tokens_);

@@ -45,7 +45,10 @@ public:
   void count_disconnect();
   /// The Prometheus text exposition (version 0.0.4): xserv:time_to_first_token_seconds,
   /// xserv:inter_token_latency_seconds, xserv:e2e_request_latency_seconds,
-  /// xserv:num_requests_running / _waiting, xserv:kv_rows_in_use / xserv:kv_rows_total,
+  /// xserv:num_requests_running / _waiting, the KV pools (xserv:kv_blocks_total /
+  /// _in_use, the window pool's, cached free blocks, xserv:kv_cache_usage_perc), the prefix
+  /// cache (xserv:prefix_cache_queries_total / _hits_total / _evictions_total),
+  /// xserv:num_preemptions_total,
   /// xserv:prompt_tokens_total, xserv:generation_tokens_total,
   /// xserv:request_success_total{finished_reason} and xserv:client_disconnects_total.
   std::string render(const engine::EngineStats& stats) const;

@@ -73,7 +73,8 @@ void parse_common(Fields& f, GenParams& p, std::string& model) {
       bad("max_completion_tokens", "differs from max_tokens; give one of them");
     p.max_tokens = *n;
   }
-  f.integer("n", 1, 1); // one choice per request
+  if (auto n = f.integer("n", 1, engine::kMaxChoices))
+    p.n = static_cast<int>(*n);
   only_default(f, "presence_penalty", 0);
   only_default(f, "frequency_penalty", 0);
   only_default(f, "repetition_penalty", 1);
@@ -134,6 +135,13 @@ models::ToolDescription parse_tool(const Json& t, const std::string& param) {
 }
 
 } // namespace
+
+void check_stop_token_ids(const GenParams& p, int64_t vocab) {
+  for (int32_t id : p.stop_token_ids)
+    if (id >= vocab)
+      bad("stop_token_ids",
+          fmt::format("holds {}, outside the model's vocabulary [0, {})", id, vocab));
+}
 
 std::vector<models::Message> chat_to_harmony(const Json& messages, const Json& tools,
                                              models::ReasoningEffort effort) {

@@ -22,6 +22,7 @@ struct GenParams {
   int top_logprobs = -1;   ///< -1: no logprobs; 0..20: logprobs with that many alternatives
   bool stream = false;
   bool include_usage = false; ///< stream_options.include_usage
+  int n = 1;                  ///< choices (1..engine::kMaxChoices; the engine may cap it lower)
 };
 
 /// A parsed /v1/chat/completions request.
@@ -40,13 +41,16 @@ struct CompletionRequest {
 };
 
 /// Parses and validates a chat completion body. Every field is typed and range-checked; fields
-/// unknown to the schema, wrong types, out-of-range values and unsupported options (n != 1,
-/// penalties other than 0, ...) throw ApiError 400 naming the field in `param`.
+/// unknown to the schema, wrong types, out-of-range values and unsupported options
+/// (penalties other than 0, ...) throw ApiError 400 naming the field in `param`.
 ChatRequest parse_chat_request(const Json& body);
 
 /// The same for a text completion body (`prompt`: a string, an array of one string, or an
 /// array of token ids).
 CompletionRequest parse_completion_request(const Json& body);
+
+/// Throws ApiError 400 naming stop_token_ids when one of `p`'s ids lies outside [0, vocab).
+void check_stop_token_ids(const GenParams& p, int64_t vocab);
 
 /// The harmony conversation of OpenAI chat `messages` (an array) with `tools` (null or an array
 /// of function tools): a system message with the reasoning effort, a developer message with the

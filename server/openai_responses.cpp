@@ -188,15 +188,18 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 
 } // namespace
 
-ResponsesRequest parse_responses_request(const Json& body) {
+ResponsesRequest parse_responses_request(Json body) {
   Fields f(body, "");
   ResponsesRequest r;
   Json chat = Json::object();
-  // Passed through as chat takes them (its checks name the same fields).
+  // Passed through as chat takes them (its checks name the same fields): scalars and strings.
   for (const char* k : {"model", "temperature", "top_p", "top_k", "min_p", "seed", "stream",
-                        "parallel_tool_calls", "tool_choice", "metadata", "user", "ignore_eos"})
+                        "parallel_tool_calls", "tool_choice", "user", "ignore_eos"})
     if (const Json* v = f.get(k))
       chat[k] = *v;
+  Json metadata = Json::object(); // any JSON, echoed as given: moved, never copied
+  if (f.get("metadata"))
+    metadata = std::move(body["metadata"]);
   r.stream = chat.contains("stream") && chat["stream"].is_boolean() && chat["stream"].get<bool>();
   Json echo = {{"instructions", nullptr},
                {"max_output_tokens", nullptr},
@@ -206,7 +209,7 @@ ResponsesRequest parse_responses_request(const Json& body) {
                {"tools", Json::array()},
                {"parallel_tool_calls", chat.value("parallel_tool_calls", Json(true))},
                {"reasoning", {{"effort", "medium"}, {"summary", nullptr}}},
-               {"metadata", chat.value("metadata", Json::object())}};
+               {"metadata", std::move(metadata)}};
   if (auto n = f.integer("max_output_tokens", 1, INT32_MAX)) {
     chat["max_tokens"] = *n;
     echo["max_output_tokens"] = *n;
@@ -276,7 +279,7 @@ ResponsesRequest parse_responses_request(const Json& body) {
       list.push_back(chat_tool((*tools)[i], fmt::format("tools[{}]", i)));
     if (!list.empty())
       chat["tools"] = std::move(list);
-    echo["tools"] = *tools;
+    echo["tools"] = std::move(body["tools"]); // as given; chat's copy holds the parameters
   }
   f.reject_unknown();
   chat["messages"] = std::move(messages);

@@ -26,8 +26,9 @@ struct ResponsesRequest {
 /// Translates and validates a Responses body. Fields unknown to the API, of the wrong type, or
 /// options this server does not provide (previous_response_id: it keeps no responses; built-in
 /// tools; non-text input parts; include; reasoning summaries) throw ApiError 400 naming the
-/// field as the client wrote it ("input[2].call_id", "max_output_tokens").
-ResponsesRequest parse_responses_request(const Json& body);
+/// field as the client wrote it ("input[2].call_id", "max_output_tokens"). The body's large
+/// values (metadata, tools) move into the echo rather than being copied.
+ResponsesRequest parse_responses_request(Json body);
 
 /// parse_chat_request on a translated body, with any error's field named as the Responses
 /// request names it (max_tokens -> max_output_tokens, messages -> input).

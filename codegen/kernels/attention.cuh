@@ -1,5 +1,5 @@
-// Decode-path attention with sinks over a bf16 or fp32 KV cache (optionally a sliding-window ring)
-// and the step's own keys, split over keys across blocks with an online softmax and a combine
+// Decode-path attention with sinks over a paged bf16 or fp32 KV cache (optionally a sliding
+// window) and the step's own keys, split over keys across blocks with an online softmax and a combine
 // kernel.
 //
 // attention_decode, one block per (token, kv head, key split), 8 warps, no block barrier inside
@@ -499,10 +499,11 @@ template <int H, int G, int D, typename CacheT, bool ROUND16> struct DecodeWarp 
 
 } // namespace attn_detail
 
-/// attention(q, k, v, k_cache, v_cache, sinks, positions, token_seq, ctx_lens, cache_rows)
+/// attention(q, k, v, k_cache, v_cache, sinks, positions, token_seq, ctx_lens, block_table)
 /// {window, scale} for one (token t = blockIdx.y, kv head g = blockIdx.x, key split
 /// s = blockIdx.z of gridDim.z), kAttnThreads threads. q [T, H, D], k/v [T, G, D] fp32; caches
-/// CacheT (bf16 or fp32) [rows, S, G, D], slot = pos % S; sinks bf16 [H]. Token t at position p
+/// CacheT (bf16 or fp32) [blocks, BS, G, D], position j of sequence b in slot
+/// kv_slot<BS>(block_table + b * MB, j); sinks bf16 [H]. Token t at position p
 /// sees keys lo..p, lo = WINDOW ? p-WINDOW+1 : 0 (clamped at 0): positions < ctx_len come from the
 /// cache, the rest from the step's k/v (tokens of a sequence are contiguous with consecutive
 /// positions). The key range is cut into gridDim.z equal parts. With one split the block writes
@@ -514,15 +515,16 @@ template <int H, int G, int D, typename CacheT, bool ROUND16> struct DecodeWarp 
 /// attention_prefill_mma): q * scale, keys and values are rounded to fp16 where that kernel
 /// rounds them, and the running max follows softmax_ref_log2, so that a token sees the same
 /// operands in a decode step as in a prompt step; only the fp32 summation order differs.
-template <int H, int G, int D, int S, int WINDOW, typename CacheT = __nv_bfloat16,
+template <int H, int G, int D, int BS, int MB, int WINDOW, typename CacheT = __nv_bfloat16,
           bool ROUND16 = false>
 __device__ __forceinline__ void
 attention_decode(const float* __restrict__ q, const float* __restrict__ k,
                  const float* __restrict__ v, const CacheT* __restrict__ k_cache,
                  const CacheT* __restrict__ v_cache, const __nv_bfloat16* __restrict__ sinks,
                  const int* __restrict__ positions, const int* __restrict__ token_seq,
-                 const int* __restrict__ ctx_lens, const int* __restrict__ cache_rows, float scale,
-                 float* __restrict__ out, float* __restrict__ part_ml, float* __restrict__ part_o) {
+                 const int* __restrict__ ctx_lens, const int* __restrict__ block_table,
+                 float scale, float* __restrict__ out, float* __restrict__ part_ml,
+                 float* __restrict__ part_o) {
   static_assert(H % G == 0, "query heads must be a multiple of kv heads");
   static_assert(D % 8 == 0, "head_dim must be a multiple of 8");
   using Warp = attn_detail::DecodeWarp<H, G, D, CacheT, ROUND16>;
@@ -535,7 +537,8 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ k,
 
   const int tid = threadIdx.x, g = blockIdx.x, t = blockIdx.y, split = blockIdx.z;
   const int splits = gridDim.z;
-  const int seq = token_seq[t], p = positions[t], ctx = ctx_lens[seq], row = cache_rows[seq];
+  const int seq = token_seq[t], p = positions[t], ctx = ctx_lens[seq];
+  const int* table = block_table + (size_t)seq * MB;
   const int lo = WINDOW > 0 ? max(0, p - WINDOW + 1) : 0;
   const int len = p - lo + 1, per_split = (len + splits - 1) / splits;
   const int begin = lo + split * per_split, end = min(p + 1, begin + per_split);
@@ -580,10 +583,10 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ k,
   };
   const int warp = tid / kWarp;
   Warp w(qs, reinterpret_cast<float*>(ps[warp]), cs[warp]);
-  if (begin < cached_end) // a ring's slots are consecutive within a pass when S % pass == 0
-    w.keys(attn_detail::key_range<S % Warp::kPassKeys == 0>(
+  if (begin < cached_end) // a pass's slots are consecutive when it lies in one block
+    w.keys(attn_detail::key_range<BS % Warp::kPassKeys == 0>(
                k_cache + g * D, v_cache + g * D, begin, cached_end,
-               [=](int j) { return row * S + int(unsigned(j) % S); }),
+               [=](int j) { return kv_slot<BS>(table, j); }),
            stage_q);
   else
     stage_q();

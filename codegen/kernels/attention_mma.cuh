@@ -43,7 +43,7 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], u
 
 } // namespace attn_mma
 
-/// attention(q, k, v, k_cache, v_cache, sinks, positions, token_seq, ctx_lens, cache_rows)
+/// attention(q, k, v, k_cache, v_cache, sinks, positions, token_seq, ctx_lens, block_table)
 /// {window, scale}: operands, layouts, masks, the tile order (the last query tiles first) and the
 /// sequence segments of a tile exactly as attention_prefill. A block serves QT = 128 / (H / G)
 /// consecutive tokens of kv head g = blockIdx.x: 128 rows r = token-in-tile * (H/G) + head-in-
@@ -61,13 +61,13 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], u
 ///
 /// Launch: kMmaAttnThreads threads, grid (G, ceil(tokens / QT)), no dynamic shared memory
 /// (static: 2 x 64 x (D + 8) halves, 18 KB at D = 64).
-template <int H, int G, int D, int S, int WINDOW, typename CacheT = __nv_bfloat16>
+template <int H, int G, int D, int BS, int MB, int WINDOW, typename CacheT = __nv_bfloat16>
 __device__ __forceinline__ void
 attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
                       const float* __restrict__ v, const CacheT* __restrict__ k_cache,
                       const CacheT* __restrict__ v_cache, const __nv_bfloat16* __restrict__ sinks,
                       const int* __restrict__ positions, const int* __restrict__ token_seq,
-                      const int* __restrict__ ctx_lens, const int* __restrict__ cache_rows,
+                      const int* __restrict__ ctx_lens, const int* __restrict__ block_table,
                       float scale, float* __restrict__ out, int tokens) {
   using namespace attn_mma;
   static_assert(H % G == 0, "query heads must be a multiple of kv heads");
@@ -140,7 +140,8 @@ attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
     int se = sb + 1;
     while (se < ntok && tok_seq[se] == seq)
       ++se;
-    const int ctx = ctx_lens[seq], crow = cache_rows[seq];
+    const int ctx = ctx_lens[seq];
+    const int* table = block_table + (size_t)seq * MB;
     const int p_first = tok_pos[sb], p_last = tok_pos[se - 1];
     const int t_first = t0 + sb;
     const int kmin = WINDOW > 0 ? max(0, p_first - WINDOW + 1) : 0;
@@ -169,7 +170,7 @@ attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
         if (jj < n) {
           const int j = kt + jj;
           if (j < ctx) {
-            const size_t off = (((size_t)crow * S + j % S) * G + g) * D + e;
+            const size_t off = ((size_t)kv_slot<BS>(table, j) * G + g) * D + e;
             load_cache8(k_cache + off, kf);
             load_cache8(v_cache + off, vf);
           } else {

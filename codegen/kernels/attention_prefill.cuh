@@ -29,14 +29,15 @@ __host__ __device__ constexpr int attention_prefill_smem_bytes(int d) {
               kPrefillKeys * (d + 4) + kPrefillKeys * d);
 }
 
-/// attention(q, k, v, k_cache, v_cache, sinks, positions, token_seq, ctx_lens, cache_rows)
+/// attention(q, k, v, k_cache, v_cache, sinks, positions, token_seq, ctx_lens, block_table)
 /// {window, scale} for a tile of QT = 128 / (H / G) consecutive tokens (tile index
 /// gridDim.y - 1 - blockIdx.y: the last tiles, which see the most keys under causal attention,
 /// start first) and kv head g = blockIdx.x, `tokens` tokens in the step. Layouts and semantics
 /// as attention_decode: q [T, H, D], k/v [T, G, D] fp32; caches CacheT (bf16 or fp32)
-/// [rows, S, G, D], slot = pos % S; sinks bf16 [H]; out [T, H, D] fp32. Token t of sequence
-/// token_seq[t] at position p sees keys lo..p, lo = WINDOW ? max(0, p-WINDOW+1) : 0; keys below
-/// ctx_lens[seq] come from cache row cache_rows[seq], the rest from the step's k/v at token
+/// [blocks, BS, G, D], paged by the sequences' rows of block_table (MB entries each: kv_slot);
+/// sinks bf16 [H]; out [T, H, D] fp32. Token t of sequence token_seq[t] at position p sees keys
+/// lo..p, lo = WINDOW ? max(0, p-WINDOW+1) : 0; keys below ctx_lens[seq] come from the
+/// sequence's cache blocks, the rest from the step's k/v at token
 /// t - (p - j) (tokens of a sequence are contiguous, with consecutive positions).
 ///
 /// Rows: r = token-in-tile * (H/G) + head-in-group, 128 rows. Thread tid = 16 rg + kg owns rows
@@ -57,14 +58,14 @@ __host__ __device__ constexpr int attention_prefill_smem_bytes(int d) {
 /// Launch: kPrefillThreads threads, grid (G, ceil(tokens / QT)), attention_prefill_smem_bytes(D)
 /// bytes of dynamic shared memory; 128 registers with no spills for the 20b shapes (sm_90), so
 /// two blocks fit an SM (emit_prefill.cpp asks for that with __launch_bounds__(256, 2)).
-template <int H, int G, int D, int S, int WINDOW, typename CacheT = __nv_bfloat16>
+template <int H, int G, int D, int BS, int MB, int WINDOW, typename CacheT = __nv_bfloat16>
 __device__ __forceinline__ void
 attention_prefill(const float* __restrict__ q, const float* __restrict__ k,
                   const float* __restrict__ v, const CacheT* __restrict__ k_cache,
                   const CacheT* __restrict__ v_cache, const __nv_bfloat16* __restrict__ sinks,
                   const int* __restrict__ positions, const int* __restrict__ token_seq,
-                  const int* __restrict__ ctx_lens, const int* __restrict__ cache_rows, float scale,
-                  float* __restrict__ out, int tokens) {
+                  const int* __restrict__ ctx_lens, const int* __restrict__ block_table,
+                  float scale, float* __restrict__ out, int tokens) {
   static_assert(H % G == 0, "query heads must be a multiple of kv heads");
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
   constexpr int kGroup = H / G; // query heads sharing this kv head
@@ -133,7 +134,8 @@ attention_prefill(const float* __restrict__ q, const float* __restrict__ k,
     int se = sb + 1;
     while (se < ntok && tok_seq[se] == seq)
       ++se;
-    const int ctx = ctx_lens[seq], crow = cache_rows[seq];
+    const int ctx = ctx_lens[seq];
+    const int* table = block_table + (size_t)seq * MB;
     const int p_first = tok_pos[sb], p_last = tok_pos[se - 1];
     const int t_first = t0 + sb; // step index of the token at p_first
     const int kmin = WINDOW > 0 ? max(0, p_first - WINDOW + 1) : 0;
@@ -148,7 +150,7 @@ attention_prefill(const float* __restrict__ q, const float* __restrict__ k,
         if (jj < n) {
           const int j = kt + jj;
           if (j < ctx) {
-            const size_t off = (((size_t)crow * S + j % S) * G + g) * D + e;
+            const size_t off = ((size_t)kv_slot<BS>(table, j) * G + g) * D + e;
             load_cache8(k_cache + off, kf);
             load_cache8(v_cache + off, vf);
           } else {

@@ -205,6 +205,13 @@ __device__ __forceinline__ void cluster_store(float* local, unsigned rank, float
 #endif
 
 /// -infinity as a float (NVRTC has no <math.h> INFINITY).
+/// The slot of position j in a paged KV cache ([blocks, BS, G, D], a slot = G * D values): slot
+/// j % BS of block `table`[j / BS], `table` the sequence's row of its block table.
+template <int BS> __device__ __forceinline__ int kv_slot(const int* __restrict__ table, int j) {
+  static_assert(BS > 0 && (BS & (BS - 1)) == 0, "the block size is a power of two");
+  return table[j / BS] * BS + j % BS;
+}
+
 __device__ __forceinline__ float neg_inf() {
   return -__int_as_float(0x7f800000);
 }

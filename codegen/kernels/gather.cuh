@@ -32,21 +32,27 @@ __device__ __forceinline__ void select_rows(const float* __restrict__ x,
     out[(size_t)r * W + i] = x[src + i];
 }
 
-/// kv_write(cache, x, positions, token_seq, cache_rows) for token t = blockIdx.y: the W = G * D
-/// fp32 values x[t, :, :] into cache[cache_rows[token_seq[t]], positions[t] % S], rounded to bf16
-/// for a bf16 cache. cache CacheT [rows, S, G, D]. A step may hold more than S tokens of one
-/// sequence (a ring shorter than a prefill chunk): the last of the tokens sharing a slot wins,
-/// as in a sequential write. Tokens of a sequence are contiguous with consecutive positions, so
-/// token t + S, if it belongs to the same sequence, is the one that overwrites t's slot.
-template <int W, int S, typename CacheT = __nv_bfloat16>
+/// kv_write(cache, x, positions, token_seq, block_table) {window} for token t = blockIdx.y: the
+/// W = G * D fp32 values x[t, :, :] into slot kv_slot<BS>(block_table + seq * MB, positions[t])
+/// of the paged cache (CacheT [blocks, BS, G, D]), rounded to bf16 for a bf16 cache. With a
+/// window (a sliding layer) a token is left out when its sequence's token R = ceil(WINDOW / BS)
+/// + 1 blocks later is in the step and lands in the same block (a table that reuses a ring of
+/// R blocks): no query after the step reaches back to it, and the two stores would race (tokens
+/// of a sequence are contiguous with consecutive positions, so that token is t + R * BS). Table
+/// entries the engine does not keep point at the null block, where stores go unread.
+template <int W, int BS, int MB, int WINDOW, typename CacheT = __nv_bfloat16>
 __device__ __forceinline__ void
 kv_write(CacheT* __restrict__ cache, const float* __restrict__ x, const int* __restrict__ positions,
-         const int* __restrict__ token_seq, const int* __restrict__ cache_rows) {
-  const int t = blockIdx.y;
-  if (t + S < (int)gridDim.y && token_seq[t + S] == token_seq[t])
-    return; // a later token of this step takes the slot
-  const int row = cache_rows[token_seq[t]], slot = positions[t] % S;
-  CacheT* dst = cache + ((size_t)row * S + slot) * W;
+         const int* __restrict__ token_seq, const int* __restrict__ block_table) {
+  const int t = blockIdx.y, seq = token_seq[t];
+  const int* row = block_table + (size_t)seq * MB;
+  if (WINDOW > 0) {
+    constexpr int R = (WINDOW + BS - 1) / BS + 1;
+    const int t2 = t + R * BS, j = positions[t] / BS;
+    if (t2 < (int)gridDim.y && token_seq[t2] == seq && row[j] == row[j + R])
+      return;
+  }
+  CacheT* dst = cache + (size_t)kv_slot<BS>(row, positions[t]) * W;
   for (int i = threadIdx.x; i < W; i += kGatherThreads)
     store_cache(dst + i, x[(size_t)t * W + i]);
 }

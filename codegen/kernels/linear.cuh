@@ -461,12 +461,12 @@ qkv_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, fl
 /// rows j and j + D/2 of one head (a block: 8 such pairs of one head), lane t rotates token t's
 /// pair as rope_yarn does (angle p inv_freq[j], its cosine and sine times att, the products, all
 /// in float64: bitwise rope_yarn_qk_kv's results) and stores it; v rows go in the same pairs.
-/// The rotated k and the v rows also go to k_cache / v_cache (CacheT [rows, S, NK / D, D]) at
-/// row cache_rows[token_seq[t]], slot positions[t] % S: with one token per sequence attention
-/// never reads that slot (rope_yarn_qk_kv). Two rows per warp, no K split; grid.x =
-/// (NQ + NK + NV) / 16.
-template <int K, int NQ, int NK, int NV, int D, int S, typename CacheT, int MAX_T, int UNROLL = 4,
-          bool ROUND = false>
+/// The rotated k and the v rows also go to k_cache / v_cache (CacheT [blocks, BS, NK / D, D]) at
+/// slot kv_slot<BS>(block_table + token_seq[t] * MB, positions[t]): with one token per sequence
+/// attention never reads that slot before this step (rope_yarn_qk_kv). Two rows per warp, no K
+/// split; grid.x = (NQ + NK + NV) / 16.
+template <int K, int NQ, int NK, int NV, int D, int BS, int MB, typename CacheT, int MAX_T,
+          int UNROLL = 4, bool ROUND = false>
 __device__ __forceinline__ void
 qkv_rope_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
                 const __nv_bfloat16* __restrict__ wq, const __nv_bfloat16* __restrict__ bq,
@@ -474,7 +474,7 @@ qkv_rope_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ l
                 const __nv_bfloat16* __restrict__ wv, const __nv_bfloat16* __restrict__ bv,
                 float* __restrict__ yq, float* __restrict__ yk, float* __restrict__ yv, int tokens,
                 const int* __restrict__ positions, const int* __restrict__ token_seq,
-                const int* __restrict__ cache_rows, const double* __restrict__ inv_freq, double att,
+                const int* __restrict__ block_table, const double* __restrict__ inv_freq, double att,
                 CacheT* __restrict__ k_cache, CacheT* __restrict__ v_cache) {
   constexpr int kWarps = kLinearThreads / kWarp, kHalf = D / 2, kRows = 2 * kWarps;
   static_assert(kHalf % kWarps == 0, "a block's row pairs must lie in one head");
@@ -503,7 +503,8 @@ qkv_rope_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ l
   size_t slot = 0;
   if (lane < tokens && lane < MAX_T) {
     const int p = positions[lane];
-    slot = ((size_t)cache_rows[token_seq[lane]] * S + p % S) * (NK / D) * D + (size_t)head * D;
+    slot = (size_t)kv_slot<BS>(block_table + (size_t)token_seq[lane] * MB, p) * (NK / D) * D +
+           (size_t)head * D;
     if (part < 2) {
       double s0, c0;
       sincos(double(p) * inv_freq[j], &s0, &c0);

@@ -84,23 +84,24 @@ __device__ __forceinline__ void rope_yarn_qk(float* q, float* k, const int* __re
 
 /// rope_yarn_qk plus the KV cache writes of a step with ONE token per sequence (a decode step):
 /// token t = blockIdx.y rotates q and k in place, then stores the rotated k[t] and v[t] (fp32
-/// [T, HK, D]) into k_cache and v_cache (CacheT [rows, S, HK, D]) at row
-/// cache_rows[token_seq[t]], slot positions[t] % S: what kv_write does after attention, done
-/// here because with one token per sequence attention never reads that slot (it holds position
-/// p - S, outside the window of a ring, unused in a full cache). Steps with several tokens of a
-/// sequence keep kv_write after attention (a chunk longer than a ring would overwrite keys its
-/// first tokens still need). Spread over grid.x blocks per token as rope_yarn_qk.
-template <int HQ, int HK, int D, int S, typename CacheT>
+/// [T, HK, D]) into k_cache and v_cache (CacheT [blocks, BS, HK, D]) at slot
+/// kv_slot<BS>(block_table + token_seq[t] * MB, positions[t]): what kv_write does after
+/// attention, done here because with one token per sequence attention never reads that slot
+/// before this step (position p is new; in a ring of a sequence's own blocks it held a
+/// position outside every window). Steps with several tokens of a sequence keep kv_write after
+/// attention (a chunk longer than a window would overwrite keys its first tokens still need).
+/// Spread over grid.x blocks per token as rope_yarn_qk.
+template <int HQ, int HK, int D, int BS, int MB, typename CacheT>
 __device__ __forceinline__ void
 rope_yarn_qk_kv(float* q, float* k, const float* __restrict__ v, const int* __restrict__ positions,
-                const int* __restrict__ token_seq, const int* __restrict__ cache_rows,
+                const int* __restrict__ token_seq, const int* __restrict__ block_table,
                 const double* __restrict__ inv_freq, double att, CacheT* __restrict__ k_cache,
                 CacheT* __restrict__ v_cache) {
   constexpr int kHalf = D / 2;
   __shared__ double cs[kHalf], sn[kHalf];
   const int t = blockIdx.y, p = positions[t];
   rope_angles<D>(p, inv_freq, att, cs, sn);
-  const size_t slot = ((size_t)cache_rows[token_seq[t]] * S + p % S) * HK * D;
+  const size_t slot = (size_t)kv_slot<BS>(block_table + (size_t)token_seq[t] * MB, p) * HK * D;
   rotate_qk<HQ, HK, D>(q, k, t, cs, sn, [&](int kh, int j, float y1, float y2) {
     CacheT* dst = k_cache + slot + (size_t)kh * D;
     store_cache(dst + j, y1);

@@ -6,10 +6,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <optional>
+#include <set>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -88,30 +93,99 @@ void Coordinator::shut_down(std::chrono::milliseconds grace) {
   children_.clear();
 }
 
-void Coordinator::accept_ranks(const Welcome& welcome) {
-  const int world = this->world();
-  const auto deadline = Clock::now() + options_.connect_timeout;
-  for (int got = 0; got < world - 1;) {
-    check_children();
-    Connection c;
-    try {
-      c = listener_.accept(std::min(deadline, Clock::now() + std::chrono::milliseconds(500)));
-    } catch (const Error&) {
-      if (Clock::now() >= deadline)
-        throw Error(fmt::format("pipeline: {} of {} rank(s) connected within {} s", got, world - 1,
-                                options_.connect_timeout.count() / 1000));
-      continue;
+namespace {
+
+/// How long one joining peer has to prove it holds the token.
+constexpr auto kHandshakeTimeout = std::chrono::milliseconds(5000);
+/// Handshakes at once; connections past this many are dropped unread.
+constexpr size_t kMaxHandshakes = 256;
+
+} // namespace
+
+/// The handshakes of joining peers, each on a thread of its own under its own deadline, so that
+/// idle or slow strays cannot use up the connect window of the ranks that come after them.
+/// Destroying it cuts the handshakes still running short and joins their threads.
+class Coordinator::Handshakes {
+public:
+  explicit Handshakes(Coordinator& coord) : coord_(coord) {}
+  ~Handshakes() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int fd : pending_fds_) // their receive returns at once: the thread ends
+        ::shutdown(fd, SHUT_RDWR);
     }
+    for (std::thread& t : threads_)
+      t.join();
+  }
+  /// Starts the handshake of `c` (drops it when kMaxHandshakes are running).
+  void start(Connection c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_fds_.size() >= kMaxHandshakes) {
+      std::fprintf(stderr,
+                   "[pipeline] dropped a connection from %s: %zu handshakes are already "
+                   "running\n",
+                   c.peer().c_str(), kMaxHandshakes);
+      return;
+    }
+    const int fd = c.fd_for_tests();
+    pending_fds_.insert(fd);
+    threads_.emplace_back([this, fd, c = std::move(c)]() mutable { run(fd, std::move(c)); });
+  }
+  /// The next peer that proved it holds the token, waiting at most `timeout`.
+  std::optional<std::pair<Connection, nlohmann::json>> next(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !proven_.empty(); }))
+      return std::nullopt;
+    auto out = std::move(proven_.front());
+    proven_.pop_front();
+    return out;
+  }
+
+private:
+  void run(int fd, Connection c) {
     // Until a peer proves it holds the token, what it sends is only logged: a stray, garbage,
     // idle or unauthenticated connection is dropped and the wait goes on.
-    nlohmann::json h;
+    std::optional<nlohmann::json> hello;
     try {
-      h = authenticate(c);
+      hello = coord_.authenticate(c);
     } catch (const Error& e) {
       std::fprintf(stderr, "[pipeline] dropped a connection from %s: %s\n", c.peer().c_str(),
                    e.what());
-      continue;
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_fds_.erase(fd);
+    if (hello) {
+      proven_.emplace_back(std::move(c), std::move(*hello));
+      cv_.notify_all();
+    }
+  }
+
+  Coordinator& coord_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<int> pending_fds_;
+  std::deque<std::pair<Connection, nlohmann::json>> proven_;
+  std::vector<std::thread> threads_;
+};
+
+void Coordinator::accept_ranks(const Welcome& welcome) {
+  const int world = this->world();
+  const auto deadline = Clock::now() + options_.connect_timeout;
+  Handshakes handshakes(*this);
+  for (int got = 0; got < world - 1;) {
+    check_children();
+    if (Clock::now() >= deadline)
+      throw Error(fmt::format("pipeline: {} of {} rank(s) connected within {} s", got, world - 1,
+                              options_.connect_timeout.count() / 1000));
+    try {
+      handshakes.start(
+          listener_.accept(std::min(deadline, Clock::now() + std::chrono::milliseconds(20))));
+    } catch (const Error&) { // nobody came: look at the finished handshakes
+    }
+    auto joined = handshakes.next(std::chrono::milliseconds(0));
+    if (!joined)
+      continue;
+    auto& [c, h] = *joined;
     const int rank = h.value("rank", -1);
     std::string refusal;
     if (rank < 1 || rank >= world)
@@ -149,7 +223,7 @@ nlohmann::json Coordinator::authenticate(Connection& c) {
   // caller drops the connection), after telling an unauthenticated xserv worker why.
   const std::string challenge = to_hex(random_bytes(32));
   c.send(message(kChallenge, {{"nonce", challenge}}));
-  const Frame hello = c.receive(std::chrono::milliseconds(5000), kMaxHandshakeBytes);
+  const Frame hello = c.receive(kHandshakeTimeout, kMaxHandshakeBytes);
   if (hello.type != kHello)
     throw Error(fmt::format("its first frame is of type {}, not a hello", int(hello.type)));
   const nlohmann::json h = decode(hello.payload, nullptr);
@@ -247,9 +321,16 @@ void Coordinator::beat_workers() {
         continue;
       try {
         ranks_[r].send(message(kAlive, nlohmann::json::object()));
-      } catch (const Error&) { // a dead rank is reported by the next await
+      } catch (const Error& e) { // the next await reports it too; lost() says it meanwhile
+        if (lost_.empty())
+          lost_ = fmt::format("pipeline rank {} stopped: {}", r, e.what());
       }
     }
+}
+
+std::string Coordinator::lost() const {
+  std::lock_guard<std::mutex> lock(beat_mu_);
+  return lost_;
 }
 
 void Coordinator::fail(int r, const Error& e) {

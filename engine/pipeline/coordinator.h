@@ -68,9 +68,17 @@ public:
   [[noreturn]] void fail(int r, const Error& e);
   /// Throws naming the rank when a worker this process started has exited.
   void check_children();
+  /// Why a rank is lost though no step is running ("" while none is): a heartbeat to it
+  /// failed, so its connection is gone (a killed worker is seen within two heartbeats). Any
+  /// thread may ask; the step driver's Model::broken() can report it between steps.
+  std::string lost() const;
 
 private:
+  class Handshakes;
+  /// The handshake of a new connection up to its proof (thread-safe: it reads only the token).
   nlohmann::json authenticate(runtime::Connection& c);
+  /// Accepts until every rank has joined: each connection is authenticated concurrently under
+  /// its own deadline, so strays cannot use up options.connect_timeout.
   void accept_ranks(const Welcome& welcome);
   void spawn_workers(int gpus);
   void stop_heartbeats();
@@ -86,9 +94,10 @@ private:
   runtime::Listener listener_;
   std::vector<runtime::Connection> ranks_;           ///< [0] unused: this process
   std::vector<std::unique_ptr<std::mutex>> send_mu_; ///< per rank: sends vs heartbeats
-  std::mutex beat_mu_;
+  mutable std::mutex beat_mu_;
   std::condition_variable beat_wake_;
   bool beat_done_ = false;
+  std::string lost_; ///< guarded by beat_mu_
   std::thread beat_;
   std::vector<pid_t> children_;
   std::map<pid_t, int> child_rank_;

@@ -45,6 +45,7 @@ public:
   const models::ModelConfig& config() const override { return engines_[0]->config(); }
   int64_t max_batch() const override { return engines_[0]->max_batch(); }
   int64_t max_seq() const override { return engines_[0]->max_seq(); }
+  const models::KvGeometry& kv_geometry() const override { return engines_[0]->kv_geometry(); }
   std::string backend() const override { return "cuda"; }
 
   std::vector<std::vector<float>> step(const models::StepInput& in) override {

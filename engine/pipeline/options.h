@@ -34,7 +34,7 @@ struct PipelineOptions {
   std::chrono::milliseconds rank_timeout{10000};
   /// The most rank 0 waits for one rank's answer in a step, however many heartbeats arrive
   /// meanwhile (XSERV_PIPELINE_STEP_TIMEOUT).
-  std::chrono::milliseconds step_timeout{600000};
+  std::chrono::milliseconds step_timeout{60000};
   /// How long to wait for every rank to connect.
   std::chrono::milliseconds connect_timeout{30000};
   /// "cpu" or "cuda": every rank runs its stage there. With cuda, spawned worker r gets GPU

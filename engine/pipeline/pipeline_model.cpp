@@ -1,7 +1,7 @@
 // The step driver of rank 0: PipelineModel sends each worker the step (token ids, context
-// lengths, cache rows) and the activations its stage receives, and gets back what it sends on
-// (the last rank: the logits or the greedy ids), over the frames of wire.h and the Coordinator's
-// connections; with NCCL the activations go GPU to GPU instead.
+// lengths, block tables, block copies) and the activations its stage receives, and gets back what
+// it sends on (the last rank: the logits or the greedy ids), over the frames of wire.h and the
+// Coordinator's connections; with NCCL the activations go GPU to GPU instead.
 #include "engine/pipeline/pipeline_model.h"
 
 #include <algorithm>
@@ -48,8 +48,25 @@ public:
     coord_->start_heartbeats();
     // Rank 0's own stage loads while the workers load theirs; then each reports ready.
     local_ = make_plan_stage(plan_, 0, options.backend, max_batch_, max_seq_, cuda, settings);
-    for (int r = 1; r < world; ++r)
-      coord_->await(r, kReady, nullptr, kMaxControlBytes);
+    // Every stage pages its own layers' caches through the same block ids: the engine gets
+    // the smallest pools any rank could hold.
+    kv_ = local_->kv_geometry();
+    for (int r = 1; r < world; ++r) {
+      const nlohmann::json ready = coord_->await(r, kReady, nullptr, kMaxControlBytes);
+      const auto blocks = ready.find("kv_blocks"), window = ready.find("window_blocks");
+      if (blocks == ready.end() || !blocks->is_number_integer() || window == ready.end() ||
+          !window->is_number_integer() || blocks->get<int64_t>() < 2 || window->get<int64_t>() < 0)
+        coord_->fail(r, Error("its ready message does not say its KV pools"));
+      kv_.blocks = std::min(kv_.blocks, blocks->get<int64_t>());
+      if (kv_.window > 0 && window->get<int64_t>() > 0)
+        kv_.window_blocks = std::min(kv_.window_blocks, window->get<int64_t>());
+    }
+    if (world > 1 && (kv_.blocks != local_->kv_geometry().blocks ||
+                      kv_.window_blocks != local_->kv_geometry().window_blocks))
+      std::fprintf(stderr,
+                   "[pipeline] the engine pages within the smallest rank's pools: %lld + "
+                   "%lld blocks\n",
+                   static_cast<long long>(kv_.blocks), static_cast<long long>(kv_.window_blocks));
     if (nccl) { // every rank joins the communicator once its stage is loaded
       comm_ =
           std::make_unique<runtime::NcclComm>(welcome.nccl_id, world, 0, options.connect_timeout);
@@ -63,6 +80,9 @@ public:
   const models::ModelConfig& config() const override { return local_->config(); }
   int64_t max_batch() const override { return max_batch_; }
   int64_t max_seq() const override { return max_seq_; }
+  /// Every stage pages alike (its own layers' caches, the same block ids): rank 0's stage's
+  /// geometry within the smallest rank's pools.
+  const models::KvGeometry& kv_geometry() const override { return kv_; }
   std::string backend() const override { return options_.backend; }
 
   std::vector<std::vector<float>> step(const models::StepInput& in) override {
@@ -245,6 +265,7 @@ private:
   PipelineOptions options_;
   int64_t max_batch_, max_seq_;
   std::unique_ptr<StageRunner> local_;      ///< stage 0, made after the handshake
+  models::KvGeometry kv_;                   ///< the pools every rank holds
   std::unique_ptr<runtime::NcclComm> comm_; ///< with the NCCL transport
   /// Declared last, destroyed first: the workers are told to quit (and reaped) before this
   /// rank's communicator and stage go, as they leave theirs.

@@ -54,8 +54,9 @@ namespace {
 class CpuStage : public StageRunner {
 public:
   CpuStage(const fs::path& model_dir, int64_t max_batch, int64_t max_seq, ir::Graph stage)
-      : stage_(std::move(stage)), engine_(model_dir, max_batch, max_seq, nullptr) {}
+      : stage_(std::move(stage)), engine_(model_dir, max_batch, max_seq, nullptr, {stage_}) {}
   const models::ModelConfig& config() const override { return engine_.config(); }
+  const models::KvGeometry& kv_geometry() const override { return engine_.kv_geometry(); }
   Named run(const models::StepInput& in, const Named& received) override {
     std::map<std::string, ir::Tensor> params = models::step_params(in);
     for (const auto& [name, t] : received)
@@ -94,6 +95,7 @@ public:
     engine_ = std::make_unique<CudaModel>(model_dir, std::move(program), options);
   }
   const models::ModelConfig& config() const override { return engine_->config(); }
+  const models::KvGeometry& kv_geometry() const override { return engine_->kv_geometry(); }
   Named run(const models::StepInput& in, const Named& received) override {
     step_tokens_ = token_count(in);
     if (comm_ && sends_) { // sent on to the next rank on the device

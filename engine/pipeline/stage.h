@@ -49,6 +49,8 @@ class StageRunner {
 public:
   virtual ~StageRunner() = default;
   virtual const models::ModelConfig& config() const = 0;
+  /// The paging of the stage's KV caches (every stage of a plan pages alike).
+  virtual const models::KvGeometry& kv_geometry() const = 0;
   /// Runs the step with the activations this stage receives (by recv name); returns what it
   /// sends on, by name (the last stage: its logits as "out.0").
   virtual Named run(const models::StepInput& in, const Named& received) = 0;

@@ -104,8 +104,9 @@ runtime::FrameBound frame_bound_of(const Stage& stage, int64_t max_batch, int64_
   const auto seqs = static_cast<uint64_t>(std::max<int64_t>(max_batch, 1));
   const uint64_t tokens = seqs * static_cast<uint64_t>(std::max<int64_t>(max_seq, 1));
   const std::vector<BoundaryTensor> recv = stage_receives(stage, static_cast<int64_t>(tokens));
-  // Every token id, and per sequence its context length, cache row and list brackets.
-  const uint64_t data = boundary_bytes(recv), head = header_bound(tokens + 3 * seqs, recv);
+  // Every token id; per sequence its context length and list brackets; its two block tables,
+  // at most one entry a position each; at most two block copies (three ints each) a sequence.
+  const uint64_t data = boundary_bytes(recv), head = header_bound(3 * tokens + 9 * seqs, recv);
   const uint64_t step = data > UINT64_MAX - head ? UINT64_MAX : data + head;
   return [step](uint8_t type) {
     return type == kStep ? step : type == kFail ? kMaxFailBytes : kMaxControlBytes;
@@ -210,10 +211,15 @@ runtime::Frame message(uint8_t type, const nlohmann::json& head, const Named& te
 }
 
 nlohmann::json step_header(const models::StepInput& in, int64_t step, bool greedy) {
+  std::vector<int32_t> copies; // (src, dst, window) triples
+  for (const models::StepInput::BlockCopy& c : in.copies)
+    copies.insert(copies.end(), {c.src, c.dst, c.window ? 1 : 0});
   return {{"step", step},
           {"tokens", in.tokens},
           {"ctx_lens", in.ctx_lens},
-          {"cache_rows", in.cache_rows},
+          {"block_tables", in.block_tables},
+          {"window_tables", in.window_tables},
+          {"copies", copies},
           {"greedy", greedy}};
 }
 
@@ -251,7 +257,22 @@ models::StepInput step_from_header(const nlohmann::json& h) {
   for (const auto& seq : tokens)
     in.tokens.push_back(int_list(seq, "tokens"));
   in.ctx_lens = int_list(field_of(h, "ctx_lens"), "ctx_lens");
-  in.cache_rows = int_list(field_of(h, "cache_rows"), "cache_rows");
+  for (const char* name : {"block_tables", "window_tables"}) {
+    const nlohmann::json& tables = field_of(h, name);
+    if (!tables.is_array())
+      throw Error(fmt::format("pipeline step: '{}' is not a list", name));
+    auto& out = name[0] == 'b' ? in.block_tables : in.window_tables;
+    for (const auto& t : tables)
+      out.push_back(int_list(t, name));
+  }
+  const std::vector<int32_t> copies = int_list(field_of(h, "copies"), "copies");
+  if (copies.size() % 3 != 0)
+    throw Error("pipeline step: 'copies' is not a list of (source, destination, pool) triples");
+  for (size_t i = 0; i < copies.size(); i += 3) {
+    if (copies[i + 2] != 0 && copies[i + 2] != 1)
+      throw Error("pipeline step: a copy's pool is neither 0 (full) nor 1 (window)");
+    in.copies.push_back({copies[i], copies[i + 1], copies[i + 2] == 1});
+  }
   return in;
 }
 

@@ -45,7 +45,7 @@ inline constexpr uint64_t kMaxControlBytes = 64 << 10;
 inline constexpr uint64_t kMaxFailBytes = 1 << 20;
 
 /// The most bytes a frame's JSON header (with its 8-byte length) may take when it lists `ints`
-/// integers (token ids, context lengths, cache rows, ids) and describes `tensors`: 12 characters
+/// integers (token ids, context lengths, block tables, ids) and describes `tensors`: 12 characters
 /// an int32 and its comma take, and room for each tensor's entry.
 uint64_t header_bound(uint64_t ints, const std::vector<BoundaryTensor>& tensors);
 

@@ -99,7 +99,10 @@ int run_worker(const runtime::OpenedPlan& plan, int rank, int world, const Pipel
         kFail, {{"message", fmt::format("rank {} cannot load its stage: {}", rank, e.what())}}));
     throw;
   }
-  c.send(message(kReady, nlohmann::json::object()));
+  // Ready, with the pools this rank's memory gave: rank 0 pages every stage within the
+  // smallest.
+  c.send(message(kReady, {{"kv_blocks", engine->kv_geometry().blocks},
+                          {"window_blocks", engine->kv_geometry().window_blocks}}));
   std::unique_ptr<runtime::NcclComm> comm;
   if (welcome.contains("nccl_id")) { // joins with the other ranks; rank 0 joins last
     try {
@@ -150,7 +153,8 @@ int run_worker(const runtime::OpenedPlan& plan, int rank, int world, const Pipel
       // reads them: sizes within what this rank loaded, each received tensor of the dtype and
       // shape the plan's boundary carries for the step's tokens.
       const models::StepInput step_in = step_from_header(h);
-      validate_step(step_in, max_batch, max_seq, engine->config().vocab_size);
+      validate_step(step_in, max_batch, max_seq, engine->config().vocab_size,
+                    engine->kv_geometry());
       check_boundary(in, stage_receives(stage, token_count(step_in)),
                      rank == 1 ? std::string("pipeline rank 0")
                                : fmt::format("pipeline rank 0 (relaying rank {})", rank - 1));

@@ -14,7 +14,7 @@
 #                   "XSERV_PDL=0 XSERV_CUDA_GRAPHS=0" (programmatic dependent launch, CUDA graphs)
 #   MODEL=120b      the 120b on this one GPU instead (65 GB of shards: the 20b is not made):
 #                   -p 512 -n 64 -b 1,8 on a --max-seq 4096 --max-batch 8 plan, 32 greedy tokens
-# Needs .device/bin/xserv (+ libcpp-httplib), .device/data/gpt-oss-20b.json; carry
+# Needs .device/bin/xserv, .device/data/gpt-oss-20b.json; carry
 # [".device/bin", ".device/data"] (and ".device/old"). The rows also land in $OUT/rows.md.
 source "$(dirname "$0")/common.sh"
 gpu_info

@@ -4,7 +4,6 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[1]}")/../.." || exit 1
 B=.device/bin X=.device/bin/xserv D=.device/data
-# xserv and the test binaries find libcpp-httplib (copied into .device/bin) beside them.
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$PWD/$B:${LD_LIBRARY_PATH:-} XSERV_SOURCE_DIR=$PWD
 export XSERV_KERNEL_CACHE=${XSERV_KERNEL_CACHE:-/tmp/xk} NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}

@@ -5,12 +5,13 @@
 #   SUITE=default (the above) | sweep (only the *_sweep_gpu_tests) | all (both)
 #   TESTS="engine cli"   only the binaries whose names start with these words
 #   TEST_ARGS="..."      doctest options for every binary (e.g. -tc="*attention*")
-#   RUN_TIMEOUT=300      seconds a binary (the call has 600 in all: the sweeps want a call of
+#   SHARDS=6 JOBS=6      shards a binary, shards at once
+#   RUN_TIMEOUT=300      seconds a shard (the call has 600 in all: the sweeps want a call of
 #                        their own with a larger one)
 #   WITH_20B=1           synthesize the 20b first and set XSERV_20B_CKPT, so that the cases
 #                        that take it (the engine's batch invariance on the 20b) run too
-# Needs .device/bin/{*_gpu_tests, libcpp-httplib.so.0.11} (and xserv with WITH_20B=1),
-# .device/data; carry [".device/bin", ".device/data"]. Logs land in $OUT (one per binary).
+# Needs .device/bin/*_gpu_tests (and xserv with WITH_20B=1),
+# .device/data; carry [".device/bin", ".device/data"]. Logs of the shards not ok land in $OUT.
 source "$(dirname "$0")/common.sh"
 gpu_info
 echo "$NGPU GPU(s)"
@@ -44,27 +45,56 @@ counts() {
   grep -E "^\[doctest\] $1" "$2" | tail -1 | sed -E "s/^\[doctest\] $1: *//; s/ *\| */, /g" |
     tr -s ' ' | sed -E 's/, *$//'
 }
-summary=()
-fails=0
+# Each binary's test cases in SHARDS ranges (doctest --first/--last over its filtered count),
+# JOBS shards at once: NVRTC compiles dominate most cases, and the GPU has room for several.
+SHARDS=${SHARDS:-6}
+JOBS=${JOBS:-6}
+shards=()
 for t in "${bins[@]}"; do
-  t0=$SECONDS
   # shellcheck disable=SC2086
-  timeout "${RUN_TIMEOUT:-300}" "$B/$t" ${TEST_ARGS:-} > "$OUT/$t.log" 2>&1
+  n=$("$B/$t" ${TEST_ARGS:-} --count 2> /dev/null | grep -oE '[0-9]+$' | tail -1)
+  n=${n:-0}
+  k=$SHARDS
+  [ "$n" -lt "$k" ] && k=$((n > 0 ? n : 1))
+  for ((i = 0; i < k; i++)); do
+    shards+=("$t $((i * n / k + 1)) $(((i + 1) * n / k)) $n $((i + 1))/$k")
+  done
+done
+# run_shard BINARY FIRST LAST COUNT TAG: one range under RUN_TIMEOUT; its row in $OUT/TAG.row.
+run_shard() {
+  local t=$1 first=$2 last=$3 n=$4 tag=$5 t0=$SECONDS rc status
+  local log="/tmp/suite/$t.${tag%/*}.log"
+  # shellcheck disable=SC2086
+  timeout "${RUN_TIMEOUT:-300}" "$B/$t" ${TEST_ARGS:-} --first="$first" --last="$last" \
+    > "$log" 2>&1
   rc=$?
-  secs=$((SECONDS - t0))
-  cases=$(counts "test cases" "$OUT/$t.log")
-  asserts=$(counts assertions "$OUT/$t.log")
   status=ok
   [ $rc = 124 ] && status="TIMEOUT after ${RUN_TIMEOUT:-300} s"
   [ $rc != 0 ] && [ $rc != 124 ] && status="FAILED (rc $rc)"
-  [ $rc = 0 ] || fails=$((fails + 1))
-  echo "== $t: $status in $secs s"
-  grep -E "ERROR|FAILED" -A3 "$OUT/$t.log" | head -20
-  summary+=("| $t | $status | ${cases:--} | ${asserts:--} | $secs |")
+  # doctest's test-case line counts the whole filtered set, not the range: the range instead.
+  echo "| $t [$tag] | $status | $first-$last of $n | $(counts assertions "$log") |" \
+    "$((SECONDS - t0)) |" > "$log.row"
+  echo "== $t [$tag]: $status in $((SECONDS - t0)) s"
+  grep -E "ERROR|FAILED" -A3 "$log" | head -20
+}
+rm -rf /tmp/suite && mkdir -p /tmp/suite
+for s in "${shards[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+  # shellcheck disable=SC2086
+  run_shard $s &
+done
+wait
+summary=()
+fails=0
+for f in /tmp/suite/*.log.row; do
+  summary+=("$(cat "$f")")
+  grep -q '| ok |' "$f" && continue
+  fails=$((fails + 1))
+  cp "${f%.row}" "$OUT/" # the logs of shards not ok come back (8 files at most)
 done
 echo
-echo "| binary | result | test cases | assertions | s |"
+echo "| binary [shard] | result | test cases | assertions | s |"
 echo "|---|---|---|---|---|"
 printf '%s\n' "${summary[@]}"
-echo "== $fails of ${#bins[@]} binaries not ok; total $(at)"
+echo "== $fails of ${#shards[@]} shards not ok; total $(at)"
 [ $fails = 0 ]

@@ -10,7 +10,7 @@
 # llama.cpp is built here from the sources scripts/device/llama_src.sh packed (CUDA, sm_90), the
 # checkpoint converted to GGUF with its convert_hf_to_gguf.py (MXFP4 experts stay MXFP4, the
 # rest BF16, the gpt-oss chat template inside).
-# Needs .device/bin/xserv (+ libcpp-httplib beside it), .device/data/{gpt-oss-20b.json,
+# Needs .device/bin/xserv, .device/data/{gpt-oss-20b.json,
 # o200k_base.tiktoken, gsm8k_test.jsonl (the evals are skipped without it)}, .device/llama;
 # carry [".device/bin", ".device/data", ".device/llama"].
 # Knobs: BUDGET seconds for the whole call (default 570; a phase that would not fit is skipped),

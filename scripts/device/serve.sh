@@ -5,12 +5,12 @@
 # HTTP (POST /v1/completions, streaming), with the pp512 and B64 rows of the same call for the
 # no-overlap ideal N*O / (N*I / pp512 + N*O / B64).
 #   ROBUST=1        then the robustness probe: 1,000 requests of which a third hang up
-#                   mid-stream; /metrics must show nothing running and every KV row free, a
+#                   mid-stream; /metrics must show nothing running and no KV block in use, a
 #                   greedy probe must get a fresh server's tokens; a request with 256 idle
 #                   connections open; SIGTERM must drain and exit 0
 #   SERVE_FLAGS=... engine flags both the in-process bench and `xserv serve` take
 #                   (--max-running N, --max-tokens-per-step N)
-# llama-server beside it: llama.sh. Needs .device/bin/xserv (+ libcpp-httplib),
+# llama-server beside it: llama.sh. Needs .device/bin/xserv,
 # .device/data/{gpt-oss-20b.json,o200k_base.tiktoken}; carry [".device/bin", ".device/data"].
 source "$(dirname "$0")/common.sh"
 gpu_info
@@ -55,7 +55,7 @@ if [ "${ROBUST:-0}" = 1 ]; then
   timeout 300 $X bench --endpoint http://127.0.0.1:$PORT --requests 1000 --concurrency 64 \
     --input-len 512 --output-len 256 --disconnect 0.33 > /tmp/disconnect.md 2>&1
   grep -E "completed|disconnected|output token|first error" /tmp/disconnect.md | tr '\n' ' '; echo
-  curl -s localhost:$PORT/metrics | grep -E "^xserv:(num_requests_(running|waiting)|kv_rows_in_use) "
+  curl -s localhost:$PORT/metrics | grep -E "^xserv:(num_requests_(running|waiting)|kv_blocks_in_use) "
   after=$(probe)
   echo "== 256 idle connections, then a request"
   python3 - $PORT << 'PY' &

@@ -615,10 +615,12 @@ TEST_CASE("k and v projection tiles at prompt steps, 20b (informational)") {
 namespace {
 
 /// attention_decode (+ attention_combine when split) for `seqs` sequences of one token each at
-/// `ctx` cached positions, the 20b's heads, an fp32 cache of `slots` positions a row (window:
-/// the sliding layers' ring), under `splits` key splits.
+/// `ctx` cached positions, the 20b's heads, a paged fp32 cache with `slots` positions for each
+/// sequence in consecutive blocks of 16 (window: the sliding layers' window), under `splits` key
+/// splits.
 void attention_time(int seqs, int ctx, int slots, int window, int splits) {
-  const AttentionDims d{64, 8, 64, slots, window, 0.125, true};
+  const int table = (slots + 15) / 16;
+  const AttentionDims d{64, 8, 64, 16, table, window, 0.125, true};
   const Loaded& dec = load(emit_attention_decode(d, {}));
   const Loaded& comb = load(emit_attention_combine(d, {}));
   const size_t cache = size_t(seqs) * slots * d.kv_heads * d.head_dim;
@@ -630,9 +632,12 @@ void attention_time(int seqs, int ctx, int slots, int window, int splits) {
   auto k = upload(random_f32(rng, {seqs, d.kv_heads, d.head_dim}, 1.0f).f);
   auto v = upload(random_f32(rng, {seqs, d.kv_heads, d.head_dim}, 1.0f).f);
   auto sinks = upload(random_bf16(rng, {d.heads}, 1.0f).bits);
-  std::vector<int32_t> pos(seqs, ctx), tseq(seqs), lens(seqs, ctx), rows(seqs);
-  for (int b = 0; b < seqs; ++b)
-    tseq[b] = rows[b] = b;
+  std::vector<int32_t> pos(seqs, ctx), tseq(seqs), lens(seqs, ctx), rows(size_t(seqs) * table);
+  for (int b = 0; b < seqs; ++b) {
+    tseq[b] = b;
+    for (int i = 0; i < table; ++i)
+      rows[size_t(b) * table + i] = b * table + i;
+  }
   auto dpos = upload(pos), dts = upload(tseq), dlen = upload(lens), drow = upload(rows);
   auto out = poisoned(size_t(seqs) * d.heads * d.head_dim);
   const size_t th = size_t(seqs) * d.heads * splits;

@@ -41,7 +41,7 @@ TEST_CASE("env: defaults when nothing is set, and an empty variable counts as un
     CHECK_FALSE(e.prefill_chunk.has_value());
     CHECK_FALSE(e.gemm_split.has_value());
     CHECK(e.pipeline_timeout == std::chrono::seconds(10));
-    CHECK(e.pipeline_step_timeout == std::chrono::seconds(600));
+    CHECK(e.pipeline_step_timeout == std::chrono::seconds(60));
     CHECK(e.pipeline_micro_batches == 0);
     CHECK(e.pipeline_transport == "auto");
     CHECK(e.pipeline_token.empty());

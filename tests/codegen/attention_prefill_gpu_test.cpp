@@ -63,11 +63,13 @@ Tensor rounded_f16(const Tensor& t, float pre = 1.0f) {
 }
 
 /// One step's inputs: sequences with `seq_tokens[b]` step tokens after `ctx[b]` cached positions,
-/// sequence b owning cache row B-1-b; caches random bf16 (or fp32 with d.f32_cache).
+/// the caches paged through random non-contiguous block tables (kernel_test::random_tables: a
+/// shared first block, a window's unreachable blocks missing); caches random bf16 (or fp32 with
+/// d.f32_cache).
 struct Step {
   int tokens = 0, nseq = 0;
-  Tensor pos, tseq, lens, rows, q, k, v, sinks_t;
-  Tensor kc_t, vc_t; // the caches as ref sees them
+  Tensor pos, tseq, lens, rows, q, k, v, sinks_t; // rows: the block tables
+  Tensor kc_t, vc_t;                              // the caches as ref sees them
   std::vector<uint16_t> kc_bits, vc_bits, sink_bits;
 };
 
@@ -76,9 +78,11 @@ Step make_step(const AttentionDims& d, const std::vector<int>& seq_tokens,
   Rng rng{seed};
   Step s;
   s.nseq = int(seq_tokens.size());
-  std::vector<int32_t> positions, token_seq, ctx_lens(ctx.begin(), ctx.end()), cache_rows;
+  std::vector<int32_t> positions, token_seq, ctx_lens(ctx.begin(), ctx.end());
+  std::vector<int> lo, hi;
   for (int b = 0; b < s.nseq; ++b) {
-    cache_rows.push_back(s.nseq - 1 - b);
+    lo.push_back(d.window ? std::max(0, ctx[b] - d.window + 1) : 0);
+    hi.push_back(ctx[b]);
     for (int i = 0; i < seq_tokens[b]; ++i) {
       positions.push_back(ctx[b] + i);
       token_seq.push_back(b);
@@ -88,11 +92,12 @@ Step make_step(const AttentionDims& d, const std::vector<int>& seq_tokens,
   s.pos = Tensor::from_ints({s.tokens}, positions);
   s.tseq = Tensor::from_ints({s.tokens}, token_seq);
   s.lens = Tensor::from_ints({s.nseq}, ctx_lens);
-  s.rows = Tensor::from_ints({s.nseq}, cache_rows);
+  const PagedTables pt = random_tables(seed, d.block, d.table, lo, hi, 1);
+  s.rows = pt.tensor();
   s.q = random_f32(rng, {s.tokens, d.heads, d.head_dim}, 2.0f);
   s.k = random_f32(rng, {s.tokens, d.kv_heads, d.head_dim}, 1.0f);
   s.v = random_f32(rng, {s.tokens, d.kv_heads, d.head_dim}, 1.0f);
-  const std::vector<int64_t> cache_shape = {s.nseq, d.slots, d.kv_heads, d.head_dim};
+  const std::vector<int64_t> cache_shape = {pt.blocks, d.block, d.kv_heads, d.head_dim};
   if (d.f32_cache) {
     s.kc_t = random_f32(rng, cache_shape, 1.0f);
     s.vc_t = random_f32(rng, cache_shape, 1.0f);
@@ -173,14 +178,15 @@ void check_prefill(const AttentionDims& d, const std::vector<int>& seq_tokens,
   CHECK(err <= kTol);
 }
 
-/// The tiny and 20b shapes, full and sliding (window = ring size), bf16 and fp32 caches.
+/// The tiny and 20b shapes, full and sliding, bf16 and fp32 caches, paged in blocks of 16
+/// (tables of 320 entries: positions past 5000).
 std::vector<AttentionDims> shapes() {
   std::vector<AttentionDims> out;
   for (bool f32 : {false, true}) {
-    out.push_back({4, 2, 16, 1280, 0, 0.25, f32});    // tiny, full
-    out.push_back({4, 2, 16, 8, 8, 0.25, f32});       // tiny, sliding ring of 8
-    out.push_back({64, 8, 64, 2048, 0, 0.125, f32});  // 20b, full
-    out.push_back({64, 8, 64, 128, 128, 0.125, f32}); // 20b, sliding ring of 128
+    out.push_back({4, 2, 16, 16, 320, 0, 0.25, f32});     // tiny, full
+    out.push_back({4, 2, 16, 16, 320, 8, 0.25, f32});     // tiny, window of 8
+    out.push_back({64, 8, 64, 16, 320, 0, 0.125, f32});   // 20b, full
+    out.push_back({64, 8, 64, 16, 320, 128, 0.125, f32}); // 20b, window of 128
   }
   return out;
 }
@@ -276,8 +282,8 @@ TEST_CASE("decode attention with ROUND16 matches the tensor-core prefill kernel'
 
 TEST_CASE("prefill attention time on a 20b-shaped 1024-token step (informational)") {
   XSERV_REQUIRE_GPU();
-  for (const AttentionDims& d : {AttentionDims{64, 8, 64, 4096, 0, 0.125, true},
-                                 AttentionDims{64, 8, 64, 128, 128, 0.125, true}}) {
+  for (const AttentionDims& d : {AttentionDims{64, 8, 64, 16, 256, 0, 0.125, true},
+                                 AttentionDims{64, 8, 64, 16, 256, 128, 0.125, true}}) {
     for (int tokens : {1024, 2048}) {
       const Step s = make_step(d, {tokens}, {0}, 800);
       DevStep b(d, s);

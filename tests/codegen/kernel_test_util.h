@@ -226,4 +226,47 @@ template <typename F> double median_ms(F&& run) {
   return ms[ms.size() / 2];
 }
 
+/// Block tables of a paged KV cache for a test: each sequence's blocks are distinct random blocks
+/// of a pool larger than they need (so no two sequences' blocks are adjacent or in order), the
+/// first `shared` of every sequence's blocks the same as sequence 0's (a shared prefix), and with
+/// a window only the blocks that hold positions a query can see: the others are the null block
+/// 0, which no real block of a sequence is (as the engine's tables).
+struct PagedTables {
+  int block = 16, table = 0; ///< positions per block, entries per table row
+  int blocks = 0;            ///< of the pool
+  std::vector<int32_t> rows; ///< [sequences, table]
+  Tensor tensor() const {
+    return Tensor::from_ints({int64_t(rows.size() / size_t(table)), table}, rows);
+  }
+};
+
+/// Tables for sequences that hold positions [lo[b], hi[b]) (a query sees nothing below lo).
+inline PagedTables random_tables(uint64_t seed, int block, int table, const std::vector<int>& lo,
+                                 const std::vector<int>& hi, int shared = 0) {
+  PagedTables t;
+  t.block = block;
+  t.table = table;
+  int need = 0;
+  for (size_t b = 0; b < lo.size(); ++b)
+    need += (hi[b] + block - 1) / block;
+  t.blocks = 2 * need + 3;
+  std::vector<int32_t> free(size_t(t.blocks - 1)); // block 0 is the null block
+  for (int i = 1; i < t.blocks; ++i)
+    free[size_t(i - 1)] = i;
+  uint64_t z = seed;
+  for (size_t i = free.size(); i > 1; --i) { // a seeded shuffle
+    z = z * 6364136223846793005ull + 1442695040888963407ull;
+    std::swap(free[i - 1], free[size_t(z >> 33) % i]);
+  }
+  t.rows.assign(lo.size() * size_t(table), 0);
+  size_t next = 0;
+  for (size_t b = 0; b < lo.size(); ++b)
+    for (int i = lo[b] / block; i * block < hi[b]; ++i) {
+      REQUIRE(i < table);
+      t.rows[b * size_t(table) + size_t(i)] =
+          b > 0 && i < shared && t.rows[size_t(i)] > 0 ? t.rows[size_t(i)] : free[next++];
+    }
+  return t;
+}
+
 } // namespace xserv::kernel_test

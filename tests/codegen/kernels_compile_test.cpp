@@ -39,11 +39,11 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
                             {"router logits"}));
   out.push_back(
       emit_linear({d, int(c.vocab_size), true, false, false, c.rms_norm_eps}, {"lm_head"}));
+  // Paged caches: blocks of 16, tables of 4096 positions.
   AttentionDims att{
-      int(c.num_attention_heads), int(c.num_key_value_heads), int(c.head_dim),
-      int(c.sliding_window),      int(c.sliding_window),      1.0 / std::sqrt(double(c.head_dim))};
+      int(c.num_attention_heads), int(c.num_key_value_heads),         int(c.head_dim), 16, 256,
+      int(c.sliding_window),      1.0 / std::sqrt(double(c.head_dim))};
   out.push_back(emit_attention_decode(att, {"sliding attention"}));
-  att.slots = 4096;
   att.window = 0;
   out.push_back(emit_attention_decode(att, {"full attention"}));
   att.f32_cache = true;
@@ -61,13 +61,13 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
       AttentionDims pre = att;
       pre.f32_cache = f32;
       pre.window = window;
-      pre.slots = window ? window : 4096;
       out.push_back(emit_attention_prefill(pre, {"prefill attention"}));
       out.push_back(emit_attention_prefill_mma(pre, {"prefill attention, tensor cores"}));
     }
   for (bool f32 : {false, true})
-    out.push_back(
-        emit_kv_write({int(c.num_key_value_heads), int(c.head_dim), 4096, f32}, {"kv_write"}));
+    for (int window : {0, int(c.sliding_window)})
+      out.push_back(emit_kv_write(
+          {int(c.num_key_value_heads), int(c.head_dim), 16, 256, window, f32}, {"kv_write"}));
   MoeDims moe{d,
               int(c.intermediate_size),
               int(c.num_local_experts),
@@ -112,7 +112,8 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
   }
   QkvDims qr = qd; // decode qkv with RoPE and the cache writes in its epilogue
   qr.head_dim = int(c.head_dim);
-  qr.slots = 4096;
+  qr.block = 16;
+  qr.table = 256;
   qr.attention_factor = 1.25;
   qr.f32_cache = true;
   if (qkv_decode_fits(qr))
@@ -298,8 +299,8 @@ TEST_CASE("kernel names and sources are deterministic and headed by their IR") {
   CHECK(emit_linear(d, {}).name == "linear_residual_k2880_n5120");
   d.bias = false;
   CHECK(emit_linear(d, {}).name == "linear_residual_k2880_n5120_nobias");
-  CHECK(emit_attention_decode({64, 8, 64, 128, 128, 0.125}, {}).name ==
-        "attention_decode_h64_g8_d64_s128_w128");
+  CHECK(emit_attention_decode({64, 8, 64, 16, 512, 128, 0.125}, {}).name ==
+        "attention_decode_h64_g8_d64_b16_m512_w128");
   CHECK(emit_moe_down({2880, 2880, 32, 4, true}, {}).name ==
         "moe_down_residual_e32_k4_d2880_i2880");
   CHECK(attention_splits(1) == 1);

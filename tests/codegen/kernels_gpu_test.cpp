@@ -110,8 +110,8 @@ TEST_CASE("linear_decode_smem (one token, rows resident in shared memory) matche
           "linear_decode") {
   XSERV_REQUIRE_GPU();
   uint64_t seed = 30;
-  for (LinearDims d : {LinearDims{4096, 2880, false, true, true},  // 20b o_proj + residual
-                       LinearDims{64, 64, false, true, true},      // tiny o_proj
+  for (LinearDims d : {LinearDims{4096, 2880, false, true, true},   // 20b o_proj + residual
+                       LinearDims{64, 64, false, true, true},       // tiny o_proj
                        LinearDims{2880, 1000, false, false, false}, // plain, no bias
                        LinearDims{200, 24, false, true, false}}) {  // K not a multiple of 64
     d.max_tokens = 1;
@@ -224,16 +224,20 @@ TEST_CASE("tensor-core linear_decode agrees with linear_decode on bf16 activatio
 
 namespace {
 
-/// Attention for sequences with `seq_tokens[b]` step tokens after `ctx[b]` cached positions;
-/// sequence b owns cache row B-1-b. splits = 0 picks attention_splits().
+/// Attention for sequences with `seq_tokens[b]` step tokens after `ctx[b]` cached positions, the
+/// cache paged through random non-contiguous block tables (every sequence's first two blocks
+/// shared with sequence 0's, a common prefix; a window's blocks below its reach missing).
+/// splits = 0 picks attention_splits().
 void check_attention(const AttentionDims& d, const std::vector<int>& seq_tokens,
                      const std::vector<int>& ctx, int splits, uint64_t seed) {
   Rng rng{seed};
   const int nseq = int(seq_tokens.size());
-  std::vector<int32_t> positions, token_seq, ctx_lens(ctx.begin(), ctx.end()), cache_rows;
+  std::vector<int32_t> positions, token_seq, ctx_lens(ctx.begin(), ctx.end());
+  std::vector<int> lo, hi;
   int max_keys = 1;
   for (int b = 0; b < nseq; ++b) {
-    cache_rows.push_back(nseq - 1 - b);
+    lo.push_back(d.window ? std::max(0, ctx[b] - d.window + 1) : 0);
+    hi.push_back(ctx[b]);
     for (int i = 0; i < seq_tokens[b]; ++i) {
       const int p = ctx[b] + i;
       positions.push_back(p);
@@ -241,31 +245,32 @@ void check_attention(const AttentionDims& d, const std::vector<int>& seq_tokens,
       max_keys = std::max(max_keys, d.window ? std::min(p + 1, d.window) : p + 1);
     }
   }
+  const PagedTables pt = random_tables(seed, d.block, d.table, lo, hi, 2);
   const int tokens = int(positions.size());
   const Tensor pos = Tensor::from_ints({tokens}, positions);
   const Tensor tseq = Tensor::from_ints({tokens}, token_seq);
   const Tensor lens = Tensor::from_ints({nseq}, ctx_lens);
-  const Tensor rows = Tensor::from_ints({nseq}, cache_rows);
+  const Tensor tables = pt.tensor();
   const Tensor q = random_f32(rng, {tokens, d.heads, d.head_dim}, 2.0f);
   const Tensor k = random_f32(rng, {tokens, d.kv_heads, d.head_dim}, 1.0f);
   const Tensor v = random_f32(rng, {tokens, d.kv_heads, d.head_dim}, 1.0f);
-  const Bf16Weight kc = random_bf16(rng, {nseq, d.slots, d.kv_heads, d.head_dim}, 1.0f);
-  const Bf16Weight vc = random_bf16(rng, {nseq, d.slots, d.kv_heads, d.head_dim}, 1.0f);
+  const Bf16Weight kc = random_bf16(rng, {pt.blocks, d.block, d.kv_heads, d.head_dim}, 1.0f);
+  const Bf16Weight vc = random_bf16(rng, {pt.blocks, d.block, d.kv_heads, d.head_dim}, 1.0f);
   const Bf16Weight sinks = random_bf16(rng, {d.heads}, 2.0f);
-  const Tensor want =
-      ir::ref::attention(q, k, v, kc.t, vc.t, sinks.t, {pos, tseq, lens, rows}, d.window, d.scale);
+  const Tensor want = ir::ref::attention(q, k, v, kc.t, vc.t, sinks.t, {pos, tseq, lens, tables},
+                                         d.window, d.scale);
   if (splits == 0)
     splits = attention_splits(max_keys);
   const Loaded& dec = load(emit_attention_decode(d, {}));
   const Loaded& comb = load(emit_attention_combine(d, {}));
   auto dq = upload(q), dk = upload(k), dv = upload(v), dkc = upload(kc.bits);
   auto dvc = upload(vc.bits), ds = upload(sinks.bits), dpos = upload(pos), dts = upload(tseq);
-  auto dlen = upload(lens), drow = upload(rows);
+  auto dlen = upload(lens), dtab = upload(tables);
   auto out = poisoned(want.f.size());
   const size_t th = size_t(tokens) * d.heads * splits;
   auto part_ml = poisoned(th * 2), part_o = poisoned(th * d.head_dim);
   launch(dec, tokens, splits, dq->p, dk->p, dv->p, dkc->p, dvc->p, ds->p, dpos->p, dts->p, dlen->p,
-         drow->p, out->p, part_ml->p, part_o->p);
+         dtab->p, out->p, part_ml->p, part_o->p);
   if (splits > 1)
     launch(comb, tokens, 1, part_ml->p, part_o->p, ds->p, splits, out->p);
   device_sync();
@@ -278,17 +283,20 @@ void check_attention(const AttentionDims& d, const std::vector<int>& seq_tokens,
 
 } // namespace
 
-TEST_CASE("attention kernels match ir::ref") {
+TEST_CASE("attention kernels match ir::ref on paged caches (random, shared, windowed blocks)") {
   XSERV_REQUIRE_GPU();
+  // {heads, kv heads, head dim, block, table, window, scale}: tables of 320 entries reach past
+  // position 5000.
   const AttentionDims shapes[] = {
-      {4, 2, 16, 1280, 0, 0.25},    // tiny, full
-      {4, 2, 16, 8, 8, 0.25},       // tiny, sliding ring of 8
-      {64, 8, 64, 1280, 0, 0.125},  // 20b, full
-      {64, 8, 64, 128, 128, 0.125}, // 20b, sliding ring of 128
+      {4, 2, 16, 16, 320, 0, 0.25},     // tiny, full
+      {4, 2, 16, 16, 320, 8, 0.25},     // tiny, a window shorter than a block
+      {64, 8, 64, 16, 320, 0, 0.125},   // 20b, full
+      {64, 8, 64, 16, 320, 128, 0.125}, // 20b, a window of 8 blocks
+      {64, 8, 64, 32, 160, 128, 0.125}, // 20b, blocks of 32
   };
   uint64_t seed = 100;
   for (const AttentionDims& d : shapes)
-    for (int ctx : {1, 100, 1000}) {
+    for (int ctx : {1, 100, 1000, 4500}) {
       check_attention(d, {1}, {ctx}, 0, ++seed);             // decode: one token
       check_attention(d, {3, 1}, {ctx, ctx / 2}, 0, ++seed); // T=4 over two sequences
       check_attention(d, {1}, {ctx}, 7, ++seed);             // forced splits, some empty

@@ -170,12 +170,12 @@ struct Lowered {
 void lower(const models::ModelConfig& cfg, const Variant& v, Lowered& out) {
   out.graph = final_graph(cfg, v);
   out.capacity = codegen::step_token_capacity(kMaxBatch, v.prefill_chunk);
-  out.memory = compiler::plan_memory(
-      out.graph, {{ir::dims::kTokens, out.capacity}, {ir::dims::kSeqs, kMaxBatch}});
+  out.memory = compiler::plan_memory(out.graph, {{ir::dims::kTokens, out.capacity},
+                                                 {ir::dims::kSeqs, kMaxBatch},
+                                                 {ir::dims::kTableBlocks, (kMaxSeq + 15) / 16}});
   codegen::LoweringContext ctx;
   ctx.max_tokens = out.capacity;
   ctx.max_seqs = int(kMaxBatch);
-  ctx.cache_rows = kMaxBatch;
   ctx.max_seq = kMaxSeq;
   ctx.gemm_split = v.gemm_split;
   ctx.memory = &out.memory;
@@ -460,11 +460,12 @@ namespace {
 /// gemms, its own memory plan, plain bf16 or split activations, cuBLAS projections or not.
 runtime::LaunchTable lower_for(const ir::Graph& g, int64_t tokens, bool split, bool cublas) {
   const compiler::MemoryPlan mem =
-      compiler::plan_memory(g, {{ir::dims::kTokens, tokens}, {ir::dims::kSeqs, kMaxBatch}});
+      compiler::plan_memory(g, {{ir::dims::kTokens, tokens},
+                                {ir::dims::kSeqs, kMaxBatch},
+                                {ir::dims::kTableBlocks, (kMaxSeq + 15) / 16}});
   codegen::LoweringContext ctx;
   ctx.max_tokens = static_cast<int>(tokens);
   ctx.max_seqs = int(kMaxBatch);
-  ctx.cache_rows = kMaxBatch;
   ctx.max_seq = kMaxSeq;
   ctx.gemm_split = split;
   ctx.wgmma = true;
@@ -642,11 +643,12 @@ TEST_CASE("decode steps run lm_head on tensor cores, o_proj from 2 tokens, FMA f
   CHECK(count(names(split, 1), "linear_residual_k64_n64_t1_smem_r8") == layers);
   // Plans for an architecture before sm_90 (no bulk copies) keep the streaming kernel.
   const compiler::MemoryPlan mem =
-      compiler::plan_memory(g, {{ir::dims::kTokens, 64}, {ir::dims::kSeqs, kMaxBatch}});
+      compiler::plan_memory(g, {{ir::dims::kTokens, 64},
+                                {ir::dims::kSeqs, kMaxBatch},
+                                {ir::dims::kTableBlocks, (kMaxSeq + 15) / 16}});
   codegen::LoweringContext ctx;
   ctx.max_tokens = 64;
   ctx.max_seqs = int(kMaxBatch);
-  ctx.cache_rows = kMaxBatch;
   ctx.max_seq = kMaxSeq;
   ctx.wgmma = false;
   ctx.memory = &mem;

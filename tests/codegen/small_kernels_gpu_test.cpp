@@ -148,20 +148,23 @@ TEST_CASE("rope_yarn_qk_kv: rope_yarn_qk then the two kv_writes, in one launch, 
   Rng rng{716};
   const ir::ref::Yarn yarn;
   const double att = ir::ref::yarn_attention_factor(yarn);
-  // A decode step of 4 sequences (one token each) in rows 3, 0, 2, 1 of a 4-row cache; the
-  // positions wrap an 8-slot ring, and reach far into a full cache of 4096 slots.
-  const Tensor pos = Tensor::from_ints({4}, {7, 8, 21, 4000});
+  // A decode step of 4 sequences (one token each) whose positions (one near the start of a
+  // block, one at its end, one far into the cache) lie in random blocks of a paged cache.
+  const Tensor pos = Tensor::from_ints({4}, {7, 15, 21, 4000});
   const Tensor seq = Tensor::from_ints({4}, {0, 1, 2, 3});
-  const Tensor crow = Tensor::from_ints({4}, {3, 0, 2, 1});
-  for (auto [hq, hk, head_dim, slots, f32] :
-       {std::tuple{4, 2, 16, 8, false}, std::tuple{4, 2, 16, 8, true},
-        std::tuple{64, 8, 64, 4096, true}, std::tuple{64, 8, 64, 128, false}}) {
-    const int tokens = 4, rows = 4;
+  const int table = 256;
+  for (auto [hq, hk, head_dim, block, f32] :
+       {std::tuple{4, 2, 16, 16, false}, std::tuple{4, 2, 16, 16, true},
+        std::tuple{64, 8, 64, 16, true}, std::tuple{64, 8, 64, 32, false}}) {
+    const int tokens = 4;
+    const PagedTables pt = random_tables(uint64_t(block) * 31 + hq, block, table, {7, 15, 21, 4000},
+                                         {8, 16, 22, 4001});
+    const Tensor crow = pt.tensor();
     const Tensor q = random_f32(rng, {tokens, hq, head_dim}, 2.0f);
     const Tensor k = random_f32(rng, {tokens, hk, head_dim}, 2.0f);
     const Tensor v = random_f32(rng, {tokens, hk, head_dim}, 2.0f);
     const std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
-    const size_t cache_n = size_t(rows) * slots * hk * head_dim;
+    const size_t cache_n = size_t(pt.blocks) * block * hk * head_dim;
     const size_t elem = f32 ? 4 : 2;
     // Both caches start from the same random bytes for the reference and the fused kernel.
     std::vector<uint8_t> init(cache_n * elem);
@@ -173,13 +176,13 @@ TEST_CASE("rope_yarn_qk_kv: rope_yarn_qk then the two kv_writes, in one launch, 
     auto rkc = upload(init), rvc = upload(init);
     launch(load(emit_rope_yarn_qk(hq, hk, head_dim, att, {})), tokens, 1, rq->p, rk->p, dpos->p,
            dinv->p);
-    const Loaded& kvw = load(emit_kv_write({hk, head_dim, slots, f32}, {}));
+    const Loaded& kvw = load(emit_kv_write({hk, head_dim, block, table, 0, f32}, {}));
     launch(kvw, tokens, 1, rkc->p, rk->p, dpos->p, dseq->p, drow->p);
     launch(kvw, tokens, 1, rvc->p, rv->p, dpos->p, dseq->p, drow->p);
     // The fused kernel.
     auto fq = upload(q), fk = upload(k), fv = upload(v);
     auto fkc = upload(init), fvc = upload(init);
-    const Loaded& fused = load(emit_rope_yarn_qk_kv(hq, hk, head_dim, att, slots, f32, {}));
+    const Loaded& fused = load(emit_rope_yarn_qk_kv(hq, hk, head_dim, att, block, table, f32, {}));
     launch(fused, tokens, 1, fq->p, fk->p, fv->p, dpos->p, dseq->p, drow->p, dinv->p, fkc->p,
            fvc->p);
     device_sync();
@@ -202,23 +205,26 @@ TEST_CASE("qkv_rope_decode: qkv_decode then rope_yarn_qk_kv, in one launch, bit 
   Rng rng{719};
   const ir::ref::Yarn yarn;
   const double att = ir::ref::yarn_attention_factor(yarn);
-  // Decode steps of up to 4 sequences (one token each) in rows 3, 0, 2, 1 of a 4-row cache;
-  // positions wrap an 8- or 128-slot ring and reach far into a full cache.
+  // Decode steps of up to 4 sequences (one token each) whose positions lie in random blocks of
+  // a paged cache, one far into it.
   const Tensor pos = Tensor::from_ints({4}, {7, 8, 130, 4000});
   const Tensor seq = Tensor::from_ints({4}, {0, 1, 2, 3});
-  const Tensor crow = Tensor::from_ints({4}, {3, 0, 2, 1});
-  // (K, q rows, k/v rows, head_dim, slots, fp32 cache, most tokens, bf16 activations)
-  for (auto [k, nq, nkv, head_dim, slots, f32, max_t, round] :
-       {std::tuple{64, 64, 32, 16, 8, false, 8, true},
-        std::tuple{64, 64, 32, 16, 8, true, 1, false},
-        std::tuple{2880, 4096, 512, 64, 8192, true, 1, true},
-        std::tuple{2880, 4096, 512, 64, 128, false, 8, true}})
+  const int table = 256;
+  // (K, q rows, k/v rows, head_dim, block, fp32 cache, most tokens, bf16 activations)
+  for (auto [k, nq, nkv, head_dim, block, f32, max_t, round] :
+       {std::tuple{64, 64, 32, 16, 16, false, 8, true},
+        std::tuple{64, 64, 32, 16, 16, true, 1, false},
+        std::tuple{2880, 4096, 512, 64, 16, true, 1, true},
+        std::tuple{2880, 4096, 512, 64, 32, false, 8, true}})
     for (int tokens : {1, 3}) {
       if (tokens > max_t)
         continue;
       CAPTURE(k);
-      CAPTURE(slots);
+      CAPTURE(block);
       CAPTURE(tokens);
+      const PagedTables pt =
+          random_tables(uint64_t(k) + block, block, table, {7, 8, 130, 4000}, {8, 9, 131, 4001});
+      const Tensor crow = pt.tensor();
       QkvDims d;
       d.k = k;
       d.nq = nq;
@@ -233,8 +239,8 @@ TEST_CASE("qkv_rope_decode: qkv_decode then rope_yarn_qk_kv, in one launch, bit 
         db.push_back(upload(random_bf16(rng, {n}, 0.5f).bits));
       }
       const std::vector<double> inv = ir::ref::yarn_inv_freq(yarn, head_dim);
-      const int rows = 4, hq = nq / head_dim, hk = nkv / head_dim;
-      const size_t cache_n = size_t(rows) * slots * hk * head_dim, elem = f32 ? 4 : 2;
+      const int hq = nq / head_dim, hk = nkv / head_dim;
+      const size_t cache_n = size_t(pt.blocks) * block * hk * head_dim, elem = f32 ? 4 : 2;
       std::vector<uint8_t> init(cache_n * elem);
       for (auto& b : init)
         b = static_cast<uint8_t>(rng.next(1.0f) * 100.0f);
@@ -244,7 +250,8 @@ TEST_CASE("qkv_rope_decode: qkv_decode then rope_yarn_qk_kv, in one launch, bit 
         if (fused) {
           QkvDims r = d;
           r.head_dim = head_dim;
-          r.slots = slots;
+          r.block = block;
+          r.table = table;
           r.attention_factor = att;
           r.f32_cache = f32;
           REQUIRE(qkv_decode_fits(r));
@@ -255,8 +262,8 @@ TEST_CASE("qkv_rope_decode: qkv_decode then rope_yarn_qk_kv, in one launch, bit 
         }
         launch(load(emit_qkv_decode(d, {})), tokens, 1, dx->p, dln->p, dw[0]->p, db[0]->p, dw[1]->p,
                db[1]->p, dw[2]->p, db[2]->p, q.p, kk.p, vv.p, tokens);
-        launch(load(emit_rope_yarn_qk_kv(hq, hk, head_dim, att, slots, f32, {})), tokens, 1, q.p,
-               kk.p, vv.p, dpos->p, dseq->p, drow->p, dinv->p, kc.p, vc.p);
+        launch(load(emit_rope_yarn_qk_kv(hq, hk, head_dim, att, block, table, f32, {})), tokens, 1,
+               q.p, kk.p, vv.p, dpos->p, dseq->p, drow->p, dinv->p, kc.p, vc.p);
       };
       std::vector<std::unique_ptr<DevBuf>> want, got;
       for (auto* set : {&want, &got}) {
@@ -354,50 +361,72 @@ TEST_CASE("qkv_decode matches three normed linears") {
 namespace {
 
 /// kv_write of tokens at `positions` of sequences `seqs` (contiguous per sequence) into a bf16
-/// ring of 8 slots, against ir::ref's sequential writes, bit for bit.
+/// cache of blocks of 4, against ir::ref's sequential writes, bit for bit. `ring` 0: random paged
+/// tables holding (with a window) only the blocks of each sequence's last `window` positions,
+/// the others the null block 0, which stores may reach but nothing reads (left out of the
+/// comparison); `ring` > 0: each sequence's table a ring of `ring` blocks of its own (entry i
+/// holds block b * ring + i % ring), where a window's earlier tokens must be skipped, not raced.
 void check_kv_write(const std::vector<int32_t>& positions, const std::vector<int32_t>& seqs,
-                    uint64_t seed) {
+                    int window, uint64_t seed, int ring = 0) {
   Rng rng{seed};
-  const int rows = 3, slots = 8, g = 2, d = 16, tokens = int(positions.size());
+  const int block = 4, table = 8, g = 2, d = 16, tokens = int(positions.size());
   std::vector<int32_t> ctx_lens;
+  std::vector<int> lo, hi; // each sequence's blocks: the positions the kernel writes
   for (size_t t = 0; t < positions.size(); ++t)
-    if (t == 0 || seqs[t] != seqs[t - 1])
+    if (t == 0 || seqs[t] != seqs[t - 1]) {
       ctx_lens.push_back(positions[t]);
+      lo.push_back(positions[t]);
+      hi.push_back(positions[t] + 1);
+    } else {
+      hi.back() = positions[t] + 1;
+    }
+  for (size_t b = 0; b < lo.size(); ++b) // a window keeps the last `window` tokens
+    if (window > 0)
+      lo[b] = std::max(lo[b], hi[b] - window);
   const int nseq = int(ctx_lens.size());
   const Tensor pos = Tensor::from_ints({tokens}, positions);
   const Tensor seq = Tensor::from_ints({tokens}, seqs);
   const Tensor ctx = Tensor::from_ints({nseq}, ctx_lens);
-  std::vector<int32_t> row_ids;
-  for (int b = 0; b < nseq; ++b)
-    row_ids.push_back(rows - 1 - b);
-  const Tensor crow = Tensor::from_ints({nseq}, row_ids);
+  PagedTables pt = random_tables(seed, block, table, lo, hi);
+  if (ring > 0) {
+    pt.blocks = nseq * ring + 1;
+    for (int b = 0; b < nseq; ++b)
+      for (int i = 0; i < table; ++i)
+        pt.rows[size_t(b * table + i)] = 1 + b * ring + i % ring;
+  }
+  const Tensor crow = pt.tensor();
+  const int rows = pt.blocks, slots = block;
   const Tensor x = random_f32(rng, {tokens, g, d}, 2.0f);
   Bf16Weight cache = random_bf16(rng, {rows, slots, g, d}, 1.0f);
   Tensor want = cache.t;
-  ir::ref::kv_write(want, x, {pos, seq, ctx, crow});
-  const Loaded& l = load(emit_kv_write({g, d, slots}, {}));
+  ir::ref::kv_write(want, x, {pos, seq, ctx, crow}, window);
+  const Loaded& l = load(emit_kv_write({g, d, block, table, window, false}, {}));
   auto dc = upload(cache.bits), dx = upload(x), dpos = upload(pos), dseq = upload(seq);
   auto drow = upload(crow);
   launch(l, tokens, 1, dc->p, dx->p, dpos->p, dseq->p, drow->p);
   device_sync();
   std::vector<uint16_t> got(cache.bits.size());
   cuda_ok(cudaMemcpy(got.data(), dc->p, got.size() * 2, cudaMemcpyDeviceToHost), "download");
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i)
+  size_t bad = 0, changed = 0;
+  const size_t null_block = size_t(slots) * g * d; // block 0's values
+  for (size_t i = null_block; i < got.size(); ++i) {
     bad += got[i] != models::float_to_bf16(want.f[i]);
-  MESSAGE(l.src.name << " " << tokens << " tokens: " << bad << " of " << got.size()
+    changed += got[i] != cache.bits[i];
+  }
+  MESSAGE(l.src.name << " " << tokens << " tokens: " << bad << " of " << got.size() - null_block
                      << " cache values differ");
   CHECK(bad == 0);
+  CHECK(changed > 0);
 }
 
 } // namespace
 
-TEST_CASE("kv_write kernel stores bf16 rows where ir::ref puts them") {
+TEST_CASE("kv_write kernel stores bf16 rows where ir::ref puts them, through block tables") {
   XSERV_REQUIRE_GPU();
-  // Two sequences: 3 tokens at positions 6..8 (8 wraps to slot 0), one at 20.
-  check_kv_write({6, 7, 8, 20}, {0, 0, 0, 1}, 720);
-  // A prefill longer than the ring: 20 tokens of one sequence over 8 slots (the last 8 must
-  // stay), then 3 of another.
+  // Two sequences: 3 tokens at positions 6..8 (across a block edge), one at 20.
+  check_kv_write({6, 7, 8, 20}, {0, 0, 0, 1}, 0, 720);
+  // A prefill longer than a window: 20 tokens of one sequence with a window of 8 (the blocks of
+  // its first 12 positions are the null block in its table), then 3 of another.
   std::vector<int32_t> pos, seq;
   for (int p = 0; p < 20; ++p) {
     pos.push_back(p);
@@ -407,7 +436,11 @@ TEST_CASE("kv_write kernel stores bf16 rows where ir::ref puts them") {
     pos.push_back(p);
     seq.push_back(1);
   }
-  check_kv_write(pos, seq, 721);
+  check_kv_write(pos, seq, 8, 721);
+  check_kv_write(pos, seq, 0, 722); // no window: every position written
+  // Rings of 3 blocks (a window of 8 in blocks of 4, and one block more): position p and p + 12
+  // share a slot, so the first 8 of sequence 0's 20 tokens are skipped.
+  check_kv_write(pos, seq, 8, 723, 3);
 }
 
 TEST_CASE(

@@ -22,13 +22,14 @@ std::string equivalent(const ir::Graph& a, const ir::Graph& b, uint64_t seed) {
   return ir::compare_runs(a, b, env, /*rtol=*/0);
 }
 
-/// Inputs for a graph with one cache k_cache[N=1, 16 slots]: 5 tokens of one sequence at
-/// positions 0..4, random keys.
+/// Inputs for a graph with one paged cache k_cache[NB=2 blocks of 16]: 5 tokens of one sequence
+/// at positions 0..4 in block 1, random keys.
 ir::InterpretEnv kv_env(const ir::Graph& g) {
   ir::InterpretEnv env;
-  env.params = ir::random_params(g, {{"T", 5}, {"B", 1}}, 4, /*int_hi=*/1);
+  env.params = ir::random_params(g, {{"T", 5}, {"B", 1}, {"MB", 1}}, 4, /*int_hi=*/1);
   env.params.at("positions").i = {0, 1, 2, 3, 4};
-  env.dims = {{"N", 1}, {"S", 16}};
+  env.params.at("block_table").i = {1};
+  env.dims = {{"NB", 2}};
   return env;
 }
 
@@ -64,10 +65,10 @@ TEST_CASE("dce keeps cache writes, whose effect outlives the step") {
   ir::Graph in = ir::parse(R"(
     %pos = param() {name="positions"} : i32[T]
     %seq = param() {name="token_seq"} : i32[T]
-    %rows = param() {name="cache_rows"} : i32[B]
+    %rows = param() {name="block_table"} : i32[B,MB]
     %k = param() {name="k"} : f32[T,2,8]
-    %c = cache() {name="k_cache"} : bf16[N,16,2,8]
-    %w = kv_write(%c, %k, %pos, %seq, %rows) : bf16[N,16,2,8]
+    %c = cache() {name="k_cache"} : bf16[NB,16,2,8]
+    %w = kv_write(%c, %k, %pos, %seq, %rows) : bf16[NB,16,2,8]
     %dead = add(%k, %k) : f32[T,2,8]
     return
   )");
@@ -84,12 +85,12 @@ TEST_CASE("compare_runs reports a dropped or misrouted cache write though output
   const char* head = R"(
     %pos = param() {name="positions"} : i32[T]
     %seq = param() {name="token_seq"} : i32[T]
-    %rows = param() {name="cache_rows"} : i32[B]
+    %rows = param() {name="block_table"} : i32[B,MB]
     %k = param() {name="k"} : f32[T,2,8]
-    %c = cache() {name="k_cache"} : bf16[N,16,2,8]
+    %c = cache() {name="k_cache"} : bf16[NB,16,2,8]
   )";
   ir::Graph in = ir::parse(std::string(head) + R"(
-    %w = kv_write(%c, %k, %pos, %seq, %rows) : bf16[N,16,2,8]
+    %w = kv_write(%c, %k, %pos, %seq, %rows) : bf16[NB,16,2,8]
     %y = add(%k, %k) : f32[T,2,8]
     return %y
   )");
@@ -99,7 +100,7 @@ TEST_CASE("compare_runs reports a dropped or misrouted cache write though output
   )");
   ir::Graph misrouted = ir::parse(std::string(head) + R"(
     %k2 = add(%k, %k) : f32[T,2,8]
-    %w = kv_write(%c, %k2, %pos, %seq, %rows) : bf16[N,16,2,8]
+    %w = kv_write(%c, %k2, %pos, %seq, %rows) : bf16[NB,16,2,8]
     %y = add(%k, %k) : f32[T,2,8]
     return %y
   )");

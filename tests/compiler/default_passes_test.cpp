@@ -9,6 +9,7 @@
 #include "models/config.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
+#include "tests/step_input.h"
 #include "tests/test_util.h"
 
 using namespace xserv;
@@ -71,8 +72,9 @@ TEST_CASE("default passes on the tiny model: fused ops, fewer nodes, a fixed poi
   CHECK(op_counts(all_out)[ir::Op::RmsNorm] == 2);
   ir::InterpretEnv env;
   env.weights = ir::random_weights(6);
-  env.dims = {{"N", 1}, {"S", 16}};
-  env.params = models::step_params({{{3, 1, 4, 1, 5, 9}}, {0}, {0}});
+  const models::KvGeometry kv = xserv::testing::row_geometry(all, 1, 16);
+  env.dims = xserv::testing::pool_dims(kv);
+  env.params = models::step_params(xserv::testing::make_step({{3, 1, 4, 1, 5, 9}}, {0}, {0}, kv));
   env.params.erase("logit_rows");
   // Bitwise, outputs and caches (measured difference 0: fused ops share the plain ops' code).
   CHECK(ir::compare_runs(all, all_out, env, /*rtol=*/0) == "");
@@ -83,15 +85,17 @@ TEST_CASE("default passes on the tiny model: prefill + decode through the cache 
   ir::Graph fused = run_default(g);
   auto weights = ir::random_weights(13);
   ir::InterpretEnv plain_env, fused_env;
+  const models::KvGeometry kv = xserv::testing::row_geometry(g, 2, 16);
   for (ir::InterpretEnv* env : {&plain_env, &fused_env}) {
     env->weights = weights;
-    env->dims = {{"N", 2}, {"S", 16}};
+    env->dims = xserv::testing::pool_dims(kv);
   }
   // Two sequences: a 5-token prefill, then 3 decode steps, each on its own cache row.
+  using xserv::testing::make_step;
   const std::vector<std::vector<int32_t>> prompts = {{5, 17, 2000, 3, 99}, {7, 201087, 0, 42, 6}};
-  std::vector<models::StepInput> steps = {{prompts, {0, 0}, {1, 0}}};
+  std::vector<models::StepInput> steps = {make_step(prompts, {0, 0}, {1, 0}, kv)};
   for (int32_t s = 0; s < 3; ++s)
-    steps.push_back({{{100 + s}, {200 + s}}, {5 + s, 5 + s}, {1, 0}});
+    steps.push_back(make_step({{100 + s}, {200 + s}}, {5 + s, 5 + s}, {1, 0}, kv));
   for (size_t s = 0; s < steps.size(); ++s) {
     CAPTURE(s);
     plain_env.params = fused_env.params = models::step_params(steps[s]);

@@ -86,14 +86,14 @@ TEST_CASE("unbound dynamic dims are a clear error") {
 
 TEST_CASE("whole models pack soundly into far less than their unpacked size") {
   auto tiny = models::ModelConfig::load(testing::source_dir() / "examples/tiny");
-  auto p = compiler::plan_memory(models::build_gpt_oss(tiny), {{"T", 512}, {"B", 8}});
+  auto p = compiler::plan_memory(models::build_gpt_oss(tiny), {{"T", 512}, {"B", 8}, {"MB", 16}});
   CHECK(packing_is_sound(p));
   CHECK(p.arena_bytes >= p.peak_live);
   CHECK(p.arena_bytes < p.unpacked);
   // Greedy packing lands within 25% of the lower bound (the most bytes live at one node).
   CHECK(static_cast<double>(p.arena_bytes) <= 1.25 * static_cast<double>(p.peak_live));
   auto big = models::ModelConfig::load(testing::source_dir() / "examples/gpt-oss-120b");
-  auto q = compiler::plan_memory(models::build_gpt_oss(big), {{"T", 2048}, {"B", 64}});
+  auto q = compiler::plan_memory(models::build_gpt_oss(big), {{"T", 2048}, {"B", 64}, {"MB", 512}});
   CHECK(packing_is_sound(q));
   CHECK(q.arena_bytes >= q.peak_live);
   // Live at once at most: the residual, a norm output, q/k/v, attention and the MoE scratch
@@ -161,8 +161,8 @@ TEST_CASE("the linear-time packing places every buffer where the quadratic state
   const ir::Graph g = models::build_gpt_oss(c, {});
   for (int64_t tokens : {1, 7, 512}) {
     CAPTURE(tokens);
-    const compiler::MemoryPlan fast =
-        compiler::plan_memory(g, {{ir::dims::kTokens, tokens}, {ir::dims::kSeqs, 4}});
+    const compiler::MemoryPlan fast = compiler::plan_memory(
+        g, {{ir::dims::kTokens, tokens}, {ir::dims::kSeqs, 4}, {ir::dims::kTableBlocks, 16}});
     compiler::MemoryPlan slow = fast;
     reference_packing(slow);
     REQUIRE(fast.buffers.size() == slow.buffers.size());

@@ -12,6 +12,7 @@
 #include "models/config.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
+#include "tests/step_input.h"
 #include "tests/test_util.h"
 
 using namespace xserv;
@@ -46,19 +47,21 @@ int count_op(const ir::Graph& g, ir::Op op) {
 /// A prefill of two sequences and three decode steps through the whole graph and through the
 /// stages: logits and every cache identical.
 void check_chained(const ir::Graph& g, int stages) {
-  const compiler::Partition p = compiler::partition_pipeline(g, stages, {{"N", 2}, {"S", 16}});
+  const compiler::Partition p = compiler::partition_pipeline(g, stages, {{"NB", 1}, {"NW", 1}});
   REQUIRE(p.stages.size() == size_t(stages));
   auto weights = ir::random_weights(21);
   ir::InterpretEnv whole, split;
+  const models::KvGeometry kv = xserv::testing::row_geometry(g, 2, 16);
   for (ir::InterpretEnv* env : {&whole, &split}) {
     env->weights = weights;
-    env->dims = {{"N", 2}, {"S", 16}};
+    env->dims = xserv::testing::pool_dims(kv);
   }
+  using xserv::testing::make_step;
   const std::vector<std::vector<int32_t>> prompts = {{5, 17, 2000, 3, 99, 12, 8, 1, 4, 9},
                                                      {7, 201087, 0, 42}};
-  std::vector<models::StepInput> steps = {{prompts, {0, 0}, {1, 0}}};
+  std::vector<models::StepInput> steps = {make_step(prompts, {0, 0}, {1, 0}, kv)};
   for (int32_t s = 0; s < 3; ++s)
-    steps.push_back({{{100 + s}, {200 + s}}, {10 + s, 4 + s}, {1, 0}});
+    steps.push_back(make_step({{100 + s}, {200 + s}}, {10 + s, 4 + s}, {1, 0}, kv));
   for (size_t s = 0; s < steps.size(); ++s) {
     CAPTURE(s);
     whole.params = split.params = models::step_params(steps[s]);
@@ -79,7 +82,7 @@ void check_chained(const ir::Graph& g, int stages) {
 
 TEST_CASE("partition: two stages of the tiny model, one boundary value each way") {
   const ir::Graph g = models::build_gpt_oss(tiny());
-  const compiler::Partition p = compiler::partition_pipeline(g, 2, {{"N", 4}, {"S", 64}});
+  const compiler::Partition p = compiler::partition_pipeline(g, 2, {{"NB", 1}, {"NW", 1}});
   REQUIRE(p.stages.size() == 2);
   CHECK(p.info[0].first_layer == 0);
   CHECK(p.info[0].last_layer == 0);
@@ -145,10 +148,10 @@ TEST_CASE("partition: contiguous ranges covering every layer, more stages than l
 TEST_CASE("partition: gpt-oss-20b balanced by the cost model, lm_head weighing on the last stage") {
   XSERV_REQUIRE_DATA(data);
   const ir::Graph g = fused(models::build_gpt_oss(models::ModelConfig::load(data / "gpt-oss-20b")));
-  const compiler::Partition one = compiler::partition_pipeline(g, 1, {{"N", 1}, {"S", 8192}});
+  const compiler::Partition one = compiler::partition_pipeline(g, 1, {{"NB", 1}, {"NW", 1}});
   for (int n : {2, 4}) {
     CAPTURE(n);
-    const compiler::Partition p = compiler::partition_pipeline(g, n, {{"N", 1}, {"S", 8192}});
+    const compiler::Partition p = compiler::partition_pipeline(g, n, {{"NB", 1}, {"NW", 1}});
     MESSAGE("gpt-oss-20b, pp ", n, ":\n", compiler::describe(p));
     int64_t weights = 0, kv = 0, decode = 0;
     for (const compiler::StageInfo& s : p.info) {

@@ -10,6 +10,7 @@
 #include "models/config.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
+#include "tests/step_input.h"
 #include "tests/test_util.h"
 
 using namespace xserv;
@@ -94,8 +95,9 @@ TEST_CASE("the default passes on the tiny model keeps the interpreter's answer")
   ir::Graph out = pm.run(g);
   ir::InterpretEnv env;
   env.weights = ir::random_weights(2);
-  env.dims = {{"N", 1}, {"S", 8}};
-  env.params = models::step_params({{{3, 1, 4, 1, 5}}, {0}, {0}});
+  const models::KvGeometry kv = xserv::testing::row_geometry(g, 1, 8);
+  env.dims = xserv::testing::pool_dims(kv);
+  env.params = models::step_params(xserv::testing::make_step({{3, 1, 4, 1, 5}}, {0}, {0}, kv));
   // Bitwise, outputs and KV caches: the fused ops run the plain ops' code (measured difference
   // 0), so a rewrite that changes any value, or drops or misroutes a kv_write, fails.
   CHECK(ir::compare_runs(g, out, env, /*rtol=*/0) == "");

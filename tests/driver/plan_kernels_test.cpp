@@ -201,11 +201,12 @@ TEST_CASE("plan.json's launch table is the engine's, and counts its launches") {
   // The same graph lowered directly, as the CUDA engine lowers it.
   const int capacity = codegen::step_token_capacity(kMaxBatch, kChunk);
   const compiler::MemoryPlan memory =
-      compiler::plan_memory(g, {{ir::dims::kTokens, capacity}, {ir::dims::kSeqs, kMaxBatch}});
+      compiler::plan_memory(g, {{ir::dims::kTokens, capacity},
+                                {ir::dims::kSeqs, kMaxBatch},
+                                {ir::dims::kTableBlocks, (kMaxSeq + 15) / 16}});
   codegen::LoweringContext ctx;
   ctx.max_tokens = capacity;
   ctx.max_seqs = int(kMaxBatch);
-  ctx.cache_rows = kMaxBatch;
   ctx.max_seq = kMaxSeq;
   ctx.memory = &memory;
   codegen::KernelSet kernels;

@@ -41,6 +41,7 @@
 #include "runtime/sampler.h"
 #include "tests/compiled_model.h"
 #include "tests/run_xserv.h"
+#include "tests/step_input.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -153,7 +154,8 @@ void check_fixture(const std::string& name) {
   // 1. One step of all 48 tokens (run as sub-steps of 8 through the cache).
   Judge prefill = judge;
   prefill.tol = kPrefillTol;
-  const auto rows = engine.step_all({.tokens = {ids}, .ctx_lens = {0}, .cache_rows = {0}});
+  const auto rows =
+      engine.step_all(xserv::testing::make_step({ids}, {0}, {0}, engine.kv_geometry()));
   REQUIRE(rows.size() == ids.size());
   for (size_t p = 0; p < ids.size(); ++p)
     prefill.add(rows[p], p);
@@ -162,8 +164,8 @@ void check_fixture(const std::string& name) {
   engine.reset();
   Judge decode = judge;
   for (size_t p = 0; p < ids.size(); ++p) {
-    const auto r = engine.step_all(
-        {.tokens = {{ids[p]}}, .ctx_lens = {static_cast<int32_t>(p)}, .cache_rows = {0}});
+    const auto r = engine.step_all(xserv::testing::make_step({{ids[p]}}, {static_cast<int32_t>(p)},
+                                                             {0}, engine.kv_geometry()));
     REQUIRE(r.size() == 1);
     decode.add(r[0], p);
   }
@@ -229,7 +231,7 @@ TEST_CASE("cuda engine agrees with the CPU engine on a batch of 3: prefill, then
   models::StepInput step;
   step.tokens = {{11, 22, 33, 44, 55}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, {200005}};
   step.ctx_lens = {0, 0, 0};
-  step.cache_rows = {2, 0, 1}; // rows other than the sequence index
+  xserv::testing::use_rows(step, {2, 0, 1}, gpu.kv_geometry()); // rows other than the index
   double worst = 0;
   for (int s = 0; s < 6; ++s) {
     const auto want = cpu.step(step);
@@ -251,7 +253,7 @@ TEST_CASE("cuda engine agrees with the CPU engine on a batch of 3: prefill, then
       next.tokens.push_back(
           {static_cast<int32_t>(std::max_element(w.begin(), w.end()) - w.begin())});
       next.ctx_lens.push_back(step.ctx_lens[b] + static_cast<int32_t>(step.tokens[b].size()));
-      next.cache_rows.push_back(step.cache_rows[b]);
+      xserv::testing::keep_tables(next, step, b);
     }
     step = std::move(next);
   }
@@ -281,10 +283,12 @@ GreedyRun greedy_run(const fs::path& model, const std::vector<std::vector<int32_
   out.tokens.resize(prompts.size());
   models::StepInput step;
   step.tokens = prompts;
+  std::vector<int32_t> rows;
   for (size_t b = 0; b < prompts.size(); ++b) {
     step.ctx_lens.push_back(0);
-    step.cache_rows.push_back(static_cast<int32_t>(b));
+    rows.push_back(static_cast<int32_t>(b));
   }
+  xserv::testing::use_rows(step, rows, engine.kv_geometry());
   for (int s = 0; s <= steps; ++s) {
     const auto rows = engine.step(step);
     REQUIRE(rows.size() == prompts.size());
@@ -296,7 +300,7 @@ GreedyRun greedy_run(const fs::path& model, const std::vector<std::vector<int32_
       out.tokens[b].push_back(id);
       next.tokens.push_back({id});
       next.ctx_lens.push_back(step.ctx_lens[b] + static_cast<int32_t>(step.tokens[b].size()));
-      next.cache_rows.push_back(step.cache_rows[b]);
+      xserv::testing::keep_tables(next, step, b);
     }
     step = std::move(next);
   }
@@ -347,7 +351,7 @@ TEST_CASE("gpu: the engine's stopwatch times steps on the GPU timeline") {
   models::StepInput step;
   step.tokens = {some_ids(kMaxSeq - 4, 201088, 4)};
   step.ctx_lens = {0};
-  step.cache_rows = {0};
+  xserv::testing::use_rows(step, {0}, gpu.kv_geometry());
   auto sw = gpu.stopwatch();
   sw->start();
   gpu.step_greedy(step);
@@ -447,7 +451,7 @@ TEST_CASE("gpu: a pp 2 plan's stages on one GPU (same-device transport) give the
   models::StepInput step;
   step.tokens = {{11, 22, 33, 44, 55}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, {200005}};
   step.ctx_lens = {0, 0, 0};
-  step.cache_rows = {2, 0, 1};
+  xserv::testing::use_rows(step, {2, 0, 1}, whole.kv_geometry());
   int bitwise = 0, rows = 0;
   for (int s = 0; s < 6; ++s) {
     const auto want = whole.step(step);
@@ -466,7 +470,7 @@ TEST_CASE("gpu: a pp 2 plan's stages on one GPU (same-device transport) give the
       const auto top = std::max_element(want[b].begin(), want[b].end()) - want[b].begin();
       next.tokens.push_back({static_cast<int32_t>(top)});
       next.ctx_lens.push_back(step.ctx_lens[b] + static_cast<int32_t>(step.tokens[b].size()));
-      next.cache_rows.push_back(step.cache_rows[b]);
+      xserv::testing::keep_tables(next, step, b);
     }
     step = next;
   }

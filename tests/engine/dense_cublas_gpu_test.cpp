@@ -16,6 +16,7 @@
 #include "runtime/plan_io.h"
 #include "tests/compiled_model.h"
 #include "tests/run_xserv.h"
+#include "tests/step_input.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -67,7 +68,7 @@ TEST_CASE("gpu: a --dense-gemm cublas plan gives the gemm_wg plan's tokens and l
   for (int i = 0; i < 70; ++i)
     step.tokens[1].push_back(50000 + 911 * i);
   step.ctx_lens = {0, 0};
-  step.cache_rows = {0, 1};
+  xserv::testing::use_rows(step, {0, 1}, wg_model->kv_geometry());
   double worst = 0;
   int same_tokens = 0, rows = 0;
   for (int s = 0; s < 6; ++s) {
@@ -82,7 +83,7 @@ TEST_CASE("gpu: a --dense-gemm cublas plan gives the gemm_wg plan's tokens and l
       same_tokens += top == std::max_element(got[b].begin(), got[b].end()) - got[b].begin();
       next.tokens.push_back({static_cast<int32_t>(top)});
       next.ctx_lens.push_back(step.ctx_lens[b] + static_cast<int32_t>(step.tokens[b].size()));
-      next.cache_rows.push_back(step.cache_rows[b]);
+      xserv::testing::keep_tables(next, step, b);
     }
     step = next;
   }

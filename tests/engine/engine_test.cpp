@@ -150,10 +150,11 @@ TEST_CASE("engine: max_running caps the rows in use and the rest wait in order")
   CHECK(e.stats().waiting == 3);
   d = drain(e, d);
   CHECK(m.max_seqs_in_a_step() == 2);
-  std::set<int32_t> rows;
+  std::set<int32_t> blocks; // two rows of the pool: every block the steps used is in them
   for (const auto& st : m.steps())
-    rows.insert(st.cache_rows.begin(), st.cache_rows.end());
-  CHECK(rows == std::set<int32_t>{0, 1});
+    for (const auto& t : st.block_tables)
+      blocks.insert(t.begin(), t.end());
+  CHECK(*blocks.rbegin() < 2 * m.kv_geometry().table_blocks);
   for (size_t i = 0; i < ids.size(); ++i)
     CHECK(d.tokens[ids[i]] == alone(make_request(iota_prompt(3, int(i)), 4)));
   const engine::EngineStats st = e.stats();
@@ -478,14 +479,14 @@ TEST_CASE("engine: non-finite logits end that request with an error naming step 
       Request broken = make_request({1, 2, 3}, 10);
       broken.sampling.temperature = temperature;
       const Request healthy = make_request(iota_prompt(5, 4), 6);
-      const auto a = e.add(broken);  // row 0
-      const auto b = e.add(healthy); // row 1
+      const auto a = e.add(broken);
+      const auto b = e.add(healthy);
       Drained d;
       step(e, d); // both prompts: a's first token
       step(e, d); // a decodes its second
       REQUIRE(d.tokens[a].size() == 2);
-      m.poison(0, bad);
-      step(e, d); // engine step 2: a's third token would come from position 4's logits
+      m.poison(1, bad); // a's first token
+      step(e, d);       // engine step 2: a's third token would come from position 4's logits
       CHECK(d.last[a].finish == FinishReason::Error);
       CHECK(d.last[a].token == -1);
       CHECK(d.last[a].generated_tokens == 2);
@@ -504,7 +505,7 @@ TEST_CASE("engine: non-finite logits end that request with an error naming step 
 TEST_CASE(
     "engine: generate() reports a non-finite finish, throw_if_failed turns it into an error") {
   FakeModel m(1, 64);
-  m.poison(0, std::nanf(""));
+  m.poison(iota_prompt(3, 1)[0], std::nanf(""));
   const std::vector<engine::Generation> out =
       engine::generate(m, {make_request(iota_prompt(3, 1), 4)});
   REQUIRE(out.size() == 1);

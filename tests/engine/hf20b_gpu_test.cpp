@@ -28,6 +28,7 @@
 #include "models/gpt_oss.h"
 #include "runtime/device.h"
 #include "tests/compiled_model.h"
+#include "tests/step_input.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -144,7 +145,8 @@ TEST_CASE("gpu: synthetic 20b against HF transformers") {
     // 1. Teacher-forced: one step of all T tokens (sub-steps through the cache).
     std::vector<double> err(T), ratio(T);
     {
-      const auto rows = engine.step_all({.tokens = {ids}, .ctx_lens = {0}, .cache_rows = {0}});
+      const auto rows =
+          engine.step_all(xserv::testing::make_step({ids}, {0}, {0}, engine.kv_geometry()));
       REQUIRE(rows.size() == T);
       for (size_t p = 0; p < T; ++p) {
         err[p] = rel_l2(rows[p], f32[p]);

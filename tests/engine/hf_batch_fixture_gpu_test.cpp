@@ -29,6 +29,7 @@
 #include "models/step.h"
 #include "tests/compiled_model.h"
 #include "tests/engine/hf_batch_fixture.h"
+#include "tests/step_input.h"
 
 namespace {
 
@@ -71,6 +72,7 @@ void check_cuda_chunked(const std::string& name, size_t chunk, size_t stagger) {
   for (;;) {
     models::StepInput step;
     std::vector<size_t> seq_of;
+    std::vector<int32_t> kv_rows;
     for (size_t s = 0; s < n; ++s) {
       const size_t take = std::min(chunk + 7 * s, tokens[s].size() - done[s]);
       if (take == 0 || step_index < stagger * s)
@@ -78,7 +80,7 @@ void check_cuda_chunked(const std::string& name, size_t chunk, size_t stagger) {
       step.tokens.emplace_back(tokens[s].begin() + static_cast<ptrdiff_t>(done[s]),
                                tokens[s].begin() + static_cast<ptrdiff_t>(done[s] + take));
       step.ctx_lens.push_back(static_cast<int32_t>(done[s]));
-      step.cache_rows.push_back(static_cast<int32_t>(n - 1 - s));
+      kv_rows.push_back(static_cast<int32_t>(n - 1 - s));
       seq_of.push_back(s);
     }
     ++step_index;
@@ -90,6 +92,7 @@ void check_cuda_chunked(const std::string& name, size_t chunk, size_t stagger) {
         break;
       continue;
     }
+    xserv::testing::use_rows(step, kv_rows, model.kv_geometry());
     const auto rows = model.step_all(step);
     size_t row = 0;
     for (size_t i = 0; i < seq_of.size(); ++i) {

@@ -28,6 +28,7 @@
 #include "models/gpt_oss.h"
 #include "models/step.h"
 #include "tests/engine/hf_batch_fixture.h"
+#include "tests/step_input.h"
 
 namespace {
 
@@ -65,6 +66,7 @@ void check_chunked(const std::string& name, size_t chunk, size_t stagger, const 
   for (;;) {
     models::StepInput step;
     std::vector<size_t> seq_of;
+    std::vector<int32_t> kv_rows;
     for (size_t s = 0; s < n; ++s) {
       const size_t take = std::min(chunk + 7 * s, tokens[s].size() - done[s]);
       if (take == 0 || step_index < stagger * s)
@@ -72,7 +74,7 @@ void check_chunked(const std::string& name, size_t chunk, size_t stagger, const 
       step.tokens.emplace_back(tokens[s].begin() + static_cast<ptrdiff_t>(done[s]),
                                tokens[s].begin() + static_cast<ptrdiff_t>(done[s] + take));
       step.ctx_lens.push_back(static_cast<int32_t>(done[s]));
-      step.cache_rows.push_back(static_cast<int32_t>(n - 1 - s));
+      kv_rows.push_back(static_cast<int32_t>(n - 1 - s));
       seq_of.push_back(s);
     }
     ++step_index;
@@ -86,6 +88,7 @@ void check_chunked(const std::string& name, size_t chunk, size_t stagger, const 
     }
     ++steps;
     mixed += seq_of.size() > 1;
+    xserv::testing::use_rows(step, kv_rows, model.kv_geometry());
     const std::vector<ir::Tensor> out = model.run_graph(all, models::step_params(step));
     const ir::Tensor& logits = out.at(0);
     const auto vocab = static_cast<size_t>(logits.shape.back());

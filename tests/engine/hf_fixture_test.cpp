@@ -33,6 +33,7 @@
 #include "models/gpt_oss.h"
 #include "models/step.h"
 #include "tests/run_xserv.h"
+#include "tests/step_input.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -138,8 +139,11 @@ void check_fixture(const std::string& name) {
   // 1. Prefill: every position's logits from one interpret() over the whole sequence.
   ir::InterpretEnv env;
   env.weights = checkpoint_weights(ck);
-  env.dims = {{ir::dims::kCacheRows, 1}, {ir::dims::kMaxSeq, kMaxSeq}};
-  env.params = models::step_params({.tokens = {ids}, .ctx_lens = {0}, .cache_rows = {0}});
+  engine::CpuModel engine(tmp.path, 1, kMaxSeq, &all_logits);
+  const models::KvGeometry& kv = engine.kv_geometry();
+  env.dims = {{ir::dims::kKvBlocks, kv.blocks},
+              {ir::dims::kWindowBlocks, std::max<int64_t>(kv.window_blocks, 1)}};
+  env.params = models::step_params(xserv::testing::make_step({ids}, {0}, {0}, kv));
   const std::vector<ir::Tensor> out = ir::interpret(all_logits, env);
   REQUIRE(out.at(0).numel() == static_cast<int64_t>(ids.size() * vocab));
   Worst prefill;
@@ -147,11 +151,10 @@ void check_fixture(const std::string& name) {
     prefill.add(rel_l2(out[0].f.data() + p * vocab, want[p]), p);
 
   // 2. Decode: one token per step, so each step attends over the KV cache alone.
-  engine::CpuModel engine(tmp.path, 1, kMaxSeq, &all_logits);
   Worst decode;
   for (size_t p = 0; p < ids.size(); ++p) {
-    const auto rows = engine.step(
-        {.tokens = {{ids[p]}}, .ctx_lens = {static_cast<int32_t>(p)}, .cache_rows = {0}});
+    const auto rows =
+        engine.step(xserv::testing::make_step({{ids[p]}}, {static_cast<int32_t>(p)}, {0}, kv));
     REQUIRE(rows.size() == 1);
     REQUIRE(rows[0].size() == vocab);
     decode.add(rel_l2(rows[0].data(), want[p]), p);

@@ -16,9 +16,16 @@ using xserv::engine::pipeline::MicroBatch;
 using xserv::engine::pipeline::PipelineOptions;
 using xserv::engine::pipeline::resolve_transport;
 using xserv::models::StepInput;
-using xserv::testing::make_step;
 
 namespace {
+
+/// Pools of 5 rows of 64 positions (and the null block).
+const xserv::models::KvGeometry kKv{16, 4, 0, 21, 0};
+
+StepInput make_step(std::vector<std::vector<int32_t>> tokens, std::vector<int32_t> ctx,
+                    const std::vector<int32_t>& rows) {
+  return xserv::testing::make_step(std::move(tokens), std::move(ctx), rows, kKv);
+}
 
 /// Every token of `in` appears once, in order, with its position (ctx + offset) and cache row.
 void check_covers(const StepInput& in, const std::vector<MicroBatch>& mbs) {
@@ -29,7 +36,7 @@ void check_covers(const StepInput& in, const std::vector<MicroBatch>& mbs) {
     REQUIRE(mb.last.size() == mb.seq.size());
     for (size_t i = 0; i < mb.seq.size(); ++i) {
       const size_t b = mb.seq[i];
-      CHECK(mb.in.cache_rows[i] == in.cache_rows[b]);
+      CHECK(mb.in.block_tables[i] == in.block_tables[b]);
       // The piece continues where the sequence's previous pieces ended.
       CHECK(mb.in.ctx_lens[i] == in.ctx_lens[b] + static_cast<int32_t>(seen[b].size()));
       seen[b].insert(seen[b].end(), mb.in.tokens[i].begin(), mb.in.tokens[i].end());

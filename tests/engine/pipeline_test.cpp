@@ -366,6 +366,34 @@ TEST_CASE("pipelined plan: stray, garbage and unauthenticated peers are dropped,
   CHECK(log.find(whole.substr(0, whole.find('\n'))) != std::string::npos); // same tokens
 }
 
+TEST_CASE("pipelined plan: idle strays do not use up the connect window (7 and 50 of them)") {
+  // Handshakes run side by side, each under its own 5 s deadline: strays that connect and
+  // never send (one after another they would take 5 s each of the 30 s window) do not hold
+  // the rank that comes after them.
+  using xserv::runtime::Connection;
+  Plans p;
+  for (const int strays : {7, 50}) {
+    INFO(strays);
+    Rank0 r0(p.pp2, p.tmp.path / fmt::format("strays{}.log", strays), "right-secret");
+    const std::string address = fmt::format("127.0.0.1:{}", r0.port());
+    std::vector<Connection> idle;
+    for (int i = 0; i < strays; ++i)
+      idle.push_back(Connection::connect(address, std::chrono::steady_clock::now() +
+                                                      std::chrono::seconds(10)));
+    const auto t0 = std::chrono::steady_clock::now();
+    RunResult good = run_shell(fmt::format("XSERV_PIPELINE_TOKEN=right-secret {} worker {} --rank "
+                                           "1 --world 2 --coordinator {} 2>&1",
+                                           XSERV_BINARY, p.pp2, address));
+    CHECK(good.code == 0);
+    CHECK(r0.wait() == 0);
+    // Not a timing bound: one stray's deadline is 5 s, 7 in a row would be 35.
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+    const std::string log = read_file(r0.log);
+    CHECK(log.find("[pipeline] 2 ranks ready") != std::string::npos);
+    CHECK(log.find("rank(s) connected within") == std::string::npos);
+  }
+}
+
 TEST_CASE("pipelined plan: --coordinator without a pipeline token is a usage error") {
   Plans p;
   RunResult r = run_shell(fmt::format("env -u XSERV_PIPELINE_TOKEN {} run {} {} --coordinator "
@@ -529,7 +557,8 @@ TEST_CASE("pipelined plan: a worker refuses forged activations of the wrong shap
   xserv::models::StepInput step;
   step.tokens = {{5, 6, 7}};
   step.ctx_lens = {0};
-  step.cache_rows = {0};
+  step.block_tables = {{0}};
+  step.window_tables = {{0}};
   const std::string carries = fmt::format("the plan's stage boundary carries f32[3, {}]", width);
   struct Forgery {
     const char* what;
@@ -538,7 +567,7 @@ TEST_CASE("pipelined plan: a worker refuses forged activations of the wrong shap
     std::string message; ///< what the worker answers, in its kFail frame and on stderr
   };
   xserv::models::StepInput bad_row = step;
-  bad_row.cache_rows = {99};
+  bad_row.block_tables = {{99999999}};
   const std::vector<Forgery> forgeries = {
       {"one token's activation in a step of 3",
        step,
@@ -553,10 +582,11 @@ TEST_CASE("pipelined plan: a worker refuses forged activations of the wrong shap
        {{name, Tensor::zeros(DType::I32, {3, width})}},
        fmt::format("as i32[3, {}]; {}", width, carries)},
       {"nothing", step, {}, fmt::format("pipeline rank 0 did not send activation '{}'", name)},
-      {"a cache row outside the worker's 2",
+      {"a KV block outside the worker's pool",
        bad_row,
        {{name, Tensor::zeros(DType::F32, {3, width})}},
-       "sequence 0 uses cache row 99, but there are 2 rows"},
+       "sequence 0: positions 0..15 need full-attention block 0, which is block 99999999 (the "
+       "pool has"},
   };
   for (const Forgery& f : forgeries) {
     INFO(f.what);
@@ -610,7 +640,7 @@ TEST_CASE("pipelined plan: rank 0 refuses a forged intermediate activation befor
                                         {"proof", wire::hello_proof("three-secret", challenge, rank,
                                                                     3, digest, "0a")}}));
     REQUIRE(c.receive(std::chrono::seconds(10)).type == wire::kWelcome);
-    c.send(wire::message(wire::kReady, nlohmann::json::object()));
+    c.send(wire::message(wire::kReady, {{"kv_blocks", 1 << 20}, {"window_blocks", 1 << 20}}));
     return c;
   };
   Connection one = join(1);
@@ -661,11 +691,12 @@ TEST_CASE("pipelined plan: a frame larger than the plan allows is refused, token
     CHECK(text.find("announced a frame of 1073741824 bytes (type 3), more than the ") !=
           std::string::npos);
   }
-  // What a step frame may carry: the step's header and the stage's receives for 2 x 64 tokens.
+  // What a step frame may carry: the step's header (token ids, context lengths, both block
+  // tables and block copies) and the stage's receives for 2 x 64 tokens.
   const auto recv = xserv::engine::pipeline::stage_receives(stage_program(p.pp2, 1), 128);
   const auto bound = wire::worker_frame_bound(stage_program(p.pp2, 1), 2, 64);
   CHECK(bound(wire::kStep) ==
-        wire::header_bound(128 + 6, recv) + xserv::engine::pipeline::boundary_bytes(recv));
+        wire::header_bound(3 * 128 + 9 * 2, recv) + xserv::engine::pipeline::boundary_bytes(recv));
   CHECK(bound(wire::kStep) < (1 << 20));
   CHECK(bound(wire::kAlive) == wire::kMaxControlBytes);
   CHECK(bound(wire::kFail) == wire::kMaxFailBytes);
@@ -687,7 +718,7 @@ TEST_CASE("pipelined plan: a frame larger than the plan allows is refused, token
                      {"nonce", "0b"},
                      {"proof", wire::hello_proof("lying-secret", challenge, 1, 2, digest, "0b")}}));
   REQUIRE(c.receive(std::chrono::seconds(10)).type == wire::kWelcome);
-  c.send(wire::message(wire::kReady, nlohmann::json::object()));
+  c.send(wire::message(wire::kReady, {{"kv_blocks", 1 << 20}, {"window_blocks", 1 << 20}}));
   xserv::runtime::Frame f;
   do
     f = c.receive(std::chrono::seconds(60));
@@ -702,7 +733,7 @@ TEST_CASE("pipelined plan: a frame larger than the plan allows is refused, token
   xserv::models::StepInput one;
   one.tokens = {{5, 6, 7, 8, 9}};
   one.ctx_lens = {0};
-  one.cache_rows = {0};
+  one.block_tables = {{0}};
   CHECK(wire::result_frame_bytes(one, {}, true, true, 201088) == wire::header_bound(1, {}));
   CHECK(wire::result_frame_bytes(one, {}, true, false, 201088) ==
         wire::header_bound(0, {{"out.0", xserv::ir::DType::F32, {5, 201088}}}) + 5 * 201088 * 4);

@@ -41,19 +41,21 @@ TEST_CASE("plan layout: the tiny plan records its arena, output, caches and weig
   CHECK(l.output.row_bytes == 201088 * 4);
   CHECK(l.output.offset + 4 * l.output.row_bytes <= l.arena_bytes);
   CHECK(l.recvs.empty());
-  // Two layers, a key and a value cache each: the sliding one a ring of 8 slots, the full one
-  // max-seq slots, 2 KV heads of 16, fp32.
+  // Two layers, a key and a value cache each, paged in blocks of 16: the sliding one from the
+  // window pool, the full one from the full pool; 2 KV heads of 16, fp32. A table covers the
+  // plan's max sequence in blocks.
+  CHECK(l.kv_block == 16);
+  CHECK(l.table_blocks == 256 / 16);
+  CHECK(l.window == 8);
   REQUIRE(l.caches.size() == 4);
-  std::multiset<int64_t> slots;
+  int windowed = 0;
   for (const auto& c : l.caches) {
-    REQUIRE(c.shape.size() == 4);
-    CHECK(c.shape[0] == 4);
-    CHECK(c.shape[2] == 2);
-    CHECK(c.shape[3] == 16);
+    CHECK(c.block_shape == std::vector<int64_t>{16, 2, 16});
     CHECK(c.elem_bytes == 4);
-    slots.insert(c.shape[1]);
+    CHECK(c.block_bytes() == 16 * 2 * 16 * 4);
+    windowed += c.window;
   }
-  CHECK(slots == std::multiset<int64_t>{8, 8, 256, 256});
+  CHECK(windowed == 2);
   bool lm_head = false, experts = false;
   for (const auto& w : l.weights) {
     lm_head |= w.name == "lm_head.weight" && w.shape == std::vector<int64_t>{201088, 64};
@@ -72,7 +74,9 @@ TEST_CASE("plan layout: the reader names a missing or out-of-range field") {
   l.tokens = 64;
   l.arena_bytes = 1 << 20;
   l.output = {0, 400, false, false, 100};
-  l.caches.push_back({{2, 64, 1, 8}, 4});
+  l.kv_block = 16;
+  l.table_blocks = 4;
+  l.caches.push_back({{16, 1, 8}, 4, false});
   const nlohmann::json good = runtime::stage_layout_to_json(l);
   CHECK(runtime::stage_layout_from_json(good) == l);
   auto error_of = [](const nlohmann::json& j) -> std::string {
@@ -90,12 +94,18 @@ TEST_CASE("plan layout: the reader names a missing or out-of-range field") {
   j["output"]["offset"] = (1 << 20) - 100; // two 400-byte rows do not fit
   CHECK(error_of(j).find("ends past the arena") != std::string::npos);
   j = good;
-  j["caches"][0]["shape"][0] = 3;
-  CHECK(error_of(j).find("3 rows") != std::string::npos);
+  j["caches"][0]["block_shape"][0] = 8; // a block of 8 positions in a layout of 16
+  CHECK(error_of(j) == "layout: a cache's block is not [16, kv heads, head dim]");
+  j = good;
+  j["kv_block"] = 12;
+  CHECK(error_of(j) == "layout: kv_block = 12 is not a power of two");
+  j = good;
+  j["caches"][0]["window"] = true; // the layout has no sliding window
+  CHECK(error_of(j).find("has no window") != std::string::npos);
   j = good;
   j["max_batch"] = "2";
   CHECK(error_of(j) == "layout: max_batch must be an integer");
   j = good;
-  j["caches"][0]["shape"] = nlohmann::json::array();
-  CHECK(error_of(j).find("caches[].shape") != std::string::npos);
+  j["caches"][0]["block_shape"] = nlohmann::json::array();
+  CHECK(error_of(j).find("caches[].block_shape") != std::string::npos);
 }

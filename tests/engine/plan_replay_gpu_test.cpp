@@ -19,6 +19,7 @@
 #include "runtime/plan_io.h"
 #include "tests/compiled_model.h"
 #include "tests/run_xserv.h"
+#include "tests/step_input.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -63,7 +64,7 @@ TEST_CASE("gpu: a plan's launch table and cubins give an in-memory compile's log
   xserv::models::StepInput step;
   step.tokens = {{11, 22, 33, 44, 55}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, {200005}};
   step.ctx_lens = {0, 0, 0};
-  step.cache_rows = {0, 1, 2};
+  xserv::testing::use_rows(step, {0, 1, 2}, replay.kv_geometry());
   int same = 0, rows = 0;
   for (int s = 0; s < 5; ++s) {
     const auto want = lowered.step(step);
@@ -76,7 +77,7 @@ TEST_CASE("gpu: a plan's launch table and cubins give an in-memory compile's log
       const auto top = std::max_element(want[b].begin(), want[b].end()) - want[b].begin();
       next.tokens.push_back({static_cast<int32_t>(top)});
       next.ctx_lens.push_back(step.ctx_lens[b] + static_cast<int32_t>(step.tokens[b].size()));
-      next.cache_rows.push_back(step.cache_rows[b]);
+      xserv::testing::keep_tables(next, step, b);
     }
     step = next;
   }

@@ -58,7 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::abort();
   try {
     const models::StepInput in = engine::pipeline::wire::step_from_header(head);
-    engine::validate_step(in, 4, 64, 1000);
+    engine::validate_step(in, 4, 64, 1000, {16, 4, 8, 16, 12});
     engine::pipeline::check_boundary(
         tensors, engine::pipeline::stage_receives(stage(), engine::pipeline::token_count(in)),
         "fuzz");

@@ -85,7 +85,7 @@ TEST_CASE("attention matches the naive loop (one sequence, one step)") {
     for (int i = 0; i < c.T; ++i)
       pos[static_cast<size_t>(i)] = i;
     Tensor positions = ints(pos), seq = ints(std::vector<int32_t>(static_cast<size_t>(c.T), 0));
-    Tensor ctx = ints({0}), rows = ints({0});
+    Tensor ctx = ints({0}), rows = Tensor::from_ints({1, 1}, {0});
     ref::Batch b{positions, seq, ctx, rows};
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
     Tensor got = ref::attention(q, k, v, kc, vc, sinks, b, c.window, scale);
@@ -98,9 +98,10 @@ TEST_CASE("attention matches the naive loop (one sequence, one step)") {
 }
 
 TEST_CASE("decoding through the cache equals one step over the whole sequence") {
-  // Two sequences in cache rows 3 and 0; sequence 0 is longer than the ring (window 4,
-  // 4 slots), so the ring wraps several times.
-  const int H = 4, G = 2, D = 8, window = 4, slots = 4;
+  // Two sequences in a paged cache of 8 blocks of 2 positions, each through a ring of 3 blocks
+  // (a window of 4 needs at most 3) scattered over the pool; sequence 0 is longer than its ring,
+  // which wraps several times.
+  const int H = 4, G = 2, D = 8, window = 4, block = 2;
   const int lens[2] = {11, 6};
   std::mt19937 rng(11);
   std::vector<Tensor> q, k, v;
@@ -111,8 +112,13 @@ TEST_CASE("decoding through the cache equals one step over the whole sequence") 
   }
   Tensor sinks = randn({H}, rng);
   const double scale = 0.3;
-  Tensor kc = Tensor::zeros(DType::F32, {4, slots, G, D}), vc = kc;
-  Tensor rows = ints({3, 0});
+  Tensor kc = Tensor::zeros(DType::F32, {8, block, G, D}), vc = kc;
+  const int32_t ring[2][3] = {{5, 2, 7}, {0, 6, 3}};
+  std::vector<int32_t> table;
+  for (int s = 0; s < 2; ++s)
+    for (int i = 0; i < 6; ++i)
+      table.push_back(ring[s][i % 3]);
+  Tensor rows = Tensor::from_ints({2, 6}, table);
   auto slice = [&](const Tensor& t, int from, int n) {
     const int64_t w = t.numel() / t.dim(0);
     std::vector<int64_t> shape = t.shape;
@@ -153,8 +159,8 @@ TEST_CASE("decoding through the cache equals one step over the whole sequence") 
     Tensor positions = ints(pos), token_seq = ints(seq), ctx_lens = ints(ctx);
     ref::Batch b{positions, token_seq, ctx_lens, rows};
     Tensor o = ref::attention(qq, kk, vv, kc, vc, sinks, b, window, scale);
-    ref::kv_write(kc, kk, b);
-    ref::kv_write(vc, vv, b);
+    ref::kv_write(kc, kk, b, window);
+    ref::kv_write(vc, vv, b, window);
     int t = 0;
     for (int s = 0; s < 2; ++s)
       for (int i = 0; i < take[s]; ++i, ++t)
@@ -175,12 +181,16 @@ TEST_CASE("attention refuses inconsistent batch bookkeeping") {
   std::mt19937 rng(1);
   Tensor q = randn({2, 2, 4}, rng), k = randn({2, 1, 4}, rng), v = k, sinks = randn({2}, rng);
   Tensor kc = Tensor::zeros(DType::F32, {1, 8, 1, 4}), vc = kc;
-  Tensor ctx = ints({0}), rows = ints({0});
+  Tensor ctx = ints({0}), rows = Tensor::from_ints({1, 1}, {0});
   Tensor gap = ints({0, 2}), seq = ints({0, 0});
   ref::Batch b{gap, seq, ctx, rows}; // position 1 is neither cached nor in the step
   CHECK_THROWS_AS(ref::attention(q, k, v, kc, vc, sinks, b, 0, 0.5), xserv::Error);
-  Tensor pos = ints({0, 1}), bad_row = ints({5});
-  ref::Batch b2{pos, seq, ctx, bad_row};
+  Tensor pos = ints({2, 3}), ctx2 = ints({2}), bad_block = Tensor::from_ints({1, 1}, {5});
+  ref::Batch b2{pos, seq, ctx2, bad_block}; // positions 0, 1 cached in block 5 of 1
   CHECK_THROWS_WITH(ref::attention(q, k, v, kc, vc, sinks, b2, 0, 0.5),
-                    "sequence 0 uses cache row 5, but the cache has 1 rows");
+                    "sequence 0: position 0 is in block 5, but the cache has 1 blocks");
+  Tensor short_table = Tensor::from_ints({1, 1}, {0}), far = ints({9, 10}), ctx9 = ints({9});
+  ref::Batch b3{far, seq, ctx9, short_table}; // position 8 needs the table's second entry
+  CHECK_THROWS_WITH(ref::attention(q, k, v, kc, vc, sinks, b3, 0, 0.5),
+                    "position 8 of sequence 0 is past its block table's 1 blocks of 8");
 }

@@ -8,6 +8,7 @@
 #include "models/config.h"
 #include "models/gpt_oss.h"
 #include "models/step.h"
+#include "tests/step_input.h"
 #include "tests/test_util.h"
 
 using namespace xserv;
@@ -66,8 +67,10 @@ TEST_CASE("tiny graph round-trips and runs end to end with finite logits") {
   CHECK(ir::parse(ir::print(g)) == g);
   ir::InterpretEnv env;
   env.weights = ir::random_weights(5);
-  env.dims = {{"N", 2}, {"S", 32}};
-  env.params = models::step_params({{{1, 2, 3, 4, 5}, {7, 8}}, {0, 0}, {0, 1}});
+  const models::KvGeometry kv = xserv::testing::row_geometry(g, 2, 32);
+  env.dims = xserv::testing::pool_dims(kv);
+  env.params =
+      models::step_params(xserv::testing::make_step({{1, 2, 3, 4, 5}, {7, 8}}, {0, 0}, {0, 1}, kv));
   auto out = ir::interpret(g, env);
   REQUIRE(out.size() == 1);
   CHECK(out[0].shape == std::vector<int64_t>{2, 201088});
@@ -78,7 +81,7 @@ TEST_CASE("tiny graph round-trips and runs end to end with finite logits") {
 }
 
 TEST_CASE("prefill + decode through the cache equals one step over the whole sequence") {
-  ModelConfig c = tiny(); // sliding_window 8: 14 tokens wrap the ring cache
+  ModelConfig c = tiny(); // sliding_window 8: 14 tokens wrap the window's ring of blocks
   ir::Graph all = models::build_gpt_oss(c, {.last_logits_only = false, .greedy = false});
   ir::Graph last = models::build_gpt_oss(c);
   const std::vector<int32_t> tokens = {5, 17, 2000, 3, 99, 100000, 7, 8, 9, 201087, 0, 42, 6, 1};
@@ -86,21 +89,24 @@ TEST_CASE("prefill + decode through the cache equals one step over the whole seq
 
   ir::InterpretEnv whole;
   whole.weights = weights;
-  whole.dims = {{"N", 1}, {"S", 16}};
-  whole.params = models::step_params({{tokens}, {0}, {0}});
+  using xserv::testing::make_step;
+  const models::KvGeometry kv1 = xserv::testing::row_geometry(all, 1, 16);
+  whole.dims = xserv::testing::pool_dims(kv1);
+  whole.params = models::step_params(make_step({tokens}, {0}, {0}, kv1));
   whole.params.erase("logit_rows");
   ir::Tensor ref = ir::interpret(all, whole)[0]; // [14, V]
   const int64_t v = c.vocab_size;
 
   ir::InterpretEnv inc;
   inc.weights = weights;
-  inc.dims = {{"N", 3}, {"S", 16}};
+  const models::KvGeometry kv3 = xserv::testing::row_geometry(last, 3, 16);
+  inc.dims = xserv::testing::pool_dims(kv3);
   const size_t prefill = 5;
   std::vector<int32_t> head(tokens.begin(), tokens.begin() + prefill);
-  inc.params = models::step_params({{head}, {0}, {2}}); // cache row 2 of 3
+  inc.params = models::step_params(make_step({head}, {0}, {2}, kv3)); // row 2 of 3
   std::vector<ir::Tensor> steps = {ir::interpret(last, inc)[0]};
   for (size_t i = prefill; i < tokens.size(); ++i) {
-    inc.params = models::step_params({{{tokens[i]}}, {static_cast<int32_t>(i)}, {2}});
+    inc.params = models::step_params(make_step({{tokens[i]}}, {static_cast<int32_t>(i)}, {2}, kv3));
     steps.push_back(ir::interpret(last, inc)[0]);
   }
   for (size_t s = 0; s < steps.size(); ++s) {

@@ -169,6 +169,21 @@ TEST_CASE("safetensors: overlapping, gapped and short data offsets") {
         std::string::npos);
 }
 
+TEST_CASE("safetensors: a tensor named twice is a duplicate, not a gap") {
+  // JSON would keep the second entry and leave the first one's bytes looking like a gap.
+  std::string twice = R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                      R"("a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})";
+  const std::string e = open_error(file_bytes(twice, 8));
+  CHECK(e.find("header names 'a' twice (a duplicate key)") != std::string::npos);
+  CHECK(e.find("gap") == std::string::npos);
+  // The same name under __metadata__ and as a tensor are different levels: not a duplicate.
+  std::string meta = R"({"__metadata__":{"a":"x"},"a":{"dtype":"U8","shape":[4],)"
+                     R"("data_offsets":[0,4]}})";
+  const std::string ok = file_bytes(meta, 4);
+  CHECK_NOTHROW(
+      parse_safetensors(std::span(reinterpret_cast<const uint8_t*>(ok.data()), ok.size()), "mem"));
+}
+
 TEST_CASE("safetensors: a missing file is named") {
   CHECK_THROWS_WITH_AS(SafetensorsFile::read_header_only("/nonexistent/x.safetensors"),
                        doctest::Contains("/nonexistent/x.safetensors: cannot open"), Error);

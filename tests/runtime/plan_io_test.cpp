@@ -29,7 +29,9 @@ runtime::StageLayout sample_layout(bool sends, bool recvs) {
   l.output = {0, 400, false, sends, 100};
   if (recvs)
     l.recvs.push_back({"act.39", 4096, 256});
-  l.caches.push_back({{4, 256, 1, 8}, 2});
+  l.kv_block = 16;
+  l.table_blocks = 16;
+  l.caches.push_back({{16, 1, 8}, 2, false});
   l.weights.push_back({"lm_head.weight", {100, 64}});
   return l;
 }
@@ -202,7 +204,7 @@ TEST_CASE("plan reader: a wrong field is refused naming plan.json and the field"
     std::string want;
   };
   const std::vector<Case> cases = {
-      {1, "/version", 1, "field 'version': 1, but this xserv reads version 2: recompile the plan"},
+      {1, "/version", 1, "field 'version': 1, but this xserv reads version 3: recompile the plan"},
       {1, "/format", "xserv", "field 'format': expected \"xserv-plan\""},
       {1, "/options/expert_format", "fp8",
        "field 'options.expert_format': must be \"bf16\", \"mxfp4\" or \"both\", found \"fp8\""},
@@ -224,9 +226,10 @@ TEST_CASE("plan reader: a wrong field is refused naming plan.json and the field"
        "field 'codegen.kernels[0].cubin': expected \"kernels/linear_k64.cubin\""},
       {1, "/codegen/layout/expert_format", "bf16",
        "field 'codegen.layout.expert_format': \"bf16\", but options.expert_format is \"mxfp4\""},
-      {1, "/codegen/layout/max_seq", 512,
-       "field 'codegen.layout': is for max batch 4 and max sequence 512, options say 4 and 256"},
-      {1, "/codegen/layout/max_batch", 8, "field 'codegen.layout': layout: a cache has 4 rows"},
+      {1, "/codegen/layout/max_batch", 8,
+       "field 'codegen.layout': is for max batch 8 and max sequence 256, options say 4 and 256"},
+      {1, "/codegen/layout/kv_block", 8,
+       "field 'codegen.layout': layout: table_blocks = 16 is not max_seq 256 in blocks of 8"},
       {1, "/codegen/layout/tokens", "x", "field 'codegen.layout': layout: tokens must be an"},
       {1, "/codegen/arena_bytes", 7,
        "field 'codegen.arena_bytes': disagrees with codegen.layout.arena_bytes"},

@@ -1,89 +1,95 @@
-// check_body_framing (cli/http_framing.h): every Content-Length and Transfer-Encoding oddity that
-// cpp-httplib 0.11 would misread is refused with the right status before a body byte is read.
+// Request framing as a session judges it (server/http_framing.h): Beast's parser under the
+// header and body limits, then the server's two rules; every Content-Length and
+// Transfer-Encoding oddity gets its status before a byte of the body is read. And the Bearer
+// check of the API key.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "server/http_framing.h"
 
-using xserv::server::check_body_framing;
+using xserv::server::bearer_matches;
+using xserv::server::head_refusal;
 
 namespace {
 
-/// The status check_body_framing gives `method` with `headers` (0: accepted), and its message.
-std::pair<int, std::string> framing(const std::string& method,
-                                    const std::vector<std::pair<std::string, std::string>>& headers,
-                                    uint64_t max_body = 1000) {
-  httplib::Headers h;
-  for (const auto& [k, v] : headers)
-    h.emplace(k, v);
-  const auto e = check_body_framing(method, h, max_body);
+/// The status a request with `method` and `headers` (each "Name: value\r\n") gets as soon as
+/// its header is in (0: its body may be read), and the message.
+std::pair<int, std::string> framing(const std::string& method, const std::string& headers,
+                                    size_t max_body = 1000, size_t max_header = 8192) {
+  const std::string bytes = method + " /v1/completions HTTP/1.1\r\nHost: x\r\n" + headers + "\r\n";
+  const auto e = head_refusal(bytes, max_header, max_body);
   return e ? std::pair<int, std::string>{e->status, e->what()} : std::pair<int, std::string>{0, ""};
 }
 
 } // namespace
 
-TEST_CASE("check_body_framing: Content-Length must be decimal digits within the limit") {
-  CHECK(framing("POST", {{"Content-Length", "12"}}).first == 0);
-  CHECK(framing("POST", {{"Content-Length", "0"}}).first == 0);
-  CHECK(framing("POST", {{"content-length", "1000"}}).first == 0); // names without case
-  for (const char* v : {"abc", "-1", "+5", "1,1", "5 5", "0x10", "1e3", "12abc", " 7"}) {
+TEST_CASE("framing: Content-Length must be decimal digits within the limit") {
+  CHECK(framing("POST", "Content-Length: 12\r\n").first == 0);
+  CHECK(framing("POST", "Content-Length: 0\r\n").first == 0);
+  CHECK(framing("POST", "content-length: 1000\r\n").first == 0); // names without case
+  CHECK(framing("POST", "Content-Length: 1,1\r\n").first == 0);  // a list of one value
+  for (const char* v : {"abc", "-1", "+5", "5 5", "0x10", "1e3", "12abc", "1,2",
+                        "18446744073709551616", "99999999999999999999999999"}) {
     INFO(v);
-    const auto [status, msg] = framing("POST", {{"Content-Length", v}});
+    const auto [status, msg] = framing("POST", std::string("Content-Length: ") + v + "\r\n");
     CHECK(status == 400);
-    CHECK(msg == std::string("Content-Length '") + v +
-                     "' is not a number of bytes (decimal "
-                     "digits)");
+    CHECK(msg.find("Content-Length is not a number of bytes") != std::string::npos);
   }
-  const auto [status, msg] = framing("POST", {{"Content-Length", "1001"}});
+  const auto [status, msg] = framing("POST", "Content-Length: 1001\r\n");
   CHECK(status == 413);
-  CHECK(msg == "the request body of 1001 bytes is larger than the server's limit of 1000 bytes "
-               "(--max-body)");
-  // Past 2^64: still a size, still too large (strtoull would give 2^64 - 1).
-  const auto huge = framing("POST", {{"Content-Length", "99999999999999999999999999"}});
-  CHECK(huge.first == 413);
-  CHECK(huge.second.find("of 9999999999") != std::string::npos);
+  CHECK(msg == "the request body is larger than the server's limit of 1000 bytes (--max-body)");
+  // The largest length Beast reads, over any limit but the largest.
+  CHECK(framing("POST", "Content-Length: 18446744073709551615\r\n").first == 413);
 }
 
-TEST_CASE("check_body_framing: duplicates and Transfer-Encoding") {
-  CHECK(framing("POST", {{"Content-Length", "5"}, {"Content-Length", "5"}}).first == 0);
-  const auto twice = framing("POST", {{"Content-Length", "5"}, {"Content-Length", "50"}});
+TEST_CASE("framing: duplicates and Transfer-Encoding") {
+  CHECK(framing("POST", "Content-Length: 5\r\nContent-Length: 5\r\n").first == 0);
+  CHECK(framing("POST", "Content-Length: 0007\r\nContent-Length: 7\r\n").first == 0);
+  const auto twice = framing("POST", "Content-Length: 5\r\nContent-Length: 50\r\n");
   CHECK(twice.first == 400);
-  CHECK(twice.second.find("given 2 times with different values") != std::string::npos);
-  const auto both = framing("POST", {{"Content-Length", "5"}, {"Transfer-Encoding", "chunked"}});
+  CHECK(twice.second.find("given again with another value") != std::string::npos);
+  const auto both = framing("POST", "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n");
   CHECK(both.first == 400);
-  CHECK(both.second.find("Transfer-Encoding and Content-Length together") != std::string::npos);
-  CHECK(framing("POST", {{"Transfer-Encoding", "chunked"}}).first == 411);
-  CHECK(framing("POST", {{"Transfer-Encoding", "gzip, chunked"}}).first == 400);
-  CHECK(
-      framing("POST", {{"Transfer-Encoding", "chunked"}, {"Transfer-Encoding", "chunked"}}).first ==
-      400);
-  // No length at all: the library would read until the client closes.
-  const auto none = framing("POST", {});
+  CHECK(both.second.find("together with Content-Length") != std::string::npos);
+  CHECK(framing("POST", "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n").first == 400);
+  // A chunked body is read under the body limit as it comes.
+  CHECK(framing("POST", "Transfer-Encoding: chunked\r\n").first == 0);
+  CHECK(framing("POST", "Transfer-Encoding: gzip, chunked\r\n").first == 0);
+  const auto gzip = framing("POST", "Transfer-Encoding: chunked, gzip\r\n");
+  CHECK(gzip.first == 400);
+  CHECK(gzip.second.find("does not end in chunked") != std::string::npos);
+  CHECK(framing("POST", "Transfer-Encoding: gzip\r\n").first == 400);
+  CHECK(framing("POST", "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n").first ==
+        400);
+  // No length at all: the body would be read as the next request.
+  const auto none = framing("POST", "");
   CHECK(none.first == 411);
-  CHECK(none.second == "a POST request needs Content-Length");
-  CHECK(framing("GET", {}).first == 0);
-  CHECK(framing("GET", {{"Content-Length", "0"}}).first == 0);
-  CHECK(framing("GET", {{"Content-Length", "10"}}).first == 400);
-  CHECK(framing("GET", {{"Transfer-Encoding", "chunked"}}).first == 400);
-  CHECK(framing("GET", {{"Content-Length", "x"}}).first == 400);
+  CHECK(none.second == "a POST request needs Content-Length (or a chunked body)");
+  CHECK(framing("GET", "").first == 0);
+  CHECK(framing("GET", "Content-Length: 0\r\n").first == 0);
+  CHECK(framing("GET", "Content-Length: x\r\n").first == 400);
 }
 
-TEST_CASE("check_body_framing: lengths past 2^64 are compared as written, and always too large") {
-  // http_framing_fuzz: both saturated to 2^64 - 1 and passed as one value (413, not 400).
-  const auto two = framing("",
-                           {{"Content-Length", "9999999999999999999900"},
-                            {"Content-Length", "9999999999999999999999999"}},
-                           0);
-  CHECK(two.first == 400);
-  CHECK(two.second.find("with different values") != std::string::npos);
-  // Leading zeros spell the same number.
-  CHECK(framing("POST", {{"Content-Length", "0007"}, {"Content-Length", "7"}}).first == 0);
-  // 2^64 is not 2^64 - 1, even under the largest limit.
-  CHECK(framing("POST", {{"Content-Length", "18446744073709551615"}}, UINT64_MAX).first == 0);
-  const auto over = framing("POST", {{"Content-Length", "18446744073709551616"}}, UINT64_MAX);
-  CHECK(over.first == 413);
-  CHECK(over.second.find("of 18446744073709551616 bytes") != std::string::npos);
+TEST_CASE("framing: the header limit, malformed requests, an incomplete header") {
+  const auto big = framing("GET", "X-Big: " + std::string(9000, 'b') + "\r\n", 1000, 8192);
+  CHECK(big.first == 431);
+  CHECK(big.second.find("limit of 8192 bytes") != std::string::npos);
+  CHECK(head_refusal("GARBAGE\r\n\r\n", 8192, 1000)->status == 400);
+  CHECK(head_refusal("GET / HTTP/1.1\r\nBad Header\r\n\r\n", 8192, 1000)->status == 400);
+  CHECK(!head_refusal("POST / HTTP/1.1\r\nContent-Len", 8192, 1000));
+}
+
+TEST_CASE("bearer_matches: the scheme in any case, the key exactly") {
+  CHECK(bearer_matches("Bearer sekrit", "sekrit"));
+  CHECK(bearer_matches("bearer sekrit", "sekrit"));
+  CHECK(bearer_matches("BEARER  sekrit", "sekrit"));
+  CHECK(!bearer_matches("Bearer sekri", "sekrit"));
+  CHECK(!bearer_matches("Bearer sekritt", "sekrit"));
+  CHECK(!bearer_matches("Bearer Sekrit", "sekrit"));
+  CHECK(!bearer_matches("Basic sekrit", "sekrit"));
+  CHECK(!bearer_matches("Bearersekrit", "sekrit"));
+  CHECK(!bearer_matches("", "sekrit"));
+  CHECK(!bearer_matches("sekrit", "sekrit"));
 }

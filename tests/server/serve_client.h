@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <netinet/in.h>
+#include <poll.h>
 #include <string>
 #include <sys/socket.h>
 #include <thread>
@@ -64,7 +65,8 @@ inline std::string http_request(const std::string& method, const std::string& pa
          "\r\n" + extra_headers + "\r\n" + body;
 }
 
-/// Decodes a chunked transfer-encoded body.
+/// Decodes a chunked transfer-encoded body, checking the framing: each chunk's data is exactly
+/// its size line's length and ends with CRLF.
 inline std::string dechunk(const std::string& raw) {
   std::string out;
   size_t i = 0;
@@ -76,6 +78,8 @@ inline std::string dechunk(const std::string& raw) {
     if (n == 0)
       break;
     out += raw.substr(eol + 2, n);
+    CHECK_MESSAGE(raw.compare(eol + 2 + n, 2, "\r\n") == 0,
+                  "a chunk of " << n << " bytes is not followed by CRLF");
     i = eol + 2 + n + 2;
   }
   return out;
@@ -100,6 +104,65 @@ inline HttpResponse http(int port, const std::string& method, const std::string&
   return r;
 }
 
+/// What a socket received until the server closed it, waiting at most `limit` in all; `closed`
+/// says whether it did (end of stream or a reset) within the limit.
+struct Drained {
+  std::string bytes;
+  bool closed = false;
+};
+inline Drained read_until_closed(Socket& s, std::chrono::milliseconds limit) {
+  Drained d;
+  const auto end = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        end - std::chrono::steady_clock::now());
+    if (left.count() <= 0)
+      return d;
+    pollfd p{s.fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0)
+      continue;
+    char buf[65536];
+    const ssize_t n = ::recv(s.fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      d.closed = true;
+      return d;
+    }
+    d.bytes.append(buf, size_t(n));
+  }
+}
+
+/// The responses in `raw`, one after another (bodies by Content-Length or chunked); stops at
+/// the first that is not complete.
+inline std::vector<HttpResponse> parse_responses(const std::string& raw) {
+  std::vector<HttpResponse> out;
+  size_t at = 0;
+  while (at < raw.size()) {
+    const size_t head_end = raw.find("\r\n\r\n", at);
+    if (head_end == std::string::npos || raw.compare(at, 5, "HTTP/") != 0)
+      break;
+    HttpResponse r;
+    r.headers = raw.substr(at, head_end - at);
+    r.status = std::stoi(raw.substr(at + 9, 3));
+    size_t body = head_end + 4;
+    if (r.headers.find("Transfer-Encoding: chunked") != std::string::npos) {
+      const size_t last = raw.find("\r\n0\r\n\r\n", body - 2);
+      if (last == std::string::npos)
+        break;
+      r.body = dechunk(raw.substr(body, last + 7 - body));
+      at = last + 7;
+    } else {
+      const size_t cl = r.headers.find("Content-Length: ");
+      const size_t n = cl == std::string::npos ? 0 : std::stoul(r.headers.substr(cl + 16));
+      if (body + n > raw.size())
+        break;
+      r.body = raw.substr(body, n);
+      at = body + n;
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 /// The payloads of the `data: ` lines of an SSE body, in order.
 inline std::vector<std::string> sse_data(const std::string& body) {
   std::vector<std::string> out;
@@ -119,7 +182,7 @@ inline std::vector<std::string> sse_data(const std::string& body) {
 /// Polls `done` every 10 ms until it holds or `limit` passes (a liveness bound, not a timing
 /// assertion); returns whether it held.
 inline bool eventually(const std::function<bool()>& done,
-                       std::chrono::seconds limit = std::chrono::seconds(120)) {
+                       std::chrono::milliseconds limit = std::chrono::seconds(120)) {
   const auto end = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < end) {
     if (done())

@@ -62,7 +62,9 @@ TEST_CASE("serve: request validation names the field") {
   CHECK(chat("{" + msgs + R"(, "top_p": 0})").param == "top_p");
   CHECK(chat("{" + msgs + R"(, "max_tokens": 0})").param == "max_tokens");
   CHECK(chat("{" + msgs + R"(, "max_tokens": 1.5})").param == "max_tokens");
-  CHECK(chat("{" + msgs + R"(, "n": 2})").param == "n");
+  CHECK(chat("{" + msgs + R"(, "n": 0})").param == "n");
+  CHECK(chat("{" + msgs + R"(, "n": 129})").param == "n");
+  CHECK(parse_chat_request(parse_body("{" + msgs + R"(, "n": 3})")).params.n == 3);
   CHECK(chat("{" + msgs + R"(, "top_logprobs": 3})").param == "top_logprobs");
   CHECK(chat("{" + msgs + R"(, "logprobs": true, "top_logprobs": 21})").param == "top_logprobs");
   CHECK(chat("{" + msgs + R"(, "reasoning_effort": "max"})").param == "reasoning_effort");

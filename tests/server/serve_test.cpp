@@ -8,137 +8,19 @@
 #include <csignal>
 #include <fstream>
 #include <mutex>
+#include <set>
+#include <sstream>
 #include <sys/wait.h>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
-#include "engine/cpu_model.h"
-#include "server/server.h"
-#include "tests/run_xserv.h"
-#include "tests/server/serve_client.h"
-#include "tests/test_util.h"
+#include "tests/server/tiny_server.h"
 
 namespace fs = std::filesystem;
 using namespace xserv;
 using namespace xserv::testing;
 using Json = nlohmann::json;
-
-namespace {
-
-const fs::path& tiny_model() {
-  static const TempDir dir("serve_test");
-  static const fs::path model = [] {
-    const fs::path out = dir.path / "tiny";
-    RunResult r =
-        run_xserv("synth --config " + (source_dir() / "examples/tiny/config.json").string() +
-                  " -o " + out.string() + " --seed 1");
-    REQUIRE(r.code == 0);
-    return out;
-  }();
-  return model;
-}
-
-/// A model whose steps wait while its gate is closed, so a test can hold requests in place.
-class GatedModel : public engine::Model {
-public:
-  GatedModel(int64_t rows, int64_t max_seq) : inner_(tiny_model(), rows, max_seq) {}
-  const models::ModelConfig& config() const override { return inner_.config(); }
-  int64_t max_batch() const override { return inner_.max_batch(); }
-  int64_t max_seq() const override { return inner_.max_seq(); }
-  std::string backend() const override { return "cpu"; }
-  void reset() override { inner_.reset(); }
-  std::vector<std::vector<float>> step(const models::StepInput& in) override {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      ++blocked_;
-      ++entered_;
-      cv_.notify_all();
-      cv_.wait(lock, [&] { return open_ || passes_ > 0; });
-      if (!open_)
-        --passes_;
-      --blocked_;
-    }
-    if (fail_once_.exchange(false))
-      throw std::runtime_error("injected model failure");
-    std::vector<std::vector<float>> rows = inner_.step(in);
-    if (poison_once_.exchange(false)) // a NaN in the first sequence's row
-      rows.at(0).at(7) = std::nanf("");
-    return rows;
-  }
-  /// Makes the next step's first logits row hold a NaN.
-  void poison_next_step() { poison_once_ = true; }
-  void set_open(bool open) {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = open;
-    cv_.notify_all();
-  }
-  /// Waits until a step is held at the closed gate.
-  void wait_blocked() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return blocked_ > 0; });
-  }
-  /// Makes the next step throw.
-  void fail_next_step() { fail_once_ = true; }
-  /// Lets one step through the closed gate.
-  void release_one() {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++passes_;
-    cv_.notify_all();
-  }
-  /// Waits until `n` steps have reached the gate in all.
-  void wait_entered(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return entered_ >= n; });
-  }
-
-private:
-  engine::CpuModel inner_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = true;
-  int blocked_ = 0, entered_ = 0, passes_ = 0;
-  std::atomic<bool> fail_once_{false};
-  std::atomic<bool> poison_once_{false};
-};
-
-/// An in-process server on a free port over the tiny model.
-struct TinyServer {
-  GatedModel model;
-  server::Server server;
-  int port = 0;
-  explicit TinyServer(server::ServeOptions opt = {}, int64_t rows = 2, int64_t max_seq = 160)
-      : model(rows, max_seq), server([&] {
-          opt.log_requests = false;
-          return opt;
-        }()) {
-    port = server.listen("127.0.0.1", 0);
-    auto data = data_dir();
-    REQUIRE(data.has_value());
-    server.attach(model, models::Tokenizer::load(*data / "o200k_base.tiktoken"));
-  }
-  ~TinyServer() {
-    model.set_open(true);
-    server.drain(std::chrono::milliseconds(0));
-  }
-  HttpResponse post(const std::string& path, const std::string& body,
-                    const std::string& headers = "") {
-    return http(port, "POST", path, body, headers);
-  }
-};
-
-const std::string kChat = R"({"model": "gpt-oss", "messages": [{"role": "user",
-  "content": "Hi"}], "max_tokens": 6, "temperature": 0})";
-
-Json error_of(const HttpResponse& r) {
-  Json j = Json::parse(r.body);
-  REQUIRE(j.contains("error"));
-  for (const char* k : {"message", "type", "param", "code"})
-    CHECK(j["error"].contains(k));
-  return j["error"];
-}
-
-} // namespace
 
 TEST_CASE("serve: health before and after loading, models, metrics") {
   XSERV_REQUIRE_DATA(data);
@@ -163,7 +45,8 @@ TEST_CASE("serve: health before and after loading, models, metrics") {
   for (const char* name :
        {"xserv:time_to_first_token_seconds_bucket", "xserv:inter_token_latency_seconds_bucket",
         "xserv:e2e_request_latency_seconds_count", "xserv:num_requests_running 0",
-        "xserv:num_requests_waiting 0", "xserv:kv_rows_in_use 0", "xserv:kv_rows_total 2",
+        "xserv:num_requests_waiting 0", "xserv:kv_blocks_in_use 0", "xserv:kv_block_size 16",
+        "xserv:prefix_cache_queries_total 0", "xserv:num_preemptions_total 0",
         "xserv:prompt_tokens_total 0", "xserv:generation_tokens_total 0",
         "xserv:request_success_total{finished_reason=\"stop\"} 0"})
     CHECK_MESSAGE(met.body.find(name) != std::string::npos, name);
@@ -352,7 +235,7 @@ TEST_CASE("serve: rejections carry the OpenAI error body") {
   XSERV_REQUIRE_DATA(data);
   server::ServeOptions opt;
   opt.api_key = "sekrit";
-  opt.max_body_bytes = 4096;
+  opt.connections.max_body_bytes = 4096;
   TinyServer s(opt, 2, 64);
   const std::string auth = "Authorization: Bearer sekrit\r\n";
   HttpResponse no_key = s.post("/v1/chat/completions", kChat);
@@ -361,6 +244,12 @@ TEST_CASE("serve: rejections carry the OpenAI error body") {
   CHECK(s.post("/v1/chat/completions", kChat, "Authorization: Bearer wrong\r\n").status == 401);
   CHECK(http(s.port, "GET", "/health").status == 200); // no key needed
   CHECK(s.post("/v1/chat/completions", kChat, auth).status == 200);
+  // RFC 9110: the scheme is case-insensitive; the key is not.
+  CHECK(s.post("/v1/chat/completions", kChat, "Authorization: bearer sekrit\r\n").status == 200);
+  CHECK(s.post("/v1/chat/completions", kChat, "Authorization: Bearer SEKRIT\r\n").status == 401);
+  // /metrics is behind the key (ServeOptions::metrics_public opens it).
+  CHECK(http(s.port, "GET", "/metrics").status == 401);
+  CHECK(http(s.port, "GET", "/metrics", "", auth).status == 200);
 
   HttpResponse unknown =
       s.post("/v1/chat/completions",
@@ -386,13 +275,19 @@ TEST_CASE("serve: rejections carry the OpenAI error body") {
   HttpResponse vocab = s.post("/v1/completions", R"({"prompt": [999999999]})", auth);
   CHECK(vocab.status == 400);
   CHECK(error_of(vocab)["param"] == "prompt");
+  HttpResponse stop_id =
+      s.post("/v1/completions", R"({"prompt": "x", "stop_token_ids": [999999999]})", auth);
+  CHECK(stop_id.status == 400);
+  CHECK(error_of(stop_id)["param"] == "stop_token_ids");
+  CHECK(error_of(stop_id)["message"].get<std::string>().find("outside the model's vocabulary") !=
+        std::string::npos);
   CHECK(s.post("/v1/chat/completions", "{oops", auth).status == 400);
 }
 
 TEST_CASE("serve: a request whose body's end is in doubt is refused and its connection closed") {
   XSERV_REQUIRE_DATA(data);
   server::ServeOptions opt;
-  opt.max_body_bytes = 4096;
+  opt.connections.max_body_bytes = 4096;
   opt.api_key = "sekrit"; // checked after the framing, and none of these requests has it
   TinyServer s(opt, 2, 64);
   // Each request is followed on the same connection by a GET /health that must never be
@@ -405,16 +300,17 @@ TEST_CASE("serve: a request whose body's end is in doubt is refused and its conn
     const char* body = "";
   };
   const std::vector<Case> cases = {
-      {"Content-Length: abc\r\n", 400, "Content-Length 'abc' is not a number of bytes"},
-      {"Content-Length: -1\r\n", 400, "Content-Length '-1' is not a number of bytes"},
-      {"Content-Length: 5\r\nContent-Length: 50\r\n", 400, "with different values"},
-      {"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", 400,
-       "Transfer-Encoding and Content-Length together"},
-      {"Transfer-Encoding: chunked\r\n", 411, "a chunked request body is not accepted"},
+      {"Content-Length: abc\r\n", 400, "Content-Length is not a number of bytes"},
+      {"Content-Length: -1\r\n", 400, "Content-Length is not a number of bytes"},
+      {"Content-Length: 5\r\nContent-Length: 50\r\n", 400, "given again with another value"},
+      {"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", 400, "together with Content-Length"},
+      {"Transfer-Encoding: gzip\r\n", 400, "does not end in chunked"},
       {"", 411, "a POST request needs Content-Length"},
-      {"Content-Length: 18446744073709551616\r\n", 413, "larger than the server's limit of 4096"},
+      {"Content-Length: 18446744073709551616\r\n", 400, "Content-Length is not a number"},
+      {"Content-Length: 5000\r\n", 413, "larger than the server's limit of 4096"},
       // Well framed but refused before its body was read (no key): the body is not a request.
       {"Content-Length: 2\r\n", 401, "a valid API key is needed", "{}"},
+      {"Transfer-Encoding: chunked\r\n", 401, "a valid API key is needed", "2\r\n{}\r\n0\r\n\r\n"},
   };
   for (const Case& c : cases) {
     INFO(c.headers);
@@ -505,7 +401,7 @@ TEST_CASE("serve: a client that disconnects mid-stream frees its row") {
   CHECK(http(s.port, "GET", "/metrics").body.find("xserv:client_disconnects_total 1") !=
         std::string::npos);
   HttpResponse met = http(s.port, "GET", "/metrics");
-  CHECK(met.body.find("xserv:kv_rows_in_use 0") != std::string::npos);
+  CHECK(met.body.find("xserv:kv_blocks_in_use 0") != std::string::npos);
   CHECK(eventually([&] {
     return http(s.port, "GET", "/metrics")
                .body.find("xserv:request_success_total{finished_reason=\"abort\"} 1") !=
@@ -596,7 +492,10 @@ TEST_CASE("serve: drain past the grace period aborts running streams cleanly") {
   auto events = sse_data(r.body);
   REQUIRE(events.size() >= 2);
   CHECK(events.back() == "[DONE]");
-  CHECK(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"] == "abort");
+  // Cut short: no OpenAI finish reason says so, so an error event does (as vLLM's streams).
+  const Json err = Json::parse(events[events.size() - 2])["error"];
+  CHECK(err["code"] == "server_shutting_down");
+  CHECK(err["message"].get<std::string>().find("the server is shutting down") != std::string::npos);
 }
 
 TEST_CASE("serve: SIGTERM lets the running request finish and exits 0 (xserv serve)") {
@@ -652,36 +551,6 @@ TEST_CASE("serve: SIGTERM lets the running request finish and exits 0 (xserv ser
   CHECK(text.find("output 24") != std::string::npos); // the request's log line
 }
 
-namespace {
-
-/// `xserv serve PLAN` on the CPU backend in a child process (port 0, stderr to `log`): its pid
-/// and port once it says it is ready.
-std::pair<pid_t, int> serve_process(const fs::path& plan, const fs::path& log,
-                                    const fs::path& tokenizer) {
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    FILE* f = std::freopen(log.c_str(), "w", stderr);
-    (void)f;
-    execl(XSERV_BINARY, XSERV_BINARY, "serve", plan.c_str(), "--port", "0", "--backend", "cpu",
-          "--tokenizer", tokenizer.c_str(), static_cast<char*>(nullptr));
-    std::_Exit(127);
-  }
-  int port = 0;
-  REQUIRE(eventually([&] {
-    std::ifstream in(log);
-    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    const size_t at = text.find("[serve] ready: model 'gpt-oss' at http://127.0.0.1:");
-    if (at == std::string::npos)
-      return false;
-    port = std::stoi(text.substr(at + 51));
-    return true;
-  }));
-  return {pid, port};
-}
-
-} // namespace
-
 TEST_CASE("serve: a --pp 2 plan serves through its worker, with the pp 1 plan's tokens") {
   XSERV_REQUIRE_DATA(data);
   const TempDir tmp("serve_pp2");
@@ -708,6 +577,65 @@ TEST_CASE("serve: a --pp 2 plan serves through its worker, with the pp 1 plan's 
   }
   CHECK(!text[0].empty());
   CHECK(text[1] == text[0]);
+}
+
+namespace {
+
+/// The pid of a child process of `parent` whose command line holds `word`, or -1.
+pid_t child_with(pid_t parent, const std::string& word) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    const std::string stat = read_text(e.path() / "stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos)
+      continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    pid_t ppid = -1;
+    rest >> state >> ppid;
+    std::string cmd = read_text(e.path() / "cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (ppid == parent && cmd.find(word) != std::string::npos)
+      return static_cast<pid_t>(std::stoi(name));
+  }
+  return -1;
+}
+
+} // namespace
+
+TEST_CASE("serve: a --pp 2 plan whose worker dies answers 503, /health turns 503, exits 1") {
+  XSERV_REQUIRE_DATA(data);
+  const TempDir tmp("serve_pp2_broken");
+  const fs::path plan = tmp.path / "pp2", log = tmp.path / "log";
+  REQUIRE(run_xserv("compile " + tiny_model().string() + " -o " + plan.string() +
+                    " --pp 2 --max-batch 2 --max-seq 128 --no-cubins")
+              .code == 0);
+  const auto [pid, port] =
+      serve_process(plan, log, data / "o200k_base.tiktoken", {}, {"XSERV_PIPELINE_TIMEOUT=2"});
+  const std::string greedy = R"({"prompt": [11, 22, 33, 44], "max_tokens": 4, "temperature": 0})";
+  CHECK(http(port, "POST", "/v1/completions", greedy).status == 200);
+  const pid_t worker = child_with(pid, "worker");
+  REQUIRE(worker > 0);
+  ::kill(worker, SIGKILL);
+  // The next step finds rank 1 gone (a hung one: within XSERV_PIPELINE_TIMEOUT): a clear 503
+  // naming it, not a 500.
+  const HttpResponse r = http(port, "POST", "/v1/completions", greedy);
+  CHECK(r.status == 503);
+  CHECK(error_of(r)["code"] == "model_broken");
+  CHECK(error_of(r)["message"].get<std::string>().find("pipeline rank 1") != std::string::npos);
+  // /health says so while the server lingers, then it exits 1 for its supervisor.
+  const HttpResponse h = http(port, "GET", "/health");
+  CHECK(h.status == 503);
+  CHECK(Json::parse(h.body)["status"] == "broken");
+  CHECK(Json::parse(h.body)["reason"].get<std::string>().find("pipeline rank 1") !=
+        std::string::npos);
+  CHECK(http(port, "POST", "/v1/completions", greedy).status == 503);
+  CHECK(wait_exit(pid, std::chrono::seconds(60)) == 1);
+  const std::string text = read_text(log);
+  CHECK(text.find("[serve] the model can serve no more: pipeline rank 1") != std::string::npos);
+  CHECK(text.find("exiting with status 1") != std::string::npos);
 }
 
 TEST_CASE("serve: xserv eval --endpoint scores GSM8K through the server") {
@@ -739,4 +667,160 @@ TEST_CASE("serve: xserv eval --endpoint scores GSM8K through the server") {
   RunResult bad = run_xserv(common + " --model other", "", true);
   CHECK(bad.code == 1); // every request failed: 404 from the server
   CHECK(bad.err.find("HTTP 404") != std::string::npos);
+}
+
+TEST_CASE("serve: n choices for chat and completions, streamed and whole") {
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s({}, 4);
+  // Greedy: every choice is the n = 1 answer; usage counts every choice's tokens.
+  const Json one = Json::parse(s.post("/v1/chat/completions", kChat).body);
+  Json body = Json::parse(kChat);
+  body["n"] = 3;
+  HttpResponse r = s.post("/v1/chat/completions", body.dump());
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  Json j = Json::parse(r.body);
+  REQUIRE(j["choices"].size() == 3);
+  for (int c = 0; c < 3; ++c) {
+    CHECK(j["choices"][c]["index"] == c);
+    CHECK(j["choices"][c]["message"] == one["choices"][0]["message"]);
+    CHECK(j["choices"][c]["finish_reason"] == "length");
+  }
+  CHECK(j["usage"]["completion_tokens"] == 18);
+  CHECK(j["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]);
+
+  // Sampled with a seed: the stream's choices, put together by index, are the whole
+  // response's, and the choices differ from one another (their samplers draw apart).
+  body = {{"model", "gpt-oss"}, {"prompt", "Once upon"},
+          {"max_tokens", 12},   {"temperature", 1.0},
+          {"seed", 7},          {"n", 4}};
+  HttpResponse whole = s.post("/v1/completions", body.dump());
+  REQUIRE(whole.status == 200);
+  const Json w = Json::parse(whole.body);
+  REQUIRE(w["choices"].size() == 4);
+  CHECK(w["usage"]["completion_tokens"] == 48);
+  body["stream"] = true;
+  HttpResponse st = s.post("/v1/completions", body.dump());
+  REQUIRE(st.status == 200);
+  std::vector<std::string> text(4);
+  std::vector<std::string> finish(4);
+  std::vector<int> chunks(4, 0);
+  for (const std::string& e : sse_data(st.body)) {
+    if (e == "[DONE]")
+      continue;
+    const Json c = Json::parse(e);
+    for (const Json& ch : c["choices"]) {
+      const int i = ch["index"].get<int>();
+      REQUIRE(i >= 0);
+      REQUIRE(i < 4);
+      text[size_t(i)] += ch["text"].get<std::string>();
+      if (ch["finish_reason"].is_string())
+        finish[size_t(i)] = ch["finish_reason"].get<std::string>();
+      else
+        ++chunks[size_t(i)];
+    }
+  }
+  std::set<std::string> distinct;
+  for (size_t c = 0; c < 4; ++c) {
+    CHECK(text[c] == w["choices"][c]["text"].get<std::string>());
+    CHECK(finish[c] == "length");
+    CHECK(chunks[c] == 12); // one chunk per token, even one whose text is empty
+    distinct.insert(text[c]);
+  }
+  CHECK(distinct.size() > 1);
+
+  // More choices than the server runs at once: 400 naming n.
+  body = Json::parse(kChat);
+  body["n"] = 5;
+  HttpResponse big = s.post("/v1/chat/completions", body.dump());
+  CHECK(big.status == 400);
+  CHECK(error_of(big)["param"] == "n");
+  body["n"] = 0;
+  CHECK(s.post("/v1/chat/completions", body.dump()).status == 400);
+}
+
+TEST_CASE("serve: a repeated prompt is served from the prefix cache, and /metrics says so") {
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s;
+  Json body = Json::parse(kChat);
+  body["messages"][0]["content"] = std::string(200, 'x') + " and then some more words to cache";
+  body["max_tokens"] = 2;
+  const HttpResponse a = s.post("/v1/chat/completions", body.dump());
+  REQUIRE(a.status == 200);
+  const HttpResponse b = s.post("/v1/chat/completions", body.dump());
+  REQUIRE(b.status == 200);
+  CHECK(Json::parse(a.body)["choices"] == Json::parse(b.body)["choices"]);
+  const engine::EngineStats st = s.server.stats();
+  const int64_t prompt = Json::parse(a.body)["usage"]["prompt_tokens"].get<int64_t>();
+  CHECK(st.prefix_queries == 2 * prompt);
+  // The second request finds every full block of the first's prompt (16 positions each).
+  CHECK(st.prefix_hits == (prompt - 1) / 16 * 16);
+  CHECK(st.prefix_hits >= 16);
+  const std::string met = http(s.port, "GET", "/metrics").body;
+  CHECK(met.find("xserv:prefix_cache_hits_total " + std::to_string(st.prefix_hits)) !=
+        std::string::npos);
+  CHECK(met.find("xserv:prefix_cache_queries_total " + std::to_string(2 * prompt)) !=
+        std::string::npos);
+}
+
+TEST_CASE("serve: xserv bench --endpoint streams conversations turn by turn through the server") {
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s;
+  const std::string common = "bench --endpoint http://127.0.0.1:" + std::to_string(s.port) +
+                             " --model gpt-oss --vocab 1000 --requests 6 --concurrency 3 "
+                             "--input-len 20 --output-len 4 -o json";
+  RunResult r = run_xserv(common + " --turns 2", "", true);
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  const Json j = Json::parse(r.out);
+  CHECK(j["completed"] == 6);
+  CHECK(j["failed"] == 0);
+  CHECK(j["turns"] == 2);
+  REQUIRE(j["ttft_by_turn"].size() == 2);
+  // A second turn's prompt begins with its first turn's: its full blocks come from the cache.
+  CHECK(s.server.stats().prefix_hits >= 3 * 16);
+  CHECK(s.server.stats().generated_tokens == 6 * 4);
+
+  RunResult cut = run_xserv(common + " --disconnect 1 --output-len 40", "", true);
+  INFO(cut.err);
+  REQUIRE(cut.code == 0);
+  CHECK(Json::parse(cut.out)["disconnected"] == 6);
+
+  RunResult tls = run_xserv("bench --endpoint https://127.0.0.1:1 --requests 1", "", true);
+  CHECK(tls.code == 2);
+  CHECK(tls.err.find("https is not supported") != std::string::npos);
+  RunResult path = run_xserv("bench --endpoint http://127.0.0.1:1/v2 --requests 1", "", true);
+  CHECK(path.code == 2);
+}
+
+TEST_CASE("serve: a stream kept waiting gets SSE pings in well-formed chunks, then its events") {
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s;
+  s.model.set_open(false); // the request waits at its first step
+  Json body = Json::parse(kChat);
+  body["stream"] = true;
+  Socket sock(s.port);
+  sock.send_all(http_request("POST", "/v1/chat/completions", body.dump()));
+  // The server pings a stream that has had nothing to say for a second.
+  std::string raw;
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (raw.find(": ping") == std::string::npos && std::chrono::steady_clock::now() < limit) {
+    pollfd p{sock.fd, POLLIN, 0};
+    if (::poll(&p, 1, 1000) > 0) {
+      const std::string part = sock.read_some();
+      REQUIRE(!part.empty());
+      raw += part;
+    }
+  }
+  REQUIRE(raw.find(": ping") != std::string::npos);
+  s.model.set_open(true);
+  raw += read_until_closed(sock, std::chrono::seconds(60)).bytes;
+  const std::vector<HttpResponse> rs = parse_responses(raw);
+  REQUIRE(rs.size() == 1);
+  CHECK(rs[0].status == 200);
+  CHECK(rs[0].body.find(": ping\n\n") != std::string::npos);
+  const auto events = sse_data(rs[0].body); // dechunk checked every chunk's framing
+  REQUIRE(events.size() >= 3);
+  CHECK(events.back() == "[DONE]");
+  CHECK(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"] == "length");
 }
