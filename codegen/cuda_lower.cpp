@@ -140,7 +140,7 @@ void Lowerer::allocate_scratch() {
     inv_rms_ = allocate(t * sizeof(float));
   if (pairs) {
     moe_pair_ = allocate(pairs * sizeof(int));
-    const int tile = c_.wgmma ? kWgMoeTileTokens[0] : kMoeTileRows[0];
+    const int tile = c_.wgmma ? kWgMoeTilings[0].bn : kMoeTileRows[0];
     moe_tiles_ = allocate(codegen::moe_tiles_ints(int(pairs), int(experts), tile) * sizeof(int));
   }
   if (c_.wgmma) { // gemm_act's bf16 activations: the widest gemm input of a step

@@ -15,9 +15,12 @@
 
 #include "base/error.h"
 #include "codegen/cuda_lower.h"
+#include "codegen/emit_wg.h"
 
 namespace xserv::codegen::lowering {
 
+using codegen::kWgMoeTilings;
+using codegen::WgMoeTiling;
 using ir::Node;
 using ir::Op;
 using ir::ValueId;
@@ -79,8 +82,6 @@ inline constexpr int kSplitTokens = 64;
 inline constexpr int kSmallGemmRows = 64;
 /// Row tiles of the grouped MoE gemms, chosen by the rows each expert gets.
 inline constexpr std::array<int, 3> kMoeTileRows = {32, 64, 128};
-/// The same for the warpgroup-MMA gemms: tokens per tile (the MMA's N side), by the same rule.
-inline constexpr std::array<int, 3> kWgMoeTileTokens = {16, 64, 128};
 
 /// Lowers one graph into a launch table; holds the per-graph scratch buffers.
 class Lowerer {
@@ -131,6 +132,14 @@ private:
     const int per_expert = tokens * k / std::max(1, experts);
     return per_expert <= 24 ? 0 : per_expert <= 80 ? 1 : 2;
   }
+  /// The warpgroup-MMA tiling (an index into kWgMoeTilings) of a step of `tokens`, by the (token,
+  /// slot) pairs an expert gets on average, tokens * k / experts: 16-token tiles up to 12, 32 up
+  /// to 24 (an expert's pairs past the 16-token tile cost a second read of its weights), then
+  /// 64 and 128 as the moe_tile_index rule.
+  static int wg_moe_tiling(int tokens, int k, int experts) {
+    const int per_expert = tokens * k / std::max(1, experts);
+    return per_expert <= 12 ? 0 : per_expert <= 24 ? 1 : per_expert <= 80 ? 2 : 3;
+  }
 
   /// The gemm kernels that serve linear `d` on steps of more than 8 rows: for at most
   /// kSmallGemmRows rows split-K kernels (row tiles 32 and 64) and their reduce, else row tile
@@ -166,8 +175,8 @@ private:
   /// at a time uses it), grown to at least `bytes`.
   LaunchArg partials(size_t bytes);
 
-  /// The warpgroup-MMA MoE gemms (c_.wgmma) of lower_moe for tile config `i` (tokens per tile
-  /// kWgMoeTileTokens[i]) over rows [lo, hi]: moe_sort, gemm_act of x, gate_up + SwiGLU,
+  /// The warpgroup-MMA MoE gemms (c_.wgmma) of lower_moe for tiling kWgMoeTilings[i] over
+  /// rows [lo, hi]: moe_sort, gemm_act of x, gate_up + SwiGLU,
   /// gemm_act of the SwiGLU output, down + scatter.
   void moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, int hi,
                     const std::vector<LaunchArg>& in);

@@ -145,7 +145,7 @@ void Lowerer::lower_linear(ValueId v) {
   // columns; the 20b's o_proj 11.6 against 32.9 us at 8 tokens, lm_head 344 against 870). One
   // token: lm_head too (260 against 270 us), but o_proj keeps an FMA kernel: the tensor-core one
   // was no faster alone (9.3 against 9.5 us) and the token ~1% slower with it (docs/PERF.md,
-  // sessions 12 and 13).
+  // "Tried and rejected").
   codegen::LinearDims dm = d;
   dm.mma = true;
   const bool mma = c_.wgmma && codegen::linear_mma_fits(dm);
@@ -386,7 +386,18 @@ void Lowerer::lower_attention(ValueId v) {
     std::vector<LaunchArg> pre_args = in;
     pre_args.push_back(out);
     pre_args.push_back(rows_arg());
-    emit(pre, Rows::Tokens, kSplitTokens + 1, -1, std::move(pre_args));
+    if (outer_per_seq_ == 0) {
+      // Decode steps of more sequences (one token each) keep the decode kernel, in one key split:
+      // the prompt kernel's query tiles would hold one token a sequence. Steps with prompts
+      // take the prompt kernel.
+      outer_per_seq_ = 1;
+      emit(dec, Rows::Tokens, kSplitTokens + 1, -1, dec_args);
+      outer_per_seq_ = -1;
+      emit(pre, Rows::Tokens, kSplitTokens + 1, -1, std::move(pre_args));
+      outer_per_seq_ = 0;
+    } else {
+      emit(pre, Rows::Tokens, kSplitTokens + 1, -1, std::move(pre_args));
+    }
   } else {
     emit(dec, Rows::Tokens, kSplitTokens + 1, -1, dec_args);
   }
@@ -503,11 +514,11 @@ void Lowerer::lower_moe(ValueId v) {
   // with the SwiGLU epilogue, down scattering weighted rows), and a deterministic combine.
   bool use_gemm = false;
   if (gemm_path() && c_.wgmma && codegen::gemm_fits(d.hidden) && codegen::gemm_fits(d.inter)) {
-    for (int i = 0; i < 3; ++i) {
-      // The tile is the one moe_tile_index picks: the tokens (above 8) that pick it.
+    for (int i = 0; i < int(kWgMoeTilings.size()); ++i) {
+      // The tiling is the one wg_moe_tiling picks: the tokens (above 8) that pick it.
       int lo = -1, hi = -1;
       for (int t = kDecodeTokens + 1; t <= c_.max_tokens; ++t)
-        if (moe_tile_index(t, d.k, d.experts) == i) {
+        if (wg_moe_tiling(t, d.k, d.experts) == i) {
           lo = lo < 0 ? t : lo;
           hi = t;
         }

@@ -103,12 +103,13 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
 
 void Lowerer::moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, int hi,
                            const std::vector<LaunchArg>& in) {
-  const int bn = kWgMoeTileTokens[size_t(i)];
-  // Both copies: batched decode (the smallest tiles) reads the MXFP4 one, as the decode kernels
-  // do (20b at 64 sequences: 327 against 398 us a layer), prompts the BF16 one (618 against 710
-  // us at 512 tokens).
+  const WgMoeTiling& tiling = kWgMoeTilings[size_t(i)];
+  const int bn = tiling.bn;
+  // Both copies: batched decode (tiles of up to 32 tokens: steps of up to ~190 tokens on the 20b)
+  // reads the MXFP4 one, as the decode kernels do (20b at 64 sequences: 327 against 398 us a
+  // layer), prompts the BF16 one (618 against 710 us at 512 tokens).
   const bool both = c_.expert_format == runtime::ExpertFormat::Both;
-  const bool mx4 = d.mxfp4 && (!both || i == 0);
+  const bool mx4 = d.mxfp4 && (!both || bn <= 32);
   auto weight = [&](LaunchArg a) {
     if (both && mx4)
       a.name = runtime::mxfp4_copy_name(a.name);
@@ -135,9 +136,10 @@ void Lowerer::moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, 
   g.split = c_.gemm_split;
   g.mxfp4 = mx4;
   // The 20b's MoE at 8, 64 and 256 rows per expert (kernels_bench): MXFP4 decodes better with
-  // two m64 tiles a block; BF16 tiles of 16 and 64 tokens are as fast with one (more blocks).
-  g.wm = i == 2 || mx4 ? 2 : 1;
-  g.stages = i == 2 ? 3 : 4;
+  // two m64 tiles a block (but for 96-token tiles); BF16 tiles below 128 tokens are as fast with
+  // one (more blocks).
+  g.wm = mx4 || bn == 128 ? tiling.wm : 1;
+  g.stages = tiling.stages;
   g.k = d.hidden;
   g.n = 2 * d.inter;
   g.gather = true;

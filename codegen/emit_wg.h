@@ -4,6 +4,7 @@
 
 #include "codegen/emit.h"
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -62,5 +63,19 @@ constexpr int wg_k_of_slot(int kappa) {
   return 16 * ((kappa / 2) % 4) + 8 * (kappa / 32) + 2 * ((kappa / 16) % 2) + (kappa / 8) % 2 +
          4 * (kappa % 2);
 }
+
+/// A tiling of the warpgroup-MMA MoE gemms: tokens a tile (the MMA's N side), m64 weight tiles a
+/// block (MXFP4 weights; BF16 ones take one below 128 tokens), K-tile stages.
+struct WgMoeTiling {
+  int bn, wm, stages;
+};
+/// The tilings the lowering picks from, smallest first (wg_moe_tiling picks by the pairs an
+/// expert gets). The 32-token tile serves 13 to 24 pairs an expert: the 20b at 128 sequences
+/// (16 pairs an expert) 15.86 -> 15.36 ms a step, where 16-token tiles give many experts two
+/// tiles and so two reads of their weights (H200, old binary against new). 48- and 96-token
+/// tiles, faster in kernels_bench's "MoE grouped gemm tiles" on uniform routing, were slower in
+/// the model: B256 17.34 -> 18.33 ms, pp512 -2.6%.
+inline constexpr std::array<WgMoeTiling, 4> kWgMoeTilings = {
+    {{16, 2, 4}, {32, 2, 4}, {64, 2, 4}, {128, 2, 3}}};
 
 } // namespace xserv::codegen

@@ -15,6 +15,9 @@
 #             step's growth is its in-graph cost (its second launch finds its weights in L2)
 #   gemms     Nsight Compute on NCU_COUNT (5) gemm launches of a 512-token prompt step
 #             (GEMM_STEP=prompt) or of a 64-sequence decode step (GEMM_STEP=b64)
+#   batched   batched decode: a timeline plan of the default 256 rows at B64, B128 and B256,
+#             depth 512 (BATCHES), each kernel's share; then kernels_bench's MoE tile sweep
+#             (gate_up + act + down a layer by tokens and tile; needs .device/bin/kernels_bench)
 # docs/PERF.md "Where a decode step's time goes" reads these. Needs .device/bin/xserv,
 # .device/data/gpt-oss-20b.json; carry [".device/bin", ".device/data"] (and ".device/old").
 source "$(dirname "$0")/common.sh"
@@ -102,8 +105,26 @@ for mode in $MODES; do
       grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issued Warp Per Scheduler|No Eligible|Stall|L2 Hit" \
         /tmp/ncu_gemms.txt | cut -c1-160 | head -100
       ;;
+    batched)
+      $X compile /tmp/g20 -o /tmp/p_tl_b --max-seq 8192 --timeline > /tmp/c_tl_b.log 2>&1 ||
+        tail -3 /tmp/c_tl_b.log
+      for b in ${BATCHES:-64 128 256}; do
+        echo "== timeline new -b $b -d 512"
+        timeout 150 $X bench /tmp/p_tl_b --backend cuda -p 0 -n 32 -b "$b" -d 512 -r 1 \
+          2> /tmp/tl_b$b.log | grep -E '^\| ' | grep -vE '^\| model ' | cut -d'|' -f6,7
+        grep -E "^\[timeline\]" /tmp/tl_b$b.log | cut -c12-120 | tee "$OUT/timeline_b$b.txt" |
+          head -24
+      done
+      if [ -x $B/kernels_bench ]; then
+        echo "== MoE tile sweep"
+        timeout 240 $B/kernels_bench -tc="MoE grouped gemm tiles*" > /tmp/moe_tiles.log 2>&1
+        echo "kernels_bench rc=$?"
+        grep -E "^ *\|" /tmp/moe_tiles.log | tee "$OUT/moe_tiles.txt"
+        grep -E "gemm moe wg" /tmp/moe_tiles.log > "$OUT/moe_tiles_all.txt"
+      fi
+      ;;
     *)
-      echo "unknown mode $mode (timeline, table, stalls, repeat, gemms)"
+      echo "unknown mode $mode (timeline, table, stalls, repeat, gemms, batched)"
       ;;
   esac
   echo "== $mode done at $(at)"

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -277,8 +278,9 @@ void report(const std::string& label, double ms, double flops, double bytes) {
                   << " TFLOP/s, " << bytes / (ms * 1e-3) / 1e9 << " GB/s of weights");
 }
 
-/// The MoE block's two gemms at T tokens through gemm_wg with one tile shape.
-void moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx4, bool split,
+/// The MoE block's two gemms at T tokens through gemm_wg with one tile shape: gate_up + act +
+/// down in us (-1 in a dry run or when the shape does not fit).
+double moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx4, bool split,
             int ksub = 1, bool pipe = false) {
   const MoeDims& d = *mb_dims(pmb);
   const int pairs = tokens * d.k;
@@ -298,7 +300,7 @@ void moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx
   g.gather = true;
   g.epilogue = GemmEpilogue::Swiglu;
   if (!gemm_wg_fits(g))
-    return;
+    return -1;
   const Loaded* pgu = want(emit_gemm_wg(g, {}));
   g.k = d.inter;
   g.n = d.hidden;
@@ -309,7 +311,7 @@ void moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx
   const Loaded* psort = want(emit_moe_sort({d.experts, d.k, bn, pairs}, {}));
   const Loaded* pxact = want(emit_gemm_act({d.hidden, false, split, 1e-5, 1}, {}));
   if (g_dry)
-    return;
+    return -1;
   const Loaded &gu = *pgu, &dn = *pdn, &act = *pact;
   Routing r = make_routing(d, tokens, 960 + uint64_t(tokens));
   auto pair = poisoned(size_t(pairs));
@@ -339,6 +341,7 @@ void moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx
   report("moe down wg " + tag, ms_dn, 2.0 * pairs * per, d.experts * per * wbytes);
   MESSAGE("gemm moe wg " << tag << ": gate_up + act + down " << (ms_gu + ms_act + ms_dn) * 1e3
                          << " us (act " << ms_act * 1e3 << " us)");
+  return (ms_gu + ms_act + ms_dn) * 1e3;
 }
 
 /// The same through the mma.sync gemm (the engine's path before gemm_wg).
@@ -506,6 +509,52 @@ TEST_CASE("gemm throughput: mma.sync against warpgroup MMA, 20b shapes (informat
           << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s");
   mb = std::make_unique<MoeBench>();
   variants();
+}
+
+TEST_CASE("MoE grouped gemm tiles at batched-decode and mixed-step sizes, 20b MXFP4 "
+          "(informational)") {
+  XSERV_REQUIRE_GPU();
+  if (runtime::probe_device().arch() != "sm_90") {
+    MESSAGE("skipped: gemm_wg needs sm_90");
+    return;
+  }
+  // 64 to 768 tokens: 8 to 96 (token, slot) pairs an expert. The lowering picks one tile (bn
+  // tokens, wm m64 weight tiles a block) by pairs per expert; each extra tile an expert needs
+  // reads its weights again, and a tile that is mostly empty does MMAs for nothing.
+  const std::vector<int> tokens = {64, 96, 128, 192, 256, 384, 512, 768};
+  const std::vector<int> bns = {16, 24, 32, 48, 64, 96, 128};
+  std::unique_ptr<MoeBench> mb;
+  std::map<std::pair<int, int>, std::pair<double, int>> best; // (T, bn) -> (us, wm)
+  auto variants = [&] {
+    for (int t : tokens)
+      for (int bn : bns)
+        for (int wm : {1, 2}) {
+          const double us = moe_wg(mb.get(), t, bn, wm, bn >= 96 ? 3 : 4, true, false);
+          auto& b = best[{t, bn}];
+          if (us > 0 && (b.first <= 0 || us < b.first))
+            b = {us, wm};
+        }
+  };
+  g_dry = true;
+  variants();
+  g_dry = false;
+  preload(std::move(g_sources));
+  mb = std::make_unique<MoeBench>();
+  best.clear();
+  variants();
+  std::string table = "\n| tokens |";
+  for (int bn : bns)
+    table += fmt::format(" bn {} |", bn);
+  for (int t : tokens) {
+    table += fmt::format("\n| {} |", t);
+    for (int bn : bns) {
+      const auto it = best.find({t, bn});
+      table += it == best.end() || it->second.first <= 0
+                   ? std::string(" - |")
+                   : fmt::format(" {:.1f} (m{}) |", it->second.first, 64 * it->second.second);
+    }
+  }
+  MESSAGE("MoE gate_up + act + down, us a layer, best wm per tile:" << table);
 }
 
 #if XSERV_HAVE_CUBLAS

@@ -113,16 +113,19 @@ TEST_CASE("gemm_wg grouped MoE kernels match ir::ref, MXFP4 weights give the BF1
     return;
   }
   uint64_t seed = 7100;
-  // The lowering's tilings (cuda_lower_wg.cpp, kWgMoeTileTokens): 16, 64 and 128 tokens a
-  // tile, two m64 tiles a block for MXFP4 weights and the 128-token tiles, one for BF16 tiles
-  // of 16 and 64.
+  // The lowering's tilings (codegen::kWgMoeTilings: 16 to 128 tokens a tile, the m64 tiles a
+  // block and stages each takes with MXFP4 weights; BF16 weights take one m64 tile below 128
+  // tokens): 9 tokens (one partial tile an expert) and 150 (37 pairs an expert on average,
+  // skewed: several tiles for the small ones, partial ones for the large).
   const MoeDims small{256, 192, 8, 2, true};
-  for (int bn : {16, 64, 128}) {
-    run_moe({small, 9, bn, 2, true, false, true}, ++seed);
-    const auto bits = run_moe({small, 150, bn, 2, bn == 64, true, true}, ++seed);
+  for (const codegen::WgMoeTiling& t : codegen::kWgMoeTilings) {
+    CAPTURE(t.bn);
+    run_moe({small, 9, t.bn, t.wm, true, false, true, 1, false, t.stages}, ++seed);
+    const auto bits =
+        run_moe({small, 150, t.bn, t.wm, t.bn == 64, true, true, 1, false, t.stages}, ++seed);
     CHECK(bits[0] == bits[1]);
-    if (bn != 128)
-      run_moe({small, 150, bn, 1, false, false, false}, ++seed);
+    if (t.bn != 128)
+      run_moe({small, 150, t.bn, 1, false, false, false, 1, false, t.stages}, ++seed);
   }
   // The 20b's shape: few rows per expert (batched decode) and a prompt's share.
   const MoeDims g20{2880, 2880, 32, 4, true};

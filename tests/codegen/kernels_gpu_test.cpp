@@ -275,7 +275,9 @@ void check_attention(const AttentionDims& d, const std::vector<int>& seq_tokens,
     launch(comb, tokens, 1, part_ml->p, part_o->p, ds->p, splits, out->p);
   device_sync();
   const double err = rel_l2(download(*out, want.f.size()), want.f);
-  const std::string layout = nseq > 1 ? "3+1" : std::to_string(seq_tokens[0]);
+  const std::string layout = nseq > 1 ? std::to_string(tokens) + " of " + std::to_string(nseq) +
+                                             " sequences"
+                                       : std::to_string(seq_tokens[0]);
   MESSAGE(dec.src.name << " tokens " << layout << " ctx " << ctx[0] << " splits " << splits
                        << ": rel L2 " << err);
   CHECK(err <= kTol);
@@ -301,6 +303,14 @@ TEST_CASE("attention kernels match ir::ref on paged caches (random, shared, wind
       check_attention(d, {3, 1}, {ctx, ctx / 2}, 0, ++seed); // T=4 over two sequences
       check_attention(d, {1}, {ctx}, 7, ++seed);             // forced splits, some empty
     }
+  // Decode steps of more than 64 sequences, one token each, as the lowering runs them: the
+  // decode kernel in one key split writing the output itself (no combine), contexts 1 to 4,500.
+  for (const AttentionDims& d : shapes) {
+    std::vector<int> ctx;
+    for (int b = 0; b < 100; ++b)
+      ctx.push_back(1 + (b * 977) % 4500);
+    check_attention(d, std::vector<int>(100, 1), ctx, 1, ++seed);
+  }
 }
 
 // ---- moe -------------------------------------------------------------------------------------

@@ -167,15 +167,16 @@ struct Lowered {
   int capacity = 0;
 };
 
-void lower(const models::ModelConfig& cfg, const Variant& v, Lowered& out) {
+void lower(const models::ModelConfig& cfg, const Variant& v, Lowered& out,
+           int64_t max_batch = kMaxBatch) {
   out.graph = final_graph(cfg, v);
-  out.capacity = codegen::step_token_capacity(kMaxBatch, v.prefill_chunk);
+  out.capacity = codegen::step_token_capacity(max_batch, v.prefill_chunk);
   out.memory = compiler::plan_memory(out.graph, {{ir::dims::kTokens, out.capacity},
-                                                 {ir::dims::kSeqs, kMaxBatch},
+                                                 {ir::dims::kSeqs, max_batch},
                                                  {ir::dims::kTableBlocks, (kMaxSeq + 15) / 16}});
   codegen::LoweringContext ctx;
   ctx.max_tokens = out.capacity;
-  ctx.max_seqs = int(kMaxBatch);
+  ctx.max_seqs = int(max_batch);
   ctx.max_seq = kMaxSeq;
   ctx.gemm_split = v.gemm_split;
   ctx.memory = &out.memory;
@@ -186,12 +187,9 @@ void lower(const models::ModelConfig& cfg, const Variant& v, Lowered& out) {
 /// from the closure lowering the table replaced, its addresses from the same regions: params,
 /// weights and caches by name and index, activations at their arena offsets, scratch buffers
 /// in allocation order.
-Recorded record(const models::ModelConfig& cfg, const Variant& v) {
-  Lowered lw;
-  lower(cfg, v, lw);
+/// Fake-memory bindings of a lowered table's regions (and its scratch list into `out`).
+runtime::Bindings bind(const Lowered& lw, FakeMemory& mem, Recorded& out) {
   const runtime::LaunchTable& t = lw.table;
-  FakeMemory mem;
-  Recorded out;
   runtime::Bindings b;
   b.arena = mem.at("arena");
   int caches = 0;
@@ -219,7 +217,16 @@ Recorded record(const models::ModelConfig& cfg, const Variant& v) {
         fmt::format("argmax_keys={} chunks={}",
                     mem.decode(reinterpret_cast<uint64_t>(b.scratch[size_t(t.argmax_scratch)])),
                     t.argmax_chunks));
-  const runtime::Executor ex(t, b);
+  return b;
+}
+
+Recorded record(const models::ModelConfig& cfg, const Variant& v) {
+  Lowered lw;
+  lower(cfg, v, lw);
+  const runtime::LaunchTable& t = lw.table;
+  FakeMemory mem;
+  Recorded out;
+  const runtime::Executor ex(t, bind(lw, mem, out));
   for (const Shape& s : shapes(v, lw.capacity)) {
     std::vector<std::string> lines;
     for (const runtime::LaunchRecord& r : ex.record({s.tokens, s.seqs, s.max_pos})) {
@@ -364,6 +371,38 @@ TEST_CASE("launches of the 20b and 120b configs match their golden digests") {
     return;
   }
   check_golden(got, file);
+}
+
+TEST_CASE("decode steps of more than 64 sequences keep the decode attention kernel") {
+  // One token a sequence: attention_decode in one key split, no combine; a step with a prompt
+  // of the same size takes the prompt kernel's query tiles.
+  const models::ModelConfig cfg =
+      models::ModelConfig::load(testing::source_dir() / "examples/tiny/config.json");
+  for (bool split : {false, true}) {
+    CAPTURE(split);
+    const Variant v{"many", split, kGoldenChunk, false, true, true};
+    Lowered lw;
+    lower(cfg, v, lw, 640);
+    FakeMemory mem;
+    Recorded scratch;
+    const runtime::Executor ex(lw.table, bind(lw, mem, scratch));
+    auto count = [&](const runtime::StepShape& s, const std::string& prefix) {
+      int n = 0;
+      for (const runtime::LaunchRecord& r : ex.record(s))
+        n += r.kernel >= 0 && lw.table.kernels.at(size_t(r.kernel)).name.starts_with(prefix);
+      return n;
+    };
+    const int layers = int(cfg.num_hidden_layers);
+    for (int seqs : {64, 65, 100, 600}) {
+      CAPTURE(seqs);
+      CHECK(count({seqs, seqs, 300}, "attention_decode") == layers);
+      CHECK(count({seqs, seqs, 300}, "attention_prefill") == 0);
+    }
+    CHECK(count({100, 1, 300}, "attention_decode") == 0);
+    CHECK(count({100, 1, 300}, "attention_prefill") == layers);
+    CHECK(count({100, 40, 300}, "attention_prefill") == layers);
+    CHECK(count({100, 100, 300}, "attention_combine") == 0);
+  }
 }
 
 TEST_CASE("the launch table's JSON round trip is lossless and compact") {
