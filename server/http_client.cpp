@@ -119,6 +119,8 @@ HttpReply HttpClient::request(std::string_view method, std::string_view target,
         return reply;
       }
       m.connected = true;
+      // A request's header and body may go out as two writes: no Nagle delay between them.
+      m.stream.socket().set_option(asio::ip::tcp::no_delay(true), ec);
     }
     m.stream.expires_after(m.timeout);
     http::write(m.stream, req, ec);

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <netinet/tcp.h>
 #include <sys/wait.h>
 #include <thread>
 
@@ -348,6 +349,39 @@ TEST_CASE("serve: 256 idle keep-alive connections do not starve other requests")
   HttpResponse r = s.post("/v1/chat/completions", kChat);
   CHECK(r.status == 200);
   CHECK(http(s.port, "GET", "/health").status == 200);
+}
+
+TEST_CASE("serve: accepted connections send without Nagle's delay (TCP_NODELAY)") {
+  // A stream's first event is a small write behind the response header; with Nagle's algorithm
+  // it would wait for the client's delayed ACK (~40 ms). The server's end of a connection is
+  // found among this process's descriptors by its two ports.
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s;
+  Socket client(s.port);
+  sockaddr_in mine{};
+  socklen_t len = sizeof mine;
+  REQUIRE(::getsockname(client.fd, reinterpret_cast<sockaddr*>(&mine), &len) == 0);
+  auto port_of = [](int fd, bool peer) {
+    sockaddr_in a{};
+    socklen_t n = sizeof a;
+    const int rc = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &n)
+                        : ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+    return rc == 0 && a.sin_family == AF_INET ? int(ntohs(a.sin_port)) : -1;
+  };
+  int server_end = -1;
+  REQUIRE(eventually([&] { // the accept is asynchronous
+    for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+      const int fd = std::stoi(e.path().filename().string());
+      if (fd != client.fd && port_of(fd, false) == s.port &&
+          port_of(fd, true) == int(ntohs(mine.sin_port)))
+        server_end = fd;
+    }
+    return server_end >= 0;
+  }));
+  int nodelay = 0;
+  socklen_t size = sizeof nodelay;
+  REQUIRE(::getsockopt(server_end, IPPROTO_TCP, TCP_NODELAY, &nodelay, &size) == 0);
+  CHECK(nodelay != 0);
 }
 
 TEST_CASE("serve: a full queue answers 429 with Retry-After") {
