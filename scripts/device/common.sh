@@ -4,7 +4,10 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[1]}")/../.." || exit 1
 B=.device/bin X=.device/bin/xserv D=.device/data
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$PWD/$B:${LD_LIBRARY_PATH:-} XSERV_SOURCE_DIR=$PWD
+# .device/old also holds the shared libraries an old binary needs that the machine lacks
+# (libcpp-httplib and brotli for a server before Boost.Beast).
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$PWD/$B:${LD_LIBRARY_PATH:-}:$PWD/.device/old
+export XSERV_SOURCE_DIR=$PWD
 export XSERV_KERNEL_CACHE=${XSERV_KERNEL_CACHE:-/tmp/xk} NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

@@ -9,6 +9,9 @@
 #   KV_DTYPE=bf16   compile the plan with --kv-dtype bf16 instead of the default
 #   SERVE_FLAGS=... flags for both servers (--prefill-budget N, --backlog-steps N, ...)
 #   PARTS="..."     a subset of: c64 c256 c512 prefix turns nocache decode (default all)
+# With an old binary (.device/old/xserv, carried; OLD= another path) of a fixed-slot engine: its
+# c64 over HTTP first (a --max-seq 8192 --max-batch 64 plan, --max-running 64) and its decode
+# aggregate on a --max-seq 2304 --max-batch 256 plan, the baselines of the same call.
 # Needs .device/bin/xserv, .device/data/{gpt-oss-20b.json,o200k_base.tiktoken};
 # carry [".device/bin", ".device/data"].
 source "$(dirname "$0")/common.sh"
@@ -50,6 +53,18 @@ metrics() {
 }
 W="--input-len 512 --output-len 256"
 P="--shared-prefix 2048 --input-len 64 --output-len 128"
+if have_old; then
+  $OLD compile /tmp/g20 -o /tmp/p_old64 --max-seq 8192 --max-batch 64 2>&1 | tail -1
+  $OLD serve /tmp/p_old64 --port $PORT --tokenizer $D/o200k_base.tiktoken --max-running 64 \
+    > "$OUT/serve_old.log" 2>&1 &
+  pid=$!
+  wait_health $PORT $pid 150 && want c64 && load old_c64 120 --requests 256 --concurrency 64 $W
+  stop_server $pid
+  if want decode; then
+    $OLD compile /tmp/g20 -o /tmp/p_old256 --max-seq 2304 --max-batch 256 2>&1 | tail -1
+    rows old256 $OLD /tmp/p_old256 -p 0 -n 128 -d 512 -b 64,128,256 -r 2
+  fi
+fi
 start_server serve.log
 want c64 && load c64 120 --requests 256 --concurrency 64 $W
 want c256 && load c256 150 --requests 1024 --concurrency 256 $W && metrics
