@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -209,8 +210,8 @@ void Engine::take_in(std::vector<Event>& events, int64_t& aborted_waiting,
 }
 
 bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& row, bool need,
-                        int64_t step_index, std::vector<Event>& events, int64_t& generated,
-                        int64_t finished[3]) {
+                        const std::vector<uint32_t>& mask, int64_t step_index,
+                        std::vector<Event>& events, int64_t& generated, int64_t finished[3]) {
   const auto max_seq = static_cast<size_t>(model_.max_seq());
   Event ev;
   ev.id = q.id;
@@ -230,7 +231,38 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
     events.push_back(std::move(ev));
     return true;
   }
-  const int32_t tok = need && q.req.sampling.temperature > 0 ? q.sampler.sample(row) : greedy;
+  // Structured output: the pick is made over the tokens the constraint allows (the mask came
+  // from the host while the model ran; a sequence without one, a choice forked just now, makes
+  // it here).
+  std::vector<float> masked;
+  const bool bound = q.constraint && q.constraint->bound();
+  if (bound) {
+    std::vector<uint32_t> own;
+    const std::vector<uint32_t>* m = &mask;
+    if (mask.empty()) {
+      own.resize(ConstraintState::mask_words(int64_t(row.size())), ~0u);
+      q.constraint->fill_mask(own);
+      m = &own;
+    }
+    masked = row;
+    if (apply_mask(masked, *m) == 0) {
+      ev.finish = FinishReason::Error;
+      ev.generated_tokens = static_cast<int64_t>(q.generated());
+      ev.error = fmt::format("the output's constraint allows no token at generated token {}",
+                             q.generated() + 1);
+      ++finished[2];
+      events.push_back(std::move(ev));
+      return true;
+    }
+  }
+  const std::vector<float>& pick_row = bound ? masked : row;
+  int32_t tok = need && q.req.sampling.temperature > 0 ? q.sampler.sample(pick_row)
+                : bound                                ? runtime::argmax(pick_row)
+                                                       : greedy;
+  if (bound && std::isinf(pick_row[size_t(tok)])) // a forbidden token has no weight: never drawn
+    tok = runtime::argmax(pick_row);
+  XSERV_CHECK(!q.constraint || q.constraint->accept(tok),
+              fmt::format("token {} was picked against its constraint's mask", tok));
   q.tokens.push_back(tok);
   ++generated;
   ev.token = tok;
@@ -255,9 +287,10 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
 }
 
 void Engine::update_from_output(const ScheduledStep& s, const std::vector<bool>& yields,
-                                const StepOutput& out, int64_t step_index,
-                                std::vector<Event>& events, int64_t& generated,
-                                int64_t finished[3]) {
+                                const StepOutput& out,
+                                const std::vector<std::vector<uint32_t>>& masks,
+                                int64_t step_index, std::vector<Event>& events,
+                                int64_t& generated, int64_t finished[3]) {
   std::vector<const Sequence*> done;
   for (size_t b = 0; b < s.seqs.size(); ++b) {
     if (!yields[b])
@@ -271,7 +304,8 @@ void Engine::update_from_output(const ScheduledStep& s, const std::vector<bool>&
       for (Sequence* c : scheduler_.fork(q))
         choices.push_back(c);
     for (Sequence* c : choices)
-      if (take_token(*c, out.greedy[b], row, need, step_index, events, generated, finished))
+      if (take_token(*c, out.greedy[b], row, need, masks[b], step_index, events, generated,
+                     finished))
         done.push_back(c);
   }
   for (const Sequence* q : done)
@@ -298,10 +332,30 @@ std::vector<Event> Engine::step() {
   }
   if (!sched.empty()) {
     const auto tm = std::chrono::steady_clock::now();
+    std::vector<bool> yields(sched.seqs.size());
+    for (size_t b = 0; b < sched.seqs.size(); ++b)
+      yields[b] = sched.yields(b);
+    // The masks of the constrained sequences' next tokens, on the host while the model runs.
+    std::vector<std::vector<uint32_t>> masks(sched.seqs.size());
+    std::future<void> masking;
+    const int64_t vocab = model_.config().vocab_size;
+    if (std::any_of(sched.seqs.begin(), sched.seqs.end(),
+                    [](const Sequence* q) { return q->constraint && q->constraint->bound(); }))
+      masking = std::async(std::launch::async, [&] {
+        for (size_t b = 0; b < sched.seqs.size(); ++b) {
+          Sequence& q = *sched.seqs[b];
+          if (!yields[b] || !q.constraint || !q.constraint->bound())
+            continue;
+          masks[b].assign(ConstraintState::mask_words(vocab), ~0u);
+          q.constraint->fill_mask(masks[b]);
+        }
+      });
     StepOutput out;
     try {
       out = model_.step_mixed(sched.input, sched.need_logits);
     } catch (...) {
+      if (masking.valid())
+        masking.wait();
       // The step did not happen: every sequence keeps its state (the next step runs the same
       // tokens again, and makes its block copies); what this step took in and ended is
       // counted, and the error goes up.
@@ -319,11 +373,10 @@ std::vector<Event> Engine::step() {
       XSERV_CHECK(!sched.need_logits[b] ||
                       int64_t(out.logits[b].size()) == model_.config().vocab_size,
                   "the model returned a logits row of another size than the vocabulary");
-    std::vector<bool> yields(sched.seqs.size());
-    for (size_t b = 0; b < sched.seqs.size(); ++b)
-      yields[b] = sched.yields(b);
+    if (masking.valid())
+      masking.get();
     scheduler_.commit(sched);
-    update_from_output(sched, yields, out, step_index, events, generated, finished);
+    update_from_output(sched, yields, out, masks, step_index, events, generated, finished);
   }
 
   std::lock_guard lock(mu_);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,6 +13,8 @@
 namespace xserv::engine {
 
 using RequestId = uint64_t;
+
+class Constraint; // engine/constraint.h
 
 /// How a request's tokens are drawn (temperature, top-p, top-k, min-p, seed): the runtime's
 /// sampler options, part of the engine's API.
@@ -47,6 +50,9 @@ struct Request {
   /// Choices generated from the prompt (1..kMaxChoices): the prompt is computed once and its
   /// KV blocks shared; choice c samples with seed + c. Each choice's events carry its index.
   int n = 1;
+  /// Structured output (ConstraintCompiler::compile): each token is drawn from the tokens the
+  /// constraint allows next, greedy and sampled alike. Null: free.
+  std::shared_ptr<const Constraint> constraint;
 };
 
 /// The most choices one request may ask for.

@@ -26,6 +26,8 @@ Sequence::Sequence(RequestId i, Request r, int c)
   tokens = req.prompt;
   prompt_len = req.prompt.size();
   forked = req.n <= 1;
+  if (req.constraint)
+    constraint.emplace(req.constraint);
 }
 
 Scheduler::Scheduler(const EngineOptions& options, const models::KvGeometry& kv)
@@ -260,6 +262,8 @@ std::vector<Sequence*> Scheduler::fork(Sequence& parent) {
     kid->forked = true;
     kid->tokens = parent.tokens;
     kid->prompt_len = parent.prompt_len;
+    if (parent.constraint)
+      kid->constraint = parent.constraint->fork();
     out.push_back(kid.get());
     if (kv_.fork(parent.blocks, int64_t(parent.cached), kid->blocks, copies_)) {
       kid->cached = parent.cached;

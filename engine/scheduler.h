@@ -14,9 +14,11 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <memory>
 #include <vector>
 
+#include "engine/constraint.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/request.h"
 #include "models/step.h"
@@ -40,6 +42,8 @@ struct Sequence {
   /// sequence holds their places.
   bool forked = false;
   kv::SeqBlocks blocks;
+  /// Where its output stands in the request's constraint (structured output), if it has one.
+  std::optional<ConstraintState> constraint;
 
   Sequence(RequestId i, Request r, int c = 0);
   size_t generated() const { return tokens.size() - prompt_len; }
@@ -50,8 +54,11 @@ struct Sequence {
   int64_t slots() const { return forked ? 1 : std::max<int64_t>(req.n, 1); }
   /// Its tokens come from its logits row (sampling, log-probabilities or logits asked for),
   /// not from the model's greedy pick alone.
+  /// A constraint that binds the next token needs the row too: the pick is made over the tokens
+  /// it allows.
   bool needs_logits() const {
-    return req.sampling.temperature > 0 || req.top_logprobs >= 0 || req.return_logits;
+    return req.sampling.temperature > 0 || req.top_logprobs >= 0 || req.return_logits ||
+           (constraint && constraint->bound());
   }
 };
 

@@ -59,6 +59,15 @@ std::string developer_text(const DeveloperContent& dev) {
   std::string out;
   if (!dev.instructions.empty())
     out = "# Instructions\n\n" + dev.instructions;
+  if (!dev.response_formats.empty()) {
+    out += (out.empty() ? "" : "\n\n") + std::string("# Response Formats");
+    for (const ResponseFormat& f : dev.response_formats) {
+      out += "\n\n## " + f.name + "\n\n";
+      if (!f.description.empty())
+        out += "// " + f.description + "\n";
+      out += f.schema;
+    }
+  }
   if (!dev.tools.empty())
     out += (out.empty() ? "" : "\n\n") + render_tools_section(dev.tools);
   return out;

@@ -29,6 +29,17 @@ struct ToolDescription {
   /// JSON schema of the arguments as JSON text, key order kept; empty for a tool without
   /// arguments. Rendered as a TypeScript type, as harmony does.
   std::string parameters;
+  /// The client asked for its arguments to match `parameters` exactly (enforced by the server's
+  /// structured output; rendering is the same).
+  bool strict = false;
+};
+
+/// A response format of the developer message ("# Response Formats"): the JSON schema the
+/// final answer follows, under its name.
+struct ResponseFormat {
+  std::string name;
+  std::string description; ///< rendered as a "// " line above the schema; empty omits it
+  std::string schema;      ///< JSON text
 };
 
 /// A namespace of tools: "functions" (developer message) or builtins like "browser", "python"
@@ -57,6 +68,8 @@ struct SystemContent {
 struct DeveloperContent {
   std::string instructions; ///< rendered as "# Instructions\n\n{instructions}"; empty omits it
   std::vector<ToolNamespace> tools;
+  /// Rendered after the instructions as "# Response Formats\n\n## {name}\n\n{schema}".
+  std::vector<ResponseFormat> response_formats = {};
 };
 
 /// One message. For system and developer messages `system` / `developer` are rendered when set,

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build ccache pkg-config libfmt-dev doctest-dev llvm-16-dev
-          nlohmann-json3-dev libpcre2-dev libboost-dev python3)
+          nlohmann-json3-dev libpcre2-dev libboost-dev python3 python3-pip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -23,6 +23,9 @@ if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
   echo "        a GPU is not needed to build or test)." >&2
   exit 1
 fi
+
+# xgrammar (structured output) from its pinned PyPI source package, the one thing fetched with pip.
+./scripts/fetch_xgrammar.sh
 
 build_type=${XSERV_BUILD_TYPE:-Release}
 jobs=${XSERV_JOBS:-$(nproc)}

@@ -32,6 +32,7 @@ engine::Request make_request(const Api& api, std::vector<int32_t> prompt,
   r.stop_ids.insert(r.stop_ids.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
   r.top_logprobs = p.top_logprobs;
   r.n = p.n;
+  r.constraint = api.compile(p.constraint);
   return r;
 }
 

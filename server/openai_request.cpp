@@ -1,6 +1,7 @@
 // Parsing of OpenAI chat and text completion bodies: every field typed, ranged and known.
 #include "server/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -129,9 +130,48 @@ models::ToolDescription parse_tool(const Json& t, const std::string& param) {
     if (!params->empty())
       d.parameters = params->dump();
   }
-  g.boolean("strict");
+  d.strict = g.boolean("strict").value_or(false);
+  if (d.strict && d.parameters.empty())
+    d.parameters = R"({"type":"object","properties":{}})";
   g.reject_unknown();
   return d;
+}
+
+/// `response_format` (chat, completions): text (none), json_object, or json_schema {name,
+/// schema, strict, description}; a json_schema's schema also goes to `format` for the prompt.
+std::optional<engine::GrammarSpec> parse_response_format(const Json& rf,
+                                                         models::ResponseFormat* format) {
+  Fields g(rf, "response_format");
+  const auto type = g.string("type");
+  std::optional<engine::GrammarSpec> out;
+  if (!type)
+    bad("response_format.type", "is missing");
+  if (*type == "json_object") {
+    out = engine::GrammarSpec{engine::GrammarSpec::Kind::Json, "", "response_format"};
+  } else if (*type == "json_schema") {
+    const Json* js = g.get("json_schema");
+    if (!js)
+      bad("response_format.json_schema", "is missing");
+    Fields h(*js, "response_format.json_schema");
+    auto name = h.string("name");
+    if (!name || name->empty())
+      bad(h.path("name"), "is missing");
+    const Json* schema = h.get("schema");
+    if (!schema || !(schema->is_object() || schema->is_boolean()))
+      bad(h.path("schema"), "must be a JSON schema object");
+    h.boolean("strict"); // the schema is enforced either way
+    const std::string description = h.string("description").value_or("");
+    h.reject_unknown();
+    out = engine::GrammarSpec{engine::GrammarSpec::Kind::JsonSchema, schema->dump(),
+                              "response_format.json_schema.schema"};
+    if (format)
+      *format = {*name, description, schema->dump()};
+  } else if (*type != "text") {
+    bad("response_format.type",
+        fmt::format("must be text, json_object or json_schema, not '{}'", *type));
+  }
+  g.reject_unknown();
+  return out;
 }
 
 } // namespace
@@ -264,12 +304,9 @@ ChatRequest parse_chat_request(const Json& body) {
       tools = nullptr;
   }
   f.boolean("parallel_tool_calls");
-  if (const Json* rf = f.get("response_format")) {
-    Fields g(*rf, "response_format");
-    if (g.string("type") != "text")
-      bad("response_format.type", "only \"text\" is supported");
-    g.reject_unknown();
-  }
+  models::ResponseFormat format;
+  if (const Json* rf = f.get("response_format"))
+    r.params.constraint.output = parse_response_format(*rf, &format);
   f.get("metadata");
   f.boolean("store");
   const Json* messages = f.get("messages");
@@ -277,6 +314,25 @@ ChatRequest parse_chat_request(const Json& body) {
     bad("messages", "is missing");
   f.reject_unknown();
   r.messages = chat_to_harmony(*messages, tools, effort);
+  // Harmony binding: the format binds the final channel's message, strict tools their calls'
+  // arguments; the schema also goes to the developer message, where the model reads it.
+  r.params.constraint.harmony = true;
+  auto developer = std::find_if(r.messages.begin(), r.messages.end(),
+                                [](const models::Message& m) { return m.developer.has_value(); });
+  if (!format.name.empty()) {
+    if (developer == r.messages.end())
+      developer = r.messages.insert(r.messages.begin() + 1,
+                                    models::Message::make_developer(models::DeveloperContent{}));
+    developer->developer->response_formats.push_back(format);
+  }
+  if (developer != r.messages.end())
+    for (const models::ToolNamespace& ns : developer->developer->tools)
+      for (size_t i = 0; i < ns.tools.size(); ++i)
+        if (ns.tools[i].strict)
+          r.params.constraint.tools.push_back(
+              {ns.tools[i].name,
+               {engine::GrammarSpec::Kind::JsonSchema, ns.tools[i].parameters,
+                fmt::format("tools[{}].function.parameters", i)}});
   return r;
 }
 
@@ -291,6 +347,25 @@ CompletionRequest parse_completion_request(const Json& body) {
   f.integer("best_of", 1, 1);
   if (auto suffix = f.string("suffix"); suffix && !suffix->empty())
     bad("suffix", "is not supported");
+  if (const Json* rf = f.get("response_format"))
+    r.params.constraint.output = parse_response_format(*rf, nullptr);
+  // The grammar forms other servers take beside response_format (vLLM's guided_* and
+  // structured_outputs use the same three): one constraint a request.
+  using Kind = engine::GrammarSpec::Kind;
+  for (const auto& [key, kind] : {std::pair{"json_schema", Kind::JsonSchema},
+                                  std::pair{"regex", Kind::Regex},
+                                  std::pair{"grammar", Kind::Ebnf}}) {
+    const Json* v = f.get(key);
+    if (!v)
+      continue;
+    if (r.params.constraint.output)
+      bad(key, "cannot be combined with another constraint (response_format, json_schema, "
+               "regex, grammar)");
+    if (kind == Kind::JsonSchema ? !(v->is_object() || v->is_boolean()) : !v->is_string())
+      bad(key, kind == Kind::JsonSchema ? "must be a JSON schema object" : "must be a string");
+    r.params.constraint.output =
+        engine::GrammarSpec{kind, v->is_string() ? v->get<std::string>() : v->dump(), key};
+  }
   const Json* prompt = f.get("prompt");
   if (!prompt)
     bad("prompt", "is missing");

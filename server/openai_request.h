@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/constraint.h"
 #include "engine/engine.h"
 #include "models/harmony.h"
 #include "server/api_error.h"
@@ -23,6 +24,9 @@ struct GenParams {
   bool stream = false;
   bool include_usage = false; ///< stream_options.include_usage
   int n = 1;                  ///< choices (1..engine::kMaxChoices; the engine may cap it lower)
+  /// Structured output asked for (response_format, strict tools, completions' json_schema /
+  /// regex / grammar); compiled by the server against the vocabulary.
+  engine::ConstraintRequest constraint;
 };
 
 /// A parsed /v1/chat/completions request.

@@ -23,6 +23,24 @@ Json Api::parse(const std::string& body) const {
   return openai::parse_body(body, options.max_json_depth);
 }
 
+std::shared_ptr<const engine::Constraint>
+Api::compile(const engine::ConstraintRequest& c) const {
+  if (c.empty())
+    return nullptr;
+  std::call_once(grammars->once, [&] {
+    const auto& cfg = jobs.model()->config();
+    std::vector<int32_t> eos;
+    for (int64_t e : cfg.eos_token_ids)
+      eos.push_back(static_cast<int32_t>(e));
+    grammars->compiler = std::make_unique<engine::ConstraintCompiler>(tok, cfg.vocab_size, eos);
+  });
+  try {
+    return grammars->compiler->compile(c);
+  } catch (const engine::ConstraintError& e) {
+    throw ApiError(400, e.what(), e.field());
+  }
+}
+
 Reply error_reply(const ApiError& e) {
   Reply r;
   r.status = static_cast<unsigned>(e.status);

@@ -251,3 +251,17 @@ TEST_CASE("parser: malformed sequences throw when strict and are recovered other
   CHECK_THROWS_AS(parse_reasoning_effort("extreme"), xserv::Error);
   CHECK(parse_reasoning_effort("low") == ReasoningEffort::Low);
 }
+
+TEST_CASE("the developer message carries response formats after the instructions") {
+  XSERV_REQUIRE_DATA(data);
+  const Tokenizer& tok = tokenizer(data);
+  DeveloperContent dev;
+  dev.instructions = "Be brief.";
+  dev.response_formats.push_back({"answer", "", R"({"type":"object"})"});
+  dev.response_formats.push_back({"other", "the second", "{}"});
+  const std::vector<Message> convo = {Message::make_developer(dev), Message::user("Hi")};
+  CHECK(tok.decode(render_conversation(tok, convo)) ==
+        "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n# Response Formats\n\n"
+        "## answer\n\n{\"type\":\"object\"}\n\n## other\n\n// the second\n{}<|end|>"
+        "<|start|>user<|message|>Hi<|end|>");
+}

@@ -1,0 +1,231 @@
+// Structured output over xgrammar's C++ core: the o200k vocabulary handed over as raw bytes
+// (specials as empty strings, which xgrammar never allows inside a grammar), grammars compiled
+// and cached by its GrammarCompiler, one GrammarMatcher a constrained message, and the harmony
+// binding that decides which message a grammar binds (models::StreamParser reads the headers).
+#include "engine/constraint.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include <dlpack/dlpack.h>
+#include <fmt/format.h>
+#include <xgrammar/xgrammar.h>
+
+#include "models/harmony.h"
+
+namespace xserv::engine {
+
+namespace {
+
+/// A grammar compiled for the vocabulary, with the ids that end its message.
+struct Bound {
+  xgrammar::CompiledGrammar grammar;
+  std::vector<int> stops;
+};
+
+} // namespace
+
+class Constraint {
+public:
+  std::optional<Bound> output;
+  std::vector<std::pair<std::string, Bound>> tools; ///< "functions.NAME" -> its arguments
+  bool harmony = false;
+  models::Tokenizer tokenizer;
+  int64_t vocab = 0;
+
+  Constraint(models::Tokenizer tok, int64_t v) : tokenizer(std::move(tok)), vocab(v) {}
+  const Bound* tool(const std::string& recipient) const {
+    for (const auto& [name, b] : tools)
+      if (name == recipient)
+        return &b;
+    return nullptr;
+  }
+};
+
+struct ConstraintCompiler::Impl {
+  models::Tokenizer tokenizer;
+  int64_t vocab;
+  std::vector<int32_t> stop_ids;
+  xgrammar::TokenizerInfo info;
+  mutable xgrammar::GrammarCompiler compiler;
+  int32_t return_id, call_id;
+
+  static xgrammar::TokenizerInfo make_info(const models::Tokenizer& tok, int64_t vocab,
+                                           const std::vector<int32_t>& stops) {
+    std::vector<std::string> encoded;
+    const auto n = int64_t(std::min<size_t>(tok.vocab_size(), size_t(vocab)));
+    encoded.reserve(size_t(n));
+    for (int64_t id = 0; id < n; ++id)
+      encoded.emplace_back(tok.is_special(models::TokenId(id))
+                               ? std::string_view()
+                               : tok.id_to_token(models::TokenId(id)));
+    return xgrammar::TokenizerInfo(encoded, xgrammar::VocabType::RAW, int(vocab), stops);
+  }
+
+  Impl(models::Tokenizer tok, int64_t v, std::vector<int32_t> stops, int threads)
+      : tokenizer(std::move(tok)), vocab(v), stop_ids(std::move(stops)),
+        info(make_info(tokenizer, vocab, stop_ids)),
+        compiler(info, std::max(1, threads), /*cache_enabled=*/true,
+                 /*max_memory_bytes=*/int64_t{512} << 20),
+        return_id(int32_t(tokenizer.special_id("<|return|>"))),
+        call_id(int32_t(tokenizer.special_id("<|call|>"))) {}
+
+  xgrammar::CompiledGrammar compile_one(const GrammarSpec& g) const {
+    if (g.text.size() > kMaxGrammarBytes)
+      throw ConstraintError(g.field, fmt::format("{} bytes, more than the {} a request may carry",
+                                                 g.text.size(), kMaxGrammarBytes));
+    try {
+      switch (g.kind) {
+      case GrammarSpec::Kind::Json:
+        // Any object, compact: any_whitespace would let a model pad for ever.
+        return compiler.CompileJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false,
+                                          std::nullopt, std::nullopt, /*strict_mode=*/false);
+      case GrammarSpec::Kind::JsonSchema:
+        check_schema_keywords(g.text, g.field);
+        // strict_mode: no property or item the schema does not name (OpenAI's strict schemas).
+        return compiler.CompileJSONSchema(g.text, /*any_whitespace=*/false, std::nullopt,
+                                          std::nullopt, /*strict_mode=*/true);
+      case GrammarSpec::Kind::Regex:
+        return compiler.CompileRegex(g.text);
+      case GrammarSpec::Kind::Ebnf:
+        return compiler.CompileGrammar(g.text, "root");
+      }
+    } catch (const ConstraintError&) {
+      throw;
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      // xgrammar's messages may carry a source location and a trailing newline.
+      while (!what.empty() && (what.back() == '\n' || what.back() == ' '))
+        what.pop_back();
+      throw ConstraintError(g.field, "cannot be enforced: " + what);
+    }
+    throw ConstraintError(g.field, "unknown grammar kind");
+  }
+};
+
+ConstraintCompiler::ConstraintCompiler(models::Tokenizer tokenizer, int64_t vocab_size,
+                                       std::vector<int32_t> stop_ids, int threads)
+    : impl_(std::make_unique<Impl>(std::move(tokenizer), vocab_size, std::move(stop_ids),
+                                   threads)) {}
+
+ConstraintCompiler::~ConstraintCompiler() = default;
+
+int64_t ConstraintCompiler::vocab_size() const { return impl_->vocab; }
+
+std::shared_ptr<const Constraint>
+ConstraintCompiler::compile(const ConstraintRequest& request) const {
+  auto c = std::make_shared<Constraint>(impl_->tokenizer, impl_->vocab);
+  c->harmony = request.harmony;
+  if (request.output) {
+    std::vector<int> stops = request.harmony
+                                 ? std::vector<int>{impl_->return_id}
+                                 : std::vector<int>(impl_->stop_ids.begin(), impl_->stop_ids.end());
+    c->output = Bound{impl_->compile_one(*request.output), std::move(stops)};
+  }
+  for (const ConstraintRequest::Tool& t : request.tools) {
+    if (!request.harmony)
+      throw ConstraintError(t.arguments.field, "strict tools need the chat format");
+    c->tools.emplace_back("functions." + t.name,
+                          Bound{impl_->compile_one(t.arguments), {impl_->call_id}});
+  }
+  return c;
+}
+
+// ---- the per-sequence state -----------------------------------------------------------------
+
+struct ConstraintState::Impl {
+  std::shared_ptr<const Constraint> c;
+  std::optional<xgrammar::GrammarMatcher> matcher; ///< the bound message's, if any
+  std::optional<models::StreamParser> parser;      ///< harmony: where the output stands
+  int32_t message_id = -1;
+
+  explicit Impl(std::shared_ptr<const Constraint> constraint) : c(std::move(constraint)) {
+    if (c->harmony) {
+      parser.emplace(c->tokenizer, models::Role::Assistant, /*strict=*/false);
+      message_id = int32_t(c->tokenizer.special_id("<|message|>"));
+    } else if (c->output) {
+      matcher.emplace(c->output->grammar, c->output->stops);
+    }
+  }
+  Impl(const Impl& o) : c(o.c), parser(o.parser), message_id(o.message_id) {
+    if (o.matcher)
+      matcher.emplace(o.matcher->Fork());
+  }
+
+  /// After <|message|>: the grammar, if any, that binds the message whose header was read.
+  void bind_message() {
+    const Bound* b = nullptr;
+    const std::string& recipient = parser->current_recipient();
+    if (!recipient.empty())
+      b = c->tool(recipient);
+    else if (parser->current_channel() == "final" && c->output)
+      b = &*c->output;
+    if (b)
+      matcher.emplace(b->grammar, b->stops);
+  }
+};
+
+ConstraintState::ConstraintState(std::shared_ptr<const Constraint> constraint)
+    : impl_(std::make_unique<Impl>(std::move(constraint))) {}
+ConstraintState::ConstraintState(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ConstraintState::~ConstraintState() = default;
+ConstraintState::ConstraintState(ConstraintState&&) noexcept = default;
+ConstraintState& ConstraintState::operator=(ConstraintState&&) noexcept = default;
+
+bool ConstraintState::bound() const { return impl_->matcher && !impl_->matcher->IsTerminated(); }
+
+bool ConstraintState::fill_mask(std::span<uint32_t> words) {
+  if (!bound())
+    return false;
+  XSERV_CHECK(words.size() == mask_words(impl_->c->vocab), "a token mask of the wrong size");
+  DLTensor t{};
+  int64_t shape[1] = {int64_t(words.size())};
+  t.data = words.data();
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = xgrammar::GetBitmaskDLType();
+  t.shape = shape;
+  // False when every token is allowed: the buffer is written either way.
+  return impl_->matcher->FillNextTokenBitmask(&t);
+}
+
+bool ConstraintState::accept(int32_t token) {
+  Impl& s = *impl_;
+  if (s.matcher && !s.matcher->IsTerminated()) {
+    if (!s.matcher->AcceptToken(token))
+      return false;
+    if (s.parser)
+      s.parser->push(models::TokenId(token));
+    if (s.parser && s.matcher->IsTerminated())
+      s.matcher.reset(); // the message ended: what follows is free again
+    return true;
+  }
+  if (!s.parser)
+    return true; // a whole-output constraint that ended: the engine stops at its stop id
+  s.parser->push(models::TokenId(token));
+  if (token == s.message_id && s.parser->state() == models::StreamParser::State::Content)
+    s.bind_message();
+  return true;
+}
+
+ConstraintState ConstraintState::fork() const {
+  return ConstraintState(std::make_unique<Impl>(*impl_));
+}
+
+int64_t apply_mask(std::span<float> logits, std::span<const uint32_t> words) {
+  int64_t allowed = 0;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (size_t t = 0; t < logits.size(); ++t) {
+    const size_t w = t / 32;
+    const bool ok = w < words.size() && (words[w] >> (t % 32) & 1u);
+    if (ok)
+      ++allowed;
+    else
+      logits[t] = ninf;
+  }
+  return allowed;
+}
+
+} // namespace xserv::engine

@@ -1,0 +1,166 @@
+// Structured output through `xserv serve` on the tiny model's random weights, where only the
+// constraint can make an output valid: completions with json_schema, response_format, regex and
+// an EBNF grammar, greedy, sampled and with n choices; refusals naming the field and keyword.
+#include <doctest/doctest.h>
+
+#include <regex>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/server/tiny_server.h"
+
+using namespace xserv;
+using namespace xserv::testing;
+using Json = nlohmann::json;
+
+namespace {
+
+/// The texts and finish reasons of a completion's choices.
+std::vector<std::pair<std::string, std::string>> choices(const HttpResponse& r) {
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  std::vector<std::pair<std::string, std::string>> out;
+  const Json body = Json::parse(r.body);
+  for (const Json& c : body["choices"])
+    out.emplace_back(c["text"].get<std::string>(), c["finish_reason"].get<std::string>());
+  return out;
+}
+
+std::string completion(const Json& extra) {
+  Json body = {{"prompt", "The answer:"}, {"max_tokens", 120}};
+  body.update(extra);
+  return body.dump();
+}
+
+} // namespace
+
+TEST_CASE("structured output: completions follow a JSON schema on random weights") {
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s({}, 4, 256);
+  s.model.set_open(true);
+  const Json schema = Json::parse(R"({
+    "type": "object",
+    "properties": {
+      "name": {"type": "string", "enum": ["ada", "bo", "cy"]},
+      "age": {"type": "integer", "minimum": 0, "maximum": 120},
+      "tags": {"type": "array", "items": {"type": "string", "enum": ["x", "y"]}, "maxItems": 3},
+      "ok": {"type": "boolean"}
+    },
+    "required": ["name", "age", "ok"], "additionalProperties": false})");
+  auto check = [&](const std::string& text, const std::string& finish) {
+    CAPTURE(text);
+    CHECK(finish == "stop"); // the schema is finite: it ends by itself
+    const Json v = Json::parse(text); // throws (fails the test) when it does not parse
+    REQUIRE(v.is_object());
+    CHECK(std::set<std::string>{"ada", "bo", "cy"}.count(v["name"].get<std::string>()));
+    CHECK(v["age"].is_number_integer());
+    CHECK(v["age"].get<int>() >= 0);
+    CHECK(v["age"].get<int>() <= 120);
+    CHECK(v["ok"].is_boolean());
+    for (auto it = v.begin(); it != v.end(); ++it)
+      CHECK(std::set<std::string>{"name", "age", "tags", "ok"}.count(it.key()));
+    if (v.contains("tags"))
+      CHECK(v["tags"].size() <= 3);
+  };
+  for (const auto& [text, finish] :
+       choices(s.post("/v1/completions", completion({{"json_schema", schema},
+                                                      {"temperature", 0}}))))
+    check(text, finish);
+  // Sampled, several choices of one request (each with its own state), and response_format.
+  for (const auto& [text, finish] : choices(s.post(
+           "/v1/completions",
+           completion({{"response_format",
+                        {{"type", "json_schema"}, {"json_schema", {{"name", "p"}, {"schema", schema}}}}},
+                       {"temperature", 1},
+                       {"seed", 5},
+                       {"n", 3}}))))
+    check(text, finish);
+  // json_object: any object.
+  for (const auto& [text, finish] : choices(s.post(
+           "/v1/completions", completion({{"response_format", {{"type", "json_object"}}},
+                                          {"temperature", 1},
+                                          {"seed", 9},
+                                          {"max_tokens", 200}})))) {
+    CAPTURE(text);
+    if (finish == "stop")
+      CHECK(Json::parse(text).is_object());
+    else // an object may go on past max_tokens; what there is is still its start
+      CHECK(text.starts_with("{"));
+  }
+}
+
+TEST_CASE("structured output: completions follow a regex and an EBNF grammar") {
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s({}, 4, 256);
+  s.model.set_open(true);
+  for (int seed : {1, 2, 3}) {
+    const auto regex = choices(s.post(
+        "/v1/completions", completion({{"regex", "[0-9]{3}-(red|green|blue)"},
+                                       {"temperature", 1},
+                                       {"seed", seed}})));
+    REQUIRE(regex.size() == 1);
+    CHECK_MESSAGE(std::regex_match(regex[0].first, std::regex("[0-9]{3}-(red|green|blue)")),
+                  regex[0].first);
+    CHECK(regex[0].second == "stop");
+    const auto ebnf = choices(s.post(
+        "/v1/completions",
+        completion({{"grammar", R"g(root ::= "(" item ("," item){0,3} ")"
+item ::= [a-c] | "zz")g"},
+                    {"temperature", 1},
+                    {"seed", seed}})));
+    REQUIRE(ebnf.size() == 1);
+    CHECK_MESSAGE(std::regex_match(ebnf[0].first, std::regex(R"(\(([a-c]|zz)(,([a-c]|zz)){0,3}\))")),
+                  ebnf[0].first);
+    CHECK(ebnf[0].second == "stop");
+  }
+}
+
+TEST_CASE("structured output: what cannot be enforced is refused, naming the field") {
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s;
+  auto refusal = [&](const std::string& path, const Json& body, const std::string& param,
+                     const std::string& word) {
+    CAPTURE(body.dump());
+    const HttpResponse r = s.post(path, body.dump());
+    CHECK(r.status == 400);
+    const Json e = error_of(r);
+    CHECK(e["param"] == param);
+    CHECK_MESSAGE(e["message"].get<std::string>().find(word) != std::string::npos, e["message"]);
+  };
+  const Json unique = {{"type", "array"}, {"uniqueItems", true}};
+  refusal("/v1/completions", {{"prompt", "x"}, {"json_schema", unique}}, "json_schema",
+          "uniqueItems");
+  refusal("/v1/chat/completions",
+          {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+           {"response_format",
+            {{"type", "json_schema"}, {"json_schema", {{"name", "n"}, {"schema", unique}}}}}},
+          "response_format.json_schema.schema", "uniqueItems");
+  refusal("/v1/chat/completions",
+          {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+           {"response_format", {{"type", "xml"}}}},
+          "response_format.type", "json_schema");
+  refusal("/v1/chat/completions",
+          {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+           {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", unique}}}}}},
+          "response_format.json_schema.name", "missing");
+  refusal("/v1/completions", {{"prompt", "x"}, {"regex", "[a-"}}, "regex", "cannot be enforced");
+  refusal("/v1/completions", {{"prompt", "x"}, {"regex", "a"}, {"grammar", "root ::= \"a\""}},
+          "grammar", "cannot be combined");
+  refusal("/v1/chat/completions",
+          {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+           {"tools",
+            {{{"type", "function"},
+              {"function",
+               {{"name", "f"},
+                {"strict", true},
+                {"parameters", {{"type", "object"}, {"not", {{"type", "object"}}}}}}}}}}},
+          "tools[0].function.parameters", "not");
+  // A chat request with a format is served (the format binds only the final channel).
+  const HttpResponse ok = s.post(
+      "/v1/chat/completions",
+      Json{{"messages", {{{"role", "user"}, {"content", "x"}}}},
+           {"max_tokens", 4},
+           {"response_format", {{"type", "json_object"}}}}
+          .dump());
+  CHECK(ok.status == 200);
+}
