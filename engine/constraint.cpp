@@ -5,6 +5,7 @@
 #include "engine/constraint.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -83,10 +84,10 @@ struct ConstraintCompiler::Impl {
         return compiler.CompileJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false,
                                           std::nullopt, std::nullopt, /*strict_mode=*/false);
       case GrammarSpec::Kind::JsonSchema:
-        check_schema_keywords(g.text, g.field);
         // strict_mode: no property or item the schema does not name (OpenAI's strict schemas).
-        return compiler.CompileJSONSchema(g.text, /*any_whitespace=*/false, std::nullopt,
-                                          std::nullopt, /*strict_mode=*/true);
+        return compiler.CompileJSONSchema(check_schema_keywords(g.text, g.field),
+                                          /*any_whitespace=*/false, std::nullopt, std::nullopt,
+                                          /*strict_mode=*/true);
       case GrammarSpec::Kind::Regex:
         return compiler.CompileRegex(g.text);
       case GrammarSpec::Kind::Ebnf:
@@ -212,6 +213,19 @@ bool ConstraintState::accept(int32_t token) {
 
 ConstraintState ConstraintState::fork() const {
   return ConstraintState(std::make_unique<Impl>(*impl_));
+}
+
+int32_t masked_argmax(std::span<const float> logits, std::span<const uint32_t> words) {
+  int32_t best = -1;
+  for (size_t w = 0; w < words.size(); ++w)
+    for (uint32_t bits = words[w]; bits != 0; bits &= bits - 1) {
+      const size_t t = w * 32 + size_t(std::countr_zero(bits));
+      if (t >= logits.size())
+        return best;
+      if (best < 0 || logits[t] > logits[size_t(best)])
+        best = int32_t(t);
+    }
+  return best;
 }
 
 int64_t apply_mask(std::span<float> logits, std::span<const uint32_t> words) {

@@ -118,14 +118,20 @@ private:
   std::unique_ptr<Impl> impl_;
 };
 
+/// The allowed id with the largest logit (the lowest such id on ties, as argmax), or -1 when the
+/// mask allows none: only the mask's set bits are visited.
+int32_t masked_argmax(std::span<const float> logits, std::span<const uint32_t> words);
+
 /// Sets every logit whose token the mask forbids to -infinity. Returns the number of allowed
 /// tokens (0: the mask allows nothing).
 int64_t apply_mask(std::span<float> logits, std::span<const uint32_t> words);
 
 /// The keywords of a JSON schema that the grammar engine enforces; anything else is refused
 /// (ConstraintError naming the keyword and where it stands), never ignored. Also refuses
-/// references outside the document and nesting past `max_depth`.
-void check_schema_keywords(const std::string& schema_json, const std::string& field,
-                           int max_depth = 64);
+/// references outside the document and nesting past `max_depth`. Returns the schema to compile:
+/// `schema_json`, or a rewrite where the engine's own rule for a format is looser than the
+/// standard's ("format": "ipv4" as a pattern of dotted quads without leading zeros).
+std::string check_schema_keywords(const std::string& schema_json, const std::string& field,
+                                  int max_depth = 64);
 
 } // namespace xserv::engine

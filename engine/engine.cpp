@@ -231,21 +231,28 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
     events.push_back(std::move(ev));
     return true;
   }
-  // Structured output: the pick is made over the tokens the constraint allows (the mask came
-  // from the host while the model ran; a sequence without one, a choice forked just now, makes
-  // it here).
-  std::vector<float> masked;
-  const bool bound = q.constraint && q.constraint->bound();
-  if (bound) {
+  // Structured output: the pick is made over the ids the constraint allows (the mask came from
+  // the host while the model ran; a choice forked just now makes its own here): greedy takes
+  // the best allowed id straight from the mask's bits, sampling draws from the masked row.
+  const bool sampled = need && q.req.sampling.temperature > 0;
+  int32_t tok = greedy;
+  if (q.constraint && q.constraint->bound()) {
     std::vector<uint32_t> own;
-    const std::vector<uint32_t>* m = &mask;
+    std::span<const uint32_t> m = mask;
     if (mask.empty()) {
-      own.resize(ConstraintState::mask_words(int64_t(row.size())), ~0u);
+      own.assign(ConstraintState::mask_words(int64_t(row.size())), ~0u);
       q.constraint->fill_mask(own);
-      m = &own;
+      m = own;
     }
-    masked = row;
-    if (apply_mask(masked, *m) == 0) {
+    if (sampled) {
+      std::vector<float> masked = row;
+      tok = apply_mask(masked, m) == 0 ? -1 : q.sampler.sample(masked);
+      if (tok >= 0 && std::isinf(masked[size_t(tok)])) // a forbidden id has no weight
+        tok = masked_argmax(row, m);
+    } else {
+      tok = masked_argmax(row, m);
+    }
+    if (tok < 0) {
       ev.finish = FinishReason::Error;
       ev.generated_tokens = static_cast<int64_t>(q.generated());
       ev.error = fmt::format("the output's constraint allows no token at generated token {}",
@@ -254,13 +261,9 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
       events.push_back(std::move(ev));
       return true;
     }
+  } else if (sampled) {
+    tok = q.sampler.sample(row);
   }
-  const std::vector<float>& pick_row = bound ? masked : row;
-  int32_t tok = need && q.req.sampling.temperature > 0 ? q.sampler.sample(pick_row)
-                : bound                                ? runtime::argmax(pick_row)
-                                                       : greedy;
-  if (bound && std::isinf(pick_row[size_t(tok)])) // a forbidden token has no weight: never drawn
-    tok = runtime::argmax(pick_row);
   XSERV_CHECK(!q.constraint || q.constraint->accept(tok),
               fmt::format("token {} was picked against its constraint's mask", tok));
   q.tokens.push_back(tok);

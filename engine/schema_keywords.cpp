@@ -3,8 +3,10 @@
 // contains, multipleOf on numbers, a length bound beside a pattern, an unknown format, ...):
 // such a schema is refused here, naming the keyword and where it stands, so that no output is
 // ever promised valid against a schema that was only partly applied.
+#include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -26,7 +28,18 @@ const std::set<std::string, std::less<>> kAnnotations = {
 /// Formats with a grammar of their own in the grammar engine.
 const std::set<std::string, std::less<>> kFormats = {"email", "date",     "time", "date-time",
                                                      "duration", "hostname", "uuid", "uri",
-                                                     "ipv4",  "ipv6"};
+                                                     "ipv4"};
+
+/// Formats whose rule in the grammar engine is looser than the standard's, as patterns that
+/// only valid values match: its ipv4 takes octets with leading zeros ("064"), which dotted-quad
+/// validators refuse; its date takes any day 01-31 of any month. The date pattern leaves out
+/// February 29 (a leap year's date is valid, but no output needs it).
+const std::map<std::string, std::string, std::less<>> kFormatPatterns = {
+    {"ipv4", "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+             "(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}"},
+    {"date", "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|"
+             "30)|02-(0[1-9]|1[0-9]|2[0-8]))"},
+};
 
 class Audit {
 public:
@@ -60,6 +73,11 @@ public:
         if (!v.is_string() || !kFormats.count(v.get<std::string>()))
           fail(at, fmt::format("{} is not a format the grammar engine enforces (supported: {})",
                                v.dump(), fmt::join(kFormats, ", ")));
+        if (kFormatPatterns.count(v.get<std::string>())) {
+          if (s.contains("pattern"))
+            fail(at, "beside \"pattern\" is not enforced: the pattern alone would be");
+          rewrites_.push_back(&s);
+        }
         continue;
       }
       if (k == "multipleOf") {
@@ -99,6 +117,9 @@ public:
     }
   }
 
+  /// Schemas whose format becomes a pattern (kFormatPatterns).
+  std::vector<const Json*> rewrites_;
+
 private:
   [[noreturn]] void fail(const std::string& path, const std::string& why) const {
     throw ConstraintError(field_, fmt::format("{} {}", path.empty() ? "#" : "#" + path, why));
@@ -109,8 +130,8 @@ private:
 
 } // namespace
 
-void check_schema_keywords(const std::string& schema_json, const std::string& field,
-                           int max_depth) {
+std::string check_schema_keywords(const std::string& schema_json, const std::string& field,
+                                  int max_depth) {
   Json schema;
   try {
     // Nesting is bounded before the tree is built (a hostile schema of 100,000 levels).
@@ -127,7 +148,17 @@ void check_schema_keywords(const std::string& schema_json, const std::string& fi
   } catch (const Json::exception& e) {
     throw ConstraintError(field, fmt::format("is not JSON: {}", e.what()));
   }
-  Audit(field, max_depth).schema(schema, "", 0);
+  Audit audit(field, max_depth);
+  audit.schema(schema, "", 0);
+  if (audit.rewrites_.empty())
+    return schema_json;
+  for (const Json* s : audit.rewrites_) {
+    Json& m = const_cast<Json&>(*s); // a node of `schema`, which the audit only read
+    const std::string pattern = kFormatPatterns.at(m["format"].get<std::string>());
+    m.erase("format");
+    m["pattern"] = pattern;
+  }
+  return schema.dump();
 }
 
 } // namespace xserv::engine

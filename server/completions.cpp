@@ -186,7 +186,14 @@ Reply handle_responses(const Api& api, const HttpRequest& req) {
     const openai::ChatRequest cr = openai::parse_responses_chat(rr);
     api.check_model(cr.model);
     const std::string prefix = "resp_";
-    auto [x, sessions] = start_chat(api, cr, arrival, prefix, "input");
+    auto started = [&] {
+      try {
+        return start_chat(api, cr, arrival, prefix, "input");
+      } catch (const ApiError& e) { // a text.format that cannot be enforced
+        throw openai::as_responses_error(e);
+      }
+    }();
+    auto& [x, sessions] = started;
     // The Responses API has no n: one choice.
     std::shared_ptr<ChatSession> session(sessions, sessions->front().get());
     const int64_t created = now_s();

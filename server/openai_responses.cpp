@@ -229,9 +229,23 @@ ResponsesRequest parse_responses_request(Json body) {
   if (const Json* tx = f.get("text")) {
     Fields g(*tx, "text");
     if (const Json* fmt_ = g.get("format")) {
+      // Structured output: the chat request's response_format that means the same.
       Fields h(*fmt_, "text.format");
-      if (h.string("type") != "text")
-        bad(h.path("type"), "only \"text\" is supported");
+      const auto type = h.string("type").value_or("");
+      if (type == "json_object") {
+        chat["response_format"] = {{"type", "json_object"}};
+      } else if (type == "json_schema") {
+        Json js = Json::object();
+        for (const char* k : {"name", "schema", "strict", "description"})
+          if (const Json* v = h.get(k))
+            js[k] = *v;
+        if (!js.contains("name") || !js.contains("schema"))
+          bad(h.path(js.contains("name") ? "schema" : "name"), "is missing");
+        chat["response_format"] = {{"type", "json_schema"}, {"json_schema", std::move(js)}};
+      } else if (type != "text") {
+        bad(h.path("type"), fmt::format("must be text, json_object or json_schema, not '{}'",
+                                        type));
+      }
       h.reject_unknown();
     }
     g.reject_unknown();
@@ -288,15 +302,21 @@ ResponsesRequest parse_responses_request(Json body) {
   return r;
 }
 
+ApiError as_responses_error(const ApiError& e) {
+  auto rename = [](std::string s) {
+    s = replace_all(std::move(s), "max_tokens", "max_output_tokens");
+    s = replace_all(std::move(s), "response_format.json_schema", "text.format");
+    s = replace_all(std::move(s), "response_format", "text.format");
+    return replace_all(std::move(s), "messages", "input");
+  };
+  return ApiError(e.status, rename(e.what()), rename(e.param), e.type, e.code);
+}
+
 ChatRequest parse_responses_chat(const ResponsesRequest& r) {
   try {
     return parse_chat_request(r.chat);
   } catch (const ApiError& e) {
-    auto rename = [](std::string s) {
-      s = replace_all(std::move(s), "max_tokens", "max_output_tokens");
-      return replace_all(std::move(s), "messages", "input");
-    };
-    throw ApiError(e.status, rename(e.what()), rename(e.param), e.type, e.code);
+    throw as_responses_error(e);
   }
 }
 

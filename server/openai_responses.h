@@ -32,6 +32,10 @@ ResponsesRequest parse_responses_request(Json body);
 
 /// parse_chat_request on a translated body, with any error's field named as the Responses
 /// request names it (max_tokens -> max_output_tokens, messages -> input).
+/// A chat request's error as the Responses request's fields name it (max_output_tokens, input,
+/// text.format).
+ApiError as_responses_error(const ApiError& e);
+
 ChatRequest parse_responses_chat(const ResponsesRequest& r);
 
 /// Chat deltas ({"content"}, {"reasoning"}, {"tool_calls": [...]}, as ChatSession gives them)

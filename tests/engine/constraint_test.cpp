@@ -232,6 +232,9 @@ TEST_CASE("constraint: a fork goes its own way, and a rejected token leaves the 
   CHECK(allowed(mask, id("e")));
   CHECK(!allowed(mask, kEos[0]));
   std::vector<float> logits(kVocab, 1.0f);
+  logits[size_t(id("a"))] = 9.0f; // the best logit, but not allowed
+  CHECK(engine::masked_argmax(logits, mask) == id("e"));
+  CHECK(engine::masked_argmax(logits, std::vector<uint32_t>(mask.size(), 0u)) == -1);
   CHECK(engine::apply_mask(logits, mask) >= 1);
   CHECK(logits[size_t(id("e"))] == 1.0f);
   CHECK(std::isinf(logits[size_t(id("a"))]));

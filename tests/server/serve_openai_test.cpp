@@ -345,7 +345,10 @@ TEST_CASE("responses: validation names the field as the client wrote it") {
   CHECK(param(R"({"input": "hi", "tools": [{"type": "function"}]})") == "tools[0].name");
   CHECK(param(R"({"input": "hi", "include": ["reasoning.encrypted_content"]})") == "include");
   CHECK(param(R"({"input": "hi", "text": {"format": {"type": "json_schema"}}})") ==
-        "text.format.type");
+        "text.format.name");
+  CHECK(param(R"({"input": "hi", "text": {"format": {"type": "json_schema", "name": "n"}}})") ==
+        "text.format.schema");
+  CHECK(param(R"({"input": "hi", "text": {"format": {"type": "xml"}}})") == "text.format.type");
   CHECK(param(R"({"input": "hi", "truncation": "auto"})") == "truncation");
   CHECK(param(R"({"input": [{"role": "user", "content": [{"type": "input_image"}]}]})") ==
         "input[0].content[0].type");

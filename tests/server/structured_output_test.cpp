@@ -155,6 +155,18 @@ TEST_CASE("structured output: what cannot be enforced is refused, naming the fie
                 {"strict", true},
                 {"parameters", {{"type", "object"}, {"not", {{"type", "object"}}}}}}}}}}},
           "tools[0].function.parameters", "not");
+  refusal("/v1/responses",
+          {{"input", "x"},
+           {"text", {{"format", {{"type", "json_schema"}, {"name", "n"}, {"schema", unique}}}}}},
+          "text.format.schema", "uniqueItems");
+  const HttpResponse resp = s.post(
+      "/v1/responses", Json{{"input", "x"},
+                            {"max_output_tokens", 4},
+                            {"text", {{"format", {{"type", "json_schema"},
+                                                  {"name", "n"},
+                                                  {"schema", {{"type", "object"}}}}}}}}
+                           .dump());
+  CHECK_MESSAGE(resp.status == 200, resp.body);
   // A chat request with a format is served (the format binds only the final channel).
   const HttpResponse ok = s.post(
       "/v1/chat/completions",
