@@ -73,7 +73,31 @@ struct ConstraintCompiler::Impl {
         return_id(int32_t(tokenizer.special_id("<|return|>"))),
         call_id(int32_t(tokenizer.special_id("<|call|>"))) {}
 
+  /// `compiled` unless it admits no output at all (a reference cycle with nothing at its end,
+  /// an unsatisfiable schema): such a request would fail at its first token.
+  xgrammar::CompiledGrammar admits_output(xgrammar::CompiledGrammar compiled,
+                                          const GrammarSpec& g) const {
+    xgrammar::GrammarMatcher m(compiled, std::vector<int>{int(return_id)});
+    std::vector<int32_t> words(size_t((vocab + 31) / 32), 0);
+    DLTensor t{};
+    int64_t shape[1] = {int64_t(words.size())};
+    t.data = words.data();
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = 1;
+    t.dtype = xgrammar::GetBitmaskDLType();
+    t.shape = shape;
+    m.FillNextTokenBitmask(&t);
+    if (std::all_of(words.begin(), words.end(), [](int32_t w) { return w == 0; }))
+      throw ConstraintError(g.field, "admits no output at all (a reference cycle with no value "
+                                     "at its end, or an unsatisfiable schema)");
+    return compiled;
+  }
+
   xgrammar::CompiledGrammar compile_one(const GrammarSpec& g) const {
+    return admits_output(compile_grammar(g), g);
+  }
+
+  xgrammar::CompiledGrammar compile_grammar(const GrammarSpec& g) const {
     if (g.text.size() > kMaxGrammarBytes)
       throw ConstraintError(g.field, fmt::format("{} bytes, more than the {} a request may carry",
                                                  g.text.size(), kMaxGrammarBytes));
@@ -97,7 +121,10 @@ struct ConstraintCompiler::Impl {
       throw;
     } catch (const std::exception& e) {
       std::string what = e.what();
-      // xgrammar's messages may carry a source location and a trailing newline.
+      // xgrammar's messages may carry a time, its source location and a trailing newline.
+      if (const size_t at = what.find(".cc:"); at != std::string::npos)
+        if (const size_t colon = what.find(": ", at); colon != std::string::npos)
+          what = what.substr(colon + 2);
       while (!what.empty() && (what.back() == '\n' || what.back() == ' '))
         what.pop_back();
       throw ConstraintError(g.field, "cannot be enforced: " + what);

@@ -170,6 +170,7 @@ TEST_CASE("constraint: schema keywords the engine cannot enforce are refused by 
     } catch (const engine::ConstraintError& e) {
       CHECK(e.field() == "response_format.schema");
       CHECK_MESSAGE(std::string(e.what()).find(word) != std::string::npos, e.what());
+      CHECK_MESSAGE(std::string(e.what()).find(".cc:") == std::string::npos, e.what());
     }
   };
   refuse(R"({"type": "array", "uniqueItems": true})", "uniqueItems");
@@ -185,6 +186,12 @@ TEST_CASE("constraint: schema keywords the engine cannot enforce are refused by 
   refuse(R"({"$ref": "http://example.com/s.json"})", "$ref");
   refuse(R"({"type": "object", "dependentRequired": {"a": ["b"]}})", "dependentRequired");
   refuse("{\"type\": ", "is not JSON");
+  // References: a cycle with no value at its end admits no output; a missing one is named.
+  refuse(R"({"$ref": "#"})", "admits no output");
+  refuse(R"({"$defs": {"x": {"$ref": "#/$defs/y"}, "y": {"$ref": "#/$defs/x"}},
+             "$ref": "#/$defs/x"})",
+         "admits no output");
+  refuse(R"({"$ref": "#/$defs/missing"})", "Cannot find field $defs");
   // Deep nesting is bounded before the tree is built.
   std::string deep;
   for (int i = 0; i < 100000; ++i)
