@@ -41,6 +41,9 @@ const std::map<std::string, std::string, std::less<>> kFormatPatterns = {
              "30)|02-(0[1-9]|1[0-9]|2[0-8]))"},
 };
 
+/// The largest count (length, items, properties) a schema may bound.
+constexpr int64_t kMaxCount = 100000;
+
 class Audit {
 public:
   Audit(std::string field, int max_depth) : field_(std::move(field)), max_depth_(max_depth) {}
@@ -59,12 +62,15 @@ public:
       if (kAnnotations.count(k))
         continue;
       if (k == "type" || k == "enum" || k == "const" || k == "required" || k == "minimum" ||
-          k == "maximum" || k == "exclusiveMinimum" || k == "exclusiveMaximum" ||
-          k == "minItems" || k == "maxItems" || k == "minProperties" || k == "maxProperties" ||
-          k == "pattern")
+          k == "maximum" || k == "exclusiveMinimum" || k == "exclusiveMaximum" || k == "pattern")
         continue;
-      if (k == "minLength" || k == "maxLength") {
-        if (s.contains("pattern") || s.contains("format"))
+      if (k == "minItems" || k == "maxItems" || k == "minProperties" || k == "maxProperties" ||
+          k == "minLength" || k == "maxLength") {
+        // The grammar unrolls these counts: a bound on what one schema may ask for in time and
+        // memory (a minLength of 10^6 takes seconds to compile).
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > kMaxCount)
+          fail(at, fmt::format("must be an integer from 0 to {}", kMaxCount));
+        if ((k == "minLength" || k == "maxLength") && (s.contains("pattern") || s.contains("format")))
           fail(at, "beside \"pattern\" or \"format\" is not enforced: the pattern or format "
                    "alone would be");
         continue;

@@ -192,6 +192,8 @@ TEST_CASE("constraint: schema keywords the engine cannot enforce are refused by 
              "$ref": "#/$defs/x"})",
          "admits no output");
   refuse(R"({"$ref": "#/$defs/missing"})", "Cannot find field $defs");
+  refuse(R"({"type": "string", "minLength": 1000000})", "from 0 to 100000");
+  refuse(R"({"type": "array", "maxItems": -1})", "#/maxItems");
   // Deep nesting is bounded before the tree is built.
   std::string deep;
   for (int i = 0; i < 100000; ++i)
