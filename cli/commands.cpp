@@ -29,7 +29,7 @@ const std::vector<OptSpec>& load_options() {
       {"--kv-memory", "GIB", "KV pools of this many GiB instead"},
       {"--no-prefix-cache", "", "compute every prompt whole (no reuse of cached KV blocks)"},
       {"--prefill-budget", "N",
-       "prompt tokens a step takes beside running decodes (default 512; 0: the step budget)"},
+       "prompt tokens a step takes beside running decodes (default 0: the step budget)"},
       {"--backlog-steps", "N",
        "a deeper backlog raises that budget to the waiting prompt tokens over N steps (default "
        "8; 0: the fixed budget only)"}};

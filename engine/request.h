@@ -94,8 +94,10 @@ struct EngineOptions {
   int64_t max_tokens_per_step = 8192;
   /// With decode tokens in a step, its prompt tokens stop at this many (0: no limit but
   /// max_tokens_per_step), so that a running sequence's next token is not held up behind a long
-  /// prompt chunk.
-  int64_t prefill_budget = 512;
+  /// prompt chunk. Off by default: at 64 concurrent requests of 512 + 256 tokens a budget of 512
+  /// (raised with the backlog) cost 9.7% of the output tok/s and raised both TTFT p99 and ITL
+  /// p99 against none (H100, same call; docs/PERF.md "At scale").
+  int64_t prefill_budget = 0;
   /// A deep backlog raises the budget: with decodes in the step, prompt tokens may go up to the
   /// backlog (prompt tokens of the waiting and still-prefilling sequences) over this many steps,
   /// so that a burst of requests is taken in within about that many steps rather than one
