@@ -20,6 +20,18 @@ namespace xserv::engine {
 
 namespace {
 
+/// Fills `words` (one bit an id) with the ids `m` allows next; false when it allows every id.
+bool fill_bitmask(xgrammar::GrammarMatcher& m, std::span<uint32_t> words) {
+  int64_t shape[1] = {int64_t(words.size())};
+  DLTensor t{};
+  t.data = words.data();
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = xgrammar::GetBitmaskDLType();
+  t.shape = shape;
+  return m.FillNextTokenBitmask(&t);
+}
+
 /// A grammar compiled for the vocabulary, with the ids that end its message.
 struct Bound {
   xgrammar::CompiledGrammar grammar;
@@ -78,16 +90,9 @@ struct ConstraintCompiler::Impl {
   xgrammar::CompiledGrammar admits_output(xgrammar::CompiledGrammar compiled,
                                           const GrammarSpec& g) const {
     xgrammar::GrammarMatcher m(compiled, std::vector<int>{int(return_id)});
-    std::vector<int32_t> words(size_t((vocab + 31) / 32), 0);
-    DLTensor t{};
-    int64_t shape[1] = {int64_t(words.size())};
-    t.data = words.data();
-    t.device = DLDevice{kDLCPU, 0};
-    t.ndim = 1;
-    t.dtype = xgrammar::GetBitmaskDLType();
-    t.shape = shape;
-    m.FillNextTokenBitmask(&t);
-    if (std::all_of(words.begin(), words.end(), [](int32_t w) { return w == 0; }))
+    std::vector<uint32_t> words(ConstraintState::mask_words(vocab), 0);
+    fill_bitmask(m, words);
+    if (std::all_of(words.begin(), words.end(), [](uint32_t w) { return w == 0; }))
       throw ConstraintError(g.field, "admits no output at all (a reference cycle with no value "
                                      "at its end, or an unsatisfiable schema)");
     return compiled;
@@ -208,15 +213,8 @@ bool ConstraintState::fill_mask(std::span<uint32_t> words) {
   if (!bound())
     return false;
   XSERV_CHECK(words.size() == mask_words(impl_->c->vocab), "a token mask of the wrong size");
-  DLTensor t{};
-  int64_t shape[1] = {int64_t(words.size())};
-  t.data = words.data();
-  t.device = DLDevice{kDLCPU, 0};
-  t.ndim = 1;
-  t.dtype = xgrammar::GetBitmaskDLType();
-  t.shape = shape;
   // False when every token is allowed: the buffer is written either way.
-  return impl_->matcher->FillNextTokenBitmask(&t);
+  return fill_bitmask(*impl_->matcher, words);
 }
 
 bool ConstraintState::accept(int32_t token) {

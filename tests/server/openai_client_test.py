@@ -7,12 +7,11 @@ usage: openai_client_test.py XSERV_BINARY SOURCE_DIR DATA_DIR
 Exits 77 (ctest SKIP_RETURN_CODE) when the openai package or the shared data is missing.
 """
 import os
-import re
-import signal
-import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_process import tiny_server  # noqa: E402
 
 SKIP = 77
 
@@ -33,30 +32,9 @@ def main() -> int:
         return SKIP
 
     with tempfile.TemporaryDirectory(prefix="xserv_openai_") as tmp:
-        model = os.path.join(tmp, "tiny")
-        subprocess.run([binary, "synth", "--config", os.path.join(source, "examples/tiny/config.json"),
-                        "-o", model, "--seed", "1"], check=True, capture_output=True)
-        log_path = os.path.join(tmp, "serve.log")
-        log = open(log_path, "w")
-        server = subprocess.Popen(
-            [binary, "serve", model, "--port", "0", "--backend", "cpu", "--max-seq", "192",
-             "--max-batch", "2", "--tokenizer", tokenizer, "--api-key", "test-key",
-             "--served-model-name", "tiny"], stderr=log)
-        try:
-            port = None
-            deadline = time.time() + 300
-            while port is None and time.time() < deadline and server.poll() is None:
-                m = re.search(r"\[serve\] ready: model 'tiny' at http://127\.0\.0\.1:(\d+)",
-                              open(log_path).read())
-                port = int(m.group(1)) if m else None
-                time.sleep(0.05)
-            assert port is not None, "server did not start:\n" + open(log_path).read()
-            run_checks(openai, f"http://127.0.0.1:{port}/v1")
-        finally:
-            server.send_signal(signal.SIGTERM)
-            code = server.wait(timeout=120)
-            log.close()
-        assert code == 0, f"xserv serve exited {code}:\n" + open(log_path).read()
+        with tiny_server(binary, source, tokenizer, tmp,
+                         ["--max-seq", "192", "--max-batch", "2", "--api-key", "test-key"]) as url:
+            run_checks(openai, url + "/v1")
     print("ok: chat, stream with usage, completions, responses, tool round trips, 400/401/404")
     return 0
 

@@ -13,13 +13,13 @@ import concurrent.futures
 import json
 import os
 import random
-import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_process import tiny_server  # noqa: E402
 
 SKIP = 77
 FORMATS = ["date", "uuid", "ipv4"]  # finite ones (an email address has no longest form)
@@ -131,28 +131,11 @@ def main() -> int:
     for s in schemas:
         validator.check_schema(s)
 
+    failures = []
     with tempfile.TemporaryDirectory(prefix="xserv_schemas_") as tmp:
-        model = os.path.join(tmp, "tiny")
-        subprocess.run([binary, "synth", "--config",
-                        os.path.join(source, "examples/tiny/config.json"), "-o", model,
-                        "--seed", "1"], check=True, capture_output=True)
-        log_path = os.path.join(tmp, "serve.log")
-        log = open(log_path, "w")
-        server = subprocess.Popen(
-            [binary, "serve", model, "--port", "0", "--backend", "cpu", "--max-seq", "1024",
-             "--max-batch", "16", "--tokenizer", tokenizer, "--served-model-name", "tiny"],
-            stderr=log)
-        failures = []
-        try:
-            port = None
-            deadline = time.time() + 300
-            while port is None and time.time() < deadline and server.poll() is None:
-                m = re.search(r"\[serve\] ready: model 'tiny' at http://127\.0\.0\.1:(\d+)",
-                              open(log_path).read())
-                port = int(m.group(1)) if m else None
-                time.sleep(0.05)
-            assert port is not None, "server did not start:\n" + open(log_path).read()
-            url = f"http://127.0.0.1:{port}/v1/completions"
+        with tiny_server(binary, source, tokenizer, tmp,
+                         ["--max-seq", "1024", "--max-batch", "16"]) as base:
+            url = base + "/v1/completions"
 
             def one(job):
                 i, temperature = job
@@ -181,11 +164,6 @@ def main() -> int:
                     if result:
                         failures.append(result)
             elapsed = time.time() - t0
-        finally:
-            server.send_signal(signal.SIGTERM)
-            code = server.wait(timeout=120)
-            log.close()
-        assert code == 0, f"xserv serve exited {code}:\n" + open(log_path).read()
     for f in failures[:10]:
         print(f)
     if failures:
