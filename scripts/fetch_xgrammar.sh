@@ -25,7 +25,9 @@ mkdir -p "$src/build"
 printf 'set(XGRAMMAR_BUILD_PYTHON_BINDINGS OFF)\nset(XGRAMMAR_BUILD_CXX_TESTS OFF)\n' \
   > "$src/build/config.cmake"
 launcher=()
-command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# ccache with the temporary directory as its base: a rebuild (a clean clone) hits the cache.
+command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache) &&
+  export CCACHE_BASEDIR="$work"
 # Its own flags carry -Werror and -flto=auto: ours come after them.
 cmake -S "$src" -B "$src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
   -DCMAKE_CXX_FLAGS="-fno-lto -Wno-error" -DCMAKE_INSTALL_PREFIX="$prefix" > /dev/null
