@@ -1,0 +1,159 @@
+// Structured output through the Engine, harmony binding included: a model whose logits are
+// random over the whole o200k vocabulary, except that it favours a scripted harmony frame (a
+// strict tool call's header, or an analysis message and the final channel's header), so that
+// what follows the frame comes from the constraint alone. The arguments of the strict call and
+// the final answer must parse and satisfy their schemas, greedy and sampled, with several
+// sequences in a step (masks filled while the model runs).
+#include <doctest/doctest.h>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/constraint.h"
+#include "engine/engine.h"
+#include "models/harmony.h"
+#include "tests/engine/fake_model.h"
+#include "tests/test_util.h"
+
+using namespace xserv;
+using Json = nlohmann::json;
+
+namespace {
+
+constexpr int64_t kVocab = 201088;
+
+/// FakeModel's paging under a vocabulary of 201,088: each row is noise seeded by what the fake
+/// read (its hash row), plus a large bonus for the next id of the sequence's script while its
+/// generated ids follow the script.
+class ScriptedModel : public engine::Model {
+public:
+  ScriptedModel(int64_t rows, int64_t max_seq, size_t prompt_len,
+                std::vector<std::vector<int32_t>> scripts)
+      : inner_(rows, max_seq), prompt_len_(prompt_len), scripts_(std::move(scripts)) {
+    config_ = inner_.config();
+    config_.vocab_size = kVocab;
+  }
+  const models::ModelConfig& config() const override { return config_; }
+  int64_t max_batch() const override { return inner_.max_batch(); }
+  int64_t max_seq() const override { return inner_.max_seq(); }
+  const models::KvGeometry& kv_geometry() const override { return inner_.kv_geometry(); }
+  std::string backend() const override { return "scripted"; }
+  void reset() override { inner_.reset(); }
+  std::vector<std::vector<float>> step(const models::StepInput& in) override {
+    // FakeModel's vocabulary is small: the step's own ids go in modulo it.
+    models::StepInput small = in;
+    for (auto& t : small.tokens)
+      for (int32_t& id : t)
+        id %= testing::FakeModel::kVocab;
+    const std::vector<std::vector<float>> hashed = inner_.step(small);
+    std::vector<std::vector<float>> out;
+    for (size_t b = 0; b < in.tokens.size(); ++b) {
+      std::mt19937_64 rng(uint64_t(hashed[b][0] * 1e6f) ^ uint64_t(in.tokens[b].back()));
+      std::normal_distribution<float> noise(0.0f, 2.0f);
+      std::vector<float> row(static_cast<size_t>(kVocab));
+      for (float& x : row)
+        x = noise(rng);
+      // The script of this sequence (told apart by its prompt's first id), from the position
+      // the row predicts.
+      const size_t next = size_t(in.ctx_lens[b]) + in.tokens[b].size();
+      const auto& script = scripts_[size_t(prompt_first(in, b)) % scripts_.size()];
+      if (next >= prompt_len_ && next - prompt_len_ < script.size())
+        row[size_t(script[next - prompt_len_])] += 1000.0f;
+      out.push_back(std::move(row));
+    }
+    return out;
+  }
+
+private:
+  /// The first id of sequence b's prompt: the test gives each script's requests their own.
+  int32_t prompt_first(const models::StepInput& in, size_t b) {
+    if (in.ctx_lens[b] == 0)
+      first_[in.block_tables[b].empty() ? -1 : in.block_tables[b][0]] = in.tokens[b][0];
+    return first_[in.block_tables[b].empty() ? -1 : in.block_tables[b][0]];
+  }
+  testing::FakeModel inner_;
+  models::ModelConfig config_;
+  size_t prompt_len_;
+  std::vector<std::vector<int32_t>> scripts_;
+  std::map<int32_t, int32_t> first_; ///< a sequence's first block -> its prompt's first id
+};
+
+std::vector<int32_t> ids(const models::Tokenizer& tok, const std::string& text) {
+  std::vector<int32_t> out;
+  for (models::TokenId t : tok.encode(text, models::AllowedSpecial::all()))
+    out.push_back(int32_t(t));
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("structured output through the engine: a strict tool call's arguments and the final "
+          "answer follow their schemas after a scripted harmony frame") {
+  XSERV_REQUIRE_DATA(data);
+  const models::Tokenizer tok = models::Tokenizer::load(data / "o200k_base.tiktoken");
+  const engine::ConstraintCompiler compiler(tok, kVocab, {200002, 199999, 200012});
+  engine::ConstraintRequest cr;
+  cr.harmony = true;
+  cr.output = engine::GrammarSpec{engine::GrammarSpec::Kind::JsonSchema, R"({
+      "type": "object", "properties": {"answer": {"type": "integer", "minimum": 0,
+      "maximum": 999}, "unit": {"enum": ["kg", "m", "s"]}}, "required": ["answer", "unit"]})",
+                                  "response_format"};
+  cr.tools.push_back({"lookup", {engine::GrammarSpec::Kind::JsonSchema, R"({
+      "type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+      "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"]})",
+                                 "tools[0].function.parameters"}});
+  const auto constraint = compiler.compile(cr);
+  // Two scripts: a call to the strict tool, and a short analysis then the final channel.
+  const std::vector<std::vector<int32_t>> scripts = {
+      ids(tok, "<|channel|>commentary to=functions.lookup <|constrain|>json<|message|>"),
+      ids(tok, "<|channel|>analysis<|message|>Let me think.<|end|><|start|>assistant"
+               "<|channel|>final<|message|>")};
+  const size_t prompt_len = 6;
+  ScriptedModel model(8, 512, prompt_len, scripts);
+  std::vector<engine::Request> reqs;
+  for (int i = 0; i < 8; ++i) {
+    engine::Request r;
+    r.prompt = {i % 2, 11, 12, 13, 14, 15 + i}; // the first id picks the script
+    r.max_tokens = 300;
+    r.stop_ids = models::stop_token_ids(); // <|return|>, <|call|>
+    r.constraint = constraint;
+    if (i >= 4) { // sampled
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = uint64_t(i);
+    }
+    reqs.push_back(std::move(r));
+  }
+  const auto gens = engine::generate(model, reqs);
+  REQUIRE(gens.size() == reqs.size());
+  for (size_t i = 0; i < gens.size(); ++i) {
+    CAPTURE(i);
+    const engine::Generation& g = gens[i];
+    REQUIRE(g.finish == engine::FinishReason::Stop); // ended by itself, before max_tokens
+    std::vector<models::TokenId> out(g.tokens.begin(), g.tokens.end());
+    const auto messages = models::parse_completion(tok, out);
+    REQUIRE(!messages.empty());
+    const models::Message& last = messages.back();
+    CAPTURE(last.content);
+    const Json v = Json::parse(last.content);
+    if (i % 2 == 0) { // the strict call
+      CHECK(last.recipient == "functions.lookup");
+      CHECK(g.tokens.back() == 200012); // <|call|>
+      REQUIRE(v.contains("city"));
+      CHECK(v["city"].get<std::string>().size() <= 8 * 4); // 8 characters, UTF-8
+      CHECK(v["days"].get<int>() >= 1);
+      CHECK(v["days"].get<int>() <= 7);
+    } else { // the final answer
+      CHECK(last.channel == "final");
+      CHECK(g.tokens.back() == 200002); // <|return|>
+      CHECK(v["answer"].get<int>() >= 0);
+      CHECK(v["answer"].get<int>() <= 999);
+      CHECK(std::set<std::string>{"kg", "m", "s"}.count(v["unit"].get<std::string>()));
+    }
+    for (auto it = v.begin(); it != v.end(); ++it) // strict: no property the schema lacks
+      CHECK(std::set<std::string>{"city", "days", "answer", "unit"}.count(it.key()));
+  }
+}
