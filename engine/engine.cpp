@@ -340,18 +340,30 @@ std::vector<Event> Engine::step() {
       yields[b] = sched.yields(b);
     // The masks of the constrained sequences' next tokens, on the host while the model runs.
     std::vector<std::vector<uint32_t>> masks(sched.seqs.size());
+    // Each sequence's state is its own: up to 4 threads share them (16 sequences a thread at
+    // least), the first of them the one that waits for the rest.
+    std::vector<size_t> bound;
+    for (size_t b = 0; b < sched.seqs.size(); ++b)
+      if (yields[b] && sched.seqs[b]->constraint && sched.seqs[b]->constraint->bound())
+        bound.push_back(b);
     std::future<void> masking;
-    const int64_t vocab = model_.config().vocab_size;
-    if (std::any_of(sched.seqs.begin(), sched.seqs.end(),
-                    [](const Sequence* q) { return q->constraint && q->constraint->bound(); }))
+    if (!bound.empty())
       masking = std::async(std::launch::async, [&] {
-        for (size_t b = 0; b < sched.seqs.size(); ++b) {
-          Sequence& q = *sched.seqs[b];
-          if (!yields[b] || !q.constraint || !q.constraint->bound())
-            continue;
-          masks[b].assign(ConstraintState::mask_words(vocab), ~0u);
-          q.constraint->fill_mask(masks[b]);
-        }
+        const auto words = ConstraintState::mask_words(model_.config().vocab_size);
+        auto fill = [&](size_t lo, size_t hi) {
+          for (size_t i = lo; i < hi; ++i) {
+            masks[bound[i]].assign(words, ~0u);
+            sched.seqs[bound[i]]->constraint->fill_mask(masks[bound[i]]);
+          }
+        };
+        const size_t threads = std::clamp<size_t>(bound.size() / 16, 1, 4);
+        std::vector<std::future<void>> rest;
+        for (size_t t = 1; t < threads; ++t)
+          rest.push_back(std::async(std::launch::async, fill, t * bound.size() / threads,
+                                    (t + 1) * bound.size() / threads));
+        fill(0, bound.size() / threads);
+        for (auto& r : rest)
+          r.get();
       });
     StepOutput out;
     try {
