@@ -2,14 +2,18 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
+#include <sstream>
 
 #include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "cli/float_file.h"
 #include "cli/model_source.h"
+#include "engine/constraint.h"
 #include "models/harmony.h"
 
 namespace xserv::cli {
@@ -71,6 +75,51 @@ runtime::SamplerOptions sampling_options(const ParsedArgs& args) {
   return s;
 }
 
+/// --json-schema FILE, --json, --regex RE or --grammar FILE (at most one): what the output must
+/// follow; the schema and grammar files are read here, so a bad path fails before loading.
+std::optional<engine::GrammarSpec> output_grammar(const ParsedArgs& args) {
+  using Kind = engine::GrammarSpec::Kind;
+  const int given = int(args.has("--json-schema")) + int(args.has("--json")) +
+                    int(args.has("--regex")) + int(args.has("--grammar"));
+  if (given > 1)
+    throw UsageError("give at most one of --json-schema, --json, --regex and --grammar");
+  auto read = [](const std::string& flag, const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in)
+      throw UsageError(fmt::format("{}: cannot read '{}'", flag, path));
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  if (args.has("--json-schema"))
+    return engine::GrammarSpec{Kind::JsonSchema,
+                               read("--json-schema", args.get("--json-schema")), "--json-schema"};
+  if (args.has("--json"))
+    return engine::GrammarSpec{Kind::Json, "", "--json"};
+  if (args.has("--regex"))
+    return engine::GrammarSpec{Kind::Regex, args.get("--regex"), "--regex"};
+  if (args.has("--grammar"))
+    return engine::GrammarSpec{Kind::Ebnf, read("--grammar", args.get("--grammar")), "--grammar"};
+  return std::nullopt;
+}
+
+/// The request's constraint for `spec` over the model's vocabulary: bound to harmony's final
+/// message (a chat prompt), or to the whole output. A constraint that cannot be enforced is bad
+/// input (exit 1), named by its flag.
+std::shared_ptr<const engine::Constraint> compile_output(const engine::GrammarSpec& spec,
+                                                         const models::Tokenizer& tok,
+                                                         const engine::Model& model,
+                                                         bool harmony) {
+  std::vector<int32_t> eos;
+  for (int64_t id : model.config().eos_token_ids)
+    eos.push_back(static_cast<int32_t>(id));
+  const engine::ConstraintCompiler compiler(tok, model.config().vocab_size, eos);
+  engine::ConstraintRequest cr;
+  cr.output = spec;
+  cr.harmony = harmony;
+  return compiler.compile(cr);
+}
+
 int cmd_run(const ParsedArgs& args) {
   const bool ids_mode = args.has("--prompt-ids"), text_mode = args.has("--prompt");
   if (ids_mode == text_mode)
@@ -83,6 +132,10 @@ int cmd_run(const ParsedArgs& args) {
         throw UsageError(fmt::format("{} shapes the chat prompt of --prompt; with {} it would be "
                                      "ignored",
                                      flag, ids_mode ? "--prompt-ids" : "--prompt --raw"));
+  const std::optional<engine::GrammarSpec> grammar = output_grammar(args);
+  if (grammar && ids_mode)
+    throw UsageError(fmt::format("{} goes with --prompt (the output is decoded as text)",
+                                 grammar->field));
   if (args.has("--stop-at-eos") && !ids_mode)
     throw UsageError("--stop-at-eos goes with --prompt-ids (a chat prompt stops at harmony's "
                      "stop tokens)");
@@ -157,11 +210,24 @@ int cmd_run(const ParsedArgs& args) {
     chat.effort = effort;
     chat.current_date = date;
     auto msgs = models::make_chat(chat);
+    if (grammar && grammar->kind == engine::GrammarSpec::Kind::JsonSchema) {
+      // The schema goes to the developer message too, where gpt-oss reads it.
+      auto dev = std::find_if(msgs.begin(), msgs.end(), [](auto& m) { return m.developer; });
+      if (dev == msgs.end())
+        dev = msgs.insert(msgs.begin() + 1, models::Message::make_developer({}));
+      dev->developer->response_formats.push_back({"answer", "", grammar->text});
+    }
     auto ids = models::render_for_completion(tok, msgs);
     req.prompt.assign(ids.begin(), ids.end());
     req.stop_ids = models::stop_token_ids();
   }
   auto model = make_model(src, args);
+  if (grammar) {
+    req.constraint = compile_output(*grammar, tok, *model, !raw);
+    if (raw) // the grammar ends at an eos id: generation stops there
+      for (int64_t id : model->config().eos_token_ids)
+        req.stop_ids.push_back(static_cast<int32_t>(id));
+  }
   models::StreamParser parser(tok);
   models::StreamDecoder decoder(tok);
   ChannelEcho echo(show_reasoning);
@@ -173,7 +239,8 @@ int cmd_run(const ParsedArgs& args) {
           return true;
         const int32_t id = ev.token;
         if (raw) {
-          std::cout << decoder.push(static_cast<models::TokenId>(id)) << std::flush;
+          if (ev.finish != engine::FinishReason::Stop) // a stop id is not part of the text
+            std::cout << decoder.push(static_cast<models::TokenId>(id)) << std::flush;
           return true;
         }
         const std::string text = parser.push(static_cast<models::TokenId>(id));

@@ -4,10 +4,13 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "models/harmony.h"
 #include "models/tokenizer.h"
@@ -154,4 +157,42 @@ TEST_CASE("xserv run --prompt renders harmony and shows what the parser reads as
   // The prompt run --prompt fed the model is the harmony rendering, token for token in number
   // (the stats line on stderr; --prompt-ids above used exactly those ids).
   CHECK(text.err.find(fmt::format("prompt {} tokens in", prompt_ids.size())) != std::string::npos);
+}
+
+TEST_CASE("xserv run --json-schema / --regex / --grammar: the random model's text follows them") {
+  XSERV_REQUIRE_DATA(data);
+  const fs::path ranks = data / "o200k_base.tiktoken";
+  auto run = [&](const std::string& args) {
+    return run_xserv("run " + tiny_model().string() + " --backend cpu --tokenizer " +
+                         ranks.string() + " --raw --prompt x --max-tokens 80 " + args,
+                     "", /*split_stderr=*/true);
+  };
+  auto write = [](const fs::path& p, const std::string& text) { std::ofstream(p) << text; };
+  const fs::path schema = scratch() / "schema.json", grammar = scratch() / "grammar.ebnf";
+  write(schema, R"({"type": "object", "properties": {
+      "n": {"type": "integer", "minimum": 0, "maximum": 99}, "c": {"enum": ["ab", "cd"]}},
+      "required": ["n", "c"]})");
+  write(grammar, "root ::= \"<\" [a-c]{1,3} \">\"");
+  const RunResult json = run("--json-schema " + schema.string());
+  INFO(json.err);
+  REQUIRE(json.code == 0);
+  const auto v = nlohmann::json::parse(json.out); // the whole text, the stop id left out
+  CHECK(v["n"].get<int>() >= 0);
+  CHECK(v["n"].get<int>() <= 99);
+  CHECK((v["c"] == "ab" || v["c"] == "cd"));
+  const RunResult re = run("--temperature 1 --seed 3 --regex '[0-9]{2}-[xy]'");
+  REQUIRE(re.code == 0);
+  CHECK_MESSAGE(std::regex_match(re.out, std::regex("[0-9]{2}-[xy]\n")), re.out);
+  const RunResult g = run("--grammar " + grammar.string());
+  REQUIRE(g.code == 0);
+  CHECK_MESSAGE(std::regex_match(g.out, std::regex("<[a-c]{1,3}>\n")), g.out);
+  // A keyword that cannot be enforced is bad input (exit 1) naming the flag; two constraints,
+  // or one with --prompt-ids, are usage mistakes (exit 2).
+  write(schema, R"({"type": "array", "uniqueItems": true})");
+  const RunResult bad = run("--json-schema " + schema.string());
+  CHECK(bad.code == 1);
+  CHECK_MESSAGE(bad.err.find("--json-schema: #/uniqueItems") != std::string::npos, bad.err);
+  CHECK(run("--json --regex a").code == 2);
+  CHECK(run_xserv("run " + tiny_model().string() + " --backend cpu --prompt-ids 1,2 --json")
+            .code == 2);
 }
