@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include <dlpack/dlpack.h>
@@ -80,7 +81,10 @@ struct ConstraintCompiler::Impl {
   Impl(models::Tokenizer tok, int64_t v, std::vector<int32_t> stops, int threads)
       : tokenizer(std::move(tok)), vocab(v), stop_ids(std::move(stops)),
         info(make_info(tokenizer, vocab, stop_ids)),
-        compiler(info, std::max(1, threads), /*cache_enabled=*/true,
+        compiler(info,
+                 threads > 0 ? threads
+                             : int(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)),
+                 /*cache_enabled=*/true,
                  /*max_memory_bytes=*/int64_t{512} << 20),
         return_id(int32_t(tokenizer.special_id("<|return|>"))),
         call_id(int32_t(tokenizer.special_id("<|call|>"))) {}

@@ -72,9 +72,11 @@ class Constraint;
 class ConstraintCompiler {
 public:
   /// `vocab_size`: the model's logits width (ids past the tokenizer's are never allowed);
-  /// `stop_ids`: the ids that end a whole-output constraint (the model's eos ids).
+  /// `stop_ids`: the ids that end a whole-output constraint (the model's eos ids); `threads`:
+  /// how many compile a grammar's token masks (0: the machine's cores, at most 16; a
+  /// 1,000-property schema takes 1.58 s on one core, 0.97 on two).
   ConstraintCompiler(models::Tokenizer tokenizer, int64_t vocab_size,
-                     std::vector<int32_t> stop_ids, int threads = 4);
+                     std::vector<int32_t> stop_ids, int threads = 0);
   ~ConstraintCompiler();
   ConstraintCompiler(const ConstraintCompiler&) = delete;
   ConstraintCompiler& operator=(const ConstraintCompiler&) = delete;

@@ -2,7 +2,7 @@
 // (a 1,000-property one included), and a token mask per sequence per step while random walks
 // through the grammar generate (median and p99 over every step), single-threaded.
 //
-// usage: grammar_bench [TOKENIZER]
+// usage: [THREADS=N] grammar_bench [TOKENIZER]
 //   TOKENIZER  o200k_base.tiktoken or tokenizer.json (default: $XSERV_DATA or ../shared/data)
 #include <algorithm>
 #include <chrono>
@@ -53,7 +53,9 @@ int main(int argc, char** argv) {
     const auto tok = xserv::models::Tokenizer::load(tok_path);
     const int64_t vocab = 201088;
     auto t0 = Clock::now();
-    xserv::engine::ConstraintCompiler compiler(tok, vocab, {200002, 199999, 200012});
+    // THREADS: the compiler's threads (default 0: the machine's cores).
+    const int threads = std::getenv("THREADS") ? std::atoi(std::getenv("THREADS")) : 0;
+    xserv::engine::ConstraintCompiler compiler(tok, vocab, {200002, 199999, 200012}, threads);
     std::printf("vocabulary index (%lld ids): %.0f ms\n", static_cast<long long>(vocab),
                 us_since(t0) / 1e3);
 
