@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <csignal>
+#include <netinet/tcp.h>
 #include <sys/resource.h>
 
 #include <chrono>
@@ -340,4 +341,37 @@ TEST_CASE("hostile: a model that breaks while idle turns /health to 503") {
   CHECK(eventually([&] { return http(s.port, "GET", "/health").status == 503; },
                    std::chrono::seconds(30)));
   CHECK(s.post("/tokenize", R"({"prompt": "x"})").status == 503);
+}
+
+TEST_CASE("hostile: accepted connections send without Nagle's delay (TCP_NODELAY)") {
+  // A stream's first event is a small write behind the response header; with Nagle's algorithm
+  // it would wait for the client's delayed ACK (~40 ms). The server's end of a connection is
+  // found among this process's descriptors by its two ports.
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s;
+  Socket client(s.port);
+  sockaddr_in mine{};
+  socklen_t len = sizeof mine;
+  REQUIRE(::getsockname(client.fd, reinterpret_cast<sockaddr*>(&mine), &len) == 0);
+  auto port_of = [](int fd, bool peer) {
+    sockaddr_in a{};
+    socklen_t n = sizeof a;
+    const int rc = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &n)
+                        : ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+    return rc == 0 && a.sin_family == AF_INET ? int(ntohs(a.sin_port)) : -1;
+  };
+  int server_end = -1;
+  REQUIRE(eventually([&] { // the accept is asynchronous
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+      const int fd = std::stoi(e.path().filename().string());
+      if (fd != client.fd && port_of(fd, false) == s.port &&
+          port_of(fd, true) == int(ntohs(mine.sin_port)))
+        server_end = fd;
+    }
+    return server_end >= 0;
+  }));
+  int nodelay = 0;
+  socklen_t size = sizeof nodelay;
+  REQUIRE(::getsockopt(server_end, IPPROTO_TCP, TCP_NODELAY, &nodelay, &size) == 0);
+  CHECK(nodelay != 0);
 }
