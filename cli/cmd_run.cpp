@@ -110,10 +110,8 @@ std::shared_ptr<const engine::Constraint> compile_output(const engine::GrammarSp
                                                          const models::Tokenizer& tok,
                                                          const engine::Model& model,
                                                          bool harmony) {
-  std::vector<int32_t> eos;
-  for (int64_t id : model.config().eos_token_ids)
-    eos.push_back(static_cast<int32_t>(id));
-  const engine::ConstraintCompiler compiler(tok, model.config().vocab_size, eos);
+  const engine::ConstraintCompiler compiler(tok, model.config().vocab_size,
+                                           model.config().eos_ids());
   engine::ConstraintRequest cr;
   cr.output = spec;
   cr.harmony = harmony;
@@ -159,9 +157,8 @@ int cmd_run(const ParsedArgs& args) {
   if (ids_mode) {
     req.prompt = parse_prompt_ids(args);
     auto model = make_model(src, args);
-    for (int64_t id : model->config().eos_token_ids)
-      if (args.has("--stop-at-eos"))
-        req.stop_ids.push_back(static_cast<int32_t>(id));
+    if (args.has("--stop-at-eos"))
+      req.stop_ids = model->config().eos_ids();
     engine::GenerateStats st;
     engine::EventCallback on_event;
     std::optional<FloatFile> logits_file;
@@ -225,8 +222,7 @@ int cmd_run(const ParsedArgs& args) {
   if (grammar) {
     req.constraint = compile_output(*grammar, tok, *model, !raw);
     if (raw) // the grammar ends at an eos id: generation stops there
-      for (int64_t id : model->config().eos_token_ids)
-        req.stop_ids.push_back(static_cast<int32_t>(id));
+      req.stop_ids = model->config().eos_ids();
   }
   models::StreamParser parser(tok);
   models::StreamDecoder decoder(tok);

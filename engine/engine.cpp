@@ -264,8 +264,8 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
   } else if (sampled) {
     tok = q.sampler.sample(row);
   }
-  XSERV_CHECK(!q.constraint || q.constraint->accept(tok),
-              fmt::format("token {} was picked against its constraint's mask", tok));
+  const bool accepted = !q.constraint || q.constraint->accept(tok);
+  XSERV_CHECK(accepted, fmt::format("token {} was picked against its constraint's mask", tok));
   q.tokens.push_back(tok);
   ++generated;
   ev.token = tok;

@@ -14,8 +14,8 @@
 
 #include <cstdint>
 #include <deque>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/constraint.h"
@@ -52,10 +52,9 @@ struct Sequence {
   size_t pending() const { return tokens.size() - cached; }
   /// Sequences of the engine's running limit this one stands for (its choices, before a fork).
   int64_t slots() const { return forked ? 1 : std::max<int64_t>(req.n, 1); }
-  /// Its tokens come from its logits row (sampling, log-probabilities or logits asked for),
-  /// not from the model's greedy pick alone.
-  /// A constraint that binds the next token needs the row too: the pick is made over the tokens
-  /// it allows.
+  /// Its tokens come from its logits row (sampling, log-probabilities or logits asked for, or a
+  /// constraint that binds the next token: the pick is made over the ids it allows), not from
+  /// the model's greedy pick alone.
   bool needs_logits() const {
     return req.sampling.temperature > 0 || req.top_logprobs >= 0 || req.return_logits ||
            (constraint && constraint->bound());

@@ -68,6 +68,10 @@ struct ModelConfig {
   std::vector<bool> sliding; ///< per layer: true for "sliding_attention"
   std::string quant_method;  ///< "mxfp4" for the official checkpoints; empty when absent
   std::vector<int64_t> eos_token_ids;
+  /// eos_token_ids as a generation request's stop ids.
+  std::vector<int32_t> eos_ids() const {
+    return std::vector<int32_t>(eos_token_ids.begin(), eos_token_ids.end());
+  }
   int64_t pad_token_id = -1; ///< -1 when config.json has none
 
   /// True when layer `l` uses sliding-window attention.

@@ -255,10 +255,8 @@ Reply handle_completion(const Api& api, const HttpRequest& req) {
       auto ids = api.tok.encode(*cr.prompt_text, models::AllowedSpecial::all());
       prompt.assign(ids.begin(), ids.end());
     }
-    std::vector<int32_t> eos;
-    for (int64_t e : api.jobs.model()->config().eos_token_ids)
-      eos.push_back(static_cast<int32_t>(e));
-    engine::Request er = make_request(api, std::move(prompt), cr.params, eos);
+    engine::Request er =
+        make_request(api, std::move(prompt), cr.params, api.jobs.model()->config().eos_ids());
     auto x = std::make_shared<Exchange>(api.log.make_id("cmpl-"));
     x->job = api.jobs.submit(std::move(er), arrival, "prompt");
     x->stream = cr.params.stream;

@@ -29,10 +29,8 @@ Api::compile(const engine::ConstraintRequest& c) const {
     return nullptr;
   std::call_once(grammars->once, [&] {
     const auto& cfg = jobs.model()->config();
-    std::vector<int32_t> eos;
-    for (int64_t e : cfg.eos_token_ids)
-      eos.push_back(static_cast<int32_t>(e));
-    grammars->compiler = std::make_unique<engine::ConstraintCompiler>(tok, cfg.vocab_size, eos);
+    grammars->compiler =
+        std::make_unique<engine::ConstraintCompiler>(tok, cfg.vocab_size, cfg.eos_ids());
   });
   try {
     return grammars->compiler->compile(c);

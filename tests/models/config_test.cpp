@@ -198,7 +198,7 @@ TEST_CASE("swiglu_limit, sliding_window and eos_token_id are checked against wha
   doc["sliding_window"] = doc["max_position_embeddings"].get<int64_t>() + 1;
   CHECK(error_of(doc).find("'sliding_window'") != std::string::npos);
   const json huge = json::array({int64_t{1} << 40});
-  for (const json bad : {json("x"), huge, json(-1), json::array({1, "2"})}) {
+  for (const json& bad : {json("x"), huge, json(-1), json::array({1, "2"})}) {
     doc = tiny_doc();
     doc["eos_token_id"] = bad;
     CAPTURE(bad.dump());
