@@ -346,10 +346,20 @@ TEST_CASE("hostile: a model that breaks while idle turns /health to 503") {
 TEST_CASE("hostile: accepted connections send without Nagle's delay (TCP_NODELAY)") {
   // A stream's first event is a small write behind the response header; with Nagle's algorithm
   // it would wait for the client's delayed ACK (~40 ms). The server's end of a connection is
-  // found among this process's descriptors by its two ports.
+  // found among this process's descriptors by its two ports, after one keep-alive request has
+  // been answered on it: accept() makes the descriptor before the session that sets the option
+  // exists, so a look right after connect() can see it without.
   XSERV_REQUIRE_DATA(data);
   TinyServer s;
   Socket client(s.port);
+  client.send_all("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  std::string answer;
+  while (answer.find("\r\n\r\n") == std::string::npos) {
+    const std::string more = client.read_some();
+    REQUIRE(!more.empty());
+    answer += more;
+  }
+  REQUIRE(answer.rfind("HTTP/1.1 200", 0) == 0);
   sockaddr_in mine{};
   socklen_t len = sizeof mine;
   REQUIRE(::getsockname(client.fd, reinterpret_cast<sockaddr*>(&mine), &len) == 0);
