@@ -20,6 +20,7 @@
 #include "cli/bench_report.h"
 #include "cli/commands.h"
 #include "cli/model_source.h"
+#include "cli/output_constraint.h"
 #include "cli/serving_report.h"
 #include "engine/model_bench.h"
 #include "server/http_load.h"
@@ -62,6 +63,12 @@ int serving_bench(const ParsedArgs& args) {
   if (format != "md" && format != "json" && format != "csv")
     throw UsageError(fmt::format("-o must be md, json or csv, got '{}'", format));
 
+  // Structured output: every request's whole output follows the grammar (engine only).
+  const std::optional<engine::GrammarSpec> grammar = output_grammar(args);
+  if (grammar && args.has("--endpoint"))
+    throw UsageError(fmt::format("{} constrains the in-process engine's requests; a server's "
+                                 "requests carry their own response_format",
+                                 grammar->field));
   if (args.has("--endpoint")) {
     server::Endpoint ep;
     ep.url = args.get("--endpoint");
@@ -98,6 +105,9 @@ int serving_bench(const ParsedArgs& args) {
   }
   auto model = make_model(src, args);
   o.vocab = model->config().vocab_size;
+  std::shared_ptr<const engine::Constraint> constraint;
+  if (grammar)
+    constraint = compile_output(*grammar, load_tokenizer(src, args), *model, false);
   engine::EngineOptions eo;
   eo.max_running = args.get_int("--max-running", 0, 0, 1 << 20);
   eo.max_tokens_per_step = args.get_int("--max-tokens-per-step", 8192, 1, 1 << 24);
@@ -110,13 +120,13 @@ int serving_bench(const ParsedArgs& args) {
     wo.requests = 1;
     engine::Workload ww = engine::make_workload(wo);
     ww.output_lens[0] = std::min<int64_t>(ww.output_lens[0], 4);
-    engine::run_engine_load(*model, ww, wo, eo, nullptr, nullptr);
+    engine::run_engine_load(*model, ww, wo, eo, nullptr, nullptr, constraint);
   }
   engine::EngineStats st;
   double seconds = 0;
-  const auto records = engine::run_engine_load(*model, w, o, eo, &st, &seconds);
+  const auto records = engine::run_engine_load(*model, w, o, eo, &st, &seconds, constraint);
   const double steps = double(std::max<int64_t>(st.steps, 1));
-  const std::vector<std::pair<std::string, std::string>> extra = {
+  std::vector<std::pair<std::string, std::string>> extra = {
       {"engine steps", std::to_string(st.steps)},
       {"model time per step (ms)", fmt::format("{:.3f}", st.model_ms / steps)},
       {"engine host time per step (ms)", fmt::format("{:.3f}", st.schedule_ms / steps)},
@@ -136,6 +146,13 @@ int serving_bench(const ParsedArgs& args) {
                        double(std::max<int64_t>(st.prefix_queries, 1)))},
       {"prefix-cache evictions", std::to_string(st.prefix_evictions)},
       {"preemptions", std::to_string(st.preemptions)}};
+  if (grammar)
+    extra.emplace_back("structured output",
+                       fmt::format("every output follows {}{}; masks picked {}", grammar->field,
+                                   grammar->kind == engine::GrammarSpec::Kind::Regex
+                                       ? " " + grammar->text
+                                       : std::string(),
+                                   model->picks_masked() ? "on the device" : "on the host"));
   std::cout << render_serving(engine::summarize(records, seconds, w.turn), o,
                               fmt::format("xserv engine ({})", model->backend()), extra, format)
             << std::flush;

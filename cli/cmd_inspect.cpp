@@ -106,6 +106,7 @@ int cmd_inspect(const ParsedArgs& args) {
                           {"recvs", names(st.recvs)},
                           {"launches_per_decode_step", st.launches_per_decode_step},
                           {"launch_table_entries", st.table.launches.size()},
+                          {"masked_pick", !st.table.masked_pick.empty()},
                           {"arena_bytes", st.layout.arena_bytes},
                           {"activation_arena_bytes", st.activation_arena_bytes}};
       if (plan.pipelined()) {
@@ -235,9 +236,13 @@ int cmd_inspect(const ParsedArgs& args) {
                    cg.kernels.size(), cg.arch, cg.launches_per_decode_step,
                    cg.launches_per_prefill_step, cg.prefill_step_tokens);
   s += fmt::format("  {:<56} {:>5} {:>7} {:>7}\n", "kernel", "nodes", "decode", "prefill");
-  for (const runtime::PlanKernelFile& k : cg.kernels)
-    s += fmt::format("  {:<56} {:>5} {:>7} {:>7}{}\n", k.name, k.nodes, k.decode_launches,
-                     k.prefill_launches, k.cubin ? "" : "  (no cubin)");
+  for (const runtime::PlanKernelFile& k : cg.kernels) {
+    // Structured output's masked pick runs outside the steps, after one with constrained rows.
+    const bool masked_pick = k.name.rfind("argmax_masked_rows", 0) == 0;
+    s += fmt::format("  {:<56} {:>5} {:>7} {:>7}{}{}\n", k.name, k.nodes, k.decode_launches,
+                     k.prefill_launches, k.cubin ? "" : "  (no cubin)",
+                     masked_pick ? "  (after a step with constrained rows)" : "");
+  }
   s += "\n";
   s += fmt::format("roofline at {:.1f} TB/s and {:.0f} TFLOP/s:\n", ceil.bytes_per_s / 1e12,
                    ceil.flops_per_s / 1e12);

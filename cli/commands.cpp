@@ -123,6 +123,13 @@ const std::vector<Command>& commands() {
                "serving: sequences the engine runs at once (default: max batch)"},
               {"--max-tokens-per-step", "N", "serving: the engine's token budget (default 8192)"},
               {"--admit-batch", "N", "serving: waiting requests join N at a time (default 1)"},
+              {"--json-schema", "FILE",
+               "serving: every request's whole output follows the JSON schema in FILE "
+               "(structured output's cost; it may end at an eos id)"},
+              {"--json", "", "serving: every output is a JSON object"},
+              {"--regex", "RE", "serving: every output matches the regular expression RE"},
+              {"--grammar", "FILE", "serving: every output follows the EBNF grammar in FILE"},
+              kTokenizer,
               {"--endpoint", "URL", "serving: an OpenAI-compatible server instead of a plan"},
               {"--model", "NAME", "serving with --endpoint: the model name to send"},
               {"--api-key", "KEY", "serving with --endpoint: the bearer token"},

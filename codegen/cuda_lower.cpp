@@ -189,6 +189,20 @@ void Lowerer::lower_sampling() {
   t_.argmax_scratch = keys.index;
   emit(k_.add(codegen::emit_argmax(vocab, ir_lines(g_, logits))), Rows::Seqs, 0, -1,
        {addr(logits), keys});
+  // Structured output's masked pick: outside every step, its rows the masked rows (at most one
+  // a sequence), rewriting their keys after the step's argmax.
+  t_.mask_words = codegen::mask_words(vocab);
+  const LaunchArg masks = allocate(size_t(c_.max_seqs) * size_t(t_.mask_words) * 4);
+  const LaunchArg rows = allocate(size_t(c_.max_seqs) * 4);
+  t_.mask_scratch = masks.index;
+  t_.mask_rows_scratch = rows.index;
+  const size_t before = t_.launches.size();
+  label_ = "argmax_masked";
+  emit(k_.add(codegen::emit_argmax_masked(vocab, ir_lines(g_, logits))), Rows::Seqs, 0, -1,
+       {addr(logits), masks, rows, keys});
+  t_.masked_pick.assign(std::make_move_iterator(t_.launches.begin() + std::ptrdiff_t(before)),
+                        std::make_move_iterator(t_.launches.end()));
+  t_.launches.resize(before);
 }
 
 void Lowerer::lower(ValueId v) {

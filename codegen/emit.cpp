@@ -696,4 +696,16 @@ KernelSource emit_argmax(int vocab, const std::vector<std::string>& ir_lines) {
                   fmt::format("argmax_rows<{}, {}>", vocab, kArgmaxChunk), params, launch);
 }
 
+KernelSource emit_argmax_masked(int vocab, const std::vector<std::string>& ir_lines) {
+  check_positive("argmax_masked", {vocab});
+  std::vector<Param> params = {{"const float* logits", "logits"},
+                               {"const unsigned int* masks", "masks"},
+                               {"const int* rows", "rows"},
+                               {"unsigned long long* keys", "keys"}};
+  LaunchRule launch = per_row(256);
+  launch.blocks_x = argmax_chunks(vocab);
+  return assemble(fmt::format("argmax_masked_rows_v{}", vocab), ir_lines, "sample.cuh",
+                  fmt::format("argmax_masked_rows<{}, {}>", vocab, kArgmaxChunk), params, launch);
+}
+
 } // namespace xserv::codegen

@@ -318,6 +318,13 @@ KernelSource emit_select_rows(const SelectRowsDims& d, const std::vector<std::st
 /// Parameters: logits, keys (argmax_chunks(vocab) uint64 per row: decode with argmax_of_keys);
 /// grid.y = rows.
 KernelSource emit_argmax(int vocab, const std::vector<std::string>& ir_lines);
+/// Structured output's masked greedy pick (argmax_masked_rows): rewrites the argmax keys of the
+/// rows a grammar constrains with the best id each one's mask allows. Parameters: logits, masks
+/// (mask_words(vocab) uint32 per masked row), rows (int32: each masked row's logits row), keys;
+/// grid.y = masked rows.
+KernelSource emit_argmax_masked(int vocab, const std::vector<std::string>& ir_lines);
+/// uint32 words of one token mask over `vocab` ids (bit t % 32 of word t / 32 allows id t).
+inline constexpr int mask_words(int vocab) { return (vocab + 31) / 32; }
 /// Logits one argmax block reads, and the blocks (keys) per row.
 inline constexpr int kArgmaxChunk = 8192;
 inline constexpr int argmax_chunks(int vocab) {

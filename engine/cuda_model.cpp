@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -73,15 +74,19 @@ struct CudaModel::Impl {
                    std::vector<int32_t>* greedy, const StageInputs& inputs = {},
                    const std::vector<size_t>& input_rows = {},
                    const StageTransport* transport = nullptr,
-                   const std::vector<bool>* want_rows = nullptr);
+                   const std::vector<bool>* want_rows = nullptr,
+                   const std::function<size_t(uint32_t*, int32_t*)>* masks = nullptr);
   /// One step, sub-step by sub-step. With `greedy`, the sequences' greedy tokens go there
   /// (needs the sampling epilogue) and no logits come back; with `want` too, the sequences b
-  /// with want[b] also get their logits rows back.
+  /// with want[b] also get their logits rows back; with `masked` too, the sequences b with
+  /// masked[b] get masked picks (on a stage with picks_masked(): Model::step_masked).
   std::vector<std::vector<float>> run(const models::StepInput& in, bool all,
                                       const StageInputs& inputs = {},
                                       std::vector<int32_t>* greedy = nullptr,
                                       const StageTransport* transport = nullptr,
-                                      const std::vector<bool>* want = nullptr);
+                                      const std::vector<bool>* want = nullptr,
+                                      const std::vector<bool>* masked = nullptr,
+                                      const MaskSource* mask_source = nullptr);
 };
 
 void CudaModel::Impl::upload_weights(const fs::path& cache_dir) {
@@ -291,7 +296,8 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
                                   std::vector<int32_t>* greedy, const StageInputs& inputs,
                                   const std::vector<size_t>& input_rows,
                                   const StageTransport* transport,
-                                  const std::vector<bool>* want_rows) {
+                                  const std::vector<bool>* want_rows,
+                                  const std::function<size_t(uint32_t*, int32_t*)>* masks) {
   // A decode sub-step runs at its padded batch (runtime::decode_batch_bucket), so that a few
   // captured graphs serve every batch, on every rank of a pipeline alike: the padding
   // sequences decode token 0 at position 0 into the null block, and their rows are dropped.
@@ -362,6 +368,8 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
   s.rows = n;
   const std::vector<int32_t>& last = p.at(models::params::kLogitRows).i;
   s.keys = greedy != nullptr; // greedy is only set when the sampling epilogue exists
+  if (greedy && masks)
+    s.masks = *masks;
   if (greedy && want_rows)    // the logits rows a sampling request needs
     for (size_t b = 0; b < static_cast<size_t>(real); ++b)
       if ((*want_rows)[b])
@@ -402,8 +410,12 @@ std::vector<std::vector<float>> CudaModel::Impl::run(const models::StepInput& in
                                                      const StageInputs& inputs,
                                                      std::vector<int32_t>* greedy,
                                                      const StageTransport* transport,
-                                                     const std::vector<bool>* want) {
+                                                     const std::vector<bool>* want,
+                                                     const std::vector<bool>* masked,
+                                                     const MaskSource* mask_source) {
   Impl& m = *this;
+  XSERV_CHECK(!masked || (greedy && mask_source && dev->picks_masked() && !per_token),
+              "masked picks need the sampling epilogue's masked pick");
   validate_step(in, m.max_batch, m.max_seq, m.ckpt.config().vocab_size, m.kv);
   for (const models::StepInput::BlockCopy& c : in.copies)
     m.dev->copy_block(c.window, c.src, c.dst);
@@ -425,10 +437,39 @@ std::vector<std::vector<float>> CudaModel::Impl::run(const models::StepInput& in
     if (want)
       for (const Piece& pc : pieces)
         want_rows.push_back((*want)[pc.seq] && ends_sequence(in, pc));
+    // Structured output: the pieces ending a masked sequence; their rows are the pieces'
+    // places in the sub-step (the epilogue's output has one row per sequence).
+    std::vector<size_t> masked_pieces;
+    if (masked)
+      for (size_t i = 0; i < pieces.size(); ++i)
+        if ((*masked)[pieces[i].seq] && ends_sequence(in, pieces[i]))
+          masked_pieces.push_back(i);
+    const size_t words = size_t(dev->mask_words());
+    const std::function<size_t(uint32_t*, int32_t*)> fill_masks = [&](uint32_t* staging,
+                                                                      int32_t* rows_out) {
+      const std::vector<std::vector<uint32_t>>& all_masks = (*mask_source)();
+      XSERV_CHECK(all_masks.size() == in.tokens.size(), "step_masked: one mask per sequence");
+      for (size_t n = 0; n < masked_pieces.size(); ++n) {
+        const std::vector<uint32_t>& mask = all_masks[pieces[masked_pieces[n]].seq];
+        XSERV_CHECK(mask.size() == words,
+                    fmt::format("a token mask of {} words; the vocabulary takes {}", mask.size(),
+                                words));
+        std::copy(mask.begin(), mask.end(), staging + n * words);
+        rows_out[n] = static_cast<int32_t>(masked_pieces[n]);
+      }
+      return masked_pieces.size();
+    };
     m.run_substep(sub, rows, all, greedy ? &ids : nullptr, inputs, input_rows, transport,
-                  want ? &want_rows : nullptr);
+                  want ? &want_rows : nullptr, masked_pieces.empty() ? nullptr : &fill_masks);
     if (transport && m.sends)
       continue; // sent on the device: nothing comes back
+    // A masked pick whose id the mask does not allow: the mask allowed none (every key 0).
+    for (size_t i : masked_pieces) {
+      const std::vector<uint32_t>& mask = (*mask_source)()[pieces[i].seq];
+      const int32_t id = ids[i];
+      if (id >= 0 && (size_t(id) / 32 >= mask.size() || !(mask[size_t(id) / 32] >> (id % 32) & 1u)))
+        ids[i] = kNoneAllowed;
+    }
     if (greedy) {
       greedy->resize(in.tokens.size());
       for (size_t i = 0; i < pieces.size(); ++i)
@@ -464,6 +505,23 @@ engine::StepOutput CudaModel::step_mixed(const models::StepInput& in,
   engine::StepOutput out;
   out.logits = impl_->run(in, false, {}, &out.greedy, nullptr, &need_logits);
   return out;
+}
+
+engine::StepOutput CudaModel::step_masked(const models::StepInput& in,
+                                          const std::vector<bool>& need_logits,
+                                          const std::vector<bool>& masked,
+                                          const MaskSource& masks) {
+  if (!picks_masked())
+    return Model::step_masked(in, need_logits, masked, masks);
+  XSERV_CHECK(need_logits.size() == in.tokens.size() && masked.size() == in.tokens.size(),
+              "step_masked: one flag per sequence");
+  engine::StepOutput out;
+  out.logits = impl_->run(in, false, {}, &out.greedy, nullptr, &need_logits, &masked, &masks);
+  return out;
+}
+
+bool CudaModel::picks_masked() const {
+  return impl_->dev->picks_greedy() && impl_->dev->picks_masked() && !impl_->per_token;
 }
 
 std::vector<int32_t> CudaModel::step_greedy(const models::StepInput& in) {

@@ -50,6 +50,11 @@ public:
   std::vector<int32_t> step_greedy(const models::StepInput& in) override;
   /// Greedy picks on the GPU for every sequence, and only the wanted logits rows copied back.
   StepOutput step_mixed(const models::StepInput& in, const std::vector<bool>& need_logits) override;
+  /// Masked greedy picks on the GPU (the plan's masked pick, after the step's argmax): a masked
+  /// sequence's mask goes up (25 KB for the 20b), its logits row stays there.
+  StepOutput step_masked(const models::StepInput& in, const std::vector<bool>& need_logits,
+                         const std::vector<bool>& masked, const MaskSource& masks) override;
+  bool picks_masked() const override;
   /// Every row the graph returns, sub-steps concatenated: one per token, in the step's
   /// flattened order, for a graph built with last_logits_only = false.
   std::vector<std::vector<float>> step_all(const models::StepInput& in);

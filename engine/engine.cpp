@@ -210,7 +210,7 @@ void Engine::take_in(std::vector<Event>& events, int64_t& aborted_waiting,
 }
 
 bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& row, bool need,
-                        const std::vector<uint32_t>& mask, int64_t step_index,
+                        bool masked, const std::vector<uint32_t>& mask, int64_t step_index,
                         std::vector<Event>& events, int64_t& generated, int64_t finished[3]) {
   const auto max_seq = static_cast<size_t>(model_.max_seq());
   Event ev;
@@ -232,11 +232,14 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
     return true;
   }
   // Structured output: the pick is made over the ids the constraint allows (the mask came from
-  // the host while the model ran; a choice forked just now makes its own here): greedy takes
-  // the best allowed id straight from the mask's bits, sampling draws from the masked row.
+  // the host while the model ran; a choice forked just now makes its own here). A masked
+  // greedy pick came from the model (Model::step_masked); otherwise greedy takes the best
+  // allowed id straight from the mask's bits, sampling draws from the masked row.
   const bool sampled = need && q.req.sampling.temperature > 0;
   int32_t tok = greedy;
-  if (q.constraint && q.constraint->bound()) {
+  if (masked && !sampled) {
+    tok = greedy == kNoneAllowed ? -1 : greedy;
+  } else if (q.constraint && q.constraint->bound()) {
     std::vector<uint32_t> own;
     std::span<const uint32_t> m = mask;
     if (mask.empty()) {
@@ -245,24 +248,24 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
       m = own;
     }
     if (sampled) {
-      std::vector<float> masked = row;
-      tok = apply_mask(masked, m) == 0 ? -1 : q.sampler.sample(masked);
-      if (tok >= 0 && std::isinf(masked[size_t(tok)])) // a forbidden id has no weight
+      std::vector<float> allowed = row;
+      tok = apply_mask(allowed, m) == 0 ? -1 : q.sampler.sample(allowed);
+      if (tok >= 0 && std::isinf(allowed[size_t(tok)])) // a forbidden id has no weight
         tok = masked_argmax(row, m);
     } else {
       tok = masked_argmax(row, m);
     }
-    if (tok < 0) {
-      ev.finish = FinishReason::Error;
-      ev.generated_tokens = static_cast<int64_t>(q.generated());
-      ev.error = fmt::format("the output's constraint allows no token at generated token {}",
-                             q.generated() + 1);
-      ++finished[2];
-      events.push_back(std::move(ev));
-      return true;
-    }
   } else if (sampled) {
     tok = q.sampler.sample(row);
+  }
+  if (tok < 0) { // only a constraint leaves no token
+    ev.finish = FinishReason::Error;
+    ev.generated_tokens = static_cast<int64_t>(q.generated());
+    ev.error = fmt::format("the output's constraint allows no token at generated token {}",
+                           q.generated() + 1);
+    ++finished[2];
+    events.push_back(std::move(ev));
+    return true;
   }
   const bool accepted = !q.constraint || q.constraint->accept(tok);
   XSERV_CHECK(accepted, fmt::format("token {} was picked against its constraint's mask", tok));
@@ -290,6 +293,7 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
 }
 
 void Engine::update_from_output(const ScheduledStep& s, const std::vector<bool>& yields,
+                                const std::vector<bool>& need, const std::vector<bool>& masked,
                                 const StepOutput& out,
                                 const std::vector<std::vector<uint32_t>>& masks,
                                 int64_t step_index, std::vector<Event>& events,
@@ -300,15 +304,14 @@ void Engine::update_from_output(const ScheduledStep& s, const std::vector<bool>&
       continue; // a chunk that does not reach the sequence's end: no token yet
     Sequence& q = *s.seqs[b];
     const std::vector<float>& row = out.logits[b];
-    const bool need = s.need_logits[b];
     // A request's choices part here, at its first token, each drawing from the same row.
     std::vector<Sequence*> choices = {&q};
     if (!q.forked)
       for (Sequence* c : scheduler_.fork(q))
         choices.push_back(c);
     for (Sequence* c : choices)
-      if (take_token(*c, out.greedy[b], row, need, masks[b], step_index, events, generated,
-                     finished))
+      if (take_token(*c, out.greedy[b], row, need[b], masked[b], masks[b], step_index, events,
+                     generated, finished))
         done.push_back(c);
   }
   for (const Sequence* q : done)
@@ -365,9 +368,26 @@ std::vector<Event> Engine::step() {
         for (auto& r : rest)
           r.get();
       });
+    // A greedy constrained pick wants no logits row: the model picks over the mask (on the
+    // device where it can, the mask going up instead of the row coming back).
+    std::vector<bool> need = sched.need_logits, masked(sched.seqs.size());
+    for (size_t b : bound) {
+      const Request& r = sched.seqs[b]->req;
+      if (r.sampling.temperature <= 0 && r.top_logprobs < 0 && !r.return_logits) {
+        masked[b] = true;
+        need[b] = false;
+      }
+    }
+    const MaskSource mask_source = [&]() -> const std::vector<std::vector<uint32_t>>& {
+      if (masking.valid())
+        masking.get();
+      return masks;
+    };
     StepOutput out;
     try {
-      out = model_.step_mixed(sched.input, sched.need_logits);
+      out = std::find(masked.begin(), masked.end(), true) != masked.end()
+                ? model_.step_masked(sched.input, need, masked, mask_source)
+                : model_.step_mixed(sched.input, need);
     } catch (...) {
       if (masking.valid())
         masking.wait();
@@ -385,13 +405,13 @@ std::vector<Event> Engine::step() {
     XSERV_CHECK(out.greedy.size() == sched.seqs.size() && out.logits.size() == sched.seqs.size(),
                 "the model returned another number of rows than the step has sequences");
     for (size_t b = 0; b < sched.seqs.size(); ++b)
-      XSERV_CHECK(!sched.need_logits[b] ||
-                      int64_t(out.logits[b].size()) == model_.config().vocab_size,
+      XSERV_CHECK(!need[b] || int64_t(out.logits[b].size()) == model_.config().vocab_size,
                   "the model returned a logits row of another size than the vocabulary");
     if (masking.valid())
       masking.get();
     scheduler_.commit(sched);
-    update_from_output(sched, yields, out, masks, step_index, events, generated, finished);
+    update_from_output(sched, yields, need, masked, out, masks, step_index, events, generated,
+                       finished);
   }
 
   std::lock_guard lock(mu_);

@@ -100,17 +100,19 @@ private:
   /// which of them reached their last token); a request with n > 1 forks into its choices at
   /// its first token; finished sequences leave the scheduler. Counts into `generated` and
   /// `finished` (stop, length, error).
-  /// `masks`: per sequence, the token mask its constraint gave for this token (empty: none
-  /// was computed).
+  /// `need`: per sequence, whether its logits row came back; `masked`: whether its greedy pick
+  /// came from Model::step_masked; `masks`: the token mask its constraint gave for this token
+  /// (empty: none was computed).
   void update_from_output(const ScheduledStep& s, const std::vector<bool>& yields,
+                          const std::vector<bool>& need, const std::vector<bool>& masked,
                           const StepOutput& out, const std::vector<std::vector<uint32_t>>& masks,
                           int64_t step_index, std::vector<Event>& events, int64_t& generated,
                           int64_t finished[3]);
-  /// The next token of `q` from its step's row (`greedy`: the model's pick; `mask`: its
-  /// constraint's, computed during the step, or empty), its event and its finish; true when it
-  /// finished.
+  /// The next token of `q` from its step's row (`greedy`: the model's pick, over its mask when
+  /// `masked`; `mask`: its constraint's, computed during the step, or empty), its event and its
+  /// finish; true when it finished.
   bool take_token(Sequence& q, int32_t greedy, const std::vector<float>& row, bool need,
-                  const std::vector<uint32_t>& mask, int64_t step_index,
+                  bool masked, const std::vector<uint32_t>& mask, int64_t step_index,
                   std::vector<Event>& events, int64_t& generated, int64_t finished[3]);
   /// The stats the scheduler knows (running, waiting, the KV pools), under mu_.
   void refresh_stats();

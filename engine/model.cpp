@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "base/error.h"
+#include "engine/constraint.h"
 #include "runtime/sampler.h"
 
 namespace xserv::engine {
@@ -62,6 +63,28 @@ StepOutput Model::step_mixed(const models::StepInput& in, const std::vector<bool
   out.logits = step(in);
   for (size_t b = 0; b < out.logits.size(); ++b) {
     out.greedy.push_back(greedy_pick(out.logits[b]));
+    if (!need_logits[b])
+      out.logits[b].clear();
+  }
+  return out;
+}
+
+StepOutput Model::step_masked(const models::StepInput& in, const std::vector<bool>& need_logits,
+                              const std::vector<bool>& masked, const MaskSource& masks) {
+  XSERV_CHECK(masked.size() == in.tokens.size(), "step_masked: one flag per sequence");
+  std::vector<bool> need = need_logits;
+  for (size_t b = 0; b < need.size(); ++b)
+    need[b] = need[b] || masked[b];
+  StepOutput out = step_mixed(in, need);
+  const std::vector<std::vector<uint32_t>>& m = masks();
+  XSERV_CHECK(m.size() == in.tokens.size(), "step_masked: one mask per sequence");
+  for (size_t b = 0; b < masked.size(); ++b) {
+    if (!masked[b])
+      continue;
+    if (out.greedy[b] != kNonFinite) {
+      const int32_t pick = masked_argmax(out.logits[b], m[b]);
+      out.greedy[b] = pick < 0 ? kNoneAllowed : pick;
+    }
     if (!need_logits[b])
       out.logits[b].clear();
   }

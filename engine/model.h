@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,15 @@ public:
 /// that request with FinishReason::Error). Host picks report it; the CUDA model's device pick
 /// skips NaN and cannot tell.
 inline constexpr int32_t kNonFinite = -1;
+
+/// A masked greedy pick (Model::step_masked) whose mask allowed no id.
+inline constexpr int32_t kNoneAllowed = -2;
+
+/// Structured output's masks for Model::step_masked: one per sequence of the step (mask_words
+/// of the vocabulary uint32, bit t % 32 of word t / 32 allowing id t; empty where the sequence
+/// is not masked). Called after the step's forward pass is queued, so the host fills the masks
+/// while the device runs; may be called again and returns the same masks.
+using MaskSource = std::function<const std::vector<std::vector<uint32_t>>&()>;
 
 /// runtime::argmax of `row`, or kNonFinite when the row holds a NaN or an infinity.
 int32_t greedy_pick(const std::vector<float>& row);
@@ -65,6 +75,15 @@ public:
   /// with need_logits[b] set (need_logits has one entry per sequence). The default runs
   /// step_greedy when no row is wanted, else step() and picks on the host.
   virtual StepOutput step_mixed(const models::StepInput& in, const std::vector<bool>& need_logits);
+  /// step_mixed whose greedy picks of the sequences with masked[b] set are made over the ids
+  /// their masks (from `masks`) allow: the best allowed id (ties to the lower), kNoneAllowed
+  /// when the mask allows none, kNonFinite for a row with a NaN or an infinity anywhere. A
+  /// masked sequence's logits row comes back only with need_logits[b]. The default picks on the
+  /// host from the step's rows; a backend with picks_masked() picks on the device.
+  virtual StepOutput step_masked(const models::StepInput& in, const std::vector<bool>& need_logits,
+                                 const std::vector<bool>& masked, const MaskSource& masks);
+  /// Whether step_masked picks on the device, so a masked sequence's logits need not come back.
+  virtual bool picks_masked() const { return false; }
   /// Forgets every cached sequence (clears the pools).
   virtual void reset() = 0;
   /// Waits until queued work is done, so host timers bracket it (a no-op on the CPU).

@@ -88,7 +88,8 @@ Workload make_workload(const ServingOptions& o) {
 
 std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w, const ServingOptions& o,
                                            const EngineOptions& eo, EngineStats* stats,
-                                           double* duration_s) {
+                                           double* duration_s,
+                                           std::shared_ptr<const Constraint> constraint) {
   EngineOptions opts = eo;
   opts.max_queue = std::max<int64_t>(opts.max_queue, o.requests);
   Engine e(model, opts);
@@ -111,6 +112,10 @@ std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w, cons
       Request r;
       r.prompt = w.prompts[sent];
       r.max_tokens = w.output_lens[sent];
+      if (constraint) {
+        r.constraint = constraint;
+        r.stop_ids = model.config().eos_ids(); // where the grammar may end
+      }
       const RequestId id = e.add(std::move(r));
       if (sent == 0)
         first = id;
@@ -140,7 +145,8 @@ std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w, cons
       }
       if (ev.finish != FinishReason::None) {
         r.end = t;
-        r.ok = ev.finish == FinishReason::Length;
+        r.ok = ev.finish == FinishReason::Length ||
+               (constraint && ev.finish == FinishReason::Stop);
         if (!r.ok)
           r.error = ev.error.empty() ? fmt::format("finished with '{}'", finish_name(ev.finish))
                                      : ev.error;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,11 +56,14 @@ struct Workload {
 Workload make_workload(const ServingOptions& o);
 
 /// Runs the workload through an Engine over `model` (its options as given; every request
-/// ignores end-of-sequence ids and generates exactly its output length). Returns one record per
+/// ignores end-of-sequence ids and generates exactly its output length). With `constraint`,
+/// every request's whole output follows it (structured output) and ends at an end-of-sequence
+/// id where the constraint allows one, or at its output length. Returns one record per
 /// request; `stats` gets the engine's counters at the end.
 std::vector<RequestRecord> run_engine_load(Model& model, const Workload& w, const ServingOptions& o,
                                            const EngineOptions& eo, EngineStats* stats,
-                                           double* duration_s);
+                                           double* duration_s,
+                                           std::shared_ptr<const Constraint> constraint = nullptr);
 
 /// The report's figures.
 struct ServingReport {

@@ -141,6 +141,10 @@ DeviceStage::~DeviceStage() {
     cudaFreeHost(params_host_);
   if (keys_host_)
     cudaFreeHost(keys_host_);
+  if (mask_host_)
+    cudaFreeHost(mask_host_);
+  if (mask_rows_host_)
+    cudaFreeHost(mask_rows_host_);
   if (out_host_)
     cudaFreeHost(out_host_);
   if (stream_)
@@ -188,6 +192,23 @@ void DeviceStage::load(LaunchTable table, const std::vector<std::vector<char>>& 
     check(cudaMallocHost(reinterpret_cast<void**>(&keys_host_),
                          size_t(layout_.max_batch) * size_t(argmax_chunks_) * sizeof(uint64_t)),
           "pinned greedy keys");
+  if (argmax_keys_ && !table.masked_pick.empty()) {
+    // Structured output's masked pick: masks staged in pinned memory, a row per sequence.
+    const size_t rows = size_t(layout_.max_batch), words = size_t(table.mask_words);
+    const ScratchBuffer& m = table.scratch.at(size_t(table.mask_scratch));
+    const ScratchBuffer& r = table.scratch.at(size_t(table.mask_rows_scratch));
+    if (m.bytes < rows * words * 4 || r.bytes < rows * 4)
+      throw Error(fmt::format("{}: the masked pick's scratch ({} and {} bytes) is smaller than "
+                              "{} rows of {} mask words",
+                              source, m.bytes, r.bytes, rows, words));
+    masks_dev_ = const_cast<void*>(bind.scratch[size_t(table.mask_scratch)]);
+    mask_rows_dev_ = const_cast<void*>(bind.scratch[size_t(table.mask_rows_scratch)]);
+    mask_words_ = table.mask_words;
+    check(cudaMallocHost(reinterpret_cast<void**>(&mask_host_), rows * words * 4),
+          "pinned token masks");
+    check(cudaMallocHost(reinterpret_cast<void**>(&mask_rows_host_), rows * 4),
+          "pinned token masks");
+  }
   if (options_.profile) {
     st.events.resize(table.launches.size() + 1);
     st.entry_launches.resize(table.launches.size());
@@ -310,6 +331,24 @@ void DeviceStage::run(const SubStep& s) {
     s.transport->send(output, size_t(tokens) * layout_.output.row_bytes, stream_);
     s.transport->wait(stream_);
     return;
+  }
+  if (s.keys && s.masks && mask_host_) {
+    // Structured output: the masks came from the host while the step ran; the masked pick
+    // rewrites the keys of their rows.
+    const size_t masked = s.masks(mask_host_, mask_rows_host_);
+    XSERV_CHECK(masked <= s.rows, "more masked rows than the sub-step has");
+    for (size_t i = 0; i < masked; ++i)
+      XSERV_CHECK(mask_rows_host_[i] >= 0 && size_t(mask_rows_host_[i]) < s.rows,
+                  "a masked row outside the sub-step's rows");
+    if (masked > 0) {
+      check(cudaMemcpyAsync(mask_rows_dev_, mask_rows_host_, masked * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, stream_),
+            "uploading the token masks");
+      check(cudaMemcpyAsync(masks_dev_, mask_host_, masked * size_t(mask_words_) * 4,
+                            cudaMemcpyHostToDevice, stream_),
+            "uploading the token masks");
+      st.executor->run_masked(static_cast<int>(masked), stream_);
+    }
   }
   if (s.keys) { // the sampling epilogue's keys (only asked for when it exists) ...
     check(cudaMemcpyAsync(keys_host_, argmax_keys_, s.rows * argmax_chunks_ * sizeof(uint64_t),

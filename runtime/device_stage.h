@@ -67,6 +67,12 @@ struct SubStep {
   /// (each at its own row of output_host()).
   bool keys = false;
   std::vector<size_t> wanted;
+  /// Structured output's masked greedy picks (with `keys`, on a stage with picks_masked()):
+  /// once the sub-step's launches are queued, run() calls masks(staging, rows); the callee
+  /// writes each masked row's mask into staging (mask_words() uint32 a row, one after another)
+  /// and its output row (below `rows`) into rows, and returns how many (at most `rows`). Those
+  /// rows' keys then come from the masked pick. The host fills masks while the device runs.
+  std::function<size_t(uint32_t* staging, int32_t* rows)> masks;
 };
 
 /// A stage's device memory, kernels and launch table (see the file comment).
@@ -112,6 +118,10 @@ public:
   int argmax_chunks() const { return argmax_chunks_; }
   /// Whether the table ends with the sampling epilogue (greedy keys per sequence).
   bool picks_greedy() const { return argmax_keys_ != nullptr; }
+  /// Whether it also has structured output's masked pick (SubStep::masks).
+  bool picks_masked() const { return mask_host_ != nullptr; }
+  /// uint32 words of one row's mask (picks_masked()).
+  int mask_words() const { return mask_words_; }
 
   /// Clears the KV caches.
   void reset();
@@ -153,6 +163,11 @@ private:
   void* argmax_keys_ = nullptr;    ///< device greedy keys of the sampling epilogue (or nullptr)
   int argmax_chunks_ = 0;          ///< keys per sequence
   uint64_t* keys_host_ = nullptr;  ///< pinned, [max_batch, argmax_chunks]
+  void* masks_dev_ = nullptr;      ///< the masked pick's masks and rows (scratch), or nullptr
+  void* mask_rows_dev_ = nullptr;
+  uint32_t* mask_host_ = nullptr;  ///< pinned staging, [max_batch, mask_words]
+  int32_t* mask_rows_host_ = nullptr; ///< pinned, [max_batch]
+  int mask_words_ = 0;
   std::vector<std::pair<void*, size_t>> caches_; ///< in the layout's order
   int64_t kv_blocks_ = 0, window_blocks_ = 0;
   uint64_t kv_block_bytes_ = 0, window_block_bytes_ = 0;

@@ -65,7 +65,7 @@ Executor::Executor(LaunchTable table, const Bindings& b, std::vector<LoadedKerne
     throw Error(fmt::format("launch table: argmax keys in scratch buffer {}, but there are {}",
                             table_.argmax_scratch, table_.scratch.size()));
   using K = LaunchArg::Kind;
-  for (const PlanLaunch& l : table_.launches) {
+  const auto bind = [&](const PlanLaunch& l) {
     if (l.library != -1) {
       if (l.library < 0 || static_cast<size_t>(l.library) >= table_.library.size() ||
           l.kernel != -1 || l.args.size() != 3 || l.chunk != 0)
@@ -113,17 +113,32 @@ Executor::Executor(LaunchTable table, const Bindings& b, std::vector<LoadedKerne
       r.base = reinterpret_cast<uint64_t>(p) + (p || a.kind == K::Activation ? a.offset : 0);
       args.push_back(r);
     }
-    args_.push_back(std::move(args));
+    return args;
+  };
+  for (const PlanLaunch& l : table_.launches)
+    args_.push_back(bind(l));
+  if (!table_.masked_pick.empty())
+    for (const auto& [index, field] : {std::pair{table_.mask_scratch, "mask_scratch"},
+                                       std::pair{table_.mask_rows_scratch, "mask_rows_scratch"}})
+      if (index < 0 || index >= static_cast<int>(table_.scratch.size()))
+        throw Error(fmt::format("launch table: {} is {}, but there are {} scratch buffers", field,
+                                index, table_.scratch.size()));
+  for (const PlanLaunch& l : table_.masked_pick) {
+    if (l.library != -1)
+      throw Error("launch table: the masked pick calls a library routine; it launches kernels");
+    masked_args_.push_back(bind(l));
   }
 }
 
 template <typename F, typename L>
-size_t Executor::for_each(const StepShape& s, size_t begin, size_t end, F&& f, L&& lib) const {
+size_t Executor::for_each(bool masked, const StepShape& s, size_t begin, size_t end, F&& f,
+                          L&& lib) const {
   using K = LaunchArg::Kind;
+  const std::vector<PlanLaunch>& launches = masked ? table_.masked_pick : table_.launches;
   size_t launched = 0;
-  end = std::min(end, table_.launches.size());
+  end = std::min(end, launches.size());
   for (size_t e = begin; e < end; ++e) {
-    const PlanLaunch& l = table_.launches[e];
+    const PlanLaunch& l = launches[e];
     const int rows = l.seq_rows ? s.seqs : s.tokens;
     if (rows < l.min_rows || (l.max_rows >= 0 && rows > l.max_rows))
       continue;
@@ -138,7 +153,7 @@ size_t Executor::for_each(const StepShape& s, size_t begin, size_t end, F&& f, L
     }
     if (splits < l.min_splits)
       continue;
-    const std::vector<Arg>& args = args_[e];
+    const std::vector<Arg>& args = (masked ? masked_args_ : args_)[e];
     if (l.library >= 0) { // x, w, y: pointers, checked at construction
       std::array<uint64_t, 3> ptrs{};
       for (size_t i = 0; i < 3; ++i)
@@ -184,13 +199,14 @@ size_t Executor::for_each(const StepShape& s, size_t begin, size_t end, F&& f, L
   return launched;
 }
 
-size_t Executor::run(const StepShape& shape, cudaStream_t stream, size_t begin, size_t end) const {
+size_t Executor::launch(bool masked, const StepShape& shape, cudaStream_t stream, size_t begin,
+                        size_t end) const {
   if (kernels_.empty())
     throw Error("this executor has no loaded kernels: it can only record");
   if (!table_.library.empty() && !blas_)
     throw Error("launch table: it calls library gemms, but no cuBLAS handle is bound");
   return for_each(
-      shape, begin, end,
+      masked, shape, begin, end,
       [&](int k, std::array<unsigned, 3> g, int block, size_t smem, void** args,
           const size_t* sizes, size_t count) {
         const LoadedKernel& lk = kernels_[size_t(k)];
@@ -205,10 +221,20 @@ size_t Executor::run(const StepShape& shape, cudaStream_t stream, size_t begin, 
       });
 }
 
-std::vector<LaunchRecord> Executor::record(const StepShape& shape, size_t begin, size_t end) const {
+size_t Executor::run(const StepShape& shape, cudaStream_t stream, size_t begin, size_t end) const {
+  return launch(false, shape, stream, begin, end);
+}
+
+size_t Executor::run_masked(int rows, cudaStream_t stream) const {
+  XSERV_CHECK(rows > 0, "a masked pick of no rows");
+  return launch(true, StepShape{rows, rows, 0}, stream, 0, SIZE_MAX);
+}
+
+std::vector<LaunchRecord> Executor::record_launches(bool masked, const StepShape& shape,
+                                                     size_t begin, size_t end) const {
   std::vector<LaunchRecord> out;
   for_each(
-      shape, begin, end,
+      masked, shape, begin, end,
       [&](int k, std::array<unsigned, 3> g, int block, size_t smem, void** args,
           const size_t* sizes, size_t count) {
         LaunchRecord r{k, -1, g, unsigned(block), smem, {}};
@@ -223,6 +249,14 @@ std::vector<LaunchRecord> Executor::record(const StepShape& shape, size_t begin,
         out.push_back(std::move(r));
       });
   return out;
+}
+
+std::vector<LaunchRecord> Executor::record(const StepShape& shape, size_t begin, size_t end) const {
+  return record_launches(false, shape, begin, end);
+}
+
+std::vector<LaunchRecord> Executor::record_masked(int rows) const {
+  return record_launches(true, StepShape{rows, rows, 0}, 0, SIZE_MAX);
 }
 
 std::vector<LoadedKernel> loaded_kernels(const std::vector<Module>& modules,

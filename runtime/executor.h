@@ -74,6 +74,14 @@ public:
   /// Recording mode (no GPU): the launches run() would make, in order, instead of making them.
   std::vector<LaunchRecord> record(const StepShape& shape, size_t begin = 0,
                                    size_t end = SIZE_MAX) const;
+  /// Launches the table's masked pick (LaunchTable::masked_pick) for `rows` masked rows, their
+  /// masks and logits rows already in its scratch buffers; returns the launches made. Never
+  /// part of a step (nor of its CUDA graph).
+  size_t run_masked(int rows, cudaStream_t stream) const;
+  /// Recording mode of run_masked.
+  std::vector<LaunchRecord> record_masked(int rows) const;
+  /// Whether the table has the masked pick.
+  bool picks_masked() const { return !table_.masked_pick.empty(); }
 
   /// Launches allow programmatic dependent launch (Module::launch_raw's `dependent`).
   void set_dependent_launch(bool on) { dependent_ = on; }
@@ -101,13 +109,21 @@ private:
     int value = 0;
   };
   /// Calls `f(kernel, grid, smem, args, sizes, count)` for every kernel launch of entries
-  /// [begin, end) and `lib(library, rows, args, count)` for every library call, with argument
-  /// bytes in a buffer on the stack (no allocation); returns the number of launches and calls.
+  /// [begin, end) of the step's launches (the masked pick's with `masked`) and `lib(library,
+  /// rows, args, count)` for every library call, with argument bytes in a buffer on the stack (no
+  /// allocation); returns the number of launches and calls.
   template <typename F, typename L>
-  size_t for_each(const StepShape& shape, size_t begin, size_t end, F&& f, L&& lib) const;
+  size_t for_each(bool masked, const StepShape& shape, size_t begin, size_t end, F&& f,
+                  L&& lib) const;
+  /// run() over the step's launches, or over the masked pick's.
+  size_t launch(bool masked, const StepShape& shape, cudaStream_t stream, size_t begin,
+                size_t end) const;
+  std::vector<LaunchRecord> record_launches(bool masked, const StepShape& shape, size_t begin,
+                                            size_t end) const;
 
   LaunchTable table_;
   std::vector<std::vector<Arg>> args_;
+  std::vector<std::vector<Arg>> masked_args_; ///< the masked pick's
   std::vector<LoadedKernel> kernels_;
   const Blas* blas_ = nullptr;
   bool dependent_ = false;

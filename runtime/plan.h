@@ -275,6 +275,15 @@ struct LaunchTable {
   /// logits; -1 when none.
   int argmax_scratch = -1;
   int argmax_chunks = 0;
+  /// Structured output's masked greedy pick (empty in a plan without one): launches that no
+  /// step makes, run by Executor::run_masked after a step for the rows a grammar constrains
+  /// (their rows are those rows). It reads scratch mask_scratch (mask_words uint32 per masked
+  /// row: bit t % 32 of word t / 32 allows id t) and mask_rows_scratch (int32 per masked row:
+  /// its logits row), and rewrites those rows' keys in argmax_scratch.
+  std::vector<PlanLaunch> masked_pick;
+  int mask_scratch = -1;
+  int mask_rows_scratch = -1;
+  int mask_words = 0;
 
   bool operator==(const LaunchTable&) const = default;
 };

@@ -121,6 +121,51 @@ template <typename T> void get_opt(const json& j, const char* key, T& out) {
     out = it->get<T>();
 }
 
+json launch_to_json(const PlanLaunch& l) {
+  json j = {{"k", l.kernel}, {"label", l.label}};
+  if (l.library >= 0)
+    j["library"] = l.library;
+  if (l.seq_rows)
+    j["seq_rows"] = true;
+  if (l.min_rows)
+    j["min_rows"] = l.min_rows;
+  if (l.max_rows != -1)
+    j["max_rows"] = l.max_rows;
+  if (l.chunk)
+    j["chunk"] = l.chunk;
+  if (l.splits_window >= 0)
+    j["splits_window"] = l.splits_window;
+  if (l.min_splits != 1)
+    j["min_splits"] = l.min_splits;
+  if (l.splits_heads != 0)
+    j["splits_heads"] = l.splits_heads;
+  if (l.one_per_seq != 0)
+    j["one_per_seq"] = l.one_per_seq;
+  json args = json::array();
+  for (const LaunchArg& a : l.args)
+    args.push_back(arg_to_json(a));
+  j["args"] = std::move(args);
+  return j;
+}
+
+PlanLaunch launch_from_json(const json& l) {
+  PlanLaunch p;
+  p.kernel = l.at("k").get<int>();
+  p.label = l.at("label").get<std::string>();
+  get_opt(l, "library", p.library);
+  get_opt(l, "seq_rows", p.seq_rows);
+  get_opt(l, "min_rows", p.min_rows);
+  get_opt(l, "max_rows", p.max_rows);
+  get_opt(l, "chunk", p.chunk);
+  get_opt(l, "splits_window", p.splits_window);
+  get_opt(l, "min_splits", p.min_splits);
+  get_opt(l, "splits_heads", p.splits_heads);
+  get_opt(l, "one_per_seq", p.one_per_seq);
+  for (const json& a : l.at("args"))
+    p.args.push_back(arg_from_json(a));
+  return p;
+}
+
 } // namespace
 
 json launch_table_to_json(const LaunchTable& t) {
@@ -151,32 +196,8 @@ json launch_table_to_json(const LaunchTable& t) {
     library.push_back(std::move(j));
   }
   json launches = json::array();
-  for (const PlanLaunch& l : t.launches) {
-    json j = {{"k", l.kernel}, {"label", l.label}};
-    if (l.library >= 0)
-      j["library"] = l.library;
-    if (l.seq_rows)
-      j["seq_rows"] = true;
-    if (l.min_rows)
-      j["min_rows"] = l.min_rows;
-    if (l.max_rows != -1)
-      j["max_rows"] = l.max_rows;
-    if (l.chunk)
-      j["chunk"] = l.chunk;
-    if (l.splits_window >= 0)
-      j["splits_window"] = l.splits_window;
-    if (l.min_splits != 1)
-      j["min_splits"] = l.min_splits;
-    if (l.splits_heads != 0)
-      j["splits_heads"] = l.splits_heads;
-    if (l.one_per_seq != 0)
-      j["one_per_seq"] = l.one_per_seq;
-    json args = json::array();
-    for (const LaunchArg& a : l.args)
-      args.push_back(arg_to_json(a));
-    j["args"] = std::move(args);
-    launches.push_back(std::move(j));
-  }
+  for (const PlanLaunch& l : t.launches)
+    launches.push_back(launch_to_json(l));
   json scratch = json::array();
   for (const ScratchBuffer& s : t.scratch) {
     json j = {{"bytes", s.bytes}};
@@ -191,6 +212,15 @@ json launch_table_to_json(const LaunchTable& t) {
               {"argmax_chunks", t.argmax_chunks}};
   if (!library.empty()) // plans without library calls read as before
     out["library"] = std::move(library);
+  if (!t.masked_pick.empty()) { // nor do those without the masked pick
+    json masked = json::array();
+    for (const PlanLaunch& l : t.masked_pick)
+      masked.push_back(launch_to_json(l));
+    out["masked_pick"] = std::move(masked);
+    out["mask_scratch"] = t.mask_scratch;
+    out["mask_rows_scratch"] = t.mask_rows_scratch;
+    out["mask_words"] = t.mask_words;
+  }
   return out;
 }
 
@@ -230,22 +260,13 @@ LaunchTable launch_table_from_json(const json& j) {
       }
     for (const json& l : j.at("launches")) {
       at = fmt::format("launches[{}]", t.launches.size());
-      PlanLaunch p;
-      p.kernel = l.at("k").get<int>();
-      p.label = l.at("label").get<std::string>();
-      get_opt(l, "library", p.library);
-      get_opt(l, "seq_rows", p.seq_rows);
-      get_opt(l, "min_rows", p.min_rows);
-      get_opt(l, "max_rows", p.max_rows);
-      get_opt(l, "chunk", p.chunk);
-      get_opt(l, "splits_window", p.splits_window);
-      get_opt(l, "min_splits", p.min_splits);
-      get_opt(l, "splits_heads", p.splits_heads);
-      get_opt(l, "one_per_seq", p.one_per_seq);
-      for (const json& a : l.at("args"))
-        p.args.push_back(arg_from_json(a));
-      t.launches.push_back(std::move(p));
+      t.launches.push_back(launch_from_json(l));
     }
+    if (j.contains("masked_pick"))
+      for (const json& l : j.at("masked_pick")) {
+        at = fmt::format("masked_pick[{}]", t.masked_pick.size());
+        t.masked_pick.push_back(launch_from_json(l));
+      }
     for (const json& s : j.at("scratch")) {
       at = fmt::format("scratch[{}]", t.scratch.size());
       ScratchBuffer b;
@@ -256,6 +277,9 @@ LaunchTable launch_table_from_json(const json& j) {
     at = "the table";
     t.argmax_scratch = j.at("argmax_scratch").get<int>();
     t.argmax_chunks = j.at("argmax_chunks").get<int>();
+    get_opt(j, "mask_scratch", t.mask_scratch);
+    get_opt(j, "mask_rows_scratch", t.mask_rows_scratch);
+    get_opt(j, "mask_words", t.mask_words);
   } catch (const json::exception& e) {
     // nlohmann's text without its "[json.exception.KIND.N] " tag, after the part it is about.
     std::string what = e.what();
@@ -291,6 +315,25 @@ LaunchTable launch_table_from_json(const json& j) {
     if (l.kernel < 0 || static_cast<size_t>(l.kernel) >= t.kernels.size())
       throw Error(fmt::format("launch table: launches[{}].k is {}, outside the {} kernels", i,
                               l.kernel, t.kernels.size()));
+  }
+  for (size_t i = 0; i < t.masked_pick.size(); ++i) {
+    const PlanLaunch& l = t.masked_pick[i];
+    if (l.library != -1 || l.kernel < 0 || static_cast<size_t>(l.kernel) >= t.kernels.size())
+      throw Error(fmt::format("launch table: masked_pick[{}] launches kernel {} (library {}); "
+                              "it takes one of the {} kernels",
+                              i, l.kernel, l.library, t.kernels.size()));
+  }
+  if (!t.masked_pick.empty()) {
+    const auto scratch = [&](int index, const char* field) {
+      if (index < 0 || static_cast<size_t>(index) >= t.scratch.size())
+        throw Error(fmt::format("launch table: {} is {}, outside the {} scratch buffers", field,
+                                index, t.scratch.size()));
+    };
+    scratch(t.mask_scratch, "mask_scratch");
+    scratch(t.mask_rows_scratch, "mask_rows_scratch");
+    if (t.mask_words < 1)
+      throw Error(fmt::format("launch table: mask_words is {}, and a masked pick needs at least 1",
+                              t.mask_words));
   }
   return t;
 }

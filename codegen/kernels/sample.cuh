@@ -61,4 +61,43 @@ __device__ __forceinline__ void argmax_rows(const float* __restrict__ logits,
   }
 }
 
+/// Structured output's masked greedy pick, launched after a step for the rows whose next token a
+/// grammar constrains: block (c = blockIdx.x, i = blockIdx.y) rewrites chunk c's key of logits
+/// row rows[i] (keys as argmax_rows writes them) with the largest argmax_key among the ids that
+/// mask i (masks + i * ceil(V / 32) words: bit t % 32 of word t / 32 allows id t) allows. A
+/// chunk with nothing allowed gets 0 (no candidate; the host finds the picked id's bit clear);
+/// a NaN or an infinity anywhere in the chunk, allowed or not, still gets ~0, so a broken row
+/// ends its request as the unmasked pick would.
+template <int V, int CHUNK>
+__device__ __forceinline__ void argmax_masked_rows(const float* __restrict__ logits,
+                                                   const unsigned int* __restrict__ masks,
+                                                   const int* __restrict__ rows,
+                                                   unsigned long long* __restrict__ keys) {
+  constexpr int kWords = (V + 31) / 32;
+  __shared__ unsigned long long warp_best[kArgmaxThreads / kWarp];
+  const int r = rows[blockIdx.y], begin = blockIdx.x * CHUNK;
+  const int end = min(V, begin + CHUNK);
+  const float* row = logits + (size_t)r * V;
+  const unsigned int* mask = masks + (size_t)blockIdx.y * kWords;
+  unsigned long long best = 0ull;
+  // Coalesced over the logits; a warp's 32 consecutive ids share one mask word (a broadcast).
+  for (int i = begin + threadIdx.x; i < end; i += kArgmaxThreads) {
+    const float x = row[i];
+    const bool allowed = (mask[i >> 5] >> (i & 31)) & 1u;
+    if (allowed || !isfinite(x))
+      best = max(best, argmax_key(x, i));
+  }
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off /= 2)
+    best = max(best, __shfl_xor_sync(0xffffffffu, best, off));
+  if (threadIdx.x % kWarp == 0)
+    warp_best[threadIdx.x / kWarp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / kWarp; ++w)
+      best = max(best, warp_best[w]);
+    keys[(size_t)r * gridDim.x + blockIdx.x] = best;
+  }
+}
+
 } // namespace xserv_kernels

@@ -165,6 +165,8 @@ TEST_CASE(
   REQUIRE(doc["stages"].size() == 2);
   CHECK(doc["options"]["expert_format"] == "mxfp4");
   CHECK(doc["stages"][0]["launch_table_entries"] == p.stages[0].table.launches.size());
+  CHECK(doc["stages"][0]["masked_pick"] == false); // it sends activations on, no logits
+  CHECK(doc["stages"][1]["masked_pick"] == true);  // the last stage ends in the logits
   CHECK(doc["stages"][1]["recvs"][0] == p.stages[0].sends[0].name);
   // The experts' bytes in the plan's format (17 bytes per 32 values), MXFP4 kernels in its code.
   const auto cfg = models::ModelConfig::load(fs::path(model) / "config.json");

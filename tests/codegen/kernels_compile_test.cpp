@@ -378,7 +378,7 @@ TEST_CASE("gemm emitter: names, launch rules and refusals") {
   CHECK(!gemm_fits(2848));
 }
 
-TEST_CASE("prefill kernels compile for gpt-oss-20b: gemms, MoE sort and combine, split-K reduce") {
+TEST_CASE("prefill kernels compile for gpt-oss-20b: gemms, MoE sort and combine, split-K reduce, sampling") {
   runtime::CompileOptions opts;
   opts.arch = "sm_90";
   opts.headers = kernel_headers();
@@ -418,7 +418,8 @@ TEST_CASE("prefill kernels compile for gpt-oss-20b: gemms, MoE sort and combine,
   for (const KernelSource& k :
        {emit_gemm(d, {}), emit_gemm(g, {}), emit_gemm_splitk_reduce(512, d.splitk, true, false, {}),
         emit_moe_sort({32, 4, 64, 4096}, {}), emit_moe_combine(2880, 4, true, {}),
-        emit_row_inv_rms(2880, 1e-5, {}), emit_argmax(201088, {})}) {
+        emit_row_inv_rms(2880, 1e-5, {}), emit_argmax(201088, {}), emit_argmax_masked(201088, {}),
+        emit_argmax_masked(1001, {})}) {
     INFO(k.name);
     const runtime::CompileResult r = runtime::compile_cuda(k.source, k.name, opts);
     CHECK(!r.cubin.empty());

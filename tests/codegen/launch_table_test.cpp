@@ -217,6 +217,12 @@ runtime::Bindings bind(const Lowered& lw, FakeMemory& mem, Recorded& out) {
         fmt::format("argmax_keys={} chunks={}",
                     mem.decode(reinterpret_cast<uint64_t>(b.scratch[size_t(t.argmax_scratch)])),
                     t.argmax_chunks));
+  if (!t.masked_pick.empty())
+    out.scratch.push_back(fmt::format(
+        "masks={} rows={} words={}",
+        mem.decode(reinterpret_cast<uint64_t>(b.scratch[size_t(t.mask_scratch)])),
+        mem.decode(reinterpret_cast<uint64_t>(b.scratch[size_t(t.mask_rows_scratch)])),
+        t.mask_words));
   return b;
 }
 
@@ -237,6 +243,12 @@ Recorded record(const models::ModelConfig& cfg, const Variant& v) {
       lines.push_back(launch_line(r, name, mem));
     }
     out.shapes.emplace_back(s.name(), std::move(lines));
+  }
+  if (ex.picks_masked()) { // structured output's masked pick, outside every step
+    std::vector<std::string> lines;
+    for (const runtime::LaunchRecord& r : ex.record_masked(3))
+      lines.push_back(launch_line(r, t.kernels.at(size_t(r.kernel)).name, mem));
+    out.shapes.emplace_back("masked_pick_rows3", std::move(lines));
   }
   return out;
 }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,65 @@ TEST_CASE("argmax kernel picks the largest logit, ties to the lower id, marks no
     cuda_ok(cudaMemcpy(got.data(), keys.p, keys.bytes, cudaMemcpyDeviceToHost), "download");
     for (int r = 0; r < rows; ++r) {
       CAPTURE(vocab);
+      CAPTURE(r);
+      CHECK(argmax_of_keys(got.data() + size_t(r) * chunks, chunks) == want[size_t(r)]);
+    }
+  }
+}
+
+TEST_CASE("masked argmax kernel picks the best allowed id of the masked rows and leaves the rest") {
+  XSERV_REQUIRE_GPU();
+  Rng rng{801};
+  for (const int vocab : {201088, 20000, 1001}) {
+    CAPTURE(vocab);
+    const int rows = 6, chunks = argmax_chunks(vocab), words = mask_words(vocab);
+    Tensor x = random_f32(rng, {rows, vocab}, 4.0f);
+    auto at = [&](int r, int i) -> float& { return x.f[size_t(r) * vocab + i]; };
+    // Masked rows 4, 0, 2, 5 (in that order): a sparse random mask (~1 id in 64); only the
+    // last id; nothing allowed; a sparse mask over a row with a NaN at a forbidden id.
+    const std::vector<int32_t> masked_rows = {4, 0, 2, 5};
+    std::vector<uint32_t> masks(masked_rows.size() * size_t(words), 0u);
+    auto allow = [&](size_t m, int id) { masks[m * words + size_t(id / 32)] |= 1u << (id % 32); };
+    for (size_t m : {size_t(0), size_t(3)})
+      for (int i = 0; i < vocab; ++i)
+        if (rng.next(1.0f) > 0.97f)
+          allow(m, i);
+    allow(0, 7);
+    allow(3, 7);
+    allow(1, vocab - 1);
+    at(0, 3) = 50.0f; // the row's best is forbidden: the pick must not take it
+    at(5, 11) = std::numeric_limits<float>::quiet_NaN();
+    std::vector<int32_t> want(rows);
+    for (int r = 0; r < rows; ++r) { // the unmasked rows' plain argmax (rows 1 and 3)
+      const auto row = x.f.begin() + std::ptrdiff_t(r) * vocab;
+      want[size_t(r)] = int32_t(std::max_element(row, row + vocab) - row);
+    }
+    for (size_t m = 0; m < masked_rows.size(); ++m) {
+      const int r = masked_rows[m];
+      const std::span<const float> row(x.f.data() + size_t(r) * vocab, size_t(vocab));
+      const std::span<const uint32_t> mask(masks.data() + m * words, size_t(words));
+      int32_t best = -1;
+      for (int i = 0; i < vocab; ++i)
+        if ((mask[size_t(i / 32)] >> (i % 32) & 1u) &&
+            (best < 0 || row[size_t(i)] > row[size_t(best)]))
+          best = i;
+      want[size_t(r)] = r == 5 ? kArgmaxNonFinite : best < 0 ? 0 : best;
+    }
+    CHECK(want[0] != 3);
+    CHECK(want[2] == 0); // nothing allowed: no candidate, the host finds id 0's bit clear
+    const Loaded& plain = load(emit_argmax(vocab, {}));
+    const Loaded& masked = load(emit_argmax_masked(vocab, {}));
+    auto dx = upload(x);
+    auto dmasks = upload(masks);
+    auto drows = upload(masked_rows);
+    DevBuf keys(size_t(rows) * chunks * sizeof(uint64_t));
+    cuda_ok(cudaMemset(keys.p, 0xfe, keys.bytes), "poison");
+    launch(plain, rows, 1, dx->p, keys.p);
+    launch(masked, int(masked_rows.size()), 1, dx->p, dmasks->p, drows->p, keys.p);
+    device_sync();
+    std::vector<uint64_t> got(size_t(rows) * chunks);
+    cuda_ok(cudaMemcpy(got.data(), keys.p, keys.bytes, cudaMemcpyDeviceToHost), "download");
+    for (int r = 0; r < rows; ++r) {
       CAPTURE(r);
       CHECK(argmax_of_keys(got.data() + size_t(r) * chunks, chunks) == want[size_t(r)]);
     }

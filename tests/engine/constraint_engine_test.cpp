@@ -95,30 +95,12 @@ std::vector<int32_t> ids(const models::Tokenizer& tok, const std::string& text) 
 
 } // namespace
 
-TEST_CASE("structured output through the engine: a strict tool call's arguments and the final "
-          "answer follow their schemas after a scripted harmony frame") {
-  XSERV_REQUIRE_DATA(data);
-  const models::Tokenizer tok = models::Tokenizer::load(data / "o200k_base.tiktoken");
-  const engine::ConstraintCompiler compiler(tok, kVocab, {200002, 199999, 200012});
-  engine::ConstraintRequest cr;
-  cr.harmony = true;
-  cr.output = engine::GrammarSpec{engine::GrammarSpec::Kind::JsonSchema, R"({
-      "type": "object", "properties": {"answer": {"type": "integer", "minimum": 0,
-      "maximum": 999}, "unit": {"enum": ["kg", "m", "s"]}}, "required": ["answer", "unit"]})",
-                                  "response_format"};
-  cr.tools.push_back({"lookup", {engine::GrammarSpec::Kind::JsonSchema, R"({
-      "type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
-      "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"]})",
-                                 "tools[0].function.parameters"}});
-  const auto constraint = compiler.compile(cr);
-  // Two scripts: a call to the strict tool, and a short analysis then the final channel.
-  const std::vector<std::vector<int32_t>> scripts = {
-      ids(tok, "<|channel|>commentary to=functions.lookup <|constrain|>json<|message|>"),
-      ids(tok, "<|channel|>analysis<|message|>Let me think.<|end|><|start|>assistant"
-               "<|channel|>final<|message|>")};
-  const size_t prompt_len = 6;
-  // 34 sequences: the masks of a step are filled on two threads.
-  ScriptedModel model(34, 512, prompt_len, scripts);
+/// The scripted frame's constraint, its 34 requests (even: the strict call's script, odd: the
+/// final channel's; 17 greedy then 17 sampled), run through the engine on `model`, every
+/// output checked against its schema. Returns the generations.
+std::vector<engine::Generation> run_frames(const models::Tokenizer& tok,
+                                           const std::shared_ptr<const engine::Constraint>& constraint,
+                                           engine::Model& model) {
   std::vector<engine::Request> reqs;
   for (int i = 0; i < 34; ++i) {
     engine::Request r;
@@ -161,4 +143,145 @@ TEST_CASE("structured output through the engine: a strict tool call's arguments 
     for (auto it = v.begin(); it != v.end(); ++it) // strict: no property the schema lacks
       CHECK(std::set<std::string>{"city", "days", "answer", "unit"}.count(it.key()));
   }
+  return gens;
+}
+
+/// The frame's constraint (a strict tool and a final answer's schema).
+std::shared_ptr<const engine::Constraint> frame_constraint(const engine::ConstraintCompiler& c) {
+  engine::ConstraintRequest cr;
+  cr.harmony = true;
+  cr.output = engine::GrammarSpec{engine::GrammarSpec::Kind::JsonSchema, R"({
+      "type": "object", "properties": {"answer": {"type": "integer", "minimum": 0,
+      "maximum": 999}, "unit": {"enum": ["kg", "m", "s"]}}, "required": ["answer", "unit"]})",
+                                  "response_format"};
+  cr.tools.push_back({"lookup", {engine::GrammarSpec::Kind::JsonSchema, R"({
+      "type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+      "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"]})",
+                                 "tools[0].function.parameters"}});
+  return c.compile(cr);
+}
+
+/// Two scripts: a call to the strict tool, and a short analysis then the final channel.
+std::vector<std::vector<int32_t>> frame_scripts(const models::Tokenizer& tok) {
+  return {ids(tok, "<|channel|>commentary to=functions.lookup <|constrain|>json<|message|>"),
+          ids(tok, "<|channel|>analysis<|message|>Let me think.<|end|><|start|>assistant"
+                   "<|channel|>final<|message|>")};
+}
+
+/// A model that picks masked rows itself, as a GPU does (Model::step_masked with
+/// picks_masked()): it asks for the masks only after its step, picks by a brute force over the
+/// whole vocabulary, and records what the engine asked of it.
+class MaskedPickModel : public ScriptedModel {
+public:
+  using ScriptedModel::ScriptedModel;
+  bool picks_masked() const override { return true; }
+  engine::StepOutput step_masked(const models::StepInput& in, const std::vector<bool>& need,
+                                 const std::vector<bool>& masked,
+                                 const engine::MaskSource& masks) override {
+    std::vector<std::vector<float>> rows = step(in);
+    const std::vector<std::vector<uint32_t>>& m = masks();
+    engine::StepOutput out;
+    for (size_t b = 0; b < rows.size(); ++b) {
+      int32_t best = engine::greedy_pick(rows[b]);
+      if (masked[b]) {
+        ++masked_picks;
+        wanted_rows_of_masked += need[b] ? 1 : 0;
+        REQUIRE(m[b].size() == size_t((kVocab + 31) / 32));
+        best = engine::kNoneAllowed;
+        for (int32_t t = 0; t < int32_t(kVocab); ++t)
+          if ((m[b][size_t(t) / 32] >> (t % 32) & 1u) &&
+              (best < 0 || rows[b][size_t(t)] > rows[b][size_t(best)]))
+            best = t;
+        if (best >= 0 && none_allowed_at == masked_picks)
+          best = engine::kNoneAllowed; // as a mask that allows nothing would give
+      }
+      out.greedy.push_back(best);
+      out.logits.push_back(need[b] ? std::move(rows[b]) : std::vector<float>());
+    }
+    return out;
+  }
+  int64_t masked_picks = 0, wanted_rows_of_masked = 0;
+  int64_t none_allowed_at = -1; ///< the masked pick (counting from 1) that finds nothing allowed
+};
+
+TEST_CASE("structured output through the engine: a strict tool call's arguments and the final "
+          "answer follow their schemas after a scripted harmony frame") {
+  XSERV_REQUIRE_DATA(data);
+  const models::Tokenizer tok = models::Tokenizer::load(data / "o200k_base.tiktoken");
+  const engine::ConstraintCompiler compiler(tok, kVocab, {200002, 199999, 200012});
+  const size_t prompt_len = 6;
+  // 34 sequences: the masks of a step are filled on two threads.
+  ScriptedModel model(34, 512, prompt_len, frame_scripts(tok));
+  run_frames(tok, frame_constraint(compiler), model);
+}
+
+TEST_CASE("structured output through the engine: a model that picks masked rows itself gets "
+          "the greedy constrained rows without their logits, and the same tokens") {
+  XSERV_REQUIRE_DATA(data);
+  const models::Tokenizer tok = models::Tokenizer::load(data / "o200k_base.tiktoken");
+  const engine::ConstraintCompiler compiler(tok, kVocab, {200002, 199999, 200012});
+  const auto constraint = frame_constraint(compiler);
+  ScriptedModel host(34, 512, 6, frame_scripts(tok));
+  MaskedPickModel device(34, 512, 6, frame_scripts(tok));
+  const auto want = run_frames(tok, constraint, host);
+  const auto got = run_frames(tok, constraint, device);
+  CHECK(device.masked_picks > 17 * 5); // every greedy request, each bound for many tokens
+  CHECK(device.wanted_rows_of_masked == 0);
+  for (size_t i = 0; i < 17; ++i) { // the greedy requests: the same picks either way
+    CAPTURE(i);
+    CHECK(got[i].tokens == want[i].tokens);
+  }
+}
+
+TEST_CASE("structured output through the engine: a masked pick that finds nothing allowed ends "
+          "its request with an error, the others go on") {
+  XSERV_REQUIRE_DATA(data);
+  const models::Tokenizer tok = models::Tokenizer::load(data / "o200k_base.tiktoken");
+  const engine::ConstraintCompiler compiler(tok, kVocab, {200002, 199999, 200012});
+  MaskedPickModel model(2, 512, 6, frame_scripts(tok));
+  model.none_allowed_at = 3;
+  std::vector<engine::Request> reqs(2);
+  for (int i = 0; i < 2; ++i) {
+    reqs[size_t(i)].prompt = {0, 11, 12, 13, 14, 15 + i};
+    reqs[size_t(i)].max_tokens = 300;
+    reqs[size_t(i)].stop_ids = models::stop_token_ids();
+    reqs[size_t(i)].constraint = frame_constraint(compiler);
+  }
+  const auto gens = engine::generate(model, reqs);
+  const size_t failed = gens[0].finish == engine::FinishReason::Error ? 0 : 1;
+  CHECK(gens[failed].finish == engine::FinishReason::Error);
+  CHECK(gens[failed].error.find("constraint allows no token") != std::string::npos);
+  CHECK(gens[1 - failed].finish == engine::FinishReason::Stop);
+}
+
+TEST_CASE("Model::step_masked on the host: the best allowed id, kNoneAllowed for an empty mask, "
+          "rows only where wanted") {
+  testing::FakeModel model(3, 64);
+  models::StepInput in;
+  for (int b = 0; b < 3; ++b) {
+    in.tokens.push_back({1 + b, 2, 3});
+    in.ctx_lens.push_back(0);
+    in.block_tables.push_back({b});
+  }
+  const std::vector<std::vector<float>> rows = model.step(in);
+  model.reset();
+  const size_t words = (size_t(testing::FakeModel::kVocab) + 31) / 32;
+  std::vector<std::vector<uint32_t>> masks(3);
+  masks[0].assign(words, 0u);
+  masks[0][0] = 0b1010u; // ids 1 and 3
+  masks[1].assign(words, 0u); // nothing allowed
+  int calls = 0;
+  const engine::MaskSource source = [&]() -> const std::vector<std::vector<uint32_t>>& {
+    ++calls;
+    return masks;
+  };
+  const engine::StepOutput out =
+      model.step_masked(in, {false, false, true}, {true, true, false}, source);
+  CHECK(calls >= 1);
+  CHECK(out.greedy[0] == (rows[0][1] >= rows[0][3] ? 1 : 3));
+  CHECK(out.greedy[1] == engine::kNoneAllowed);
+  CHECK(out.greedy[2] == engine::greedy_pick(rows[2]));
+  CHECK(out.logits[0].empty());
+  CHECK(out.logits[1].empty());
+  CHECK(out.logits[2] == rows[2]);
 }

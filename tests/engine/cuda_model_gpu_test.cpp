@@ -27,6 +27,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "engine/constraint.h"
 #include "engine/cpu_model.h"
 #include "engine/engine.h"
 #include "engine/pipeline/local.h"
@@ -478,4 +479,70 @@ TEST_CASE("gpu: a pp 2 plan's stages on one GPU (same-device transport) give the
   MESSAGE("same-device pp 2 vs whole model: ", bitwise, " of ", rows,
           " logit rows bitwise identical");
   CHECK(bitwise == rows);
+}
+
+TEST_CASE("gpu: masked greedy picks on the device equal the host's over the same logits, "
+          "prompt and decode steps, and an empty mask gives kNoneAllowed") {
+  XSERV_REQUIRE_GPU();
+  TempDir tmp("tiny_masked");
+  synthesize(source_dir() / "examples/tiny/config.json", 7, tmp.path);
+  const auto device_model = xserv::testing::graph_cuda_model(tmp.path, 3, kMaxSeq, nullptr, quiet());
+  const auto rows_model = xserv::testing::graph_cuda_model(tmp.path, 3, kMaxSeq, nullptr, quiet());
+  engine::CudaModel& device = *device_model;
+  engine::CudaModel& rows = *rows_model;
+  REQUIRE(device.picks_masked());
+  const int64_t vocab = device.config().vocab_size;
+  const size_t words = size_t((vocab + 31) / 32);
+  models::StepInput step;
+  step.tokens = {{11, 22, 33, 44, 55}, {7, 8, 9, 10, 11, 12, 13}, {200005}};
+  step.ctx_lens = {0, 0, 0};
+  xserv::testing::use_rows(step, {2, 0, 1}, device.kv_geometry());
+  uint64_t seed = 12345;
+  auto next_random = [&] {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return uint32_t(seed >> 33);
+  };
+  for (int s = 0; s < 6; ++s) {
+    CAPTURE(s);
+    // Sequence 0: ~1 id in 32 allowed; 1: free, its row wanted; 2: a few hundred ids, nothing
+    // at step 4.
+    std::vector<std::vector<uint32_t>> masks(3);
+    masks[0].resize(words);
+    for (uint32_t& w : masks[0])
+      w = next_random() & next_random() & next_random() & next_random() & next_random();
+    masks[2].assign(words, 0u);
+    if (s != 4)
+      for (int i = 0; i < 300; ++i) {
+        const uint32_t id = next_random() % uint32_t(vocab);
+        masks[2][id / 32] |= 1u << (id % 32);
+      }
+    int calls = 0;
+    const engine::MaskSource source = [&]() -> const std::vector<std::vector<uint32_t>>& {
+      ++calls;
+      return masks;
+    };
+    const engine::StepOutput got =
+        device.step_masked(step, {false, true, false}, {true, false, true}, source);
+    const std::vector<std::vector<float>> want_rows = rows.step(step);
+    CHECK(calls >= 1);
+    REQUIRE(got.greedy.size() == 3);
+    CHECK(got.logits[0].empty());
+    CHECK(got.logits[2].empty());
+    CHECK(got.logits[1] == want_rows[1]); // same kernels: the same row, bit for bit
+    CHECK(got.greedy[1] == xserv::runtime::argmax(want_rows[1]));
+    for (size_t b : {size_t(0), size_t(2)}) {
+      CAPTURE(b);
+      const int32_t best = engine::masked_argmax(want_rows[b], masks[b]);
+      CHECK(got.greedy[b] == (best < 0 ? engine::kNoneAllowed : best));
+    }
+    if (s == 4)
+      CHECK(got.greedy[2] == engine::kNoneAllowed);
+    models::StepInput next;
+    for (size_t b = 0; b < 3; ++b) {
+      next.tokens.push_back({std::max(got.greedy[b], 0)});
+      next.ctx_lens.push_back(step.ctx_lens[b] + static_cast<int32_t>(step.tokens[b].size()));
+      xserv::testing::keep_tables(next, step, b);
+    }
+    step = std::move(next);
+  }
 }

@@ -65,6 +65,21 @@ runtime::LaunchTable sample_table() {
             {.kind = K::Scratch, .index = 0}};
   t.launches.push_back(g);
   t.scratch.push_back({64, {0.5, 0.25, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0}});
+  // Structured output's masked pick (the kernel stands in for argmax_masked_rows).
+  runtime::PlanLaunch m;
+  m.kernel = 0;
+  m.label = "argmax_masked";
+  m.seq_rows = true;
+  for (const uint64_t offset : {0, 16, 32, 48}) { // logits, masks, rows, keys
+    runtime::LaunchArg a;
+    a.kind = offset == 0 ? K::Activation : K::Scratch;
+    a.offset = offset;
+    m.args.push_back(a);
+  }
+  t.masked_pick.push_back(m);
+  t.mask_scratch = 0;
+  t.mask_rows_scratch = 0;
+  t.mask_words = 4;
   return t;
 }
 
@@ -250,6 +265,16 @@ TEST_CASE("plan reader: a wrong field is refused naming plan.json and the field"
        "field 'codegen.launch_table': launch table: launches[1] calls library[0] (k 0)"},
       {1, "/codegen/launch_table/launches/1/args", json::array({"null", "null"}),
        "field 'codegen.launch_table': launch table: launches[1] calls a gemm with 2 arguments"},
+      {1, "/codegen/launch_table/masked_pick/0/k", 1,
+       "field 'codegen.launch_table': launch table: masked_pick[0] launches kernel 1 (library "
+       "-1); it takes one of the 1 kernels"},
+      {1, "/codegen/launch_table/mask_rows_scratch", 1,
+       "field 'codegen.launch_table': launch table: mask_rows_scratch is 1, outside the 1 "
+       "scratch buffers"},
+      {1, "/codegen/launch_table/mask_words", 0,
+       "field 'codegen.launch_table': launch table: mask_words is 0, and a masked pick needs"},
+      {1, "/codegen/launch_table/masked_pick/0/label", nullptr,
+       "field 'codegen.launch_table': launch table in plan.json is malformed: masked_pick[0]"},
       {1, "/options/dense_gemm", "rocblas",
        "field 'options.dense_gemm': must be \"wg\" or \"cublas\", found \"rocblas\""},
       {1, "/config/num_hidden_layers", "2",
