@@ -39,6 +39,31 @@ struct Bound {
   std::vector<int> stops;
 };
 
+/// The token sequences a forced stretch of the output may take (tool_choice: the headers), as a
+/// trie; node 0 is the root, a node without children the end of a sequence.
+struct TokenTrie {
+  std::vector<std::vector<std::pair<int32_t, int>>> next{{}};
+  void add(const std::vector<int32_t>& ids) {
+    int node = 0;
+    for (int32_t id : ids) {
+      int child = find(node, id);
+      if (child < 0) {
+        child = int(next.size());
+        next[size_t(node)].emplace_back(id, child);
+        next.emplace_back();
+      }
+      node = child;
+    }
+  }
+  int find(int node, int32_t id) const {
+    for (const auto& [t, child] : next[size_t(node)])
+      if (t == id)
+        return child;
+    return -1;
+  }
+  bool leaf(int node) const { return next[size_t(node)].empty(); }
+};
+
 } // namespace
 
 class Constraint {
@@ -48,6 +73,14 @@ public:
   bool harmony = false;
   models::Tokenizer tokenizer;
   int64_t vocab = 0;
+  /// tool_choice required: the headers a message may open with, at the output's start (after
+  /// the prompt's `<|start|>assistant`) and after a message's <|end|> (from `<|start|>`); any
+  /// JSON object for a forced call to a tool that is not strict; the ids an analysis message
+  /// may not write (those that would stop the output before the call).
+  bool forced = false;
+  TokenTrie first_header, next_header;
+  std::optional<Bound> any_arguments;
+  std::vector<int32_t> analysis_forbidden;
 
   Constraint(models::Tokenizer tok, int64_t v) : tokenizer(std::move(tok)), vocab(v) {}
   const Bound* tool(const std::string& recipient) const {
@@ -167,6 +200,41 @@ ConstraintCompiler::compile(const ConstraintRequest& request) const {
     c->tools.emplace_back("functions." + t.name,
                           Bound{impl_->compile_one(t.arguments), {impl_->call_id}});
   }
+  if (request.tool_choice == ConstraintRequest::ToolChoice::Required) {
+    if (!request.harmony)
+      throw ConstraintError("tool_choice", "a required tool call needs the chat format");
+    if (request.callable.empty())
+      throw ConstraintError("tool_choice", "a tool call is required, but there are no tools");
+    const models::Tokenizer& tok = impl_->tokenizer;
+    const auto special = [&](const char* name) { return int32_t(tok.special_id(name)); };
+    const auto text = [&](std::string_view t) {
+      std::vector<models::TokenId> ids;
+      tok.encode_ordinary_into(t, ids);
+      return std::vector<int32_t>(ids.begin(), ids.end());
+    };
+    const auto cat = [](std::vector<std::vector<int32_t>> parts) {
+      std::vector<int32_t> out;
+      for (const auto& p : parts)
+        out.insert(out.end(), p.begin(), p.end());
+      return out;
+    };
+    // The headers as gpt-oss writes them: an analysis message, or a call with JSON arguments.
+    std::vector<std::vector<int32_t>> headers = {
+        cat({{special("<|channel|>")}, text("analysis"), {special("<|message|>")}})};
+    for (const std::string& name : request.callable)
+      headers.push_back(cat({{special("<|channel|>")}, text("commentary to=functions." + name + " "),
+                             {special("<|constrain|>")}, text("json"),
+                             {special("<|message|>")}}));
+    const std::vector<int32_t> reopen = cat({{special("<|start|>")}, text("assistant")});
+    c->forced = true;
+    for (const auto& h : headers) {
+      c->first_header.add(h);
+      c->next_header.add(cat({reopen, h}));
+    }
+    c->any_arguments = Bound{impl_->compile_one({GrammarSpec::Kind::Json, "", "tool_choice"}),
+                             {impl_->call_id}};
+    c->analysis_forbidden = {impl_->return_id, impl_->call_id};
+  }
   return c;
 }
 
@@ -176,17 +244,29 @@ struct ConstraintState::Impl {
   std::shared_ptr<const Constraint> c;
   std::optional<xgrammar::GrammarMatcher> matcher; ///< the bound message's, if any
   std::optional<models::StreamParser> parser;      ///< harmony: where the output stands
-  int32_t message_id = -1;
+  int32_t message_id = -1, end_id = -1;
+  /// tool_choice required: the forced header's trie and the node reached (-1: none forced), and
+  /// whether an analysis message is open (it may not stop the output).
+  const TokenTrie* trie = nullptr;
+  int node = -1;
+  bool in_analysis = false;
 
   explicit Impl(std::shared_ptr<const Constraint> constraint) : c(std::move(constraint)) {
     if (c->harmony) {
       parser.emplace(c->tokenizer, models::Role::Assistant, /*strict=*/false);
       message_id = int32_t(c->tokenizer.special_id("<|message|>"));
+      end_id = int32_t(c->tokenizer.special_id("<|end|>"));
+      if (c->forced) { // the prompt opened the assistant's message: its header comes first
+        trie = &c->first_header;
+        node = 0;
+      }
     } else if (c->output) {
       matcher.emplace(c->output->grammar, c->output->stops);
     }
   }
-  Impl(const Impl& o) : c(o.c), parser(o.parser), message_id(o.message_id) {
+  Impl(const Impl& o)
+      : c(o.c), parser(o.parser), message_id(o.message_id), end_id(o.end_id), trie(o.trie),
+        node(o.node), in_analysis(o.in_analysis) {
     if (o.matcher)
       matcher.emplace(o.matcher->Fork());
   }
@@ -195,10 +275,14 @@ struct ConstraintState::Impl {
   void bind_message() {
     const Bound* b = nullptr;
     const std::string& recipient = parser->current_recipient();
-    if (!recipient.empty())
+    if (!recipient.empty()) {
       b = c->tool(recipient);
-    else if (parser->current_channel() == "final" && c->output)
+      if (!b && c->forced) // a required call to a tool that is not strict: any JSON object
+        b = &*c->any_arguments;
+    } else if (parser->current_channel() == "final" && c->output) {
       b = &*c->output;
+    }
+    in_analysis = c->forced && !b && parser->current_channel() == "analysis";
     if (b)
       matcher.emplace(b->grammar, b->stops);
   }
@@ -211,12 +295,34 @@ ConstraintState::~ConstraintState() = default;
 ConstraintState::ConstraintState(ConstraintState&&) noexcept = default;
 ConstraintState& ConstraintState::operator=(ConstraintState&&) noexcept = default;
 
-bool ConstraintState::bound() const { return impl_->matcher && !impl_->matcher->IsTerminated(); }
+bool ConstraintState::bound() const {
+  return (impl_->matcher && !impl_->matcher->IsTerminated()) || impl_->node >= 0 ||
+         impl_->in_analysis;
+}
 
 bool ConstraintState::fill_mask(std::span<uint32_t> words) {
   if (!bound())
     return false;
-  XSERV_CHECK(words.size() == mask_words(impl_->c->vocab), "a token mask of the wrong size");
+  const Impl& s = *impl_;
+  XSERV_CHECK(words.size() == mask_words(s.c->vocab), "a token mask of the wrong size");
+  const auto set = [&](int32_t id, bool on) {
+    if (on)
+      words[size_t(id) / 32] |= 1u << (id % 32);
+    else
+      words[size_t(id) / 32] &= ~(1u << (id % 32));
+  };
+  if (s.node >= 0) { // a forced header: its next ids only
+    std::fill(words.begin(), words.end(), 0u);
+    for (const auto& [id, child] : s.trie->next[size_t(s.node)])
+      set(id, true);
+    return true;
+  }
+  if (s.in_analysis && !(s.matcher && !s.matcher->IsTerminated())) {
+    std::fill(words.begin(), words.end(), ~0u);
+    for (int32_t id : s.c->analysis_forbidden)
+      set(id, false);
+    return true;
+  }
   // False when every token is allowed: the buffer is written either way.
   return fill_bitmask(*impl_->matcher, words);
 }
@@ -234,9 +340,24 @@ bool ConstraintState::accept(int32_t token) {
   }
   if (!s.parser)
     return true; // a whole-output constraint that ended: the engine stops at its stop id
+  if (s.node >= 0) { // a forced header
+    const int child = s.trie->find(s.node, token);
+    if (child < 0)
+      return false;
+    s.node = s.trie->leaf(child) ? -1 : child;
+  } else if (s.in_analysis && std::find(s.c->analysis_forbidden.begin(),
+                                        s.c->analysis_forbidden.end(),
+                                        token) != s.c->analysis_forbidden.end()) {
+    return false;
+  }
   s.parser->push(models::TokenId(token));
   if (token == s.message_id && s.parser->state() == models::StreamParser::State::Content)
     s.bind_message();
+  if (token == s.end_id && s.c->forced) { // the analysis ended: the next header is forced too
+    s.in_analysis = false;
+    s.trie = &s.c->next_header;
+    s.node = 0;
+  }
   return true;
 }
 

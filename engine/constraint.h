@@ -2,7 +2,8 @@
 // regular expression or an EBNF grammar), compiled against the model's vocabulary by xgrammar's
 // C++ core, and the per-sequence state that gives each next token's mask. With the harmony
 // binding (chat), a constraint binds only the final channel's message and the arguments of
-// strict function calls; the analysis channel and the message headers stay free.
+// strict function calls; the analysis channel and the message headers stay free, unless the
+// request's tool_choice requires a call (then the headers are forced to one).
 //
 // xgrammar's types stay inside engine/constraint.cpp: this header is all the engine and the
 // server see.
@@ -57,9 +58,19 @@ struct ConstraintRequest {
     GrammarSpec arguments;
   };
   std::vector<Tool> tools;
+  /// tool_choice (harmony only). Auto: the model decides. Required: it must call one of
+  /// `callable` (function names): every message header it writes is then an analysis one or
+  /// such a call's (`<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`), an
+  /// analysis message cannot stop the output, and a call's arguments are a JSON object (its
+  /// tool's schema when the tool is strict).
+  enum class ToolChoice { Auto, Required };
+  ToolChoice tool_choice = ToolChoice::Auto;
+  std::vector<std::string> callable;
   /// Bind to harmony's messages (chat and Responses) rather than to the raw output.
   bool harmony = false;
-  bool empty() const { return !output && tools.empty(); }
+  bool empty() const {
+    return !output && tools.empty() && tool_choice == ToolChoice::Auto;
+  }
 };
 
 /// The most bytes of a schema, regex or grammar a request may carry.

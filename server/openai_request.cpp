@@ -297,11 +297,34 @@ ChatRequest parse_chat_request(const Json& body) {
   Json tools = nullptr;
   if (const Json* t = f.get("tools"))
     tools = *t;
+  // tool_choice: "auto" (the model decides), "none" (no tools shown), "required" (a call to
+  // one of them) or {"type": "function", "function": {"name": N}} (a call to N), the last two
+  // enforced by the constraint's forced headers.
+  std::optional<std::string> named_tool;
+  bool call_required = false;
   if (const Json* tc = f.get("tool_choice")) {
-    if (!tc->is_string() || (*tc != "auto" && *tc != "none"))
-      bad("tool_choice", "only \"auto\" and \"none\" are supported");
-    if (*tc == "none")
+    if (tc->is_object()) {
+      Fields g(*tc, "tool_choice");
+      if (g.string("type") != "function")
+        bad(g.path("type"), "must be \"function\"");
+      const Json* fn = g.get("function");
+      if (!fn)
+        bad(g.path("function"), "is missing");
+      g.reject_unknown();
+      Fields h(*fn, g.path("function"));
+      named_tool = h.string("name");
+      if (!named_tool || named_tool->empty())
+        bad(h.path("name"), "is missing");
+      h.reject_unknown();
+      call_required = true;
+    } else if (tc->is_string() && *tc == "required") {
+      call_required = true;
+    } else if (!tc->is_string() || (*tc != "auto" && *tc != "none")) {
+      bad("tool_choice", "must be \"auto\", \"none\", \"required\" or {\"type\": "
+                         "\"function\", \"function\": {\"name\": ...}}");
+    } else if (*tc == "none") {
       tools = nullptr;
+    }
   }
   f.boolean("parallel_tool_calls");
   models::ResponseFormat format;
@@ -325,14 +348,29 @@ ChatRequest parse_chat_request(const Json& body) {
                                     models::Message::make_developer(models::DeveloperContent{}));
     developer->developer->response_formats.push_back(format);
   }
+  std::vector<std::string> functions;
   if (developer != r.messages.end())
     for (const models::ToolNamespace& ns : developer->developer->tools)
-      for (size_t i = 0; i < ns.tools.size(); ++i)
+      for (size_t i = 0; i < ns.tools.size(); ++i) {
+        if (ns.name == "functions")
+          functions.push_back(ns.tools[i].name);
         if (ns.tools[i].strict)
           r.params.constraint.tools.push_back(
               {ns.tools[i].name,
                {engine::GrammarSpec::Kind::JsonSchema, ns.tools[i].parameters,
                 fmt::format("tools[{}].function.parameters", i)}});
+      }
+  if (call_required) {
+    if (functions.empty())
+      bad("tool_choice", "requires a tool call, but the request has no tools");
+    if (named_tool &&
+        std::find(functions.begin(), functions.end(), *named_tool) == functions.end())
+      bad("tool_choice.function.name",
+          fmt::format("'{}' is not among the request's tools", *named_tool));
+    r.params.constraint.tool_choice = engine::ConstraintRequest::ToolChoice::Required;
+    r.params.constraint.callable =
+        named_tool ? std::vector<std::string>{*named_tool} : std::move(functions);
+  }
   return r;
 }
 

@@ -197,6 +197,11 @@ ResponsesRequest parse_responses_request(Json body) {
                         "parallel_tool_calls", "tool_choice", "user", "ignore_eos"})
     if (const Json* v = f.get(k))
       chat[k] = *v;
+  // Responses names a forced function at the top of tool_choice; chat inside "function".
+  const Json tool_choice = chat.value("tool_choice", Json("auto")); // echoed as given
+  if (auto tc = chat.find("tool_choice");
+      tc != chat.end() && tc->is_object() && tc->contains("name") && !tc->contains("function"))
+    *tc = {{"type", tc->value("type", Json("function"))}, {"function", {{"name", (*tc)["name"]}}}};
   Json metadata = Json::object(); // any JSON, echoed as given: moved, never copied
   if (f.get("metadata"))
     metadata = std::move(body["metadata"]);
@@ -205,7 +210,7 @@ ResponsesRequest parse_responses_request(Json body) {
                {"max_output_tokens", nullptr},
                {"temperature", chat.value("temperature", Json(1.0))},
                {"top_p", chat.value("top_p", Json(1.0))},
-               {"tool_choice", chat.value("tool_choice", Json("auto"))},
+               {"tool_choice", tool_choice},
                {"tools", Json::array()},
                {"parallel_tool_calls", chat.value("parallel_tool_calls", Json(true))},
                {"reasoning", {{"effort", "medium"}, {"summary", nullptr}}},

@@ -285,3 +285,142 @@ TEST_CASE("Model::step_masked on the host: the best allowed id, kNoneAllowed for
   CHECK(out.logits[1].empty());
   CHECK(out.logits[2] == rows[2]);
 }
+
+TEST_CASE("tool_choice required through the engine: after an analysis or straight away, every "
+          "output ends in a call to an allowed tool with JSON arguments") {
+  XSERV_REQUIRE_DATA(data);
+  const models::Tokenizer tok = models::Tokenizer::load(data / "o200k_base.tiktoken");
+  const engine::ConstraintCompiler compiler(tok, kVocab, {200002, 199999, 200012});
+  // The scripts lead the random model to a call's header (its first ordinary id), with or
+  // without an analysis message first; which tool, and everything after, is the constraint's.
+  const int32_t commentary = ids(tok, "commentary to=functions.lookup ").at(0);
+  auto with = [](std::vector<int32_t> v, int32_t id) {
+    v.push_back(id);
+    return v;
+  };
+  const std::vector<std::vector<int32_t>> scripts = {
+      with(ids(tok, "<|channel|>"), commentary),
+      with(ids(tok, "<|channel|>analysis<|message|>Let me think.<|end|><|start|>assistant"
+                    "<|channel|>"),
+           commentary)};
+  engine::ConstraintRequest cr;
+  cr.harmony = true;
+  using Kind = engine::GrammarSpec::Kind;
+  cr.tools.push_back({"lookup", {Kind::JsonSchema, R"({"type": "object", "properties": {"days":
+      {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["days"]})", "lookup"}});
+  cr.tools.push_back({"other", {Kind::JsonSchema, R"({"type": "object", "properties": {"q":
+      {"enum": ["a", "b"]}}, "required": ["q"]})", "other"}});
+  cr.tool_choice = engine::ConstraintRequest::ToolChoice::Required;
+  cr.callable = {"lookup", "other"};
+  const auto constraint = compiler.compile(cr);
+  ScriptedModel model(16, 512, 6, scripts);
+  std::vector<engine::Request> reqs;
+  for (int i = 0; i < 16; ++i) {
+    engine::Request r;
+    r.prompt = {i % 2, 11, 12, 13, 14, 15 + i};
+    r.max_tokens = 300;
+    r.stop_ids = models::stop_token_ids();
+    r.constraint = constraint;
+    if (i >= 8) {
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = uint64_t(i);
+    }
+    reqs.push_back(std::move(r));
+  }
+  const auto gens = engine::generate(model, reqs);
+  std::set<std::string> called;
+  for (size_t i = 0; i < gens.size(); ++i) {
+    CAPTURE(i);
+    std::vector<models::TokenId> out(gens[i].tokens.begin(), gens[i].tokens.end());
+    REQUIRE(gens[i].finish == engine::FinishReason::Stop);
+    CHECK(gens[i].tokens.back() == 200012); // <|call|>
+    const auto messages = models::parse_completion(tok, out);
+    REQUIRE(!messages.empty());
+    CHECK(messages.size() == 1 + i % 2); // the odd ones' scripts wrote an analysis first
+    for (size_t m = 0; m + 1 < messages.size(); ++m)
+      CHECK(messages[m].channel == "analysis");
+    const models::Message& call = messages.back();
+    CAPTURE(call.content);
+    called.insert(call.recipient);
+    const Json v = Json::parse(call.content);
+    REQUIRE(v.is_object());
+    CHECK(v.size() == 1);
+    if (call.recipient == "functions.lookup") {
+      CHECK(v["days"].get<int>() >= 1);
+      CHECK(v["days"].get<int>() <= 7);
+    } else {
+      CHECK(call.recipient == "functions.other");
+      CHECK((v["q"] == "a" || v["q"] == "b"));
+    }
+  }
+  CHECK(called == std::set<std::string>{"functions.lookup", "functions.other"});
+}
+
+TEST_CASE("tool_choice naming a tool that is not strict: its call's arguments are any JSON "
+          "object, other headers are refused") {
+  XSERV_REQUIRE_DATA(data);
+  const models::Tokenizer tok = models::Tokenizer::load(data / "o200k_base.tiktoken");
+  const engine::ConstraintCompiler compiler(tok, kVocab, {200002, 199999, 200012});
+  engine::ConstraintRequest cr;
+  cr.harmony = true;
+  cr.tool_choice = engine::ConstraintRequest::ToolChoice::Required;
+  cr.callable = {"third"};
+  // The first model calls the named tool with a JSON object; the second wants to answer on the
+  // final channel, then to call another tool: the header is forced to the named call.
+  const std::vector<std::vector<int32_t>> scripts = {
+      ids(tok, "<|channel|>commentary to=functions.third <|constrain|>json<|message|>"
+               "{\"q\": 1}<|call|>"), // the grammar's separators: ", " and ": "
+      ids(tok, "<|channel|>final<|message|>{}")};
+  ScriptedModel model(2, 512, 6, scripts);
+  std::vector<engine::Request> reqs(2);
+  for (int i = 0; i < 2; ++i) {
+    reqs[size_t(i)].prompt = {i, 11, 12, 13, 14, 15};
+    reqs[size_t(i)].max_tokens = 40;
+    reqs[size_t(i)].stop_ids = models::stop_token_ids();
+    reqs[size_t(i)].constraint = compiler.compile(cr);
+  }
+  const auto gens = engine::generate(model, reqs);
+  std::vector<models::TokenId> out(gens[0].tokens.begin(), gens[0].tokens.end());
+  INFO(tok.decode(out));
+  REQUIRE(gens[0].finish == engine::FinishReason::Stop);
+  const auto messages = models::parse_completion(tok, out);
+  REQUIRE(messages.size() == 1);
+  CHECK(messages[0].recipient == "functions.third");
+  CHECK(Json::parse(messages[0].content) == Json{{"q", 1}});
+  // The second never writes a final channel's header, and what it writes is the named call's.
+  const std::vector<int32_t> header =
+      ids(tok, "<|channel|>commentary to=functions.third <|constrain|>json<|message|>");
+  REQUIRE(gens[1].tokens.size() > header.size());
+  CHECK(std::vector<int32_t>(gens[1].tokens.begin(),
+                             gens[1].tokens.begin() + std::ptrdiff_t(header.size())) == header);
+}
+
+TEST_CASE("tool_choice required: an analysis message cannot stop the output") {
+  XSERV_REQUIRE_DATA(data);
+  const models::Tokenizer tok = models::Tokenizer::load(data / "o200k_base.tiktoken");
+  const engine::ConstraintCompiler compiler(tok, kVocab, {200002, 199999, 200012});
+  engine::ConstraintRequest cr;
+  cr.harmony = true;
+  cr.tool_choice = engine::ConstraintRequest::ToolChoice::Required;
+  cr.callable = {"lookup"};
+  // The model wants to answer in its analysis and stop (<|return|>), then to call (<|call|>).
+  ScriptedModel model(1, 512, 6,
+                      {ids(tok, "<|channel|>analysis<|message|>Done<|return|><|call|>")});
+  engine::Request r;
+  r.prompt = {0, 11, 12, 13, 14, 15};
+  r.max_tokens = 40;
+  r.stop_ids = models::stop_token_ids();
+  r.constraint = compiler.compile(cr);
+  const auto gens = engine::generate(model, {r});
+  CHECK(gens[0].finish == engine::FinishReason::Length);
+  CHECK(std::count(gens[0].tokens.begin(), gens[0].tokens.end(), 200002) == 0);
+  CHECK(std::count(gens[0].tokens.begin(), gens[0].tokens.end(), 200012) == 0);
+  // No required call without tools or outside the chat format.
+  cr.callable.clear();
+  CHECK_THROWS_WITH_AS(compiler.compile(cr), doctest::Contains("there are no tools"),
+                       engine::ConstraintError);
+  cr.callable = {"lookup"};
+  cr.harmony = false;
+  CHECK_THROWS_WITH_AS(compiler.compile(cr), doctest::Contains("needs the chat format"),
+                       engine::ConstraintError);
+}

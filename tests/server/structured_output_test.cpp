@@ -159,6 +159,23 @@ TEST_CASE("structured output: what cannot be enforced is refused, naming the fie
           {{"input", "x"},
            {"text", {{"format", {{"type", "json_schema"}, {"name", "n"}, {"schema", unique}}}}}},
           "text.format.schema", "uniqueItems");
+  // tool_choice: required or named needs tools, and a named tool must be one of them.
+  const Json weather_tool = {{"type", "function"},
+                             {"function", {{"name", "weather"}, {"parameters", {{"type", "object"}}}}}};
+  const Json user = {{{"role", "user"}, {"content", "x"}}};
+  refusal("/v1/chat/completions", {{"messages", user}, {"tool_choice", "required"}}, "tool_choice",
+          "no tools");
+  refusal("/v1/chat/completions",
+          {{"messages", user},
+           {"tools", {weather_tool}},
+           {"tool_choice", {{"type", "function"}, {"function", {{"name", "news"}}}}}},
+          "tool_choice.function.name", "'news' is not among");
+  refusal("/v1/chat/completions",
+          {{"messages", user}, {"tools", {weather_tool}}, {"tool_choice", "always"}},
+          "tool_choice", "\"required\"");
+  refusal("/v1/chat/completions",
+          {{"messages", user}, {"tools", {weather_tool}}, {"tool_choice", {{"type", "function"}}}},
+          "tool_choice.function", "missing");
   const HttpResponse resp = s.post(
       "/v1/responses", Json{{"input", "x"},
                             {"max_output_tokens", 4},
@@ -175,4 +192,55 @@ TEST_CASE("structured output: what cannot be enforced is refused, naming the fie
            {"response_format", {{"type", "json_object"}}}}
           .dump());
   CHECK(ok.status == 200);
+}
+
+TEST_CASE("structured output: tool_choice required or named forces a call on random weights") {
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s({}, 2, 256);
+  s.model.set_open(true);
+  const Json tool = {
+      {"type", "function"},
+      {"function",
+       {{"name", "weather"},
+        {"strict", true},
+        {"parameters",
+         {{"type", "object"},
+          {"properties", {{"city", {{"enum", {"Oslo", "Lima"}}}}}},
+          {"required", {"city"}}}}}}};
+  for (const Json& choice : {Json("required"),
+                             Json{{"type", "function"}, {"function", {{"name", "weather"}}}}}) {
+    CAPTURE(choice.dump());
+    const HttpResponse r = s.post("/v1/chat/completions",
+                                  Json{{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                       {"tools", {tool}},
+                                       {"tool_choice", choice},
+                                       {"max_tokens", 120}}
+                                      .dump());
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const Json c = Json::parse(r.body)["choices"][0];
+    CAPTURE(c.dump());
+    // Random weights may reason (analysis) until max_tokens; they can never answer instead.
+    const Json content = c["message"].value("content", Json());
+    CHECK((content.is_null() || content == ""));
+    if (c["finish_reason"] == "tool_calls") {
+      const Json& call = c["message"]["tool_calls"][0]["function"];
+      CHECK(call["name"] == "weather");
+      const Json args = Json::parse(call["arguments"].get<std::string>());
+      CHECK((args["city"] == "Oslo" || args["city"] == "Lima"));
+    } else {
+      CHECK(c["finish_reason"] == "length");
+    }
+  }
+  // The Responses API names the function at the top of tool_choice, and echoes it as given.
+  const Json named = {{"type", "function"}, {"name", "weather"}};
+  const HttpResponse r = s.post(
+      "/v1/responses", Json{{"input", "x"},
+                            {"tools", {{{"type", "function"},
+                                        {"name", "weather"},
+                                        {"parameters", {{"type", "object"}}}}}},
+                            {"tool_choice", named},
+                            {"max_output_tokens", 8}}
+                           .dump());
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  CHECK(Json::parse(r.body)["tool_choice"] == named);
 }

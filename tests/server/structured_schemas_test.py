@@ -8,8 +8,11 @@ that happen.
 
 usage: structured_schemas_test.py XSERV_BINARY SOURCE_DIR DATA_DIR [COUNT]
 Exits 77 (ctest SKIP_RETURN_CODE) when the jsonschema package or the shared data is missing.
+With XSERV_SCHEMAS_ENDPOINT=http://HOST:PORT the requests go to that server instead (the
+synthetic 20b on a GPU: scripts/device/structured.sh), 64 at once.
 """
 import concurrent.futures
+import contextlib
 import json
 import os
 import random
@@ -132,9 +135,11 @@ def main() -> int:
         validator.check_schema(s)
 
     failures = []
+    endpoint = os.environ.get("XSERV_SCHEMAS_ENDPOINT")
     with tempfile.TemporaryDirectory(prefix="xserv_schemas_") as tmp:
-        with tiny_server(binary, source, tokenizer, tmp,
-                         ["--max-seq", "1024", "--max-batch", "16"]) as base:
+        with (contextlib.nullcontext(endpoint) if endpoint else
+              tiny_server(binary, source, tokenizer, tmp,
+                          ["--max-seq", "1024", "--max-batch", "16"])) as base:
             url = base + "/v1/completions"
 
             def one(job):
@@ -159,7 +164,7 @@ def main() -> int:
 
             jobs = [(i, t) for i in range(count) for t in (0, 1)]
             t0 = time.time()
-            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            with concurrent.futures.ThreadPoolExecutor(64 if endpoint else 16) as pool:
                 for result in pool.map(one, jobs):
                     if result:
                         failures.append(result)
