@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <set>
 #include <string_view>
 #include <tuple>
 
@@ -197,17 +198,33 @@ void DeviceStage::load(LaunchTable table, const std::vector<std::vector<char>>& 
     const size_t rows = size_t(layout_.max_batch), words = size_t(table.mask_words);
     const ScratchBuffer& m = table.scratch.at(size_t(table.mask_scratch));
     const ScratchBuffer& r = table.scratch.at(size_t(table.mask_rows_scratch));
+    // The kernel's mask stride is the vocabulary's, compiled in; its buffers are its own.
+    const auto vocab_words = size_t((layout_.output.vocab + 31) / 32);
+    const std::set<int> distinct = {table.argmax_scratch, table.mask_scratch,
+                                    table.mask_rows_scratch};
+    if (words != vocab_words || distinct.size() != 3 || !m.f64.empty() || !r.f64.empty())
+      throw Error(fmt::format("{}: the masked pick's mask_words {} (the vocabulary takes {}) or "
+                              "scratch buffers {}, {} (keys: {}) do not fit the plan",
+                              source, words, vocab_words, table.mask_scratch,
+                              table.mask_rows_scratch, table.argmax_scratch));
     if (m.bytes < rows * words * 4 || r.bytes < rows * 4)
       throw Error(fmt::format("{}: the masked pick's scratch ({} and {} bytes) is smaller than "
                               "{} rows of {} mask words",
                               source, m.bytes, r.bytes, rows, words));
+    uint32_t* staging = nullptr;
+    int32_t* staging_rows = nullptr;
+    check(cudaMallocHost(reinterpret_cast<void**>(&staging), rows * words * 4),
+          "pinned token masks");
+    if (const cudaError_t e = cudaMallocHost(reinterpret_cast<void**>(&staging_rows), rows * 4);
+        e != cudaSuccess) {
+      cudaFreeHost(staging);
+      check(e, "pinned token masks");
+    }
+    mask_host_ = staging; // both or neither: picks_masked() reads the first
+    mask_rows_host_ = staging_rows;
     masks_dev_ = const_cast<void*>(bind.scratch[size_t(table.mask_scratch)]);
     mask_rows_dev_ = const_cast<void*>(bind.scratch[size_t(table.mask_rows_scratch)]);
     mask_words_ = table.mask_words;
-    check(cudaMallocHost(reinterpret_cast<void**>(&mask_host_), rows * words * 4),
-          "pinned token masks");
-    check(cudaMallocHost(reinterpret_cast<void**>(&mask_rows_host_), rows * 4),
-          "pinned token masks");
   }
   if (options_.profile) {
     st.events.resize(table.launches.size() + 1);
@@ -334,8 +351,16 @@ void DeviceStage::run(const SubStep& s) {
   }
   if (s.keys && s.masks && mask_host_) {
     // Structured output: the masks came from the host while the step ran; the masked pick
-    // rewrites the keys of their rows.
-    const size_t masked = s.masks(mask_host_, mask_rows_host_);
+    // rewrites the keys of their rows. The hook may throw (a mask thread's error): the step's
+    // queued work is waited for first, so that nothing still reads the pinned step inputs
+    // when the caller retries.
+    size_t masked = 0;
+    try {
+      masked = s.masks(mask_host_, mask_rows_host_);
+    } catch (...) {
+      cudaStreamSynchronize(stream_);
+      throw;
+    }
     XSERV_CHECK(masked <= s.rows, "more masked rows than the sub-step has");
     for (size_t i = 0; i < masked; ++i)
       XSERV_CHECK(mask_rows_host_[i] >= 0 && size_t(mask_rows_host_[i]) < s.rows,

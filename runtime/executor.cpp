@@ -210,8 +210,9 @@ size_t Executor::launch(bool masked, const StepShape& shape, cudaStream_t stream
       [&](int k, std::array<unsigned, 3> g, int block, size_t smem, void** args,
           const size_t* sizes, size_t count) {
         const LoadedKernel& lk = kernels_[size_t(k)];
+        // The masked pick follows memcpys, not a kernel: no programmatic dependent launch.
         lk.module->launch_raw(*lk.kernel, dim3(g[0], g[1], g[2]), dim3(block), smem, stream, args,
-                              sizes, count, dependent_);
+                              sizes, count, dependent_ && !masked);
       },
       [&](int lib, int rows, const uint64_t* ptrs, size_t) {
         const PlanLibraryCall& c = table_.library[size_t(lib)];

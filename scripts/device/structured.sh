@@ -2,7 +2,8 @@
 # Structured output on the GPU in one call (nvidia-h200, ~6 min), the synthetic 20b's default
 # plan (max-seq 8192, max-batch 64):
 #   1. the masked pick's GPU tests (kernel against a brute force, device picks against the
-#      host's over the same rows) when .device/bin holds the GPU test binaries;
+#      host's over the same rows) when .device/bin holds the GPU test binaries, and the masks'
+#      host cost on the GPU machine's CPU (grammar_bench, one thread);
 #   2. B64 decode with every sequence constrained against none, in process: `xserv bench
 #      --requests 256 --concurrency 64 --input-len 64 --output-len 256` free, then with
 #      --regex '[a-z ]+' and with a JSON schema of an unbounded array of objects (the masks'
@@ -11,7 +12,7 @@
 #   3. the 500 schemas x greedy and temperature 1 (tests/server/structured_schemas_test.py)
 #      against `xserv serve` on the 20b, validated by jsonschema.
 #   PARTS="..." a subset of: tests bench schemas (default all)
-# Needs .device/bin/xserv (+ engine_gpu_tests, codegen_gpu_tests for the tests),
+# Needs .device/bin/xserv (+ engine_gpu_tests, codegen_gpu_tests, grammar_bench for the tests),
 # .device/data/{gpt-oss-20b.json,o200k_base.tiktoken}; the schemas need jsonschema, carried as
 # wheels for the device's Python 3.12 (docs: the device README): once, here,
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -28,6 +29,11 @@ if want tests && [ -x $B/engine_gpu_tests ]; then
   echo "== GPU tests ($(at))"
   run_tests codegen_gpu_tests -tc="*masked argmax*,*argmax kernel*"
   run_tests engine_gpu_tests -tc="*masked greedy picks*"
+fi
+
+if want tests && [ -x $B/grammar_bench ]; then # the masks' host cost on this machine's CPU
+  echo "== grammar_bench ($(at))"
+  THREADS=1 timeout 120 $B/grammar_bench $D/o200k_base.tiktoken 2>&1 | tail -8
 fi
 
 synth20b
