@@ -136,6 +136,8 @@ int serving_bench(const ParsedArgs& args) {
       {"token budget per step",
        std::to_string(std::max(eo.max_tokens_per_step, st.kv_rows))}, // raised to max running
       {"prefill budget beside decodes", std::to_string(eo.prefill_budget)},
+      {"inter-token latency target (ms)",
+       eo.itl_target_ms > 0 ? fmt::format("{:g}", eo.itl_target_ms) : std::string("off")},
       {"admit batch", std::to_string(eo.admit_batch)},
       {"KV blocks (full pool, used at the end)",
        fmt::format("{} of {} blocks of {}", st.kv_blocks_used, st.kv_blocks, st.kv_block_size)},

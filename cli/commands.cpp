@@ -32,7 +32,10 @@ const std::vector<OptSpec>& load_options() {
        "prompt tokens a step takes beside running decodes (default 0: the step budget)"},
       {"--backlog-steps", "N",
        "a deeper backlog raises that budget to the waiting prompt tokens over N steps (default "
-       "8; 0: the fixed budget only)"}};
+       "8; 0: the fixed budget only)"},
+      {"--itl-target", "MS",
+       "beside running decodes, prompt tokens stop where the step's expected time (learned "
+       "from the steps so far) reaches MS milliseconds (default 0: off)"}};
   return opts;
 }
 

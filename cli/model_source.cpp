@@ -82,6 +82,9 @@ void engine_kv_options(const ParsedArgs& args, engine::EngineOptions& o) {
   o.prefix_caching = !args.has("--no-prefix-cache");
   o.prefill_budget = args.get_int("--prefill-budget", o.prefill_budget, 0, 1 << 24);
   o.backlog_steps = args.get_int("--backlog-steps", o.backlog_steps, 0, 1 << 20);
+  o.itl_target_ms = args.get_double("--itl-target", o.itl_target_ms);
+  if (!(o.itl_target_ms >= 0 && o.itl_target_ms <= 1e6))
+    throw UsageError("--itl-target must be a number of milliseconds in [0, 1000000]");
 }
 
 runtime::RunSettings run_settings() {

@@ -86,6 +86,8 @@ EngineOptions resolved(EngineOptions o, int64_t rows) {
     o.max_running = rows;
   if (o.prefill_budget < 0)
     throw Error(fmt::format("prefill_budget {} is negative", o.prefill_budget));
+  if (!(o.itl_target_ms >= 0) || !std::isfinite(o.itl_target_ms))
+    throw Error(fmt::format("itl_target_ms {} is not a non-negative number", o.itl_target_ms));
   if (o.max_queue < 0)
     throw Error(fmt::format("max_queue {} is negative", o.max_queue));
   if (o.max_tokens_per_step < 1)
@@ -402,6 +404,7 @@ std::vector<Event> Engine::step() {
       throw;
     }
     model_ms = ms_since(tm);
+    scheduler_.observe_time(sched, model_ms);
     XSERV_CHECK(out.greedy.size() == sched.seqs.size() && out.logits.size() == sched.seqs.size(),
                 "the model returned another number of rows than the step has sequences");
     for (size_t b = 0; b < sched.seqs.size(); ++b)

@@ -104,6 +104,11 @@ struct EngineOptions {
   /// budget a step, while a steady trickle of arrivals stays under prefill_budget. 0: a fixed
   /// budget.
   int64_t backlog_steps = 8;
+  /// > 0: with decodes in a step, its prompt tokens stop where the step's expected time (learned
+  /// from the steps run so far: engine/step_time.h) reaches this many milliseconds, at least a
+  /// block's worth a step, so that the running sequences' inter-token latency stays near it;
+  /// also within prefill_budget when that is set. 0: off.
+  double itl_target_ms = 0;
   /// Waiting requests join only when this many can join at once (free places), so that one
   /// prompt step serves several of them, unless nothing is running or the oldest has waited
   /// max_admit_wait steps. 1: each joins as soon as it can (the lowest time to first token);

@@ -147,6 +147,8 @@ ScheduledStep Scheduler::schedule() {
     }
     budget = std::min(budget, allowed);
   }
+  if (const int64_t itl = ndecode > 0 ? itl_budget(ndecode) : -1; itl >= 0)
+    budget = std::min(budget, itl);
   // 1-2. Running sequences in admission order; each finds its blocks, preempting the newest
   //      others when the pools are dry (the newest may be itself: it then waits).
   for (size_t i = 0; i < running_.size();) {
@@ -279,6 +281,21 @@ std::vector<Sequence*> Scheduler::fork(Sequence& parent) {
   waiting_.insert(waiting_.begin(), std::make_move_iterator(waiting.begin()),
                   std::make_move_iterator(waiting.end()));
   return out;
+}
+
+void Scheduler::observe_time(const ScheduledStep& s, double ms) {
+  int64_t decodes = 0, tokens = 0;
+  for (const auto& t : s.input.tokens) {
+    decodes += t.size() == 1 ? 1 : 0;
+    tokens += int64_t(t.size());
+  }
+  step_times_.observe(decodes, tokens - decodes, ms);
+}
+
+int64_t Scheduler::itl_budget(int64_t decodes) const {
+  if (options_.itl_target_ms <= 0)
+    return -1;
+  return step_times_.prompt_budget(decodes, options_.itl_target_ms, kv_.geometry().block_size);
 }
 
 } // namespace xserv::engine

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/constraint.h"
+#include "engine/step_time.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/request.h"
 #include "models/step.h"
@@ -102,6 +103,12 @@ public:
   void commit(const ScheduledStep& s);
   /// The step did not run (the model threw): its block copies are made by the next step.
   void step_failed(const ScheduledStep& s);
+  /// The step took `ms` (for EngineOptions::itl_target_ms's prompt budget).
+  void observe_time(const ScheduledStep& s, double ms);
+  /// Prompt tokens a step beside `decodes` decodes may take under itl_target_ms; -1 when off
+  /// or not yet known.
+  int64_t itl_budget(int64_t decodes) const;
+  const StepTimeModel& step_times() const { return step_times_; }
   /// The choices of `parent` (a request with n > 1 whose prompt the last step finished): n - 1
   /// new sequences sharing its blocks (a partly filled last block copied on write by the next
   /// step), running after it; a choice the pools have no blocks for waits at the front of the
@@ -142,6 +149,7 @@ private:
   std::vector<std::unique_ptr<Sequence>> running_;   ///< holding blocks, in admission order
   std::vector<models::StepInput::BlockCopy> copies_; ///< for the next step
   int64_t preemptions_ = 0;
+  StepTimeModel step_times_;
 };
 
 } // namespace xserv::engine

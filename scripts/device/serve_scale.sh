@@ -7,7 +7,8 @@
 #   again on a server started with --no-prefix-cache; an 8-turn chat replayed turn by turn
 #   (TTFT by turn); then the decode aggregate at depth 512 for B64, B128, B256.
 #   KV_DTYPE=bf16   compile the plan with --kv-dtype bf16 instead of the default
-#   SERVE_FLAGS=... flags for both servers (--prefill-budget N, --backlog-steps N, ...)
+#   SERVE_FLAGS=... flags for both servers (--prefill-budget N, --backlog-steps N,
+#                   --itl-target MS, ...)
 #   PARTS="..."     a subset of: c64 c256 c512 prefix turns nocache decode (default all)
 # With an old binary (.device/old/xserv, carried; OLD= another path) of a fixed-slot engine: its
 # c64 over HTTP first (a --max-seq 8192 --max-batch 64 plan, --max-running 64) and its decode

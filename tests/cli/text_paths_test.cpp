@@ -197,18 +197,22 @@ TEST_CASE("xserv run --json-schema / --regex / --grammar: the random model's tex
             .code == 2);
 }
 
-TEST_CASE("xserv bench --requests --regex: every request of the serving run is constrained") {
+TEST_CASE("xserv bench --requests --regex --itl-target: every request of the serving run is "
+          "constrained, and the engine takes an inter-token latency target") {
   XSERV_REQUIRE_DATA(data);
   const std::string common = "bench " + tiny_model().string() + " --backend cpu --tokenizer " +
                              (data / "o200k_base.tiktoken").string() +
                              " --requests 6 --concurrency 3 --input-len 5 --output-len 9 -o json ";
-  const RunResult r = run_xserv(common + "--regex '[a-z]+'", "", /*split_stderr=*/true);
+  const RunResult r =
+      run_xserv(common + "--regex '[a-z]+' --itl-target 5", "", /*split_stderr=*/true);
   INFO(r.err);
   REQUIRE(r.code == 0);
   const auto doc = nlohmann::json::parse(r.out);
   CHECK(doc.dump().find("every output follows --regex [a-z]+; masks picked on the host") !=
         std::string::npos);
   CHECK(doc.dump().find("\"failed\":0") != std::string::npos);
+  CHECK(doc.dump().find("\"inter-token latency target (ms)\":\"5\"") != std::string::npos);
+  CHECK(run_xserv(common + "--itl-target -3").code == 2);
   // Over HTTP the requests carry their own response_format: a usage mistake.
   CHECK(run_xserv(common + "--endpoint http://127.0.0.1:9 --regex a").code == 2);
 }

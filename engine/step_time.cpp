@@ -1,0 +1,83 @@
+// StepTimeModel: decode-only times by bucket, and a weighted least-squares line through what
+// prompt tokens added.
+#include "engine/step_time.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+namespace xserv::engine {
+
+int StepTimeModel::bucket(int64_t decodes) {
+  if (decodes <= 1)
+    return 0;
+  return std::min(int(std::bit_width(uint64_t(decodes - 1))), kBuckets - 1);
+}
+
+void StepTimeModel::observe(int64_t decodes, int64_t prompt_tokens, double ms) {
+  if (!(ms >= 0) || !std::isfinite(ms) || decodes < 0 || prompt_tokens < 0 ||
+      decodes + prompt_tokens == 0)
+    return;
+  if (prompt_tokens == 0) {
+    double& d = decode_[size_t(bucket(decodes))];
+    d = d == 0 ? ms : (1 - kAlpha) * d + kAlpha * ms;
+    return;
+  }
+  // What the prompt tokens added: the step's time less its decodes' (a step of prompts alone
+  // adds everything).
+  double base = 0;
+  if (decodes > 0) {
+    base = decode_ms(decodes);
+    if (base < 0)
+      return; // no decode-only step seen yet: nothing to subtract
+  }
+  const double p = double(prompt_tokens), e = std::max(0.0, ms - base);
+  const double keep = 1 - kAlpha;
+  s0_ = keep * s0_ + kAlpha;
+  sp_ = keep * sp_ + kAlpha * p;
+  spp_ = keep * spp_ + kAlpha * p * p;
+  se_ = keep * se_ + kAlpha * e;
+  spe_ = keep * spe_ + kAlpha * p * e;
+  ++prompt_steps_;
+}
+
+double StepTimeModel::decode_ms(int64_t decodes) const {
+  const int b = bucket(decodes);
+  if (decode_[size_t(b)] > 0)
+    return decode_[size_t(b)];
+  for (int d = 1; d < kBuckets; ++d) { // the nearest observed bucket, larger first
+    if (b + d < kBuckets && decode_[size_t(b + d)] > 0)
+      return decode_[size_t(b + d)];
+    if (b - d >= 0 && decode_[size_t(b - d)] > 0)
+      return decode_[size_t(b - d)];
+  }
+  return -1;
+}
+
+double StepTimeModel::prompt_token_ms() const {
+  if (prompt_steps_ == 0 || sp_ <= 0)
+    return 0;
+  const double den = s0_ * spp_ - sp_ * sp_;
+  // Prompt sizes that barely vary say nothing of the slope: the mean cost per token then.
+  const double g = den > 1e-9 * s0_ * spp_ ? (s0_ * spe_ - sp_ * se_) / den : se_ / sp_;
+  return g > 0 ? g : se_ / sp_;
+}
+
+double StepTimeModel::prompt_fixed_ms() const {
+  if (prompt_steps_ == 0 || s0_ <= 0)
+    return 0;
+  return std::max(0.0, (se_ - prompt_token_ms() * sp_) / s0_);
+}
+
+int64_t StepTimeModel::prompt_budget(int64_t decodes, double target_ms, int64_t floor) const {
+  const double base = decode_ms(decodes), g = prompt_token_ms();
+  if (prompt_steps_ < kMinPromptSteps || base < 0 || g <= 0)
+    return -1;
+  const double room = target_ms - base - prompt_fixed_ms();
+  if (room <= 0)
+    return floor;
+  // Rounded down, but not below a whole number the fit's rounding put a hair under.
+  return std::max(floor, int64_t(std::floor(std::min(room / g * (1 + 1e-9), 1e9))));
+}
+
+} // namespace xserv::engine

@@ -1,0 +1,40 @@
+// How long a step takes, learned from the steps an engine runs, so that a target inter-token
+// latency becomes a prompt budget: a step of D decodes and P prompt tokens is taken to cost
+// decode(D) + f + g * P, where decode(D) is the recent time of steps of D decodes alone (by
+// powers of two of D) and f, g are fitted, with exponential forgetting, to what prompt tokens
+// added to the steps that had them. Deterministic: a function of the observations only.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace xserv::engine {
+
+class StepTimeModel {
+public:
+  /// A step of `decodes` one-token sequences and `prompt_tokens` other tokens took `ms`.
+  void observe(int64_t decodes, int64_t prompt_tokens, double ms);
+  /// The expected time of a step of `decodes` decodes alone: the observed bucket of `decodes`
+  /// (powers of two), else the nearest observed one; -1 before any decode-only step.
+  double decode_ms(int64_t decodes) const;
+  /// The prompt tokens a step with `decodes` decodes may take so that it stays within
+  /// `target_ms`, at least `floor` (a prompt always makes progress); -1 while fewer than
+  /// kMinPromptSteps steps with prompt tokens (or no decode-only step) have been seen.
+  int64_t prompt_budget(int64_t decodes, double target_ms, int64_t floor) const;
+  /// The fitted fixed cost f and per-token cost g of prompt tokens (ms); g is 0 until known.
+  double prompt_fixed_ms() const;
+  double prompt_token_ms() const;
+
+  static constexpr int kMinPromptSteps = 3;
+  /// Weight of the newest observation in the averages and the fit.
+  static constexpr double kAlpha = 0.2;
+
+private:
+  static constexpr int kBuckets = 20; ///< 1, 2, 3-4, 5-8, ... decodes
+  static int bucket(int64_t decodes);
+  std::array<double, kBuckets> decode_{}; ///< by bucket; 0: not observed
+  double s0_ = 0, sp_ = 0, spp_ = 0, se_ = 0, spe_ = 0; ///< the weighted fit's sums
+  int64_t prompt_steps_ = 0;
+};
+
+} // namespace xserv::engine

@@ -1,0 +1,116 @@
+// The step-time model behind EngineOptions::itl_target_ms: decode-only times by bucket, the fit
+// of what prompt tokens add, the budget it gives; and the scheduler holding a step's prompt
+// tokens to that budget beside its decodes.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "engine/scheduler.h"
+#include "engine/step_time.h"
+
+using namespace xserv;
+using engine::StepTimeModel;
+
+TEST_CASE("step time: decode steps average by bucket, the nearest bucket stands in") {
+  StepTimeModel m;
+  CHECK(m.decode_ms(64) == -1);
+  m.observe(64, 0, 10.0);
+  CHECK(m.decode_ms(64) == 10.0);
+  CHECK(m.decode_ms(40) == 10.0); // 33-64: the same bucket
+  CHECK(m.decode_ms(1) == 10.0);  // nothing nearer
+  m.observe(64, 0, 20.0);         // a moving average
+  CHECK(m.decode_ms(64) == doctest::Approx(0.8 * 10 + 0.2 * 20));
+  m.observe(1, 0, 2.0);
+  CHECK(m.decode_ms(1) == 2.0);
+  CHECK(m.decode_ms(3) == 2.0); // bucket 3-4: 1's bucket is nearer than 33-64's
+  // Nonsense is ignored.
+  m.observe(1, 0, std::numeric_limits<double>::quiet_NaN());
+  m.observe(1, 0, -1);
+  CHECK(m.decode_ms(1) == 2.0);
+}
+
+TEST_CASE("step time: the prompt tokens' fixed and per-token costs are fitted, and give a budget") {
+  StepTimeModel m;
+  m.observe(64, 0, 10.0);
+  // Steps of 64 decodes plus P prompt tokens at 10 + 2 + 0.03 P ms.
+  int seen = 0;
+  for (int round = 0; round < 3; ++round)
+    for (const int p : {100, 300, 512, 64}) {
+      if (seen++ < StepTimeModel::kMinPromptSteps)
+        CHECK(m.prompt_budget(64, 20.0, 16) == -1);
+      m.observe(64, p, 10.0 + 2.0 + 0.03 * p);
+    }
+  CHECK(m.prompt_token_ms() == doctest::Approx(0.03).epsilon(1e-6));
+  CHECK(m.prompt_fixed_ms() == doctest::Approx(2.0).epsilon(1e-6));
+  CHECK(m.prompt_budget(64, 20.0, 16) == 266); // (20 - 10 - 2) / 0.03
+  CHECK(m.prompt_budget(64, 11.0, 16) == 16);  // no room: the floor
+  CHECK(m.prompt_budget(64, 1e12, 16) > 1000000);
+}
+
+TEST_CASE("step time: no budget before three prompt steps and a decode step") {
+  StepTimeModel m;
+  m.observe(0, 512, 30.0); // prompts alone: all of it is the prompt's
+  m.observe(0, 256, 16.0);
+  CHECK(m.prompt_budget(8, 20.0, 16) == -1); // two prompt steps, no decode step
+  m.observe(0, 128, 9.0);
+  CHECK(m.prompt_budget(8, 20.0, 16) == -1); // still no decode step
+  m.observe(8, 0, 4.0);
+  // 9, 16, 30 ms for 128, 256, 512: 0.0547 ms a token, 2 fixed -> (20 - 4 - 2) / 0.0547 = 256.
+  CHECK(m.prompt_token_ms() == doctest::Approx(0.0547).epsilon(0.01));
+  CHECK(m.prompt_budget(8, 20.0, 16) == doctest::Approx(256).epsilon(0.02));
+  // Prompt sizes that never vary: the mean cost a token, no fixed part.
+  StepTimeModel same;
+  same.observe(4, 0, 3.0);
+  for (int i = 0; i < 4; ++i)
+    same.observe(4, 100, 3.0 + 5.0);
+  CHECK(same.prompt_token_ms() == doctest::Approx(0.05));
+  CHECK(same.prompt_budget(4, 8.0, 16) == 100);
+}
+
+TEST_CASE("scheduler: under itl_target_ms a step's prompt tokens beside decodes stop at the "
+          "learned budget, and a prompt alone is not held back") {
+  engine::EngineOptions o;
+  o.max_running = 4;
+  o.itl_target_ms = 20;
+  models::KvGeometry kv;
+  kv.block_size = 4;
+  kv.table_blocks = 64;
+  kv.blocks = 4 * 64 + 1;
+  engine::Scheduler s(o, kv);
+  auto request = [](int32_t first, size_t len) {
+    engine::Request r;
+    for (size_t i = 0; i < len; ++i)
+      r.prompt.push_back(first + int32_t(i));
+    r.max_tokens = 50;
+    return r;
+  };
+  // Teach it: a decode of 1 costs 10 ms, each prompt token 0.1 ms more: 100 tokens fit 20 ms.
+  auto step_of = [](std::vector<size_t> lens) {
+    engine::ScheduledStep st;
+    for (size_t n : lens)
+      st.input.tokens.push_back(std::vector<int32_t>(n, 1));
+    return st;
+  };
+  s.observe_time(step_of({1}), 10.0);
+  for (size_t p : {50, 150, 250})
+    s.observe_time(step_of({1, p}), 10.0 + 0.1 * double(p));
+  CHECK(s.itl_budget(1) == 100);
+  s.enqueue(std::make_unique<engine::Sequence>(1, request(1, 8)));
+  engine::ScheduledStep first = s.schedule();
+  REQUIRE(first.seqs.size() == 1);
+  CHECK(first.input.tokens[0].size() == 8); // alone: no decodes, no ITL budget
+  s.commit(first);
+  first.seqs[0]->tokens.push_back(7); // its first token
+  s.enqueue(std::make_unique<engine::Sequence>(2, request(100, 300)));
+  const engine::ScheduledStep mixed = s.schedule();
+  REQUIRE(mixed.seqs.size() == 2);
+  CHECK(mixed.input.tokens[0].size() == 1);
+  CHECK(mixed.input.tokens[1].size() == 100); // 300 waiting, 100 within the target
+  // Off: the whole prompt.
+  o.itl_target_ms = 0;
+  engine::Scheduler off(o, kv);
+  off.observe_time(step_of({1}), 10.0);
+  CHECK(off.itl_budget(1) == -1);
+}
