@@ -174,6 +174,75 @@ std::optional<engine::GrammarSpec> parse_response_format(const Json& rf,
   return out;
 }
 
+/// An EBNF string literal (xgrammar's dialect) holding `text` exactly.
+std::string ebnf_literal(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\')
+      out += std::string("\\") + c;
+    else if (u < 0x20 || u == 0x7f)
+      out += fmt::format("\\x{:02x}", u);
+    else
+      out += c;
+  }
+  return out + "\"";
+}
+
+/// vLLM's forms of a constraint: `structured_outputs` {json | json_object | regex | grammar |
+/// choice}, and the older guided_json, guided_regex, guided_grammar, guided_choice, so that
+/// requests written for vLLM run unchanged. At most one a request; nullopt when none is given.
+std::optional<engine::GrammarSpec> parse_vllm_constraint(Fields& f) {
+  using Kind = engine::GrammarSpec::Kind;
+  std::optional<engine::GrammarSpec> out;
+  auto take = [&](const Json& v, const std::string& field, const std::string& kind) {
+    if (out)
+      bad(field, fmt::format("cannot be combined with {} (one constraint a request)", out->field));
+    if (kind == "json") {
+      Json schema = v;
+      if (v.is_string()) { // vLLM takes the schema as a JSON text too
+        schema = Json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+        if (schema.is_discarded())
+          bad(field, "is a string that is not a JSON schema");
+      }
+      if (!schema.is_object() && !schema.is_boolean())
+        bad(field, "must be a JSON schema object");
+      out = engine::GrammarSpec{Kind::JsonSchema, schema.dump(), field};
+    } else if (kind == "json_object") {
+      if (!v.is_boolean())
+        bad(field, "must be true or false");
+      if (v.get<bool>())
+        out = engine::GrammarSpec{Kind::Json, "", field};
+    } else if (kind == "choice") {
+      if (!v.is_array() || v.empty() || v.size() > 1024)
+        bad(field, "must be a list of 1 to 1024 strings");
+      std::string grammar = "root ::= ";
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (!v[i].is_string() || v[i].get<std::string>().empty())
+          bad(fmt::format("{}[{}]", field, i), "must be a non-empty string");
+        grammar += (i ? " | " : "") + ebnf_literal(v[i].get<std::string>());
+      }
+      out = engine::GrammarSpec{Kind::Ebnf, grammar, field};
+    } else {
+      if (!v.is_string())
+        bad(field, "must be a string");
+      out = engine::GrammarSpec{kind == "regex" ? Kind::Regex : Kind::Ebnf, v.get<std::string>(),
+                                field};
+    }
+  };
+  if (const Json* so = f.get("structured_outputs")) {
+    Fields g(*so, "structured_outputs");
+    for (const char* kind : {"json", "json_object", "regex", "grammar", "choice"})
+      if (const Json* v = g.get(kind))
+        take(*v, g.path(kind), kind);
+    g.reject_unknown();
+  }
+  for (const char* kind : {"json", "regex", "grammar", "choice"})
+    if (const Json* v = f.get(std::string("guided_") + kind))
+      take(*v, std::string("guided_") + kind, kind);
+  return out;
+}
+
 } // namespace
 
 void check_stop_token_ids(const GenParams& p, int64_t vocab) {
@@ -330,6 +399,11 @@ ChatRequest parse_chat_request(const Json& body) {
   models::ResponseFormat format;
   if (const Json* rf = f.get("response_format"))
     r.params.constraint.output = parse_response_format(*rf, &format);
+  if (auto vllm = parse_vllm_constraint(f)) {
+    if (r.params.constraint.output)
+      bad(vllm->field, "cannot be combined with response_format (one constraint a request)");
+    r.params.constraint.output = std::move(vllm);
+  }
   f.get("metadata");
   f.boolean("store");
   const Json* messages = f.get("messages");
@@ -403,6 +477,12 @@ CompletionRequest parse_completion_request(const Json& body) {
       bad(key, kind == Kind::JsonSchema ? "must be a JSON schema object" : "must be a string");
     r.params.constraint.output =
         engine::GrammarSpec{kind, v->is_string() ? v->get<std::string>() : v->dump(), key};
+  }
+  if (auto vllm = parse_vllm_constraint(f)) {
+    if (r.params.constraint.output)
+      bad(vllm->field, fmt::format("cannot be combined with {} (one constraint a request)",
+                                   r.params.constraint.output->field));
+    r.params.constraint.output = std::move(vllm);
   }
   const Json* prompt = f.get("prompt");
   if (!prompt)

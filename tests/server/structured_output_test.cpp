@@ -3,6 +3,7 @@
 // an EBNF grammar, greedy, sampled and with n choices; refusals naming the field and keyword.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <regex>
 #include <set>
 
@@ -113,6 +114,71 @@ item ::= [a-c] | "zz")g"},
                   ebnf[0].first);
     CHECK(ebnf[0].second == "stop");
   }
+}
+
+TEST_CASE("structured output: vLLM's structured_outputs and guided_* forms, choices escaped") {
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s({}, 4, 256);
+  s.model.set_open(true);
+  // Quotes, a backslash, a newline and a non-ASCII letter: the choices are literal strings.
+  const std::vector<std::string> options = {"say \"yes\"", "a\\b", "two\nlines", "ünï"};
+  const Json list = options;
+  for (int seed : {1, 2, 3, 4}) {
+    for (const Json& extra : {Json{{"structured_outputs", {{"choice", list}}}},
+                              Json{{"guided_choice", list}}}) {
+      Json body = extra;
+      body.update({{"temperature", 1}, {"seed", seed}});
+      const auto c = choices(s.post("/v1/completions", completion(body)));
+      REQUIRE(c.size() == 1);
+      CHECK_MESSAGE(std::find(options.begin(), options.end(), c[0].first) != options.end(),
+                    c[0].first);
+      CHECK(c[0].second == "stop");
+    }
+  }
+  const auto re = choices(s.post(
+      "/v1/completions", completion({{"structured_outputs", {{"regex", "[xy]{2}[0-9]"}}}})));
+  CHECK_MESSAGE(std::regex_match(re[0].first, std::regex("[xy]{2}[0-9]")), re[0].first);
+  // guided_json takes the schema as an object or as its JSON text.
+  for (const Json& schema :
+       {Json{{"type", "object"}, {"properties", {{"k", {{"enum", {1, 2}}}}}}, {"required", {"k"}}},
+        Json(R"({"type": "object", "properties": {"k": {"enum": [1, 2]}}, "required": ["k"]})")}) {
+    const auto j = choices(s.post("/v1/completions", completion({{"guided_json", schema}})));
+    const Json v = Json::parse(j[0].first);
+    CHECK((v["k"] == 1 || v["k"] == 2));
+  }
+  auto refused = [&](const std::string& path, const Json& body, const std::string& param,
+                     const std::string& word) {
+    CAPTURE(body.dump());
+    const HttpResponse r = s.post(path, body.dump());
+    CHECK(r.status == 400);
+    CHECK(error_of(r)["param"] == param);
+    CHECK_MESSAGE(error_of(r)["message"].get<std::string>().find(word) != std::string::npos,
+                  error_of(r)["message"]);
+  };
+  refused("/v1/completions", {{"prompt", "x"}, {"guided_choice", Json::array()}}, "guided_choice",
+          "list of 1 to 1024");
+  refused("/v1/completions", {{"prompt", "x"}, {"regex", "a"}, {"guided_regex", "b"}},
+          "guided_regex", "cannot be combined with regex");
+  refused("/v1/completions",
+          {{"prompt", "x"}, {"structured_outputs", {{"regex", "a"}, {"choice", {"b"}}}}},
+          "structured_outputs.choice", "cannot be combined");
+  refused("/v1/completions",
+          {{"prompt", "x"}, {"structured_outputs", {{"whitespace_pattern", " "}}}},
+          "structured_outputs.whitespace_pattern", "");
+  refused("/v1/completions", {{"prompt", "x"}, {"guided_json", "{not json"}}, "guided_json",
+          "not a JSON schema");
+  refused("/v1/chat/completions",
+          {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+           {"response_format", {{"type", "json_object"}}},
+           {"guided_regex", "a"}},
+          "guided_regex", "response_format");
+  // A chat request binds its final channel with them as with response_format.
+  const HttpResponse chat = s.post(
+      "/v1/chat/completions", Json{{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                   {"max_tokens", 4},
+                                   {"structured_outputs", {{"choice", {"a", "b"}}}}}
+                                  .dump());
+  CHECK_MESSAGE(chat.status == 200, chat.body);
 }
 
 TEST_CASE("structured output: what cannot be enforced is refused, naming the field") {
