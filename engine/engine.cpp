@@ -119,6 +119,7 @@ RequestId Engine::add(Request request) {
   if (request.top_logprobs < -1 || request.top_logprobs > 20)
     throw Error(fmt::format("top_logprobs {} is outside [0, 20]", request.top_logprobs));
   runtime::validate(request.sampling);
+  check_adjustments(request.adjust, cfg.vocab_size);
   for (int32_t id : request.stop_ids)
     if (id < 0 || id >= cfg.vocab_size)
       throw Error(fmt::format("stop id {} is outside the vocabulary [0, {})", id, cfg.vocab_size));
@@ -239,6 +240,14 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
   // allowed id straight from the mask's bits, sampling draws from the masked row.
   const bool sampled = need && q.req.sampling.temperature > 0;
   int32_t tok = greedy;
+  // logit_bias and penalties: the pick is made from the adjusted row (the greedy one too).
+  std::vector<float> adjusted;
+  if (need && q.req.adjust.any()) {
+    adjusted = row;
+    adjust_logits(q.req.adjust, q.tokens, q.prompt_len, adjusted);
+    tok = runtime::argmax(adjusted);
+  }
+  const std::vector<float>& pick = adjusted.empty() ? row : adjusted;
   if (masked && !sampled) {
     tok = greedy == kNoneAllowed ? -1 : greedy;
   } else if (q.constraint && q.constraint->bound()) {
@@ -250,15 +259,15 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
       m = own;
     }
     if (sampled) {
-      std::vector<float> allowed = row;
+      std::vector<float> allowed = pick;
       tok = apply_mask(allowed, m) == 0 ? -1 : q.sampler.sample(allowed);
       if (tok >= 0 && std::isinf(allowed[size_t(tok)])) // a forbidden id has no weight
-        tok = masked_argmax(row, m);
+        tok = masked_argmax(pick, m);
     } else {
-      tok = masked_argmax(row, m);
+      tok = masked_argmax(pick, m);
     }
   } else if (sampled) {
-    tok = q.sampler.sample(row);
+    tok = q.sampler.sample(pick);
   }
   if (tok < 0) { // only a constraint leaves no token
     ev.finish = FinishReason::Error;
@@ -375,7 +384,8 @@ std::vector<Event> Engine::step() {
     std::vector<bool> need = sched.need_logits, masked(sched.seqs.size());
     for (size_t b : bound) {
       const Request& r = sched.seqs[b]->req;
-      if (r.sampling.temperature <= 0 && r.top_logprobs < 0 && !r.return_logits) {
+      if (r.sampling.temperature <= 0 && r.top_logprobs < 0 && !r.return_logits &&
+          !r.adjust.any()) {
         masked[b] = true;
         need[b] = false;
       }

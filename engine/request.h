@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/logit_adjust.h"
 #include "runtime/sampler.h"
 
 namespace xserv::engine {
@@ -53,6 +54,9 @@ struct Request {
   /// Structured output (ConstraintCompiler::compile): each token is drawn from the tokens the
   /// constraint allows next, greedy and sampled alike. Null: free.
   std::shared_ptr<const Constraint> constraint;
+  /// logit_bias and the penalties, applied to the logits row before the pick (which then comes
+  /// back to the host every step); log-probabilities stay those of the model's own logits.
+  LogitAdjustments adjust;
 };
 
 /// The most choices one request may ask for.

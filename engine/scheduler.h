@@ -53,12 +53,13 @@ struct Sequence {
   size_t pending() const { return tokens.size() - cached; }
   /// Sequences of the engine's running limit this one stands for (its choices, before a fork).
   int64_t slots() const { return forked ? 1 : std::max<int64_t>(req.n, 1); }
-  /// Its tokens come from its logits row (sampling, log-probabilities or logits asked for, or a
+  /// Its tokens come from its logits row (sampling, log-probabilities or logits asked for, logit
+  /// adjustments, or a
   /// constraint that binds the next token: the pick is made over the ids it allows), not from
   /// the model's greedy pick alone.
   bool needs_logits() const {
     return req.sampling.temperature > 0 || req.top_logprobs >= 0 || req.return_logits ||
-           (constraint && constraint->bound());
+           req.adjust.any() || (constraint && constraint->bound());
   }
 };
 

@@ -33,6 +33,7 @@ engine::Request make_request(const Api& api, std::vector<int32_t> prompt,
   r.top_logprobs = p.top_logprobs;
   r.n = p.n;
   r.constraint = api.compile(p.constraint);
+  r.adjust = p.adjust;
   return r;
 }
 

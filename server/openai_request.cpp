@@ -2,6 +2,7 @@
 #include "server/openai_request.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -15,12 +16,6 @@
 
 namespace xserv::server::openai {
 namespace {
-
-/// Options that only make sense at one value here: accepted when equal to it, else 400.
-void only_default(Fields& f, const std::string& key, double value) {
-  if (auto x = f.number(key, -1e9, 1e9); x && *x != value)
-    bad(f.path(key), fmt::format("is not supported (only {})", value));
-}
 
 void parse_stop(Fields& f, GenParams& p) {
   if (const Json* v = f.get("stop")) {
@@ -76,11 +71,29 @@ void parse_common(Fields& f, GenParams& p, std::string& model) {
   }
   if (auto n = f.integer("n", 1, engine::kMaxChoices))
     p.n = static_cast<int>(*n);
-  only_default(f, "presence_penalty", 0);
-  only_default(f, "frequency_penalty", 0);
-  only_default(f, "repetition_penalty", 1);
-  if (const Json* lb = f.get("logit_bias"); lb && !(lb->is_object() && lb->empty()))
-    bad("logit_bias", "is not supported");
+  p.adjust.presence_penalty = float(f.number("presence_penalty", -2, 2).value_or(0.0));
+  p.adjust.frequency_penalty = float(f.number("frequency_penalty", -2, 2).value_or(0.0));
+  if (auto r = f.number("repetition_penalty", 0, 10)) {
+    if (*r <= 0)
+      bad("repetition_penalty", "must be above 0");
+    p.adjust.repetition_penalty = float(*r);
+  }
+  if (const Json* lb = f.get("logit_bias")) {
+    // {"token id": bias}, as OpenAI takes it: ids as decimal strings, biases in [-100, 100].
+    if (!lb->is_object() || lb->size() > 1024)
+      bad("logit_bias", "must be an object of at most 1,024 \"token id\": bias entries");
+    for (const auto& [key, value] : lb->items()) {
+      const std::string field = "logit_bias." + key;
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id > INT32_MAX)
+        bad(field, "is not a token id (a non-negative integer)");
+      if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100))
+        bad(field, "must be a number in [-100, 100]");
+      p.adjust.bias.emplace_back(int32_t(id), value.get<float>());
+    }
+    std::sort(p.adjust.bias.begin(), p.adjust.bias.end()); // by id, whatever the key order
+  }
   parse_stop(f, p);
   p.ignore_eos = f.boolean("ignore_eos").value_or(false);
   p.stream = f.boolean("stream").value_or(false);
@@ -250,6 +263,10 @@ void check_stop_token_ids(const GenParams& p, int64_t vocab) {
     if (id >= vocab)
       bad("stop_token_ids",
           fmt::format("holds {}, outside the model's vocabulary [0, {})", id, vocab));
+  for (const auto& [id, bias] : p.adjust.bias)
+    if (id >= vocab)
+      bad(fmt::format("logit_bias.{}", id),
+          fmt::format("is outside the model's vocabulary [0, {})", vocab));
 }
 
 std::vector<models::Message> chat_to_harmony(const Json& messages, const Json& tools,

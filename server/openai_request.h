@@ -27,6 +27,8 @@ struct GenParams {
   /// Structured output asked for (response_format, strict tools, completions' json_schema /
   /// regex / grammar); compiled by the server against the vocabulary.
   engine::ConstraintRequest constraint;
+  /// logit_bias, presence / frequency / repetition penalties.
+  engine::LogitAdjustments adjust;
 };
 
 /// A parsed /v1/chat/completions request.
@@ -53,7 +55,8 @@ ChatRequest parse_chat_request(const Json& body);
 /// array of token ids).
 CompletionRequest parse_completion_request(const Json& body);
 
-/// Throws ApiError 400 naming stop_token_ids when one of `p`'s ids lies outside [0, vocab).
+/// Throws ApiError 400 naming stop_token_ids or logit_bias when one of `p`'s ids lies outside
+/// [0, vocab).
 void check_stop_token_ids(const GenParams& p, int64_t vocab);
 
 /// The harmony conversation of OpenAI chat `messages` (an array) with `tools` (null or an array

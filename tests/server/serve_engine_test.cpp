@@ -170,3 +170,24 @@ TEST_CASE("serve: a stream kept waiting gets SSE pings in well-formed chunks, th
   CHECK(events.back() == "[DONE]");
   CHECK(Json::parse(events[events.size() - 2])["choices"][0]["finish_reason"] == "length");
 }
+
+TEST_CASE("serve: logit_bias and penalties reach the engine: a biased token is every token, "
+          "greedy and sampled") {
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s;
+  s.model.set_open(true);
+  // Id 42 is "K" in o200k: forced by +100, five times over, whatever else the request asks.
+  for (const Json& extra : {Json{{"temperature", 0}}, Json{{"temperature", 1}, {"seed", 3}},
+                            Json{{"presence_penalty", 0.5}, {"repetition_penalty", 1.1}}}) {
+    Json body = {{"prompt", "Hello"}, {"max_tokens", 5}, {"logit_bias", {{"42", 100}}}};
+    body.update(extra);
+    const HttpResponse r = s.post("/v1/completions", body.dump());
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    CHECK(Json::parse(r.body)["choices"][0]["text"] == "KKKKK");
+  }
+  // An id past the vocabulary is the request's error, named.
+  const HttpResponse bad = s.post(
+      "/v1/completions", Json{{"prompt", "x"}, {"logit_bias", {{"999999", 1}}}}.dump());
+  CHECK(bad.status == 400);
+  CHECK(error_of(bad)["param"] == "logit_bias.999999");
+}

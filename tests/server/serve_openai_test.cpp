@@ -69,7 +69,25 @@ TEST_CASE("serve: request validation names the field") {
   CHECK(chat("{" + msgs + R"(, "logprobs": true, "top_logprobs": 21})").param == "top_logprobs");
   CHECK(chat("{" + msgs + R"(, "reasoning_effort": "max"})").param == "reasoning_effort");
   CHECK(chat("{" + msgs + R"(, "stop": [""]})").param == "stop");
-  CHECK(chat("{" + msgs + R"(, "presence_penalty": 1})").param == "presence_penalty");
+  CHECK(chat("{" + msgs + R"(, "presence_penalty": 2.5})").param == "presence_penalty");
+  CHECK(chat("{" + msgs + R"(, "frequency_penalty": -3})").param == "frequency_penalty");
+  CHECK(chat("{" + msgs + R"(, "repetition_penalty": 0})").param == "repetition_penalty");
+  CHECK(chat("{" + msgs + R"(, "logit_bias": {"12": 101}})").param == "logit_bias.12");
+  CHECK(chat("{" + msgs + R"(, "logit_bias": {"-1": 5}})").param == "logit_bias.-1");
+  CHECK(chat("{" + msgs + R"(, "logit_bias": {"7x": 5}})").param == "logit_bias.7x");
+  CHECK(chat("{" + msgs + R"(, "logit_bias": [1]})").param == "logit_bias");
+  const GenParams adjusted = parse_chat_request(parse_body("{" + msgs + R"(,
+      "presence_penalty": 0.5, "frequency_penalty": -0.25, "repetition_penalty": 1.2,
+      "logit_bias": {"200002": -100, "17": 3.5}})")).params;
+  CHECK(adjusted.adjust.presence_penalty == 0.5f);
+  CHECK(adjusted.adjust.frequency_penalty == -0.25f);
+  CHECK(adjusted.adjust.repetition_penalty == doctest::Approx(1.2));
+  REQUIRE(adjusted.adjust.bias.size() == 2);
+  CHECK(adjusted.adjust.bias[0].first == 17);
+  CHECK(adjusted.adjust.bias[0].second == 3.5f);
+  CHECK(adjusted.adjust.bias[1].first == 200002);
+  CHECK(adjusted.adjust.bias[1].second == -100.0f);
+  CHECK(caught([&] { check_stop_token_ids(adjusted, 1000); }).param == "logit_bias.200002");
   CHECK(chat("{" + msgs + R"(, "stream_options": {"include_usage": true}})").param ==
         "stream_options");
   CHECK(chat(R"({"messages": []})").param == "messages");
