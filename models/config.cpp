@@ -212,6 +212,18 @@ ModelConfig ModelConfig::from_json(const json& doc, const std::string& source) {
                           mt->dump()));
     r.fail(); // the other fields would only add noise
   }
+  // The class transformers would build: a gpt_oss config naming another model is not one.
+  if (auto ar = doc.find("architectures"); ar != doc.end() && !ar->is_null()) {
+    const bool ours = ar->is_array() && std::any_of(ar->begin(), ar->end(), [](const nlohmann::json& a) {
+      return a == "GptOssForCausalLM";
+    });
+    if (!ours) {
+      r.problem(fmt::format("architectures is {}, not [\"GptOssForCausalLM\"]: the config "
+                            "describes another model",
+                            ar->dump().substr(0, 80)));
+      r.fail();
+    }
+  }
   c.num_hidden_layers = r.positive_int("num_hidden_layers");
   c.hidden_size = r.positive_int("hidden_size");
   c.num_attention_heads = r.positive_int("num_attention_heads");

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <boost/beast/core/error.hpp>
 
@@ -19,15 +20,20 @@ namespace xserv::server {
 /// `max_header` bytes, 413 for a body past `max_body` (a Content-Length is refused before any
 /// of the body is read, a chunked body as soon as it grows past), 400 naming what was malformed
 /// otherwise. Every one closes its connection: what follows cannot be read as a request.
+/// `head`: the bytes read so far (the header), to name the field at fault: a Content-Length of
+/// digits past 2^64 is too large (413), a header line with a space before its colon is named.
 openai::ApiError parser_refusal(const boost::beast::error_code& ec, size_t max_header,
-                                size_t max_body);
+                                size_t max_body, std::string_view head = {});
 
-/// What the parser leaves to the server about a request of `method` whose header carries
-/// Content-Length or not and Transfer-Encoding `coding` ("" when absent): a Transfer-Encoding
-/// that does not end in chunked (400: RFC 9112 6.3, the request's length cannot be known), and a
-/// POST, PUT or PATCH with neither field (411: its body would be read as the next request).
-/// nullopt when the body can be read.
-std::optional<openai::ApiError> framing_refusal(std::string_view method, bool content_length,
+/// What the parser leaves to the server about a request of `method` whose header carries the
+/// Content-Length values `lengths` (as written; empty when absent) and Transfer-Encoding
+/// `coding` ("" when absent): a Transfer-Encoding that does not end in chunked (400: RFC 9112
+/// 6.3, the request's length cannot be known), chunked twice (400) or another coding before it
+/// (501: the server decodes none); a Content-Length that is not one decimal number (400: a list
+/// such as "1,1" is refused, not read as 1); and a POST, PUT or PATCH with neither field (411:
+/// its body would be read as the next request). nullopt when the body can be read.
+std::optional<openai::ApiError> framing_refusal(std::string_view method,
+                                                const std::vector<std::string_view>& lengths,
                                                 std::string_view coding);
 
 /// Whether an Authorization header value carries `key` as a Bearer token: the scheme without

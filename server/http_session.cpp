@@ -133,7 +133,9 @@ void Session::on_read_error(beast::error_code ec) {
     return;
   }
   owner_.count_malformed();
-  refuse(parser_refusal(ec, limits_.max_header_bytes, limits_.max_body_bytes));
+  const auto head = buffer_.data();
+  refuse(parser_refusal(ec, limits_.max_header_bytes, limits_.max_body_bytes,
+                        std::string_view(static_cast<const char*>(head.data()), head.size())));
 }
 
 namespace {
@@ -164,9 +166,11 @@ void Session::on_header(beast::error_code ec) {
   version_11_ = req.version() >= 11;
   head_method_ = req.method() == http::verb::head;
   const auto te = req.find(http::field::transfer_encoding);
+  std::vector<std::string_view> lengths;
+  for (auto [it, end] = req.equal_range(http::field::content_length); it != end; ++it)
+    lengths.emplace_back(it->value().data(), it->value().size());
   if (const auto bad = framing_refusal(
-          std::string_view(req.method_string().data(), req.method_string().size()),
-          req.find(http::field::content_length) != req.end(),
+          std::string_view(req.method_string().data(), req.method_string().size()), lengths,
           te == req.end() ? std::string_view()
                           : std::string_view(te->value().data(), te->value().size()))) {
     owner_.count_malformed();

@@ -5,7 +5,7 @@
 // responses (the last may be cut short only by a reset, or when the client half-closed with a
 // request in hand, which abandons it); the handler's replies come in the order of their
 // requests (pipelined requests answered in order); a reply the layer makes itself (a refused,
-// malformed request) is the last on its connection; a response to HEAD has no body; a stream's
+// malformed request: 400, 411, 413, 431 or 501) is the last on its connection; a response to HEAD has no body; a stream's
 // events arrive whole and in order; and the server closes the connection by itself (at the
 // latest when a deadline passes), never hangs, never crashes.
 //
@@ -183,9 +183,9 @@ void check_answers(const std::string& got, int64_t first_seq, bool cut) {
     const auto& res = p.get();
     if (res.result_int() == 100) // 100 Continue before a body
       continue;
-    if (n < 0) { // the layer's own: 400, 411, 413 or 431, then the connection ends
+    if (n < 0) { // the layer's own: 400, 411, 413, 431 or 501, then the connection ends
       const unsigned s = res.result_int();
-      if (s != 400 && s != 411 && s != 413 && s != 431)
+      if (s != 400 && s != 411 && s != 413 && s != 431 && s != 501)
         contract_broken("a response the handler did not make, with an unexpected status");
       layer_reply = true;
       continue;

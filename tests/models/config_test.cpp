@@ -68,6 +68,18 @@ TEST_CASE("a config of another model is refused with one clear line") {
                          "models only");
 }
 
+TEST_CASE("a gpt_oss config whose architectures name another model is refused") {
+  json doc = tiny_doc();
+  doc["architectures"] = {"LlamaForCausalLM"};
+  CHECK(error_of(doc) == "config.json: not a valid gpt-oss config (1 problem):\n"
+                         "  - architectures is [\"LlamaForCausalLM\"], not "
+                         "[\"GptOssForCausalLM\"]: the config describes another model");
+  doc["architectures"] = "GptOssForCausalLM"; // a string, not a list
+  CHECK(error_of(doc).find("architectures is \"GptOssForCausalLM\"") != std::string::npos);
+  doc.erase("architectures"); // absent: model_type decides
+  CHECK(error_of(doc).empty());
+}
+
 TEST_CASE("every problem is listed, each naming its field") {
   json doc = tiny_doc();
   doc.erase("hidden_size");

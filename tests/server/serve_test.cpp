@@ -306,7 +306,13 @@ TEST_CASE("serve: a request whose body's end is in doubt is refused and its conn
       {"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", 400, "together with Content-Length"},
       {"Transfer-Encoding: gzip\r\n", 400, "does not end in chunked"},
       {"", 411, "a POST request needs Content-Length"},
-      {"Content-Length: 18446744073709551616\r\n", 400, "Content-Length is not a number"},
+      {"Content-Length: 18446744073709551616\r\n", 413, "larger than the server's limit of 4096"},
+      // A list of one value (RFC 9110 lets a recipient read it as 1), a space before the colon,
+      // chunked twice: each a classic of request smuggling, refused.
+      {"Content-Length: 1,1\r\n", 400, "Content-Length '1,1' is not a number of bytes", "{}"},
+      {"Content-Length : 2\r\n", 400, "'Content-Length : 2' is not a field", "{}"},
+      {"Transfer-Encoding: chunked, chunked\r\n", 400, "applies chunked twice", "0\r\n\r\n"},
+      {"Transfer-Encoding: gzip, chunked\r\n", 501, "decodes chunked only", "0\r\n\r\n"},
       {"Content-Length: 5000\r\n", 413, "larger than the server's limit of 4096"},
       // Well framed but refused before its body was read (no key): the body is not a request.
       {"Content-Length: 2\r\n", 401, "a valid API key is needed", "{}"},
@@ -325,7 +331,7 @@ TEST_CASE("serve: a request whose body's end is in doubt is refused and its conn
     REQUIRE(raw.size() > 12);
     CHECK(std::stoi(raw.substr(9, 3)) == c.status);
     CHECK(raw.find("Connection: close") != std::string::npos);
-    CHECK(raw.find("HTTP/1.1", 8) == std::string::npos); // one response: /health not answered
+    CHECK(parse_responses(raw).size() == 1); // one response: /health not answered
     const size_t body = raw.find("\r\n\r\n");
     REQUIRE(body != std::string::npos);
     CHECK(error_of({0, "", raw.substr(body + 4)})["message"].get<std::string>().find(c.message) !=

@@ -68,10 +68,19 @@ def config_cases():
             config_case(f"{k} = {name}", lambda c, k=k, v=v: c.__setitem__(k, v), exp,
                         [k])
     for k in ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "vocab_size", "num_local_experts", "num_experts_per_tok",
-              "intermediate_size", "rms_norm_eps", "rope_theta", "sliding_window",
-              "layer_types", "model_type", "rope_scaling", "swiglu_limit"]:
+              "head_dim", "vocab_size", "num_local_experts", "intermediate_size", "rms_norm_eps",
+              "rope_theta", "sliding_window", "model_type", "rope_scaling", "swiglu_limit"]:
         config_case(f"missing {k}", lambda c, k=k: c.pop(k), "fail", [k])
+    # What transformers' GptOssConfig also reads without: the top-k from its duplicate
+    # experts_per_token, and layer_types as the alternation it defaults to (controls); the top-k
+    # with neither is missing.
+    config_case("missing num_experts_per_tok (experts_per_token kept: control)",
+                lambda c: c.pop("num_experts_per_tok"), "either")
+    config_case("missing num_experts_per_tok and experts_per_token",
+                lambda c: (c.pop("num_experts_per_tok"), c.pop("experts_per_token", None)), "fail",
+                ["num_experts_per_tok"])
+    config_case("missing layer_types (the default alternation: control)",
+                lambda c: c.pop("layer_types"), "either")
     more = [
         ("model_type llama", lambda c: c.__setitem__("model_type", "llama"), ["model_type"]),
         ("model_type 7", lambda c: c.__setitem__("model_type", 7), ["model_type"]),
@@ -118,7 +127,7 @@ def config_cases():
             "original_max_position_embeddings", -1), ["original_max"]),
         ("rope truncate string", lambda c: c["rope_scaling"].__setitem__("truncate", "no"),
          ["truncate"]),
-        ("eos_token_id beyond vocab", lambda c: c.__setitem__("eos_token_id", [10 ** 9]),
+        ("eos_token_id beyond 2^30", lambda c: c.__setitem__("eos_token_id", [2 ** 31]),
          ["eos_token_id"]),
         ("eos_token_id string", lambda c: c.__setitem__("eos_token_id", "x"), ["eos_token_id"]),
         ("head_dim 2^21", lambda c: c.__setitem__("head_dim", 2 ** 21), ["head_dim"]),

@@ -14,8 +14,11 @@ from .common import (C, CRASH_PATTERNS, LIB_PATTERNS, REAL_TIKTOKEN, Proc, X, fr
 API_KEY = "probe-key"
 
 
-def http(port, method, path, body=None, headers=None, raw=None, timeout=20):
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+def http(port, method, path, body=None, headers=None, raw=None, timeout=20, source=None):
+    """One exchange on a fresh connection, read to its end; the bytes stay in C.last_raw.
+    `source`: another loopback address to connect from (another client, as the server counts)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout,
+                                 source_address=(source, 0) if source else None)
     try:
         if raw is None:
             b = body if isinstance(body, (bytes, bytearray)) else (
@@ -38,6 +41,7 @@ def http(port, method, path, body=None, headers=None, raw=None, timeout=20):
             data += c
     finally:
         s.close()
+    C.last_raw = data
     m = re.match(rb"HTTP/1\.[01] (\d{3})", data)
     status = int(m.group(1)) if m else None
     body = data.split(b"\r\n\r\n", 1)[1] if b"\r\n\r\n" in data else b""
@@ -221,7 +225,8 @@ def http_cases():
         http_case("header line 100 kB", "GET", "/health", None, "either", None,
                   raw=b"GET /health HTTP/1.1\r\nX-A: " + b"a" * 100000 + b"\r\n\r\n")
         http_case("10,000 headers", "GET", "/health", None, "either", None,
-                  raw=b"GET /health HTTP/1.1\r\n" + b"X-A: a\r\n" * 10000 + b"\r\n")
+                  raw=b"GET /health HTTP/1.1\r\nConnection: close\r\n" + b"X-A: a\r\n" * 10000 +
+                  b"\r\n")
         http_case("unknown path", "GET", "/v1/nothing", None, "4xx", None)
         http_case("wrong method on completions", "GET", CC, None, "4xx", None)
         http_case("path traversal", "GET", "/../../etc/passwd", None, "4xx", None)
@@ -233,7 +238,8 @@ def http_cases():
             try:
                 hold(socks)
                 t1 = now()
-                st, body = http(C.port, "GET", "/health", timeout=10)
+                # From another client: the holder's own connections are capped per client.
+                st, body = http(C.port, "GET", "/health", timeout=10, source="127.0.0.2")
                 lat = now() - t1
                 oc = "clean" if st == 200 and lat < 5 else "hang"
                 note = f"/health {st} in {lat:.2f}s while holding {len(socks)} connections"
@@ -336,9 +342,9 @@ def framing_cases():
         ("Transfer-Encoding gzip", b"Transfer-Encoding: gzip\r\n", b"{}", ["Transfer-Encoding"]),
         ("Transfer-Encoding 'chunked, chunked'", b"Transfer-Encoding: chunked, chunked\r\n",
          b"0\r\n\r\n", ["Transfer-Encoding"]),
-        ("a well-formed chunked body (unbounded by --max-body in the library)",
-         b"Transfer-Encoding: chunked\r\n", hex(len(body))[2:].encode() + b"\r\n" + body +
-         b"\r\n0\r\n\r\n", ["chunked", "Content-Length"]),
+        ("a chunked body past --max-body", b"Transfer-Encoding: chunked\r\n",
+         (hex(1 << 20)[2:].encode() + b"\r\n" + b" " * (1 << 20) + b"\r\n") * 2 +
+         b"0\r\n\r\n", ["larger", "limit"]),
         ("POST without Content-Length", b"", body, ["Content-Length"]),
         ("Content-Length with a space before the colon", b"Content-Length : 2\r\n", b"{}",
          ["Content-Length"]),
@@ -352,13 +358,18 @@ def framing_cases():
         t0 = now()
         try:
             st, text = http(C.port, "POST", "/v1/chat/completions", raw=raw + follow, timeout=15)
-            two = "HTTP/1.1" in text
+            two = len(re.findall(rb"HTTP/1\.[01] \d{3} ", C.last_raw)) >= 2
             oc = "silent_wrong" if two else ("clean" if st and 400 <= st < 500 else "misleading")
             note = f"status {st}; {'a second response: the body was read as a request' if two else 'one response'}"
         except socket.timeout:
             oc, note, st = "hang", "no end of the connection", None
         record("http", f"framing: {d}, then GET /health on the same connection", None, "",
                now() - t0, oc, status=st, note=note)
+    # A well-formed chunked body is read under --max-body like any other: served.
+    http_case("framing: a well-formed chunked body (control)", "POST", "/v1/chat/completions",
+              None, "2xx", raw=b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth +
+              b"Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n" +
+              hex(len(body))[2:].encode() + b"\r\n" + body + b"\r\n0\r\n\r\n")
     # Duplicate Content-Lengths that agree are one length (RFC 9110): served.
     http_case("framing: two equal Content-Lengths (control)", "POST", "/v1/chat/completions",
               None, "2xx", raw=b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth +

@@ -1,5 +1,6 @@
 """Class "pipeline": strays, forged and malformed frames and frozen peers spoken to a real rank 0
 and a real worker over 127.0.0.1 (the peers are in pipeline_peers.py)."""
+import json
 import os
 import socket
 import struct
@@ -190,7 +191,12 @@ def pipeline_cases():
                 pass
         return a
 
-    def act(T, shape=None, dtype="f32", name="act.39", data=None):
+    # The activation stage 1 receives, as the pp 2 plan names it.
+    boundary = json.load(open(os.path.join(C.pp_plan, "plan.json")))["pipeline"]["stages"][1][
+        "recvs"][0]["name"]
+
+    def act(T, shape=None, dtype="f32", name=None, data=None):
+        name = name or boundary
         shape = shape or [T, 64]
         n = 1
         for x in shape:
@@ -199,7 +205,18 @@ def pipeline_cases():
                 struct.pack("<f", 0.01) * max(n, 0))
 
     def step(tokens, ctx, rows, tensors, **extra):
-        h = {"step": 0, "tokens": tokens, "ctx_lens": ctx, "cache_rows": rows, "greedy": True}
+        """A step of the paged engine: sequence b on fixed row rows[b] of the worker's pools (2
+        rows x 64 positions of the tiny model: 4 blocks of 16 a row after the null block, and a
+        ring of 2 window blocks a row), its tables as long as its positions need."""
+        full, window = [], []
+        for b, r in enumerate(rows):
+            n = (ctx[b] if b < len(ctx) and isinstance(ctx[b], int) else 0) + (
+                len(tokens[b]) if isinstance(tokens, list) and b < len(tokens) else 1)
+            blocks = max(1, -(-max(n, 1) // 16))
+            full.append([1 + r * 4 + i for i in range(blocks)])
+            window.append([1 + r * 2 + i % 2 for i in range(blocks)])
+        h = {"step": 0, "tokens": tokens, "ctx_lens": ctx, "block_tables": full,
+             "window_tables": window, "copies": [], "greedy": True}
         h.update(extra)
         return frame(STEP, payload(h, tensors))
 
@@ -218,7 +235,7 @@ def pipeline_cases():
     fake_rank0_case("step with activation as int32", welcome_then(
         [step([[1, 2, 3]], [3], [0], [act(3, dtype="i32")])]))
     fake_rank0_case("step with no activation", welcome_then([step([[1, 2, 3]], [3], [0], [])]))
-    fake_rank0_case("step with cache_rows 99", welcome_then(
+    fake_rank0_case("step with block ids past the pools (row 99)", welcome_then(
         [step([[1, 2, 3]], [3], [99], [act(3)])]))
     fake_rank0_case("step with ctx_lens 1000 > max_seq", welcome_then(
         [step([[1, 2, 3]], [1000], [0], [act(3)])]))
@@ -231,7 +248,8 @@ def pipeline_cases():
     fake_rank0_case("step with tokens not a list", welcome_then(
         [step("abc", [3], [0], [act(3)])]))
     fake_rank0_case("step header missing ctx_lens", welcome_then(
-        [frame(STEP, payload({"step": 0, "tokens": [[1]], "cache_rows": [0]}, [act(1)]))]))
+        [frame(STEP, payload({"step": 0, "tokens": [[1]], "block_tables": [[1]],
+                              "window_tables": [[1]], "copies": []}, [act(1)]))]))
     fake_rank0_case("step with NaN activations", welcome_then(
         [step([[1, 2, 3]], [3], [0], [act(3, data=struct.pack("<f", float("nan")) * 192)])]),
         "either")
