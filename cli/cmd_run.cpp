@@ -76,6 +76,32 @@ runtime::SamplerOptions sampling_options(const ParsedArgs& args) {
   return s;
 }
 
+/// --logit-bias ID:B,..., --presence-penalty, --frequency-penalty, --repetition-penalty; the
+/// engine's range checks name the flag.
+engine::LogitAdjustments logit_adjustments(const ParsedArgs& args, int64_t vocab) {
+  engine::LogitAdjustments a;
+  for (const std::string& item : args.list("--logit-bias")) {
+    const size_t colon = item.find(':');
+    char* end = nullptr;
+    const long id = colon == std::string::npos ? -1 : std::strtol(item.c_str(), &end, 10);
+    const double bias = colon == std::string::npos ? 0 : std::strtod(item.c_str() + colon + 1, nullptr);
+    if (colon == std::string::npos || end != item.c_str() + colon || id < 0 || id > INT32_MAX)
+      throw UsageError(fmt::format("--logit-bias: '{}' is not ID:BIAS", item));
+    a.bias.emplace_back(int32_t(id), float(bias));
+  }
+  a.presence_penalty = float(args.get_double("--presence-penalty", 0.0));
+  a.frequency_penalty = float(args.get_double("--frequency-penalty", 0.0));
+  a.repetition_penalty = float(args.get_double("--repetition-penalty", 1.0));
+  try {
+    engine::check_adjustments(a, vocab);
+  } catch (const Error& e) {
+    std::string what = e.what(); // "presence_penalty 3 is ..." -> "--presence-penalty 3 is ..."
+    std::replace(what.begin(), what.begin() + std::ptrdiff_t(what.find_first_of(" :")), '_', '-');
+    throw UsageError("--" + what);
+  }
+  return a;
+}
+
 int cmd_run(const ParsedArgs& args) {
   const bool ids_mode = args.has("--prompt-ids"), text_mode = args.has("--prompt");
   if (ids_mode == text_mode)
@@ -115,6 +141,7 @@ int cmd_run(const ParsedArgs& args) {
   if (ids_mode) {
     req.prompt = parse_prompt_ids(args);
     auto model = make_model(src, args);
+    req.adjust = logit_adjustments(args, model->config().vocab_size);
     if (args.has("--stop-at-eos"))
       req.stop_ids = model->config().eos_ids();
     engine::GenerateStats st;
@@ -177,6 +204,7 @@ int cmd_run(const ParsedArgs& args) {
     req.stop_ids = models::stop_token_ids();
   }
   auto model = make_model(src, args);
+  req.adjust = logit_adjustments(args, model->config().vocab_size);
   if (grammar) {
     req.constraint = compile_output(*grammar, tok, *model, !raw);
     if (raw) // the grammar ends at an eos id: generation stops there

@@ -240,6 +240,12 @@ const std::vector<Command>& commands() {
               {"--grammar", "FILE", "the answer follows the EBNF grammar in FILE (rule root)"}},
              sampling_options_spec(),
              {{"--seed", "S", "sampling seed (default 0)"},
+              {"--logit-bias", "ID:B,...", "add B (-100..100) to token ID's logit"},
+              {"--presence-penalty", "P", "subtract P (-2..2) from tokens already generated"},
+              {"--frequency-penalty", "F",
+               "subtract F (-2..2) times how often a token was generated"},
+              {"--repetition-penalty", "R",
+               "divide (multiply, if negative) the logits of prompt and output tokens by R"},
               {"--stop-at-eos", "", "with --prompt-ids: stop at the config's eos ids"},
               {"--logits-out", "FILE",
                "with --prompt-ids: write each step's logits (vocab float32 values per generated "

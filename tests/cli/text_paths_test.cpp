@@ -216,3 +216,23 @@ TEST_CASE("xserv bench --requests --regex --itl-target: every request of the ser
   // Over HTTP the requests carry their own response_format: a usage mistake.
   CHECK(run_xserv(common + "--endpoint http://127.0.0.1:9 --regex a").code == 2);
 }
+
+TEST_CASE("xserv run --logit-bias and the penalties: a forced token, and ranges named by flag") {
+  const std::string run = "run " + tiny_model().string() + " --backend cpu --prompt-ids 1,2,3 " +
+                          "--max-tokens 4 ";
+  const RunResult forced = run_xserv(run + "--logit-bias 42:100,7:-5", "", /*split_stderr=*/true);
+  INFO(forced.err);
+  REQUIRE(forced.code == 0);
+  CHECK(forced.out == "42,42,42,42\n");
+  // +3 makes 42 this model's first pick; once generated, the penalties (2, and 2 a use) leave
+  // it 1 below where it started, and it does not come again.
+  const RunResult once = run_xserv(
+      run + "--logit-bias 42:3 --presence-penalty 2 --frequency-penalty 2", "", true);
+  REQUIRE(once.code == 0);
+  CHECK(once.out.rfind("42,", 0) == 0);
+  CHECK(once.out.find(",42") == std::string::npos);
+  const RunResult bad = run_xserv(run + "--presence-penalty 3", "", true);
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("--presence-penalty 3 is outside [-2, 2]") != std::string::npos);
+  CHECK(run_xserv(run + "--logit-bias 42", "", true).code == 2);
+}
