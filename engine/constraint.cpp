@@ -250,6 +250,10 @@ struct ConstraintState::Impl {
   const TokenTrie* trie = nullptr;
   int node = -1;
   bool in_analysis = false;
+  /// The bound message is a call; a call was made (the requirement is met: nothing is forced
+  /// after it, the model may call again or answer).
+  bool bound_call = false, called = false;
+  bool forcing() const { return c->forced && !called; }
 
   explicit Impl(std::shared_ptr<const Constraint> constraint) : c(std::move(constraint)) {
     if (c->harmony) {
@@ -266,7 +270,7 @@ struct ConstraintState::Impl {
   }
   Impl(const Impl& o)
       : c(o.c), parser(o.parser), message_id(o.message_id), end_id(o.end_id), trie(o.trie),
-        node(o.node), in_analysis(o.in_analysis) {
+        node(o.node), in_analysis(o.in_analysis), bound_call(o.bound_call), called(o.called) {
     if (o.matcher)
       matcher.emplace(o.matcher->Fork());
   }
@@ -277,12 +281,13 @@ struct ConstraintState::Impl {
     const std::string& recipient = parser->current_recipient();
     if (!recipient.empty()) {
       b = c->tool(recipient);
-      if (!b && c->forced) // a required call to a tool that is not strict: any JSON object
+      if (!b && forcing()) // a required call to a tool that is not strict: any JSON object
         b = &*c->any_arguments;
     } else if (parser->current_channel() == "final" && c->output) {
       b = &*c->output;
     }
-    in_analysis = c->forced && !b && parser->current_channel() == "analysis";
+    in_analysis = forcing() && !b && parser->current_channel() == "analysis";
+    bound_call = b && !recipient.empty();
     if (b)
       matcher.emplace(b->grammar, b->stops);
   }
@@ -334,8 +339,10 @@ bool ConstraintState::accept(int32_t token) {
       return false;
     if (s.parser)
       s.parser->push(models::TokenId(token));
-    if (s.parser && s.matcher->IsTerminated())
+    if (s.parser && s.matcher->IsTerminated()) {
       s.matcher.reset(); // the message ended: what follows is free again
+      s.called = s.called || s.bound_call;
+    }
     return true;
   }
   if (!s.parser)
@@ -353,7 +360,7 @@ bool ConstraintState::accept(int32_t token) {
   s.parser->push(models::TokenId(token));
   if (token == s.message_id && s.parser->state() == models::StreamParser::State::Content)
     s.bind_message();
-  if (token == s.end_id && s.c->forced) { // the analysis ended: the next header is forced too
+  if (token == s.end_id && s.forcing()) { // the analysis ended: the next header is forced too
     s.in_analysis = false;
     s.trie = &s.c->next_header;
     s.node = 0;

@@ -59,10 +59,11 @@ struct ConstraintRequest {
   };
   std::vector<Tool> tools;
   /// tool_choice (harmony only). Auto: the model decides. Required: it must call one of
-  /// `callable` (function names): every message header it writes is then an analysis one or
-  /// such a call's (`<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`), an
-  /// analysis message cannot stop the output, and a call's arguments are a JSON object (its
-  /// tool's schema when the tool is strict).
+  /// `callable` (function names): until a call is made, every message header it writes is an
+  /// analysis one or such a call's (`<|channel|>commentary to=functions.NAME <|constrain|>json
+  /// <|message|>`), an analysis message cannot write <|return|> or <|call|> (the request's own
+  /// stop strings and ids still end the output), and a call's arguments are a JSON object (its
+  /// tool's schema when the tool is strict); after the call nothing more is forced.
   enum class ToolChoice { Auto, Required };
   ToolChoice tool_choice = ToolChoice::Auto;
   std::vector<std::string> callable;

@@ -23,14 +23,14 @@ void StepTimeModel::observe(int64_t decodes, int64_t prompt_tokens, double ms) {
     d = d == 0 ? ms : (1 - kAlpha) * d + kAlpha * ms;
     return;
   }
-  // What the prompt tokens added: the step's time less its decodes' (a step of prompts alone
-  // adds everything).
-  double base = 0;
-  if (decodes > 0) {
-    base = decode_ms(decodes);
-    if (base < 0)
-      return; // no decode-only step seen yet: nothing to subtract
-  }
+  // What the prompt tokens added to a step of decodes: its time less theirs. A step of prompts
+  // alone says nothing of that (its time holds the weight reads every step pays, which a
+  // decode step's time already counts), and neither does one before a decode-only step.
+  if (decodes == 0)
+    return;
+  const double base = decode_ms(decodes);
+  if (base < 0)
+    return;
   const double p = double(prompt_tokens), e = std::max(0.0, ms - base);
   const double keep = 1 - kAlpha;
   s0_ = keep * s0_ + kAlpha;
@@ -57,14 +57,23 @@ double StepTimeModel::decode_ms(int64_t decodes) const {
 double StepTimeModel::prompt_token_ms() const {
   if (prompt_steps_ == 0 || sp_ <= 0)
     return 0;
-  const double den = s0_ * spp_ - sp_ * sp_;
-  // Prompt sizes that barely vary say nothing of the slope: the mean cost per token then.
-  const double g = den > 1e-9 * s0_ * spp_ ? (s0_ * spe_ - sp_ * se_) / den : se_ / sp_;
+  // Prompt sizes that barely vary (under 10% of their mean, as the budget's own chunks soon
+  // do) say nothing of the slope: the mean cost a token then, all of it per token.
+  if (!spread())
+    return se_ / sp_;
+  const double g = (s0_ * spe_ - sp_ * se_) / (s0_ * spp_ - sp_ * sp_);
   return g > 0 ? g : se_ / sp_;
 }
 
+bool StepTimeModel::spread() const {
+  if (s0_ <= 0 || sp_ <= 0)
+    return false;
+  const double mean = sp_ / s0_, var = spp_ / s0_ - mean * mean;
+  return var > 0 && std::sqrt(var) >= 0.1 * mean;
+}
+
 double StepTimeModel::prompt_fixed_ms() const {
-  if (prompt_steps_ == 0 || s0_ <= 0)
+  if (prompt_steps_ == 0 || s0_ <= 0 || !spread())
     return 0;
   return std::max(0.0, (se_ - prompt_token_ms() * sp_) / s0_);
 }

@@ -2,7 +2,8 @@
 // latency becomes a prompt budget: a step of D decodes and P prompt tokens is taken to cost
 // decode(D) + f + g * P, where decode(D) is the recent time of steps of D decodes alone (by
 // powers of two of D) and f, g are fitted, with exponential forgetting, to what prompt tokens
-// added to the steps that had them. Deterministic: a function of the observations only.
+// added to steps of decodes (f = 0 and g the mean cost a token while prompt sizes vary less
+// than 10%). Deterministic: a function of the observations only.
 #pragma once
 
 #include <array>
@@ -19,7 +20,7 @@ public:
   double decode_ms(int64_t decodes) const;
   /// The prompt tokens a step with `decodes` decodes may take so that it stays within
   /// `target_ms`, at least `floor` (a prompt always makes progress); -1 while fewer than
-  /// kMinPromptSteps steps with prompt tokens (or no decode-only step) have been seen.
+  /// kMinPromptSteps steps of decodes and prompt tokens (after a decode-only one) were seen.
   int64_t prompt_budget(int64_t decodes, double target_ms, int64_t floor) const;
   /// The fitted fixed cost f and per-token cost g of prompt tokens (ms); g is 0 until known.
   double prompt_fixed_ms() const;
@@ -32,6 +33,8 @@ public:
 private:
   static constexpr int kBuckets = 20; ///< 1, 2, 3-4, 5-8, ... decodes
   static int bucket(int64_t decodes);
+  /// Whether the weighted prompt sizes vary enough (10% of their mean) to fit a slope.
+  bool spread() const;
   std::array<double, kBuckets> decode_{}; ///< by bucket; 0: not observed
   double s0_ = 0, sp_ = 0, spp_ = 0, se_ = 0, spe_ = 0; ///< the weighted fit's sums
   int64_t prompt_steps_ = 0;

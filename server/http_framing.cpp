@@ -163,18 +163,25 @@ ApiError parser_refusal(const boost::beast::error_code& ec, size_t max_header, s
 
 std::optional<ApiError> framing_refusal(std::string_view method,
                                         const std::vector<std::string_view>& lengths,
-                                        std::string_view coding) {
-  if (!coding.empty()) {
+                                        const std::vector<std::string_view>& encodings) {
+  if (!encodings.empty()) {
     // Chunked, once and last: the only coding whose end the server can find and decode (RFC
-    // 9112 6.1: chunked at most once; a coding the server cannot decode gets 501).
+    // 9112 6.1: chunked at most once; a coding the server cannot decode gets 501). Several
+    // fields are one list; an empty one is refused, not skipped.
     std::vector<std::string_view> codings;
-    for (size_t at = 0; at <= coding.size();) {
-      const size_t comma = std::min(coding.find(',', at), coding.size());
-      if (const std::string_view c = trim(coding.substr(at, comma - at)); !c.empty())
-        codings.push_back(c);
-      at = comma + 1;
+    std::string coding;
+    for (std::string_view field : encodings) {
+      if (trim(field).empty())
+        return bad("Transfer-Encoding is given empty: the body's end is ambiguous");
+      coding += (coding.empty() ? "" : ", ") + std::string(field);
+      for (size_t at = 0; at <= field.size();) {
+        const size_t comma = std::min(field.find(',', at), field.size());
+        if (const std::string_view c = trim(field.substr(at, comma - at)); !c.empty())
+          codings.push_back(c);
+        at = comma + 1;
+      }
     }
-    const std::string shown(coding.substr(0, 40));
+    const std::string shown = coding.substr(0, 40);
     if (codings.empty() || !iequal(codings.back(), "chunked"))
       return bad(fmt::format("Transfer-Encoding '{}' does not end in chunked: the body's end is "
                              "unknown",
@@ -228,12 +235,12 @@ std::optional<ApiError> head_refusal(std::string_view bytes, size_t max_header, 
   if (!p.is_header_done())
     return std::nullopt;
   const auto& h = p.get();
-  const auto te = h.find(http::field::transfer_encoding);
-  std::vector<std::string_view> lengths;
+  std::vector<std::string_view> lengths, encodings;
   for (auto [it, end] = h.equal_range(http::field::content_length); it != end; ++it)
     lengths.push_back(view(it->value()));
-  return framing_refusal(view(h.method_string()), lengths,
-                         te == h.end() ? std::string_view() : view(te->value()));
+  for (auto [it, end] = h.equal_range(http::field::transfer_encoding); it != end; ++it)
+    encodings.push_back(view(it->value()));
+  return framing_refusal(view(h.method_string()), lengths, encodings);
 }
 
 } // namespace xserv::server

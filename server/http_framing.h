@@ -26,15 +26,16 @@ openai::ApiError parser_refusal(const boost::beast::error_code& ec, size_t max_h
                                 size_t max_body, std::string_view head = {});
 
 /// What the parser leaves to the server about a request of `method` whose header carries the
-/// Content-Length values `lengths` (as written; empty when absent) and Transfer-Encoding
-/// `coding` ("" when absent): a Transfer-Encoding that does not end in chunked (400: RFC 9112
+/// Content-Length values `lengths` and the Transfer-Encoding values `encodings` (each field as
+/// written; empty when absent; several fields are one list, an empty one refused): a
+/// Transfer-Encoding that does not end in chunked (400: RFC 9112
 /// 6.3, the request's length cannot be known), chunked twice (400) or another coding before it
 /// (501: the server decodes none); a Content-Length that is not one decimal number (400: a list
 /// such as "1,1" is refused, not read as 1); and a POST, PUT or PATCH with neither field (411:
 /// its body would be read as the next request). nullopt when the body can be read.
 std::optional<openai::ApiError> framing_refusal(std::string_view method,
                                                 const std::vector<std::string_view>& lengths,
-                                                std::string_view coding);
+                                                const std::vector<std::string_view>& encodings);
 
 /// Whether an Authorization header value carries `key` as a Bearer token: the scheme without
 /// regard to case (RFC 9110 11.1), one or more spaces, then the key compared in constant time.

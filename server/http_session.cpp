@@ -133,9 +133,15 @@ void Session::on_read_error(beast::error_code ec) {
     return;
   }
   owner_.count_malformed();
-  const auto head = buffer_.data();
-  refuse(parser_refusal(ec, limits_.max_header_bytes, limits_.max_body_bytes,
-                        std::string_view(static_cast<const char*>(head.data()), head.size())));
+  // The header as far as it goes: the parser has taken the request line and the fields before
+  // the one it refused (they are in its message), the rest is still in the buffer.
+  std::string head;
+  if (parser_)
+    for (const auto& f : parser_->get())
+      head += std::string(f.name_string()) + ": " + std::string(f.value()) + "\r\n";
+  const auto rest = buffer_.data();
+  head.append(static_cast<const char*>(rest.data()), rest.size());
+  refuse(parser_refusal(ec, limits_.max_header_bytes, limits_.max_body_bytes, head));
 }
 
 namespace {
@@ -165,14 +171,14 @@ void Session::on_header(beast::error_code ec) {
   keep_alive_ = req.keep_alive();
   version_11_ = req.version() >= 11;
   head_method_ = req.method() == http::verb::head;
-  const auto te = req.find(http::field::transfer_encoding);
-  std::vector<std::string_view> lengths;
+  std::vector<std::string_view> lengths, encodings;
   for (auto [it, end] = req.equal_range(http::field::content_length); it != end; ++it)
     lengths.emplace_back(it->value().data(), it->value().size());
+  for (auto [it, end] = req.equal_range(http::field::transfer_encoding); it != end; ++it)
+    encodings.emplace_back(it->value().data(), it->value().size());
   if (const auto bad = framing_refusal(
           std::string_view(req.method_string().data(), req.method_string().size()), lengths,
-          te == req.end() ? std::string_view()
-                          : std::string_view(te->value().data(), te->value().size()))) {
+          encodings)) {
     owner_.count_malformed();
     refuse(*bad);
     return;

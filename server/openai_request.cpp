@@ -2,6 +2,7 @@
 #include "server/openai_request.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -93,6 +94,9 @@ void parse_common(Fields& f, GenParams& p, std::string& model) {
       p.adjust.bias.emplace_back(int32_t(id), value.get<float>());
     }
     std::sort(p.adjust.bias.begin(), p.adjust.bias.end()); // by id, whatever the key order
+    for (size_t i = 1; i < p.adjust.bias.size(); ++i)
+      if (p.adjust.bias[i].first == p.adjust.bias[i - 1].first) // "5" and "05"
+        bad("logit_bias", fmt::format("token id {} is given twice", p.adjust.bias[i].first));
   }
   parse_stop(f, p);
   p.ignore_eos = f.boolean("ignore_eos").value_or(false);
@@ -135,6 +139,11 @@ models::ToolDescription parse_tool(const Json& t, const std::string& param) {
   auto name = g.string("name");
   if (!name || name->empty())
     bad(g.path("name"), "is missing");
+  // OpenAI's rule; a recipient of other characters would not read back from the model's header.
+  if (name->size() > 64 || !std::all_of(name->begin(), name->end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+      }))
+    bad(g.path("name"), "must be 1 to 64 letters, digits, underscores or dashes");
   d.name = *name;
   d.description = g.string("description").value_or("");
   if (const Json* params = g.get("parameters")) {
@@ -192,10 +201,18 @@ std::string ebnf_literal(const std::string& text) {
   std::string out = "\"";
   for (const char c : text) {
     const auto u = static_cast<unsigned char>(c);
+    // xgrammar reads \x with every hex digit after it: control bytes as \n, \r, \t or exactly
+    // four-digit \u escapes, so that a hex digit after one stays a character of its own.
     if (c == '"' || c == '\\')
       out += std::string("\\") + c;
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
     else if (u < 0x20 || u == 0x7f)
-      out += fmt::format("\\x{:02x}", u);
+      out += fmt::format("\\u{:04x}", u);
     else
       out += c;
   }
@@ -214,7 +231,12 @@ std::optional<engine::GrammarSpec> parse_vllm_constraint(Fields& f) {
     if (kind == "json") {
       Json schema = v;
       if (v.is_string()) { // vLLM takes the schema as a JSON text too
-        schema = Json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+        // Depth first: printing or copying a value recurses, and a body's depth check does not
+        // look inside its strings.
+        const std::string& text = v.get_ref<const std::string&>();
+        if (json_too_deep_at(text, kMaxJsonDepth) != std::string_view::npos)
+          bad(field, fmt::format("nests deeper than {} levels", kMaxJsonDepth));
+        schema = Json::parse(text, nullptr, /*allow_exceptions=*/false);
         if (schema.is_discarded())
           bad(field, "is a string that is not a JSON schema");
       }

@@ -424,3 +424,33 @@ TEST_CASE("tool_choice required: an analysis message cannot stop the output") {
   CHECK_THROWS_WITH_AS(compiler.compile(cr), doctest::Contains("needs the chat format"),
                        engine::ConstraintError);
 }
+
+TEST_CASE("tool_choice required: once a call is made nothing more is forced (the model may "
+          "answer after it when <|call|> does not stop the output)") {
+  XSERV_REQUIRE_DATA(data);
+  const models::Tokenizer tok = models::Tokenizer::load(data / "o200k_base.tiktoken");
+  const engine::ConstraintCompiler compiler(tok, kVocab, {200002, 199999, 200012});
+  engine::ConstraintRequest cr;
+  cr.harmony = true;
+  cr.tool_choice = engine::ConstraintRequest::ToolChoice::Required;
+  cr.callable = {"third"};
+  ScriptedModel model(
+      1, 512, 6,
+      {ids(tok, "<|channel|>commentary to=functions.third <|constrain|>json<|message|>"
+                "{\"q\": 1}<|call|><|start|>assistant<|channel|>analysis<|message|>Seen."
+                "<|end|><|start|>assistant<|channel|>final<|message|>It is 1.<|return|>")});
+  engine::Request r;
+  r.prompt = {0, 11, 12, 13, 14, 15};
+  r.max_tokens = 80;
+  r.stop_ids = {200002}; // <|return|> only: with tools, a call does not end the turn
+  r.constraint = compiler.compile(cr);
+  const auto gens = engine::generate(model, {r});
+  REQUIRE(gens[0].finish == engine::FinishReason::Stop);
+  std::vector<models::TokenId> out(gens[0].tokens.begin(), gens[0].tokens.end());
+  const auto messages = models::parse_completion(tok, out);
+  REQUIRE(messages.size() == 3);
+  CHECK(messages[0].recipient == "functions.third");
+  CHECK(messages[1].channel == "analysis");
+  CHECK(messages[2].channel == "final");
+  CHECK(messages[2].content == "It is 1.");
+}

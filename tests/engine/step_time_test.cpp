@@ -49,24 +49,31 @@ TEST_CASE("step time: the prompt tokens' fixed and per-token costs are fitted, a
   CHECK(m.prompt_budget(64, 1e12, 16) > 1000000);
 }
 
-TEST_CASE("step time: no budget before three prompt steps and a decode step") {
+TEST_CASE("step time: prompts alone and steps before a decode-only one teach nothing, and prompt "
+          "sizes that barely vary give the mean cost a token") {
   StepTimeModel m;
-  m.observe(0, 512, 30.0); // prompts alone: all of it is the prompt's
+  m.observe(0, 512, 30.0); // prompts alone: their time holds what every step pays
   m.observe(0, 256, 16.0);
-  CHECK(m.prompt_budget(8, 20.0, 16) == -1); // two prompt steps, no decode step
+  m.observe(8, 128, 13.0); // decodes, but no decode-only step to subtract yet
   m.observe(0, 128, 9.0);
-  CHECK(m.prompt_budget(8, 20.0, 16) == -1); // still no decode step
+  CHECK(m.prompt_budget(8, 20.0, 16) == -1);
   m.observe(8, 0, 4.0);
-  // 9, 16, 30 ms for 128, 256, 512: 0.0547 ms a token, 2 fixed -> (20 - 4 - 2) / 0.0547 = 256.
-  CHECK(m.prompt_token_ms() == doctest::Approx(0.0547).epsilon(0.01));
-  CHECK(m.prompt_budget(8, 20.0, 16) == doctest::Approx(256).epsilon(0.02));
-  // Prompt sizes that never vary: the mean cost a token, no fixed part.
+  for (const auto& [p, ms] : {std::pair{128, 4.0 + 2 + 0.05 * 128}, std::pair{256, 4.0 + 2 + 0.05 * 256}})
+    m.observe(8, p, ms);
+  CHECK(m.prompt_budget(8, 20.0, 16) == -1); // two such steps
+  m.observe(8, 512, 4.0 + 2 + 0.05 * 512);
+  CHECK(m.prompt_token_ms() == doctest::Approx(0.05).epsilon(1e-6));
+  CHECK(m.prompt_fixed_ms() == doctest::Approx(2.0).epsilon(1e-6));
+  CHECK(m.prompt_budget(8, 20.0, 16) == 280); // (20 - 4 - 2) / 0.05
+  // Prompt sizes within a few percent of each other (the budget's own chunks): no slope, the
+  // mean cost a token, no fixed part.
   StepTimeModel same;
   same.observe(4, 0, 3.0);
-  for (int i = 0; i < 4; ++i)
-    same.observe(4, 100, 3.0 + 5.0);
-  CHECK(same.prompt_token_ms() == doctest::Approx(0.05));
-  CHECK(same.prompt_budget(4, 8.0, 16) == 100);
+  for (const int p : {100, 101, 99, 100})
+    same.observe(4, p, 3.0 + 0.05 * p + (p == 101 ? 1.0 : 0.0)); // one noisy step
+  CHECK(same.prompt_fixed_ms() == 0);
+  CHECK(same.prompt_token_ms() == doctest::Approx(0.0525).epsilon(0.02));
+  CHECK(same.prompt_budget(4, 8.0, 16) == doctest::Approx(95).epsilon(0.03));
 }
 
 TEST_CASE("scheduler: under itl_target_ms a step's prompt tokens beside decodes stop at the "

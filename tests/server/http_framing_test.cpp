@@ -71,6 +71,9 @@ TEST_CASE("framing: duplicates and Transfer-Encoding") {
   CHECK(chunked2.first == 400);
   CHECK(chunked2.second.find("applies chunked twice") != std::string::npos);
   CHECK(framing("POST", "Transfer-Encoding: Chunked \r\n").first == 0);
+  CHECK(framing("POST", "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n").first ==
+        501); // one list over two fields
+  CHECK(framing("POST", "Transfer-Encoding: \r\nTransfer-Encoding: chunked\r\n").first == 400);
   const auto gzip = framing("POST", "Transfer-Encoding: chunked, gzip\r\n");
   CHECK(gzip.first == 400);
   CHECK(gzip.second.find("does not end in chunked") != std::string::npos);

@@ -313,6 +313,14 @@ TEST_CASE("serve: a request whose body's end is in doubt is refused and its conn
       {"Content-Length : 2\r\n", 400, "'Content-Length : 2' is not a field", "{}"},
       {"Transfer-Encoding: chunked, chunked\r\n", 400, "applies chunked twice", "0\r\n\r\n"},
       {"Transfer-Encoding: gzip, chunked\r\n", 501, "decodes chunked only", "0\r\n\r\n"},
+      // Several Transfer-Encoding fields are one list; an empty one is refused. A length past
+      // 2^64 after Transfer-Encoding is ambiguous, not merely too large.
+      {"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", 501, "decodes chunked only",
+       "0\r\n\r\n"},
+      {"Transfer-Encoding: \r\nTransfer-Encoding: chunked\r\n", 400, "given empty",
+       "0\r\n\r\n"},
+      {"Transfer-Encoding: chunked\r\nContent-Length: 99999999999999999999999\r\n", 400,
+       "the body's end is ambiguous", "0\r\n\r\n"},
       {"Content-Length: 5000\r\n", 413, "larger than the server's limit of 4096"},
       // Well framed but refused before its body was read (no key): the body is not a request.
       {"Content-Length: 2\r\n", 401, "a valid API key is needed", "{}"},
