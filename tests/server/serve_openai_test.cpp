@@ -76,6 +76,10 @@ TEST_CASE("serve: request validation names the field") {
   CHECK(chat("{" + msgs + R"(, "logit_bias": {"-1": 5}})").param == "logit_bias.-1");
   CHECK(chat("{" + msgs + R"(, "logit_bias": {"7x": 5}})").param == "logit_bias.7x");
   CHECK(chat("{" + msgs + R"(, "logit_bias": [1]})").param == "logit_bias");
+  CHECK(chat("{" + msgs + R"(, "logit_bias": {"5": 1, "05": 2}})").param == "logit_bias");
+  const std::string tool = R"(, "tools": [{"type": "function", "function": {"name": ")";
+  CHECK(chat("{" + msgs + tool + R"(get weather"}}]})").param == "tools[0].function.name");
+  CHECK(chat("{" + msgs + tool + R"(get_weather-2"}}]})").status == 0);
   const GenParams adjusted = parse_chat_request(parse_body("{" + msgs + R"(,
       "presence_penalty": 0.5, "frequency_penalty": -0.25, "repetition_penalty": 1.2,
       "logit_bias": {"200002": -100, "17": 3.5}})")).params;

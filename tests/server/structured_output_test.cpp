@@ -121,7 +121,8 @@ TEST_CASE("structured output: vLLM's structured_outputs and guided_* forms, choi
   TinyServer s({}, 4, 256);
   s.model.set_open(true);
   // Quotes, a backslash, a newline and a non-ASCII letter: the choices are literal strings.
-  const std::vector<std::string> options = {"say \"yes\"", "a\\b", "two\nlines", "ünï"};
+  // A newline before hex digits ("1\nab"): escaped so that they stay letters of their own.
+  const std::vector<std::string> options = {"say \"yes\"", "a\\b", "1\nab", "ünï", "tab\tdeaf"};
   const Json list = options;
   for (int seed : {1, 2, 3, 4}) {
     for (const Json& extra : {Json{{"structured_outputs", {{"choice", list}}}},
@@ -167,6 +168,11 @@ TEST_CASE("structured output: vLLM's structured_outputs and guided_* forms, choi
           "structured_outputs.whitespace_pattern", "");
   refused("/v1/completions", {{"prompt", "x"}, {"guided_json", "{not json"}}, "guided_json",
           "not a JSON schema");
+  // A schema as text is checked for depth before it is parsed (printing a value recurses).
+  refused("/v1/completions",
+          {{"prompt", "x"},
+           {"guided_json", "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}"}},
+          "guided_json", "deeper than 64");
   refused("/v1/chat/completions",
           {{"messages", {{{"role", "user"}, {"content", "x"}}}},
            {"response_format", {{"type", "json_object"}}},
