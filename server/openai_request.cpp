@@ -441,6 +441,8 @@ ChatRequest parse_chat_request(const Json& body) {
   if (auto vllm = parse_vllm_constraint(f)) {
     if (r.params.constraint.output)
       bad(vllm->field, "cannot be combined with response_format (one constraint a request)");
+    if (vllm->kind == engine::GrammarSpec::Kind::JsonSchema) // the model reads it, as above
+      format = {"structured_output", "", vllm->text};
     r.params.constraint.output = std::move(vllm);
   }
   f.get("metadata");

@@ -80,6 +80,18 @@ TEST_CASE("serve: request validation names the field") {
   const std::string tool = R"(, "tools": [{"type": "function", "function": {"name": ")";
   CHECK(chat("{" + msgs + tool + R"(get weather"}}]})").param == "tools[0].function.name");
   CHECK(chat("{" + msgs + tool + R"(get_weather-2"}}]})").status == 0);
+  // A guided_json schema reaches the developer message's "# Response Formats" as
+  // response_format's does, where gpt-oss reads it; a regex does not.
+  const ChatRequest guided = parse_chat_request(
+      parse_body("{" + msgs + R"(, "guided_json": {"type": "object"}})"));
+  REQUIRE(guided.messages.size() >= 2);
+  REQUIRE(guided.messages[1].developer);
+  REQUIRE(guided.messages[1].developer->response_formats.size() == 1);
+  CHECK(guided.messages[1].developer->response_formats[0].schema == R"({"type":"object"})");
+  const ChatRequest regex =
+      parse_chat_request(parse_body("{" + msgs + R"(, "guided_regex": "a+"})"));
+  CHECK(std::none_of(regex.messages.begin(), regex.messages.end(),
+                     [](const auto& m) { return m.developer.has_value(); }));
   const GenParams adjusted = parse_chat_request(parse_body("{" + msgs + R"(,
       "presence_penalty": 0.5, "frequency_penalty": -0.25, "repetition_penalty": 1.2,
       "logit_bias": {"200002": -100, "17": 3.5}})")).params;
