@@ -22,6 +22,23 @@ __device__ __forceinline__ unsigned long long argmax_key(float x, int index) {
   return (static_cast<unsigned long long>(ordered) << 32) | static_cast<unsigned int>(~index);
 }
 
+/// The largest of the block's `best` keys (kArgmaxThreads threads), written to *out by thread 0.
+__device__ __forceinline__ void block_best_key(unsigned long long best,
+                                               unsigned long long* __restrict__ out) {
+  __shared__ unsigned long long warp_best[kArgmaxThreads / kWarp];
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off /= 2)
+    best = max(best, __shfl_xor_sync(0xffffffffu, best, off));
+  if (threadIdx.x % kWarp == 0)
+    warp_best[threadIdx.x / kWarp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / kWarp; ++w)
+      best = max(best, warp_best[w]);
+    *out = best;
+  }
+}
+
 /// argmax over each row of logits fp32 [rows, V], by chunks of CHUNK logits so one sequence
 /// still spreads over many SMs: block (c = blockIdx.x, r = blockIdx.y) writes the largest
 /// argmax_key of chunk c of row r to keys[r * gridDim.x + c]. The host takes the largest key of
@@ -31,7 +48,6 @@ template <int V, int CHUNK>
 __device__ __forceinline__ void argmax_rows(const float* __restrict__ logits,
                                             unsigned long long* __restrict__ keys) {
   static_assert(CHUNK % 4 == 0, "chunks start 16-byte aligned");
-  __shared__ unsigned long long warp_best[kArgmaxThreads / kWarp];
   const int r = blockIdx.y, begin = blockIdx.x * CHUNK;
   const int end = min(V, begin + CHUNK);
   const float* row = logits + (size_t)r * V;
@@ -48,17 +64,7 @@ __device__ __forceinline__ void argmax_rows(const float* __restrict__ logits,
     for (int i = begin + threadIdx.x; i < end; i += kArgmaxThreads)
       best = max(best, argmax_key(row[i], i));
   }
-#pragma unroll
-  for (int off = kWarp / 2; off > 0; off /= 2)
-    best = max(best, __shfl_xor_sync(0xffffffffu, best, off));
-  if (threadIdx.x % kWarp == 0)
-    warp_best[threadIdx.x / kWarp] = best;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kArgmaxThreads / kWarp; ++w)
-      best = max(best, warp_best[w]);
-    keys[(size_t)r * gridDim.x + blockIdx.x] = best;
-  }
+  block_best_key(best, keys + (size_t)r * gridDim.x + blockIdx.x);
 }
 
 /// Structured output's masked greedy pick, launched after a step for the rows whose next token a
@@ -74,7 +80,6 @@ __device__ __forceinline__ void argmax_masked_rows(const float* __restrict__ log
                                                    const int* __restrict__ rows,
                                                    unsigned long long* __restrict__ keys) {
   constexpr int kWords = (V + 31) / 32;
-  __shared__ unsigned long long warp_best[kArgmaxThreads / kWarp];
   const int r = rows[blockIdx.y], begin = blockIdx.x * CHUNK;
   const int end = min(V, begin + CHUNK);
   const float* row = logits + (size_t)r * V;
@@ -87,17 +92,7 @@ __device__ __forceinline__ void argmax_masked_rows(const float* __restrict__ log
     if (allowed || !isfinite(x))
       best = max(best, argmax_key(x, i));
   }
-#pragma unroll
-  for (int off = kWarp / 2; off > 0; off /= 2)
-    best = max(best, __shfl_xor_sync(0xffffffffu, best, off));
-  if (threadIdx.x % kWarp == 0)
-    warp_best[threadIdx.x / kWarp] = best;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kArgmaxThreads / kWarp; ++w)
-      best = max(best, warp_best[w]);
-    keys[(size_t)r * gridDim.x + blockIdx.x] = best;
-  }
+  block_best_key(best, keys + (size_t)r * gridDim.x + blockIdx.x);
 }
 
 } // namespace xserv_kernels
