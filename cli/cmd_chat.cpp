@@ -46,6 +46,7 @@ struct ChatSession {
   std::string instructions, date;
   models::ReasoningEffort effort = models::ReasoningEffort::Medium;
   runtime::SamplerOptions sampling;
+  engine::LogitAdjustments adjust;
   int64_t max_tokens = 1024;
   bool show_reasoning = false;
   std::vector<models::Message> conversation; // user and assistant messages, oldest first
@@ -74,6 +75,7 @@ struct ChatSession {
     req.max_tokens = max_tokens;
     req.sampling = sampling;
     req.sampling.seed = sampling.seed + static_cast<uint64_t>(total.turns);
+    req.adjust = adjust;
     req.stop_ids = models::stop_token_ids();
     models::StreamParser parser(tok);
     ChannelEcho echo(show_reasoning);
@@ -197,6 +199,7 @@ int cmd_chat(const ParsedArgs& args) {
   chat.date = date;
   chat.effort = effort;
   chat.sampling = sampling_options(args);
+  chat.adjust = logit_adjustments(args, model->config().vocab_size);
   chat.max_tokens = args.get_int("--max-tokens", 1024, 1, 1 << 24);
   chat.show_reasoning = args.has("--show-reasoning");
 

@@ -51,6 +51,17 @@ const std::vector<OptSpec>& sampling_options_spec() {
   return opts;
 }
 
+/// The logit adjustments (run, chat).
+const std::vector<OptSpec>& logit_adjust_options_spec() {
+  static const std::vector<OptSpec> opts = {
+      {"--logit-bias", "ID:B,...", "add B (-100..100) to token ID's logit"},
+      {"--presence-penalty", "P", "subtract P (-2..2) from tokens already generated"},
+      {"--frequency-penalty", "F", "subtract F (-2..2) times how often a token was generated"},
+      {"--repetition-penalty", "R",
+       "divide (multiply, if negative) the logits of prompt and output tokens by R"}};
+  return opts;
+}
+
 /// The harmony chat format's system-side settings.
 const std::vector<OptSpec>& chat_format_options() {
   static const std::vector<OptSpec> opts = {
@@ -148,6 +159,7 @@ const std::vector<Command>& commands() {
             {chat_format_options(),
              {kShowReasoning, {"--max-tokens", "N", "most tokens per reply (default 1024)"}},
              sampling_options_spec(),
+             logit_adjust_options_spec(),
              {{"--seed", "S", "sampling seed (default 0; turn N uses S+N)"}},
              load_options(),
              {kTokenizer,
@@ -239,13 +251,8 @@ const std::vector<Command>& commands() {
               {"--regex", "RE", "the answer matches the regular expression RE"},
               {"--grammar", "FILE", "the answer follows the EBNF grammar in FILE (rule root)"}},
              sampling_options_spec(),
+             logit_adjust_options_spec(),
              {{"--seed", "S", "sampling seed (default 0)"},
-              {"--logit-bias", "ID:B,...", "add B (-100..100) to token ID's logit"},
-              {"--presence-penalty", "P", "subtract P (-2..2) from tokens already generated"},
-              {"--frequency-penalty", "F",
-               "subtract F (-2..2) times how often a token was generated"},
-              {"--repetition-penalty", "R",
-               "divide (multiply, if negative) the logits of prompt and output tokens by R"},
               {"--stop-at-eos", "", "with --prompt-ids: stop at the config's eos ids"},
               {"--logits-out", "FILE",
                "with --prompt-ids: write each step's logits (vocab float32 values per generated "

@@ -7,6 +7,7 @@
 
 #include "base/progress.h"
 #include "cli/args.h"
+#include "engine/logit_adjust.h"
 #include "runtime/sampler.h"
 
 namespace xserv::cli {
@@ -36,6 +37,10 @@ int cmd_trace(const ParsedArgs& args);
 /// Sampling from --temperature (0: greedy), --top-p, --top-k and --seed, for commands that
 /// declare them. Throws UsageError on a negative temperature or a top-p outside (0, 1].
 runtime::SamplerOptions sampling_options(const ParsedArgs& args);
+/// --logit-bias ID:B,..., --presence-penalty, --frequency-penalty and --repetition-penalty, for
+/// commands that declare them (run, chat): UsageError naming the flag for a
+/// value out of range or an id outside [0, vocab).
+engine::LogitAdjustments logit_adjustments(const ParsedArgs& args, int64_t vocab);
 /// The ids of --prompt-ids (comma-separated, each in [0, 2^31)); a usage error otherwise.
 std::vector<int32_t> parse_prompt_ids(const ParsedArgs& args);
 

@@ -217,7 +217,7 @@ TEST_CASE("xserv bench --requests --regex --itl-target: every request of the ser
   CHECK(run_xserv(common + "--endpoint http://127.0.0.1:9 --regex a").code == 2);
 }
 
-TEST_CASE("xserv run --logit-bias and the penalties: a forced token, and ranges named by flag") {
+TEST_CASE("xserv run and chat --logit-bias and the penalties: a forced token, ranges named by flag") {
   const std::string run = "run " + tiny_model().string() + " --backend cpu --prompt-ids 1,2,3 " +
                           "--max-tokens 4 ";
   const RunResult forced = run_xserv(run + "--logit-bias 42:100,7:-5", "", /*split_stderr=*/true);
@@ -235,4 +235,12 @@ TEST_CASE("xserv run --logit-bias and the penalties: a forced token, and ranges 
   CHECK(bad.code == 2);
   CHECK(bad.err.find("--presence-penalty 3 is outside [-2, 2]") != std::string::npos);
   CHECK(run_xserv(run + "--logit-bias 42", "", true).code == 2);
+  // chat takes them too.
+  XSERV_REQUIRE_DATA(data);
+  const std::string chat = "chat " + tiny_model().string() + " --backend cpu --tokenizer " +
+                           (data / "o200k_base.tiktoken").string() + " --max-tokens 4 ";
+  const RunResult chat_bad = run_xserv(chat + "--repetition-penalty 11", "hello\n", true);
+  CHECK(chat_bad.code == 2);
+  CHECK(chat_bad.err.find("--repetition-penalty 11 is outside (0, 10]") != std::string::npos);
+  CHECK(run_xserv(chat + "--logit-bias 42:100", "hello\n", true).code == 0);
 }
