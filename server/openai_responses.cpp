@@ -199,9 +199,16 @@ ResponsesRequest parse_responses_request(Json body) {
       chat[k] = *v;
   // Responses names a forced function at the top of tool_choice; chat inside "function".
   const Json tool_choice = chat.value("tool_choice", Json("auto")); // echoed as given
-  if (auto tc = chat.find("tool_choice");
-      tc != chat.end() && tc->is_object() && tc->contains("name") && !tc->contains("function"))
-    *tc = {{"type", tc->value("type", Json("function"))}, {"function", {{"name", (*tc)["name"]}}}};
+  if (auto tc = chat.find("tool_choice"); tc != chat.end() && tc->is_object()) {
+    Fields g(*tc, "tool_choice"); // its fields named as the client wrote them
+    if (g.string("type") != "function")
+      bad(g.path("type"), "must be \"function\"");
+    const auto name = g.string("name");
+    if (!name || name->empty())
+      bad(g.path("name"), "is missing");
+    g.reject_unknown();
+    *tc = {{"type", "function"}, {"function", {{"name", *name}}}};
+  }
   Json metadata = Json::object(); // any JSON, echoed as given: moved, never copied
   if (f.get("metadata"))
     metadata = std::move(body["metadata"]);
@@ -312,6 +319,7 @@ ApiError as_responses_error(const ApiError& e) {
     s = replace_all(std::move(s), "max_tokens", "max_output_tokens");
     s = replace_all(std::move(s), "response_format.json_schema", "text.format");
     s = replace_all(std::move(s), "response_format", "text.format");
+    s = replace_all(std::move(s), "tool_choice.function.name", "tool_choice.name");
     return replace_all(std::move(s), "messages", "input");
   };
   return ApiError(e.status, rename(e.what()), rename(e.param), e.type, e.code);

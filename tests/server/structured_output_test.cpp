@@ -315,4 +315,18 @@ TEST_CASE("structured output: tool_choice required or named forces a call on ran
                            .dump());
   REQUIRE_MESSAGE(r.status == 200, r.body);
   CHECK(Json::parse(r.body)["tool_choice"] == named);
+  // Its refusals name the fields as a Responses client wrote them.
+  for (const auto& [choice, param] :
+       {std::pair{Json{{"type", "function"}}, "tool_choice.name"},
+        std::pair{Json{{"type", "file_search"}, {"name", "weather"}}, "tool_choice.type"},
+        std::pair{Json{{"type", "function"}, {"name", "news"}}, "tool_choice.name"}}) {
+    CAPTURE(choice.dump());
+    const HttpResponse bad = s.post(
+        "/v1/responses", Json{{"input", "x"},
+                              {"tools", {{{"type", "function"}, {"name", "weather"}}}},
+                              {"tool_choice", choice}}
+                             .dump());
+    CHECK(bad.status == 400);
+    CHECK(error_of(bad)["param"] == param);
+  }
 }
