@@ -11,7 +11,11 @@ import time
 
 
 TIMEOUT = 30
-REAL_TIKTOKEN = "/work/shared/data/o200k_base.tiktoken"
+# The shared data as the tests find it: $XSERV_DATA, else ../shared/data beside the repository.
+REAL_TIKTOKEN = os.path.join(
+    os.environ.get("XSERV_DATA") or os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                 "..", "..", "..", "shared", "data"),
+    "o200k_base.tiktoken")
 
 LIB_PATTERNS = [r"\[json\.exception", r"\bstou?l+\b", r"\bsto[ifd]\b", r"basic_string",
                 r"std::", r"bad_alloc", r"vector::", r"map::at", r"_M_", r"out_of_range",
