@@ -58,6 +58,16 @@ std::vector<int32_t> parse_prompt_ids(const ParsedArgs& args) {
   return ids;
 }
 
+/// An engine check's message as the flag's: "top_p nan is outside (0, 1]" -> "--top-p nan is
+/// outside (0, 1]", "logit_bias: id 7 ..." -> "--logit-bias: id 7 ...".
+UsageError as_flag_error(const Error& e) {
+  std::string what = e.what();
+  std::replace(what.begin(), what.begin() + std::ptrdiff_t(std::min(what.find_first_of(" :"),
+                                                                      what.size())),
+               '_', '-');
+  return UsageError("--" + what);
+}
+
 runtime::SamplerOptions sampling_options(const ParsedArgs& args) {
   runtime::SamplerOptions s;
   s.temperature = static_cast<float>(args.get_double("--temperature", 0.0));
@@ -68,10 +78,7 @@ runtime::SamplerOptions sampling_options(const ParsedArgs& args) {
   try {
     runtime::validate(s);
   } catch (const Error& e) {
-    // "top_p nan is outside (0, 1]" -> "--top-p nan is outside (0, 1]"
-    std::string what = e.what();
-    std::replace(what.begin(), what.begin() + std::ptrdiff_t(what.find(' ')), '_', '-');
-    throw UsageError("--" + what);
+    throw as_flag_error(e);
   }
   return s;
 }
@@ -95,9 +102,7 @@ engine::LogitAdjustments logit_adjustments(const ParsedArgs& args, int64_t vocab
   try {
     engine::check_adjustments(a, vocab);
   } catch (const Error& e) {
-    std::string what = e.what(); // "presence_penalty 3 is ..." -> "--presence-penalty 3 is ..."
-    std::replace(what.begin(), what.begin() + std::ptrdiff_t(what.find_first_of(" :")), '_', '-');
-    throw UsageError("--" + what);
+    throw as_flag_error(e);
   }
   return a;
 }

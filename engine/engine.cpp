@@ -242,15 +242,17 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
   int32_t tok = greedy;
   // logit_bias and penalties: the pick is made from the adjusted row (the greedy one too).
   std::vector<float> adjusted;
+  const bool constrained = q.constraint && q.constraint->bound();
   if (need && q.req.adjust.any()) {
     adjusted = row;
     adjust_logits(q.req.adjust, q.tokens, q.prompt_len, adjusted);
-    tok = runtime::argmax(adjusted);
+    if (!sampled && !constrained) // else the sampler or the mask picks from it below
+      tok = runtime::argmax(adjusted);
   }
   const std::vector<float>& pick = adjusted.empty() ? row : adjusted;
   if (masked && !sampled) {
     tok = greedy == kNoneAllowed ? -1 : greedy;
-  } else if (q.constraint && q.constraint->bound()) {
+  } else if (constrained) {
     std::vector<uint32_t> own;
     std::span<const uint32_t> m = mask;
     if (mask.empty()) {

@@ -168,6 +168,15 @@ std::vector<std::vector<int32_t>> frame_scripts(const models::Tokenizer& tok) {
                    "<|channel|>final<|message|>")};
 }
 
+/// tool_choice required over `callable` (harmony, no strict tools).
+engine::ConstraintRequest required_call(std::vector<std::string> callable) {
+  engine::ConstraintRequest cr;
+  cr.harmony = true;
+  cr.tool_choice = engine::ConstraintRequest::ToolChoice::Required;
+  cr.callable = std::move(callable);
+  return cr;
+}
+
 /// A model that picks masked rows itself, as a GPU does (Model::step_masked with
 /// picks_masked()): it asks for the masks only after its step, picks by a brute force over the
 /// whole vocabulary, and records what the engine asked of it.
@@ -303,15 +312,12 @@ TEST_CASE("tool_choice required through the engine: after an analysis or straigh
       with(ids(tok, "<|channel|>analysis<|message|>Let me think.<|end|><|start|>assistant"
                     "<|channel|>"),
            commentary)};
-  engine::ConstraintRequest cr;
-  cr.harmony = true;
+  engine::ConstraintRequest cr = required_call({"lookup", "other"});
   using Kind = engine::GrammarSpec::Kind;
   cr.tools.push_back({"lookup", {Kind::JsonSchema, R"({"type": "object", "properties": {"days":
       {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["days"]})", "lookup"}});
   cr.tools.push_back({"other", {Kind::JsonSchema, R"({"type": "object", "properties": {"q":
       {"enum": ["a", "b"]}}, "required": ["q"]})", "other"}});
-  cr.tool_choice = engine::ConstraintRequest::ToolChoice::Required;
-  cr.callable = {"lookup", "other"};
   const auto constraint = compiler.compile(cr);
   ScriptedModel model(16, 512, 6, scripts);
   std::vector<engine::Request> reqs;
@@ -361,10 +367,7 @@ TEST_CASE("tool_choice naming a tool that is not strict: its call's arguments ar
   XSERV_REQUIRE_DATA(data);
   const models::Tokenizer tok = models::Tokenizer::load(data / "o200k_base.tiktoken");
   const engine::ConstraintCompiler compiler(tok, kVocab, {200002, 199999, 200012});
-  engine::ConstraintRequest cr;
-  cr.harmony = true;
-  cr.tool_choice = engine::ConstraintRequest::ToolChoice::Required;
-  cr.callable = {"third"};
+  engine::ConstraintRequest cr = required_call({"third"});
   // The first model calls the named tool with a JSON object; the second wants to answer on the
   // final channel, then to call another tool: the header is forced to the named call.
   const std::vector<std::vector<int32_t>> scripts = {
@@ -399,10 +402,7 @@ TEST_CASE("tool_choice required: an analysis message cannot stop the output") {
   XSERV_REQUIRE_DATA(data);
   const models::Tokenizer tok = models::Tokenizer::load(data / "o200k_base.tiktoken");
   const engine::ConstraintCompiler compiler(tok, kVocab, {200002, 199999, 200012});
-  engine::ConstraintRequest cr;
-  cr.harmony = true;
-  cr.tool_choice = engine::ConstraintRequest::ToolChoice::Required;
-  cr.callable = {"lookup"};
+  engine::ConstraintRequest cr = required_call({"lookup"});
   // The model wants to answer in its analysis and stop (<|return|>), then to call (<|call|>).
   ScriptedModel model(1, 512, 6,
                       {ids(tok, "<|channel|>analysis<|message|>Done<|return|><|call|>")});
@@ -430,10 +430,7 @@ TEST_CASE("tool_choice required: once a call is made nothing more is forced (the
   XSERV_REQUIRE_DATA(data);
   const models::Tokenizer tok = models::Tokenizer::load(data / "o200k_base.tiktoken");
   const engine::ConstraintCompiler compiler(tok, kVocab, {200002, 199999, 200012});
-  engine::ConstraintRequest cr;
-  cr.harmony = true;
-  cr.tool_choice = engine::ConstraintRequest::ToolChoice::Required;
-  cr.callable = {"third"};
+  engine::ConstraintRequest cr = required_call({"third"});
   ScriptedModel model(
       1, 512, 6,
       {ids(tok, "<|channel|>commentary to=functions.third <|constrain|>json<|message|>"
