@@ -85,6 +85,7 @@ void Lowerer::emit(int kernel, Rows rows, int lo, int hi, std::vector<LaunchArg>
   l.splits_window = splits_window;
   l.min_splits = min_splits;
   l.splits_heads = splits_heads;
+  l.split_chunk = splits_window >= 0 ? split_chunk_ : 0;
   l.args = std::move(args);
   t_.launches.push_back(std::move(l));
 }
@@ -112,10 +113,12 @@ void Lowerer::allocate_scratch() {
   }
   const size_t t = static_cast<size_t>(c_.max_tokens), splits = 32;
   if (attn) {
-    // Key splits only for steps of at most kSplitTokens tokens (see lower_attention).
-    const size_t ts = std::min<size_t>(t, kSplitTokens);
-    part_o_ = allocate(ts * attn * splits * sizeof(float));
-    part_ml_ = allocate(ts * attn * splits * 2 * sizeof(float)); // per head: <= D
+    // Key splits only for steps of at most kSplitTokens tokens (see lower_attention); in the
+    // canonical order at most kAttnChunkPartials (token, chunk) states.
+    const size_t states = std::max<size_t>(std::min<size_t>(t, kSplitTokens) * splits,
+                                           runtime::kAttnChunkPartials);
+    part_o_ = allocate(states * attn * sizeof(float));
+    part_ml_ = allocate(states * attn * 2 * sizeof(float)); // per head: <= D
   }
   if (router)
     router_logits_ = allocate(t * router * sizeof(float));

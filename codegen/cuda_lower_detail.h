@@ -237,6 +237,14 @@ private:
   /// attention: the split-key decode kernel and its combine for few tokens, the query-tiled
   /// prefill kernel above.
   void lower_attention(ValueId v);
+  /// Attention `d` runs in the canonical order of attention_mma.cuh (plain bf16 plans whose
+  /// head groups fit its 16-row tiles): every step, decode or prompt, on the tensor-core
+  /// kernels with key tiles and chunks at fixed positions.
+  bool canonical_attention(const codegen::AttentionDims& d) const {
+    const int group = d.heads / d.kv_heads;
+    return !c_.gemm_split && d.heads % d.kv_heads == 0 && group <= 16 && 128 % group == 0 &&
+           d.head_dim % 16 == 0;
+  }
 
   /// kv_write, unless the rope launch already stores it in decode steps (kv_in_rope_).
   void lower_kv_write(ValueId v);
@@ -270,6 +278,7 @@ private:
   std::map<ValueId, int> cache_index_; ///< cache nodes in graph order
   std::string label_;                  ///< op of the node being lowered
   int outer_per_seq_ = 0;              ///< PlanLaunch::one_per_seq of every emitted entry
+  int split_chunk_ = 0;                ///< PlanLaunch::split_chunk of every split entry
   std::set<ValueId> kv_in_rope_;       ///< kv_writes rope_yarn_qk_kv does in decode steps
   int outer_lo_ = 0, outer_hi_ = -1;   ///< row range every emitted entry is limited to
   LaunchArg part_ml_, part_o_, router_logits_, moe_act_;

@@ -357,27 +357,53 @@ void Lowerer::lower_attention(ValueId v) {
   d.window = as_int(n.attr_int("window"));
   d.scale = n.attr_float("scale");
   d.f32_cache = g_.type(kc).dtype == ir::DType::F32;
-  // Plain bf16 plans: decode steps round the operands as the tensor-core prompt kernel does.
-  d.round16 = !c_.gemm_split;
-  const int dec = k_.add(codegen::emit_attention_decode(d, ir_lines(g_, v)));
-  // Steps of many tokens: query tiles that load each key/value tile once for all of them; on
-  // tensor cores (fp16 operands) where the gemms take plain bf16 activations, fp32 SIMT in the
-  // split (fp32-grade) plans.
-  const bool tiled = gemm_path() && 128 % (d.heads / d.kv_heads) == 0 && d.head_dim % 16 == 0;
-  const int pre = !tiled          ? -1
-                  : c_.gemm_split ? k_.add(codegen::emit_attention_prefill(d, ir_lines(g_, v)))
-                                  : k_.add(codegen::emit_attention_prefill_mma(d, ir_lines(g_, v)));
-  // The combine step depends only on heads and head_dim: one generic header for every node.
-  const int comb = k_.add(codegen::emit_attention_combine(
-      d, {"merges the key splits of attention(...) for any window and scale"}));
   std::vector<LaunchArg> in;
   for (size_t i = 0; i < 10; ++i)
     in.push_back(i == 3 || i == 4 ? addr(cache_node(n.inputs[i])) : addr(n.inputs[i]));
   const LaunchArg out = addr(v);
+  const int window = std::max(0, d.window);
+  if (canonical_attention(d)) {
+    // Plain bf16 plans: every step in the canonical order of attention_mma.cuh (key tiles and
+    // chunks at fixed positions), so that a token's attention is the same bits in any step:
+    // the prompt kernel above kSplitTokens tokens, the decode kernel below and for decode steps
+    // of any size (one token a sequence: the prompt kernel's query tiles would hold one token
+    // a sequence), its chunks folded by the combine when they went to blocks of their own.
+    d.chunk = runtime::kAttnChunkKeys;
+    const int dec = k_.add(codegen::emit_attention_decode_mma(d, ir_lines(g_, v)));
+    const int pre = k_.add(codegen::emit_attention_prefill_mma(d, ir_lines(g_, v)));
+    const int comb = k_.add(codegen::emit_attention_combine_chunks(
+        d, {"folds the key chunks of attention(...) for any window and scale"}));
+    std::vector<LaunchArg> dec_args = in;
+    for (const LaunchArg& a : {out, part_ml_, part_o_})
+      dec_args.push_back(a);
+    split_chunk_ = d.chunk;
+    emit(dec, Rows::Tokens, 0, kSplitTokens, dec_args, 0, window, 1, d.kv_heads);
+    if (c_.max_tokens > kSplitTokens) {
+      outer_per_seq_ = 1; // each block all its token's chunks (the combine serves up to 64)
+      emit(dec, Rows::Tokens, kSplitTokens + 1, -1, dec_args);
+      outer_per_seq_ = -1;
+      std::vector<LaunchArg> pre_args = in;
+      pre_args.push_back(out);
+      pre_args.push_back(rows_arg());
+      emit(pre, Rows::Tokens, kSplitTokens + 1, -1, std::move(pre_args));
+      outer_per_seq_ = 0;
+    }
+    emit(comb, Rows::Tokens, 0, kSplitTokens, {part_ml_, part_o_, in[5], splits_arg(), out}, 0,
+         window, 2, d.kv_heads);
+    split_chunk_ = 0;
+    return;
+  }
+  const int dec = k_.add(codegen::emit_attention_decode(d, ir_lines(g_, v)));
+  // Steps of many tokens: query tiles that load each key/value tile once for all of them, fp32
+  // SIMT (the split, fp32-grade plans).
+  const bool tiled = gemm_path() && 128 % (d.heads / d.kv_heads) == 0 && d.head_dim % 16 == 0;
+  const int pre = tiled ? k_.add(codegen::emit_attention_prefill(d, ir_lines(g_, v))) : -1;
+  // The combine step depends only on heads and head_dim: one generic header for every node.
+  const int comb = k_.add(codegen::emit_attention_combine(
+      d, {"merges the key splits of attention(...) for any window and scale"}));
   // Splits from the bucketed key count of the step and its tokens (the executor's rule,
   // runtime::attention_step_splits; window 0: none); a split past a token's keys stays empty.
   // Many tokens fill the GPU with fewer splits, or none (and their buffers stay small).
-  const int window = std::max(0, d.window);
   std::vector<LaunchArg> dec_args = in;
   for (const LaunchArg& a : {out, part_ml_, part_o_})
     dec_args.push_back(a);

@@ -323,14 +323,11 @@ KernelSource emit_attention_decode(const AttentionDims& d,
   launch.blocks_x = d.kv_heads;
   launch.y_per_token = 1;
   launch.z_splits = true;
-  const char* cache = d.f32_cache ? ", float" : d.round16 ? ", __nv_bfloat16" : "";
   std::string call =
-      fmt::format("attention_decode<{}, {}, {}, {}, {}, {}{}{}>", d.heads, d.kv_heads, d.head_dim,
-                  d.block, d.table, d.window, cache, d.round16 ? ", true" : "");
+      fmt::format("attention_decode<{}, {}, {}, {}, {}, {}{}>", d.heads, d.kv_heads, d.head_dim,
+                  d.block, d.table, d.window, d.f32_cache ? ", float" : "");
   if (d.f32_cache)
     name += "_kvf32";
-  if (d.round16)
-    name += "_r16";
   if (static_cast<float>(d.scale) != static_cast<float>(1.0 / std::sqrt(d.head_dim)))
     name += attr_suffix("scale", d.scale, 1.0 / std::sqrt(d.head_dim));
   return assemble(std::move(name), ir_lines, "attention.cuh", call, params, launch,
@@ -352,6 +349,66 @@ KernelSource emit_attention_combine(const AttentionDims& d,
   launch.y_per_token = 1;
   return assemble(std::move(name), ir_lines, "attention.cuh",
                   fmt::format("attention_combine<{}, {}>", d.heads, d.head_dim), params, launch);
+}
+
+namespace {
+
+void check_chunk(const AttentionDims& d) {
+  if (d.chunk <= 0 || d.chunk % 64 != 0)
+    throw Error(fmt::format("codegen: the canonical attention order needs key chunks of a "
+                            "positive multiple of 64, not {}",
+                            d.chunk));
+}
+
+} // namespace
+
+KernelSource emit_attention_decode_mma(const AttentionDims& d,
+                                       const std::vector<std::string>& ir_lines) {
+  check_positive("attention", {d.heads, d.kv_heads, d.head_dim, d.block, d.table});
+  check_chunk(d);
+  if (d.heads % d.kv_heads != 0 || d.heads / d.kv_heads > 16 || d.head_dim % 16 != 0)
+    throw Error(fmt::format("codegen: attention_decode_mma needs heads ({}) divisible by "
+                            "kv_heads ({}) with at most 16 a kv head, and head_dim ({}) "
+                            "divisible by 16",
+                            d.heads, d.kv_heads, d.head_dim));
+  std::string name = fmt::format("attention_decode_mma_h{}_g{}_d{}_b{}_m{}{}_c{}", d.heads,
+                                 d.kv_heads, d.head_dim, d.block, d.table,
+                                 d.window ? fmt::format("_w{}", d.window) : "", d.chunk);
+  std::vector<Param> params = attention_params(d);
+  for (const char* n : {"out", "part_ml", "part_o"})
+    params.push_back({fmt::format("float* {}", n), n});
+  LaunchRule launch;
+  const int pairs = d.head_dim / 16; // attention_decode_mma_warps
+  launch.block = 32 * (pairs % 4 == 0 ? 4 : pairs % 2 == 0 ? 2 : 1);
+  launch.blocks_x = d.kv_heads;
+  launch.y_per_token = 1;
+  launch.z_splits = true;
+  std::string call = fmt::format("attention_decode_mma<{}, {}, {}, {}, {}, {}, {}{}>", d.heads,
+                                 d.kv_heads, d.head_dim, d.block, d.table, d.window, d.chunk,
+                                 d.f32_cache ? ", float" : "");
+  if (d.f32_cache)
+    name += "_kvf32";
+  if (static_cast<float>(d.scale) != static_cast<float>(1.0 / std::sqrt(d.head_dim)))
+    name += attr_suffix("scale", d.scale, 1.0 / std::sqrt(d.head_dim));
+  return assemble(std::move(name), ir_lines, "attention_mma.cuh", call, params, launch);
+}
+
+KernelSource emit_attention_combine_chunks(const AttentionDims& d,
+                                           const std::vector<std::string>& ir_lines) {
+  check_positive("attention", {d.heads, d.head_dim});
+  std::string name = fmt::format("attention_combine_chunks_h{}_d{}", d.heads, d.head_dim);
+  std::vector<Param> params = {{"const float* part_ml", "part_ml"},
+                               {"const float* part_o", "part_o"},
+                               {fmt::format("{} sinks", kBf16), "sinks"},
+                               {"int splits", "splits"},
+                               {"float* out", "out"}};
+  LaunchRule launch;
+  launch.block = d.head_dim;
+  launch.blocks_x = d.heads;
+  launch.y_per_token = 1;
+  return assemble(std::move(name), ir_lines, "attention_mma.cuh",
+                  fmt::format("attention_combine_chunks<{}, {}>", d.heads, d.head_dim), params,
+                  launch);
 }
 
 namespace {

@@ -128,9 +128,9 @@ struct AttentionDims {
   int window = 0; ///< 0: full causal attention
   double scale = 0;
   bool f32_cache = false; ///< fp32 KV cache instead of bf16
-  /// attention_decode rounds its operands to fp16 as the tensor-core prefill kernel does (plans
-  /// with plain bf16 gemm activations). Name suffix "_r16".
-  bool round16 = false;
+  /// Keys per chunk of the canonical attention order (attention_mma.cuh: the tensor-core
+  /// kernels of plain bf16 plans), a multiple of 64; name suffix "_c<chunk>".
+  int chunk = 0;
 };
 
 /// moe_experts(_residual) on bf16 experts, as moe_gate_up then moe_down.
@@ -284,6 +284,16 @@ KernelSource emit_attention_decode(const AttentionDims& d,
                                    const std::vector<std::string>& ir_lines);
 KernelSource emit_attention_combine(const AttentionDims& d,
                                     const std::vector<std::string>& ir_lines);
+/// attention with sinks for steps of few tokens and decode steps, in the canonical order of the
+/// tensor-core prompt kernel (attention_mma.cuh: attention_decode_mma): grid (kv_heads, tokens,
+/// key splits = chunks or 1), 32 to 128 threads (attention_decode_mma_warps). Parameters as
+/// emit_attention_decode's. Needs d.chunk, heads / kv_heads <= 16 and head_dim divisible by 16.
+KernelSource emit_attention_decode_mma(const AttentionDims& d,
+                                       const std::vector<std::string>& ir_lines);
+/// Folds attention_decode_mma's chunk states in key order (attention_combine_chunks): grid
+/// (heads, tokens), head_dim threads. Parameters: part_ml, part_o, sinks, splits, out.
+KernelSource emit_attention_combine_chunks(const AttentionDims& d,
+                                           const std::vector<std::string>& ir_lines);
 KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& ir_lines);
 KernelSource emit_moe_down(const MoeDims& d, const std::vector<std::string>& ir_lines);
 /// moe_down_part: each (token, slot) pair's weighted expert row into part [T * k, hidden], for

@@ -41,6 +41,10 @@ KernelSource emit_prefill(const AttentionDims& d, const std::vector<std::string>
     throw Error(fmt::format("codegen: prefill attention needs heads ({}) divisible by kv_heads "
                             "({}) with a quotient dividing {}, and head_dim ({}) divisible by 16",
                             d.heads, d.kv_heads, kPrefillRows, d.head_dim));
+  if (mma && (d.chunk <= 0 || d.chunk % 64 != 0))
+    throw Error(fmt::format("codegen: the canonical attention order needs key chunks of a "
+                            "positive multiple of 64, not {}",
+                            d.chunk));
   const char* fn = mma ? "attention_prefill_mma" : "attention_prefill";
   std::string name = fmt::format("{}_h{}_g{}_d{}_b{}_m{}{}", fn, d.heads, d.kv_heads, d.head_dim,
                                  d.block, d.table, d.window ? fmt::format("_w{}", d.window) : "");
@@ -56,8 +60,11 @@ KernelSource emit_prefill(const AttentionDims& d, const std::vector<std::string>
   launch.smem_fixed = mma ? 0 : attention_prefill_smem_bytes(d.head_dim);
   launch.min_blocks_per_sm = 2;
   std::string call =
-      fmt::format("{}<{}, {}, {}, {}, {}, {}{}>", fn, d.heads, d.kv_heads, d.head_dim, d.block,
-                  d.table, d.window, d.f32_cache ? ", float" : "");
+      fmt::format("{}<{}, {}, {}, {}, {}, {}{}{}>", fn, d.heads, d.kv_heads, d.head_dim, d.block,
+                  d.table, d.window, mma ? fmt::format(", {}", d.chunk) : "",
+                  d.f32_cache ? ", float" : "");
+  if (mma)
+    name += fmt::format("_c{}", d.chunk);
   if (d.f32_cache)
     name += "_kvf32";
   name += attr_suffix("scale", d.scale, 1.0 / std::sqrt(d.head_dim));

@@ -84,6 +84,11 @@ Executor::Executor(LaunchTable table, const Bindings& b, std::vector<LoadedKerne
     if (l.splits_heads < 0 || l.splits_heads > (1 << 16))
       throw Error(fmt::format("launch table: a {} launch splits over {} heads, outside 0..65536",
                               l.label, l.splits_heads));
+    if (l.split_chunk < 0 || l.split_chunk % 64 != 0 || l.split_chunk > (1 << 20) ||
+        (l.split_chunk > 0 && l.splits_window < 0))
+      throw Error(fmt::format("launch table: a {} launch has key chunks of {}: not a multiple of "
+                              "64 in 64..1048576 on a split launch",
+                              l.label, l.split_chunk));
     if (l.args.size() > kMaxArgs)
       throw Error(fmt::format("launch table: kernel '{}' takes {} arguments, at most {} supported",
                               table_.kernels[size_t(l.kernel)].name, l.args.size(), kMaxArgs));
@@ -148,8 +153,11 @@ size_t Executor::for_each(bool masked, const StepShape& s, size_t begin, size_t 
     if (l.splits_window >= 0) {
       // Splits from the bucketed key count, so that they stay fixed over a range of positions
       // (and one CUDA graph serves them all); a split past a token's keys stays empty.
-      splits = attention_step_splits(attention_key_bucket(s.max_pos + 1), l.splits_window, rows,
-                                     l.splits_heads);
+      const int bucket = attention_key_bucket(s.max_pos + 1);
+      splits = l.split_chunk > 0 ? attention_chunk_splits(bucket, l.splits_window, rows,
+                                                          l.splits_heads, l.split_chunk)
+                                 : attention_step_splits(bucket, l.splits_window, rows,
+                                                         l.splits_heads);
     }
     if (splits < l.min_splits)
       continue;

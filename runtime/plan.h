@@ -142,6 +142,32 @@ inline int attention_step_splits(int bucket, int window, int tokens, int heads) 
   return static_cast<int>(std::clamp<int64_t>(kAttnSplitBlocks / per_split, 1, splits));
 }
 
+/// Keys per chunk of the canonical attention order (codegen/kernels/attention_mma.cuh) in the
+/// plans that compile it: the unit a decode step's key splits take, and where the prompt kernel
+/// folds its running state.
+inline constexpr int kAttnChunkKeys = 128;
+
+/// Partial states attention_decode_mma may leave a step, over its tokens and key chunks: the
+/// scratch buffers hold this many (token, chunk) states of every head (34.6 MB for the 20b).
+inline constexpr int kAttnChunkPartials = 2048;
+
+/// Key splits of attention_decode_mma and attention_combine_chunks (plans in the canonical
+/// attention order, chunks of `chunk` keys at multiples of `chunk`) in a step of `tokens`
+/// tokens whose keys fall in attention_key_bucket `bucket`: one block a chunk (as many as a
+/// token's keys can span: every chunk below the bucket, or those a window of `window` keys
+/// crosses) while tokens x heads alone would leave most of the GPU idle and the partial states
+/// fit kAttnChunkPartials; else 1, each block running all its token's chunks. Either way a
+/// token's chunks are folded in key order, so the choice changes no bit. A function of
+/// (tokens, bucket) only, as a CUDA graph needs.
+inline int attention_chunk_splits(int bucket, int window, int tokens, int heads, int chunk) {
+  const int all = (std::max(bucket, 1) + chunk - 1) / chunk;
+  const int spans = window > 0 ? std::min(all, (window - 1) / chunk + 2) : all;
+  const int64_t blocks = int64_t(tokens) * std::max(heads, 1);
+  if (spans <= 1 || blocks >= kAttnSplitBlocks || int64_t(tokens) * spans > kAttnChunkPartials)
+    return 1;
+  return spans;
+}
+
 /// The sizes of one (sub-)step that launches depend on.
 struct StepShape {
   int tokens = 0;  ///< T: tokens in the step
@@ -231,6 +257,9 @@ struct PlanLaunch {
   /// > 0: the kv heads attention_decode runs per token, which cut its splits for steps of
   /// many tokens (attention_step_splits); the same on its attention_combine launch.
   int splits_heads = 0;
+  /// > 0: keys per chunk of the canonical attention order (attention_decode_mma and
+  /// attention_combine_chunks): the splits are attention_chunk_splits' instead.
+  int split_chunk = 0;
   /// 1: only steps with one token per sequence (tokens == seqs: decode); -1: only the other
   /// steps; 0: any (rope_yarn_qk_kv writes the KV caches itself in decode steps).
   int one_per_seq = 0;

@@ -139,6 +139,8 @@ json launch_to_json(const PlanLaunch& l) {
     j["min_splits"] = l.min_splits;
   if (l.splits_heads != 0)
     j["splits_heads"] = l.splits_heads;
+  if (l.split_chunk != 0)
+    j["split_chunk"] = l.split_chunk;
   if (l.one_per_seq != 0)
     j["one_per_seq"] = l.one_per_seq;
   json args = json::array();
@@ -160,6 +162,7 @@ PlanLaunch launch_from_json(const json& l) {
   get_opt(l, "splits_window", p.splits_window);
   get_opt(l, "min_splits", p.min_splits);
   get_opt(l, "splits_heads", p.splits_heads);
+  get_opt(l, "split_chunk", p.split_chunk);
   get_opt(l, "one_per_seq", p.one_per_seq);
   for (const json& a : l.at("args"))
     p.args.push_back(arg_from_json(a));

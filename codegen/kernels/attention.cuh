@@ -51,8 +51,7 @@ __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
   return r;
 }
 
-/// (x, y) rounded to fp16 as pack_f16x2 rounds them, back in fp32: what attention_decode's
-/// ROUND16 does to the operands attention_prefill_mma gives its MMAs.
+/// (x, y) rounded to fp16 as pack_f16x2 rounds them, back in fp32.
 __device__ __forceinline__ float2 round_f16x2(float x, float y) {
   const unsigned h = pack_f16x2(x, y);
   float2 r;
@@ -63,12 +62,9 @@ __device__ __forceinline__ float2 round_f16x2(float x, float y) {
   return r;
 }
 
-/// softmax_ref_log2: the fp16-operand kernels (attention_prefill_mma, attention_decode's
-/// ROUND16) keep the online softmax's running max m in log2 units rounded up to a whole number,
-/// so that p = 2^(s log2(e) - m) and every correction 2^(m_old - m_new) are exact powers of two:
-/// a weight's value (and the fp16 pair the tensor-core kernel splits it into) is then the same,
-/// up to a power of two, whatever order the keys came in and the maxima grew, in either kernel.
-/// m leaves the kernels in natural units (m ln 2).
+/// softmax_ref_log2: the fp16-operand kernels (attention_mma.cuh) keep the online softmax's
+/// running max m in log2 units rounded up to a whole number, so that p = 2^(s log2(e) - m) and
+/// every correction 2^(m_old - m_new) are exact powers of two.
 
 namespace attn_detail {
 
@@ -191,7 +187,7 @@ __device__ __forceinline__ KeyRange<CONTIG, T, RowOf> key_range(const T* k, cons
 
 /// One warp's share of a block of attention_decode: its online-softmax state over the keys it
 /// has seen and the loop over key ranges.
-template <int H, int G, int D, typename CacheT, bool ROUND16> struct DecodeWarp {
+template <int H, int G, int D, typename CacheT> struct DecodeWarp {
   static constexpr int kGroup = H / G;                 // query heads of the kv head
   static constexpr int kHeads = pow2_at_least(kGroup); // padded for the reduce-scatter
   static constexpr int kChunks = D / 8;                // 8-element chunks of a K row
@@ -316,13 +312,6 @@ template <int H, int G, int D, typename CacheT, bool ROUND16> struct DecodeWarp 
         if (kChunks % kKeyLanes == 0 || gc < kChunks) {
           float kf[8];
           widen(kraw[u][i], kf);
-          if constexpr (ROUND16) {
-#pragma unroll
-            for (int e = 0; e < 8; e += 2) {
-              const float2 r = round_f16x2(kf[e], kf[e + 1]);
-              kf[e] = r.x, kf[e + 1] = r.y;
-            }
-          }
 #pragma unroll
           for (int h = 0; h < kGroup; ++h) {
             const float4 q0 = lds_f4(qs + 2 * h * kChunks + gc);
@@ -363,18 +352,14 @@ template <int H, int G, int D, typename CacheT, bool ROUND16> struct DecodeWarp 
 #pragma unroll
       for (int off = kKeyLanes; off < kWarp; off *= 2) // over the keys of a pass
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      // ROUND16: m in log2 units, a whole number (softmax_ref_log2), as attention_prefill_mma's.
-      constexpr float kLog2e = 1.4426950408889634f;
-      const float m_new = ROUND16 ? fmaxf(m[i], ceilf(__fmul_rn(mx, kLog2e))) : fmaxf(m[i], mx);
-      const float corr = ROUND16 ? exp2f(m[i] - m_new) : expf(m[i] - m_new);
+      const float m_new = fmaxf(m[i], mx);
+      const float corr = expf(m[i] - m_new);
       grew |= m_new > m[i];
       float sum = 0.0f;
       const int head = own_head(i);
 #pragma unroll
       for (int u = 0; u < kAttnBatch; ++u) {
-        // Not contracted into an FMA: the same two roundings as attention_prefill_mma's.
-        const float p =
-            ROUND16 ? exp2f(__fsub_rn(__fmul_rn(sc[u][i], kLog2e), m_new)) : expf(sc[u][i] - m_new);
+        const float p = expf(sc[u][i] - m_new);
         sum += p;
         ps[(u * kPassKeys + kg) * kHeads + head] = p;
       }
@@ -422,9 +407,7 @@ template <int H, int G, int D, typename CacheT, bool ROUND16> struct DecodeWarp 
         }
 #pragma unroll
         for (int i = 0; i < kLanePairs; ++i) {
-          float2 vf = widen(vraw[u][kk][i]);
-          if constexpr (ROUND16)
-            vf = round_f16x2(vf.x, vf.y);
+          const float2 vf = widen(vraw[u][kk][i]);
 #pragma unroll
           for (int h = 0; h < kGroup; ++h) {
             acc[h][i][0] = fmaf(p[h], vf.x, acc[h][i][0]);
@@ -482,7 +465,7 @@ template <int H, int G, int D, typename CacheT, bool ROUND16> struct DecodeWarp 
 #pragma unroll
       for (int i = 0; i < kLaneHeads; ++i)
         if (own_head(i) < kGroup) {
-          wm[own_head(i)] = ROUND16 ? m[i] * 0.6931471805599453f : m[i]; // natural units
+          wm[own_head(i)] = m[i];
           wl[own_head(i)] = l[i];
         }
     if (rg == 0)
@@ -509,14 +492,10 @@ template <int H, int G, int D, typename CacheT, bool ROUND16> struct DecodeWarp 
 /// positions). The key range is cut into gridDim.z equal parts. With one split the block writes
 /// out [T, H, D] directly; else it writes its running max/sum [T, H, splits] and unnormalised
 /// output [T, H, splits, D] into part_ml (max then sum, 2 floats) and part_o for
-/// attention_combine. k, v and the caches are read in 16-byte pieces: 16-byte aligned.
-///
-/// ROUND16 (plans with plain bf16 gemm activations, whose prompt steps run
-/// attention_prefill_mma): q * scale, keys and values are rounded to fp16 where that kernel
-/// rounds them, and the running max follows softmax_ref_log2, so that a token sees the same
-/// operands in a decode step as in a prompt step; only the fp32 summation order differs.
-template <int H, int G, int D, int BS, int MB, int WINDOW, typename CacheT = __nv_bfloat16,
-          bool ROUND16 = false>
+/// attention_combine. k, v and the caches are read in 16-byte pieces: 16-byte aligned. The fp32
+/// kernel of the split (fp32-grade) plans; plain bf16 plans run attention_decode_mma
+/// (attention_mma.cuh) in the canonical order.
+template <int H, int G, int D, int BS, int MB, int WINDOW, typename CacheT = __nv_bfloat16>
 __device__ __forceinline__ void
 attention_decode(const float* __restrict__ q, const float* __restrict__ k,
                  const float* __restrict__ v, const CacheT* __restrict__ k_cache,
@@ -527,7 +506,7 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ k,
                  float* __restrict__ part_o) {
   static_assert(H % G == 0, "query heads must be a multiple of kv heads");
   static_assert(D % 8 == 0, "head_dim must be a multiple of 8");
-  using Warp = attn_detail::DecodeWarp<H, G, D, CacheT, ROUND16>;
+  using Warp = attn_detail::DecodeWarp<H, G, D, CacheT>;
   constexpr int kGroup = H / G, kWarps = Warp::kWarps;
   __shared__ float4 qs[Warp::kHeads * D / 4];
   __shared__ float4 ps[kWarps][Warp::kBatchKeys * Warp::kHeads / 4];
@@ -577,7 +556,7 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ k,
       const int h = i / D, r = i % D;
       const int dim = Warp::kSplit ? r : (r % (D / 2)) / 4 * 8 + r / (D / 2) * 4 + r % 4;
       const float x = h < kGroup ? q[((size_t)t * H + g * kGroup + h) * D + dim] * scale : 0.0f;
-      qf[i] = ROUND16 ? round_f16x2(x, 0.0f).x : x;
+      qf[i] = x;
     }
     __syncthreads();
   };

@@ -48,13 +48,17 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
   out.push_back(emit_attention_decode(att, {"full attention"}));
   att.f32_cache = true;
   out.push_back(emit_attention_decode(att, {"full attention, fp32 KV cache"}));
-  att.round16 = true; // plain bf16 plans: operands rounded as the tensor-core prompt kernel's
-  out.push_back(emit_attention_decode(att, {"full attention, fp32 KV cache, fp16 operands"}));
-  att.f32_cache = false;
-  out.push_back(emit_attention_decode(att, {"full attention, fp16 operands"}));
-  att.f32_cache = true;
-  att.round16 = false;
   out.push_back(emit_attention_combine(att, {"attention combine"}));
+  // The canonical order of plain bf16 plans (attention_mma.cuh): decode and combine.
+  for (bool f32 : {false, true})
+    for (int window : {0, int(c.sliding_window)}) {
+      AttentionDims can = att;
+      can.f32_cache = f32;
+      can.window = window;
+      can.chunk = 128;
+      out.push_back(emit_attention_decode_mma(can, {"attention, canonical order"}));
+    }
+  out.push_back(emit_attention_combine_chunks(att, {"attention chunk combine"}));
   // Prompt steps: SIMT (split plans) and tensor cores (plain bf16 plans), both caches, both kinds.
   for (bool f32 : {false, true})
     for (int window : {0, int(c.sliding_window)}) {
@@ -62,6 +66,7 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
       pre.f32_cache = f32;
       pre.window = window;
       out.push_back(emit_attention_prefill(pre, {"prefill attention"}));
+      pre.chunk = 128;
       out.push_back(emit_attention_prefill_mma(pre, {"prefill attention, tensor cores"}));
     }
   for (bool f32 : {false, true})
