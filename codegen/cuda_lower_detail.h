@@ -237,13 +237,12 @@ private:
   /// attention: the split-key decode kernel and its combine for few tokens, the query-tiled
   /// prefill kernel above.
   void lower_attention(ValueId v);
-  /// Attention `d` runs in the canonical order of attention_mma.cuh (plain bf16 plans whose
-  /// head groups fit its 16-row tiles): every step, decode or prompt, on the tensor-core
-  /// kernels with key tiles and chunks at fixed positions.
-  bool canonical_attention(const codegen::AttentionDims& d) const {
+  /// Attention `d` runs in the canonical order of attention_mma.cuh (every plan whose head
+  /// groups fit its 16-row tiles; split plans with fp16 operand pairs): every step, decode or
+  /// prompt, on the tensor-core kernels with key tiles and chunks at fixed positions.
+  static bool canonical_attention(const codegen::AttentionDims& d) {
     const int group = d.heads / d.kv_heads;
-    return !c_.gemm_split && d.heads % d.kv_heads == 0 && group <= 16 && 128 % group == 0 &&
-           d.head_dim % 16 == 0;
+    return d.heads % d.kv_heads == 0 && group <= 16 && 128 % group == 0 && d.head_dim % 16 == 0;
   }
 
   /// kv_write, unless the rope launch already stores it in decode steps (kv_in_rope_).

@@ -363,12 +363,14 @@ void Lowerer::lower_attention(ValueId v) {
   const LaunchArg out = addr(v);
   const int window = std::max(0, d.window);
   if (canonical_attention(d)) {
-    // Plain bf16 plans: every step in the canonical order of attention_mma.cuh (key tiles and
-    // chunks at fixed positions), so that a token's attention is the same bits in any step:
-    // the prompt kernel above kSplitTokens tokens, the decode kernel below and for decode steps
-    // of any size (one token a sequence: the prompt kernel's query tiles would hold one token
-    // a sequence), its chunks folded by the combine when they went to blocks of their own.
+    // Every step in the canonical order of attention_mma.cuh (key tiles and chunks at fixed
+    // positions), so that a token's attention is the same bits in any step: the prompt kernel
+    // above kSplitTokens tokens, the decode kernel below and for decode steps of any size (one
+    // token a sequence: the prompt kernel's query tiles would hold one token a sequence), its
+    // chunks folded by the combine when they went to blocks of their own. Split plans give the
+    // kernels every operand as an fp16 pair (fp32-grade products).
     d.chunk = runtime::kAttnChunkKeys;
+    d.split = c_.gemm_split;
     const int dec = k_.add(codegen::emit_attention_decode_mma(d, ir_lines(g_, v)));
     const int pre = k_.add(codegen::emit_attention_prefill_mma(d, ir_lines(g_, v)));
     const int comb = k_.add(codegen::emit_attention_combine_chunks(
@@ -393,40 +395,19 @@ void Lowerer::lower_attention(ValueId v) {
     split_chunk_ = 0;
     return;
   }
+  // Head groups the tensor-core tiles do not fit (no gpt-oss model): the fp32 decode kernel
+  // for every step, split over keys for steps of up to kSplitTokens tokens (the executor's
+  // rule, runtime::attention_step_splits; window 0: none); a split past a token's keys stays
+  // empty.
   const int dec = k_.add(codegen::emit_attention_decode(d, ir_lines(g_, v)));
-  // Steps of many tokens: query tiles that load each key/value tile once for all of them, fp32
-  // SIMT (the split, fp32-grade plans).
-  const bool tiled = gemm_path() && 128 % (d.heads / d.kv_heads) == 0 && d.head_dim % 16 == 0;
-  const int pre = tiled ? k_.add(codegen::emit_attention_prefill(d, ir_lines(g_, v))) : -1;
   // The combine step depends only on heads and head_dim: one generic header for every node.
   const int comb = k_.add(codegen::emit_attention_combine(
       d, {"merges the key splits of attention(...) for any window and scale"}));
-  // Splits from the bucketed key count of the step and its tokens (the executor's rule,
-  // runtime::attention_step_splits; window 0: none); a split past a token's keys stays empty.
-  // Many tokens fill the GPU with fewer splits, or none (and their buffers stay small).
   std::vector<LaunchArg> dec_args = in;
   for (const LaunchArg& a : {out, part_ml_, part_o_})
     dec_args.push_back(a);
   emit(dec, Rows::Tokens, 0, kSplitTokens, dec_args, 0, window, 1, d.kv_heads);
-  if (pre >= 0) {
-    std::vector<LaunchArg> pre_args = in;
-    pre_args.push_back(out);
-    pre_args.push_back(rows_arg());
-    if (outer_per_seq_ == 0) {
-      // Decode steps of more sequences (one token each) keep the decode kernel, in one key split:
-      // the prompt kernel's query tiles would hold one token a sequence. Steps with prompts
-      // take the prompt kernel.
-      outer_per_seq_ = 1;
-      emit(dec, Rows::Tokens, kSplitTokens + 1, -1, dec_args);
-      outer_per_seq_ = -1;
-      emit(pre, Rows::Tokens, kSplitTokens + 1, -1, std::move(pre_args));
-      outer_per_seq_ = 0;
-    } else {
-      emit(pre, Rows::Tokens, kSplitTokens + 1, -1, std::move(pre_args));
-    }
-  } else {
-    emit(dec, Rows::Tokens, kSplitTokens + 1, -1, dec_args);
-  }
+  emit(dec, Rows::Tokens, kSplitTokens + 1, -1, dec_args);
   emit(comb, Rows::Tokens, 0, kSplitTokens, {part_ml_, part_o_, in[5], splits_arg(), out}, 0,
        window, 2, d.kv_heads);
 }

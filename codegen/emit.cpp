@@ -383,11 +383,14 @@ KernelSource emit_attention_decode_mma(const AttentionDims& d,
   launch.blocks_x = d.kv_heads;
   launch.y_per_token = 1;
   launch.z_splits = true;
-  std::string call = fmt::format("attention_decode_mma<{}, {}, {}, {}, {}, {}, {}{}>", d.heads,
-                                 d.kv_heads, d.head_dim, d.block, d.table, d.window, d.chunk,
-                                 d.f32_cache ? ", float" : "");
+  std::string call = fmt::format(
+      "attention_decode_mma<{}, {}, {}, {}, {}, {}, {}, {}{}>", d.heads, d.kv_heads, d.head_dim,
+      d.block, d.table, d.window, d.chunk, d.f32_cache ? "float" : "__nv_bfloat16",
+      d.split ? ", true" : "");
   if (d.f32_cache)
     name += "_kvf32";
+  if (d.split)
+    name += "_x3";
   if (static_cast<float>(d.scale) != static_cast<float>(1.0 / std::sqrt(d.head_dim)))
     name += attr_suffix("scale", d.scale, 1.0 / std::sqrt(d.head_dim));
   return assemble(std::move(name), ir_lines, "attention_mma.cuh", call, params, launch);

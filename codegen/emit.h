@@ -129,8 +129,11 @@ struct AttentionDims {
   double scale = 0;
   bool f32_cache = false; ///< fp32 KV cache instead of bf16
   /// Keys per chunk of the canonical attention order (attention_mma.cuh: the tensor-core
-  /// kernels of plain bf16 plans), a multiple of 64; name suffix "_c<chunk>".
+  /// kernels of every plan), a multiple of 64; name suffix "_c<chunk>".
   int chunk = 0;
+  /// The canonical kernels take every operand as an fp16 pair hi + lo (the split, fp32-grade
+  /// plans). Name suffix "_x3" (three products a pair of operands).
+  bool split = false;
 };
 
 /// moe_experts(_residual) on bf16 experts, as moe_gate_up then moe_down.

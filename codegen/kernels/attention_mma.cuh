@@ -139,23 +139,49 @@ __device__ __forceinline__ void fold_chunk(TotalState<NDT>& tot, ChunkState<NDT>
   ch.reset();
 }
 
+/// Halves per shared-memory row of a staged key or value tile (D + 8: the 8 rows one ldmatrix
+/// reads start 16 bytes apart modulo 128, no bank conflicts), and halves per plane of a tile
+/// (SPLIT stages a second plane: what fp16 left of each value).
+template <int D> constexpr int kTileRow = D + 8;
+template <int D> constexpr int kTilePlane = kMmaAttnKeys * (D + 8);
+
+/// Q * scale of a lane's two rows as A fragments: hi[kd] = {(row 0, dims 16kd + 2cq..), (row 1,
+/// ..), (row 0, +8), (row 1, +8)} in fp16; with SPLIT lo holds what fp16 left of each (hi + lo
+/// keeps ~22 significant bits).
+template <int D, bool SPLIT> struct QFrags {
+  unsigned hi[D / 16][4];
+  unsigned lo[SPLIT ? D / 16 : 1][4];
+};
+
+/// Two values as the fp16 pair hi (and with SPLIT the pair of what it left, lo).
+template <bool SPLIT>
+__device__ __forceinline__ void f16_pair(float x, float y, unsigned& hi, unsigned& lo) {
+  hi = pack_f16x2(x, y);
+  if constexpr (SPLIT) {
+    const float2 h = round_f16x2(x, y);
+    lo = pack_f16x2(__fsub_rn(x, h.x), __fsub_rn(y, h.y));
+  }
+}
+
 /// One key tile of the canonical attention order for a warp's 16 query rows: keys kt ..
-/// kt + kMmaAttnKeys - 1, staged in shared memory as fp16 rows of D + 8 halves (ks, vs; zeros
-/// for keys outside the staged range), row i of this lane seeing keys lo[i]..hi[i]. S = Q K^T
-/// (qa: Q * scale as A fragments), the mask (-inf), the online softmax into `st` (a row's max
-/// over its 4 lanes in log2 units rounded up to a whole number, as softmax_ref_log2 says; p =
-/// 2^(s - max); every rescale a power of two) and o += P V for the NDT output tiles from dt0 on
-/// (the weights as an fp16 pair hi + lo, two MMAs; V's fragments by transposing ldmatrix). The
-/// prompt kernel calls it with every tile (dt0 0), the decode kernel's warps each with their
-/// share: a row's arithmetic is this function's whatever kernel runs it.
-template <int D, int NDT>
-__device__ __forceinline__ void tile_step(const unsigned (&qa)[D / 16][4],
-                                          const unsigned short* ks, const unsigned short* vs,
-                                          int kt, const int (&lo)[2], const int (&hi)[2],
-                                          ChunkState<NDT>& st, int dt0) {
+/// kt + kMmaAttnKeys - 1, staged in shared memory as fp16 rows of kTileRow<D> halves (ks, vs;
+/// with SPLIT a second plane kTilePlane<D> further holds the remainders; zeros for keys outside
+/// the staged range), row i of this lane seeing keys lo[i]..hi[i]. S = Q K^T (q: Q * scale as A
+/// fragments; SPLIT: hi k_hi + hi k_lo + lo k_hi), the mask (-inf), the online softmax into `st`
+/// (a row's max over its 4 lanes in log2 units rounded up to a whole number, as softmax_ref_log2
+/// says; p = 2^(s - max); every rescale a power of two) and o += P V for the NDT output tiles
+/// from dt0 on (the weights as an fp16 pair hi + lo; SPLIT: p_hi v_hi + p_hi v_lo + p_lo v_hi,
+/// else p_hi v + p_lo v; V's fragments by transposing ldmatrix). The prompt kernel calls it with
+/// every tile (dt0 0), the decode kernel's warps each with their share: a row's arithmetic is
+/// this function's whatever kernel runs it.
+template <int D, int NDT, bool SPLIT>
+__device__ __forceinline__ void tile_step(const QFrags<D, SPLIT>& q, const unsigned short* ks,
+                                          const unsigned short* vs, int kt, const int (&lo)[2],
+                                          const int (&hi)[2], ChunkState<NDT>& st, int dt0) {
   static_assert(NDT % 2 == 0, "output tiles go in pairs (one ldmatrix.x4)");
   constexpr int KT = kMmaAttnKeys;
-  constexpr int KS = D + 8;  // halves per shared-memory row
+  constexpr int KS = kTileRow<D>;
+  constexpr int PL = kTilePlane<D>;
   constexpr int NT = KT / 8; // score tiles of 8 keys
   constexpr int KD = D / 16; // k steps of Q K^T
   const int lane = threadIdx.x % 32, cq = lane % 4;
@@ -172,10 +198,19 @@ __device__ __forceinline__ void tile_step(const unsigned (&qa)[D / 16][4],
   for (int kd = 0; kd < KD; ++kd)
 #pragma unroll
     for (int nt = 0; nt < NT; nt += 2) {
+      const int at = ((nt + mi / 2) * 8 + mr) * KS + kd * 16 + (mi % 2) * 8;
       unsigned b[4];
-      ldmatrix_x4(b, ks + ((nt + mi / 2) * 8 + mr) * KS + kd * 16 + (mi % 2) * 8);
-      mma_f16(s[nt], qa[kd], b[0], b[1]);
-      mma_f16(s[nt + 1], qa[kd], b[2], b[3]);
+      ldmatrix_x4(b, ks + at);
+      mma_f16(s[nt], q.hi[kd], b[0], b[1]);
+      mma_f16(s[nt + 1], q.hi[kd], b[2], b[3]);
+      if constexpr (SPLIT) {
+        unsigned bl[4];
+        ldmatrix_x4(bl, ks + PL + at);
+        mma_f16(s[nt], q.hi[kd], bl[0], bl[1]);
+        mma_f16(s[nt + 1], q.hi[kd], bl[2], bl[3]);
+        mma_f16(s[nt], q.lo[kd], b[0], b[1]);
+        mma_f16(s[nt + 1], q.lo[kd], b[2], b[3]);
+      }
     }
 
   // 2. Mask, online softmax, weights (in place of the scores).
@@ -218,23 +253,28 @@ __device__ __forceinline__ void tile_step(const unsigned (&qa)[D / 16][4],
 
   // 3. o += P V: the weights of keys 16kk .. 16kk+15 are the A fragment
   // {s[2kk][0..1], s[2kk][2..3], s[2kk+1][0..1], s[2kk+1][2..3]}, as an fp16 pair hi + lo
-  // (~22 significant bits: two MMAs).
+  // (~22 significant bits).
 #pragma unroll
   for (int kk = 0; kk < KT / 16; ++kk) {
     unsigned whi[4], wlo[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const float* w = &s[2 * kk + r / 2][2 * (r % 2)];
-      whi[r] = pack_f16x2(w[0], w[1]);
-      const float2 h = round_f16x2(w[0], w[1]);
-      wlo[r] = pack_f16x2(__fsub_rn(w[0], h.x), __fsub_rn(w[1], h.y));
+      f16_pair<true>(w[0], w[1], whi[r], wlo[r]);
     }
 #pragma unroll
     for (int j = 0; j < NDT; j += 2) {
+      const int at = (kk * 16 + (mi % 2) * 8 + mr) * KS + (dt0 + j + mi / 2) * 8;
       unsigned b[4];
-      ldmatrix_x4_trans(b, vs + (kk * 16 + (mi % 2) * 8 + mr) * KS + (dt0 + j + mi / 2) * 8);
+      ldmatrix_x4_trans(b, vs + at);
       mma_f16(st.o[j], whi, b[0], b[1]);
       mma_f16(st.o[j + 1], whi, b[2], b[3]);
+      if constexpr (SPLIT) {
+        unsigned bl[4];
+        ldmatrix_x4_trans(bl, vs + PL + at);
+        mma_f16(st.o[j], whi, bl[0], bl[1]);
+        mma_f16(st.o[j + 1], whi, bl[2], bl[3]);
+      }
       mma_f16(st.o[j], wlo, b[0], b[1]);
       mma_f16(st.o[j + 1], wlo, b[2], b[3]);
     }
@@ -253,10 +293,18 @@ template <typename CacheT> __device__ __forceinline__ void load_step8(const floa
   }
 }
 
-/// Stores 8 fp32 values as fp16 at a shared-memory row position.
-__device__ __forceinline__ void store_f16x8(unsigned short* dst, const float (&f)[8]) {
-  *reinterpret_cast<uint4*>(dst) = make_uint4(pack_f16x2(f[0], f[1]), pack_f16x2(f[2], f[3]),
-                                              pack_f16x2(f[4], f[5]), pack_f16x2(f[6], f[7]));
+/// Stores 8 fp32 values as fp16 at a shared-memory row position of a tile (with SPLIT what fp16
+/// left of each also, kTilePlane<D> further).
+template <int D, bool SPLIT>
+__device__ __forceinline__ void store_operand8(unsigned short* dst, const float (&f)[8]) {
+  uint4 hi, lo;
+  f16_pair<SPLIT>(f[0], f[1], hi.x, lo.x);
+  f16_pair<SPLIT>(f[2], f[3], hi.y, lo.y);
+  f16_pair<SPLIT>(f[4], f[5], hi.z, lo.z);
+  f16_pair<SPLIT>(f[6], f[7], hi.w, lo.w);
+  *reinterpret_cast<uint4*>(dst) = hi;
+  if constexpr (SPLIT)
+    *reinterpret_cast<uint4*>(dst + kTilePlane<D>) = lo;
 }
 
 } // namespace attn_mma
@@ -281,10 +329,12 @@ __device__ __forceinline__ void store_f16x8(unsigned short* dst, const float (&f
 /// none of whose rows sees a key of the tile skips it. Keys of the step itself (positions >=
 /// ctx_len) come from k and v as the cache would hold them (load_step8).
 ///
+/// SPLIT (the fp32-grade plans): every operand as an fp16 pair hi + lo (tile_step).
+///
 /// Launch: kMmaAttnThreads threads, grid (G, ceil(tokens / QT)), no dynamic shared memory
-/// (static: 2 x 64 x (D + 8) halves, 18 KB at D = 64).
+/// (static: 2 x 64 x (D + 8) halves, 18 KB at D = 64; twice that with SPLIT).
 template <int H, int G, int D, int BS, int MB, int WINDOW, int CHUNK,
-          typename CacheT = __nv_bfloat16>
+          typename CacheT = __nv_bfloat16, bool SPLIT = false>
 __device__ __forceinline__ void
 attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
                       const float* __restrict__ v, const CacheT* __restrict__ k_cache,
@@ -301,11 +351,12 @@ attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
   constexpr int QT = attention_mma_tokens(kGroup);
   constexpr int KT = kMmaAttnKeys;
   static_assert(CHUNK % KT == 0, "a chunk is whole key tiles");
-  constexpr int KS = D + 8; // halves per shared-memory row
+  constexpr int KS = kTileRow<D>;
   constexpr int DT = D / 8; // output tiles of 8 dims
   constexpr int KD = D / 16;
 
-  __shared__ __align__(16) unsigned short ks[KT * KS], vs[KT * KS];
+  __shared__ __align__(16) unsigned short ks[(SPLIT ? 2 : 1) * kTilePlane<D>],
+      vs[(SPLIT ? 2 : 1) * kTilePlane<D>];
   __shared__ int tok_pos[QT], tok_seq[QT];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -323,9 +374,7 @@ attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
     head[i] = g * kGroup + r % kGroup;
   }
 
-  // Q * scale as A fragments: qa[kd] = {(row 0, dims 2cq..), (row 1, ..), (row 0, +8), (row 1,
-  // +8)}.
-  unsigned qa[KD][4];
+  QFrags<D, SPLIT> qf;
 #pragma unroll
   for (int kd = 0; kd < KD; ++kd)
 #pragma unroll
@@ -336,7 +385,8 @@ attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
         if (tl[i] < ntok)
           x = *reinterpret_cast<const float2*>(q + ((size_t)(t0 + tl[i]) * H + head[i]) * D +
                                                kd * 16 + h * 8 + 2 * cq);
-        qa[kd][2 * h + i] = pack_f16x2(__fmul_rn(x.x, scale), __fmul_rn(x.y, scale));
+        f16_pair<SPLIT>(__fmul_rn(x.x, scale), __fmul_rn(x.y, scale), qf.hi[kd][2 * h + i],
+                        qf.lo[SPLIT ? kd : 0][2 * h + i]);
       }
   for (int i = tid; i < ntok; i += kMmaAttnThreads) {
     tok_pos[i] = positions[t0 + i];
@@ -397,8 +447,8 @@ attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
           for (int i = 0; i < 8; ++i)
             kf[i] = vf[i] = 0.0f;
         }
-        store_f16x8(ks + jj * KS + e, kf);
-        store_f16x8(vs + jj * KS + e, vf);
+        store_operand8<D, SPLIT>(ks + jj * KS + e, kf);
+        store_operand8<D, SPLIT>(vs + jj * KS + e, vf);
       }
       __syncthreads();
 
@@ -407,7 +457,7 @@ attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
       for (int i = 0; i < 2; ++i)
         sees |= max(lo[i], kt) <= min(hi[i], kt + KT - 1);
       if (__any_sync(0xffffffffu, sees))
-        tile_step<D, DT>(qa, ks, vs, kt, lo, hi, ch, 0);
+        tile_step<D, DT, SPLIT>(qf, ks, vs, kt, lo, hi, ch, 0);
       if ((kt + KT) % CHUNK == 0 || kt + KT > p_last)
         fold_chunk(tot, ch); // the chunk ends (or the segment's keys do)
     }
@@ -445,8 +495,9 @@ __host__ __device__ constexpr int attention_decode_mma_warps(int D) {
 /// state for attention_combine_chunks: part_ml [T, H, Z] (max in log2 units, sum) and part_o
 /// [T, H, Z, D]. Keys below ctx_len come from the cache, the step's own from k and v as the
 /// cache would hold them (tokens of a sequence are contiguous with consecutive positions).
+/// SPLIT as the prompt kernel's.
 template <int H, int G, int D, int BS, int MB, int WINDOW, int CHUNK,
-          typename CacheT = __nv_bfloat16>
+          typename CacheT = __nv_bfloat16, bool SPLIT = false>
 __device__ __forceinline__ void
 attention_decode_mma(const float* __restrict__ q, const float* __restrict__ k,
                      const float* __restrict__ v, const CacheT* __restrict__ k_cache,
@@ -462,12 +513,13 @@ attention_decode_mma(const float* __restrict__ q, const float* __restrict__ k,
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16 (pairs of 8-dim output tiles)");
   constexpr int KT = kMmaAttnKeys;
   static_assert(CHUNK % KT == 0, "a chunk is whole key tiles");
-  constexpr int KS = D + 8;
+  constexpr int KS = kTileRow<D>;
   constexpr int KD = D / 16;
   constexpr int kWarps = attention_decode_mma_warps(D), kThreads = 32 * kWarps;
   constexpr int NDT = D / 8 / kWarps; // output tiles a warp
 
-  __shared__ __align__(16) unsigned short ks[KT * KS], vs[KT * KS];
+  __shared__ __align__(16) unsigned short ks[(SPLIT ? 2 : 1) * kTilePlane<D>],
+      vs[(SPLIT ? 2 : 1) * kTilePlane<D>];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int gq = lane / 4, cq = lane % 4;
@@ -487,7 +539,7 @@ attention_decode_mma(const float* __restrict__ q, const float* __restrict__ k,
     lo_r[i] = live[i] ? lo : 1;
     hi_r[i] = live[i] ? p : 0;
   }
-  unsigned qa[KD][4];
+  QFrags<D, SPLIT> qf;
 #pragma unroll
   for (int kd = 0; kd < KD; ++kd)
 #pragma unroll
@@ -498,7 +550,8 @@ attention_decode_mma(const float* __restrict__ q, const float* __restrict__ k,
         if (live[i])
           x = *reinterpret_cast<const float2*>(q + ((size_t)t * H + g * kGroup + row[i]) * D +
                                                kd * 16 + h * 8 + 2 * cq);
-        qa[kd][2 * h + i] = pack_f16x2(__fmul_rn(x.x, scale), __fmul_rn(x.y, scale));
+        f16_pair<SPLIT>(__fmul_rn(x.x, scale), __fmul_rn(x.y, scale), qf.hi[kd][2 * h + i],
+                        qf.lo[SPLIT ? kd : 0][2 * h + i]);
       }
 
   ChunkState<NDT> ch;
@@ -527,11 +580,11 @@ attention_decode_mma(const float* __restrict__ q, const float* __restrict__ k,
           for (int u = 0; u < 8; ++u)
             kf[u] = vf[u] = 0.0f;
         }
-        store_f16x8(ks + jj * KS + e, kf);
-        store_f16x8(vs + jj * KS + e, vf);
+        store_operand8<D, SPLIT>(ks + jj * KS + e, kf);
+        store_operand8<D, SPLIT>(vs + jj * KS + e, vf);
       }
       __syncthreads();
-      tile_step<D, NDT>(qa, ks, vs, kt, lo_r, hi_r, ch, warp * NDT);
+      tile_step<D, NDT, SPLIT>(qf, ks, vs, kt, lo_r, hi_r, ch, warp * NDT);
     }
     if (splits == 1)
       fold_chunk(tot, ch);

@@ -59,15 +59,17 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
       out.push_back(emit_attention_decode_mma(can, {"attention, canonical order"}));
     }
   out.push_back(emit_attention_combine_chunks(att, {"attention chunk combine"}));
-  // Prompt steps: SIMT (split plans) and tensor cores (plain bf16 plans), both caches, both kinds.
+  // Prompt steps on tensor cores (plain and split plans), both caches, both kinds.
   for (bool f32 : {false, true})
     for (int window : {0, int(c.sliding_window)}) {
       AttentionDims pre = att;
       pre.f32_cache = f32;
       pre.window = window;
-      out.push_back(emit_attention_prefill(pre, {"prefill attention"}));
       pre.chunk = 128;
       out.push_back(emit_attention_prefill_mma(pre, {"prefill attention, tensor cores"}));
+      pre.split = true; // the split plans' operand pairs
+      out.push_back(emit_attention_prefill_mma(pre, {"prefill attention, operand pairs"}));
+      out.push_back(emit_attention_decode_mma(pre, {"attention, operand pairs"}));
     }
   for (bool f32 : {false, true})
     for (int window : {0, int(c.sliding_window)})

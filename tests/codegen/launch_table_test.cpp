@@ -683,13 +683,18 @@ TEST_CASE("decode steps run lm_head on tensor cores, o_proj from 2 tokens, FMA f
   CHECK(count(one, "linear_residual_k64_n64_t1_smem_r8") == layers);
   CHECK(count(one, "linear_residual_k64_n64_t8_mma_") == 0);
   CHECK(count(one, lm_mma) == 1);
-  // Split (fp32-grade) activations keep the FMA kernels at every size.
+  // Split (fp32-grade) activations keep the FMA kernels of the linears at every size (attention
+  // runs its tensor-core kernels with operand pairs).
   const runtime::LaunchTable split = lower_for(g, 64, true, false);
   for (int tokens : {1, 2, 8}) {
     CAPTURE(tokens);
     const std::vector<std::string> ns = names(split, tokens);
-    CHECK(std::none_of(ns.begin(), ns.end(),
-                       [](const std::string& n) { return n.find("_mma_") != std::string::npos; }));
+    CHECK(std::none_of(ns.begin(), ns.end(), [](const std::string& n) {
+      return n.find("_mma_") != std::string::npos && !n.starts_with("attention_");
+    }));
+    CHECK(std::count_if(ns.begin(), ns.end(), [](const std::string& n) {
+            return n.starts_with("attention_decode_mma_") && n.ends_with("_x3");
+          }) == layers);
   }
   CHECK(count(names(split, 1), "linear_residual_k64_n64_t1_smem_r8") == layers);
   // Plans for an architecture before sm_90 (no bulk copies) keep the streaming kernel.
