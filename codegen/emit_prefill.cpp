@@ -44,8 +44,10 @@ KernelSource emit_attention_prefill_mma(const AttentionDims& d,
   launch.block = kPrefillThreads;
   launch.blocks_x = d.kv_heads;
   launch.y_tile = kPrefillRows / (d.heads / d.kv_heads); // query tokens per block
-  // 18 KB of static shared memory, two blocks' registers (<= 128 a thread) an SM; with split
-  // operands twice the tiles and the q remainders: one block an SM.
+  // 18 KB of static shared memory for the tiles and 32 KB (head_dim 64) of dynamic for the
+  // rows' folded outputs (attention_prefill_mma_smem), two blocks' registers (<= 128 a thread)
+  // an SM; with split operands twice the tiles and the q remainders: one block an SM.
+  launch.smem_fixed = size_t(kPrefillThreads) * size_t(d.head_dim / 2) * 4;
   launch.min_blocks_per_sm = d.split ? 1 : 2;
   const std::string call = fmt::format(
       "attention_prefill_mma<{}, {}, {}, {}, {}, {}, {}, {}{}>", d.heads, d.kv_heads, d.head_dim,

@@ -25,6 +25,12 @@ constexpr int kMmaAttnThreads = 256;
 constexpr int kMmaAttnRows = 128;
 constexpr int kMmaAttnKeys = 64;
 
+/// Dynamic shared memory of attention_prefill_mma for head_dim D: every thread's D / 2 folded
+/// output values.
+__host__ __device__ constexpr int attention_prefill_mma_smem(int D) {
+  return kMmaAttnThreads * (D / 2) * 4;
+}
+
 /// Query tokens per block for `group` query heads per kv head (the grid's y tile).
 __host__ __device__ constexpr int attention_mma_tokens(int group) {
   return kMmaAttnRows / group;
@@ -109,10 +115,46 @@ __device__ __forceinline__ float finish_log2(float m, float l, float o, float si
   return __fdiv_rn(__fmul_rn(o, c), __fadd_rn(__fmul_rn(l, c), expf(__fsub_rn(sink, mx))));
 }
 
-/// Folds the lane's chunk state into its total state and resets the chunk (every lane of the
-/// warp calls it: the row sums are summed over the row's 4 lanes by shuffles).
-template <int NDT>
-__device__ __forceinline__ void fold_chunk(TotalState<NDT>& tot, ChunkState<NDT>& ch) {
+/// TotalState with its output accumulators in shared memory (the prompt kernel's: its registers
+/// hold the chunk's), element (j, e) of thread tid at o[(4 j + e) * threads + tid].
+template <int NDT> struct TotalShared {
+  float m[2], l[2];
+  float* o;
+  int stride;
+  __device__ __forceinline__ TotalShared(float* smem, int threads) : o(smem + threadIdx.x), stride(threads) {}
+  __device__ __forceinline__ float get(int j, int e) const { return o[(4 * j + e) * stride]; }
+  __device__ __forceinline__ void set(int j, int e, float v) { o[(4 * j + e) * stride] = v; }
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      m[i] = neg_inf(), l[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NDT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        set(j, e, 0.0f);
+  }
+};
+
+/// Register totals, with TotalShared's accessors.
+template <int NDT> __device__ __forceinline__ float total_get(const TotalState<NDT>& t, int j, int e) {
+  return t.o[j][e];
+}
+template <int NDT> __device__ __forceinline__ void total_set(TotalState<NDT>& t, int j, int e, float v) {
+  t.o[j][e] = v;
+}
+template <int NDT> __device__ __forceinline__ float total_get(const TotalShared<NDT>& t, int j, int e) {
+  return t.get(j, e);
+}
+template <int NDT> __device__ __forceinline__ void total_set(TotalShared<NDT>& t, int j, int e, float v) {
+  t.set(j, e, v);
+}
+
+/// Folds the lane's chunk state into its total state (TotalState or TotalShared) and resets the
+/// chunk (every lane of the warp calls it: the row sums are summed over the row's 4 lanes by
+/// shuffles).
+template <int NDT, typename Total>
+__device__ __forceinline__ void fold_chunk(Total& tot, ChunkState<NDT>& ch) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float l = ch.l[i];
@@ -125,16 +167,18 @@ __device__ __forceinline__ void fold_chunk(TotalState<NDT>& tot, ChunkState<NDT>
       tot.l[i] = l;
 #pragma unroll
       for (int j = 0; j < NDT; ++j)
-        tot.o[j][2 * i] = ch.o[j][2 * i], tot.o[j][2 * i + 1] = ch.o[j][2 * i + 1];
+#pragma unroll
+        for (int e = 2 * i; e < 2 * i + 2; ++e)
+          total_set(tot, j, e, ch.o[j][e]);
       continue;
     }
     const Fold f(tot.m[i], ch.m[i]);
     tot.l[i] = f(tot.l[i], l);
 #pragma unroll
-    for (int j = 0; j < NDT; ++j) {
-      tot.o[j][2 * i] = f(tot.o[j][2 * i], ch.o[j][2 * i]);
-      tot.o[j][2 * i + 1] = f(tot.o[j][2 * i + 1], ch.o[j][2 * i + 1]);
-    }
+    for (int j = 0; j < NDT; ++j)
+#pragma unroll
+      for (int e = 2 * i; e < 2 * i + 2; ++e)
+        total_set(tot, j, e, f(total_get(tot, j, e), ch.o[j][e]));
   }
   ch.reset();
 }
@@ -331,8 +375,10 @@ __device__ __forceinline__ void store_operand8(unsigned short* dst, const float 
 ///
 /// SPLIT (the fp32-grade plans): every operand as an fp16 pair hi + lo (tile_step).
 ///
-/// Launch: kMmaAttnThreads threads, grid (G, ceil(tokens / QT)), no dynamic shared memory
-/// (static: 2 x 64 x (D + 8) halves, 18 KB at D = 64; twice that with SPLIT).
+/// Launch: kMmaAttnThreads threads, grid (G, ceil(tokens / QT)), attention_prefill_mma_smem(D)
+/// bytes of dynamic shared memory (the rows' folded outputs: their registers hold the chunk's;
+/// 32 KB at D = 64) besides the static tiles (2 x 64 x (D + 8) halves, 18 KB at D = 64; twice
+/// that with SPLIT).
 template <int H, int G, int D, int BS, int MB, int WINDOW, int CHUNK,
           typename CacheT = __nv_bfloat16, bool SPLIT = false>
 __device__ __forceinline__ void
@@ -393,10 +439,11 @@ attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
     tok_seq[i] = token_seq[t0 + i];
   }
 
+  extern __shared__ __align__(16) float total_o[];
   ChunkState<DT> ch;
-  TotalState<DT> tot;
+  TotalShared<DT> tot(total_o, kMmaAttnThreads);
   ch.reset();
-  tot.reset();
+  tot.reset(); // each thread its own elements: no barrier needed
   __syncthreads(); // tok_pos / tok_seq visible
 
   for (int sb = 0; sb < ntok;) {
@@ -474,8 +521,8 @@ attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)
       *reinterpret_cast<float2*>(dst + dt * 8) =
-          make_float2(finish_log2(tot.m[i], tot.l[i], tot.o[dt][2 * i], sink),
-                      finish_log2(tot.m[i], tot.l[i], tot.o[dt][2 * i + 1], sink));
+          make_float2(finish_log2(tot.m[i], tot.l[i], tot.get(dt, 2 * i), sink),
+                      finish_log2(tot.m[i], tot.l[i], tot.get(dt, 2 * i + 1), sink));
   }
 }
 

@@ -286,10 +286,12 @@ void check_order(const AttentionDims& d, int n, uint64_t seed) {
   {
     StepBufs s = make_step(d, pool, seqs, {{0, 0, n}});
     const std::vector<float> got = run_prefill(d, pool, s);
-    const double err = rel_l2(got, reference(d, pool, seqs, s).f);
-    MESSAGE(name(d) << ": prompt kernel, " << n << " tokens: rel L2 " << err
-                    << " to ir::ref on fp16-rounded inputs");
-    CHECK(err <= kRoundedTol);
+    if (n <= 1000) { // ir::ref sums in double on one core: minutes past a few thousand keys
+      const double err = rel_l2(got, reference(d, pool, seqs, s).f);
+      MESSAGE(name(d) << ": prompt kernel, " << n << " tokens: rel L2 " << err
+                      << " to ir::ref on fp16-rounded inputs");
+      CHECK(err <= kRoundedTol);
+    }
     collect(d, s, got, 0, whole);
   }
   int first = -1;
@@ -342,7 +344,7 @@ void check_order(const AttentionDims& d, int n, uint64_t seed) {
       const int len = std::min(48, n - at);
       StepBufs s = make_step(d, pool, seqs, {{2, 30, 5}, {0, at, len}});
       const std::vector<float> got = run_decode(d, pool, s, all_chunks(d, s.max_pos));
-      if (at == 0 || at + 48 >= n) {
+      if (n <= 1000 && (at == 0 || at + 48 >= n)) {
         const double err = rel_l2(got, reference(d, pool, seqs, s).f);
         CHECK_MESSAGE(err <= kRoundedTol, "decode kernel on a 48-token step at " << at
                                                                                  << ": rel L2 "

@@ -61,7 +61,7 @@ Tensor rounded_f16(const Tensor& t, float pre = 1.0f) {
 /// One step's inputs: sequences with `seq_tokens[b]` step tokens after `ctx[b]` cached positions,
 /// the caches paged through random non-contiguous block tables (kernel_test::random_tables: a
 /// shared first block, a window's unreachable blocks missing); caches random bf16 (or fp32 with
-/// d.f32_cache).
+/// d.f32_cache), and with a bf16 cache the step's keys and values bf16 numbers too.
 struct Step {
   int tokens = 0, nseq = 0;
   Tensor pos, tseq, lens, rows, q, k, v, sinks_t; // rows: the block tables
@@ -93,6 +93,10 @@ Step make_step(const AttentionDims& d, const std::vector<int>& seq_tokens,
   s.q = random_f32(rng, {s.tokens, d.heads, d.head_dim}, 2.0f);
   s.k = random_f32(rng, {s.tokens, d.kv_heads, d.head_dim}, 1.0f);
   s.v = random_f32(rng, {s.tokens, d.kv_heads, d.head_dim}, 1.0f);
+  if (!d.f32_cache) // the kernels read the step's own keys as a bf16 cache will hold them
+    for (Tensor* t : {&s.k, &s.v})
+      for (float& x : t->f)
+        x = models::bf16_to_float(models::float_to_bf16(x));
   const std::vector<int64_t> cache_shape = {pt.blocks, d.block, d.kv_heads, d.head_dim};
   if (d.f32_cache) {
     s.kc_t = random_f32(rng, cache_shape, 1.0f);
