@@ -334,10 +334,14 @@ KernelSource emit_attention_decode(const AttentionDims& d,
                   DependencyWait::InCall);
 }
 
-KernelSource emit_attention_combine(const AttentionDims& d,
-                                    const std::vector<std::string>& ir_lines) {
+namespace {
+
+/// A combine kernel `fn` of header `header` (attention_combine, attention_combine_chunks): one
+/// block of head_dim threads per (head, token), parameters part_ml, part_o, sinks, splits, out.
+KernelSource emit_combine(const AttentionDims& d, const std::vector<std::string>& ir_lines,
+                          const char* fn, const char* header) {
   check_positive("attention", {d.heads, d.head_dim});
-  std::string name = fmt::format("attention_combine_h{}_d{}", d.heads, d.head_dim);
+  std::string name = fmt::format("{}_h{}_d{}", fn, d.heads, d.head_dim);
   std::vector<Param> params = {{"const float* part_ml", "part_ml"},
                                {"const float* part_o", "part_o"},
                                {fmt::format("{} sinks", kBf16), "sinks"},
@@ -347,8 +351,15 @@ KernelSource emit_attention_combine(const AttentionDims& d,
   launch.block = d.head_dim;
   launch.blocks_x = d.heads;
   launch.y_per_token = 1;
-  return assemble(std::move(name), ir_lines, "attention.cuh",
-                  fmt::format("attention_combine<{}, {}>", d.heads, d.head_dim), params, launch);
+  return assemble(std::move(name), ir_lines, header,
+                  fmt::format("{}<{}, {}>", fn, d.heads, d.head_dim), params, launch);
+}
+
+} // namespace
+
+KernelSource emit_attention_combine(const AttentionDims& d,
+                                    const std::vector<std::string>& ir_lines) {
+  return emit_combine(d, ir_lines, "attention_combine", "attention.cuh");
 }
 
 namespace {
@@ -398,20 +409,7 @@ KernelSource emit_attention_decode_mma(const AttentionDims& d,
 
 KernelSource emit_attention_combine_chunks(const AttentionDims& d,
                                            const std::vector<std::string>& ir_lines) {
-  check_positive("attention", {d.heads, d.head_dim});
-  std::string name = fmt::format("attention_combine_chunks_h{}_d{}", d.heads, d.head_dim);
-  std::vector<Param> params = {{"const float* part_ml", "part_ml"},
-                               {"const float* part_o", "part_o"},
-                               {fmt::format("{} sinks", kBf16), "sinks"},
-                               {"int splits", "splits"},
-                               {"float* out", "out"}};
-  LaunchRule launch;
-  launch.block = d.head_dim;
-  launch.blocks_x = d.heads;
-  launch.y_per_token = 1;
-  return assemble(std::move(name), ir_lines, "attention_mma.cuh",
-                  fmt::format("attention_combine_chunks<{}, {}>", d.heads, d.head_dim), params,
-                  launch);
+  return emit_combine(d, ir_lines, "attention_combine_chunks", "attention_mma.cuh");
 }
 
 namespace {

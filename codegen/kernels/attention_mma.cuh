@@ -53,12 +53,13 @@ namespace attn_mma {
 
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-/// A lane's online-softmax state of its two fragment rows (gq and gq + 8 of its warp's 16) over
-/// the keys of one chunk: the running max m in log2 units (a whole number; -inf before the
-/// chunk's first visible key), this lane's share l of the sum of the weights (its key columns),
-/// and its accumulators of NDT output tiles of 8 dims (o[j][2 i + e]: row i, dim 8 (dt0 + j) +
-/// 2 cq + e).
-template <int NDT> struct ChunkState {
+/// A lane's softmax state of its two fragment rows (gq and gq + 8 of its warp's 16) in
+/// registers: the max m in log2 units (a whole number; -inf before the first visible key), the
+/// sum of the weights l and the accumulators of NDT output tiles of 8 dims (o[j][2 i + e]: row
+/// i, dim 8 (dt0 + j) + 2 cq + e). Over one chunk (ChunkState) l is this lane's share (its key
+/// columns); over the chunks folded so far (TotalState) it is the row's whole sum, on every
+/// lane of the row.
+template <int NDT> struct RowState {
   float m[2], l[2], o[NDT][4];
   __device__ __forceinline__ void reset() {
 #pragma unroll
@@ -71,22 +72,8 @@ template <int NDT> struct ChunkState {
         o[j][e] = 0.0f;
   }
 };
-
-/// The two rows' state over the chunks folded so far: m (log2 units), l (the row's whole sum,
-/// on every lane of the row), o as in ChunkState.
-template <int NDT> struct TotalState {
-  float m[2], l[2], o[NDT][4];
-  __device__ __forceinline__ void reset() {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-      m[i] = neg_inf(), l[i] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NDT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        o[j][e] = 0.0f;
-  }
-};
+template <int NDT> using ChunkState = RowState<NDT>;
+template <int NDT> using TotalState = RowState<NDT>;
 
 /// Folding a chunk (max cm, sum cl, values co) into a total (tm, tl, to): with M = max(tm, cm),
 /// to <- to 2^(tm - M) + co 2^(cm - M), the same for the sums, both factors exact powers of two
@@ -351,6 +338,40 @@ __device__ __forceinline__ void store_operand8(unsigned short* dst, const float 
     *reinterpret_cast<uint4*>(dst + kTilePlane<D>) = lo;
 }
 
+/// Stages key tile kt .. kt + kMmaAttnKeys - 1 of kv head g (the block's THREADS threads; the
+/// caller's barriers around it): keys lo..hi as fp16 (store_operand8), zeros outside (zero
+/// weights stay zero, and a key no row sees is never read). Keys below ctx come from the
+/// sequence's cache blocks (`table`), the others from the step's k and v at row j + row_offset
+/// (load_step8).
+template <int G, int D, int BS, int THREADS, bool SPLIT, typename CacheT>
+__device__ __forceinline__ void stage_tile(unsigned short* ks, unsigned short* vs, int kt, int lo,
+                                           int hi, int ctx, const int* table, int g,
+                                           int row_offset, const float* k, const float* v,
+                                           const CacheT* k_cache, const CacheT* v_cache) {
+  constexpr int KS = kTileRow<D>;
+  for (int c = threadIdx.x; c < kMmaAttnKeys * D / 8; c += THREADS) {
+    const int jj = c / (D / 8), e = (c % (D / 8)) * 8, j = kt + jj;
+    float kf[8], vf[8];
+    if (j >= lo && j <= hi) {
+      if (j < ctx) {
+        const size_t off = ((size_t)kv_slot<BS>(table, j) * G + g) * D + e;
+        load_cache8(k_cache + off, kf);
+        load_cache8(v_cache + off, vf);
+      } else {
+        const size_t off = ((size_t)(j + row_offset) * G + g) * D + e;
+        load_step8<CacheT>(k + off, kf);
+        load_step8<CacheT>(v + off, vf);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        kf[i] = vf[i] = 0.0f;
+    }
+    store_operand8<D, SPLIT>(ks + jj * KS + e, kf);
+    store_operand8<D, SPLIT>(vs + jj * KS + e, vf);
+  }
+}
+
 } // namespace attn_mma
 
 /// The canonical order, in plans with plain bf16 gemm activations (the default):
@@ -397,7 +418,6 @@ attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
   constexpr int QT = attention_mma_tokens(kGroup);
   constexpr int KT = kMmaAttnKeys;
   static_assert(CHUNK % KT == 0, "a chunk is whole key tiles");
-  constexpr int KS = kTileRow<D>;
   constexpr int DT = D / 8; // output tiles of 8 dims
   constexpr int KD = D / 16;
 
@@ -474,29 +494,8 @@ attention_prefill_mma(const float* __restrict__ q, const float* __restrict__ k,
     // Tiles from the chunk that holds the segment's first key: the boundaries are positions.
     for (int kt = kmin / CHUNK * CHUNK; kt <= p_last; kt += KT) {
       __syncthreads(); // the previous tile fully read
-      // Keys kt .. kt+63 and their values as fp16 (zeros outside kmin..p_last: zero weights
-      // stay zero, and a key no row sees is never read).
-      for (int c = tid; c < KT * D / 8; c += kMmaAttnThreads) {
-        const int jj = c / (D / 8), e = (c % (D / 8)) * 8, j = kt + jj;
-        float kf[8], vf[8];
-        if (j >= kmin && j <= p_last) {
-          if (j < ctx) {
-            const size_t off = ((size_t)kv_slot<BS>(table, j) * G + g) * D + e;
-            load_cache8(k_cache + off, kf);
-            load_cache8(v_cache + off, vf);
-          } else {
-            const size_t off = ((size_t)(t_first + (j - p_first)) * G + g) * D + e;
-            load_step8<CacheT>(k + off, kf);
-            load_step8<CacheT>(v + off, vf);
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-            kf[i] = vf[i] = 0.0f;
-        }
-        store_operand8<D, SPLIT>(ks + jj * KS + e, kf);
-        store_operand8<D, SPLIT>(vs + jj * KS + e, vf);
-      }
+      stage_tile<G, D, BS, kMmaAttnThreads, SPLIT>(ks, vs, kt, kmin, p_last, ctx, table, g,
+                                                   t_first - p_first, k, v, k_cache, v_cache);
       __syncthreads();
 
       bool sees = false;
@@ -560,7 +559,6 @@ attention_decode_mma(const float* __restrict__ q, const float* __restrict__ k,
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16 (pairs of 8-dim output tiles)");
   constexpr int KT = kMmaAttnKeys;
   static_assert(CHUNK % KT == 0, "a chunk is whole key tiles");
-  constexpr int KS = kTileRow<D>;
   constexpr int KD = D / 16;
   constexpr int kWarps = attention_decode_mma_warps(D), kThreads = 32 * kWarps;
   constexpr int NDT = D / 8 / kWarps; // output tiles a warp
@@ -609,27 +607,8 @@ attention_decode_mma(const float* __restrict__ q, const float* __restrict__ k,
     const int kb = max(c * CHUNK, lo / KT * KT), kend = min((c + 1) * CHUNK, p + 1);
     for (int kt = kb; kt < kend; kt += KT) {
       __syncthreads(); // the previous tile fully read
-      for (int i = tid; i < KT * D / 8; i += kThreads) {
-        const int jj = i / (D / 8), e = (i % (D / 8)) * 8, j = kt + jj;
-        float kf[8], vf[8];
-        if (j >= lo && j <= p) {
-          if (j < ctx) {
-            const size_t off = ((size_t)kv_slot<BS>(table, j) * G + g) * D + e;
-            load_cache8(k_cache + off, kf);
-            load_cache8(v_cache + off, vf);
-          } else {
-            const size_t off = ((size_t)(t - (p - j)) * G + g) * D + e;
-            load_step8<CacheT>(k + off, kf);
-            load_step8<CacheT>(v + off, vf);
-          }
-        } else {
-#pragma unroll
-          for (int u = 0; u < 8; ++u)
-            kf[u] = vf[u] = 0.0f;
-        }
-        store_operand8<D, SPLIT>(ks + jj * KS + e, kf);
-        store_operand8<D, SPLIT>(vs + jj * KS + e, vf);
-      }
+      stage_tile<G, D, BS, kThreads, SPLIT>(ks, vs, kt, lo, p, ctx, table, g, t - p, k, v,
+                                            k_cache, v_cache);
       __syncthreads();
       tile_step<D, NDT, SPLIT>(qf, ks, vs, kt, lo_r, hi_r, ch, warp * NDT);
     }

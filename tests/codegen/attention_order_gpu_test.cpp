@@ -36,27 +36,6 @@ namespace {
 
 constexpr double kRoundedTol = 1e-5;
 
-/// x rounded to the nearest fp16 value (ties to even), saturating at +-65504 as the kernels'
-/// cvt.rn.satfinite does.
-float round_f16(float x) {
-  if (!std::isfinite(x))
-    return x;
-  const float a = std::fabs(x);
-  if (a >= 65504.0f)
-    return std::copysign(65504.0f, x);
-  int e = 0;
-  std::frexp(a, &e);
-  const int q = std::max(e - 11, -24);
-  return std::ldexp(std::nearbyint(std::ldexp(x, -q)), q);
-}
-
-Tensor rounded_f16(const Tensor& t, float pre = 1.0f) {
-  Tensor r = t;
-  for (float& x : r.f)
-    x = round_f16(x * pre) / pre;
-  return r;
-}
-
 /// One sequence's queries, keys and values at positions 0 .. n-1 (keys and values as the cache
 /// holds them: bf16 values for a bf16 cache, so that the step's own keys, which the kernels
 /// round through bf16, and cached ones are the same numbers).

@@ -37,27 +37,6 @@ namespace {
 
 constexpr double kMmaRoundedTol = 1e-5, kMmaExactTol = 2e-3, kSplitTol = 1e-5;
 
-/// x rounded to the nearest fp16 value (ties to even), saturating at +-65504 as the kernel's
-/// cvt.rn.satfinite does.
-float round_f16(float x) {
-  if (!std::isfinite(x))
-    return x;
-  const float a = std::fabs(x);
-  if (a >= 65504.0f)
-    return std::copysign(65504.0f, x);
-  int e = 0;
-  std::frexp(a, &e); // a = m 2^e, m in [0.5, 1): 11 significant bits keep quanta of 2^(e-11)
-  const int q = std::max(e - 11, -24); // subnormal fp16 below 2^-14: quanta of 2^-24
-  return std::ldexp(std::nearbyint(std::ldexp(x, -q)), q);
-}
-
-Tensor rounded_f16(const Tensor& t, float pre = 1.0f) {
-  Tensor r = t;
-  for (float& x : r.f)
-    x = round_f16(x * pre) / pre;
-  return r;
-}
-
 /// One step's inputs: sequences with `seq_tokens[b]` step tokens after `ctx[b]` cached positions,
 /// the caches paged through random non-contiguous block tables (kernel_test::random_tables: a
 /// shared first block, a window's unreachable blocks missing); caches random bf16 (or fp32 with

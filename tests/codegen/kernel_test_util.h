@@ -269,4 +269,26 @@ inline PagedTables random_tables(uint64_t seed, int block, int table, const std:
   return t;
 }
 
+/// x rounded to the nearest fp16 value (ties to even), saturating at +-65504 as the attention
+/// kernels' cvt.rn.satfinite does.
+inline float round_f16(float x) {
+  if (!std::isfinite(x))
+    return x;
+  const float a = std::fabs(x);
+  if (a >= 65504.0f)
+    return std::copysign(65504.0f, x);
+  int e = 0;
+  std::frexp(a, &e); // a = m 2^e, m in [0.5, 1): 11 significant bits keep quanta of 2^(e-11)
+  const int q = std::max(e - 11, -24); // subnormal fp16 below 2^-14: quanta of 2^-24
+  return std::ldexp(std::nearbyint(std::ldexp(x, -q)), q);
+}
+
+/// t with every value v as round_f16(v * pre) / pre (q is rounded after its scale).
+inline Tensor rounded_f16(const Tensor& t, float pre = 1.0f) {
+  Tensor r = t;
+  for (float& x : r.f)
+    x = round_f16(x * pre) / pre;
+  return r;
+}
+
 } // namespace xserv::kernel_test
