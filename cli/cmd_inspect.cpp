@@ -93,6 +93,14 @@ int cmd_inspect(const ParsedArgs& args) {
   const double pf = engine::prefill_flops_per_token(cfg, 256);
   const engine::Ceilings ceil;
 
+  // Which of a step's sums keep one order whatever shares the step (issue: batch invariance by
+  // default): attention does when its launches split by key chunks (the canonical order of
+  // attention_mma.cuh); the linears and experts do not yet.
+  int attention_chunk = 0;
+  for (const runtime::PlanStage& st : plan.stages)
+    for (const runtime::PlanLaunch& l : st.table.launches)
+      attention_chunk = std::max(attention_chunk, l.split_chunk);
+
   if (args.has("--json")) {
     nlohmann::json stages = nlohmann::json::array();
     for (size_t i = 0; i < plan.stages.size(); ++i) {
@@ -131,6 +139,10 @@ int cmd_inspect(const ParsedArgs& args) {
         {"plan", dir.string()},
         {"model_digest", plan.model_digest},
         {"options", runtime::plan_options_to_json(opt)},
+        {"batch_invariance",
+         {{"attention", attention_chunk > 0},
+          {"attention_chunk_keys", attention_chunk},
+          {"linears_and_experts", false}}},
         {"stages", std::move(stages)},
         {"imbalance", plan.imbalance},
         {"weights",
@@ -223,6 +235,13 @@ int cmd_inspect(const ParsedArgs& args) {
   s += fmt::format("weights: attention {:.2f} GB, router {:.3f} GB, experts {:.2f} GB, embed "
                    "{:.2f} GB, lm_head {:.2f} GB\n",
                    gb(w.attention), gb(w.router), gb(w.experts), gb(w.embed), gb(w.lm_head));
+  s += attention_chunk > 0
+           ? fmt::format("batch invariance: attention in one order for every step (key chunks "
+                         "of {}: a token's attention is the same bits alone or batched, decode "
+                         "or prompt); the linears and experts not yet (their sums follow the "
+                         "step's size)\n",
+                         attention_chunk)
+           : std::string("batch invariance: none (a token's sums follow the step's size)\n");
   if (g) {
     s += fmt::format("graph: {} nodes;", g->size());
     for (const auto& [name, n] : ops)

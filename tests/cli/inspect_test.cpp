@@ -180,6 +180,12 @@ TEST_CASE(
   RunResult t = run_xserv("inspect " + plan.string());
   CHECK(t.out.find("experts mxfp4") != std::string::npos);
   CHECK(t.out.find("launches per decode step") != std::string::npos);
+  // The guarantee the plan gives, from its launch tables: attention in the canonical order.
+  CHECK(doc["batch_invariance"]["attention"] == true);
+  CHECK(doc["batch_invariance"]["attention_chunk_keys"] == runtime::kAttnChunkKeys);
+  CHECK(doc["batch_invariance"]["linears_and_experts"] == false);
+  CHECK(t.out.find("batch invariance: attention in one order for every step (key chunks of 128") !=
+        std::string::npos);
 
   // run's ModelSource carries the plan, whose stages hold the expert format; a checkpoint
   // directory has none.
