@@ -113,6 +113,29 @@ TEST_CASE("engine on the interpreter: tokens alone equal tokens in a mix with ch
   CHECK(bitwise == rows);
 }
 
+TEST_CASE("engine on the interpreter: logits rows are bitwise the same for any prefill chunk") {
+  // A 40-token prompt (five sliding windows) prefilled whole, in chunks of 16, 7 and 1 tokens
+  // (each chunk a step of its own), then 6 greedy steps: every logits row equal to the whole
+  // prompt's run, bit for bit (issue: batch invariance, the interpreter's half).
+  const Request r = request(40, 9, 6);
+  const Output whole = alone(r);
+  REQUIRE(whole.logits.size() == 6);
+  for (int64_t chunk : {16, 7, 1}) {
+    CAPTURE(chunk);
+    engine::CpuModel m(tiny(), 1, 64);
+    EngineOptions o;
+    o.max_tokens_per_step = chunk;
+    Engine e(m, o);
+    std::vector<engine::RequestId> ids;
+    auto got = run(e, {{0, {r}}}, &ids);
+    const Output& g = got[ids.at(0)];
+    CHECK(g.tokens == whole.tokens);
+    REQUIRE(g.logits.size() == whole.logits.size());
+    for (size_t t = 0; t < g.logits.size(); ++t)
+      CHECK(g.logits[t] == whole.logits[t]);
+  }
+}
+
 TEST_CASE("engine on the interpreter: a reused row gives a fresh run's tokens") {
   const Request first = request(17, 5, 5), second = request(6, 6, 8);
   engine::CpuModel m(tiny(), 1, 64);
