@@ -3,7 +3,7 @@
 # plan (max-seq 8192, max-batch 64):
 #   1. the masked pick's GPU tests (kernel against a brute force, device picks against the
 #      host's over the same rows) when .device/bin holds the GPU test binaries, and the masks'
-#      host cost on the GPU machine's CPU (grammar_bench, one thread);
+#      host cost on the GPU machine's CPU (grammar_bench, one thread and every core);
 #   2. B64 decode with every sequence constrained against none, in process: `xserv bench
 #      --requests 256 --concurrency 64 --input-len 64 --output-len 256` free, then with
 #      --regex '[a-z ]+' and with a JSON schema of an unbounded array of objects (the masks'
@@ -32,8 +32,10 @@ if want tests && [ -x $B/engine_gpu_tests ]; then
 fi
 
 if want tests && [ -x $B/grammar_bench ]; then # the masks' host cost on this machine's CPU
-  echo "== grammar_bench ($(at))"
-  THREADS=1 timeout 120 $B/grammar_bench $D/o200k_base.tiktoken 2>&1 | tail -8
+  echo "== grammar_bench, one thread ($(at))"
+  THREADS=1 timeout 120 $B/grammar_bench $D/o200k_base.tiktoken 2>&1 | tail -6
+  echo "== grammar_bench, every core (the compile's thread pool; masks per sequence alike)"
+  timeout 120 $B/grammar_bench $D/o200k_base.tiktoken 2>&1 | tail -6
 fi
 
 synth20b
