@@ -234,8 +234,9 @@ private:
   /// Entries of the block table that pages `cache`: the plan's max sequence in blocks.
   int table_blocks(ValueId cache) const;
 
-  /// attention: the split-key decode kernel and its combine for few tokens, the query-tiled
-  /// prefill kernel above.
+  /// attention: in the canonical order (canonical_attention) the decode kernel for steps of up
+  /// to kSplitTokens tokens and decode steps of any size, its chunk combine, the query-tiled
+  /// prompt kernel above; else the fp32 split-key decode kernel and its combine for every step.
   void lower_attention(ValueId v);
   /// Attention `d` runs in the canonical order of attention_mma.cuh (every plan whose head
   /// groups fit its 16-row tiles; split plans with fp16 operand pairs): every step, decode or

@@ -73,6 +73,13 @@ void check_positive(const char* what, std::initializer_list<int> dims) {
       throw Error(fmt::format("codegen: {} needs positive dimensions", what));
 }
 
+void check_chunk(const AttentionDims& d) {
+  if (d.chunk <= 0 || d.chunk % 64 != 0)
+    throw Error(fmt::format("codegen: the canonical attention order needs key chunks of a "
+                            "positive multiple of 64, not {}",
+                            d.chunk));
+}
+
 std::vector<Param> attention_params(const AttentionDims& d) {
   std::vector<Param> params;
   for (const char* n : {"q", "k", "v"})
@@ -361,17 +368,6 @@ KernelSource emit_attention_combine(const AttentionDims& d,
                                     const std::vector<std::string>& ir_lines) {
   return emit_combine(d, ir_lines, "attention_combine", "attention.cuh");
 }
-
-namespace {
-
-void check_chunk(const AttentionDims& d) {
-  if (d.chunk <= 0 || d.chunk % 64 != 0)
-    throw Error(fmt::format("codegen: the canonical attention order needs key chunks of a "
-                            "positive multiple of 64, not {}",
-                            d.chunk));
-}
-
-} // namespace
 
 KernelSource emit_attention_decode_mma(const AttentionDims& d,
                                        const std::vector<std::string>& ir_lines) {

@@ -52,4 +52,8 @@ void round_act(bool round, std::string& name, std::string& call);
 /// Throws xserv::Error unless every dimension is positive.
 void check_positive(const char* what, std::initializer_list<int> dims);
 
+/// Throws unless d.chunk (the canonical attention order's keys a chunk) is a positive multiple
+/// of 64.
+void check_chunk(const AttentionDims& d);
+
 } // namespace xserv::codegen::detail

@@ -30,10 +30,7 @@ KernelSource emit_attention_prefill_mma(const AttentionDims& d,
     throw Error(fmt::format("codegen: prefill attention needs heads ({}) divisible by kv_heads "
                             "({}) with a quotient dividing {}, and head_dim ({}) divisible by 16",
                             d.heads, d.kv_heads, kPrefillRows, d.head_dim));
-  if (d.chunk <= 0 || d.chunk % 64 != 0)
-    throw Error(fmt::format("codegen: the canonical attention order needs key chunks of a "
-                            "positive multiple of 64, not {}",
-                            d.chunk));
+  check_chunk(d);
   std::string name = fmt::format("attention_prefill_mma_h{}_g{}_d{}_b{}_m{}{}_c{}", d.heads,
                                  d.kv_heads, d.head_dim, d.block, d.table,
                                  d.window ? fmt::format("_w{}", d.window) : "", d.chunk);

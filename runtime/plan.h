@@ -148,7 +148,8 @@ inline int attention_step_splits(int bucket, int window, int tokens, int heads) 
 inline constexpr int kAttnChunkKeys = 128;
 
 /// Partial states attention_decode_mma may leave a step, over its tokens and key chunks: the
-/// scratch buffers hold this many (token, chunk) states of every head (34.6 MB for the 20b).
+/// scratch buffers hold this many (token, chunk) states of every head (32 MiB of outputs for
+/// the 20b).
 inline constexpr int kAttnChunkPartials = 2048;
 
 /// Key splits of attention_decode_mma and attention_combine_chunks (plans in the canonical

@@ -470,6 +470,22 @@ TEST_CASE("the executor refuses a table naming what is not bound") {
       l.splits_heads = -3;
   CHECK_THROWS_WITH_AS(runtime::Executor(bad_heads, ok),
                        doctest::Contains("splits over -3 heads, outside 0..65536"), xserv::Error);
+  // So is a key chunk the canonical kernels cannot take, or one on a launch with no splits.
+  for (int chunk : {100, -64, 1 << 21}) {
+    runtime::LaunchTable bad_chunk = lw.table;
+    for (runtime::PlanLaunch& l : bad_chunk.launches)
+      if (l.split_chunk > 0)
+        l.split_chunk = chunk;
+    const std::string want = "key chunks of " + std::to_string(chunk);
+    CHECK_THROWS_WITH_AS(runtime::Executor(bad_chunk, ok), doctest::Contains(want.c_str()),
+                         xserv::Error);
+  }
+  runtime::LaunchTable stray_chunk = lw.table;
+  for (runtime::PlanLaunch& l : stray_chunk.launches)
+    if (l.splits_window < 0)
+      l.split_chunk = 128;
+  CHECK_THROWS_WITH_AS(runtime::Executor(stray_chunk, ok),
+                       doctest::Contains("on a split launch"), xserv::Error);
 
   // Loaded kernels must be the table's, one for one.
   CHECK_THROWS_WITH_AS(runtime::Executor(lw.table, ok, {runtime::LoadedKernel{}}),
@@ -503,6 +519,29 @@ TEST_CASE("the runtime's attention split rule is codegen's") {
       REQUIRE(s <= runtime::attention_splits(bucket));
       REQUIRE((s == 1 || tokens * 8 * s <= runtime::kAttnSplitBlocks));
     }
+  // The canonical order's splits: every chunk a token's keys can span (a block each) while
+  // tokens x kv heads stays under kAttnSplitBlocks and the states fit kAttnChunkPartials, else
+  // 1 (every chunk in the token's block).
+  using runtime::attention_chunk_splits;
+  CHECK(attention_chunk_splits(4096, 0, 1, 8, 128) == 32);      // all 32 chunks below 4096
+  CHECK(attention_chunk_splits(128, 0, 1, 8, 128) == 1);        // one chunk: no combine
+  CHECK(attention_chunk_splits(4096, 128, 1, 8, 128) == 2);     // a window crosses 2 at most
+  CHECK(attention_chunk_splits(4096, 8, 1, 2, 128) == 2);       // even a window of 8
+  CHECK(attention_chunk_splits(4096, 0, 32, 8, 128) == 1);      // 256 blocks without splits
+  CHECK(attention_chunk_splits(4096, 0, 31, 8, 128) == 32);     // 31 x 32 states fit 2048
+  CHECK(attention_chunk_splits(131072, 0, 2, 8, 128) == 1024);  // 2 x 1024 fit
+  CHECK(attention_chunk_splits(131072, 0, 3, 8, 128) == 1);     // 3 x 1024 do not
+  for (int tokens = 1; tokens <= 64; ++tokens)
+    for (int bucket = 64; bucket <= 8192; bucket *= 2)
+      for (int window : {0, 8, 128}) {
+        const int s = attention_chunk_splits(bucket, window, tokens, 8, 128);
+        // Enough blocks for every chunk any token's keys span (position < bucket), or one.
+        for (int p = 0; p < bucket; p += 61) {
+          const int lo = window > 0 ? std::max(0, p - window + 1) : 0;
+          REQUIRE((s == 1 || p / 128 - lo / 128 + 1 <= s));
+        }
+        REQUIRE((s == 1 || tokens * s <= runtime::kAttnChunkPartials));
+      }
 }
 
 namespace {
