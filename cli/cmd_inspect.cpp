@@ -9,6 +9,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -95,11 +96,19 @@ int cmd_inspect(const ParsedArgs& args) {
 
   // Which of a step's sums keep one order whatever shares the step (issue: batch invariance by
   // default): attention does when its launches split by key chunks (the canonical order of
-  // attention_mma.cuh); the linears and experts do not yet.
+  // attention_mma.cuh); the experts when every MoE decode kernel is a canonical one (its name
+  // ends in _chain: gemm_wg's order, Mx4ChainRows); the dense linears do not yet.
   int attention_chunk = 0;
   for (const runtime::PlanStage& st : plan.stages)
     for (const runtime::PlanLaunch& l : st.table.launches)
       attention_chunk = std::max(attention_chunk, l.split_chunk);
+  bool experts_canonical = false;
+  for (const runtime::PlanKernelFile& k : plan.codegen.kernels)
+    if (k.name.starts_with("moe_gate_up") || k.name.starts_with("moe_down")) {
+      experts_canonical = k.name.ends_with("_chain");
+      if (!experts_canonical)
+        break;
+    }
 
   if (args.has("--json")) {
     nlohmann::json stages = nlohmann::json::array();
@@ -142,7 +151,8 @@ int cmd_inspect(const ParsedArgs& args) {
         {"batch_invariance",
          {{"attention", attention_chunk > 0},
           {"attention_chunk_keys", attention_chunk},
-          {"linears_and_experts", false}}},
+          {"experts", experts_canonical},
+          {"linears", false}}},
         {"stages", std::move(stages)},
         {"imbalance", plan.imbalance},
         {"weights",
@@ -235,13 +245,20 @@ int cmd_inspect(const ParsedArgs& args) {
   s += fmt::format("weights: attention {:.2f} GB, router {:.3f} GB, experts {:.2f} GB, embed "
                    "{:.2f} GB, lm_head {:.2f} GB\n",
                    gb(w.attention), gb(w.router), gb(w.experts), gb(w.embed), gb(w.lm_head));
-  s += attention_chunk > 0
-           ? fmt::format("batch invariance: attention in one order for every step (key chunks "
-                         "of {}: a token's attention is the same bits alone or batched, decode "
-                         "or prompt); the linears and experts not yet (their sums follow the "
-                         "step's size)\n",
-                         attention_chunk)
-           : std::string("batch invariance: none (a token's sums follow the step's size)\n");
+  if (attention_chunk > 0 || experts_canonical) {
+    std::vector<std::string> parts;
+    if (attention_chunk > 0)
+      parts.push_back(fmt::format("attention (key chunks of {})", attention_chunk));
+    if (experts_canonical)
+      parts.push_back("the experts (gemm_wg's K order in every kernel)");
+    s += fmt::format("batch invariance: {} in one order for every step (the same bits alone or "
+                     "batched, decode or prompt); {} not yet (their sums follow the step's "
+                     "size)\n",
+                     fmt::join(parts, " and "),
+                     experts_canonical ? "the dense linears" : "the linears and experts");
+  } else {
+    s += "batch invariance: none (a token's sums follow the step's size)\n";
+  }
   if (g) {
     s += fmt::format("graph: {} nodes;", g->size());
     for (const auto& [name, n] : ops)

@@ -502,9 +502,15 @@ void Lowerer::lower_moe(ValueId v) {
   // architecture they are measured on): mma.sync per 16 rows and block, the weights through a
   // shared tile where the sizes allow, else straight into registers (docs/PERF.md, "Kernel
   // figures").
+  // In the canonical order where it fits (gemm_wg's K order and one chain a row: a token's
+  // expert rows are the same bits in a decode step as in the grouped gemms of a larger one;
+  // docs/DESIGN.md, "Batch invariance").
   if (c_.wgmma) {
     d.mma = true;
-    d.mma_stages = codegen::kMoeMmaStages; // the shared ring where the sizes allow,
+    d.mma_chain = true;
+    d.mma_stages = codegen::kMoeMmaStages; // the canonical order on a shared ring,
+    if (!codegen::moe_mma_fits(d))
+      d.mma_chain = false; // else the block sums in a ring where the sizes allow,
     if (!codegen::moe_mma_fits(d))
       d.mma_stages = 0;               // else the words straight into registers,
     d.mma = codegen::moe_mma_fits(d); // else the FMA kernels

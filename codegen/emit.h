@@ -175,6 +175,10 @@ struct MoeDims {
   /// registers a word at a time (0).
   bool mma = false;
   int mma_groups = 0, mma_splits = 0, mma_chunk = 0, mma_stages = 0;
+  /// With mma: the canonical order (Mx4ChainRows), gemm_wg's K slots, exact bf16 dequantisation
+  /// and one chain over K a row, so that a token's expert rows are the grouped gemm's bits;
+  /// one K split (mma_splits must be 0 or 1) and a shared ring (mma_stages >= 2).
+  bool mma_chain = false;
 };
 
 /// Whether `d`'s decode kernels can run on tensor cores (MoeDims::mma): MXFP4 experts, bf16

@@ -26,16 +26,26 @@ void check_mxfp4_moe(const MoeDims& d) {
 struct MoeMmaTiling {
   int groups, splits, chunk, stages;
   int per = 0; ///< blocks of a K split (mx4_mma_split_blocks)
+  bool chain = false;
   /// Dynamic shared memory of the stages' rings (2 KB a chunk and warp) and the warps' scale
-  /// factors (Mx4MmaTileRows::kScaleSlots: 64 bytes a block of the split).
+  /// factors (Mx4MmaTileRows::kScaleSlots: 64 bytes a block of the split) or, chained, the
+  /// warp's copy of its 16 rows' scale bytes (Mx4ChainRows::kScaleSlots: a row from the aligned
+  /// word holding its first byte, one word more).
   size_t ring_bytes() const {
-    return stages > 0 ? size_t(groups) * splits * (stages * 16 * 8 * 16 + per / 2 * 8 * 16) : 0;
+    if (stages == 0)
+      return 0;
+    const size_t scales = chain ? size_t(16) * 4 * ((per + 3) / 4 + 1) : size_t(per) / 2 * 8 * 16;
+    return size_t(groups) * splits * (stages * 16 * 8 * 16 + scales);
   }
 };
 MoeMmaTiling moe_mma_tiling(const MoeDims& d, bool gate_up) {
-  const int groups = gate_up ? 4 : 2, splits = gate_up ? 2 : 4; // the defaults
+  // The defaults; chained, the K splits are 1 and the row groups as many warps as the split
+  // tiling's (kernels_bench, "MXFP4 MoE decode").
+  const int groups = d.mma_chain ? (gate_up ? 8 : 4) : gate_up ? 4 : 2;
+  const int splits = d.mma_chain ? 1 : gate_up ? 2 : 4;
   MoeMmaTiling t{d.mma_groups > 0 ? d.mma_groups : groups, d.mma_splits > 0 ? d.mma_splits : splits,
                  d.mma_chunk > 0 ? d.mma_chunk : 8, d.mma_stages};
+  t.chain = d.mma_chain;
   if (t.splits > 0) {
     const int blocks = (gate_up ? d.hidden : d.inter) / 32;
     t.per = ((blocks + t.splits - 1) / t.splits + 1) / 2 * 2; // mx4_mma_split_blocks
@@ -47,14 +57,15 @@ MoeMmaTiling moe_mma_tiling(const MoeDims& d, bool gate_up) {
 
 /// Name suffix of a tensor-core MoE kernel.
 std::string moe_mma_suffix(const MoeMmaTiling& t, int min_blocks) {
-  return fmt::format("_mma_g{}_s{}_c{}{}{}", t.groups, t.splits, t.chunk,
+  return fmt::format("_mma_g{}_s{}_c{}{}{}{}", t.groups, t.splits, t.chunk,
                      t.stages > 0 ? fmt::format("_t{}", t.stages) : "",
-                     min_blocks > 0 ? fmt::format("_m{}", min_blocks) : "");
+                     min_blocks > 0 ? fmt::format("_m{}", min_blocks) : "",
+                     t.chain ? "_chain" : "");
 }
 
 /// The template arguments after <D, I, E, KSEL> of a tensor-core MoE kernel.
 std::string moe_mma_args(const MoeMmaTiling& t) {
-  return fmt::format("{}, {}, {}, {}", t.groups, t.splits, t.chunk, t.stages);
+  return fmt::format("{}, {}, {}, {}, {}", t.groups, t.splits, t.chunk, t.stages, t.chain);
 }
 
 } // namespace
@@ -71,7 +82,8 @@ bool moe_mma_kernel_fits(const MoeDims& d, bool gate_up) {
          t.chunk % 2 == 0 && 32 * t.groups * t.splits <= 1024 && d.hidden % 32 == 0 &&
          d.inter % 32 == 0 &&
          (gate_up ? d.inter % (8 * t.groups) == 0 : d.hidden % (16 * t.groups) == 0) &&
-         (t.stages == 0 || (t.stages >= 2 && ring_ok));
+         (t.stages == 0 || (t.stages >= 2 && ring_ok)) &&
+         (!t.chain || (t.splits == 1 && t.stages >= 2 && d.hidden % 64 == 0 && d.inter % 64 == 0));
 }
 
 namespace {
@@ -81,7 +93,8 @@ void check_moe_mma(const MoeDims& d, bool gate_up) {
     throw Error(fmt::format("codegen: the tensor-core MoE {} kernel takes MXFP4 experts, bf16 "
                             "activations, an even chunk of blocks (a shared ring: chunks of 8, K a "
                             "multiple of 64, at most 200 KB) and hidden ({}) and intermediate ({}) "
-                            "sizes its row groups divide",
+                            "sizes its row groups divide (the canonical order: one K split, a "
+                            "ring, sizes multiples of 64)",
                             gate_up ? "gate_up" : "down", d.hidden, d.inter));
 }
 

@@ -58,7 +58,7 @@ size_t gemm_wg_smem_bytes(const GemmWgDims& d);
 /// SwiGLU epilogue), bn one of the WgMma shapes, the stages within the 227 KB of an SM.
 bool gemm_wg_fits(const GemmWgDims& d);
 
-/// The K value a gemm_wg K tile's slot `kappa` (0..63) holds (wg_k_of_slot in gemm_wg.cuh).
+/// The K value a gemm_wg K tile's slot `kappa` (0..63) holds (wg_k_of_slot in mxfp4.cuh).
 constexpr int wg_k_of_slot(int kappa) {
   return 16 * ((kappa / 2) % 4) + 8 * (kappa / 32) + 2 * ((kappa / 16) % 2) + (kappa / 8) % 2 +
          4 * (kappa % 2);

@@ -44,20 +44,6 @@ struct GemmTile {
   int expert, begin, end;
 };
 
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                         unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/// Two fp32 values as a packed bf16 pair (round to nearest even), `lo` in the low half.
-__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const unsigned*>(&v);
-}
-
 /// Per-row 1 / rms of fp32 rows (row r = blockIdx.y): inv[r] = rsqrt(mean(x[r]^2) + eps), the
 /// prologue of a normed gemm (256 threads).
 template <int K>
@@ -78,11 +64,6 @@ constexpr int kGemmRawBytes = kGemmBN * (kGemmBK / 2 + 2 * 4);
 __host__ __device__ constexpr int gemm_smem_bytes(int bm, bool mx4 = false) {
   return mx4 ? gemm_stages(bm) * (bm * kGemmStrideA * 4 + kGemmRawBytes) + kGemmBN * kGemmStride * 2
              : gemm_stages(bm) * (bm * kGemmStrideA * 4 + kGemmBN * kGemmStride * 2);
-}
-
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 4 : 0));
 }
 
 /// The tile one block computes: `n0` (grid.x) of W's rows and sorted/dense rows [begin, end).

@@ -17,33 +17,6 @@
 
 namespace xserv_kernels {
 
-/// The K value (0..63) that slot `kappa` of a 64-wide K tile holds: slot 16 s + 8 h + 2 c + e
-/// (K step s of the MMA, fragment half h, thread c of its quad, element e of a bf16 pair) holds
-/// 16 c + 8 (s / 2) + 2 (s % 2) + h + 4 e: thread c's 16 values are K 16 c .. 16 c + 15, and
-/// each bf16 pair is (v, v + 4) as mx4_pair_raw decodes it from a 32-bit word.
-__host__ __device__ constexpr int wg_k_of_slot(int kappa) {
-  return 16 * ((kappa / 2) % 4) + 8 * (kappa / 32) + 2 * ((kappa / 16) % 2) + (kappa / 8) % 2 +
-         4 * (kappa % 2);
-}
-
-/// The bf16x2 factors (x, then y) by which a raw MXFP4 pair (value * 2^-126) becomes exactly
-/// value * 2^(s - 127), the BF16 dequantisation, for E8M0 byte s. Both are powers of two, so
-/// each product is exact, subnormal bf16 included (mul.bf16x2 keeps subnormals): 2^(s - 1) and 1
-/// for s <= 128 (2^(s - 1) is a bf16 number up to there), else 2^127 and 2^(s - 128) (s = 255,
-/// refused at load, overflows as ldexp does). Computed once per row and K tile, they leave a
-/// pair two multiplies and no branch.
-__device__ __forceinline__ uint2 mxfp4_scale_factors(unsigned s) {
-  const bool small = s <= 128u;
-  return make_uint2(((small ? s + 126u : 254u) << 7) * 0x10001u,
-                    ((small ? 127u : s - 1u) << 7) * 0x10001u);
-}
-__device__ __forceinline__ unsigned mxfp4_pair_scaled(unsigned raw, uint2 f) {
-  unsigned r;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(raw), "r"(f.x));
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(r), "r"(f.y));
-  return r;
-}
-
 /// The MMA's bf16 activations of fp32 rows (row r = blockIdx.y, 256 threads): xh[r] = bf16(x'[r])
 /// in the slot order of every 64-wide K tile (NATURAL: in K order, for cuBLAS, whose weights are
 /// the checkpoint's rows), x' = x (NORM: x * rsqrt(mean(x^2) + eps) * ln); with SPLIT also

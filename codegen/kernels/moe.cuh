@@ -551,6 +551,177 @@ template <int K, int STAGES, bool PAIRS, int PER> struct Mx4MmaTileRows {
   }
 };
 
+/// Stages one token's K activations as the B operand of Mx4ChainRows (the whole block's
+/// threads; a barrier must follow): bf16(x) in gemm_act's slot order (wg_k_of_slot), the words
+/// of each 64-wide K tile arranged so that thread c of a quad finds its eight (MMA step s,
+/// fragment half h) words at 32 kt + 8 c + 2 s + h: word 8 c + q of tile kt holds the tile's
+/// slot pair 8 (q / 2) + 4 (q % 2) + c, K values (v, v + 4) of the row. The rounding is
+/// gemm_act's (pack_bf16x2), so a token's B values are the prompt gemm's.
+template <int K, int THREADS>
+__device__ __forceinline__ void mx4_chain_stage_x(const float* __restrict__ x,
+                                                  unsigned* __restrict__ xs) {
+  static_assert(K % 64 == 0, "whole K tiles");
+  for (int i = threadIdx.x; i < K / 2; i += THREADS) {
+    const int kt = i / 32, c = (i % 32) / 8, q = i % 8;
+    const int a = kt * 64 + wg_k_of_slot(2 * (8 * (q / 2) + 4 * (q % 2) + c));
+    xs[i] = pack_bf16x2(x[a], x[a + 4]);
+  }
+}
+
+/// One warp's dot products of 16 MXFP4 rows of K values with one token, in gemm_wg's order: the
+/// canonical order of the MoE's products (docs/DESIGN.md, "Batch invariance"). Per 64-wide K
+/// tile thread (g, c) holds values 16 c .. 16 c + 15 of MMA rows g and g + 8 (8 bytes each),
+/// dequantised exactly to bf16 (mxfp4_pair_scaled: the BF16 copy's values), and the four
+/// mma.sync m16n8k16 of the tile add into one accumulator that runs from zero over the whole of
+/// K: the A fragments, B slots and chain of gemm_wg's m64 tile, so a row's sum is the bits the
+/// grouped gemm gives it (mma.sync and wgmma chains over one K order agree:
+/// tests/codegen/mma_order_gpu_test.cpp). The weights stream through the warp's ring as
+/// Mx4MmaTileRows' do (chunks of 8 blocks, 4 K tiles); the 16 rows' scale bytes go into the
+/// warp's `factors` region with the first chunk (a 4-aligned copy of each row's bytes, so
+/// cp.async can take them). Scale bytes up to 128 need one multiply a pair (the second factor
+/// is 1); a warp with a larger byte takes both. Every column of B holds the token, so every lane
+/// ends with its rows' sums. The whole of K only: b0 = 0.
+template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows {
+  static constexpr int CH = 8; // blocks a chunk: 4 K tiles
+  static_assert(K % 64 == 0 && STAGES >= 2, "whole K tiles, two buffers or more");
+  static constexpr int kBlocks = K / 32;
+  static constexpr int kScaleWords = (kBlocks + 3) / 4 + 1; // a row's bytes from an aligned word
+  static constexpr int kScaleRow = 4 * kScaleWords;
+  static constexpr int kScaleSlots = (16 * kScaleRow + 15) / 16; ///< float4 slots a warp
+  const unsigned char* src = nullptr; // block 0 of this lane's first cp.async row (+ 16 jb)
+  unsigned ring_base = 0;             // the warp's ring (shared address)
+  const unsigned char* sc = nullptr;  // the rows' scale copies: row m at m kScaleRow
+  int at_a = 0, at_b = 0;             // where rows g, g + 8's first byte sits in its copy
+  WarpRowRing ring;
+
+  static __device__ __forceinline__ constexpr int row_step(int j) {
+    return PAIRS ? (j % 2) * 8 + j / 2 : 4 * j;
+  }
+
+  template <bool TAIL> __device__ __forceinline__ void load_tile(int b, int b1, int buf) {
+    const int jb = threadIdx.x % CH;
+    const bool live = !TAIL || b + jb < b1;
+    const unsigned char* p = src + (size_t)(live ? b : b - jb) * 16;
+    const void* const rows[4] = {p, p + (size_t)row_step(1) * (K / 2),
+                                 p + (size_t)row_step(2) * (K / 2),
+                                 p + (size_t)row_step(3) * (K / 2)};
+    ring.copy(buf, rows, live ? 16 : 0);
+  }
+
+  __device__ __forceinline__ void issue(int b, int b1, int buf) {
+    if (b + CH <= b1)
+      load_tile<false>(b, b1, buf);
+    else if (b < b1)
+      load_tile<true>(b, b1, buf);
+    cp_async_commit();
+  }
+
+  /// Points at the warp's 16 rows (MMA row m is mx4_mma_row(row0, PAIRS, m)), copies their
+  /// scale bytes and issues the first STAGES - 1 chunks. `factors_`: the warp's kScaleSlots.
+  __device__ __forceinline__ void start(const unsigned char* __restrict__ w,
+                                        const unsigned char* __restrict__ scales, size_t row0,
+                                        bool, int, int b1, uint4* tile, float4* factors_) {
+    const int lane = threadIdx.x % kWarp, g = lane / 4;
+    src = w + mx4_mma_row(row0, PAIRS, lane / CH) * (K / 2) + (lane % CH) * 16;
+    ring.init(tile);
+    ring_base = smem_u32(tile);
+    unsigned char* copy = reinterpret_cast<unsigned char*>(factors_);
+    sc = copy;
+    // Row m's bytes from the aligned word holding its first; a word holding none is zeros.
+    for (int i = lane; i < 16 * kScaleWords; i += kWarp) {
+      const int m = i / kScaleWords, j = i % kScaleWords;
+      const size_t first =
+          reinterpret_cast<size_t>(scales + mx4_mma_row(row0, PAIRS, m) * kBlocks);
+      const size_t word = (first & ~size_t(3)) + 4 * size_t(j);
+      const bool live = word < first + kBlocks; // else zeros
+      cp_async4(copy + m * kScaleRow + 4 * j,
+                reinterpret_cast<const void*>(live ? word : first & ~size_t(3)), live);
+    }
+    at_a = int(reinterpret_cast<size_t>(scales + mx4_mma_row(row0, PAIRS, g) * kBlocks) & 3);
+    at_b = int(reinterpret_cast<size_t>(scales + mx4_mma_row(row0, PAIRS, g + 8) * kBlocks) & 3);
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) // the scale copies join the first chunk's group
+      issue(st * CH, b1, st);
+  }
+
+  /// Tile u (0..3) of the chunk in buffer `buf`, at block b of K: its four MMAs into d.
+  template <bool BIG>
+  __device__ __forceinline__ void tile(const unsigned* __restrict__ xw, int b, int u, int buf,
+                                       float (&d)[4]) const {
+    const int lane = threadIdx.x % kWarp, g = lane / 4, c = lane % 4, j = 2 * u + c / 2;
+    const unsigned at = ring_base + buf * WarpRowRing::kChunkBytes + (c % 2) * 8;
+    unsigned wa0, wa1, wb0, wb1; // values 16 c .. 16 c + 15 of rows g, g + 8
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(wa0), "=r"(wa1)
+                 : "r"(at + (g * 8 + (j ^ g)) * 16));
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(wb0), "=r"(wb1)
+                 : "r"(at + ((g + 8) * 8 + (j ^ g)) * 16));
+    const uint2 fa = mxfp4_scale_factors(sc[g * kScaleRow + at_a + b + j]);
+    const uint2 fb = mxfp4_scale_factors(sc[(g + 8) * kScaleRow + at_b + b + j]);
+    const uint4* xt = reinterpret_cast<const uint4*>(xw + 32 * (b / 2 + u) + 8 * c);
+    const uint4 x0 = xt[0], x1 = xt[1];
+    const unsigned xb[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    // Pair i (= 2 s + h) of a row: values (v, v + 4), v = 8 (i / 4) + i % 4 (gemm_wg's pair_of).
+    auto pair = [&](unsigned w0, unsigned w1, uint2 f, int i) -> unsigned {
+      const unsigned raw = mx4_pair_raw(i < 4 ? w0 : w1, i % 4);
+      return BIG ? mxfp4_pair_scaled(raw, f) : bf16x2_mul(raw, f.x);
+    };
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const unsigned a[4] = {pair(wa0, wa1, fa, 2 * s), pair(wb0, wb1, fb, 2 * s),
+                             pair(wa0, wa1, fa, 2 * s + 1), pair(wb0, wb1, fb, 2 * s + 1)};
+      mma_bf16(d, a, xb[2 * s], xb[2 * s + 1]);
+    }
+  }
+
+  template <bool BIG>
+  __device__ __forceinline__ void run(const unsigned* __restrict__ xw, int b1, float (&d)[4]) {
+    int buf = 0; // chunk n's buffer: n % STAGES
+#pragma unroll 1
+    for (int b = 0; b < b1; b += CH) {
+      if (b > 0) {
+        cp_async_wait<STAGES - 2>();
+        __syncwarp();
+      }
+      issue(b + (STAGES - 1) * CH, b1, buf == 0 ? STAGES - 1 : buf - 1);
+      if (b + CH <= b1) {
+#pragma unroll
+        for (int u = 0; u < CH / 2; ++u)
+          tile<BIG>(xw, b, u, buf, d);
+      } else {
+        for (int u = 0; 2 * u < b1 - b; ++u)
+          tile<BIG>(xw, b, u, buf, d);
+      }
+      buf = buf == STAGES - 1 ? 0 : buf + 1;
+    }
+  }
+
+  /// The sums of MMA rows g and g + 8 over all of K (after start; xs from mx4_chain_stage_x).
+  __device__ __forceinline__ void finish(const uint4* __restrict__ xs, int, int b1, float& acc_a,
+                                         float& acc_b) {
+    cp_async_wait<STAGES - 2>(); // the scales and the first chunk (this lane's copies) ...
+    __syncwarp();                // ... and every lane's
+    const int lane = threadIdx.x % kWarp;
+    bool big = false;
+    for (int i = lane; i < 16 * kScaleRow / 4; i += kWarp) {
+      const unsigned v = reinterpret_cast<const unsigned*>(sc)[i];
+      // a neighbour's bytes in a row's first or last word only cost the exact path
+      big = big || (v & 0xffu) > 128u || ((v >> 8) & 0xffu) > 128u ||
+            ((v >> 16) & 0xffu) > 128u || (v >> 24) > 128u;
+    }
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const unsigned* xw = reinterpret_cast<const unsigned*>(xs);
+    if (__any_sync(0xffffffffu, big))
+      run<true>(xw, b1, d);
+    else
+      run<false>(xw, b1, d);
+    cp_async_wait<0>(); // no copy outlives the warp's use of its buffers
+    acc_a = d[0];       // column 0: rows g and g + 8
+    acc_b = d[2];
+  }
+};
+
 template <int STAGES, int K, int CH, bool PAIRS, int PER> struct Mx4MmaPicker {
   using type = Mx4MmaTileRows<K, STAGES, PAIRS, PER>;
 };
@@ -560,8 +731,27 @@ template <int K, int CH, bool PAIRS, int PER> struct Mx4MmaPicker<0, K, CH, PAIR
 /// The tensor-core rows of a warp: words loaded straight into registers CH blocks at a time
 /// (STAGES 0), or streamed through a shared-memory ring of STAGES chunks of 8 blocks, over K
 /// splits of at most PER blocks.
-template <int STAGES, int K, int CH, bool PAIRS, int PER>
-using Mx4MmaPick = typename Mx4MmaPicker<STAGES, K, CH, PAIRS, PER>::type;
+template <bool CHAIN, class Chain, class Other> struct Mx4ChainIf {
+  using type = Other;
+};
+template <class Chain, class Other> struct Mx4ChainIf<true, Chain, Other> {
+  using type = Chain;
+};
+/// CHAIN: Mx4ChainRows (gemm_wg's order, the whole of K).
+template <int STAGES, int K, int CH, bool PAIRS, int PER, bool CHAIN = false>
+using Mx4MmaPick =
+    typename Mx4ChainIf<CHAIN, Mx4ChainRows<K, STAGES, PAIRS>,
+                        typename Mx4MmaPicker<STAGES, K, CH, PAIRS, PER>::type>::type;
+
+/// Stages a token's activations the way the picked rows read them: Mx4ChainRows' slot order
+/// (CHAIN), else mx4_mma_stage_x's.
+template <int K, int THREADS, bool CHAIN>
+__device__ __forceinline__ void mx4_stage_for(const float* __restrict__ x, uint4* __restrict__ xs) {
+  if constexpr (CHAIN)
+    mx4_chain_stage_x<K, THREADS>(x, reinterpret_cast<unsigned*>(xs));
+  else
+    mx4_mma_stage_x<K, THREADS>(x, xs);
+}
 
 /// The K splits of a tensor-core GEMV over `blocks` 32-value blocks: each split's first block
 /// is even (Mx4MmaRows' paired scale loads).
@@ -577,7 +767,7 @@ __host__ __device__ constexpr int mx4_mma_split_blocks(int blocks, int splits) {
 /// STAGES > 0: the weights stream through a ring of that many chunks a warp (Mx4MmaTileRows,
 /// RG KS STAGES 2 KB of dynamic shared memory, then each warp's scale factors: 64 bytes a block
 /// of its K split), else CH blocks at a time into registers.
-template <int D, int I, int E, int KSEL, int RG, int KS, int CH, int STAGES = 0>
+template <int D, int I, int E, int KSEL, int RG, int KS, int CH, int STAGES = 0, bool CHAIN = false>
 __device__ __forceinline__ void
 moe_gate_up_mx4_mma(const float* __restrict__ x, const int* __restrict__ ids,
                     const unsigned char* __restrict__ gate_up,
@@ -595,7 +785,8 @@ moe_gate_up_mx4_mma(const float* __restrict__ x, const int* __restrict__ ids,
   const bool active = e >= 0 && e < E; // the router never gives an id outside [0, E)
   const int b0 = ks * kPer, b1 = b0 + kPer < kBlocks ? b0 + kPer : kBlocks;
   const size_t row0 = (size_t)(active ? e : 0) * 2 * I + 2 * i0;
-  using Rows = Mx4MmaPick<STAGES, D, CH, true, kPer>;
+  static_assert(!CHAIN || KS == 1, "the canonical order is one chain over K");
+  using Rows = Mx4MmaPick<STAGES, D, CH, true, kPer, CHAIN>;
   // The tile path's scale factors, after the rings: the warp's kScaleSlots.
   float4* factors = reinterpret_cast<float4*>(tiles + RG * KS * STAGES * 16 * 8) +
                     warp * Rows::kScaleSlots;
@@ -611,7 +802,7 @@ moe_gate_up_mx4_mma(const float* __restrict__ x, const int* __restrict__ ids,
     bg = bf16_to_float(gate_up_b[brow]);
     bu = bf16_to_float(gate_up_b[brow + 1]);
   }
-  mx4_mma_stage_x<D, kThreads>(x + (size_t)t * D, xs);
+  mx4_stage_for<D, kThreads, CHAIN>(x + (size_t)t * D, xs);
   __syncthreads();
   float gate = 0.0f, up = 0.0f;
   if (active && b0 < b1)
@@ -623,9 +814,9 @@ moe_gate_up_mx4_mma(const float* __restrict__ x, const int* __restrict__ ids,
   __syncthreads();
   if (!active || threadIdx.x >= RG * 8)
     return;
-  float sg = 0.0f, su = 0.0f;
+  float sg = red[0][q * 16 + p], su = red[0][q * 16 + 8 + p]; // the K parts in order
 #pragma unroll
-  for (int s = 0; s < KS; ++s) {
+  for (int s = 1; s < KS; ++s) {
     sg += red[s][q * 16 + p];
     su += red[s][q * 16 + 8 + p];
   }
@@ -638,7 +829,7 @@ moe_gate_up_mx4_mma(const float* __restrict__ x, const int* __restrict__ ids,
 /// moe_gate_up_mx4_mma's), the parts summed in order through shared memory; part[tk, o] =
 /// w[tk] (sum + down_b[e][o]). The first weight loads go out before the wait on gate_up (ids
 /// from L2, as moe_down_part). grid.x = D / (16 RG), block 32 RG KS threads.
-template <int D, int I, int E, int KSEL, int RG, int KS, int CH, int STAGES = 0>
+template <int D, int I, int E, int KSEL, int RG, int KS, int CH, int STAGES = 0, bool CHAIN = false>
 __device__ __forceinline__ void
 moe_down_part_mx4_mma(const float* __restrict__ act, const float* __restrict__ weights,
                       const int* __restrict__ ids, const unsigned char* __restrict__ down,
@@ -655,7 +846,8 @@ moe_down_part_mx4_mma(const float* __restrict__ act, const float* __restrict__ w
   const bool active = e >= 0 && e < E;
   const int b0 = ks * kPer, b1 = b0 + kPer < kBlocks ? b0 + kPer : kBlocks;
   const size_t row0 = (size_t)(active ? e : 0) * D + o0;
-  using Rows = Mx4MmaPick<STAGES, I, CH, false, kPer>;
+  static_assert(!CHAIN || KS == 1, "the canonical order is one chain over K");
+  using Rows = Mx4MmaPick<STAGES, I, CH, false, kPer, CHAIN>;
   // The tile path's scale factors, after the rings: the warp's kScaleSlots.
   float4* factors = reinterpret_cast<float4*>(tiles + RG * KS * STAGES * 16 * 8) +
                     warp * Rows::kScaleSlots;
@@ -672,7 +864,7 @@ moe_down_part_mx4_mma(const float* __restrict__ act, const float* __restrict__ w
     wt = __ldcg(weights + tk);
   }
   grid_dependency_sync(); // ... and while gate_up finishes
-  mx4_mma_stage_x<I, kThreads>(act + (size_t)tk * I, xs);
+  mx4_stage_for<I, kThreads, CHAIN>(act + (size_t)tk * I, xs);
   __syncthreads();
   float sa = 0.0f, sb = 0.0f;
   if (active && b0 < b1)
@@ -684,9 +876,9 @@ moe_down_part_mx4_mma(const float* __restrict__ act, const float* __restrict__ w
   __syncthreads();
   if (!active || threadIdx.x >= RG * 16)
     return;
-  float sum = 0.0f;
+  float sum = red[0][threadIdx.x]; // the K parts in order
 #pragma unroll
-  for (int s = 0; s < KS; ++s)
+  for (int s = 1; s < KS; ++s)
     sum += red[s][threadIdx.x];
   part[(size_t)tk * D + o] = wt * (sum + bias);
 }

@@ -180,12 +180,25 @@ TEST_CASE(
   RunResult t = run_xserv("inspect " + plan.string());
   CHECK(t.out.find("experts mxfp4") != std::string::npos);
   CHECK(t.out.find("launches per decode step") != std::string::npos);
-  // The guarantee the plan gives, from its launch tables: attention in the canonical order.
+  // The guarantee the plan gives, from its launch tables: attention in the canonical order,
+  // and on sm_90 (the lowering's gemm_wg order) the experts too.
+  const bool sm90 = doc["options"]["arch"] == "sm_90";
   CHECK(doc["batch_invariance"]["attention"] == true);
   CHECK(doc["batch_invariance"]["attention_chunk_keys"] == runtime::kAttnChunkKeys);
-  CHECK(doc["batch_invariance"]["linears_and_experts"] == false);
-  CHECK(t.out.find("batch invariance: attention in one order for every step (key chunks of 128") !=
-        std::string::npos);
+  CHECK(doc["batch_invariance"]["experts"] == sm90);
+  CHECK(doc["batch_invariance"]["linears"] == false);
+  CHECK(t.out.find(sm90 ? "batch invariance: attention (key chunks of 128) and the experts (gemm_wg's "
+                          "K order in every kernel) in one order for every step"
+                        : "batch invariance: attention (key chunks of 128) in one order for every "
+                          "step") != std::string::npos);
+  size_t chained = 0, moe_decode = 0;
+  for (const auto& k : p.codegen.kernels)
+    if (k.name.starts_with("moe_gate_up") || k.name.starts_with("moe_down")) {
+      ++moe_decode;
+      chained += k.name.ends_with("_chain");
+    }
+  CHECK(moe_decode >= 2);
+  CHECK(chained == (sm90 ? moe_decode : 0));
 
   // run's ModelSource carries the plan, whose stages hold the expert format; a checkpoint
   // directory has none.

@@ -172,21 +172,38 @@ struct MoeCase {
   int ksub = 1;
   bool pipe = false;
   int stages = 4;
+  int scale_lo = 117, scale_hi = 128; ///< the experts' E8M0 scale bytes (2^-10 .. 2^1)
 };
+
+/// The inputs of run_moe's MoE block (random, from its seed), for a run of other kernels on
+/// the same values.
+struct MoeInputs {
+  Mxfp4Weight gu, dn;
+  Bf16Weight gub, dnb;
+  Tensor x, h, w, ids;
+};
+inline MoeInputs moe_inputs(const MoeCase& c, uint64_t seed) {
+  const MoeDims& d = c.d;
+  Rng rng{seed};
+  MoeInputs in;
+  in.gu = random_mxfp4(rng, d.experts, 2 * d.inter, d.hidden, c.scale_lo, c.scale_hi);
+  in.dn = random_mxfp4(rng, d.experts, d.hidden, d.inter, c.scale_lo, c.scale_hi);
+  in.gub = random_bf16(rng, {d.experts, 2 * d.inter}, 0.5f);
+  in.dnb = random_bf16(rng, {d.experts, d.hidden}, 0.5f);
+  in.x = random_f32(rng, {c.tokens, d.hidden}, 3.0f);
+  in.h = random_f32(rng, {c.tokens, d.hidden}, 1.0f);
+  routing(rng, c.tokens, d.experts, d.k, c.skew, in.w, in.ids);
+  return in;
+}
 
 /// Runs the grouped MoE block through gemm_wg (BF16 weights, and with c.mxfp4 also MXFP4 ones
 /// of the same values) and returns the outputs' bits per weight format.
 inline std::vector<std::vector<uint32_t>> run_moe(const MoeCase& c, uint64_t seed) {
   const MoeDims& d = c.d;
-  Rng rng{seed};
-  const Mxfp4Weight gu = random_mxfp4(rng, d.experts, 2 * d.inter, d.hidden, 117, 128);
-  const Mxfp4Weight dn = random_mxfp4(rng, d.experts, d.hidden, d.inter, 117, 128);
-  const Bf16Weight gub = random_bf16(rng, {d.experts, 2 * d.inter}, 0.5f);
-  const Bf16Weight dnb = random_bf16(rng, {d.experts, d.hidden}, 0.5f);
-  const Tensor x = random_f32(rng, {c.tokens, d.hidden}, 3.0f);
-  const Tensor h = random_f32(rng, {c.tokens, d.hidden}, 1.0f);
-  Tensor w, ids;
-  routing(rng, c.tokens, d.experts, d.k, c.skew, w, ids);
+  const MoeInputs in = moe_inputs(c, seed);
+  const Mxfp4Weight &gu = in.gu, &dn = in.dn;
+  const Bf16Weight &gub = in.gub, &dnb = in.dnb;
+  const Tensor &x = in.x, &h = in.h, &w = in.w, &ids = in.ids;
   const Tensor want = ir::ref::moe_experts_residual(
       x, w, ids, as_tensor(gu.bf16, {d.experts, 2 * d.inter, d.hidden}), gub.t,
       as_tensor(dn.bf16, {d.experts, d.hidden, d.inter}), dnb.t, h, d.limit, d.alpha);
