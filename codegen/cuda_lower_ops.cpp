@@ -146,8 +146,19 @@ void Lowerer::lower_linear(ValueId v) {
   // token: lm_head too (260 against 270 us), but o_proj keeps an FMA kernel: the tensor-core one
   // was no faster alone (9.3 against 9.5 us) and the token ~1% slower with it (docs/PERF.md,
   // "Tried and rejected").
+  // In the canonical order (linear_decode_mma's CHAIN) where the steps above 8 tokens run
+  // gemm_wg: its K slots and its K splits, so that a token's outputs are the same bits in a
+  // decode step as in the gemm of a larger one (docs/DESIGN.md, "Batch invariance").
   codegen::LinearDims dm = d;
   dm.mma = true;
+  if (c_.wgmma && gemm_path()) {
+    dm.mma_chain = true;
+    dm.mma_splits = codegen::wg_splitk(d.k, d.n);
+    if (!codegen::linear_mma_fits(dm)) {
+      dm.mma_chain = false;
+      dm.mma_splits = 0;
+    }
+  }
   const bool mma = c_.wgmma && codegen::linear_mma_fits(dm);
   const int kernel = k_.add(codegen::emit_linear(mma ? dm : d, ir_lines(g_, v)));
   // The attention output projection of a one-token step: a 1-token kernel. On sm_90 its blocks

@@ -25,25 +25,6 @@ void check_wg_rows(int64_t tokens, int64_t k) {
                             tokens, k));
 }
 
-/// K splits of a dense gemm_wg of up to kSmallGemmRows rows (64 weight rows a block): the
-/// smallest divisor of the K tiles, keeping at least 4 tiles a split, that gives 1.5 blocks
-/// per SM, else the largest such divisor; 1 when the weight rows alone fill the GPU. Measured
-/// for 64 tokens: 20b qkv 25.7 -> 16.0 us with 3, o_proj 32.7 -> 15.1 us with 8.
-int wg_splitk(int k, int n) {
-  const int ktiles = k / 64, blocks = (n + 63) / 64;
-  if (blocks >= kSms)
-    return 1;
-  int best = 1;
-  for (int s = 2; ktiles / s >= 4; ++s) {
-    if (ktiles % s != 0)
-      continue;
-    best = s;
-    if (blocks * s >= kSms * 3 / 2)
-      break;
-  }
-  return best;
-}
-
 } // namespace
 
 Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId v, bool library) {
@@ -57,7 +38,7 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   g.bias = d.bias;
   g.residual = d.residual;
   g.split = c_.gemm_split;
-  k.splitk = wg_splitk(d.k, d.n);
+  k.splitk = codegen::wg_splitk(d.k, d.n, kSms);
   // cuBLAS above kSmallGemmRows tokens (plain bf16 activations only: the split pair would need
   // two calls): kernels_bench measured it 1.5-1.7x gemm_wg on the 20b's q and o_proj shapes from
   // 512 tokens on, slower at 64 (docs/PERF.md, "Kernel figures"). Not the router (split K below)
@@ -72,8 +53,14 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   k.large_split = !use_library && d.n <= 64 && k.splitk > 1;
   g.bn = k.large_split ? kSmallGemmRows : 128;
   g.wm = d.n >= 4096 ? 2 : 1;
-  g.stages = g.wm == 2 ? 3 : 4;
   g.splitk = k.large_split ? k.splitk : 1;
+  // Otherwise the small tiles' K splits as chunks summed in order in registers: the same sums
+  // for a token whatever the step's size (the canonical order; docs/DESIGN.md, "Batch
+  // invariance"), one m64 tile a block so that the totals fit beside the accumulators.
+  g.chunks = k.large_split ? 1 : k.splitk;
+  if (g.chunks > 1)
+    g.wm = 1;
+  g.stages = g.wm == 2 ? 3 : 4;
   if (k.large_split)
     g.bias = g.residual = false;
   if (!use_library)
@@ -83,6 +70,7 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   g.wm = 1;
   g.stages = 4;
   g.splitk = k.splitk;
+  g.chunks = 1;
   if (k.splitk > 1) // raw partial sums; bias and residual come in the reduce
     g.bias = g.residual = false;
   add_splitk_reduce(

@@ -71,6 +71,10 @@ struct LinearDims {
   /// 9.3 us at 1 token, 11.6 at 8, against the FMA kernels' 9.5 and 32.9, docs/PERF.md).
   bool mma = false;
   int mma_groups = 0, mma_splits = 0, mma_stages = 0;
+  /// With mma: the canonical order (linear_decode_mma's CHAIN): gemm_wg's K slots, one chain
+  /// per K split, the splits added in order; mma_splits must divide K / 64 (the lowering gives
+  /// the gemm's split, so that a token's outputs are the gemm's bits). Name suffix "_chain".
+  bool mma_chain = false;
   /// linear_decode_smem (one token, no norm, sm_90): each block's rows copied whole into shared
   /// memory before the dependency wait, so the weights stream while the previous kernel runs
   /// (o_proj under attention_combine). Rows a block: linear_smem_rows.

@@ -26,6 +26,21 @@ size_t stage_bytes(const GemmWgDims& d) {
 
 } // namespace
 
+int wg_splitk(int k, int n, int sms) {
+  const int ktiles = k / 64, blocks = (n + 63) / 64;
+  if (blocks >= sms)
+    return 1;
+  int best = 1;
+  for (int s = 2; ktiles / s >= 4; ++s) {
+    if (ktiles % s != 0)
+      continue;
+    best = s;
+    if (blocks * s >= sms * 3 / 2)
+      break;
+  }
+  return best;
+}
+
 size_t gemm_wg_smem_bytes(const GemmWgDims& d) {
   return size_t(d.stages) * stage_bytes(d) + 1024;
 }
@@ -35,7 +50,11 @@ bool gemm_wg_fits(const GemmWgDims& d) {
          (d.epilogue != GemmEpilogue::Swiglu || d.n % 16 == 0) &&
          std::find(kWgShapes.begin(), kWgShapes.end(), d.bn) != kWgShapes.end() &&
          (d.wm == 1 || d.wm == 2) && d.stages >= (d.pipe ? 3 : 2) && d.ksub >= 1 && d.ksub <= 4 &&
-         gemm_wg_smem_bytes(d) <= kSmemPerSm && d.splitk >= 1 && (d.k / 64) % d.splitk == 0;
+         gemm_wg_smem_bytes(d) <= kSmemPerSm && d.splitk >= 1 && (d.k / 64) % d.splitk == 0 &&
+         d.chunks >= 1 &&
+         (d.chunks == 1 || (d.splitk == 1 && !d.pipe && !d.grouped &&
+                            d.epilogue == GemmEpilogue::Store &&
+                            (d.k / 64) % (d.chunks * d.ksub) == 0));
 }
 
 KernelSource emit_gemm_act(const GemmActDims& d, const std::vector<std::string>& ir_lines) {
@@ -90,6 +109,8 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
   name += d.split ? "_x2" : "_bf16";
   if (d.splitk > 1)
     name += fmt::format("_splitk{}", d.splitk);
+  if (d.chunks > 1)
+    name += fmt::format("_chunks{}", d.chunks);
   if (d.mxfp4)
     name += "_mx4";
   if (d.ksub > 1)
@@ -119,9 +140,9 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
   launch.smem_fixed = gemm_wg_smem_bytes(d);
   launch.blocks_z = d.splitk;
   std::string call =
-      fmt::format("gemm_wg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+      fmt::format("gemm_wg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
                   d.k, d.n, d.bn, d.wm, d.stages, d.mxfp4, d.split, d.grouped, d.gather, d.ksel,
-                  epi, d.bias, d.residual, d.splitk, d.experts, d.ksub, d.pipe);
+                  epi, d.bias, d.residual, d.splitk, d.experts, d.ksub, d.pipe, d.chunks);
   return assemble(std::move(name), ir_lines, "gemm_wg.cuh", call, params, launch);
 }
 

@@ -46,10 +46,22 @@ struct GemmWgDims {
   int experts = 1, ksel = 1;
   bool split = false;
   int splitk = 1;
+  /// K in this many equal ranges within a block, each summed from zero and the sums added in
+  /// order in registers: the K splits' sums without the partials (the canonical order of a
+  /// dense linear above 64 rows, where splitk is 1). Dense stores, no PIPE.
+  int chunks = 1;
   double limit = 7.0, alpha = 1.702;
   bool mxfp4 = false;
 };
 KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& ir_lines);
+
+/// The K splits of a dense gemm_wg of up to 64 rows (64 weight rows a block) on a GPU of `sms`
+/// SMs: the smallest divisor of the K tiles, keeping at least 4 tiles a split, that gives 1.5
+/// blocks per SM, else the largest such divisor; 1 when the weight rows alone fill the GPU.
+/// Per matrix, never per step: the decode kernels in the canonical order take the same split
+/// (LinearDims::mma_chain). Measured for 64 tokens: 20b qkv 25.7 -> 16.0 us with 3, o_proj
+/// 32.7 -> 15.1 us with 8.
+int wg_splitk(int k, int n, int sms = 132);
 
 /// Dynamic shared memory of a gemm_wg launch (mirrors gemm_wg_smem_bytes in gemm_wg.cuh).
 size_t gemm_wg_smem_bytes(const GemmWgDims& d);
@@ -58,7 +70,7 @@ size_t gemm_wg_smem_bytes(const GemmWgDims& d);
 /// SwiGLU epilogue), bn one of the WgMma shapes, the stages within the 227 KB of an SM.
 bool gemm_wg_fits(const GemmWgDims& d);
 
-/// The K value a gemm_wg K tile's slot `kappa` (0..63) holds (wg_k_of_slot in mxfp4.cuh).
+/// The K value a gemm_wg K tile's slot `kappa` (0..63) holds (wg_k_of_slot in common.cuh).
 constexpr int wg_k_of_slot(int kappa) {
   return 16 * ((kappa / 2) % 4) + 8 * (kappa / 32) + 2 * ((kappa / 16) % 2) + (kappa / 8) % 2 +
          4 * (kappa % 2);

@@ -76,6 +76,22 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid
                "r"(valid ? 4 : 0));
 }
 
+/// The K value (0..63) that slot `kappa` of a 64-wide K tile holds: slot 16 s + 8 h + 2 c + e
+/// (K step s of the MMA, fragment half h, thread c of its quad, element e of a bf16 pair) holds
+/// 16 c + 8 (s / 2) + 2 (s % 2) + h + 4 e: thread c's 16 values are K 16 c .. 16 c + 15, and
+/// each bf16 pair is (v, v + 4) as mx4_pair_raw decodes it from a 32-bit word.
+__host__ __device__ constexpr int wg_k_of_slot(int kappa) {
+  return 16 * ((kappa / 2) % 4) + 8 * (kappa / 32) + 2 * ((kappa / 16) % 2) + (kappa / 8) % 2 +
+         4 * (kappa % 2);
+}
+
+/// Four words from a 16-byte aligned shared-window address.
+__device__ __forceinline__ void lds128(unsigned* r, unsigned addr) {
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 /// d += a b on mma.sync m16n8k16: bf16 operands (a row-major, b column-major), fp32 sums.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0,
                                          unsigned b1) {

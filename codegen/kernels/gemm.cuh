@@ -359,9 +359,9 @@ __device__ __forceinline__ void gemm_splitk_reduce(const float* __restrict__ par
                                                    const float* h, float* y, int tokens) {
   const int r = blockIdx.y;
   for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < N; n += gridDim.x * blockDim.x) {
-    float v = 0.0f;
+    float v = part[(size_t)r * N + n]; // the K ranges in order
 #pragma unroll
-    for (int z = 0; z < SPLITK; ++z)
+    for (int z = 1; z < SPLITK; ++z)
       v += part[((size_t)z * tokens + r) * N + n];
     if (BIAS)
       v += bf16_to_float(b[n]);

@@ -113,7 +113,7 @@ template <bool SWIGLU> __device__ __forceinline__ int wg_a_row(int m) {
 /// stage they overwrite is two behind), else each stage's MMAs finish before the next barrier.
 template <int K, int N, int BN, int WM, int STAGES, bool MX4, bool SPLIT, bool GROUPED, bool GATHER,
           int KSEL, int EPI, bool BIAS, bool RESIDUAL, int SPLITK = 1, int EXPERTS = 1,
-          int KSUB = 1, bool PIPE = false>
+          int KSUB = 1, bool PIPE = false, int CHUNKS = 1>
 __device__ __forceinline__ void
 gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl,
         const void* __restrict__ wv, const __nv_bfloat16* __restrict__ b, const float* h, float* y,
@@ -127,6 +127,8 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
   static_assert((K / 64) % SPLITK == 0, "split K must divide the K tiles");
   static_assert(KSUB >= 1 && KSUB <= 4, "KSUB: 1..4 K tiles a stage");
   static_assert(STAGES >= (PIPE ? 3 : 2), "PIPE keeps a stage of MMAs in flight: 3+ stages");
+  static_assert(CHUNKS == 1 || (SPLITK == 1 && !PIPE && (K / 64) % (CHUNKS * KSUB) == 0),
+                "K chunks: whole stages of one block's K, each stage's MMAs waited for");
   constexpr int BM = 64 * WM;
   constexpr int kTiles = K / 64 / SPLITK;                // K tiles of 64 of this block's range
   constexpr int kKT = (kTiles + KSUB - 1) / KSUB;        // stages of them (the last may be short)
@@ -252,6 +254,11 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i)
       acc[wm][i] = 0.0f;
+  // CHUNKS > 1: K in that many equal ranges, each summed from zero, the sums added in order in
+  // `total` (the canonical order of a dense linear: gemm_splitk_reduce's sum of SPLITK = CHUNKS
+  // partials, without the partials' round trip through memory).
+  constexpr int kChunkStages = CHUNKS > 1 ? K / 64 / CHUNKS / KSUB : 1;
+  float total[CHUNKS > 1 ? WM : 1][CHUNKS > 1 ? BN / 2 : 1];
 
 #pragma unroll
   for (int st = 0; st < kAhead; ++st) {
@@ -343,8 +350,28 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
       wg_wait<1>();
     else
       wg_wait<0>();
+    if constexpr (CHUNKS > 1) {
+      if ((kt + 1) % kChunkStages == 0) { // a K range done: into the total, in order
+        const bool first = kt + 1 == kChunkStages;
+#pragma unroll
+        for (int wm = 0; wm < WM; ++wm)
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i) {
+            wg_pin(acc[wm][i]);
+            total[wm][i] = first ? acc[wm][i] : total[wm][i] + acc[wm][i];
+            acc[wm][i] = 0.0f;
+          }
+      }
+    }
   }
   wg_wait<0>();
+  if constexpr (CHUNKS > 1) {
+#pragma unroll
+    for (int wm = 0; wm < WM; ++wm)
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i)
+        acc[wm][i] = total[wm][i];
+  }
 #pragma unroll
   for (int wm = 0; wm < WM; ++wm)
 #pragma unroll

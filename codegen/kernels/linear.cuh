@@ -287,7 +287,15 @@ linear_decode_smem(const float* __restrict__ x, const __nv_bfloat16* __restrict_
 /// STAGES 2 KB), then the tokens' activations as bf16 pairs (K / 2 + 4 words a token).
 /// grid.x = N / (16 RG), block 32 RG KS threads. y may alias h. Parameters as linear_decode's
 /// (its norm's ln and eps unused).
-template <int K, int N, int MAX_T, int RG, int KS, int STAGES, bool BIAS, bool RESIDUAL>
+///
+/// CHAIN: the canonical order of a dense linear (docs/DESIGN.md, "Batch invariance"), gemm_wg's
+/// with KS K splits (the lowering's wg_splitk of the matrix): each split's products go into
+/// one accumulator from zero in gemm_wg's K slots (thread c holds values 16 c .. 16 c + 15 of
+/// its rows in each chunk, two 16-byte shared loads a row; the activations are staged in the
+/// same slots), the splits are added in order, then the bias, then the residual: the sums
+/// gemm_splitk_reduce gives the gemm's partials, so a token's outputs are the gemm's bits.
+template <int K, int N, int MAX_T, int RG, int KS, int STAGES, bool BIAS, bool RESIDUAL,
+          bool CHAIN = false>
 __device__ __forceinline__ void
 linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__, float,
                   const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
@@ -308,6 +316,7 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
   const __nv_bfloat16* src = w + (size_t)(r0 + lane / 8) * K + (lane % 8) * 8;
   WarpRowRing ring;
   ring.init(smem_linear_mma + warp * kRing);
+  const unsigned ring_base = smem_u32(smem_linear_mma + warp * kRing);
   auto issue = [&](int ch, int buf) {
     if (ch < c1) {
       const __nv_bfloat16* p = src + (size_t)ch * 64;
@@ -341,9 +350,15 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
   }
   for (int i = threadIdx.x; i < tokens * (K / 2); i += kThreads) {
     const int t = i / (K / 2), k2 = i % (K / 2);
-    const float2 v = reinterpret_cast<const float2*>(x + (size_t)t * K)[k2];
-    xs[t * kXStride + k2] = __byte_perm(__float_as_uint(act_value<true>(v.x)),
-                                        __float_as_uint(act_value<true>(v.y)), 0x7632);
+    if constexpr (CHAIN) { // pair k2 % 32 of chunk k2 / 32 in gemm_act's slot order
+      const int a = (k2 / 32) * 64 + wg_k_of_slot(2 * (k2 % 32));
+      const float* xr = x + (size_t)t * K;
+      xs[t * kXStride + k2] = pack_bf16x2(xr[a], xr[a + 4]);
+    } else {
+      const float2 v = reinterpret_cast<const float2*>(x + (size_t)t * K)[k2];
+      xs[t * kXStride + k2] = __byte_perm(__float_as_uint(act_value<true>(v.x)),
+                                          __float_as_uint(act_value<true>(v.y)), 0x7632);
+    }
   }
   __syncthreads();
   // B column g is token g (spare columns repeat the last token; their sums are dropped).
@@ -356,6 +371,29 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
     __syncwarp();                // ... and every lane's; all are done with the previous buffer
     issue(ch + STAGES - 1, buf == 0 ? STAGES - 1 : buf - 1);
     const unsigned* xc = xb + ch * 32;
+    if constexpr (CHAIN) {
+      // Values 16 c .. 16 c + 15 of rows g and g + 8: slots 2 c and 2 c + 1 of each.
+      const unsigned base = ring_base + buf * WarpRowRing::kChunkBytes;
+      unsigned ra[8], rb[8];
+      lds128(ra, base + (g * 8 + ((2 * c) ^ g)) * 16);
+      lds128(ra + 4, base + (g * 8 + ((2 * c + 1) ^ g)) * 16);
+      lds128(rb, base + ((g + 8) * 8 + ((2 * c) ^ g)) * 16);
+      lds128(rb + 4, base + ((g + 8) * 8 + ((2 * c + 1) ^ g)) * 16);
+      // Pair i (= 2 s + h) of a row: values (v, v + 4), v = 8 (i / 4) + i % 4 (gemm_wg's).
+      auto pair = [](const unsigned(&r)[8], int i) {
+        const int k = i % 4;
+        return __byte_perm(r[4 * (i / 4) + k / 2], r[4 * (i / 4) + k / 2 + 2],
+                           (k % 2) ? 0x7632 : 0x5410);
+      };
+#pragma unroll
+      for (int st = 0; st < 4; ++st) {
+        const unsigned a[4] = {pair(ra, 2 * st), pair(rb, 2 * st), pair(ra, 2 * st + 1),
+                               pair(rb, 2 * st + 1)};
+        mma_bf16(d, a, xc[8 * st], xc[8 * st + 4]);
+      }
+      buf = buf == STAGES - 1 ? 0 : buf + 1;
+      continue;
+    }
     // A chunk's 4 MMAs from zero, then one fp32 add each: the tensor cores' accumulation
     // (which does not round like fp32 adds) stays 4 MMAs long whatever the K split.
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -392,9 +430,9 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
     if (i >= RG * 16 * tokens)
       break;
     const int row = i / tokens, t = i % tokens;
-    float v = 0.0f;
+    float v = red[0][row][t]; // the K splits in order
 #pragma unroll
-    for (int s = 0; s < KS; ++s)
+    for (int s = 1; s < KS; ++s)
       v += red[s][row][t];
     const size_t n = (size_t)blockIdx.x * RG * 16 + row;
     if (BIAS)

@@ -63,15 +63,6 @@ __device__ __forceinline__ void mxfp4_word_to_f32(unsigned q, unsigned s, float 
   }
 }
 
-/// The K value (0..63) that slot `kappa` of a 64-wide K tile holds: slot 16 s + 8 h + 2 c + e
-/// (K step s of the MMA, fragment half h, thread c of its quad, element e of a bf16 pair) holds
-/// 16 c + 8 (s / 2) + 2 (s % 2) + h + 4 e: thread c's 16 values are K 16 c .. 16 c + 15, and
-/// each bf16 pair is (v, v + 4) as mx4_pair_raw decodes it from a 32-bit word.
-__host__ __device__ constexpr int wg_k_of_slot(int kappa) {
-  return 16 * ((kappa / 2) % 4) + 8 * (kappa / 32) + 2 * ((kappa / 16) % 2) + (kappa / 8) % 2 +
-         4 * (kappa % 2);
-}
-
 /// The bf16x2 factors (x, then y) by which a raw MXFP4 pair (value * 2^-126) becomes exactly
 /// value * 2^(s - 127), the BF16 dequantisation, for E8M0 byte s. Both are powers of two, so
 /// each product is exact, subnormal bf16 included (mul.bf16x2 keeps subnormals): 2^(s - 1) and 1

@@ -1,6 +1,7 @@
 // Every decode kernel the emitter makes for the tiny, 20b and 120b dimensions compiles with NVRTC.
 #include "codegen/emit.h"
 #include "codegen/emit_prefill.h"
+#include "codegen/emit_wg.h"
 #include "models/config.h"
 #include "runtime/nvrtc.h"
 #include "tests/test_util.h"
@@ -27,6 +28,10 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
   om.mma = true;
   if (linear_mma_fits(om))
     out.push_back(emit_linear(om, {"o_proj + residual, tensor cores"}));
+  om.mma_chain = true; // the canonical order, the gemm's K split
+  om.mma_splits = wg_splitk(q, d);
+  if (linear_mma_fits(om))
+    out.push_back(emit_linear(om, {"o_proj + residual, canonical order"}));
   for (bool round : {false, true}) { // one token, the rows resident in shared memory (sm_90)
     LinearDims os{q, d, false, true, true};
     os.max_tokens = 1;
