@@ -172,6 +172,12 @@ void Lowerer::lower_linear(ValueId v) {
     d1.unroll = 8;
     codegen::LinearDims ds = d1;
     ds.smem = true;
+    if (dm.mma_chain) { // in the canonical order too, where its 8 warps are the gemm's K splits
+      ds.mma_chain = true;
+      ds.mma_splits = dm.mma_splits;
+      if (!codegen::linear_smem_chain_fits(ds))
+        ds.mma_chain = false;
+    }
     const bool smem = c_.wgmma && codegen::linear_smem_rows(ds) > 0;
     kernel1 = k_.add(codegen::emit_linear(smem ? ds : d1, ir_lines(g_, v)));
   }

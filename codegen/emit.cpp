@@ -177,6 +177,11 @@ bool linear_mma_fits(const LinearDims& d) {
          (!d.mma_chain || (d.k / 64) % splits == 0);
 }
 
+bool linear_smem_chain_fits(const LinearDims& d) {
+  return d.smem && d.round_act && d.mma_splits == 8 && d.k % (64 * 8) == 0 &&
+         linear_smem_rows(d) > 0;
+}
+
 int linear_smem_rows(const LinearDims& d, int sms) {
   if (d.norm || d.max_tokens != 1 || d.k <= 0 || d.k % 8 != 0 || d.n <= 0)
     return 0;
@@ -249,6 +254,19 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
     launch.smem_per_token = 0;
     call = fmt::format("linear_decode_smem<{}, {}, {}, {}, {}>", d.k, d.n, block_rows, d.bias,
                        d.residual);
+    if (d.mma_chain) { // the canonical order: 8 K splits, the token staged after the rows
+      if (!linear_smem_chain_fits(d))
+        throw Error(fmt::format("codegen: the shared-memory linear in the canonical order takes "
+                                "bf16 activations and 8 K splits of whole 64-value tiles (K {}, "
+                                "splits {})",
+                                d.k, d.mma_splits));
+      launch.smem_fixed += size_t(d.k) * 2;
+      call = fmt::format("linear_decode_smem<{}, {}, {}, {}, {}, true, true>", d.k, d.n,
+                         block_rows, d.bias, d.residual);
+      name += "_a16_chain";
+      return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch,
+                      DependencyWait::InCall);
+    }
   }
   round_act(d.round_act, name, call);
   return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch,

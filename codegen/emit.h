@@ -81,6 +81,9 @@ struct LinearDims {
   bool smem = false;
 };
 bool linear_mma_fits(const LinearDims& d);
+/// Whether linear_decode_smem takes d in the canonical order (smem and mma_chain: bf16
+/// activations, mma_splits 8 = its warps, K in whole 64-value tiles a warp).
+bool linear_smem_chain_fits(const LinearDims& d);
 /// linear_decode_smem's rows a block for d: the fewest, a multiple of 8 dividing N, that put
 /// the grid on at most `sms` SMs with the rows in 200 KiB of shared memory; 0 when none does
 /// or d is not a one-token linear without a norm.

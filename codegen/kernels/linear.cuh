@@ -183,7 +183,15 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
 /// their activations read once into registers; a row's partials are summed over lanes, then
 /// over the warps in order. grid.x = N / ROWS (at most an SM each: linear_smem_rows
 /// in the emitter), dynamic shared memory ROWS K bf16. Below sm_90 the threads copy the rows.
-template <int K, int N, int ROWS, bool BIAS, bool RESIDUAL, bool ROUND = false>
+///
+/// CHAIN (ROUND too): the canonical order of a dense linear with 8 K splits (gemm_wg's at
+/// wg_splitk 8, linear_decode_mma's CHAIN): warp w takes the w-th eighth of K and multiplies
+/// its rows, 16 at a time (the last group padded with zero rows), by the token on mma.sync in
+/// gemm_wg's K slots, one chain from zero; the eighths are added in order, then the bias and
+/// the residual. The token's activations are staged in the slots after the wait (K / 2 words
+/// after the rows).
+template <int K, int N, int ROWS, bool BIAS, bool RESIDUAL, bool ROUND = false,
+          bool CHAIN = false>
 __device__ __forceinline__ void
 linear_decode_smem(const float* __restrict__ x, const __nv_bfloat16* __restrict__, float,
                    const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
@@ -220,6 +228,73 @@ linear_decode_smem(const float* __restrict__ x, const __nv_bfloat16* __restrict_
   __syncthreads(); // the barriers are initialised before anyone waits on them
   grid_dependency_sync();
   const float res = RESIDUAL && mine ? h[row0 + threadIdx.x] : 0.0f;
+  if constexpr (CHAIN) {
+    static_assert(ROUND && K % (64 * kWarps) == 0, "bf16 activations, whole K tiles a warp");
+    constexpr int kTiles = K / 64 / kWarps, kGroups = (ROWS + 15) / 16;
+    unsigned* xs = reinterpret_cast<unsigned*>(smem_linear_rows + ROWS * kWords);
+    for (int i = threadIdx.x; i < K / 2; i += kLinearThreads) { // gemm_act's slots and rounding
+      const int a = (i / 32) * 64 + wg_k_of_slot(2 * (i % 32));
+      xs[i] = pack_bf16x2(x[a], x[a + 4]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int p = 0; p < kPieces; ++p)
+      mbarrier_wait(&landed[p], 0);
+    const int g = lane / 4, c = lane % 4;
+    const unsigned rows_base = smem_u32(smem_linear_rows);
+#pragma unroll
+    for (int q = 0; q < kGroups; ++q) {
+      const int ra = 16 * q + g, rb = ra + 8; // this thread's rows of group q
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 2
+      for (int t = 0; t < kTiles; ++t) {
+        const int kt = warp * kTiles + t;
+        // Values 16 c .. 16 c + 15 of the tile: 32 bytes at K 64 kt + 16 c of each row.
+        unsigned wa[8], wb[8];
+        const unsigned off = (kt * 64 + 16 * c) * 2;
+        lds128(wa, rows_base + ra * K * 2 + off);
+        lds128(wa + 4, rows_base + ra * K * 2 + off + 16);
+        if (rb < ROWS) {
+          lds128(wb, rows_base + rb * K * 2 + off);
+          lds128(wb + 4, rows_base + rb * K * 2 + off + 16);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            wb[i] = 0u;
+        }
+        const unsigned* xt = xs + kt * 32;
+        auto pair = [](const unsigned(&r)[8], int i) { // values (v, v + 4), v = 8 (i / 4) + i % 4
+          const int k = i % 4;
+          return __byte_perm(r[4 * (i / 4) + k / 2], r[4 * (i / 4) + k / 2 + 2],
+                             (k % 2) ? 0x7632 : 0x5410);
+        };
+#pragma unroll
+        for (int st = 0; st < 4; ++st) {
+          const unsigned a[4] = {pair(wa, 2 * st), pair(wb, 2 * st), pair(wa, 2 * st + 1),
+                                 pair(wb, 2 * st + 1)};
+          mma_bf16(d, a, xt[8 * st + c], xt[8 * st + 4 + c]);
+        }
+      }
+      if (c == 0) { // column 0: rows ra and rb
+        red[warp][ra] = d[0];
+        if (rb < ROWS)
+          red[warp][rb] = d[2];
+      }
+    }
+    __syncthreads();
+    if (!mine || tokens < 1)
+      return;
+    float v = red[0][threadIdx.x]; // the eighths of K in order
+#pragma unroll
+    for (int i = 1; i < kWarps; ++i)
+      v += red[i][threadIdx.x];
+    if (BIAS)
+      v += bias;
+    if (RESIDUAL)
+      v += res;
+    y[row0 + threadIdx.x] = v;
+    return;
+  }
   const int c0 = warp * kWarpWords;
   const int c1 = c0 + kWarpWords < kWords ? c0 + kWarpWords : kWords;
   float xr[kLaneWords][8];

@@ -207,5 +207,29 @@ TEST_CASE("decode linears in the canonical order give the dense gemms' bits") {
       CHECK(diff == 0);
       CHECK(diff160 == 0);
     }
+    // One token with its rows resident in shared memory (the lowering's o_proj of one-token
+    // steps), where 8 K splits are its warps.
+    LinearDims ds = d;
+    ds.mma = false;
+    ds.max_tokens = 1;
+    ds.smem = true;
+    if (!linear_smem_chain_fits(ds))
+      continue;
+    const Loaded& l1 = load(emit_linear(ds, {}));
+    auto hc = upload(download(*dh, size_t(s.n)));
+    auto y = poisoned(size_t(s.n));
+    void* out = s.residual ? hc->p : y->p;
+    if (s.residual)
+      launch(l1, 1, 1, dx->p, dw->p, db->p, hc->p, out, 1);
+    else
+      launch(l1, 1, 1, dx->p, dw->p, db->p, out, 1);
+    device_sync();
+    const std::vector<float> got = download(s.residual ? *hc : *y, size_t(s.n));
+    std::vector<uint32_t> bits(got.size());
+    std::memcpy(bits.data(), got.data(), got.size() * 4);
+    const int diff = differing(bits, std::vector<uint32_t>(g64.begin(), g64.begin() + s.n));
+    MESSAGE(l1.src.name << " T=1: against gemm_wg at 64 tokens " << diff << " of " << s.n
+                        << " differ");
+    CHECK(diff == 0);
   }
 }

@@ -39,6 +39,10 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
     os.round_act = round;
     if (linear_smem_rows(os) > 0)
       out.push_back(emit_linear(os, {"o_proj + residual, rows in shared memory"}));
+    os.mma_chain = true; // ... in the canonical order
+    os.mma_splits = wg_splitk(q, d);
+    if (linear_smem_chain_fits(os))
+      out.push_back(emit_linear(os, {"o_proj + residual, rows in shared memory, canonical"}));
   }
   out.push_back(emit_linear({d, int(c.num_local_experts), true, true, false, c.rms_norm_eps},
                             {"router logits"}));

@@ -4,6 +4,8 @@
 //
 // Regenerate after an intended change to the launches (same commit, with a reason):
 //   XSERV_UPDATE_GOLDEN=1 build/tests/codegen_tests -tc="*launch*golden*"
+#include "codegen/emit_wg.h"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -548,7 +550,8 @@ namespace {
 
 /// `g` lowered for steps of up to `tokens` tokens and kMaxBatch sequences on the warpgroup
 /// gemms, its own memory plan, plain bf16 or split activations, cuBLAS projections or not.
-runtime::LaunchTable lower_for(const ir::Graph& g, int64_t tokens, bool split, bool cublas) {
+runtime::LaunchTable lower_for(const ir::Graph& g, int64_t tokens, bool split, bool cublas,
+                               runtime::ExpertFormat experts = runtime::ExpertFormat::Bf16) {
   const compiler::MemoryPlan mem =
       compiler::plan_memory(g, {{ir::dims::kTokens, tokens},
                                 {ir::dims::kSeqs, kMaxBatch},
@@ -560,6 +563,7 @@ runtime::LaunchTable lower_for(const ir::Graph& g, int64_t tokens, bool split, b
   ctx.gemm_split = split;
   ctx.wgmma = true;
   ctx.dense_cublas = cublas;
+  ctx.expert_format = experts;
   ctx.memory = &mem;
   codegen::KernelSet ks;
   return codegen::lower_graph(g, ks, ctx);
@@ -781,4 +785,39 @@ TEST_CASE("XSERV_PROFILE_REPEAT's executor repeats the named kernel's launches i
   }
   ex.set_repeat("", 2);
   CHECK(ex.record({1, 1, 10}).size() == base.size());
+}
+
+TEST_CASE("the 120b's decode kernels on sm_90 take the gemms' canonical order") {
+  // The MoE rows (MXFP4, compile's default), lm_head and o_proj at one token and at 2-8
+  // (wg_splitk: o_proj 8 K splits, lm_head 1) in gemm_wg's order, so that a token's sums are the gemms' bits (GPU test:
+  // canonical_order_gpu_test.cpp); qkv and the router not yet.
+  const models::ModelConfig cfg =
+      models::ModelConfig::load(testing::source_dir() / "examples/gpt-oss-120b/config.json");
+  const ir::Graph g = final_graph(cfg, variants()[1]);
+  const runtime::LaunchTable t = lower_for(g, 64, false, true, runtime::ExpertFormat::Mxfp4);
+  auto names = [&](int tokens) {
+    std::vector<std::string> out;
+    const runtime::Executor ex(t, runtime::placeholder_bindings(t));
+    for (const runtime::LaunchRecord& r : ex.record({tokens, tokens, 100}))
+      if (r.kernel >= 0)
+        out.push_back(t.kernels.at(size_t(r.kernel)).name);
+    return out;
+  };
+  auto count = [](const std::vector<std::string>& ns, const std::string& part) {
+    return std::count_if(ns.begin(), ns.end(),
+                         [&](const std::string& n) { return n.find(part) != std::string::npos; });
+  };
+  const int layers = int(cfg.num_hidden_layers);
+  CHECK(codegen::wg_splitk(4096, 2880) == 8);
+  for (int tokens : {1, 8}) {
+    CAPTURE(tokens);
+    const std::vector<std::string> ns = names(tokens);
+    CHECK(count(ns, "moe_gate_up_") == layers);
+    CHECK(count(ns, "_mma_g8_s1_c8_t2_chain") == layers);      // moe_gate_up
+    CHECK(count(ns, "_mma_g4_s1_c8_t2_chain") == layers);      // moe_down_part
+    CHECK(count(ns, "linear_k2880_n201088_nobias_t8_mma_g2_s1_r4_a16_chain") == 1); // lm_head
+    CHECK(count(ns, tokens == 1 ? "linear_residual_k4096_n2880_t1_smem_r24_a16_chain"
+                                : "linear_residual_k4096_n2880_t8_mma_g2_s8_r4_a16_chain") ==
+          layers);
+  }
 }
