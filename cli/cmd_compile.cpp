@@ -71,6 +71,12 @@ int cmd_compile(const ParsedArgs& args) {
       throw UsageError("--dense-gemm cublas needs --gemm-precision bf16 and an sm_90 plan");
     o.dense_cublas = dense == "cublas";
   }
+  const std::string order = args.get("--gemm-order", "fast");
+  if (order != "fast" && order != "canonical")
+    throw UsageError(fmt::format("--gemm-order must be fast or canonical, got '{}'", order));
+  o.gemm_canonical = order == "canonical";
+  if (o.gemm_canonical && o.dense_cublas.value_or(false))
+    throw UsageError("--gemm-order canonical takes gemm_wg's projections: not --dense-gemm cublas");
   const std::string kv = args.get("--kv-dtype", "f32");
   if (kv != "f32" && kv != "bf16")
     throw UsageError(fmt::format("--kv-dtype must be f32 or bf16, got '{}'", kv));

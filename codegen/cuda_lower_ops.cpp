@@ -146,12 +146,13 @@ void Lowerer::lower_linear(ValueId v) {
   // token: lm_head too (260 against 270 us), but o_proj keeps an FMA kernel: the tensor-core one
   // was no faster alone (9.3 against 9.5 us) and the token ~1% slower with it (docs/PERF.md,
   // "Tried and rejected").
-  // In the canonical order (linear_decode_mma's CHAIN) where the steps above 8 tokens run
-  // gemm_wg: its K slots and its K splits, so that a token's outputs are the same bits in a
-  // decode step as in the gemm of a larger one (docs/DESIGN.md, "Batch invariance").
+  // With --gemm-order canonical, in the canonical order (linear_decode_mma's CHAIN) where the
+  // steps above 8 tokens run gemm_wg: its K slots and its K splits, so that a token's outputs
+  // are the same bits in a decode step as in the gemm of a larger one (docs/DESIGN.md, "The
+  // gemms' canonical order").
   codegen::LinearDims dm = d;
   dm.mma = true;
-  if (c_.wgmma && gemm_path()) {
+  if (c_.wgmma && c_.canonical && gemm_path()) {
     dm.mma_chain = true;
     dm.mma_splits = codegen::wg_splitk(d.k, d.n);
     if (!codegen::linear_mma_fits(dm)) {
@@ -519,12 +520,12 @@ void Lowerer::lower_moe(ValueId v) {
   // architecture they are measured on): mma.sync per 16 rows and block, the weights through a
   // shared tile where the sizes allow, else straight into registers (docs/PERF.md, "Kernel
   // figures").
-  // In the canonical order where it fits (gemm_wg's K order and one chain a row: a token's
-  // expert rows are the same bits in a decode step as in the grouped gemms of a larger one;
-  // docs/DESIGN.md, "Batch invariance").
+  // With --gemm-order canonical, in the canonical order where it fits (gemm_wg's K order and
+  // one chain a row: a token's expert rows are the same bits in a decode step as in the grouped
+  // gemms of a larger one; docs/DESIGN.md, "The gemms' canonical order").
   if (c_.wgmma) {
     d.mma = true;
-    d.mma_chain = true;
+    d.mma_chain = c_.canonical;
     d.mma_stages = codegen::kMoeMmaStages; // the canonical order on a shared ring,
     if (!codegen::moe_mma_fits(d))
       d.mma_chain = false; // else the block sums in a ring where the sizes allow,

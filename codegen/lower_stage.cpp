@@ -16,6 +16,7 @@ LoweredStage lower_stage(const ir::Graph& g, const StageOptions& opts) {
   ctx.expert_format = opts.expert_format;
   ctx.wgmma = opts.wgmma;
   ctx.dense_cublas = opts.dense_cublas;
+  ctx.canonical = opts.canonical;
   const int64_t block = ir::kv_block_of(g);
   out.memory =
       compiler::plan_memory(g, {{ir::dims::kTokens, ctx.max_tokens},

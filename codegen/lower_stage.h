@@ -29,6 +29,9 @@ struct StageOptions {
   /// Dense projections above 64 tokens through cuBLAS (LoweringContext::dense_cublas;
   /// --dense-gemm cublas).
   bool dense_cublas = false;
+  /// The decode kernels in the gemms' canonical order (LoweringContext::canonical;
+  /// --gemm-order canonical).
+  bool canonical = false;
   /// Debugging (xserv trace): every activation gets its own arena buffer, no reuse, so any
   /// value of a sub-step can be read back after it ran.
   bool keep_activations = false;

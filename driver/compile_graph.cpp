@@ -39,6 +39,7 @@ CompiledGraph compile_graph(const ir::Graph& g, int64_t max_batch, int64_t max_s
   so.gemm_split = opts.gemm_split;
   so.expert_format = opts.expert_format;
   so.keep_activations = opts.keep_activations;
+  so.canonical = opts.gemm_canonical;
   so.wgmma = dev.arch() == "sm_90";
   codegen::LoweredStage lowered = codegen::lower_stage(out.graph, so);
   out.memory = std::move(lowered.memory);

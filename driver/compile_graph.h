@@ -20,6 +20,7 @@ struct GraphCompileOptions {
   int prefill_chunk = codegen::kPrefillChunk; ///< tokens per prefill sub-step, [8, 65536]
   bool gemm_split = true; ///< gemm activations as bf16 hi + lo pairs, else plain bf16
   runtime::ExpertFormat expert_format = runtime::ExpertFormat::Bf16;
+  bool gemm_canonical = false; ///< --gemm-order canonical (StageOptions::canonical)
   /// Every activation its own arena buffer (CompiledGraph::offset_of reads any value back).
   bool keep_activations = false;
   std::filesystem::path kernel_cache; ///< NVRTC's cubin cache; empty: no cache

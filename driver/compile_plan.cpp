@@ -94,7 +94,12 @@ CompileResult compile_plan(const CompileOptions& o) {
   const fs::path& model = o.model;
   const fs::path config_file = fs::is_directory(model) ? model / "config.json" : model;
   const int64_t chunk = o.prefill_chunk > 0 ? o.prefill_chunk : std::min<int64_t>(2048, o.max_seq);
-  const bool dense_cublas = o.dense_cublas.value_or(!o.gemm_split && o.arch == "sm_90");
+  // cuBLAS sums in an order of its own: a canonical plan keeps gemm_wg for the projections.
+  const bool dense_cublas =
+      o.dense_cublas.value_or(!o.gemm_split && o.arch == "sm_90" && !o.gemm_canonical);
+  if (dense_cublas && o.gemm_canonical)
+    throw Error("compile: --gemm-order canonical needs gemm_wg's projections (--dense-gemm wg): "
+                "cuBLAS sums in an order of its own");
   Progress progress("compile");
   CompileResult out;
 
@@ -196,6 +201,7 @@ CompileResult compile_plan(const CompileOptions& o) {
                 .arch = o.arch,
                 .expert_format = o.expert_format,
                 .dense_cublas = dense_cublas,
+                .gemm_canonical = o.gemm_canonical,
                 .timeline = o.timeline};
   pf.weights = std::move(weight_files);
   pf.memory = {mem.arena_bytes, mem.peak_live, mem.unpacked,
@@ -223,6 +229,7 @@ CompileResult compile_plan(const CompileOptions& o) {
   ko.gemm_split = o.gemm_split;
   ko.wgmma = o.arch == "sm_90";
   ko.dense_cublas = dense_cublas;
+  ko.canonical = o.gemm_canonical;
   ko.timeline = o.timeline;
   PlanKernelsResult whole = write_plan_kernels(g, writer.dir(), ko);
   pf.codegen = std::move(whole.codegen);

@@ -32,6 +32,8 @@ struct CompileOptions {
   bool gemm_split = false; ///< --gemm-precision split (else plain bf16)
   /// --dense-gemm cublas; nullopt: cuBLAS wherever it can serve (bf16 gemms on sm_90).
   std::optional<bool> dense_cublas;
+  /// --gemm-order canonical (PlanOptions::gemm_canonical); its projections default to gemm_wg.
+  bool gemm_canonical = false;
   ir::DType kv_dtype = ir::DType::F32; ///< --kv-dtype
   int64_t kv_block = 16;               ///< --kv-block: positions per KV-cache block
   bool all_logits = false;             ///< --all-logits: logits for every token

@@ -93,6 +93,8 @@ json plan_options_to_json(const PlanOptions& o) {
             {"expert_format", expert_format_name(o.expert_format)}};
   if (o.dense_cublas) // plans with gemm_wg's dense gemms read as before
     j["dense_gemm"] = "cublas";
+  if (o.gemm_canonical) // plans in the fast order read as before
+    j["gemm_order"] = "canonical";
   if (o.timeline) // a diagnostic plan; others read as before
     j["timeline"] = true;
   return j;

@@ -8,7 +8,7 @@
 # interleaved, and the greedy tokens of both are compared.
 #   ROUNDS=1        rounds of the rows
 #   FORMATS="..."   also plans of the new binary with other compile flags, their rows in each
-#                   round: bf16-experts, both, split, wg, kv-bf16, joined with + for several
+#                   round: bf16-experts, both, split, wg, canonical, kv-bf16, joined with + for several
 #                   (split+bf16-experts); docs/PERF.md "Compile options"
 #   ENVS="..."      also the new plan's rows under each environment setting, e.g.
 #                   "XSERV_PDL=0 XSERV_CUDA_GRAPHS=0" (programmatic dependent launch, CUDA graphs)
@@ -28,6 +28,7 @@ flags_of() {
       both) echo --expert-format both ;;
       split) echo --gemm-precision split ;;
       wg) echo --dense-gemm wg ;;
+      canonical) echo --gemm-order canonical ;;
       kv-bf16) echo --kv-dtype bf16 ;;
       *) echo "unknown FORMATS entry $part" >&2; return 1 ;;
     esac

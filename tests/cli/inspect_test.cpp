@@ -180,25 +180,14 @@ TEST_CASE(
   RunResult t = run_xserv("inspect " + plan.string());
   CHECK(t.out.find("experts mxfp4") != std::string::npos);
   CHECK(t.out.find("launches per decode step") != std::string::npos);
-  // The guarantee the plan gives, from its launch tables: attention in the canonical order,
-  // and on sm_90 (the lowering's gemm_wg order) the experts too.
-  const bool sm90 = doc["options"]["arch"] == "sm_90";
+  // The guarantee the plan gives, from its launch tables: attention in the canonical order;
+  // the experts' decode kernels in the default (fast) order.
   CHECK(doc["batch_invariance"]["attention"] == true);
   CHECK(doc["batch_invariance"]["attention_chunk_keys"] == runtime::kAttnChunkKeys);
-  CHECK(doc["batch_invariance"]["experts"] == sm90);
+  CHECK(doc["batch_invariance"]["experts"] == false);
   CHECK(doc["batch_invariance"]["linears"] == false);
-  CHECK(t.out.find(sm90 ? "batch invariance: attention (key chunks of 128) and the experts (gemm_wg's "
-                          "K order in every kernel) in one order for every step"
-                        : "batch invariance: attention (key chunks of 128) in one order for every "
-                          "step") != std::string::npos);
-  size_t chained = 0, moe_decode = 0;
-  for (const auto& k : p.codegen.kernels)
-    if (k.name.starts_with("moe_gate_up") || k.name.starts_with("moe_down")) {
-      ++moe_decode;
-      chained += k.name.ends_with("_chain");
-    }
-  CHECK(moe_decode >= 2);
-  CHECK(chained == (sm90 ? moe_decode : 0));
+  CHECK(t.out.find("batch invariance: attention (key chunks of 128) in one order for every "
+                   "step") != std::string::npos);
 
   // run's ModelSource carries the plan, whose stages hold the expert format; a checkpoint
   // directory has none.
@@ -247,4 +236,46 @@ TEST_CASE(
       run_xserv("run " + plan.string() + " --backend cpu --pp-local --prompt-ids 1,2,3");
   CHECK(cpu.code == 1);
   CHECK(cpu.out.find("stage0.ir: pipeline stage program missing") != std::string::npos);
+}
+
+TEST_CASE("compile --gemm-order canonical: decode kernels in the gemms' order, inspect says so") {
+  const xserv::testing::TempDir tmp("inspect_canonical");
+  const fs::path plan = tmp.path / "plan";
+  const std::string model = (xserv::testing::source_dir() / "examples/tiny").string();
+  RunResult c = run_xserv("compile " + model + " -o " + plan.string() +
+                          " --max-seq 256 --max-batch 4 --no-cubins --gemm-order canonical");
+  INFO(c.out);
+  REQUIRE(c.code == 0);
+  const runtime::Plan p = runtime::read_plan(plan);
+  CHECK(p.options.gemm_canonical);
+  CHECK_FALSE(p.options.dense_cublas); // cuBLAS sums in an order of its own
+  RunResult j = run_xserv("inspect " + plan.string() + " --json", "", true);
+  REQUIRE(j.code == 0);
+  const auto doc = nlohmann::json::parse(j.out);
+  CHECK(doc["options"]["gemm_order"] == "canonical");
+  // On sm_90 (the lowering's gemm_wg order) the experts' decode kernels are all chained.
+  const bool sm90 = doc["options"]["arch"] == "sm_90";
+  CHECK(doc["batch_invariance"]["experts"] == sm90);
+  size_t chained = 0, moe_decode = 0;
+  for (const auto& k : p.codegen.kernels)
+    if (k.name.starts_with("moe_gate_up") || k.name.starts_with("moe_down")) {
+      ++moe_decode;
+      chained += k.name.ends_with("_chain");
+    }
+  CHECK(moe_decode >= 2);
+  CHECK(chained == (sm90 ? moe_decode : 0));
+  RunResult t = run_xserv("inspect " + plan.string());
+  CHECK(t.out.find("decode kernels in the gemms' canonical order") != std::string::npos);
+  if (sm90)
+    CHECK(t.out.find("batch invariance: attention (key chunks of 128) and the experts (gemm_wg's "
+                     "K order in every kernel) in one order for every step") != std::string::npos);
+  // cuBLAS's projections are not in that order: refused, one clear line.
+  RunResult bad = run_xserv("compile " + model + " -o " + (tmp.path / "bad").string() +
+                                " --no-cubins --gemm-order canonical --dense-gemm cublas");
+  CHECK(bad.code != 0);
+  CHECK(bad.out.find("--gemm-order canonical takes gemm_wg's projections") != std::string::npos);
+  RunResult bad2 = run_xserv("compile " + model + " -o " + (tmp.path / "bad2").string() +
+                                 " --no-cubins --gemm-order exact");
+  CHECK(bad2.code != 0);
+  CHECK(bad2.out.find("--gemm-order must be fast or canonical") != std::string::npos);
 }

@@ -83,6 +83,7 @@ TEST_CASE("MoE decode kernels in the canonical order give the grouped gemms' bit
     c.stages = k.bn == 128 ? 3 : 4;
     c.scale_lo = k.lo;
     c.scale_hi = k.hi;
+    c.check_accuracy = k.lo == 117 && k.hi == 128; // here the bits are the point
     ++seed;
     CAPTURE(k.d.hidden);
     CAPTURE(k.tokens);

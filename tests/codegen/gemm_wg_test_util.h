@@ -173,6 +173,9 @@ struct MoeCase {
   bool pipe = false;
   int stages = 4;
   int scale_lo = 117, scale_hi = 128; ///< the experts' E8M0 scale bytes (2^-10 .. 2^1)
+  /// Hold the outputs to ir::ref within kTolMoeBf16 (calibrated on the default scales; wider
+  /// ones put weights 2^40 apart, whose sums the bf16 activations leave further off).
+  bool check_accuracy = true;
 };
 
 /// The inputs of run_moe's MoE block (random, from its seed), for a run of other kernels on
@@ -292,10 +295,12 @@ inline std::vector<std::vector<uint32_t>> run_moe(const MoeCase& c, uint64_t see
     MESSAGE(kgu.src.name << " + " << kdn.src.name << " T=" << c.tokens
                          << std::string(c.skew ? " skewed" : "") << ": rel L2 " << err
                          << " (mma.sync gemm " << err_mma << ")");
-    CHECK(err <= (c.split ? kTolSplit : kTolMoeBf16));
-    // The MMAs see the same values as the mma.sync gemm's (x and the SwiGLU output rounded
-    // alike): only the order of the fp32 sums differs.
-    CHECK(std::abs(err - err_mma) <= (c.split ? 1e-5 : 2e-4));
+    if (c.check_accuracy) {
+      CHECK(err <= (c.split ? kTolSplit : kTolMoeBf16));
+      // The MMAs see the same values as the mma.sync gemm's (x and the SwiGLU output rounded
+      // alike): only the order of the fp32 sums differs.
+      CHECK(std::abs(err - err_mma) <= (c.split ? 1e-5 : 2e-4));
+    }
     std::vector<uint32_t> bits(got.size());
     std::memcpy(bits.data(), got.data(), got.size() * 4);
     out.push_back(std::move(bits));

@@ -551,7 +551,8 @@ namespace {
 /// `g` lowered for steps of up to `tokens` tokens and kMaxBatch sequences on the warpgroup
 /// gemms, its own memory plan, plain bf16 or split activations, cuBLAS projections or not.
 runtime::LaunchTable lower_for(const ir::Graph& g, int64_t tokens, bool split, bool cublas,
-                               runtime::ExpertFormat experts = runtime::ExpertFormat::Bf16) {
+                               runtime::ExpertFormat experts = runtime::ExpertFormat::Bf16,
+                               bool canonical = false) {
   const compiler::MemoryPlan mem =
       compiler::plan_memory(g, {{ir::dims::kTokens, tokens},
                                 {ir::dims::kSeqs, kMaxBatch},
@@ -564,6 +565,7 @@ runtime::LaunchTable lower_for(const ir::Graph& g, int64_t tokens, bool split, b
   ctx.wgmma = true;
   ctx.dense_cublas = cublas;
   ctx.expert_format = experts;
+  ctx.canonical = canonical;
   ctx.memory = &mem;
   codegen::KernelSet ks;
   return codegen::lower_graph(g, ks, ctx);
@@ -787,14 +789,19 @@ TEST_CASE("XSERV_PROFILE_REPEAT's executor repeats the named kernel's launches i
   CHECK(ex.record({1, 1, 10}).size() == base.size());
 }
 
-TEST_CASE("the 120b's decode kernels on sm_90 take the gemms' canonical order") {
-  // The MoE rows (MXFP4, compile's default), lm_head and o_proj at one token and at 2-8
-  // (wg_splitk: o_proj 8 K splits, lm_head 1) in gemm_wg's order, so that a token's sums are the gemms' bits (GPU test:
-  // canonical_order_gpu_test.cpp); qkv and the router not yet.
+TEST_CASE("the 120b's decode kernels on sm_90 take the gemms' canonical order when asked") {
+  // --gemm-order canonical: the MoE rows (MXFP4, compile's default), lm_head and o_proj at one
+  // token and at 2-8 (wg_splitk: o_proj 8 K splits, lm_head 1) in gemm_wg's order, so that a
+  // token's sums are the gemms' bits (GPU test: canonical_order_gpu_test.cpp); qkv and the
+  // router not yet. The default order keeps the fastest kernels, none of them chained.
   const models::ModelConfig cfg =
       models::ModelConfig::load(testing::source_dir() / "examples/gpt-oss-120b/config.json");
   const ir::Graph g = final_graph(cfg, variants()[1]);
-  const runtime::LaunchTable t = lower_for(g, 64, false, true, runtime::ExpertFormat::Mxfp4);
+  const runtime::LaunchTable fast = lower_for(g, 64, false, true, runtime::ExpertFormat::Mxfp4);
+  for (const runtime::PlanKernel& k : fast.kernels)
+    CHECK(k.name.find("_chain") == std::string::npos);
+  const runtime::LaunchTable t =
+      lower_for(g, 64, false, false, runtime::ExpertFormat::Mxfp4, true);
   auto names = [&](int tokens) {
     std::vector<std::string> out;
     const runtime::Executor ex(t, runtime::placeholder_bindings(t));

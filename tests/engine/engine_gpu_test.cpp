@@ -73,9 +73,10 @@ std::vector<Outcome> run(engine::Model& model, const std::vector<Request>& reqs,
 /// activations (fp32-grade) or plain bf16 ones with MXFP4 experts (compile's defaults), whose
 /// decode kernels round their inputs alike (act_value).
 void check_invariance(const fs::path& model_dir, int steps, int64_t max_seq, bool split,
-                      bool tokens_bar = true) {
+                      bool tokens_bar = true, bool canonical = false) {
   testing::GraphModelOptions opts = quiet();
   opts.gemm_split = split;
+  opts.gemm_canonical = canonical;
   if (!split)
     opts.expert_format = xserv::runtime::ExpertFormat::Mxfp4;
   const auto model_model = testing::graph_cuda_model(model_dir, 64, max_seq, nullptr, opts);
@@ -125,7 +126,8 @@ void check_invariance(const fs::path& model_dir, int steps, int64_t max_seq, boo
     }
   }
   MESSAGE("batch invariance (" << model_dir.filename().string()
-                               << (split ? ", split gemms" : ", bf16 gemms, mxfp4") << "): "
+                               << (split ? ", split gemms" : ", bf16 gemms, mxfp4")
+                               << (canonical ? ", canonical order" : "") << "): "
                                << same_tokens << " of 4 prompts with identical tokens over "
                                << steps << " steps; " << bitwise << " of " << rows
                                << " logits rows bitwise, worst relative L2 " << worst
@@ -148,6 +150,7 @@ TEST_CASE("gpu: engine batch invariance on the tiny model (4 prompts x 64 steps,
   models::synth_checkpoint(cfg, tmp.path, o);
   check_invariance(tmp.path, 64, 512, true);
   check_invariance(tmp.path, 64, 512, false);
+  check_invariance(tmp.path, 64, 512, false, true, true); // --gemm-order canonical
 }
 
 TEST_CASE("gpu: engine batch invariance on the 20b (XSERV_20B_CKPT)") {

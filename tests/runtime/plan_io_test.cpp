@@ -196,6 +196,15 @@ TEST_CASE("plan round trip: write_plan then read_plan gives the same plan, pp 1 
   const runtime::Plan back = runtime::read_plan(dir.path);
   CHECK(back.options.timeline);
   CHECK(back == t);
+  // So does a plan in the gemms' canonical order (compile --gemm-order canonical).
+  runtime::Plan c = sample_plan(1);
+  c.options.gemm_canonical = true;
+  runtime::write_plan(dir.path, c);
+  std::ifstream cin(dir.path / "plan.json");
+  CHECK(json::parse(cin)["options"]["gemm_order"] == "canonical");
+  const runtime::Plan cback = runtime::read_plan(dir.path);
+  CHECK(cback.options.gemm_canonical);
+  CHECK(cback == c);
 }
 
 TEST_CASE("write_plan refuses a plan whose stages disagree with options.pp") {
@@ -277,6 +286,8 @@ TEST_CASE("plan reader: a wrong field is refused naming plan.json and the field"
        "field 'codegen.launch_table': launch table in plan.json is malformed: masked_pick[0]"},
       {1, "/options/dense_gemm", "rocblas",
        "field 'options.dense_gemm': must be \"wg\" or \"cublas\", found \"rocblas\""},
+      {1, "/options/gemm_order", "exact",
+       "field 'options.gemm_order': must be \"fast\" or \"canonical\", found \"exact\""},
       {1, "/config/num_hidden_layers", "2",
        "field 'config.num_hidden_layers': expected an integer"},
       {1, "/digests/graph.ir", "abc", "field 'digests.graph.ir': expected a SHA-256 in hex"},
