@@ -134,10 +134,19 @@ void Lowerer::moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, 
   g.epilogue = codegen::GemmEpilogue::Swiglu;
   g.limit = d.limit;
   g.alpha = d.alpha;
+  // The canonical order: the decode kernels' K ranges as chunks (one m64 tile a block where
+  // two would leave the totals no registers).
+  const int wm = g.wm;
+  auto chunked = [&](int k) {
+    g.chunks = c_.canonical ? codegen::moe_chain_splits(k) : 1;
+    g.wm = g.chunks > 1 && wm * bn > 128 ? 1 : wm;
+  };
+  chunked(g.k);
   const int gate_up = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
   g.k = d.inter;
   g.n = d.hidden;
   g.gather = false;
+  chunked(g.k);
   g.epilogue = codegen::GemmEpilogue::Scatter;
   const int down = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
   emit(sort, Rows::Tokens, lo, hi, {in[2], moe_pair_, moe_tiles_, rows_arg()});

@@ -183,8 +183,9 @@ struct MoeDims {
   bool mma = false;
   int mma_groups = 0, mma_splits = 0, mma_chunk = 0, mma_stages = 0;
   /// With mma: the canonical order (Mx4ChainRows), gemm_wg's K slots, exact bf16 dequantisation
-  /// and one chain over K a row, so that a token's expert rows are the grouped gemm's bits;
-  /// one K split (mma_splits must be 0 or 1) and a shared ring (mma_stages >= 2).
+  /// and one chain a K range (moe_chain_splits of each matrix's K, mma_splits ignored), the
+  /// ranges added in order, so that a token's expert rows are the grouped gemms' bits; a shared
+  /// ring (mma_stages >= 2).
   bool mma_chain = false;
 };
 

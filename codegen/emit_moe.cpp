@@ -2,6 +2,7 @@
 // per (token, slot), on FMA (bf16 or MXFP4 experts) or tensor cores (MXFP4, bf16 activations).
 #include "codegen/emit.h"
 #include "codegen/emit_detail.h"
+#include "codegen/emit_wg.h"
 
 #include "base/error.h"
 
@@ -25,27 +26,32 @@ void check_mxfp4_moe(const MoeDims& d) {
 /// The tensor-core MoE kernels' tiling (MoeDims::mma_*), defaults filled in.
 struct MoeMmaTiling {
   int groups, splits, chunk, stages;
-  int per = 0; ///< blocks of a K split (mx4_mma_split_blocks)
+  int per = 0;    ///< blocks of a K split (mx4_mma_split_blocks)
+  int blocks = 0; ///< blocks of the whole K
   bool chain = false;
   /// Dynamic shared memory of the stages' rings (2 KB a chunk and warp) and the warps' scale
   /// factors (Mx4MmaTileRows::kScaleSlots: 64 bytes a block of the split) or, chained, the
-  /// warp's copy of its 16 rows' scale bytes (Mx4ChainRows::kScaleSlots: a row from the aligned
-  /// word holding its first byte, one word more).
+  /// warp's copy of its 16 rows' scale bytes, all of K (Mx4ChainRows::kScaleSlots: a row from
+  /// the aligned word holding its first byte, one word more).
   size_t ring_bytes() const {
     if (stages == 0)
       return 0;
-    const size_t scales = chain ? size_t(16) * 4 * ((per + 3) / 4 + 1) : size_t(per) / 2 * 8 * 16;
+    const size_t scales =
+        chain ? size_t(16) * 4 * ((blocks + 3) / 4 + 1) : size_t(per) / 2 * 8 * 16;
     return size_t(groups) * splits * (stages * 16 * 8 * 16 + scales);
   }
 };
 MoeMmaTiling moe_mma_tiling(const MoeDims& d, bool gate_up) {
-  // The defaults; chained, the K splits are 1 and the row groups as many warps as the split
-  // tiling's (kernels_bench, "MXFP4 MoE decode").
-  const int groups = d.mma_chain ? (gate_up ? 8 : 4) : gate_up ? 4 : 2;
-  const int splits = d.mma_chain ? 1 : gate_up ? 2 : 4;
-  MoeMmaTiling t{d.mma_groups > 0 ? d.mma_groups : groups, d.mma_splits > 0 ? d.mma_splits : splits,
+  // The defaults; chained, the K splits are the canonical ranges (moe_chain_splits: the
+  // grouped gemms' chunks), whatever mma_splits asks.
+  const int k = gate_up ? d.hidden : d.inter;
+  const int groups = gate_up ? 4 : 2;
+  const int splits = d.mma_chain ? moe_chain_splits(k) : gate_up ? 2 : 4;
+  MoeMmaTiling t{d.mma_groups > 0 ? d.mma_groups : groups,
+                 d.mma_splits > 0 && !d.mma_chain ? d.mma_splits : splits,
                  d.mma_chunk > 0 ? d.mma_chunk : 8, d.mma_stages};
   t.chain = d.mma_chain;
+  t.blocks = k / 32;
   if (t.splits > 0) {
     const int blocks = (gate_up ? d.hidden : d.inter) / 32;
     t.per = ((blocks + t.splits - 1) / t.splits + 1) / 2 * 2; // mx4_mma_split_blocks
@@ -83,7 +89,7 @@ bool moe_mma_kernel_fits(const MoeDims& d, bool gate_up) {
          d.inter % 32 == 0 &&
          (gate_up ? d.inter % (8 * t.groups) == 0 : d.hidden % (16 * t.groups) == 0) &&
          (t.stages == 0 || (t.stages >= 2 && ring_ok)) &&
-         (!t.chain || (t.splits == 1 && t.stages >= 2 && d.hidden % 64 == 0 && d.inter % 64 == 0));
+         (!t.chain || (t.stages >= 2 && d.hidden % 64 == 0 && d.inter % 64 == 0));
 }
 
 namespace {
@@ -93,8 +99,8 @@ void check_moe_mma(const MoeDims& d, bool gate_up) {
     throw Error(fmt::format("codegen: the tensor-core MoE {} kernel takes MXFP4 experts, bf16 "
                             "activations, an even chunk of blocks (a shared ring: chunks of 8, K a "
                             "multiple of 64, at most 200 KB) and hidden ({}) and intermediate ({}) "
-                            "sizes its row groups divide (the canonical order: one K split, a "
-                            "ring, sizes multiples of 64)",
+                            "sizes its row groups divide (the canonical order: a ring, sizes "
+                            "multiples of 64)",
                             gate_up ? "gate_up" : "down", d.hidden, d.inter));
 }
 

@@ -26,6 +26,14 @@ size_t stage_bytes(const GemmWgDims& d) {
 
 } // namespace
 
+int moe_chain_splits(int k) {
+  const int tiles = k / 64;
+  for (int s : {3, 2})
+    if (k % 64 == 0 && tiles % s == 0 && tiles / s >= 4)
+      return s;
+  return 1;
+}
+
 int wg_splitk(int k, int n, int sms) {
   const int ktiles = k / 64, blocks = (n + 63) / 64;
   if (blocks >= sms)
@@ -52,9 +60,8 @@ bool gemm_wg_fits(const GemmWgDims& d) {
          (d.wm == 1 || d.wm == 2) && d.stages >= (d.pipe ? 3 : 2) && d.ksub >= 1 && d.ksub <= 4 &&
          gemm_wg_smem_bytes(d) <= kSmemPerSm && d.splitk >= 1 && (d.k / 64) % d.splitk == 0 &&
          d.chunks >= 1 &&
-         (d.chunks == 1 || (d.splitk == 1 && !d.pipe && !d.grouped &&
-                            d.epilogue == GemmEpilogue::Store &&
-                            (d.k / 64) % (d.chunks * d.ksub) == 0));
+         (d.chunks == 1 ||
+          (d.splitk == 1 && !d.pipe && (d.k / 64) % (d.chunks * d.ksub) == 0));
 }
 
 KernelSource emit_gemm_act(const GemmActDims& d, const std::vector<std::string>& ir_lines) {

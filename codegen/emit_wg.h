@@ -48,7 +48,8 @@ struct GemmWgDims {
   int splitk = 1;
   /// K in this many equal ranges within a block, each summed from zero and the sums added in
   /// order in registers: the K splits' sums without the partials (the canonical order of a
-  /// dense linear above 64 rows, where splitk is 1). Dense stores, no PIPE.
+  /// dense linear above 64 rows, where splitk is 1, and of the experts' rows: moe_chain_splits).
+  /// No PIPE.
   int chunks = 1;
   double limit = 7.0, alpha = 1.702;
   bool mxfp4 = false;
@@ -62,6 +63,11 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
 /// (LinearDims::mma_chain). Measured for 64 tokens: 20b qkv 25.7 -> 16.0 us with 3, o_proj
 /// 32.7 -> 15.1 us with 8.
 int wg_splitk(int k, int n, int sms = 132);
+
+/// The K ranges of an expert matrix in the canonical order (the decode kernels' K splits, the
+/// grouped gemms' chunks): 3, else 2, equal ranges of at least 4 whole 64-value tiles, else 1.
+/// The 20b's and 120b's 2880: 3 ranges of 15 tiles.
+int moe_chain_splits(int k);
 
 /// Dynamic shared memory of a gemm_wg launch (mirrors gemm_wg_smem_bytes in gemm_wg.cuh).
 size_t gemm_wg_smem_bytes(const GemmWgDims& d);

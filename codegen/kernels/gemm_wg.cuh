@@ -129,6 +129,7 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
   static_assert(STAGES >= (PIPE ? 3 : 2), "PIPE keeps a stage of MMAs in flight: 3+ stages");
   static_assert(CHUNKS == 1 || (SPLITK == 1 && !PIPE && (K / 64) % (CHUNKS * KSUB) == 0),
                 "K chunks: whole stages of one block's K, each stage's MMAs waited for");
+  // (grouped too: an expert row's K ranges summed in order before its epilogue)
   constexpr int BM = 64 * WM;
   constexpr int kTiles = K / 64 / SPLITK;                // K tiles of 64 of this block's range
   constexpr int kKT = (kTiles + KSUB - 1) / KSUB;        // stages of them (the last may be short)
@@ -256,7 +257,8 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
       acc[wm][i] = 0.0f;
   // CHUNKS > 1: K in that many equal ranges, each summed from zero, the sums added in order in
   // `total` (the canonical order of a dense linear: gemm_splitk_reduce's sum of SPLITK = CHUNKS
-  // partials, without the partials' round trip through memory).
+  // partials, without the partials' round trip through memory; of an expert's rows: the decode
+  // kernels' K splits added in order).
   constexpr int kChunkStages = CHUNKS > 1 ? K / 64 / CHUNKS / KSUB : 1;
   float total[CHUNKS > 1 ? WM : 1][CHUNKS > 1 ? BN / 2 : 1];
 

@@ -580,7 +580,8 @@ __device__ __forceinline__ void mx4_chain_stage_x(const float* __restrict__ x,
 /// warp's `factors` region with the first chunk (a 4-aligned copy of each row's bytes, so
 /// cp.async can take them). Scale bytes up to 128 need one multiply a pair (the second factor
 /// is 1); a warp with a larger byte takes both. Every column of B holds the token, so every lane
-/// ends with its rows' sums. The whole of K only: b0 = 0.
+/// ends with its rows' sums. Over a K range [b0, b1) of whole tiles (the kernels' K splits,
+/// added in order: the grouped gemms' chunks).
 template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows {
   static constexpr int CH = 8; // blocks a chunk: 4 K tiles
   static_assert(K % 64 == 0 && STAGES >= 2, "whole K tiles, two buffers or more");
@@ -620,7 +621,7 @@ template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows {
   /// scale bytes and issues the first STAGES - 1 chunks. `factors_`: the warp's kScaleSlots.
   __device__ __forceinline__ void start(const unsigned char* __restrict__ w,
                                         const unsigned char* __restrict__ scales, size_t row0,
-                                        bool, int, int b1, uint4* tile, float4* factors_) {
+                                        bool, int b0, int b1, uint4* tile, float4* factors_) {
     const int lane = threadIdx.x % kWarp, g = lane / 4;
     src = w + mx4_mma_row(row0, PAIRS, lane / CH) * (K / 2) + (lane % CH) * 16;
     ring.init(tile);
@@ -641,7 +642,7 @@ template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows {
     at_b = int(reinterpret_cast<size_t>(scales + mx4_mma_row(row0, PAIRS, g + 8) * kBlocks) & 3);
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) // the scale copies join the first chunk's group
-      issue(st * CH, b1, st);
+      issue(b0 + st * CH, b1, st);
   }
 
   /// Tile u (0..3) of the chunk in buffer `buf`, at block b of K: its four MMAs into d.
@@ -676,11 +677,12 @@ template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows {
   }
 
   template <bool BIG>
-  __device__ __forceinline__ void run(const unsigned* __restrict__ xw, int b1, float (&d)[4]) {
+  __device__ __forceinline__ void run(const unsigned* __restrict__ xw, int b0, int b1,
+                                      float (&d)[4]) {
     int buf = 0; // chunk n's buffer: n % STAGES
 #pragma unroll 1
-    for (int b = 0; b < b1; b += CH) {
-      if (b > 0) {
+    for (int b = b0; b < b1; b += CH) {
+      if (b > b0) {
         cp_async_wait<STAGES - 2>();
         __syncwarp();
       }
@@ -697,9 +699,10 @@ template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows {
     }
   }
 
-  /// The sums of MMA rows g and g + 8 over all of K (after start; xs from mx4_chain_stage_x).
-  __device__ __forceinline__ void finish(const uint4* __restrict__ xs, int, int b1, float& acc_a,
-                                         float& acc_b) {
+  /// The sums of MMA rows g and g + 8 over blocks [b0, b1) (after start with the same range;
+  /// xs from mx4_chain_stage_x).
+  __device__ __forceinline__ void finish(const uint4* __restrict__ xs, int b0, int b1,
+                                         float& acc_a, float& acc_b) {
     cp_async_wait<STAGES - 2>(); // the scales and the first chunk (this lane's copies) ...
     __syncwarp();                // ... and every lane's
     const int lane = threadIdx.x % kWarp;
@@ -713,9 +716,9 @@ template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows {
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const unsigned* xw = reinterpret_cast<const unsigned*>(xs);
     if (__any_sync(0xffffffffu, big))
-      run<true>(xw, b1, d);
+      run<true>(xw, b0, b1, d);
     else
-      run<false>(xw, b1, d);
+      run<false>(xw, b0, b1, d);
     cp_async_wait<0>(); // no copy outlives the warp's use of its buffers
     acc_a = d[0];       // column 0: rows g and g + 8
     acc_b = d[2];
@@ -785,7 +788,7 @@ moe_gate_up_mx4_mma(const float* __restrict__ x, const int* __restrict__ ids,
   const bool active = e >= 0 && e < E; // the router never gives an id outside [0, E)
   const int b0 = ks * kPer, b1 = b0 + kPer < kBlocks ? b0 + kPer : kBlocks;
   const size_t row0 = (size_t)(active ? e : 0) * 2 * I + 2 * i0;
-  static_assert(!CHAIN || KS == 1, "the canonical order is one chain over K");
+  static_assert(!CHAIN || (kBlocks / 2) % KS == 0, "the canonical ranges: whole K tiles each");
   using Rows = Mx4MmaPick<STAGES, D, CH, true, kPer, CHAIN>;
   // The tile path's scale factors, after the rings: the warp's kScaleSlots.
   float4* factors = reinterpret_cast<float4*>(tiles + RG * KS * STAGES * 16 * 8) +
@@ -846,7 +849,7 @@ moe_down_part_mx4_mma(const float* __restrict__ act, const float* __restrict__ w
   const bool active = e >= 0 && e < E;
   const int b0 = ks * kPer, b1 = b0 + kPer < kBlocks ? b0 + kPer : kBlocks;
   const size_t row0 = (size_t)(active ? e : 0) * D + o0;
-  static_assert(!CHAIN || KS == 1, "the canonical order is one chain over K");
+  static_assert(!CHAIN || (kBlocks / 2) % KS == 0, "the canonical ranges: whole K tiles each");
   using Rows = Mx4MmaPick<STAGES, I, CH, false, kPer, CHAIN>;
   // The tile path's scale factors, after the rings: the warp's kScaleSlots.
   float4* factors = reinterpret_cast<float4*>(tiles + RG * KS * STAGES * 16 * 8) +

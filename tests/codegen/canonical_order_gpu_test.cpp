@@ -1,9 +1,10 @@
-// The MoE in one canonical order (issue: batch invariance by default): the decode kernels in the
-// canonical order (MoeDims::mma_chain, Mx4ChainRows: gemm_wg's K slots, exact bf16
-// dequantisation, one chain a row) give a token the same output bits as the grouped gemm_wg
-// gemms of a larger step, whatever the step's size, the token tiles or the experts' weight
-// format. Bit for bit, on the 20b's shapes and a small one, scale bytes below and above 128 (the
-// one- and two-multiply dequantisations).
+// The gemms' canonical order (docs/DESIGN.md): the decode kernels in it give a token the same
+// output bits as gemm_wg in a larger step, whatever the step's size, the token tiles or the
+// experts' weight format. The MoE (MoeDims::mma_chain, Mx4ChainRows: gemm_wg's K slots, exact
+// bf16 dequantisation, a chain a K range, the ranges in order = the grouped gemms' chunks), on
+// the 20b's shapes and a small one, scale bytes below and above 128 (the one- and two-multiply
+// dequantisations); the dense linears (linear_decode_mma and linear_decode_smem with CHAIN)
+// against the gemm with K split over blocks and as chunks in registers.
 #include "tests/codegen/gemm_wg_test_util.h"
 
 #include <cstring>
@@ -84,6 +85,7 @@ TEST_CASE("MoE decode kernels in the canonical order give the grouped gemms' bit
     c.scale_lo = k.lo;
     c.scale_hi = k.hi;
     c.check_accuracy = k.lo == 117 && k.hi == 128; // here the bits are the point
+    c.canonical = true;
     ++seed;
     CAPTURE(k.d.hidden);
     CAPTURE(k.tokens);

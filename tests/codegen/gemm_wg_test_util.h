@@ -176,6 +176,9 @@ struct MoeCase {
   /// Hold the outputs to ir::ref within kTolMoeBf16 (calibrated on the default scales; wider
   /// ones put weights 2^40 apart, whose sums the bf16 activations leave further off).
   bool check_accuracy = true;
+  /// The canonical order's chunks (moe_chain_splits of each matrix's K; one m64 tile a block
+  /// where two would leave the totals no registers), as `compile --gemm-order canonical`.
+  bool canonical = false;
 };
 
 /// The inputs of run_moe's MoE block (random, from its seed), for a run of other kernels on
@@ -273,11 +276,17 @@ inline std::vector<std::vector<uint32_t>> run_moe(const MoeCase& c, uint64_t see
     g.epilogue = GemmEpilogue::Swiglu;
     g.limit = d.limit;
     g.alpha = d.alpha;
+    auto chunked = [&](int k) {
+      g.chunks = c.canonical ? moe_chain_splits(k) : 1;
+      g.wm = g.chunks > 1 && c.wm * c.bn > 128 ? 1 : c.wm;
+    };
+    chunked(g.k);
     const Loaded& kgu = load(emit_gemm_wg(g, {}));
     g.k = d.inter;
     g.n = d.hidden;
     g.gather = false;
     g.epilogue = GemmEpilogue::Scatter;
+    chunked(g.k);
     const Loaded& kdn = load(emit_gemm_wg(g, {}));
     auto wgu = mx ? upload(gu.device) : upload(gu.bf16);
     auto wdn = mx ? upload(dn.device) : upload(dn.bf16);
