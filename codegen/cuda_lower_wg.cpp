@@ -54,10 +54,10 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   g.bn = k.large_split ? kSmallGemmRows : 128;
   g.wm = d.n >= 4096 ? 2 : 1;
   g.splitk = k.large_split ? k.splitk : 1;
-  // Otherwise the small tiles' K splits as chunks summed in order in registers: the same sums
-  // for a token whatever the step's size (the canonical order; docs/DESIGN.md, "Batch
-  // invariance"), one m64 tile a block so that the totals fit beside the accumulators.
-  g.chunks = k.large_split ? 1 : k.splitk;
+  // In the canonical order the small tiles' K splits as chunks summed in order in registers: the
+  // same sums for a token whatever the step's size (docs/DESIGN.md, "The gemms' canonical
+  // order"), one m64 tile a block so that the totals fit beside the accumulators.
+  g.chunks = k.large_split || !c_.canonical ? 1 : k.splitk;
   if (g.chunks > 1)
     g.wm = 1;
   g.stages = g.wm == 2 ? 3 : 4;
