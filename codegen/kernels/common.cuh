@@ -85,6 +85,14 @@ __host__ __device__ constexpr int wg_k_of_slot(int kappa) {
          4 * (kappa % 2);
 }
 
+/// The A-fragment pair i (= 2 s + h: K step s, fragment half h) of a row whose 16 bf16 values
+/// of a K tile (K 16 c .. 16 c + 15, wg_k_of_slot's) are the 8 words r: values (v, v + 4),
+/// v = 8 (i / 4) + i % 4.
+__device__ __forceinline__ unsigned wg_bf16_pair(const unsigned (&r)[8], int i) {
+  const int k = i % 4;
+  return __byte_perm(r[4 * (i / 4) + k / 2], r[4 * (i / 4) + k / 2 + 2], (k % 2) ? 0x7632 : 0x5410);
+}
+
 /// Four words from a 16-byte aligned shared-window address.
 __device__ __forceinline__ void lds128(unsigned* r, unsigned addr) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"

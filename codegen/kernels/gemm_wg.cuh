@@ -325,8 +325,7 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
         if constexpr (MX4)
           return mxfp4_pair_scaled(mx4_pair_raw(raw[wm][hh][i / 4], k), sc[wm][hh]);
         else
-          return __byte_perm(raw[wm][hh][4 * (i / 4) + k / 2], raw[wm][hh][4 * (i / 4) + k / 2 + 2],
-                             (k % 2) ? 0x7632 : 0x5410);
+          return wg_bf16_pair(raw[wm][hh], i);
       };
 #pragma unroll
       for (int s = 0; s < 4; ++s) {

@@ -75,8 +75,7 @@ __device__ __forceinline__ void load_row_residual(const float* h, int row, int t
 /// plus the bias and residual loaded earlier (load_row_bias, load_row_residual).
 template <int N, int MAX_T, int R, bool BIAS, bool RESIDUAL>
 __device__ __forceinline__ void linear_store(const float (&acc)[R][MAX_T], const float (&bias)[R],
-                                             const float (&res)[R], float* y, int row,
-                                             int tokens) {
+                                             const float (&res)[R], float* y, int row, int tokens) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int t = 0; t < MAX_T; ++t) {
@@ -190,8 +189,7 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
 /// gemm_wg's K slots, one chain from zero; the eighths are added in order, then the bias and
 /// the residual. The token's activations are staged in the slots after the wait (K / 2 words
 /// after the rows).
-template <int K, int N, int ROWS, bool BIAS, bool RESIDUAL, bool ROUND = false,
-          bool CHAIN = false>
+template <int K, int N, int ROWS, bool BIAS, bool RESIDUAL, bool ROUND = false, bool CHAIN = false>
 __device__ __forceinline__ void
 linear_decode_smem(const float* __restrict__ x, const __nv_bfloat16* __restrict__, float,
                    const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
@@ -228,7 +226,7 @@ linear_decode_smem(const float* __restrict__ x, const __nv_bfloat16* __restrict_
   __syncthreads(); // the barriers are initialised before anyone waits on them
   grid_dependency_sync();
   const float res = RESIDUAL && mine ? h[row0 + threadIdx.x] : 0.0f;
-  if constexpr (CHAIN) {
+  if constexpr (CHAIN) { // the K eighths on tensor cores, into red
     static_assert(ROUND && K % (64 * kWarps) == 0, "bf16 activations, whole K tiles a warp");
     constexpr int kTiles = K / 64 / kWarps, kGroups = (ROWS + 15) / 16;
     unsigned* xs = reinterpret_cast<unsigned*>(smem_linear_rows + ROWS * kWords);
@@ -263,15 +261,10 @@ linear_decode_smem(const float* __restrict__ x, const __nv_bfloat16* __restrict_
             wb[i] = 0u;
         }
         const unsigned* xt = xs + kt * 32;
-        auto pair = [](const unsigned(&r)[8], int i) { // values (v, v + 4), v = 8 (i / 4) + i % 4
-          const int k = i % 4;
-          return __byte_perm(r[4 * (i / 4) + k / 2], r[4 * (i / 4) + k / 2 + 2],
-                             (k % 2) ? 0x7632 : 0x5410);
-        };
 #pragma unroll
         for (int st = 0; st < 4; ++st) {
-          const unsigned a[4] = {pair(wa, 2 * st), pair(wb, 2 * st), pair(wa, 2 * st + 1),
-                                 pair(wb, 2 * st + 1)};
+          const unsigned a[4] = {wg_bf16_pair(wa, 2 * st), wg_bf16_pair(wb, 2 * st),
+                                 wg_bf16_pair(wa, 2 * st + 1), wg_bf16_pair(wb, 2 * st + 1)};
           mma_bf16(d, a, xt[8 * st + c], xt[8 * st + 4 + c]);
         }
       }
@@ -281,68 +274,57 @@ linear_decode_smem(const float* __restrict__ x, const __nv_bfloat16* __restrict_
           red[warp][rb] = d[2];
       }
     }
-    __syncthreads();
-    if (!mine || tokens < 1)
-      return;
-    float v = red[0][threadIdx.x]; // the eighths of K in order
+  } else { // FMA: lanes over each row's words, then over the warps
+    const int c0 = warp * kWarpWords;
+    const int c1 = c0 + kWarpWords < kWords ? c0 + kWarpWords : kWords;
+    float xr[kLaneWords][8];
 #pragma unroll
-    for (int i = 1; i < kWarps; ++i)
-      v += red[i][threadIdx.x];
-    if (BIAS)
-      v += bias;
-    if (RESIDUAL)
-      v += res;
-    y[row0 + threadIdx.x] = v;
-    return;
-  }
-  const int c0 = warp * kWarpWords;
-  const int c1 = c0 + kWarpWords < kWords ? c0 + kWarpWords : kWords;
-  float xr[kLaneWords][8];
+    for (int j = 0; j < kLaneWords; ++j) {
+      const int c = c0 + lane + j * kWarp;
+      const float4 lo =
+          c < c1 ? reinterpret_cast<const float4*>(x)[2 * c] : make_float4(0, 0, 0, 0);
+      const float4 hi =
+          c < c1 ? reinterpret_cast<const float4*>(x)[2 * c + 1] : make_float4(0, 0, 0, 0);
+      const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-  for (int j = 0; j < kLaneWords; ++j) {
-    const int c = c0 + lane + j * kWarp;
-    const float4 lo = c < c1 ? reinterpret_cast<const float4*>(x)[2 * c] : make_float4(0, 0, 0, 0);
-    const float4 hi =
-        c < c1 ? reinterpret_cast<const float4*>(x)[2 * c + 1] : make_float4(0, 0, 0, 0);
-    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      xr[j][e] = act_value<ROUND>(v[e]);
-  }
-  float acc[ROWS];
-#pragma unroll
-  for (int p = 0; p < kPieces; ++p) {
-    mbarrier_wait(&landed[p], 0);
-#pragma unroll
-    for (int q = 0; q < kPieceRows; ++q) {
-      const int r = p * kPieceRows + q;
-      float a = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kLaneWords; ++j) {
-        const int c = c0 + lane + j * kWarp;
-        if (kLaneWords * kWarp > kWarpWords && c >= c1)
-          break;
-        float wf[8];
-        unpack_bf16x8(smem_linear_rows[r * kWords + c], wf);
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          a = fmaf(wf[e], xr[j][e], a);
-      }
-      acc[r] = a;
+      for (int e = 0; e < 8; ++e)
+        xr[j][e] = act_value<ROUND>(v[e]);
     }
-  }
+    float acc[ROWS];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const float v = warp_sum(acc[r]);
-    if (lane == 0)
-      red[warp][r] = v;
+    for (int p = 0; p < kPieces; ++p) {
+      mbarrier_wait(&landed[p], 0);
+#pragma unroll
+      for (int q = 0; q < kPieceRows; ++q) {
+        const int r = p * kPieceRows + q;
+        float a = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kLaneWords; ++j) {
+          const int c = c0 + lane + j * kWarp;
+          if (kLaneWords * kWarp > kWarpWords && c >= c1)
+            break;
+          float wf[8];
+          unpack_bf16x8(smem_linear_rows[r * kWords + c], wf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e)
+            a = fmaf(wf[e], xr[j][e], a);
+        }
+        acc[r] = a;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float v = warp_sum(acc[r]);
+      if (lane == 0)
+        red[warp][r] = v;
+    }
   }
   __syncthreads();
   if (!mine || tokens < 1)
     return;
-  float v = 0.0f;
+  float v = red[0][threadIdx.x]; // the warps' parts (CHAIN: the K eighths) in order
 #pragma unroll
-  for (int i = 0; i < kWarps; ++i)
+  for (int i = 1; i < kWarps; ++i)
     v += red[i][threadIdx.x];
   if (BIAS)
     v += bias;
@@ -454,16 +436,10 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
       lds128(ra + 4, base + (g * 8 + ((2 * c + 1) ^ g)) * 16);
       lds128(rb, base + ((g + 8) * 8 + ((2 * c) ^ g)) * 16);
       lds128(rb + 4, base + ((g + 8) * 8 + ((2 * c + 1) ^ g)) * 16);
-      // Pair i (= 2 s + h) of a row: values (v, v + 4), v = 8 (i / 4) + i % 4 (gemm_wg's).
-      auto pair = [](const unsigned(&r)[8], int i) {
-        const int k = i % 4;
-        return __byte_perm(r[4 * (i / 4) + k / 2], r[4 * (i / 4) + k / 2 + 2],
-                           (k % 2) ? 0x7632 : 0x5410);
-      };
 #pragma unroll
       for (int st = 0; st < 4; ++st) {
-        const unsigned a[4] = {pair(ra, 2 * st), pair(rb, 2 * st), pair(ra, 2 * st + 1),
-                               pair(rb, 2 * st + 1)};
+        const unsigned a[4] = {wg_bf16_pair(ra, 2 * st), wg_bf16_pair(rb, 2 * st),
+                               wg_bf16_pair(ra, 2 * st + 1), wg_bf16_pair(rb, 2 * st + 1)};
         mma_bf16(d, a, xc[8 * st], xc[8 * st + 4]);
       }
       buf = buf == STAGES - 1 ? 0 : buf + 1;
@@ -587,8 +563,8 @@ qkv_rope_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ l
                 const __nv_bfloat16* __restrict__ wv, const __nv_bfloat16* __restrict__ bv,
                 float* __restrict__ yq, float* __restrict__ yk, float* __restrict__ yv, int tokens,
                 const int* __restrict__ positions, const int* __restrict__ token_seq,
-                const int* __restrict__ block_table, const double* __restrict__ inv_freq, double att,
-                CacheT* __restrict__ k_cache, CacheT* __restrict__ v_cache) {
+                const int* __restrict__ block_table, const double* __restrict__ inv_freq,
+                double att, CacheT* __restrict__ k_cache, CacheT* __restrict__ v_cache) {
   constexpr int kWarps = kLinearThreads / kWarp, kHalf = D / 2, kRows = 2 * kWarps;
   static_assert(kHalf % kWarps == 0, "a block's row pairs must lie in one head");
   static_assert(NQ % D == 0 && NK % D == 0 && NV % D == 0, "projections of whole heads");

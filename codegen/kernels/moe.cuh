@@ -385,41 +385,26 @@ template <int K, int CH> struct Mx4MmaRows {
   }
 };
 
-/// Mx4MmaRows with the weights streamed through shared memory and the block scales applied
-/// without a branch: chunks of 8 blocks of the 16 rows go in with 16-byte cp.async (a row's 8
-/// blocks from 8 consecutive lanes) into the warp's ring of STAGES buffers (`tile`: STAGES x
-/// 16 x 8 16-byte slots, block j of row m at slot j ^ (m % 8), so that the rows one ldmatrix
-/// reads hit distinct banks), STAGES - 1 chunks in flight while one is computed; ldmatrix.x4
-/// hands thread (g, c) word c of rows g and g + 8 of two blocks at once, the A registers
-/// Mx4MmaRows loads one word at a time. A block's sum takes its scale as one multiply-add by
-/// 2^(s - 65) (exact for scale bytes up to 192): the factors of the warp's whole K split (at
-/// most PER blocks, even) are made once, from one pass of 2-byte loads issued with the first
-/// chunk, into the warp's `factors` (kScaleSlots float4s: slot 8 p + g holds rows g, g + 8 of
-/// block 2 p, then of block 2 p + 1), so a block pair costs one shared load rather than a
-/// chunk's worth of scale loads and conversions. A warp with a byte above 192 (weights beyond
-/// 2^65) computes its rows with Mx4MmaRows' exact two-step scaling instead. Full chunks run
-/// without bounds checks. The same products, block sums and order as Mx4MmaRows. PAIRS: MMA
-/// row m is mx4_mma_row(row0, true, m).
-template <int K, int STAGES, bool PAIRS, int PER> struct Mx4MmaTileRows {
-  static constexpr int CH = 8; // blocks per chunk
-  static_assert(K % 64 == 0 && STAGES >= 2, "an even block count, two buffers or more");
-  static_assert(PER % 2 == 0 && PER > 0, "a K split of whole block pairs");
-  static constexpr int kBlocks = K / 32;
-  static constexpr int kScaleSlots = PER / 2 * 8;     ///< float4 factor slots a warp
-  static constexpr int kScaleItems = PER / 2 * 16;    // (block pair, MMA row) 2-byte loads
-  static constexpr int kScaleLoads = (kScaleItems + kWarp - 1) / kWarp; // ... a lane
+/// A warp's 16 MXFP4 rows streamed through its ring of chunks (8 blocks of the 16 rows, 16-byte
+/// cp.async, a row's 8 blocks from 8 consecutive lanes, block j of MMA row m at slot j ^ (m % 8)):
+/// what Mx4MmaTileRows and Mx4ChainRows share. MMA row m is mx4_mma_row(row0, PAIRS, m).
+template <int K, bool PAIRS> struct Mx4RowStream {
+  static constexpr int CH = 8;        // blocks per chunk
   const unsigned char* src = nullptr; // block 0 of this lane's first cp.async row (+ 16 jb)
-  const unsigned char* w = nullptr;   // for the exact path
-  const unsigned char* scales = nullptr;
-  size_t row0 = 0;
-  float4* factors = nullptr; // the warp's scale factors (kScaleSlots)
   WarpRowRing ring;
-  unsigned raw[kScaleLoads]; // this lane's scale pairs (MMA row lane % 16, pairs lane / 16 + 2u)
 
   /// The tensor-row offset of MMA row m0 + 4 j from MMA row m0 (m0 < 4): 4 j, or with PAIRS
   /// 0, 8, 1, 9 (mx4_mma_row).
   static __device__ __forceinline__ constexpr int row_step(int j) {
     return PAIRS ? (j % 2) * 8 + j / 2 : 4 * j;
+  }
+
+  /// Points this lane's copies at the rows from row0 of w, the ring at `tile`.
+  __device__ __forceinline__ void point(const unsigned char* __restrict__ w, size_t row0,
+                                        uint4* tile) {
+    const int lane = threadIdx.x % kWarp;
+    src = w + mx4_mma_row(row0, PAIRS, lane / CH) * (K / 2) + (lane % CH) * 16;
+    ring.init(tile);
   }
 
   /// Issues chunk b's cp.async (lane l: block l % 8 of MMA rows l / 8 + 4 j) into buffer
@@ -443,19 +428,50 @@ template <int K, int STAGES, bool PAIRS, int PER> struct Mx4MmaTileRows {
       load_tile<true>(b, b1, buf);
     cp_async_commit();
   }
+};
+
+/// Mx4MmaRows with the weights streamed through shared memory and the block scales applied
+/// without a branch: chunks of 8 blocks of the 16 rows go in with 16-byte cp.async (a row's 8
+/// blocks from 8 consecutive lanes) into the warp's ring of STAGES buffers (`tile`: STAGES x
+/// 16 x 8 16-byte slots, block j of row m at slot j ^ (m % 8), so that the rows one ldmatrix
+/// reads hit distinct banks), STAGES - 1 chunks in flight while one is computed; ldmatrix.x4
+/// hands thread (g, c) word c of rows g and g + 8 of two blocks at once, the A registers
+/// Mx4MmaRows loads one word at a time. A block's sum takes its scale as one multiply-add by
+/// 2^(s - 65) (exact for scale bytes up to 192): the factors of the warp's whole K split (at
+/// most PER blocks, even) are made once, from one pass of 2-byte loads issued with the first
+/// chunk, into the warp's `factors` (kScaleSlots float4s: slot 8 p + g holds rows g, g + 8 of
+/// block 2 p, then of block 2 p + 1), so a block pair costs one shared load rather than a
+/// chunk's worth of scale loads and conversions. A warp with a byte above 192 (weights beyond
+/// 2^65) computes its rows with Mx4MmaRows' exact two-step scaling instead. Full chunks run
+/// without bounds checks. The same products, block sums and order as Mx4MmaRows. PAIRS: MMA
+/// row m is mx4_mma_row(row0, true, m).
+template <int K, int STAGES, bool PAIRS, int PER> struct Mx4MmaTileRows : Mx4RowStream<K, PAIRS> {
+  using Mx4RowStream<K, PAIRS>::CH;
+  using Mx4RowStream<K, PAIRS>::ring;
+  using Mx4RowStream<K, PAIRS>::issue;
+  static_assert(K % 64 == 0 && STAGES >= 2, "an even block count, two buffers or more");
+  static_assert(PER % 2 == 0 && PER > 0, "a K split of whole block pairs");
+  static constexpr int kBlocks = K / 32;
+  static constexpr int kScaleSlots = PER / 2 * 8;  ///< float4 factor slots a warp
+  static constexpr int kScaleItems = PER / 2 * 16; // (block pair, MMA row) 2-byte loads
+  static constexpr int kScaleLoads = (kScaleItems + kWarp - 1) / kWarp; // ... a lane
+  const unsigned char* w = nullptr;                                     // for the exact path
+  const unsigned char* scales = nullptr;
+  size_t row0 = 0;
+  float4* factors = nullptr; // the warp's scale factors (kScaleSlots)
+  unsigned raw[kScaleLoads]; // this lane's scale pairs (MMA row lane % 16, pairs lane / 16 + 2u)
 
   /// Points at the warp's 16 rows, issues the first STAGES - 1 chunks of [b0, b1) (b1 - b0 <=
   /// PER) and the scale bytes of the whole range. `factors_`: the warp's kScaleSlots float4s.
   __device__ __forceinline__ void start(const unsigned char* __restrict__ w_,
                                         const unsigned char* __restrict__ scales_, size_t row0_,
                                         bool, int b0, int b1, uint4* tile_, float4* factors_) {
-    const int lane = threadIdx.x % kWarp, m0 = lane / CH, jb = lane % CH;
+    const int lane = threadIdx.x % kWarp;
     w = w_;
     scales = scales_;
     row0 = row0_;
     factors = factors_;
-    src = w_ + mx4_mma_row(row0_, PAIRS, m0) * (K / 2) + jb * 16;
-    ring.init(tile_);
+    this->point(w_, row0_, tile_);
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st)
       issue(b0 + st * CH, b1, st);
@@ -492,9 +508,8 @@ template <int K, int STAGES, bool PAIRS, int PER> struct Mx4MmaTileRows {
   /// The chunk at block b (k = b - b0 blocks into the split) from buffer `buf`: TAIL checks
   /// each block against b1.
   template <bool TAIL>
-  __device__ __forceinline__ void chunk(const uint4* __restrict__ xs,
-                                        const float4* __restrict__ fg, int b, int b1, int buf,
-                                        float& acc_a, float& acc_b) {
+  __device__ __forceinline__ void chunk(const uint4* __restrict__ xs, const float4* __restrict__ fg,
+                                        int b, int b1, int buf, float& acc_a, float& acc_b) {
     const int c = threadIdx.x % 4;
     const uint4* xb = xs + b * 4 + c;
 #pragma unroll
@@ -527,15 +542,15 @@ template <int K, int STAGES, bool PAIRS, int PER> struct Mx4MmaTileRows {
                                          float& acc_b) {
     acc_a = 0.0f;
     acc_b = 0.0f;
-    if (make_factors()) { // scale bytes above 192: the exact path
-      cp_async_wait<0>(); // no copy outlives the warp's use of its buffers
+    if (make_factors()) {     // scale bytes above 192: the exact path
+      cp_async_wait<0>();     // no copy outlives the warp's use of its buffers
       Mx4MmaRows<K, 2> exact; // rare: few registers rather than loads in flight
       exact.start(w, scales, row0, PAIRS, b0, b1);
       exact.finish(xs, b0, b1, acc_a, acc_b);
       return;
     }
     const float4* fg = factors + (threadIdx.x % kWarp) / 4; // slot 8 p + g
-    int buf = 0; // chunk n's buffer: n % STAGES
+    int buf = 0;                                            // chunk n's buffer: n % STAGES
 #pragma unroll 1
     for (int b = b0; b < b1; b += CH, fg += CH / 2 * 8) {
       cp_async_wait<STAGES - 2>(); // this chunk's group has landed (this lane's copies)
@@ -582,57 +597,32 @@ __device__ __forceinline__ void mx4_chain_stage_x(const float* __restrict__ x,
 /// is 1); a warp with a larger byte takes both. Every column of B holds the token, so every lane
 /// ends with its rows' sums. Over a K range [b0, b1) of whole tiles (the kernels' K splits,
 /// added in order: the grouped gemms' chunks).
-template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows {
-  static constexpr int CH = 8; // blocks a chunk: 4 K tiles
+template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows : Mx4RowStream<K, PAIRS> {
+  using Mx4RowStream<K, PAIRS>::CH; // blocks a chunk: 4 K tiles
+  using Mx4RowStream<K, PAIRS>::issue;
   static_assert(K % 64 == 0 && STAGES >= 2, "whole K tiles, two buffers or more");
   static constexpr int kBlocks = K / 32;
   static constexpr int kScaleWords = (kBlocks + 3) / 4 + 1; // a row's bytes from an aligned word
   static constexpr int kScaleRow = 4 * kScaleWords;
   static constexpr int kScaleSlots = (16 * kScaleRow + 15) / 16; ///< float4 slots a warp
-  const unsigned char* src = nullptr; // block 0 of this lane's first cp.async row (+ 16 jb)
-  unsigned ring_base = 0;             // the warp's ring (shared address)
-  const unsigned char* sc = nullptr;  // the rows' scale copies: row m at m kScaleRow
-  int at_a = 0, at_b = 0;             // where rows g, g + 8's first byte sits in its copy
-  WarpRowRing ring;
-
-  static __device__ __forceinline__ constexpr int row_step(int j) {
-    return PAIRS ? (j % 2) * 8 + j / 2 : 4 * j;
-  }
-
-  template <bool TAIL> __device__ __forceinline__ void load_tile(int b, int b1, int buf) {
-    const int jb = threadIdx.x % CH;
-    const bool live = !TAIL || b + jb < b1;
-    const unsigned char* p = src + (size_t)(live ? b : b - jb) * 16;
-    const void* const rows[4] = {p, p + (size_t)row_step(1) * (K / 2),
-                                 p + (size_t)row_step(2) * (K / 2),
-                                 p + (size_t)row_step(3) * (K / 2)};
-    ring.copy(buf, rows, live ? 16 : 0);
-  }
-
-  __device__ __forceinline__ void issue(int b, int b1, int buf) {
-    if (b + CH <= b1)
-      load_tile<false>(b, b1, buf);
-    else if (b < b1)
-      load_tile<true>(b, b1, buf);
-    cp_async_commit();
-  }
+  unsigned ring_base = 0;                                        // the warp's ring (shared address)
+  const unsigned char* sc = nullptr; // the rows' scale copies: row m at m kScaleRow
+  int at_a = 0, at_b = 0;            // where rows g, g + 8's first byte sits in its copy
 
   /// Points at the warp's 16 rows (MMA row m is mx4_mma_row(row0, PAIRS, m)), copies their
   /// scale bytes and issues the first STAGES - 1 chunks. `factors_`: the warp's kScaleSlots.
   __device__ __forceinline__ void start(const unsigned char* __restrict__ w,
-                                        const unsigned char* __restrict__ scales, size_t row0,
-                                        bool, int b0, int b1, uint4* tile, float4* factors_) {
+                                        const unsigned char* __restrict__ scales, size_t row0, bool,
+                                        int b0, int b1, uint4* tile, float4* factors_) {
     const int lane = threadIdx.x % kWarp, g = lane / 4;
-    src = w + mx4_mma_row(row0, PAIRS, lane / CH) * (K / 2) + (lane % CH) * 16;
-    ring.init(tile);
+    this->point(w, row0, tile);
     ring_base = smem_u32(tile);
     unsigned char* copy = reinterpret_cast<unsigned char*>(factors_);
     sc = copy;
     // Row m's bytes from the aligned word holding its first; a word holding none is zeros.
     for (int i = lane; i < 16 * kScaleWords; i += kWarp) {
       const int m = i / kScaleWords, j = i % kScaleWords;
-      const size_t first =
-          reinterpret_cast<size_t>(scales + mx4_mma_row(row0, PAIRS, m) * kBlocks);
+      const size_t first = reinterpret_cast<size_t>(scales + mx4_mma_row(row0, PAIRS, m) * kBlocks);
       const size_t word = (first & ~size_t(3)) + 4 * size_t(j);
       const bool live = word < first + kBlocks; // else zeros
       cp_async4(copy + m * kScaleRow + 4 * j,
@@ -701,8 +691,8 @@ template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows {
 
   /// The sums of MMA rows g and g + 8 over blocks [b0, b1) (after start with the same range;
   /// xs from mx4_chain_stage_x).
-  __device__ __forceinline__ void finish(const uint4* __restrict__ xs, int b0, int b1,
-                                         float& acc_a, float& acc_b) {
+  __device__ __forceinline__ void finish(const uint4* __restrict__ xs, int b0, int b1, float& acc_a,
+                                         float& acc_b) {
     cp_async_wait<STAGES - 2>(); // the scales and the first chunk (this lane's copies) ...
     __syncwarp();                // ... and every lane's
     const int lane = threadIdx.x % kWarp;
@@ -710,8 +700,8 @@ template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows {
     for (int i = lane; i < 16 * kScaleRow / 4; i += kWarp) {
       const unsigned v = reinterpret_cast<const unsigned*>(sc)[i];
       // a neighbour's bytes in a row's first or last word only cost the exact path
-      big = big || (v & 0xffu) > 128u || ((v >> 8) & 0xffu) > 128u ||
-            ((v >> 16) & 0xffu) > 128u || (v >> 24) > 128u;
+      big = big || (v & 0xffu) > 128u || ((v >> 8) & 0xffu) > 128u || ((v >> 16) & 0xffu) > 128u ||
+            (v >> 24) > 128u;
     }
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const unsigned* xw = reinterpret_cast<const unsigned*>(xs);
@@ -734,12 +724,8 @@ template <int K, int CH, bool PAIRS, int PER> struct Mx4MmaPicker<0, K, CH, PAIR
 /// The tensor-core rows of a warp: words loaded straight into registers CH blocks at a time
 /// (STAGES 0), or streamed through a shared-memory ring of STAGES chunks of 8 blocks, over K
 /// splits of at most PER blocks.
-template <bool CHAIN, class Chain, class Other> struct Mx4ChainIf {
-  using type = Other;
-};
-template <class Chain, class Other> struct Mx4ChainIf<true, Chain, Other> {
-  using type = Chain;
-};
+template <bool CHAIN, class Chain, class Other> struct Mx4ChainIf { using type = Other; };
+template <class Chain, class Other> struct Mx4ChainIf<true, Chain, Other> { using type = Chain; };
 /// CHAIN: Mx4ChainRows (gemm_wg's order, the whole of K).
 template <int STAGES, int K, int CH, bool PAIRS, int PER, bool CHAIN = false>
 using Mx4MmaPick =
@@ -791,8 +777,8 @@ moe_gate_up_mx4_mma(const float* __restrict__ x, const int* __restrict__ ids,
   static_assert(!CHAIN || (kBlocks / 2) % KS == 0, "the canonical ranges: whole K tiles each");
   using Rows = Mx4MmaPick<STAGES, D, CH, true, kPer, CHAIN>;
   // The tile path's scale factors, after the rings: the warp's kScaleSlots.
-  float4* factors = reinterpret_cast<float4*>(tiles + RG * KS * STAGES * 16 * 8) +
-                    warp * Rows::kScaleSlots;
+  float4* factors =
+      reinterpret_cast<float4*>(tiles + RG * KS * STAGES * 16 * 8) + warp * Rows::kScaleSlots;
   Rows rows; // the first weight loads fly while x is staged
   if (active && b0 < b1)
     rows.start(gate_up, mxfp4_scales<E * 2 * I, D>(gate_up), row0, true, b0, b1,
@@ -852,8 +838,8 @@ moe_down_part_mx4_mma(const float* __restrict__ act, const float* __restrict__ w
   static_assert(!CHAIN || (kBlocks / 2) % KS == 0, "the canonical ranges: whole K tiles each");
   using Rows = Mx4MmaPick<STAGES, I, CH, false, kPer, CHAIN>;
   // The tile path's scale factors, after the rings: the warp's kScaleSlots.
-  float4* factors = reinterpret_cast<float4*>(tiles + RG * KS * STAGES * 16 * 8) +
-                    warp * Rows::kScaleSlots;
+  float4* factors =
+      reinterpret_cast<float4*>(tiles + RG * KS * STAGES * 16 * 8) + warp * Rows::kScaleSlots;
   Rows rows;
   if (active && b0 < b1)
     rows.start(down, mxfp4_scales<E * D, I>(down), row0, false, b0, b1,
