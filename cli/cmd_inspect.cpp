@@ -97,7 +97,9 @@ int cmd_inspect(const ParsedArgs& args) {
   // Which of a step's sums keep one order whatever shares the step (issue: batch invariance by
   // default): attention does when its launches split by key chunks (the canonical order of
   // attention_mma.cuh); the experts when every MoE decode kernel is a canonical one (its name
-  // ends in _chain: gemm_wg's order, Mx4ChainRows); the dense linears do not yet.
+  // ends in _chain: gemm_wg's order, Mx4ChainRows); the dense linears when the plan is canonical
+  // (no library call) and no decode GEMV of theirs is outside that order (qkv and the router on
+  // the gemms at every step size, the other linears' decode kernels chained).
   int attention_chunk = 0;
   for (const runtime::PlanStage& st : plan.stages)
     for (const runtime::PlanLaunch& l : st.table.launches)
@@ -109,6 +111,12 @@ int cmd_inspect(const ParsedArgs& args) {
       if (!experts_canonical)
         break;
     }
+  bool linears_canonical = opt.gemm_canonical && !opt.dense_cublas;
+  for (const runtime::PlanKernelFile& k : plan.codegen.kernels)
+    if (k.name.starts_with("qkv") || k.name.starts_with("rmsnorm_router_topk") ||
+        k.name.starts_with("rmsnorm_linear") ||
+        (k.name.starts_with("linear") && !k.name.ends_with("_chain")))
+      linears_canonical = false;
 
   if (args.has("--json")) {
     nlohmann::json stages = nlohmann::json::array();
@@ -152,7 +160,7 @@ int cmd_inspect(const ParsedArgs& args) {
          {{"attention", attention_chunk > 0},
           {"attention_chunk_keys", attention_chunk},
           {"experts", experts_canonical},
-          {"linears", false}}},
+          {"linears", linears_canonical}}},
         {"stages", std::move(stages)},
         {"imbalance", plan.imbalance},
         {"weights",
@@ -246,7 +254,12 @@ int cmd_inspect(const ParsedArgs& args) {
   s += fmt::format("weights: attention {:.2f} GB, router {:.3f} GB, experts {:.2f} GB, embed "
                    "{:.2f} GB, lm_head {:.2f} GB\n",
                    gb(w.attention), gb(w.router), gb(w.experts), gb(w.embed), gb(w.lm_head));
-  if (attention_chunk > 0 || experts_canonical) {
+  if (attention_chunk > 0 && experts_canonical && linears_canonical) {
+    s += fmt::format("batch invariance: the whole step, attention (key chunks of {}), the experts "
+                     "and the linears (gemm_wg's K order in every kernel), in one order for every "
+                     "step (the same bits alone or batched, decode or prompt)\n",
+                     attention_chunk);
+  } else if (attention_chunk > 0 || experts_canonical) {
     std::vector<std::string> parts;
     if (attention_chunk > 0)
       parts.push_back(fmt::format("attention (key chunks of {})", attention_chunk));

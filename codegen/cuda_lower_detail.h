@@ -126,6 +126,9 @@ private:
 
   /// Steps of more tokens than the decode kernels take use the tensor-core gemm kernels.
   bool gemm_path() const { return c_.max_tokens > kDecodeTokens; }
+  /// A canonical plan whose steps above 8 tokens run gemm_wg: qkv and the router take those
+  /// gemms at every step size (LoweringContext::canonical).
+  bool canonical_gemms() const { return c_.canonical && c_.wgmma && gemm_path(); }
 
   /// Row tile of a grouped gemm: about the rows one expert gets, tokens * k / experts.
   static int moe_tile_index(int tokens, int k, int experts) {

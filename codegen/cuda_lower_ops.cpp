@@ -108,6 +108,8 @@ void Lowerer::linear(int kernel, const DenseGemm& gemm, const codegen::LinearDim
     }
     emit(gemm.large, rows, kSmallGemmRows + 1, -1, whole);
   }
+  if (d.max_tokens == 0) // the gemm serves every step (canonical plans' qkv and router)
+    return;
   // The decode GEMV, d.max_tokens rows per launch, pointers advanced per chunk.
   const uint64_t fk = uint64_t(d.k) * sizeof(float), fn = uint64_t(d.n) * sizeof(float);
   std::vector<LaunchArg> args = {strided(x, fk)};
@@ -180,7 +182,9 @@ void Lowerer::lower_linear(ValueId v) {
         ds.mma_chain = false;
     }
     const bool smem = c_.wgmma && codegen::linear_smem_rows(ds) > 0;
-    kernel1 = k_.add(codegen::emit_linear(smem ? ds : d1, ir_lines(g_, v)));
+    // A chained plan whose one-token kernel cannot chain: the chained kernel takes one token too.
+    if (!(dm.mma_chain && mma && !ds.mma_chain))
+      kernel1 = k_.add(codegen::emit_linear(smem ? ds : d1, ir_lines(g_, v)));
   }
   linear(kernel, dense_gemm(d, v), d, rows_kind(g_, v), addr(n.inputs[0]),
          norm ? addr(n.inputs[1]) : LaunchArg{}, addr(n.inputs[wi]),
@@ -213,7 +217,11 @@ void Lowerer::lower_qkv_rope(ValueId v) {
   qd.nk = static_dim(g_, n.inputs[4], 0);
   qd.nv = static_dim(g_, n.inputs[6], 0);
   qd.eps = eps;
-  const bool fused = codegen::qkv_decode_fits(qd);
+  // Canonical plans run the gemm path at every step size (its K order and splits do not depend
+  // on the step's rows) instead of the decode GEMVs; the rope and cache writes as for a
+  // gemm step.
+  const bool gemm_always = canonical_gemms();
+  const bool fused = codegen::qkv_decode_fits(qd) && !gemm_always;
   std::vector<DenseGemm> gemms;
   std::vector<codegen::LinearDims> dims;
   std::vector<int> gemv;
@@ -225,9 +233,11 @@ void Lowerer::lower_qkv_rope(ValueId v) {
     d.eps = eps;
     d.k = static_dim(g_, w, 1);
     d.n = static_dim(g_, w, 0);
-    dims.push_back(d);
     gemms.push_back(dense_gemm(d, v));
-    gemv.push_back(fused ? -1 : k_.add(codegen::emit_linear(d, ir_lines(g_, v))));
+    gemv.push_back(fused || gemm_always ? -1 : k_.add(codegen::emit_linear(d, ir_lines(g_, v))));
+    if (gemm_always)
+      d.max_tokens = 0; // linear(): the gemm from one row
+    dims.push_back(d);
     // The three share q's activations: in K order for cuBLAS, in slots for gemm_wg.
     if ((gemms.back().library >= 0) != (gemms.front().library >= 0))
       throw Error("lowering: q, k and v projections must all be library gemms or none");
@@ -478,8 +488,12 @@ void Lowerer::lower_router(ValueId v) {
   }
   // The router's own GEMV serves what the fused launch does not: every step when there is no
   // fused launch, the longer ones when no gemm takes them.
-  const bool gemv_used = !fused_decode || !(gemm_path() && codegen::gemm_fits(d.k));
+  const bool gemm_always = canonical_gemms(); // canonical plans: the gemm at every step size
+  const bool gemv_used =
+      !gemm_always && (!fused_decode || !(gemm_path() && codegen::gemm_fits(d.k)));
   const int kernel = gemv_used ? k_.add(codegen::emit_linear(d, ir_lines(g_, v))) : -1;
+  if (gemm_always)
+    d.max_tokens = 0;
   linear(kernel, dense_gemm(d, v, false), d, Rows::Tokens, addr(n.inputs[0]), LaunchArg{},
          addr(n.inputs[1]), d.bias ? addr(n.inputs[2]) : LaunchArg{}, LaunchArg{}, router_logits_);
   // The MoE after this router reads the same x: its gate_up takes these activations.
@@ -489,7 +503,8 @@ void Lowerer::lower_router(ValueId v) {
 }
 
 ValueId Lowerer::router_of_norm(ValueId norm) const {
-  if (g_.node(norm).op != Op::RmsNorm || rows_kind(g_, norm) != Rows::Tokens)
+  if (g_.node(norm).op != Op::RmsNorm || rows_kind(g_, norm) != Rows::Tokens ||
+      canonical_gemms())
     return -1;
   for (ValueId u = norm + 1; u < static_cast<ValueId>(g_.size()); ++u) {
     const Node& r = g_.node(u);

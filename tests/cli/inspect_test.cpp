@@ -256,6 +256,7 @@ TEST_CASE("compile --gemm-order canonical: decode kernels in the gemms' order, i
   // On sm_90 (the lowering's gemm_wg order) the experts' decode kernels are all chained.
   const bool sm90 = doc["options"]["arch"] == "sm_90";
   CHECK(doc["batch_invariance"]["experts"] == sm90);
+  CHECK(doc["batch_invariance"]["linears"] == sm90);
   size_t chained = 0, moe_decode = 0;
   for (const auto& k : p.codegen.kernels)
     if (k.name.starts_with("moe_gate_up") || k.name.starts_with("moe_down")) {
@@ -267,8 +268,9 @@ TEST_CASE("compile --gemm-order canonical: decode kernels in the gemms' order, i
   RunResult t = run_xserv("inspect " + plan.string());
   CHECK(t.out.find("decode kernels in the gemms' canonical order") != std::string::npos);
   if (sm90)
-    CHECK(t.out.find("batch invariance: attention (key chunks of 128) and the experts (gemm_wg's "
-                     "K order in every kernel) in one order for every step") != std::string::npos);
+    CHECK(t.out.find("batch invariance: the whole step, attention (key chunks of 128), the "
+                     "experts and the linears (gemm_wg's K order in every kernel)") !=
+          std::string::npos);
   // cuBLAS's projections are not in that order: refused, one clear line.
   RunResult bad = run_xserv("compile " + model + " -o " + (tmp.path / "bad").string() +
                                 " --no-cubins --gemm-order canonical --dense-gemm cublas");

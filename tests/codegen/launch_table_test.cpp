@@ -826,5 +826,12 @@ TEST_CASE("the 120b's decode kernels on sm_90 take the gemms' canonical order wh
     CHECK(count(ns, tokens == 1 ? "linear_residual_k4096_n2880_t1_smem_r24_a16_chain"
                                 : "linear_residual_k4096_n2880_t8_mma_g2_s8_r4_a16_chain") ==
           layers);
+    // qkv and the router on the gemms at every step size: no decode GEMV or fused kernel,
+    // the q projection's 5 K splits and the router's 9 as above 8 tokens.
+    CHECK(count(ns, "qkv_rope_decode") == 0);
+    CHECK(count(ns, "norm_router_topk") == 0);
+    CHECK(count(ns, "rmsnorm_linear") == 0);
+    CHECK(count(ns, "gemmwg_store_k2880_n4096_t64_m64_s4_nobias_bf16_splitk5") == layers);
+    CHECK(count(ns, "gemmwg_store_k2880_n128_t64_m64_s4_nobias_bf16_splitk9") == layers);
   }
 }
