@@ -196,9 +196,9 @@ const std::vector<Command>& commands() {
           "dense projections of prompt steps on cuBLAS (default with bf16 gemms on sm_90) or "
           "our warpgroup gemm"},
          {"--gemm-order", "fast|canonical",
-          "decode kernels in the prompt gemms' order too (canonical: the MoE rows, lm_head and "
-          "o_proj give a token the same bits alone or batched; projections on our warpgroup "
-          "gemm) or the fastest kernels (default)"},
+          "every step's sums in the prompt gemms' order (canonical: a token's logits are the "
+          "same bits alone or batched; projections on our warpgroup gemm, decode slower) or the "
+          "fastest kernels (default)"},
          {"--no-cubins", "", "write kernel sources only, skip NVRTC"},
          {"--timeline", "",
           "a diagnostic plan: every kernel stamps the GPU clock as it starts, and the run "

@@ -47,8 +47,8 @@ struct PlanOptions {
   /// --dense-gemm cublas: dense projections above 64 tokens call cuBLAS (the launch tables'
   /// library calls); "wg" (false) keeps gemm_wg. Absent in older plans: wg.
   bool dense_cublas = false;
-  /// --gemm-order canonical: the decode kernels in the gemms' canonical order (the MoE rows,
-  /// lm_head, o_proj). Absent in other plans.
+  /// --gemm-order canonical: every step's sums in the gemms' canonical order (docs/DESIGN.md).
+  /// Absent in other plans.
   bool gemm_canonical = false;
   /// --timeline: a diagnostic plan whose kernels stamp their launches (runtime/timeline.h).
   /// Absent in other plans.
