@@ -220,11 +220,11 @@ runtime::Bindings bind(const Lowered& lw, FakeMemory& mem, Recorded& out) {
                     mem.decode(reinterpret_cast<uint64_t>(b.scratch[size_t(t.argmax_scratch)])),
                     t.argmax_chunks));
   if (!t.masked_pick.empty())
-    out.scratch.push_back(fmt::format(
-        "masks={} rows={} words={}",
-        mem.decode(reinterpret_cast<uint64_t>(b.scratch[size_t(t.mask_scratch)])),
-        mem.decode(reinterpret_cast<uint64_t>(b.scratch[size_t(t.mask_rows_scratch)])),
-        t.mask_words));
+    out.scratch.push_back(
+        fmt::format("masks={} rows={} words={}",
+                    mem.decode(reinterpret_cast<uint64_t>(b.scratch[size_t(t.mask_scratch)])),
+                    mem.decode(reinterpret_cast<uint64_t>(b.scratch[size_t(t.mask_rows_scratch)])),
+                    t.mask_words));
   return b;
 }
 
@@ -486,8 +486,8 @@ TEST_CASE("the executor refuses a table naming what is not bound") {
   for (runtime::PlanLaunch& l : stray_chunk.launches)
     if (l.splits_window < 0)
       l.split_chunk = 128;
-  CHECK_THROWS_WITH_AS(runtime::Executor(stray_chunk, ok),
-                       doctest::Contains("on a split launch"), xserv::Error);
+  CHECK_THROWS_WITH_AS(runtime::Executor(stray_chunk, ok), doctest::Contains("on a split launch"),
+                       xserv::Error);
 
   // Loaded kernels must be the table's, one for one.
   CHECK_THROWS_WITH_AS(runtime::Executor(lw.table, ok, {runtime::LoadedKernel{}}),
@@ -495,55 +495,6 @@ TEST_CASE("the executor refuses a table naming what is not bound") {
   // Recording only: run() needs loaded kernels.
   CHECK_THROWS_WITH_AS(runtime::Executor(lw.table, ok).run({1, 1, 0}, nullptr),
                        doctest::Contains("only record"), xserv::Error);
-}
-
-TEST_CASE("the runtime's attention split rule is codegen's") {
-  for (int keys = 0; keys <= 5000; ++keys)
-    REQUIRE(runtime::attention_splits(keys) == codegen::attention_splits(keys));
-  CHECK(runtime::attention_key_bucket(1) == 64);
-  CHECK(runtime::attention_key_bucket(65) == 128);
-  CHECK(runtime::attention_key_bucket(5001) == 2048);
-  // A step's splits: the keys' count, cut so that tokens x kv heads x splits stays within
-  // kAttnSplitBlocks (256), never below 1; heads 0 keeps the keys' count; a window caps keys.
-  using runtime::attention_step_splits;
-  CHECK(attention_step_splits(1024, 0, 1, 8) == 16); // one sequence: the keys decide
-  CHECK(attention_step_splits(2048, 0, 1, 8) == 32);
-  CHECK(attention_step_splits(2048, 0, 8, 8) == 4); // 8 x 8 x 4 = 256 blocks
-  CHECK(attention_step_splits(2048, 0, 16, 8) == 2);
-  CHECK(attention_step_splits(1024, 0, 64, 8) == 1);            // 512 blocks already
-  CHECK(attention_step_splits(2048, 128, 1, 8) == 2);           // the window's 128 keys
-  CHECK(attention_step_splits(2048, 0, 64, 0) == 32);           // no heads: the keys alone
-  CHECK(attention_step_splits(2048, 0, 1 << 30, 1 << 16) == 1); // no overflow
-  for (int tokens = 1; tokens <= 64; ++tokens)
-    for (int bucket = 64; bucket <= 2048; bucket *= 2) {
-      const int s = attention_step_splits(bucket, 0, tokens, 8);
-      REQUIRE(s >= 1);
-      REQUIRE(s <= runtime::attention_splits(bucket));
-      REQUIRE((s == 1 || tokens * 8 * s <= runtime::kAttnSplitBlocks));
-    }
-  // The canonical order's splits: every chunk a token's keys can span (a block each) while
-  // tokens x kv heads stays under kAttnSplitBlocks and the states fit kAttnChunkPartials, else
-  // 1 (every chunk in the token's block).
-  using runtime::attention_chunk_splits;
-  CHECK(attention_chunk_splits(4096, 0, 1, 8, 128) == 32);      // all 32 chunks below 4096
-  CHECK(attention_chunk_splits(128, 0, 1, 8, 128) == 1);        // one chunk: no combine
-  CHECK(attention_chunk_splits(4096, 128, 1, 8, 128) == 2);     // a window crosses 2 at most
-  CHECK(attention_chunk_splits(4096, 8, 1, 2, 128) == 2);       // even a window of 8
-  CHECK(attention_chunk_splits(4096, 0, 32, 8, 128) == 1);      // 256 blocks without splits
-  CHECK(attention_chunk_splits(4096, 0, 31, 8, 128) == 32);     // 31 x 32 states fit 2048
-  CHECK(attention_chunk_splits(131072, 0, 2, 8, 128) == 1024);  // 2 x 1024 fit
-  CHECK(attention_chunk_splits(131072, 0, 3, 8, 128) == 1);     // 3 x 1024 do not
-  for (int tokens = 1; tokens <= 64; ++tokens)
-    for (int bucket = 64; bucket <= 8192; bucket *= 2)
-      for (int window : {0, 8, 128}) {
-        const int s = attention_chunk_splits(bucket, window, tokens, 8, 128);
-        // Enough blocks for every chunk any token's keys span (position < bucket), or one.
-        for (int p = 0; p < bucket; p += 61) {
-          const int lo = window > 0 ? std::max(0, p - window + 1) : 0;
-          REQUIRE((s == 1 || p / 128 - lo / 128 + 1 <= s));
-        }
-        REQUIRE((s == 1 || tokens * s <= runtime::kAttnChunkPartials));
-      }
 }
 
 namespace {
@@ -569,6 +520,16 @@ runtime::LaunchTable lower_for(const ir::Graph& g, int64_t tokens, bool split, b
   ctx.memory = &mem;
   codegen::KernelSet ks;
   return codegen::lower_graph(g, ks, ctx);
+}
+
+/// The kernels a step of `tokens` decode tokens (one a sequence) launches, in order.
+std::vector<std::string> decode_kernel_names(const runtime::LaunchTable& t, int tokens) {
+  std::vector<std::string> out;
+  const runtime::Executor ex(t, runtime::placeholder_bindings(t));
+  for (const runtime::LaunchRecord& r : ex.record({tokens, tokens, 100}))
+    if (r.kernel >= 0)
+      out.push_back(t.kernels.at(size_t(r.kernel)).name);
+  return out;
 }
 
 } // namespace
@@ -700,14 +661,7 @@ TEST_CASE("decode steps run lm_head on tensor cores, o_proj from 2 tokens, FMA f
   const models::ModelConfig cfg =
       models::ModelConfig::load(testing::source_dir() / "examples/tiny/config.json");
   const ir::Graph g = final_graph(cfg, variants()[1]);
-  auto names = [](const runtime::LaunchTable& t, int tokens) {
-    std::vector<std::string> out;
-    const runtime::Executor ex(t, runtime::placeholder_bindings(t));
-    for (const runtime::LaunchRecord& r : ex.record({tokens, tokens, 100}))
-      if (r.kernel >= 0)
-        out.push_back(t.kernels.at(size_t(r.kernel)).name);
-    return out;
-  };
+  const auto names = decode_kernel_names;
   auto count = [](const std::vector<std::string>& ns, const std::string& prefix) {
     return std::count_if(ns.begin(), ns.end(),
                          [&](const std::string& n) { return n.rfind(prefix, 0) == 0; });
@@ -800,16 +754,8 @@ TEST_CASE("the 120b's decode kernels on sm_90 take the gemms' canonical order wh
   const runtime::LaunchTable fast = lower_for(g, 64, false, true, runtime::ExpertFormat::Mxfp4);
   for (const runtime::PlanKernel& k : fast.kernels)
     CHECK(k.name.find("_chain") == std::string::npos);
-  const runtime::LaunchTable t =
-      lower_for(g, 64, false, false, runtime::ExpertFormat::Mxfp4, true);
-  auto names = [&](int tokens) {
-    std::vector<std::string> out;
-    const runtime::Executor ex(t, runtime::placeholder_bindings(t));
-    for (const runtime::LaunchRecord& r : ex.record({tokens, tokens, 100}))
-      if (r.kernel >= 0)
-        out.push_back(t.kernels.at(size_t(r.kernel)).name);
-    return out;
-  };
+  const runtime::LaunchTable t = lower_for(g, 64, false, false, runtime::ExpertFormat::Mxfp4, true);
+  auto names = [&](int tokens) { return decode_kernel_names(t, tokens); };
   auto count = [](const std::vector<std::string>& ns, const std::string& part) {
     return std::count_if(ns.begin(), ns.end(),
                          [&](const std::string& n) { return n.find(part) != std::string::npos; });
@@ -823,9 +769,9 @@ TEST_CASE("the 120b's decode kernels on sm_90 take the gemms' canonical order wh
     CHECK(count(ns, "_mma_g4_s3_c8_t2_chain") == layers); // moe_gate_up (3 K ranges)
     CHECK(count(ns, "_mma_g2_s3_c8_t2_chain") == layers); // moe_down_part
     CHECK(count(ns, "linear_k2880_n201088_nobias_t8_mma_g2_s1_r4_a16_chain") == 1); // lm_head
-    CHECK(count(ns, tokens == 1 ? "linear_residual_k4096_n2880_t1_smem_r24_a16_chain"
-                                : "linear_residual_k4096_n2880_t8_mma_g2_s8_r4_a16_chain") ==
-          layers);
+    CHECK(count(ns, tokens == 1
+                        ? "linear_residual_k4096_n2880_t1_smem_r24_a16_chain"
+                        : "linear_residual_k4096_n2880_t8_mma_g2_s8_r4_a16_chain") == layers);
     // qkv and the router on the gemms at every step size: no decode GEMV or fused kernel,
     // the q projection's 5 K splits and the router's 9 as above 8 tokens.
     CHECK(count(ns, "qkv_rope_decode") == 0);
