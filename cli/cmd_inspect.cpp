@@ -98,8 +98,9 @@ int cmd_inspect(const ParsedArgs& args) {
   // default): attention does when its launches split by key chunks (the canonical order of
   // attention_mma.cuh); the experts when every MoE decode kernel is a canonical one (its name
   // ends in _chain: gemm_wg's order, Mx4ChainRows); the dense linears when the plan is canonical
-  // (no library call) and no decode GEMV of theirs is outside that order (qkv and the router on
-  // the gemms at every step size, the other linears' decode kernels chained).
+  // (no library call) and no decode GEMV of theirs is outside that order (qkv and the router
+  // fused in their chained kernels, qkv_rope_decode_chain and rmsnorm_router_topk_chain, or on
+  // the gemms; the other linears' decode kernels chained).
   int attention_chunk = 0;
   for (const runtime::PlanStage& st : plan.stages)
     for (const runtime::PlanLaunch& l : st.table.launches)
@@ -113,7 +114,8 @@ int cmd_inspect(const ParsedArgs& args) {
     }
   bool linears_canonical = opt.gemm_canonical && !opt.dense_cublas;
   for (const runtime::PlanKernelFile& k : plan.codegen.kernels)
-    if (k.name.starts_with("qkv") || k.name.starts_with("rmsnorm_router_topk") ||
+    if (((k.name.starts_with("qkv") || k.name.starts_with("rmsnorm_router_topk")) &&
+         k.name.find("_chain_") == std::string::npos) ||
         k.name.starts_with("rmsnorm_linear") ||
         (k.name.starts_with("linear") && !k.name.ends_with("_chain")))
       linears_canonical = false;

@@ -260,8 +260,12 @@ private:
   void lower_router(ValueId v);
 
   /// The router node that fuses rms_norm node `norm` into its decode launch (norm_router_topk),
-  /// or -1: a router whose input is this norm, of sizes codegen::norm_router_topk_fits takes.
+  /// or -1: a router whose input is this norm, of sizes codegen::norm_router_topk_fits takes
+  /// (canonical plans: norm_router_topk_chain_fits).
   ValueId router_of_norm(ValueId norm) const;
+  /// The fused router's sizes: in the canonical order (chain: the router gemm's K split) in
+  /// canonical plans.
+  codegen::RouterTopKDims router_dims(int dim, int experts, int k) const;
 
   /// moe_experts(_residual): gate_up / down per (token, slot) and the ordered combine for
   /// decode steps, moe_sort and the grouped gemms above.

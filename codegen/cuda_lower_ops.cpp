@@ -242,12 +242,12 @@ void Lowerer::lower_qkv_rope(ValueId v) {
     if ((gemms.back().library >= 0) != (gemms.front().library >= 0))
       throw Error("lowering: q, k and v projections must all be library gemms or none");
   }
-  if (!fused) {
-    for (int r = 0; r < 3; ++r) // one inv-rms for the three projections of the same x
+  auto projections = [&] { // one inv-rms for the three projections of the same x
+    for (int r = 0; r < 3; ++r)
       linear(gemv[size_t(r)], gemms[size_t(r)], dims[size_t(r)], Rows::Tokens, addr(n.inputs[0]),
              addr(n.inputs[1]), addr(n.inputs[size_t(2 + 2 * r)]),
              addr(n.inputs[size_t(3 + 2 * r)]), LaunchArg{}, addr(v, r), r > 0);
-  }
+  };
   const auto [table, att] = yarn_table(v, head_dim);
   const int hq = static_dim(g_, v, 1, 0), hk = static_dim(g_, v, 1, 1);
   const auto [kw, vw] = kv_writes_of(v);
@@ -264,7 +264,41 @@ void Lowerer::lower_qkv_rope(ValueId v) {
     qr.attention_factor = att;
     qr.f32_cache = g_.type(kc).dtype == ir::DType::F32;
   }
-  const bool rope_fused = fused && kw >= 0 && codegen::qkv_decode_fits(qr);
+  // Canonical plans' decode steps: q, k, v, the rope and the cache writes in one launch that
+  // sums in the gemms' order (their K splits); the gemms serve every other step.
+  codegen::QkvDims qc = qr;
+  qc.chain_q = codegen::wg_splitk(qd.k, qd.nq);
+  qc.chain_kv = codegen::wg_splitk(qd.k, qd.nk);
+  const bool chain = gemm_always && kw >= 0 && codegen::wg_splitk(qd.k, qd.nv) == qc.chain_kv &&
+                     codegen::qkv_chain_fits(qc);
+  const bool rope_fused = (fused || chain) && kw >= 0 && (chain || codegen::qkv_decode_fits(qr));
+  if (chain) {
+    codegen::QkvDims qc1 = qc;
+    qc1.max_tokens = 1;
+    const int one = k_.add(codegen::emit_qkv_rope_chain(qc1, ir_lines(g_, v)));
+    const int few = k_.add(codegen::emit_qkv_rope_chain(qc, ir_lines(g_, v)));
+    const Node& kn = g_.node(kw);
+    std::vector<LaunchArg> args;
+    for (size_t i = 0; i < 8; ++i)
+      args.push_back(addr(n.inputs[i]));
+    for (int r = 0; r < 3; ++r)
+      args.push_back(addr(v, r));
+    args.push_back(rows_arg());
+    for (LaunchArg a :
+         {addr(n.inputs.back()), addr(kn.inputs[3]), addr(kn.inputs[4]), table, addr(kc), addr(vc)})
+      args.push_back(a);
+    outer_per_seq_ = 1;
+    emit(one, Rows::Tokens, 0, 1, args);
+    emit(few, Rows::Tokens, 2, kDecodeTokens, std::move(args));
+    outer_lo_ = kDecodeTokens + 1; // longer decode steps
+    projections();
+    outer_lo_ = 0;
+    outer_per_seq_ = -1; // steps with several tokens of a sequence
+    projections();
+    outer_per_seq_ = 0;
+  } else if (!fused) {
+    projections();
+  }
   if (fused) {
     const int qkv = k_.add(codegen::emit_qkv_decode(qd, ir_lines(g_, v)));
     codegen::QkvDims qd1 = qd; // one-token steps: 15.9 against 17.1 us for the 20b's qkv
@@ -475,9 +509,14 @@ void Lowerer::lower_router(ValueId v) {
   if (fused_decode) {
     // Decode steps: the norm before the router, the router's logits and top-k in one launch
     // (writing the norm's output for the experts too); longer steps as below.
+    // Canonical plans: in the canonical order, the logits the gemm path below gives.
     const Node& nn = g_.node(norm);
-    const int fused = k_.add(codegen::emit_norm_router_topk(
-        d.k, {d.n, k, !c_.gemm_split}, nn.attr_float("eps"), d.bias, ir_lines(g_, v)));
+    const codegen::RouterTopKDims rd = router_dims(d.k, d.n, k);
+    const int fused =
+        k_.add(rd.chain > 0 ? codegen::emit_norm_router_topk_chain(d.k, rd, nn.attr_float("eps"),
+                                                                   d.bias, ir_lines(g_, v))
+                            : codegen::emit_norm_router_topk(d.k, rd, nn.attr_float("eps"), d.bias,
+                                                             ir_lines(g_, v)));
     std::vector<LaunchArg> args = {addr(nn.inputs[0]), addr(nn.inputs[1]), addr(n.inputs[1])};
     if (d.bias)
       args.push_back(addr(n.inputs[2]));
@@ -502,16 +541,25 @@ void Lowerer::lower_router(ValueId v) {
   outer_lo_ = 0;
 }
 
+codegen::RouterTopKDims Lowerer::router_dims(int dim, int experts, int k) const {
+  codegen::RouterTopKDims rd{experts, k, !c_.gemm_split};
+  if (canonical_gemms()) // the router gemm's K split (dense_gemm_wg)
+    rd.chain = codegen::wg_splitk(dim, experts);
+  return rd;
+}
+
 ValueId Lowerer::router_of_norm(ValueId norm) const {
-  if (g_.node(norm).op != Op::RmsNorm || rows_kind(g_, norm) != Rows::Tokens ||
-      canonical_gemms())
+  if (g_.node(norm).op != Op::RmsNorm || rows_kind(g_, norm) != Rows::Tokens)
     return -1;
   for (ValueId u = norm + 1; u < static_cast<ValueId>(g_.size()); ++u) {
     const Node& r = g_.node(u);
     if (r.op != Op::Router || r.inputs[0] != norm)
       continue;
     const int experts = static_dim(g_, r.inputs[1], 0), dim = static_dim(g_, r.inputs[1], 1);
-    return codegen::norm_router_topk_fits(dim, {experts, as_int(r.attr_int("k"))}) ? u : -1;
+    const codegen::RouterTopKDims rd = router_dims(dim, experts, as_int(r.attr_int("k")));
+    const bool fits = rd.chain > 0 ? codegen::norm_router_topk_chain_fits(dim, rd)
+                                   : !canonical_gemms() && codegen::norm_router_topk_fits(dim, rd);
+    return fits ? u : -1;
   }
   return -1;
 }

@@ -109,9 +109,19 @@ struct QkvDims {
   int head_dim = 0, block = 0, table = 0;
   double attention_factor = 1.0;
   bool f32_cache = false;
+  /// The canonical order (emit_qkv_rope_chain): q's K ranges and k's and v's (the lowering's
+  /// wg_splitk of each matrix); 0 elsewhere.
+  int chain_q = 0, chain_kv = 0;
 };
 bool qkv_decode_fits(const QkvDims& d);
 KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& ir_lines);
+
+/// qkv_rope_decode in the canonical order (kernels/linear_chain.cuh qkv_rope_decode_chain):
+/// the parameters of emit_qkv_decode with head_dim > 0. Needs chain_q and chain_kv dividing
+/// K / 64, bf16 activations, nk == nv, projections of whole heads in whole blocks (16 rows a
+/// group: whole heads, or pairs of one head for head_dim > 16).
+bool qkv_chain_fits(const QkvDims& d);
+KernelSource emit_qkv_rope_chain(const QkvDims& d, const std::vector<std::string>& ir_lines);
 
 /// rope_yarn of q [T, hq, D] and k [T, hk, D] in place in one launch. Parameters: q, k,
 /// positions, inv_freq; grid.y = tokens.
@@ -220,6 +230,9 @@ struct KvWriteDims {
 struct RouterTopKDims {
   int experts = 0, k = 0;
   bool round_act = false; ///< norm_router_topk: as LinearDims' (the router GEMV's input)
+  /// > 0: norm_router_topk in the canonical order with this many K ranges (the router's
+  /// wg_splitk; emit_norm_router_topk_chain).
+  int chain = 0;
 };
 
 /// rms_norm of fp32 rows of `dim` values. Parameters: x, w, y (may alias x); grid.y = rows.
@@ -335,6 +348,13 @@ bool norm_router_topk_fits(int dim, const RouterTopKDims& d);
 /// (C, tokens): a cluster of C = router_cluster_blocks(E) blocks per token shares the rows.
 KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps, bool bias,
                                    const std::vector<std::string>& ir_lines);
+/// norm_router_topk in the canonical order (kernels/linear_chain.cuh norm_router_topk_chain:
+/// rms_norm's xn, the logits as the gemm path sums them with d.chain K ranges, router_topk's
+/// picks): experts a multiple of 8 up to 256, d.chain dividing dim / 64, bf16 activations.
+/// Parameters as emit_norm_router_topk's; grid (C, tokens), C = the clusters' blocks.
+bool norm_router_topk_chain_fits(int dim, const RouterTopKDims& d);
+KernelSource emit_norm_router_topk_chain(int dim, const RouterTopKDims& d, double eps, bool bias,
+                                         const std::vector<std::string>& ir_lines);
 KernelSource emit_rms_norm(const RmsNormDims& d, const std::vector<std::string>& ir_lines);
 KernelSource emit_select_rows(const SelectRowsDims& d, const std::vector<std::string>& ir_lines);
 
@@ -349,7 +369,9 @@ KernelSource emit_argmax(int vocab, const std::vector<std::string>& ir_lines);
 /// grid.y = masked rows.
 KernelSource emit_argmax_masked(int vocab, const std::vector<std::string>& ir_lines);
 /// uint32 words of one token mask over `vocab` ids (bit t % 32 of word t / 32 allows id t).
-inline constexpr int mask_words(int vocab) { return (vocab + 31) / 32; }
+inline constexpr int mask_words(int vocab) {
+  return (vocab + 31) / 32;
+}
 /// Logits one argmax block reads, and the blocks (keys) per row.
 inline constexpr int kArgmaxChunk = 8192;
 inline constexpr int argmax_chunks(int vocab) {

@@ -206,11 +206,17 @@ struct WarpRowRing {
   /// This lane's slot of row l / 8 + 4 j of chunk `buf` from src[j] (16 bytes, or zeros when
   /// bytes is 0; src must still be a valid address).
   __device__ __forceinline__ void copy(int buf, const void* const (&src)[4], unsigned bytes) const {
+    const unsigned each[4] = {bytes, bytes, bytes, bytes};
+    copy(buf, src, each);
+  }
+  /// ... with each row's own byte count (16 or 0).
+  __device__ __forceinline__ void copy(int buf, const void* const (&src)[4],
+                                       const unsigned (&bytes)[4]) const {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const unsigned dst = (j % 2 ? dst1 : dst0) + buf * kChunkBytes + (j / 2) * 8 * 8 * 16;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src[j]),
-                   "r"(bytes));
+                   "r"(bytes[j]));
     }
   }
 
@@ -257,6 +263,25 @@ __device__ __forceinline__ void cluster_store(float* local, unsigned rank, float
 template <int BS> __device__ __forceinline__ int kv_slot(const int* __restrict__ table, int j) {
   static_assert(BS > 0 && (BS & (BS - 1)) == 0, "the block size is a power of two");
   return table[j / BS] * BS + j % BS;
+}
+
+/// The rotary factors of position p at inverse frequency f: c = cos(p f) att, s = sin(p f) att,
+/// in float64 with every operation rounded as written (no contraction), as the host reference
+/// computes them. Every kernel that rotates calls it, so that a pair rotated in a decode GEMV's
+/// epilogue and in a rope kernel gets the same bits.
+__device__ __forceinline__ void rope_cos_sin(int p, double f, double att, double& c, double& s) {
+  double s0, c0;
+  sincos(__dmul_rn(double(p), f), &s0, &c0);
+  c = __dmul_rn(c0, att);
+  s = __dmul_rn(s0, att);
+}
+
+/// The rotate-half pair (x1, x2) -> (x1 c - x2 s, x2 c + x1 s), in float64, uncontracted.
+__device__ __forceinline__ void rope_rotate(float x1, float x2, double c, double s, float& y1,
+                                            float& y2) {
+  const double d1 = x1, d2 = x2;
+  y1 = float(__dsub_rn(__dmul_rn(d1, c), __dmul_rn(d2, s)));
+  y2 = float(__dadd_rn(__dmul_rn(d2, c), __dmul_rn(d1, s)));
 }
 
 __device__ __forceinline__ float neg_inf() {

@@ -594,12 +594,8 @@ qkv_rope_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ l
     const int p = positions[lane];
     slot = (size_t)kv_slot<BS>(block_table + (size_t)token_seq[lane] * MB, p) * (NK / D) * D +
            (size_t)head * D;
-    if (part < 2) {
-      double s0, c0;
-      sincos(double(p) * inv_freq[j], &s0, &c0);
-      c = c0 * att;
-      sn = s0 * att;
-    }
+    if (part < 2)
+      rope_cos_sin(p, inv_freq[j], att, c, sn);
   }
   grid_dependency_sync(); // the first weight loads fly while the previous kernel finishes
   linear_stage_x<K, MAX_T, true, ROUND>(x, ln, eps, xs, tokens);
@@ -613,11 +609,8 @@ qkv_rope_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ l
       continue;
     const float x1 = acc[0][t] + b1, x2 = acc[1][t] + b2;
     float y1 = x1, y2 = x2;
-    if (part < 2) {
-      const double d1 = x1, d2 = x2;
-      y1 = float(d1 * c - d2 * sn);
-      y2 = float(d2 * c + d1 * sn);
-    }
+    if (part < 2)
+      rope_rotate(x1, x2, c, sn, y1, y2);
     y[(size_t)t * n + row] = y1;
     y[(size_t)t * n + row + kHalf] = y2;
     if (part > 0) {

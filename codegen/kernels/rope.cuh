@@ -9,17 +9,12 @@ namespace xserv_kernels {
 constexpr int kRopeThreads = 256;
 
 /// cos and sin (times the attention factor) of position p's angles p inv_freq[j], j < D/2, in
-/// float64 into shared memory, then a barrier.
+/// float64 into shared memory (rope_cos_sin), then a barrier.
 template <int D>
 __device__ __forceinline__ void rope_angles(int position, const double* __restrict__ inv_freq,
                                             double att, double* cs, double* sn) {
-  const double p = position;
-  for (int j = threadIdx.x; j < D / 2; j += kRopeThreads) {
-    double s, c;
-    sincos(p * inv_freq[j], &s, &c);
-    cs[j] = c * att;
-    sn[j] = s * att;
-  }
+  for (int j = threadIdx.x; j < D / 2; j += kRopeThreads)
+    rope_cos_sin(position, inv_freq[j], att, cs[j], sn[j]);
   __syncthreads();
 }
 
@@ -40,10 +35,10 @@ __device__ __forceinline__ void rope_yarn(const float* x, const int* __restrict_
     const int h = i / kHalf, j = i % kHalf;
     const size_t base = ((size_t)t * H + h) * D;
     // In float64 like the reference, so the result matches it to the last fp32 rounding.
-    const double x1 = x[base + j], x2 = x[base + j + kHalf];
-    const double c = cs[j], s = sn[j];
-    y[base + j] = float(x1 * c - x2 * s);
-    y[base + j + kHalf] = float(x2 * c + x1 * s);
+    float y1, y2;
+    rope_rotate(x[base + j], x[base + j + kHalf], cs[j], sn[j], y1, y2);
+    y[base + j] = y1;
+    y[base + j + kHalf] = y2;
   }
 }
 
@@ -58,9 +53,8 @@ __device__ __forceinline__ void rotate_qk(float* q, float* k, int t, const doubl
        i += gridDim.x * kRopeThreads) {
     const int h = i / kHalf, j = i % kHalf;
     float* base = h < HQ ? q + ((size_t)t * HQ + h) * D : k + ((size_t)t * HK + h - HQ) * D;
-    const double x1 = base[j], x2 = base[j + kHalf];
-    const double c = cs[j], s = sn[j];
-    const float y1 = float(x1 * c - x2 * s), y2 = float(x2 * c + x1 * s);
+    float y1, y2;
+    rope_rotate(base[j], base[j + kHalf], cs[j], sn[j], y1, y2);
     base[j] = y1;
     base[j + kHalf] = y2;
     if (h >= HQ)

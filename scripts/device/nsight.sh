@@ -18,6 +18,8 @@
 #   batched   batched decode: a timeline plan of the default 256 rows at B64, B128 and B256,
 #             depth 512 (BATCHES), each kernel's share; then kernels_bench's MoE tile sweep
 #             (gate_up + act + down a layer by tokens and tile; needs .device/bin/kernels_bench)
+# NEW_FLAGS: compile flags of the new binary's plans (e.g. "--gemm-order canonical"; with the
+# same binary as .device/old/xserv the timeline compares the two orders).
 # docs/PERF.md "Where a decode step's time goes" reads these. Needs .device/bin/xserv,
 # .device/data/gpt-oss-20b.json; carry [".device/bin", ".device/data"] (and ".device/old").
 source "$(dirname "$0")/common.sh"
@@ -25,12 +27,16 @@ gpu_info
 MODES=${MODES:-timeline table}
 KERNELS=${KERNELS:-moe_gate_up moe_down_part}
 synth20b
-$X compile /tmp/g20 -o /tmp/p_new --max-seq 8192 --max-batch 64 > /tmp/c_new.log 2>&1 &
+# shellcheck disable=SC2086
+$X compile /tmp/g20 -o /tmp/p_new --max-seq 8192 --max-batch 64 ${NEW_FLAGS:-} > /tmp/c_new.log 2>&1 &
 if [[ " $MODES " == *" timeline "* ]]; then
   for v in new old; do
     [ $v = old ] && ! have_old && continue
+    flags=""
+    [ $v = new ] && flags=${NEW_FLAGS:-}
+    # shellcheck disable=SC2086
     "$(bin_of $v)" compile /tmp/g20 -o /tmp/p_tl_$v --max-seq 8192 --max-batch 64 --timeline \
-      > /tmp/c_tl_$v.log 2>&1 &
+      $flags > /tmp/c_tl_$v.log 2>&1 &
   done
 fi
 wait

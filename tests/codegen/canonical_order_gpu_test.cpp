@@ -103,46 +103,6 @@ TEST_CASE("MoE decode kernels in the canonical order give the grouped gemms' bit
   }
 }
 
-namespace {
-
-/// y = x W^T (+ b) (+ h) of `tokens` rows through gemm_wg as the lowering runs it above 8
-/// tokens: gemm_act's slot-ordered bf16 activations, `splitk` K ranges (raw partial sums, then
-/// gemm_splitk_reduce: the ranges in order, bias, residual) or one (the epilogue adds them);
-/// `bn` tokens a tile; `chunks`: one range a block, K in that many chunks summed in order in
-/// registers (as the lowering runs steps above 64 tokens).
-std::vector<uint32_t> dense_gemm_bits(const LinearDims& d, int splitk, int bn, int tokens,
-                                      const DevBuf& x, const DevBuf& w, const DevBuf& b,
-                                      const DevBuf& h, int chunks = 1) {
-  GemmWgDims g = dense(d.k, d.n, d.bias, d.residual, bn, 1, false);
-  g.splitk = splitk;
-  g.chunks = chunks;
-  g.stages = 4;
-  const Act a = make_act({d.k, false, false, 1e-5, 1}, tokens, x.p, nullptr);
-  auto hcopy = upload(download(h, size_t(tokens) * d.n));
-  auto y = poisoned(size_t(tokens) * d.n);
-  void* out = d.residual ? hcopy->p : y->p; // in place over h, as the engine runs it
-  if (splitk == 1) {
-    const Loaded& l = load(emit_gemm_wg(g, {}));
-    launch_wg(l, tokens, a, false, w.p, b.p, d.residual ? hcopy->p : nullptr, out, nullptr,
-              nullptr, nullptr);
-  } else {
-    g.bias = g.residual = false;
-    const Loaded& l = load(emit_gemm_wg(g, {}));
-    const Loaded& red = load(emit_gemm_splitk_reduce(d.n, splitk, d.bias, d.residual, {}));
-    auto part = poisoned(size_t(splitk) * tokens * d.n);
-    launch_wg(l, tokens, a, false, w.p, nullptr, nullptr, part->p, nullptr, nullptr, nullptr);
-    launch(red, tokens, 1, part->p, d.bias ? b.p : nullptr, d.residual ? hcopy->p : nullptr, out,
-           tokens);
-  }
-  device_sync();
-  const std::vector<float> got = download(d.residual ? *hcopy : *y, size_t(tokens) * d.n);
-  std::vector<uint32_t> bits(got.size());
-  std::memcpy(bits.data(), got.data(), got.size() * 4);
-  return bits;
-}
-
-} // namespace
-
 TEST_CASE("decode linears in the canonical order give the dense gemms' bits") {
   XSERV_REQUIRE_GPU();
   if (!sm90()) {

@@ -317,4 +317,47 @@ inline std::vector<std::vector<uint32_t>> run_moe(const MoeCase& c, uint64_t see
   return out;
 }
 
+/// y = x' W^T (+ b) (+ h) of `tokens` rows through gemm_wg as the lowering runs it above 8
+/// tokens (canonical plans' gemm path): gemm_act's slot-ordered bf16 activations of x' (x, or
+/// rms_norm(x, ln, 1e-5) when ln is given), `splitk` K ranges (raw partial sums, then
+/// gemm_splitk_reduce: the ranges in order, bias, residual) or one (the epilogue adds them);
+/// `bn` tokens a tile; `chunks`: one range a block, K in that many chunks summed in order in
+/// registers (as the lowering runs steps above 64 tokens). With a residual y is h's copy.
+inline std::unique_ptr<DevBuf> dense_gemm_out(const LinearDims& d, int splitk, int bn, int tokens,
+                                              const void* x, const void* ln, const void* w,
+                                              const void* b, const DevBuf* h, int chunks = 1) {
+  GemmWgDims g = dense(d.k, d.n, d.bias, d.residual, bn, 1, false);
+  g.splitk = splitk;
+  g.chunks = chunks;
+  g.stages = 4;
+  const Act a = make_act({d.k, ln != nullptr, false, 1e-5, 1}, tokens, x, ln);
+  auto y = d.residual ? upload(download(*h, size_t(tokens) * d.n)) : poisoned(size_t(tokens) * d.n);
+  if (splitk == 1) {
+    const Loaded& l = load(emit_gemm_wg(g, {}));
+    launch_wg(l, tokens, a, false, w, b, d.residual ? y->p : nullptr, y->p, nullptr, nullptr,
+              nullptr);
+  } else {
+    g.bias = g.residual = false;
+    const Loaded& l = load(emit_gemm_wg(g, {}));
+    const Loaded& red = load(emit_gemm_splitk_reduce(d.n, splitk, d.bias, d.residual, {}));
+    auto part = poisoned(size_t(splitk) * tokens * d.n);
+    launch_wg(l, tokens, a, false, w, nullptr, nullptr, part->p, nullptr, nullptr, nullptr);
+    launch(red, tokens, 1, part->p, d.bias ? b : nullptr, d.residual ? y->p : nullptr, y->p,
+           tokens);
+  }
+  device_sync();
+  return y;
+}
+
+/// dense_gemm_out's values as bits.
+inline std::vector<uint32_t> dense_gemm_bits(const LinearDims& d, int splitk, int bn, int tokens,
+                                             const DevBuf& x, const DevBuf& w, const DevBuf& b,
+                                             const DevBuf& h, int chunks = 1) {
+  const auto y = dense_gemm_out(d, splitk, bn, tokens, x.p, nullptr, w.p, b.p, &h, chunks);
+  const std::vector<float> got = download(*y, size_t(tokens) * d.n);
+  std::vector<uint32_t> bits(got.size());
+  std::memcpy(bits.data(), got.data(), got.size() * 4);
+  return bits;
+}
+
 } // namespace xserv::kernel_test::wg

@@ -144,6 +144,22 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
   qr.f32_cache = true;
   if (qkv_decode_fits(qr))
     out.push_back(emit_qkv_decode(qr, {"qkv_rope_decode"}));
+  // Canonical plans' fused decode kernels: the gemms' K splits (the lowering's), one token and
+  // up to 8, both caches; the router with its norm and top-k.
+  QkvDims qc = qr;
+  qc.chain_q = wg_splitk(d, q);
+  qc.chain_kv = wg_splitk(d, kv);
+  for (int tokens : {1, 8})
+    for (bool f32 : {false, true}) {
+      qc.max_tokens = tokens;
+      qc.f32_cache = f32;
+      REQUIRE(qkv_chain_fits(qc));
+      out.push_back(emit_qkv_rope_chain(qc, {"qkv_rope_decode, canonical order"}));
+    }
+  rd.chain = wg_splitk(d, rd.experts);
+  REQUIRE(norm_router_topk_chain_fits(d, rd));
+  out.push_back(
+      emit_norm_router_topk_chain(d, rd, c.rms_norm_eps, true, {"router, canonical order"}));
   return out;
 }
 
@@ -428,7 +444,8 @@ TEST_CASE("gemm emitter: names, launch rules and refusals") {
   CHECK(!gemm_fits(2848));
 }
 
-TEST_CASE("prefill kernels compile for gpt-oss-20b: gemms, MoE sort and combine, split-K reduce, sampling") {
+TEST_CASE("prefill kernels compile for gpt-oss-20b: gemms, MoE sort and combine, split-K reduce, "
+          "sampling") {
   runtime::CompileOptions opts;
   opts.arch = "sm_90";
   opts.headers = kernel_headers();

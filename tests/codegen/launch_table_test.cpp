@@ -7,6 +7,7 @@
 #include "codegen/emit_wg.h"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -747,7 +748,7 @@ TEST_CASE("the 120b's decode kernels on sm_90 take the gemms' canonical order wh
   // --gemm-order canonical: the MoE rows (MXFP4, compile's default), lm_head and o_proj at one
   // token and at 2-8 (wg_splitk: o_proj 8 K splits, lm_head 1) in gemm_wg's order, so that a
   // token's sums are the gemms' bits (GPU test: canonical_order_gpu_test.cpp); qkv and the
-  // router not yet. The default order keeps the fastest kernels, none of them chained.
+  // router fused and chained. The default order keeps the fastest kernels, none of them chained.
   const models::ModelConfig cfg =
       models::ModelConfig::load(testing::source_dir() / "examples/gpt-oss-120b/config.json");
   const ir::Graph g = final_graph(cfg, variants()[1]);
@@ -772,12 +773,20 @@ TEST_CASE("the 120b's decode kernels on sm_90 take the gemms' canonical order wh
     CHECK(count(ns, tokens == 1
                         ? "linear_residual_k4096_n2880_t1_smem_r24_a16_chain"
                         : "linear_residual_k4096_n2880_t8_mma_g2_s8_r4_a16_chain") == layers);
-    // qkv and the router on the gemms at every step size: no decode GEMV or fused kernel,
-    // the q projection's 5 K splits and the router's 9 as above 8 tokens.
-    CHECK(count(ns, "qkv_rope_decode") == 0);
-    CHECK(count(ns, "norm_router_topk") == 0);
+    // qkv (+ rope and the cache writes) and the router (+ its norm and top-k) fused as in the
+    // default plan, but chained in the gemms' K splits: q's 5, k's and v's 9, the router's 9.
+    CHECK(count(ns, fmt::format("qkv_rope_decode_chain_k2880_q4096_k512_v512_t{}_c5x9", tokens)) ==
+          layers);
+    CHECK(count(ns, "rmsnorm_router_topk_chain_d2880_e128_k4_c9") == layers);
+    CHECK(count(ns, "qkv_rope_decode_k") == 0);
+    CHECK(count(ns, "rmsnorm_router_topk_d") == 0);
     CHECK(count(ns, "rmsnorm_linear") == 0);
-    CHECK(count(ns, "gemmwg_store_k2880_n4096_t64_m64_s4_nobias_bf16_splitk5") == layers);
-    CHECK(count(ns, "gemmwg_store_k2880_n128_t64_m64_s4_nobias_bf16_splitk9") == layers);
+    CHECK(count(ns, "gemmwg_") == 0);
   }
+  // Above 8 tokens the gemms, in the same K splits.
+  const std::vector<std::string> ns = names(16);
+  CHECK(count(ns, "qkv_rope_decode") == 0);
+  CHECK(count(ns, "norm_router_topk") == 0);
+  CHECK(count(ns, "gemmwg_store_k2880_n4096_t64_m64_s4_nobias_bf16_splitk5") == layers);
+  CHECK(count(ns, "gemmwg_store_k2880_n128_t64_m64_s4_nobias_bf16_splitk9") == layers);
 }
