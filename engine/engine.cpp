@@ -16,10 +16,10 @@
 //      NaN or an infinity ends its sequence alone with an error (no token); its blocks are free
 //      for the next step.
 #include "engine/engine.h"
+#include "engine/worker_pool.h"
 
 #include <algorithm>
 #include <cmath>
-#include <future>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -308,9 +308,9 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
 void Engine::update_from_output(const ScheduledStep& s, const std::vector<bool>& yields,
                                 const std::vector<bool>& need, const std::vector<bool>& masked,
                                 const StepOutput& out,
-                                const std::vector<std::vector<uint32_t>>& masks,
-                                int64_t step_index, std::vector<Event>& events,
-                                int64_t& generated, int64_t finished[3]) {
+                                const std::vector<std::vector<uint32_t>>& masks, int64_t step_index,
+                                std::vector<Event>& events, int64_t& generated,
+                                int64_t finished[3]) {
   std::vector<const Sequence*> done;
   for (size_t b = 0; b < s.seqs.size(); ++b) {
     if (!yields[b])
@@ -356,31 +356,29 @@ std::vector<Event> Engine::step() {
       yields[b] = sched.yields(b);
     // The masks of the constrained sequences' next tokens, on the host while the model runs.
     std::vector<std::vector<uint32_t>> masks(sched.seqs.size());
-    // Each sequence's state is its own: up to 4 threads share them (16 sequences a thread at
-    // least), the first of them the one that waits for the rest.
+    // Each sequence's state is its own: the pool's threads take them one at a time (a mask
+    // costs from microseconds to milliseconds), and the model waits for them only to pick.
     std::vector<size_t> bound;
     for (size_t b = 0; b < sched.seqs.size(); ++b)
       if (yields[b] && sched.seqs[b]->constraint && sched.seqs[b]->constraint->bound())
         bound.push_back(b);
-    std::future<void> masking;
-    if (!bound.empty())
-      masking = std::async(std::launch::async, [&] {
-        const auto words = ConstraintState::mask_words(model_.config().vocab_size);
-        auto fill = [&](size_t lo, size_t hi) {
-          for (size_t i = lo; i < hi; ++i) {
-            masks[bound[i]].assign(words, ~0u);
-            sched.seqs[bound[i]]->constraint->fill_mask(masks[bound[i]]);
-          }
-        };
-        const size_t threads = std::clamp<size_t>(bound.size() / 16, 1, 4);
-        std::vector<std::future<void>> rest;
-        for (size_t t = 1; t < threads; ++t)
-          rest.push_back(std::async(std::launch::async, fill, t * bound.size() / threads,
-                                    (t + 1) * bound.size() / threads));
-        fill(0, bound.size() / threads);
-        for (auto& r : rest)
-          r.get();
+    bool masking = false;
+    if (!bound.empty()) {
+      if (!mask_pool_)
+        mask_pool_ = std::make_unique<WorkerPool>(options_.mask_threads);
+      const auto words = ConstraintState::mask_words(model_.config().vocab_size);
+      mask_pool_->start(bound.size(), [&, words](size_t i) {
+        masks[bound[i]].assign(words, ~0u);
+        sched.seqs[bound[i]]->constraint->fill_mask(masks[bound[i]]);
       });
+      masking = true;
+    }
+    const auto masks_done = [&] {
+      if (masking) {
+        masking = false;
+        mask_pool_->wait();
+      }
+    };
     // A greedy constrained pick wants no logits row: the model picks over the mask (on the
     // device where it can, the mask going up instead of the row coming back).
     std::vector<bool> need = sched.need_logits, masked(sched.seqs.size());
@@ -393,8 +391,7 @@ std::vector<Event> Engine::step() {
       }
     }
     const MaskSource mask_source = [&]() -> const std::vector<std::vector<uint32_t>>& {
-      if (masking.valid())
-        masking.get();
+      masks_done();
       return masks;
     };
     StepOutput out;
@@ -403,8 +400,10 @@ std::vector<Event> Engine::step() {
                 ? model_.step_masked(sched.input, need, masked, mask_source)
                 : model_.step_mixed(sched.input, need);
     } catch (...) {
-      if (masking.valid())
-        masking.wait();
+      try { // the masks' threads still read this step's sequences
+        masks_done();
+      } catch (...) {
+      }
       // The step did not happen: every sequence keeps its state (the next step runs the same
       // tokens again, and makes its block copies); what this step took in and ended is
       // counted, and the error goes up.
@@ -422,8 +421,7 @@ std::vector<Event> Engine::step() {
     for (size_t b = 0; b < sched.seqs.size(); ++b)
       XSERV_CHECK(!need[b] || int64_t(out.logits[b].size()) == model_.config().vocab_size,
                   "the model returned a logits row of another size than the vocabulary");
-    if (masking.valid())
-      masking.get();
+    masks_done();
     scheduler_.commit(sched);
     update_from_output(sched, yields, need, masked, out, masks, step_index, events, generated,
                        finished);

@@ -26,6 +26,8 @@
 
 namespace xserv::engine {
 
+class WorkerPool;
+
 /// Counters and gauges of an Engine, a consistent snapshot.
 struct EngineStats {
   int64_t running = 0;        ///< sequences holding KV blocks (in prefill or decode)
@@ -119,6 +121,7 @@ private:
 
   Model& model_;
   EngineOptions options_;
+  std::unique_ptr<WorkerPool> mask_pool_; ///< the token masks' threads (step()'s), once needed
   mutable std::mutex mu_; ///< guards pending_, aborts_, next_id_, stats_ and the counts
   std::condition_variable work_;
   RequestId next_id_ = 1;

@@ -122,6 +122,10 @@ struct EngineOptions {
   /// Full KV blocks are kept by content hash after their sequence leaves, and a new request
   /// starts from its longest cached prefix.
   bool prefix_caching = true;
+  /// Threads computing the constrained sequences' token masks while a step runs (a mask takes
+  /// from ~5 us to a few ms of xgrammar's parser); 0: one fewer than the machine's hardware
+  /// threads. Started with the first constrained request.
+  int mask_threads = 0;
 };
 
 } // namespace xserv::engine
