@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # xgrammar's C++ core, the grammar engine behind structured output (engine/constraint.cpp),
-# pinned to one version: its source package from PyPI (checked against the digest below), built
-# as a static library with its Python bindings off, installed into .deps/xgrammar-VERSION.
+# pinned to one version: its source package from PyPI (checked against the digest below), with
+# the fixes in scripts/xgrammar-VERSION-*.patch applied (each says what it fixes), built as a
+# static library with its Python bindings off, installed into .deps/xgrammar-VERSION-PATCHES.
 # Idempotent: nothing happens when that install is there. CMake finds it there
 # (XSERV_XGRAMMAR_ROOT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=0.2.8
 sha256=8305646fd2b319d6c3003f51a1665e54cbbe9cba1fb636bc41d0b46434ccbb80
-prefix=$PWD/.deps/xgrammar-$version
+patches=(scripts/xgrammar-$version-*.patch)
+prefix=$PWD/.deps/xgrammar-$version-${#patches[@]} # a new patch: a new install
 [ -f "$prefix/lib/libxgrammar.a" ] && exit 0
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -21,6 +23,10 @@ echo "$sha256  $archive" | sha256sum --check --quiet || {
 }
 tar xzf "$archive" -C "$work"
 src="$work/xgrammar-$version"
+for p in "${patches[@]}"; do
+  echo "[xgrammar] applying $(basename "$p")"
+  patch -s -p1 -d "$src" < "$p"
+done
 mkdir -p "$src/build"
 printf 'set(XGRAMMAR_BUILD_PYTHON_BINDINGS OFF)\nset(XGRAMMAR_BUILD_CXX_TESTS OFF)\n' \
   > "$src/build/config.cmake"

@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -158,6 +159,47 @@ TEST_CASE("constraint masks equal a brute force over the vocabulary (PCRE2 oracl
   CHECK(checked >= 60);
 }
 
+TEST_CASE("constraint: a length-bounded JSON string admits no raw control character") {
+  // JSON strings carry U+0000..U+001F only escaped (RFC 8259); a bounded string is its own
+  // grammar rule in xgrammar (scripts/xgrammar-0.2.8-string-controls.patch), so every token
+  // with such a byte must be masked out inside one, as in an unbounded string.
+  XSERV_REQUIRE_DATA(data);
+  const models::Tokenizer& tok = tokenizer();
+  for (const char* string_schema :
+       {R"({"type": "string", "maxLength": 5})",
+        R"({"type": "string", "minLength": 1, "maxLength": 40})", R"({"type": "string"})"}) {
+    CAPTURE(string_schema);
+    ConstraintRequest req;
+    req.output = {GrammarSpec::Kind::JsonSchema,
+                  std::string(R"({"type": "object", "properties": {"s": )") + string_schema +
+                      R"(}, "required": ["s"], "additionalProperties": false})",
+                  "json_schema"};
+    ConstraintState state(compiler().compile(req));
+    for (models::TokenId id : tok.encode(R"({"s": ")"))
+      REQUIRE(state.accept(int32_t(id)));
+    std::vector<uint32_t> mask(ConstraintState::mask_words(kVocab));
+    REQUIRE(state.fill_mask(mask));
+    int controls = 0, plain = 0;
+    for (int64_t t = 0; t < int64_t(tok.vocab_size()); ++t) {
+      if (tok.is_special(models::TokenId(t)))
+        continue;
+      const std::string_view bytes = tok.id_to_token(models::TokenId(t));
+      const bool control = std::any_of(bytes.begin(), bytes.end(),
+                                       [](char c) { return static_cast<unsigned char>(c) < 0x20; });
+      if (control) {
+        ++controls;
+        if (allowed(mask, t))
+          FAIL_CHECK("token " << t << " with a control byte is allowed in the string");
+      } else if (bytes == "ab" || bytes == "hello") {
+        ++plain;
+        CHECK(allowed(mask, t));
+      }
+    }
+    CHECK(controls > 100); // tabs, newlines and the rest exist as tokens
+    CHECK(plain == 2);
+  }
+}
+
 TEST_CASE("constraint: schema keywords the engine cannot enforce are refused by name") {
   XSERV_REQUIRE_DATA(data);
   auto refuse = [](const std::string& schema, const std::string& word) {
@@ -259,10 +301,11 @@ TEST_CASE("constraint: the harmony binding leaves headers and analysis free, bin
                            R"({"type": "object", "properties": {"ok": {"type": "boolean"}},
                                "required": ["ok"]})",
                            "response_format"};
-  req.tools.push_back({"lookup", {GrammarSpec::Kind::JsonSchema,
-                                  R"({"type": "object", "properties": {"q": {"enum": ["x"]}},
+  req.tools.push_back({"lookup",
+                       {GrammarSpec::Kind::JsonSchema,
+                        R"({"type": "object", "properties": {"q": {"enum": ["x"]}},
                                       "required": ["q"]})",
-                                  "tools[0].function.parameters"}});
+                        "tools[0].function.parameters"}});
   const auto constraint = compiler().compile(req);
   auto ids = [&](const std::string& text) {
     std::vector<int32_t> out;
