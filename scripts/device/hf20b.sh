@@ -27,7 +27,7 @@ reference() {
 
 # compare CKPT: engine_gpu_tests' HF cases on CKPT against /tmp/ref.
 compare() {
-  XSERV_20B_CKPT=$1 XSERV_20B_REF=/tmp/ref timeout 200 $B/engine_gpu_tests \
+  XSERV_20B_CKPT=$1 XSERV_20B_REF=/tmp/ref timeout 300 $B/engine_gpu_tests \
     -tc="gpu: synthetic 20b*" > "$OUT/hf_test.log" 2>&1
   echo "== HF test rc=$?: $(grep -E '^\[doctest\] test cases' "$OUT/hf_test.log" | tail -1)"
   grep -E "MESSAGE|ERROR|CHECK|positions over|greedy step" -A1 "$OUT/hf_test.log" |

@@ -5,7 +5,8 @@
 // The bar is identical tokens. Logits rows need not be bitwise in the default (fast) order: a
 // step of one sequence runs the GEMV kernels (<= 8 tokens) and a mixed step the tensor-core
 // gemms, which sum in another order (docs/DESIGN.md "Kernel selection by step size"); how many
-// rows are bitwise is reported. A plan in the gemms' canonical order must give every row bitwise.
+// rows are bitwise is reported. A plan in the gemms' canonical order must give every row bitwise,
+// in the mix and with the prompt prefilled in chunks of 64 or 17 tokens.
 // XSERV_20B_CKPT (a synthetic gpt-oss-20b) adds the same check on the 20b.
 #include <doctest/doctest.h>
 
@@ -50,8 +51,9 @@ struct Outcome {
 /// Runs requests on `model`, request i added before step joins[i]; returns the outputs of the
 /// first `tracked` (which carry their logits rows).
 std::vector<Outcome> run(engine::Model& model, const std::vector<Request>& reqs,
-                         const std::vector<int>& joins, size_t tracked) {
-  Engine e(model);
+                         const std::vector<int>& joins, size_t tracked,
+                         engine::EngineOptions options = {}) {
+  Engine e(model, options);
   std::map<engine::RequestId, size_t> index;
   std::vector<Outcome> out(tracked);
   for (int k = 0; k <= *std::max_element(joins.begin(), joins.end()) || !e.idle(); ++k) {
@@ -128,9 +130,9 @@ void check_invariance(const fs::path& model_dir, int steps, int64_t max_seq, boo
   }
   MESSAGE("batch invariance (" << model_dir.filename().string()
                                << (split ? ", split gemms" : ", bf16 gemms, mxfp4")
-                               << (canonical ? ", canonical order" : "") << "): "
-                               << same_tokens << " of 4 prompts with identical tokens over "
-                               << steps << " steps; " << bitwise << " of " << rows
+                               << (canonical ? ", canonical order" : "") << "): " << same_tokens
+                               << " of 4 prompts with identical tokens over " << steps << " steps; "
+                               << bitwise << " of " << rows
                                << " logits rows bitwise, worst relative L2 " << worst
                                << " (up to the first differing token " << worst_before << ")");
   // The gemm and GEMV paths agree to ~1e-6 (kernel tests); anything larger is a scheduling bug
@@ -141,8 +143,27 @@ void check_invariance(const fs::path& model_dir, int steps, int64_t max_seq, boo
   // A canonical plan (compile --gemm-order canonical): every sum in one order whatever shares
   // the step, so every row is the same bits alone and in the mix (docs/DESIGN.md, "The gemms'
   // canonical order").
-  if (canonical)
-    CHECK(bitwise == rows);
+  if (!canonical)
+    return;
+  CHECK(bitwise == rows);
+  // ... and whatever the prompt's chunks: each prompt alone, prefilled 64 and 17 tokens a step.
+  for (int64_t chunk : {64, 17}) {
+    CAPTURE(chunk);
+    engine::EngineOptions o;
+    o.max_running = 1;
+    o.max_tokens_per_step = chunk;
+    size_t same = 0, total = 0;
+    for (size_t i = 0; i < 4; ++i) {
+      const Outcome c = run(model, {reqs[i]}, {0}, 1, o).at(0);
+      CHECK(c.tokens == alone[i].tokens);
+      for (size_t t = 0; t < std::min(c.logits.size(), alone[i].logits.size()); ++t, ++total)
+        same += c.logits[t] == alone[i].logits[t];
+    }
+    MESSAGE("canonical order, prompts in chunks of " << chunk << ": " << same << " of " << total
+                                                     << " logits rows bitwise");
+    CHECK(same == total);
+    CHECK(total == rows);
+  }
 }
 
 } // namespace

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -132,12 +133,16 @@ TEST_CASE("gpu: synthetic 20b against HF transformers") {
   }
 
   const xserv::ir::Graph all = models::build_gpt_oss(config, {.last_logits_only = false});
-  for (const bool split : {true, false}) {
-    CAPTURE(split);
+  // Split gemms, plain bf16 ones, and plain bf16 ones in the gemms' canonical order (compile
+  // --gemm-order canonical: the same roundings, sums in another order; held to the bf16 gates).
+  for (const char* mode : {"split", "bf16", "bf16, canonical order"}) {
+    CAPTURE(mode);
+    const bool split = mode == std::string_view("split");
     const double ratio_gate = split ? kRatio : kRatioBf16, max_gate = split ? kMaxErr : kMaxErrBf16;
     xserv::testing::GraphModelOptions opts = xserv::testing::quiet();
     opts.quiet = true;
     opts.gemm_split = split;
+    opts.gemm_canonical = mode == std::string_view("bf16, canonical order");
     const auto engine_model =
         xserv::testing::graph_cuda_model(ckpt, 1, static_cast<int64_t>(T + G + 8), &all, opts);
     engine::CudaModel& engine = *engine_model;
@@ -169,10 +174,10 @@ TEST_CASE("gpu: synthetic 20b against HF transformers") {
                         "median {:.4g} "
                         "max {:.4g}; HF bf16 median {:.4g} max {:.4g}; ratio median {:.3f}, worst "
                         "{:.3f} at position {} ({:.4g} vs {:.4g}); {} positions over {}",
-                        split ? "split" : "bf16", T, median(err),
-                        *std::max_element(err.begin(), err.end()), median(bf16_err),
-                        *std::max_element(bf16_err.begin(), bf16_err.end()), median(ratio),
-                        ratio[worst], worst, err[worst], bf16_err[worst], over, ratio_gate));
+                        mode, T, median(err), *std::max_element(err.begin(), err.end()),
+                        median(bf16_err), *std::max_element(bf16_err.begin(), bf16_err.end()),
+                        median(ratio), ratio[worst], worst, err[worst], bf16_err[worst], over,
+                        ratio_gate));
     CHECK_MESSAGE(over == 0, over << " positions over " << ratio_gate
                                   << " x HF bf16's error (pos:xserv/bf16=ratio):" << failing);
     CHECK(*std::max_element(err.begin(), err.end()) <= max_gate);
@@ -191,10 +196,11 @@ TEST_CASE("gpu: synthetic 20b against HF transformers") {
     const size_t with_bf16 = shared_prefix(got, bf16_greedy);
     const size_t with_fp32 = shared_prefix(got, fp32_greedy);
     const size_t bf16_fp32 = shared_prefix(bf16_greedy, fp32_greedy);
-    MESSAGE(fmt::format("20b greedy {}: xserv shares {} steps with HF bf16 (gate: first {}, HF "
-                        "bf16 margin < {} at step {}), {} with HF fp32; HF bf16 shares {} with HF "
-                        "fp32",
-                        G, with_bf16, gated, kMarginFloor, gated, with_fp32, bf16_fp32));
+    MESSAGE(
+        fmt::format("20b greedy {} ({}): xserv shares {} steps with HF bf16 (gate: first {}, HF "
+                    "bf16 margin < {} at step {}), {} with HF fp32; HF bf16 shares {} with HF "
+                    "fp32",
+                    G, mode, with_bf16, gated, kMarginFloor, gated, with_fp32, bf16_fp32));
     for (size_t i = 0; i < gated; ++i) {
       CHECK_MESSAGE(got[i] == bf16_greedy[i],
                     "greedy step " << i << ": xserv " << got[i] << " != HF bf16 " << bf16_greedy[i]
