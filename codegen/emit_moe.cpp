@@ -43,12 +43,11 @@ struct MoeMmaTiling {
 };
 MoeMmaTiling moe_mma_tiling(const MoeDims& d, bool gate_up) {
   // The defaults; chained, the K splits are the canonical ranges (moe_chain_splits: the
-  // grouped gemms' chunks), whatever mma_splits asks.
+  // grouped gemms' chunks; the lowering never sets mma_splits then, benchmarks may).
   const int k = gate_up ? d.hidden : d.inter;
   const int groups = gate_up ? 4 : 2;
   const int splits = d.mma_chain ? moe_chain_splits(k) : gate_up ? 2 : 4;
-  MoeMmaTiling t{d.mma_groups > 0 ? d.mma_groups : groups,
-                 d.mma_splits > 0 && !d.mma_chain ? d.mma_splits : splits,
+  MoeMmaTiling t{d.mma_groups > 0 ? d.mma_groups : groups, d.mma_splits > 0 ? d.mma_splits : splits,
                  d.mma_chunk > 0 ? d.mma_chunk : 8, d.mma_stages};
   t.chain = d.mma_chain;
   t.blocks = k / 32;
@@ -89,7 +88,8 @@ bool moe_mma_kernel_fits(const MoeDims& d, bool gate_up) {
          d.inter % 32 == 0 &&
          (gate_up ? d.inter % (8 * t.groups) == 0 : d.hidden % (16 * t.groups) == 0) &&
          (t.stages == 0 || (t.stages >= 2 && ring_ok)) &&
-         (!t.chain || (t.stages >= 2 && d.hidden % 64 == 0 && d.inter % 64 == 0));
+         (!t.chain || (t.stages >= 2 && d.hidden % 64 == 0 && d.inter % 64 == 0 &&
+                       (k / 64) % t.splits == 0));
 }
 
 namespace {

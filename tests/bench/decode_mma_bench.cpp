@@ -75,20 +75,25 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
   struct Variant {
     int mma; // 0 FMA, 1 tensor cores (words into registers), 2.. (a shared ring of that depth)
     int groups, splits, chunk, min_blocks; // MMA tiling (0: default), or FMA rows, unroll
-    bool chain = false; // the canonical order (Mx4ChainRows: the canonical K ranges)
+    bool chain = false; // the canonical order (Mx4ChainRows: the canonical K ranges, or
+                        // `splits` ranges when set)
   };
   const std::vector<Variant> gu_variants = {
       {0, 0, 2, 0, 0}, {2, 4, 2, 8, 0}, {2, 4, 2, 8, 3}, {2, 1, 4, 8, 0}, {2, 2, 4, 8, 0},
       {2, 2, 2, 8, 0}, {3, 4, 2, 8, 0}, {3, 1, 4, 8, 0}, {4, 4, 2, 8, 0}, {2, 1, 8, 8, 0},
       {3, 4, 1, 8, 0}, {4, 4, 1, 8, 0}, {8, 4, 1, 8, 0}, // whole-K warps, deeper rings
       {2, 4, 0, 8, 0, true}, {2, 2, 0, 8, 0, true}, {3, 4, 0, 8, 0, true},
-      {2, 8, 0, 8, 0, true}, {2, 1, 0, 8, 0, true}};
+      {2, 8, 0, 8, 0, true}, {2, 1, 0, 8, 0, true}, // and other canonical range counts
+      {3, 4, 5, 8, 0, true}, {3, 2, 5, 8, 0, true}, {3, 2, 9, 8, 0, true}, {3, 1, 9, 8, 0, true},
+      {2, 4, 5, 8, 0, true}};
   const std::vector<Variant> dn_variants = {
       {0, 0, 2, 0, 0}, {2, 2, 4, 8, 0}, {2, 2, 4, 8, 3}, {2, 1, 4, 8, 0}, {2, 2, 2, 8, 0},
       {2, 1, 8, 8, 0}, {3, 2, 4, 8, 0}, {3, 1, 4, 8, 0}, {4, 2, 4, 8, 0}, {2, 2, 3, 8, 0},
       {3, 2, 1, 8, 0}, {4, 2, 1, 8, 0}, {8, 2, 1, 8, 0}, {3, 2, 2, 8, 0},
       {2, 2, 0, 8, 0, true}, {2, 1, 0, 8, 0, true}, {3, 2, 0, 8, 0, true},
-      {2, 4, 0, 8, 0, true}};
+      {2, 4, 0, 8, 0, true}, // and other canonical range counts
+      {3, 2, 5, 8, 0, true}, {3, 4, 5, 8, 0, true}, {3, 2, 9, 8, 0, true}, {3, 1, 9, 8, 0, true},
+      {2, 2, 5, 8, 0, true}, {4, 2, 5, 8, 0, true}};
   auto dims = [&](const Variant& v) {
     MoeDims m = d;
     m.mma = v.mma > 0;
