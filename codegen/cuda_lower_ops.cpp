@@ -314,7 +314,12 @@ void Lowerer::lower_qkv_rope(ValueId v) {
       codegen::QkvDims qr1 = qr;
       qr1.max_tokens = 1;
       const int rope1 = k_.add(codegen::emit_qkv_decode(qr1, ir_lines(g_, v)));
-      const int rope8 = k_.add(codegen::emit_qkv_decode(qr, ir_lines(g_, v)));
+      // 2-8 tokens on tensor cores where they fit (sm_90, bf16 activations): the chained
+      // kernel, 25.5 against 44.2 us for the 20b's qkv at 8 tokens (timeline, H100; docs/PERF.md
+      // "Batch invariance"); one token stays on the FMA kernel (12.1 against 12.7 us).
+      const bool mma8 = c_.wgmma && !c_.gemm_split && codegen::qkv_chain_fits(qc);
+      const int rope8 = k_.add(mma8 ? codegen::emit_qkv_rope_chain(qc, ir_lines(g_, v))
+                                    : codegen::emit_qkv_decode(qr, ir_lines(g_, v)));
       std::vector<LaunchArg> rargs = args;
       for (LaunchArg a : {addr(n.inputs.back()), addr(kn.inputs[3]), addr(kn.inputs[4]), table,
                           addr(kc), addr(vc)})

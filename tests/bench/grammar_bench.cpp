@@ -3,7 +3,7 @@
 // step while random walks through the grammar generate (median and p99 over every step),
 // single-threaded; the grammars include scripts/device/structured.sh's serving ones.
 //
-// usage: [THREADS=N] grammar_bench [TOKENIZER]
+// usage: [THREADS=N] [GRAMMAR=part of a name] grammar_bench [TOKENIZER]
 //   TOKENIZER  o200k_base.tiktoken or tokenizer.json (default: $XSERV_DATA or ../shared/data)
 #include <algorithm>
 #include <chrono>
@@ -87,7 +87,10 @@ int main(int argc, char** argv) {
     };
     std::printf("| grammar | compile ms | mask us median | p99 | accept us median | p99 | steps "
                 "|\n|---|---|---|---|---|---|---|\n");
+    const char* only = std::getenv("GRAMMAR"); // a part of the names to run, else all
     for (const auto& [name, spec] : specs) {
+      if (only && name.find(only) == std::string::npos)
+        continue;
       ConstraintRequest req;
       req.output = spec;
       t0 = Clock::now();

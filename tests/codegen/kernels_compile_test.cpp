@@ -284,14 +284,20 @@ TEST_CASE("tensor-core decode kernels: launch rules, ring sizes, and shapes they
   CHECK(dn.launch.blocks_x == 2880 / 32);
   CHECK(dn.launch.y_per_token == 4);
   // The canonical order (compile --gemm-order canonical): the K splits are the canonical ranges
-  // (moe_chain_splits: 3 of 15 tiles for 2880, whatever mma_splits asks), each warp's ring then
-  // its 16 rows' scale bytes (24 words a row: 90 bytes from the aligned word holding the first).
+  // (moe_chain_splits: 3 of 15 tiles for 2880; mma_splits, a benchmark's, sets other whole-tile
+  // ranges), each warp's ring then its 16 rows' scale bytes (24 words a row: 90 bytes from the
+  // aligned word holding the first).
   CHECK(moe_chain_splits(2880) == 3);
   CHECK(moe_chain_splits(2048) == 2);
   CHECK(moe_chain_splits(256) == 1);
   MoeDims c = m;
   c.mma_chain = true;
-  c.mma_splits = 2;
+  c.mma_splits = 2; // 45 tiles in 2 ranges: not whole tiles
+  CHECK_FALSE(moe_mma_fits(c));
+  c.mma_splits = 5;
+  REQUIRE(moe_mma_fits(c));
+  CHECK(emit_moe_down_part(c, {}).name.find("_g2_s5_") != std::string::npos);
+  c.mma_splits = 0;
   REQUIRE(moe_mma_fits(c));
   const KernelSource cgu = emit_moe_gate_up(c, {}), cdn = emit_moe_down_part(c, {});
   CHECK(cgu.name == "moe_gate_up_e32_k4_d2880_i2880_mx4_a16_mma_g4_s3_c8_t2_chain");
