@@ -2,15 +2,18 @@
 // and when it shares steps with 63 others that join and leave at random), and sampled requests
 // beside greedy ones in one step (greedy picks on the GPU, only the sampled rows' logits back).
 //
-// The bar is identical tokens. Logits rows need not be bitwise in the default (fast) order: a
-// step of one sequence runs the GEMV kernels (<= 8 tokens) and a mixed step the tensor-core
-// gemms, which sum in another order (docs/DESIGN.md "Kernel selection by step size"); how many
-// rows are bitwise is reported. A plan in the gemms' canonical order must give every row bitwise,
+// The bar is identical tokens up to a request's first near-tie alone (first_near_tie: the 20b's
+// random weights have them, and split gemms' last bits decide one; H100, 2026-12-06: 3 of 4
+// prompts, the rows before the flip within 2.4e-5). Logits rows need not be bitwise in the
+// default (fast) order: a step of one sequence runs the GEMV kernels (<= 8 tokens) and a mixed
+// step the tensor-core gemms, which sum in another order (docs/DESIGN.md "Kernel selection by
+// step size"); how many rows are bitwise is reported. A plan in the gemms' canonical order must give every row bitwise,
 // in the mix and with the prompt prefilled in chunks of 64 or 17 tokens.
 // XSERV_20B_CKPT (a synthetic gpt-oss-20b) adds the same check on the 20b.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -71,6 +74,29 @@ std::vector<Outcome> run(engine::Model& model, const std::vector<Request>& reqs,
   return out;
 }
 
+/// The first step of `o` whose greedy pick is a near-tie: its top two logits closer than 1e-3 of
+/// the row's RMS (40x split gemms' measured 2.4e-5 relative L2 between a request alone and in a
+/// mix on the 20b), where an error of that size may pick the other; o.tokens.size() if none.
+size_t first_near_tie(const Outcome& o) {
+  for (size_t t = 0; t < o.logits.size(); ++t) {
+    const std::vector<float>& row = o.logits[t];
+    float a = -INFINITY, b = -INFINITY;
+    double ss = 0;
+    for (float v : row) {
+      ss += double(v) * v;
+      if (v > a) {
+        b = a;
+        a = v;
+      } else if (v > b) {
+        b = v;
+      }
+    }
+    if (double(a) - b < 1e-3 * std::sqrt(ss / double(row.size())))
+      return t;
+  }
+  return o.tokens.size();
+}
+
 /// 4 tracked prompts x `steps` greedy tokens, alone and among 60 others (64 rows in use at the
 /// peak) that join at random steps with random prompt and output lengths; `split` gemm
 /// activations (fp32-grade) or plain bf16 ones with MXFP4 experts (compile's defaults), whose
@@ -113,8 +139,22 @@ void check_invariance(const fs::path& model_dir, int steps, int64_t max_seq, boo
   for (size_t i = 0; i < 4; ++i) {
     CAPTURE(i);
     const bool same = mixed[i].tokens == alone[i].tokens;
+    // The tokens bar: equal up to the request's first near-tie alone (random weights have them;
+    // a last-bit difference there picks the other id, and all after it differ).
+    const size_t gated = first_near_tie(alone[i]);
     if (split || tokens_bar)
-      CHECK(same);
+      CHECK_MESSAGE(
+          (mixed[i].tokens.size() >= gated &&
+           std::equal(alone[i].tokens.begin(), alone[i].tokens.begin() + std::ptrdiff_t(gated),
+                      mixed[i].tokens.begin())),
+          "tokens differ before the first near-tie, step " << gated);
+    if (!same)
+      MESSAGE("prompt " << i << ": tokens differ from step "
+                        << std::mismatch(alone[i].tokens.begin(), alone[i].tokens.end(),
+                                         mixed[i].tokens.begin(), mixed[i].tokens.end())
+                                   .first -
+                               alone[i].tokens.begin()
+                        << ", its first near-tie alone at step " << gated);
     same_tokens += same;
     const size_t n = std::min(mixed[i].logits.size(), alone[i].logits.size());
     bool diverged = false;
@@ -138,7 +178,7 @@ void check_invariance(const fs::path& model_dir, int steps, int64_t max_seq, boo
   // The gemm and GEMV paths agree to ~1e-6 (kernel tests); anything larger is a scheduling bug
   // or, with bf16 activations, a path that rounds differently.
   CHECK(worst_before < (split ? 1e-4 : 1e-2));
-  if (split || tokens_bar)
+  if ((split || tokens_bar) && same_tokens == 4)
     CHECK(worst < 1e-4);
   // A canonical plan (compile --gemm-order canonical): every sum in one order whatever shares
   // the step, so every row is the same bits alone and in the mix (docs/DESIGN.md, "The gemms'
