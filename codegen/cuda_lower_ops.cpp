@@ -272,24 +272,31 @@ void Lowerer::lower_qkv_rope(ValueId v) {
   const bool chain = gemm_always && kw >= 0 && codegen::wg_splitk(qd.k, qd.nv) == qc.chain_kv &&
                      codegen::qkv_chain_fits(qc);
   const bool rope_fused = (fused || chain) && kw >= 0 && (chain || codegen::qkv_decode_fits(qr));
-  if (chain) {
-    codegen::QkvDims qc1 = qc;
-    qc1.max_tokens = 1;
-    const int one = k_.add(codegen::emit_qkv_rope_chain(qc1, ir_lines(g_, v)));
-    const int few = k_.add(codegen::emit_qkv_rope_chain(qc, ir_lines(g_, v)));
-    const Node& kn = g_.node(kw);
+  // The fused launches' arguments: x, ln, the weights and biases, q, k, v, the rows; with the
+  // rope the positions, the sequences, the block tables, the angles and the two caches.
+  auto fused_args = [&](bool with_rope) {
     std::vector<LaunchArg> args;
     for (size_t i = 0; i < 8; ++i)
       args.push_back(addr(n.inputs[i]));
     for (int r = 0; r < 3; ++r)
       args.push_back(addr(v, r));
     args.push_back(rows_arg());
-    for (LaunchArg a :
-         {addr(n.inputs.back()), addr(kn.inputs[3]), addr(kn.inputs[4]), table, addr(kc), addr(vc)})
-      args.push_back(a);
+    if (with_rope) {
+      const Node& kn = g_.node(kw);
+      for (LaunchArg a : {addr(n.inputs.back()), addr(kn.inputs[3]), addr(kn.inputs[4]), table,
+                          addr(kc), addr(vc)})
+        args.push_back(a);
+    }
+    return args;
+  };
+  if (chain) {
+    codegen::QkvDims qc1 = qc;
+    qc1.max_tokens = 1;
+    const int one = k_.add(codegen::emit_qkv_rope_chain(qc1, ir_lines(g_, v)));
+    const int few = k_.add(codegen::emit_qkv_rope_chain(qc, ir_lines(g_, v)));
     outer_per_seq_ = 1;
-    emit(one, Rows::Tokens, 0, 1, args);
-    emit(few, Rows::Tokens, 2, kDecodeTokens, std::move(args));
+    emit(one, Rows::Tokens, 0, 1, fused_args(true));
+    emit(few, Rows::Tokens, 2, kDecodeTokens, fused_args(true));
     outer_lo_ = kDecodeTokens + 1; // longer decode steps
     projections();
     outer_lo_ = 0;
@@ -303,14 +310,8 @@ void Lowerer::lower_qkv_rope(ValueId v) {
     const int qkv = k_.add(codegen::emit_qkv_decode(qd, ir_lines(g_, v)));
     codegen::QkvDims qd1 = qd; // one-token steps: 15.9 against 17.1 us for the 20b's qkv
     qd1.max_tokens = 1;
-    std::vector<LaunchArg> args;
-    for (size_t i = 0; i < 8; ++i)
-      args.push_back(addr(n.inputs[i]));
-    for (int r = 0; r < 3; ++r)
-      args.push_back(addr(v, r));
-    args.push_back(rows_arg());
+    std::vector<LaunchArg> args = fused_args(false);
     if (rope_fused) {
-      const Node& kn = g_.node(kw);
       codegen::QkvDims qr1 = qr;
       qr1.max_tokens = 1;
       const int rope1 = k_.add(codegen::emit_qkv_decode(qr1, ir_lines(g_, v)));
@@ -320,10 +321,7 @@ void Lowerer::lower_qkv_rope(ValueId v) {
       const bool mma8 = c_.wgmma && !c_.gemm_split && codegen::qkv_chain_fits(qc);
       const int rope8 = k_.add(mma8 ? codegen::emit_qkv_rope_chain(qc, ir_lines(g_, v))
                                     : codegen::emit_qkv_decode(qr, ir_lines(g_, v)));
-      std::vector<LaunchArg> rargs = args;
-      for (LaunchArg a : {addr(n.inputs.back()), addr(kn.inputs[3]), addr(kn.inputs[4]), table,
-                          addr(kc), addr(vc)})
-        rargs.push_back(a);
+      std::vector<LaunchArg> rargs = fused_args(true);
       outer_per_seq_ = 1;
       emit(rope1, Rows::Tokens, 0, 1, rargs);
       emit(rope8, Rows::Tokens, 2, kDecodeTokens, std::move(rargs));

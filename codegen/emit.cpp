@@ -80,6 +80,28 @@ void check_chunk(const AttentionDims& d) {
                             d.chunk));
 }
 
+std::vector<Param> qkv_params(const QkvDims& d) {
+  std::vector<Param> params = {
+      {"const float* x", "x"}, {fmt::format("{} ln", kBf16), "ln"}, {"", float_literal(d.eps)}};
+  for (const char* n : {"q", "k", "v"}) {
+    params.push_back({fmt::format("{} w{}", kBf16, n), fmt::format("w{}", n)});
+    params.push_back({fmt::format("{} b{}", kBf16, n), fmt::format("b{}", n)});
+  }
+  for (const char* n : {"q", "k", "v"})
+    params.push_back({fmt::format("float* y{}", n), fmt::format("y{}", n)});
+  params.push_back({"int tokens", "tokens"});
+  if (d.head_dim > 0) {
+    const std::string cache_t = d.f32_cache ? "float" : "__nv_bfloat16";
+    for (const char* n : {"positions", "token_seq", "block_table"})
+      params.push_back({fmt::format("const int* {}", n), n});
+    params.push_back({"const double* inv_freq", "inv_freq"});
+    params.push_back({"", fmt::format("{:.17g}", d.attention_factor)});
+    params.push_back({cache_t + "* k_cache", "k_cache"});
+    params.push_back({cache_t + "* v_cache", "v_cache"});
+  }
+  return params;
+}
+
 std::vector<Param> attention_params(const AttentionDims& d) {
   std::vector<Param> params;
   for (const char* n : {"q", "k", "v"})
@@ -229,9 +251,9 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
                               "canonical order: K splits dividing K / 64)",
                               d.k, d.n));
     const auto [groups, splits, stages] = linear_mma_tiling(d);
-    name = fmt::format("linear{}_k{}_n{}{}_t{}_mma_g{}_s{}_r{}_a16{}", d.residual ? "_residual" : "",
-                       d.k, d.n, d.bias ? "" : "_nobias", d.max_tokens, groups, splits, stages,
-                       d.mma_chain ? "_chain" : "");
+    name = fmt::format("linear{}_k{}_n{}{}_t{}_mma_g{}_s{}_r{}_a16{}",
+                       d.residual ? "_residual" : "", d.k, d.n, d.bias ? "" : "_nobias",
+                       d.max_tokens, groups, splits, stages, d.mma_chain ? "_chain" : "");
     launch.block = 32 * groups * splits;
     launch.blocks_x = d.n / (16 * groups);
     launch.smem_fixed = size_t(groups) * splits * stages * 2048;
@@ -261,8 +283,8 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
                                 "splits {})",
                                 d.k, d.mma_splits));
       launch.smem_fixed += size_t(d.k) * 2;
-      call = fmt::format("linear_decode_smem<{}, {}, {}, {}, {}, true, true>", d.k, d.n,
-                         block_rows, d.bias, d.residual);
+      call = fmt::format("linear_decode_smem<{}, {}, {}, {}, {}, true, true>", d.k, d.n, block_rows,
+                         d.bias, d.residual);
       name += "_a16_chain";
       return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch,
                       DependencyWait::InCall);
@@ -303,23 +325,7 @@ KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& i
     name += fmt::format("_d{}_b{}_m{}_kv{}", d.head_dim, d.block, d.table,
                         d.f32_cache ? "f32" : "bf16") +
             attr_suffix("att", d.attention_factor, 1.3465735902799727);
-  std::vector<Param> params = {
-      {"const float* x", "x"}, {fmt::format("{} ln", kBf16), "ln"}, {"", float_literal(d.eps)}};
-  for (const char* n : {"q", "k", "v"}) {
-    params.push_back({fmt::format("{} w{}", kBf16, n), fmt::format("w{}", n)});
-    params.push_back({fmt::format("{} b{}", kBf16, n), fmt::format("b{}", n)});
-  }
-  for (const char* n : {"q", "k", "v"})
-    params.push_back({fmt::format("float* y{}", n), fmt::format("y{}", n)});
-  params.push_back({"int tokens", "tokens"});
-  if (rope) {
-    for (const char* n : {"positions", "token_seq", "block_table"})
-      params.push_back({fmt::format("const int* {}", n), n});
-    params.push_back({"const double* inv_freq", "inv_freq"});
-    params.push_back({"", fmt::format("{:.17g}", d.attention_factor)});
-    params.push_back({cache_t + "* k_cache", "k_cache"});
-    params.push_back({cache_t + "* v_cache", "v_cache"});
-  }
+  const std::vector<Param> params = qkv_params(d);
   LaunchRule launch;
   launch.blocks_x = (d.nq + d.nk + d.nv) / gemv_block_rows(rows, d.ksplit);
   launch.smem_per_token = static_cast<size_t>(d.k) * sizeof(float);
@@ -399,9 +405,9 @@ KernelSource emit_attention_decode_mma(const AttentionDims& d,
                             "kv_heads ({}) with at most 16 a kv head, and head_dim ({}) "
                             "divisible by 16",
                             d.heads, d.kv_heads, d.head_dim));
-  std::string name = fmt::format("attention_decode_mma_h{}_g{}_d{}_b{}_m{}{}_c{}", d.heads,
-                                 d.kv_heads, d.head_dim, d.block, d.table,
-                                 d.window ? fmt::format("_w{}", d.window) : "", d.chunk);
+  std::string name =
+      fmt::format("attention_decode_mma_h{}_g{}_d{}_b{}_m{}{}_c{}", d.heads, d.kv_heads, d.head_dim,
+                  d.block, d.table, d.window ? fmt::format("_w{}", d.window) : "", d.chunk);
   std::vector<Param> params = attention_params(d);
   for (const char* n : {"out", "part_ml", "part_o"})
     params.push_back({fmt::format("float* {}", n), n});
@@ -411,10 +417,9 @@ KernelSource emit_attention_decode_mma(const AttentionDims& d,
   launch.blocks_x = d.kv_heads;
   launch.y_per_token = 1;
   launch.z_splits = true;
-  std::string call = fmt::format(
-      "attention_decode_mma<{}, {}, {}, {}, {}, {}, {}, {}{}>", d.heads, d.kv_heads, d.head_dim,
-      d.block, d.table, d.window, d.chunk, d.f32_cache ? "float" : "__nv_bfloat16",
-      d.split ? ", true" : "");
+  std::string call = fmt::format("attention_decode_mma<{}, {}, {}, {}, {}, {}, {}, {}{}>", d.heads,
+                                 d.kv_heads, d.head_dim, d.block, d.table, d.window, d.chunk,
+                                 d.f32_cache ? "float" : "__nv_bfloat16", d.split ? ", true" : "");
   if (d.f32_cache)
     name += "_kvf32";
   if (d.split)

@@ -93,21 +93,7 @@ KernelSource emit_qkv_rope_chain(const QkvDims& d, const std::vector<std::string
                   d.chain_kv, t.groups, t.warps, t.stages, d.head_dim, d.block, d.table,
                   d.f32_cache ? "f32" : "bf16") +
       attr_suffix("att", d.attention_factor, 1.3465735902799727);
-  std::vector<Param> params = {
-      {"const float* x", "x"}, {fmt::format("{} ln", kBf16), "ln"}, {"", float_literal(d.eps)}};
-  for (const char* n : {"q", "k", "v"}) {
-    params.push_back({fmt::format("{} w{}", kBf16, n), fmt::format("w{}", n)});
-    params.push_back({fmt::format("{} b{}", kBf16, n), fmt::format("b{}", n)});
-  }
-  for (const char* n : {"q", "k", "v"})
-    params.push_back({fmt::format("float* y{}", n), fmt::format("y{}", n)});
-  params.push_back({"int tokens", "tokens"});
-  for (const char* n : {"positions", "token_seq", "block_table"})
-    params.push_back({fmt::format("const int* {}", n), n});
-  params.push_back({"const double* inv_freq", "inv_freq"});
-  params.push_back({"", fmt::format("{:.17g}", d.attention_factor)});
-  params.push_back({cache_t + "* k_cache", "k_cache"});
-  params.push_back({cache_t + "* v_cache", "v_cache"});
+  const std::vector<Param> params = qkv_params(d);
   LaunchRule launch;
   launch.block = t.threads();
   launch.blocks_x = (d.nq + d.nk + d.nv) / (16 * t.groups);

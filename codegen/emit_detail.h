@@ -41,6 +41,11 @@ KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines
                       const std::vector<Param>& params, LaunchRule launch,
                       DependencyWait wait = DependencyWait::Wrapper);
 
+/// The parameters of the fused qkv decode kernels: x, ln, eps (a literal), wq, bq, wk, bk, wv,
+/// bv, yq, yk, yv, tokens; with head_dim > 0 also positions, token_seq, block_table, inv_freq,
+/// the attention factor (a literal), k_cache, v_cache.
+std::vector<Param> qkv_params(const QkvDims& d);
+
 /// The operands both attention kernels take, in the IR's order (q, k, v, k_cache, v_cache,
 /// sinks, positions, token_seq, ctx_lens, block_table), then the scale as a literal.
 std::vector<Param> attention_params(const AttentionDims& d);

@@ -333,6 +333,25 @@ linear_decode_smem(const float* __restrict__ x, const __nv_bfloat16* __restrict_
   y[row0 + threadIdx.x] = v;
 }
 
+/// One 64-value K tile in gemm_wg's slots on mma.sync, into d: rows g and g + 8 (g = lane / 4)
+/// of the WarpRowRing chunk at shared address `at`, whose values 16 c .. 16 c + 15 (c = lane %
+/// 4) are slots 2 c and 2 c + 1 of each row, against xc, the tile's activation pairs of token g
+/// (read at xc[8 s] and xc[8 s + 4] for the tile's 4 MMAs).
+__device__ __forceinline__ void wg_tile_mma(unsigned at, const unsigned* xc, float (&d)[4]) {
+  const int lane = threadIdx.x % kWarp, g = lane / 4, c = lane % 4;
+  unsigned ra[8], rb[8];
+  lds128(ra, at + (g * 8 + ((2 * c) ^ g)) * 16);
+  lds128(ra + 4, at + (g * 8 + ((2 * c + 1) ^ g)) * 16);
+  lds128(rb, at + ((g + 8) * 8 + ((2 * c) ^ g)) * 16);
+  lds128(rb + 4, at + ((g + 8) * 8 + ((2 * c + 1) ^ g)) * 16);
+#pragma unroll
+  for (int st = 0; st < 4; ++st) {
+    const unsigned a[4] = {wg_bf16_pair(ra, 2 * st), wg_bf16_pair(rb, 2 * st),
+                           wg_bf16_pair(ra, 2 * st + 1), wg_bf16_pair(rb, 2 * st + 1)};
+    mma_bf16(d, a, xc[8 * st], xc[8 * st + 4]);
+  }
+}
+
 /// linear_decode without the norm on tensor cores, for plain bf16 activations: y[t, n] =
 /// (RESIDUAL ? h[t, n] : 0) + sum_k W[n, k] bf16(x[t, k]) + (BIAS ? b[n] : 0) for up to 8 tokens,
 /// the tokens being the columns of mma.sync m16n8k16 (token t's result never depends on the
@@ -429,19 +448,7 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
     issue(ch + STAGES - 1, buf == 0 ? STAGES - 1 : buf - 1);
     const unsigned* xc = xb + ch * 32;
     if constexpr (CHAIN) {
-      // Values 16 c .. 16 c + 15 of rows g and g + 8: slots 2 c and 2 c + 1 of each.
-      const unsigned base = ring_base + buf * WarpRowRing::kChunkBytes;
-      unsigned ra[8], rb[8];
-      lds128(ra, base + (g * 8 + ((2 * c) ^ g)) * 16);
-      lds128(ra + 4, base + (g * 8 + ((2 * c + 1) ^ g)) * 16);
-      lds128(rb, base + ((g + 8) * 8 + ((2 * c) ^ g)) * 16);
-      lds128(rb + 4, base + ((g + 8) * 8 + ((2 * c + 1) ^ g)) * 16);
-#pragma unroll
-      for (int st = 0; st < 4; ++st) {
-        const unsigned a[4] = {wg_bf16_pair(ra, 2 * st), wg_bf16_pair(rb, 2 * st),
-                               wg_bf16_pair(ra, 2 * st + 1), wg_bf16_pair(rb, 2 * st + 1)};
-        mma_bf16(d, a, xc[8 * st], xc[8 * st + 4]);
-      }
+      wg_tile_mma(ring_base + buf * WarpRowRing::kChunkBytes, xc, d);
       buf = buf == STAGES - 1 ? 0 : buf + 1;
       continue;
     }

@@ -78,20 +78,7 @@ template <int K, int STAGES> struct ChainWarp {
 #pragma unroll
         for (int q = 0; q < 4; ++q)
           d[q] = 0.0f;
-      const unsigned* xc = xb + tile(j) * 32;
-      // Values 16 c .. 16 c + 15 of rows g and g + 8: slots 2 c and 2 c + 1 of each.
-      const unsigned at = base + buf * WarpRowRing::kChunkBytes;
-      unsigned ra[8], rb[8];
-      lds128(ra, at + (g * 8 + ((2 * c) ^ g)) * 16);
-      lds128(ra + 4, at + (g * 8 + ((2 * c + 1) ^ g)) * 16);
-      lds128(rb, at + ((g + 8) * 8 + ((2 * c) ^ g)) * 16);
-      lds128(rb + 4, at + ((g + 8) * 8 + ((2 * c + 1) ^ g)) * 16);
-#pragma unroll
-      for (int st = 0; st < 4; ++st) {
-        const unsigned a[4] = {wg_bf16_pair(ra, 2 * st), wg_bf16_pair(rb, 2 * st),
-                               wg_bf16_pair(ra, 2 * st + 1), wg_bf16_pair(rb, 2 * st + 1)};
-        mma_bf16(d, a, xc[8 * st], xc[8 * st + 4]);
-      }
+      wg_tile_mma(base + buf * WarpRowRing::kChunkBytes, xb + tile(j) * 32, d);
       if (j % len == len - 1)
         on_range(first + (j / len) * step, d);
       buf = buf == STAGES - 1 ? 0 : buf + 1;
@@ -315,28 +302,8 @@ norm_router_topk_chain(const float* __restrict__ x, const __nv_bfloat16* __restr
     chain.start(smem_router_chain + warp * STAGES * 128, w + (size_t)group * 16 * D, range, step,
                 KS, kTiles / KS, E - group * 16);
   const float bias = BIAS && rank == 0 && threadIdx.x < E ? bf16_to_float(b[threadIdx.x]) : 0.0f;
-  constexpr int kPer = (D + kThreads - 1) / kThreads; // elements of x a thread normalises
-  float gain[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    gain[j] = i < D ? bf16_to_float(ln[i]) : 0.0f;
-  }
-  grid_dependency_sync();
-  const float* xr = x + (size_t)t * D;
-  const float inv = block_inv_rms<D, kThreads, true>(xr, eps);
   __shared__ float xf[D]; // the normalised row, then its slots
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    if (i >= D)
-      break;
-    const float v = xr[i] * inv * gain[j];
-    xf[i] = v;
-    if (rank == 0)
-      xn[(size_t)t * D + i] = v;
-  }
-  __syncthreads();
+  router_norm_row<D, kThreads>(x, ln, eps, xn, rank == 0, t, [&](int i, float v) { xf[i] = v; });
   for (int p = threadIdx.x; p < D / 2; p += kThreads) { // gemm_act's slots and rounding
     const int a = (p / 32) * 64 + wg_k_of_slot(2 * (p % 32));
     xs[p] = pack_bf16x2(xf[a], xf[a + 4]);

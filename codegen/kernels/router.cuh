@@ -109,6 +109,37 @@ __device__ __forceinline__ void warp_topk_softmax(const float* r, float* __restr
   softmax_of_picks<KSEL>(val, pick, weights, ids);
 }
 
+/// The routing kernels' norm of token t (THREADS threads, every one calls it): this thread's
+/// gains of ln (before the dependency wait, as the weights), the wait, then v = rms_norm(x[t],
+/// ln, eps) as rms_norm computes it (block_inv_rms over 256 threads), put(i, v) for each value
+/// and, when write_xn, xn[t, i] = v; ends with a barrier.
+template <int D, int THREADS, class Put>
+__device__ __forceinline__ void
+router_norm_row(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
+                float* __restrict__ xn, bool write_xn, int t, Put put) {
+  constexpr int kPer = (D + THREADS - 1) / THREADS; // elements of x a thread normalises
+  float gain[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * THREADS;
+    gain[j] = i < D ? bf16_to_float(ln[i]) : 0.0f;
+  }
+  grid_dependency_sync();
+  const float* xr = x + (size_t)t * D;
+  const float inv = block_inv_rms<D, THREADS, true>(xr, eps);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * THREADS;
+    if (i >= D)
+      break;
+    const float v = xr[i] * inv * gain[j];
+    put(i, v);
+    if (write_xn)
+      xn[(size_t)t * D + i] = v;
+  }
+  __syncthreads();
+}
+
 /// The MoE's routing of a decode step in one launch, for token t = blockIdx.y (256 threads):
 /// xn[t] = rms_norm(x[t], ln, eps) (written for the experts), the router's E logits
 /// W xn[t] + b, then the top KSEL and their softmax into weights[t] and ids[t]. Each pair of
@@ -174,28 +205,9 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
       bias[r] = bf16_to_float(b[first + pair0 * kRows + r]);
-  constexpr int kPer = (D + kThreads - 1) / kThreads; // elements of x a thread normalises
-  float gain[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    gain[j] = i < D ? bf16_to_float(ln[i]) : 0.0f;
-  }
-  grid_dependency_sync();
-  const float* xr = x + (size_t)t * D;
-  const float inv = block_inv_rms<D, kThreads, true>(xr, eps);
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    if (i >= D)
-      break;
-    const float v = xr[i] * inv * gain[j];
-    xs[i] = act_value<ROUND>(v); // the router's input; the experts get v (xn) and round it
-                                 // themselves
-    if (rank == 0)
-      xn[(size_t)t * D + i] = v;
-  }
-  __syncthreads();
+  // The router's input; the experts get v (xn) and round it themselves.
+  router_norm_row<D, kThreads>(x, ln, eps, xn, rank == 0, t,
+                               [&](int i, float v) { xs[i] = act_value<ROUND>(v); });
 #if XSERV_HAS_CLUSTERS
   if (C > 1)
     cluster_wait(); // every block has started: block 0's logits may be written
