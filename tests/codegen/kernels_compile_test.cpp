@@ -262,6 +262,64 @@ TEST_CASE("decode tuning variants and the clustered router compile for sm_90, ba
                     doctest::Contains("at most 256 experts"));
 }
 
+TEST_CASE("canonical plans' fused decode kernels: launch rules, and shapes they refuse") {
+  // The 20b's qkv: blocks of two 16-row groups (rotation pairs of one head), 5 warps a group
+  // (q's 5 K ranges, k's and v's 9 two a warp), a ring of 4 at one token, of 2 at 8 (two blocks
+  // an SM).
+  QkvDims q{2880, 4096, 512, 512};
+  q.round_act = true;
+  q.head_dim = 64;
+  q.block = 16;
+  q.table = 512;
+  q.attention_factor = 1.3465735902799727;
+  q.chain_q = wg_splitk(2880, 4096);
+  q.chain_kv = wg_splitk(2880, 512);
+  CHECK(q.chain_q == 5);
+  CHECK(q.chain_kv == 9);
+  q.max_tokens = 1;
+  REQUIRE(qkv_chain_fits(q));
+  KernelSource k1 = emit_qkv_rope_chain(q, {});
+  CHECK(k1.name ==
+        "qkv_rope_decode_chain_k2880_q4096_k512_v512_t1_c5x9_g2_w5_r4_d64_b16_m512_kvbf16");
+  CHECK(k1.launch.block == 320);
+  CHECK(k1.launch.blocks_x == 5120 / 32);
+  CHECK(k1.launch.smem(1) == 10 * 4 * 2048 + 1444 * 4);
+  q.max_tokens = 8;
+  CHECK(emit_qkv_rope_chain(q, {}).name.find("_t8_c5x9_g2_w5_r2_") != std::string::npos);
+  // Refused: ranges that are not whole tiles, fp32 activations, k and v of other widths.
+  QkvDims bad = q;
+  bad.chain_q = 2;
+  CHECK_FALSE(qkv_chain_fits(bad));
+  CHECK_THROWS_WITH(emit_qkv_rope_chain(bad, {}), doctest::Contains("K ranges dividing K / 64"));
+  bad = q;
+  bad.round_act = false;
+  CHECK_FALSE(qkv_chain_fits(bad));
+  bad = q;
+  bad.nv = 1024;
+  CHECK_FALSE(qkv_chain_fits(bad));
+  // The router: 2 row groups x 9 ranges = 18 chains over a cluster of 3 blocks; the 120b's
+  // 8 x 9 over 8 blocks (a group's ranges in turn); the tiny model's 8 experts, half a group.
+  RouterTopKDims r{32, 4, true};
+  r.chain = wg_splitk(2880, 32);
+  REQUIRE(norm_router_topk_chain_fits(2880, r));
+  const KernelSource rk = emit_norm_router_topk_chain(2880, r, 1e-5, true, {});
+  CHECK(rk.name == "rmsnorm_router_topk_chain_d2880_e32_k4_c9");
+  CHECK(rk.launch.blocks_x == 3);
+  CHECK(rk.launch.cluster_x == 3);
+  r.experts = 128;
+  CHECK(emit_norm_router_topk_chain(2880, r, 1e-5, true, {}).launch.blocks_x == 8);
+  r.experts = 8;
+  r.chain = 1;
+  CHECK(norm_router_topk_chain_fits(64, r));
+  r.experts = 12; // not whole 8-row halves
+  CHECK_FALSE(norm_router_topk_chain_fits(64, r));
+  r.experts = 32;
+  r.chain = 2; // 45 tiles in 2 ranges
+  CHECK_FALSE(norm_router_topk_chain_fits(2880, r));
+  CHECK_THROWS_WITH(emit_norm_router_topk_chain(2880, r, 1e-5, true, {}),
+                    doctest::Contains("2 ranges"));
+}
+
 TEST_CASE("tensor-core decode kernels: launch rules, ring sizes, and shapes they refuse") {
   // The 20b's MoE rows: gate_up 4 groups of 8 pairs x 2 K splits, down 2 groups of 16 rows x 4.
   MoeDims m{2880, 2880, 32, 4, false};
