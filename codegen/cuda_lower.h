@@ -57,9 +57,10 @@ struct LoweringContext {
   /// residual added by the split-K reduce kernel (compile --dense-gemm cublas).
   bool dense_cublas = false;
   /// The gemms' canonical order in the decode kernels too (compile --gemm-order canonical):
-  /// the MoE rows, lm_head and o_proj in gemm_wg's K order and splits, qkv and the router on the
-  /// gemms at every step size, so that a token's sums do not depend on the step's size
-  /// (docs/DESIGN.md, "The gemms' canonical order").
+  /// the MoE rows, lm_head, o_proj, and q, k, v and the router (fused with the rope and the
+  /// norm and top-k in decode steps, else on the gemms) in gemm_wg's K order and splits, so that
+  /// a token's sums do not depend on the step's size (docs/DESIGN.md, "The gemms' canonical
+  /// order").
   bool canonical = false;
   /// The activation arena's layout (plan_memory of the graph for max_tokens and max_seqs):
   /// activation arguments are offsets into it.

@@ -127,7 +127,7 @@ private:
   /// Steps of more tokens than the decode kernels take use the tensor-core gemm kernels.
   bool gemm_path() const { return c_.max_tokens > kDecodeTokens; }
   /// A canonical plan whose steps above 8 tokens run gemm_wg: qkv and the router take those
-  /// gemms at every step size (LoweringContext::canonical).
+  /// gemms wherever their chained fused kernels do not serve (LoweringContext::canonical).
   bool canonical_gemms() const { return c_.canonical && c_.wgmma && gemm_path(); }
 
   /// Row tile of a grouped gemm: about the rows one expert gets, tokens * k / experts.

@@ -217,9 +217,9 @@ void Lowerer::lower_qkv_rope(ValueId v) {
   qd.nk = static_dim(g_, n.inputs[4], 0);
   qd.nv = static_dim(g_, n.inputs[6], 0);
   qd.eps = eps;
-  // Canonical plans run the gemm path at every step size (its K order and splits do not depend
-  // on the step's rows) instead of the decode GEMVs; the rope and cache writes as for a
-  // gemm step.
+  // Canonical plans run no decode GEMV: their chained fused kernel (below) or the gemm path,
+  // whose K order and splits do not depend on the step's rows; the rope and cache writes as
+  // for a gemm step where the gemms serve.
   const bool gemm_always = canonical_gemms();
   const bool fused = codegen::qkv_decode_fits(qd) && !gemm_always;
   std::vector<DenseGemm> gemms;
@@ -530,7 +530,8 @@ void Lowerer::lower_router(ValueId v) {
   }
   // The router's own GEMV serves what the fused launch does not: every step when there is no
   // fused launch, the longer ones when no gemm takes them.
-  const bool gemm_always = canonical_gemms(); // canonical plans: the gemm at every step size
+  const bool gemm_always = canonical_gemms(); // canonical plans: the gemm wherever the
+                                              // chained fused launch does not serve
   const bool gemv_used =
       !gemm_always && (!fused_decode || !(gemm_path() && codegen::gemm_fits(d.k)));
   const int kernel = gemv_used ? k_.add(codegen::emit_linear(d, ir_lines(g_, v))) : -1;
