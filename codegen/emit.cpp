@@ -102,6 +102,17 @@ std::vector<Param> qkv_params(const QkvDims& d) {
   return params;
 }
 
+std::vector<Param> router_params(double eps, bool bias) {
+  std::vector<Param> params = {{"const float* x", "x"},
+                               {fmt::format("{} ln", kBf16), "ln"},
+                               {"", float_literal(eps)},
+                               {fmt::format("{} w", kBf16), "w"}};
+  params.push_back(bias ? Param{fmt::format("{} b", kBf16), "b"} : Param{"", "nullptr"});
+  for (const char* p : {"float* xn", "float* weights", "int* ids"})
+    params.push_back({p, std::string(p).substr(std::string(p).find(' ') + 1)});
+  return params;
+}
+
 std::vector<Param> attention_params(const AttentionDims& d) {
   std::vector<Param> params;
   for (const char* n : {"q", "k", "v"})
@@ -707,13 +718,7 @@ KernelSource emit_norm_router_topk(int dim, const RouterTopKDims& d, double eps,
     throw Error(fmt::format("codegen: norm_router_topk needs an even expert count, k <= experts "
                             "and a dimension divisible by 8 (got {} experts, k {}, dim {})",
                             d.experts, d.k, dim));
-  std::vector<Param> params = {{"const float* x", "x"},
-                               {fmt::format("{} ln", kBf16), "ln"},
-                               {"", float_literal(eps)},
-                               {fmt::format("{} w", kBf16), "w"}};
-  params.push_back(bias ? Param{fmt::format("{} b", kBf16), "b"} : Param{"", "nullptr"});
-  for (const char* p : {"float* xn", "float* weights", "int* ids"})
-    params.push_back({p, std::string(p).substr(std::string(p).find(' ') + 1)});
+  const std::vector<Param> params = router_params(eps, bias);
   LaunchRule launch = per_row(256);
   launch.blocks_x = router_cluster_blocks(d.experts);
   launch.cluster_x = launch.blocks_x;

@@ -29,7 +29,7 @@ size_t qkv_chain_smem(const QkvDims& d, const QkvChainTiling& t) {
   const size_t ranges = size_t(std::max(d.chain_q, d.chain_kv));
   return size_t(t.groups) * t.warps * t.stages * 2048 +
          size_t(d.max_tokens) * (size_t(d.k) / 2 + 4) * 4 +
-         ranges * 16 * t.groups * d.max_tokens * 4 + 9 * 8 * 4;
+         (ranges * 16 * t.groups + 9) * size_t(d.max_tokens) * 4;
 }
 
 QkvChainTiling qkv_chain_tiling(const QkvDims& d) {
@@ -127,13 +127,7 @@ KernelSource emit_norm_router_topk_chain(int dim, const RouterTopKDims& d, doubl
                             "to 256, k <= experts, bf16 activations and K ranges dividing "
                             "dim / 64 (got {} experts, k {}, dim {}, {} ranges)",
                             d.experts, d.k, dim, d.chain));
-  std::vector<Param> params = {{"const float* x", "x"},
-                               {fmt::format("{} ln", kBf16), "ln"},
-                               {"", float_literal(eps)},
-                               {fmt::format("{} w", kBf16), "w"}};
-  params.push_back(bias ? Param{fmt::format("{} b", kBf16), "b"} : Param{"", "nullptr"});
-  for (const char* p : {"float* xn", "float* weights", "int* ids"})
-    params.push_back({p, std::string(p).substr(std::string(p).find(' ') + 1)});
+  const std::vector<Param> params = router_params(eps, bias);
   LaunchRule launch;
   launch.block = 256;
   launch.y_per_token = 1;

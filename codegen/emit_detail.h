@@ -46,6 +46,10 @@ KernelSource assemble(std::string name, const std::vector<std::string>& ir_lines
 /// the attention factor (a literal), k_cache, v_cache.
 std::vector<Param> qkv_params(const QkvDims& d);
 
+/// The parameters of the fused routing kernels: x, ln, eps (a literal), w, b (nullptr without
+/// a bias), xn, weights, ids.
+std::vector<Param> router_params(double eps, bool bias);
+
 /// The operands both attention kernels take, in the IR's order (q, k, v, k_cache, v_cache,
 /// sinks, positions, token_seq, ctx_lens, block_table), then the scale as a literal.
 std::vector<Param> attention_params(const AttentionDims& d);

@@ -332,17 +332,8 @@ norm_router_topk_chain(const float* __restrict__ x, const __nv_bfloat16* __restr
         *at = d[q];
       }
     });
-#if XSERV_HAS_CLUSTERS
-  if (C > 1) {
-    cluster_sync(); // every range sum is in block 0's shared memory
-    if (rank != 0)
-      return;
-  } else {
-    __syncthreads();
-  }
-#else
-  __syncthreads();
-#endif
+  if (!gathered_in_block0<C>(rank)) // every range sum is in block 0's shared memory
+    return;
   __shared__ float logits[E];
   if (threadIdx.x < E) {
     float v = red[0][threadIdx.x]; // the K ranges in order, then the bias

@@ -109,6 +109,20 @@ __device__ __forceinline__ void warp_topk_softmax(const float* r, float* __restr
   softmax_of_picks<KSEL>(val, pick, weights, ids);
 }
 
+/// The end of a gather into block 0's shared memory by the C blocks of a cluster (cluster
+/// stores, or a block's own stores when C is 1 or there are no clusters): a barrier over the
+/// cluster (or the block); true for block 0, which goes on with what was gathered.
+template <int C> __device__ __forceinline__ bool gathered_in_block0(unsigned rank) {
+#if XSERV_HAS_CLUSTERS
+  if (C > 1) {
+    cluster_sync();
+    return rank == 0;
+  }
+#endif
+  __syncthreads();
+  return rank == 0;
+}
+
 /// The routing kernels' norm of token t (THREADS threads, every one calls it): this thread's
 /// gains of ln (before the dependency wait, as the weights), the wait, then v = rms_norm(x[t],
 /// ln, eps) as rms_norm computes it (block_inv_rms over 256 threads), put(i, v) for each value
@@ -244,17 +258,8 @@ norm_router_topk(const float* __restrict__ x, const __nv_bfloat16* __restrict__ 
               BIAS ? acc[r][0] + bf16_to_float(b[first + p * kRows + r]) : acc[r][0]);
     }
   }
-#if XSERV_HAS_CLUSTERS
-  if (C > 1) {
-    cluster_sync(); // every block's logits are in block 0's shared memory
-    if (rank != 0)
-      return;
-  } else {
-    __syncthreads();
-  }
-#else
-  __syncthreads();
-#endif
+  if (!gathered_in_block0<C>(rank)) // every block's logits are in block 0's shared memory
+    return;
   if (warp == 0)
     warp_topk_softmax<E, KSEL>(logits, weights + (size_t)t * KSEL, ids + (size_t)t * KSEL);
 }
