@@ -2,9 +2,11 @@
 # xserv's CUDA engine against HF transformers (BF16 and fp32) in one call: tools/hf_20b_reference.py
 # writes HF's logits for a random prompt (teacher-forced) and its greedy tokens, then
 # engine_gpu_tests' "gpu: synthetic 20b" cases (tests/engine/hf20b_gpu_test.cpp) compile the checkpoint
-# with split and plain bf16 gemms and compare (relative L2 per position, shared greedy steps).
-#   MODEL=20b      (default; nvidia-h200, ~5 min) the synthetic 20b, 256 ids, 64 greedy steps
-#   MODEL=120b-4l  (nvidia-h200, ~1.5 min) gpt-oss-120b's config cut to its first 4 layers (the
+# with split and plain bf16 gemms (and plain bf16 in the canonical order, and over a bf16 KV
+# cache) and compare (relative L2 per position, shared greedy steps).
+#   MODEL=20b      (default; an H200, ~5 min: HF fp32 of the 20b does not fit an H100's 80 GB)
+#                  the synthetic 20b, 256 ids, 64 greedy steps
+#   MODEL=120b-4l  (an H100 or H200, ~1 min) gpt-oss-120b's config cut to its first 4 layers (the
 #                  120b's router, MoE and attention widths), 96 ids, 32 greedy steps
 #   MODEL=120b     (nvidia-h200-x2, ~6 min) the whole 120b: xserv with --pp 2 over the two GPUs,
 #                  then HF BF16 spread over them (device_map auto, 234 GB), 64 ids, 32 greedy
@@ -27,7 +29,7 @@ reference() {
 
 # compare CKPT: engine_gpu_tests' HF cases on CKPT against /tmp/ref.
 compare() {
-  XSERV_20B_CKPT=$1 XSERV_20B_REF=/tmp/ref timeout 300 $B/engine_gpu_tests \
+  XSERV_20B_CKPT=$1 XSERV_20B_REF=/tmp/ref timeout 400 $B/engine_gpu_tests \
     -tc="gpu: synthetic 20b*" > "$OUT/hf_test.log" 2>&1
   echo "== HF test rc=$?: $(grep -E '^\[doctest\] test cases' "$OUT/hf_test.log" | tail -1)"
   grep -E "MESSAGE|ERROR|CHECK|positions over|greedy step" -A1 "$OUT/hf_test.log" |

@@ -598,21 +598,28 @@ TEST_CASE("dense gemms: cuBLAS against gemm_wg as the lowering picks it, 20b (in
   const Shape shapes[] = {{2880, 5120, 3}, {4096, 2880, 8}, {2880, 201088, 1}, {2880, 32, 9}};
   auto variants = [&] {
     for (const Shape& s : shapes)
-      for (int tokens : {64, 512, 2048}) {
-        if (s.n > 100000 && tokens > 64)
-          continue; // lm_head: one row a sequence
+      for (int tokens : {64, 128, 256, 512, 2048}) {
+        // lm_head: one row a sequence (batched decode's 64..256); the others: prompt steps
+        if ((s.n > 100000) != (tokens <= 256))
+          continue;
         if (tokens <= 64)
           dense_pair(s.k, s.n, tokens, 64, 1, 4, s.splitk64, false);
         else
           dense_pair(s.k, s.n, tokens, 128, s.n >= 4096 ? 2 : 1, s.n >= 4096 ? 3 : 4, 1, false);
+        if (s.n > 100000 && tokens > 64) { // lm_head's other tiles at batched decode
+          dense_pair(s.k, s.n, tokens, 64, 1, 4, 1, false);
+          dense_pair(s.k, s.n, tokens, 64, 2, 3, 1, false);
+          dense_pair(s.k, s.n, tokens, 128, 1, 4, 1, false);
+          dense_pair(s.k, s.n, tokens, 256, 1, 3, 1, false);
+        }
       }
   };
   with_preloaded(variants);
   cublasHandle_t h = nullptr;
   REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
   for (const Shape& s : shapes)
-    for (int tokens : {64, 512, 2048})
-      if (s.n < 100000 || tokens == 64)
+    for (int tokens : {64, 128, 256, 512, 2048})
+      if ((s.n > 100000) == (tokens <= 256))
         dense_cublas(h, s.k, s.n, tokens);
   cublasDestroy(h);
 }
