@@ -12,6 +12,9 @@
 //    and the next input ids are random.
 // 3. Batched decode rows also give time to first token (the prefill of a 1-token prompt for
 //    every sequence) and time per output token (median, p99 over steps and repeats).
+// 4. --mixed M: each batched decode row again with a prompt chunk of M tokens (one more
+//    sequence) in every step, the mixed steps of continuous batching (tgN x B + pM).
+#include <algorithm>
 #include <iostream>
 #include <random>
 
@@ -170,6 +173,7 @@ int cmd_bench(const ParsedArgs& args) {
   const auto gens = int_list(args, "-n", {128}, 0, 1 << 20);
   const auto depths = int_list(args, "-d", {0}, 0, 1 << 24);
   const auto batches = int_list(args, "-b", {1}, 1, 4096);
+  const auto mixes = int_list(args, "--mixed", {0}, 0, 1 << 20);
   const int64_t repeats = args.get_int("-r", 5, 1, 1000);
   const std::string format = args.get("-o", "md");
   if (format != "md" && format != "json" && format != "csv")
@@ -178,14 +182,17 @@ int cmd_bench(const ParsedArgs& args) {
     throw UsageError("give a plan or model directory");
   ModelSource src = resolve_source(args.positional()[0], args);
   int64_t need_seq = 1, need_batch = 1;
+  const bool any_mixed = std::any_of(mixes.begin(), mixes.end(), [](int64_t m) { return m > 0; });
   for (int64_t d : depths) {
     for (int64_t p : prompts)
       need_seq = std::max(need_seq, d + p);
     for (int64_t n : gens)
       need_seq = std::max(need_seq, d + n + 1);
+    for (int64_t m : mixes)
+      need_seq = std::max(need_seq, d + m);
   }
   for (int64_t b : batches)
-    need_batch = std::max(need_batch, b);
+    need_batch = std::max(need_batch, b + (any_mixed ? 1 : 0));
   if (src.plan && (need_seq > src.max_seq || need_batch > src.max_batch))
     throw UsageError(fmt::format("the tests need sequences of {} and batches of {}, the plan "
                                  "allows {} and {} (compile with larger --max-seq/--max-batch)",
@@ -235,6 +242,27 @@ int cmd_bench(const ParsedArgs& args) {
         row.tpot_ms_p99 = quantile(step_ms, 0.99);
         row.peak_memory_gib = engine->peak_memory_gib();
         rows.push_back(std::move(row));
+        // The same decodes sharing each step with a prompt chunk of m tokens: the step time
+        // (TPOT) is what their inter-token latency becomes while a prompt is prefilled.
+        for (int64_t m : mixes) {
+          if (m == 0)
+            continue;
+          BenchRow mr;
+          mr.test = fmt::format("tg{}{} x B{} + p{}", n, depth_suffix(d), b, m);
+          mr.gen = n;
+          mr.depth = d;
+          mr.batch = b;
+          mr.prompt = m;
+          std::vector<double> mixed_ms;
+          bench.mixed(n, d, b, m, mixed_ms); // warm-up
+          mixed_ms.clear();
+          for (int64_t r = 0; r < repeats; ++r)
+            mr.tokens_per_s.push_back(bench.mixed(n, d, b, m, mixed_ms));
+          mr.tpot_ms_median = quantile(mixed_ms, 0.5);
+          mr.tpot_ms_p99 = quantile(mixed_ms, 0.99);
+          mr.peak_memory_gib = engine->peak_memory_gib();
+          rows.push_back(std::move(mr));
+        }
       }
     }
   }

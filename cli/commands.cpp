@@ -114,6 +114,9 @@ const std::vector<Command>& commands() {
               {"-n", "N,N", "tokens for decode tests tgN (default 128; 0 skips)"},
               {"-d", "D,D", "context depth filled before each test, untimed (default 0)"},
               {"-b", "B,B", "sequences decoded together in tg tests (default 1)"},
+              {"--mixed", "M,M",
+               "also each tg test with a prompt chunk of M tokens in every step (tgN x B + pM: "
+               "decode tokens/s and step times while a prompt is prefilled)"},
               {"-r", "R", "timed repeats after one warm-up (default 5)"},
               {"-o", "md|json|csv", "output format (default md)"},
               {"--seed", "S", "seed of the random token ids (default 1)"}},

@@ -1,6 +1,7 @@
 // ModelBench: the timed steps of `xserv bench`.
 #include "engine/model_bench.h"
 
+#include <algorithm>
 #include <numeric>
 
 namespace xserv::engine {
@@ -71,6 +72,28 @@ double ModelBench::decode(int64_t n, int64_t depth, int64_t batch, std::vector<d
     total_ms += step;
     // The next inputs are made between the timed steps.
     for (size_t b = 0; b < in.tokens.size(); ++b) {
+      in.tokens[b] = random_ids(1);
+      in.ctx_lens[b] += 1;
+    }
+  }
+  return static_cast<double>(n * batch) / total_ms * 1e3;
+}
+
+double ModelBench::mixed(int64_t n, int64_t depth, int64_t batch, int64_t prompt,
+                         std::vector<double>& step_ms) {
+  // Sequence `batch` is the prompt's: blocks for its chunk after its own depth.
+  models::StepInput in = fill(depth, batch + 1, std::max(n + 1, prompt));
+  const size_t pb = static_cast<size_t>(batch);
+  double total_ms = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    in.tokens[pb] = random_ids(prompt);
+    in.ctx_lens[pb] = static_cast<int32_t>(depth);
+    each_->start();
+    e_.step_greedy(in);
+    const double step = each_->stop();
+    step_ms.push_back(step);
+    total_ms += step;
+    for (size_t b = 0; b < pb; ++b) {
       in.tokens[b] = random_ids(1);
       in.ctx_lens[b] += 1;
     }

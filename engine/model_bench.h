@@ -25,6 +25,12 @@ public:
   /// prefill, timed into `ttft_ms`.
   double decode(int64_t n, int64_t depth, int64_t batch, std::vector<double>& step_ms,
                 double& ttft_ms);
+  /// Decode tokens per second of `n` mixed steps: `batch` sequences decoding at context
+  /// `depth`, and in the same step a prompt chunk of `prompt` tokens of one more sequence (at
+  /// its own depth `depth`, new random ids each step): a continuous-batching step whose decodes
+  /// share it with a prefill. Appends each step's milliseconds to `step_ms`.
+  double mixed(int64_t n, int64_t depth, int64_t batch, int64_t prompt,
+               std::vector<double>& step_ms);
 
 private:
   std::vector<int32_t> random_ids(int64_t n);

@@ -18,6 +18,10 @@
 #   batched   batched decode: a timeline plan of the default 256 rows at B64, B128 and B256,
 #             depth 512 (BATCHES), each kernel's share; then kernels_bench's MoE tile sweep
 #             (gate_up + act + down a layer by tokens and tile; needs .device/bin/kernels_bench)
+#   mixed     continuous batching's mixed steps: 64 decodes at depth 512 sharing each step with
+#             a prompt chunk of MIXES (default "64 128 512") tokens (`bench --mixed`): the step
+#             times of a plain plan against its decode-only steps, then a timeline plan's
+#             kernels in the mixed steps
 # NEW_FLAGS: compile flags of the new binary's plans (e.g. "--gemm-order canonical"; with the
 # same binary as .device/old/xserv the timeline compares the two orders).
 # docs/PERF.md "Where a decode step's time goes" reads these. Needs .device/bin/xserv,
@@ -129,8 +133,26 @@ for mode in $MODES; do
         grep -E "gemm moe wg" /tmp/moe_tiles.log > "$OUT/moe_tiles_all.txt"
       fi
       ;;
+    mixed)
+      # plans of 80 rows: the 64 decodes and the prompt's sequence
+      $X compile /tmp/g20 -o /tmp/p_mix --max-seq 8192 --max-batch 80 > /tmp/c_mix.log 2>&1 &
+      $X compile /tmp/g20 -o /tmp/p_tl_m --max-seq 8192 --max-batch 80 --timeline \
+        > /tmp/c_tl_m.log 2>&1 &
+      wait
+      tail -1 /tmp/c_mix.log
+      timeout 200 $X bench /tmp/p_mix --backend cuda -p 0 -n 32 -b 64 -d 512 -r 1 \
+        --mixed "$(echo "${MIXES:-64 128 512}" | tr ' ' ',')" 2> /dev/null | grep -E "x B"
+      tail -1 /tmp/c_tl_m.log
+      for m in ${MIXES:-64 128 512}; do
+        echo "== timeline new -b 64 -d 512 --mixed $m (the window: the mixed steps)"
+        timeout 150 $X bench /tmp/p_tl_m --backend cuda -p 0 -n 32 -b 64 -d 512 -r 1 \
+          --mixed "$m" 2> /tmp/tl_m$m.log | grep -E "\+ p" | cut -d'|' -f6,7,10,11
+        grep -E "^\[timeline\]" /tmp/tl_m$m.log | cut -c12-120 | tee "$OUT/timeline_m$m.txt" |
+          head -24
+      done
+      ;;
     *)
-      echo "unknown mode $mode (timeline, table, stalls, repeat, gemms, batched)"
+      echo "unknown mode $mode (timeline, table, stalls, repeat, gemms, batched, mixed)"
       ;;
   esac
   echo "== $mode done at $(at)"

@@ -122,8 +122,8 @@ TEST_CASE("bench runs on the CPU backend and prints one row per test") {
                     (testing::source_dir() / "examples/tiny/config.json").string() + " -o " +
                     dir.string() + " --seed 2")
               .code == 0);
-  RunResult r =
-      run_split("bench " + dir.string() + " -p 4 -n 2 -b 1,2 -d 0,3 -r 2 -o json --backend cpu");
+  RunResult r = run_split("bench " + dir.string() +
+                          " -p 4 -n 2 -b 1,2 -d 0,3 -r 2 --mixed 3 -o json --backend cpu");
   REQUIRE(r.code == 0);
   auto doc = nlohmann::json::parse(r.out);
   std::vector<std::string> tests;
@@ -132,8 +132,9 @@ TEST_CASE("bench runs on the CPU backend and prints one row per test") {
     CHECK(row["samples_ts"].size() == 2);
     CHECK(row["avg_ts"].get<double>() > 0);
   }
-  CHECK(tests == std::vector<std::string>{"pp4", "tg2", "tg2 x B2", "pp4 @ d3", "tg2 @ d3",
-                                          "tg2 @ d3 x B2"});
+  CHECK(tests == std::vector<std::string>{
+                     "pp4", "tg2", "tg2 x B1 + p3", "tg2 x B2", "tg2 x B2 + p3", "pp4 @ d3",
+                     "tg2 @ d3", "tg2 @ d3 x B1 + p3", "tg2 @ d3 x B2", "tg2 @ d3 x B2 + p3"});
   CHECK(doc["backend"] == "cpu");
   // A plan caps the cache: asking for more is refused before anything runs.
   const fs::path plan = dir / "plan";
@@ -143,6 +144,10 @@ TEST_CASE("bench runs on the CPU backend and prints one row per test") {
   r = run_split("bench " + plan.string() + " -p 16 -n 1 -r 1");
   CHECK(r.code == 2);
   CHECK(r.err.find("the plan allows 8 and 1") != std::string::npos);
+  // A mixed step holds one sequence more than the decodes: B1 + a prompt needs a batch of 2.
+  r = run_split("bench " + plan.string() + " -p 0 -n 1 -r 1 --mixed 2");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("batches of 2, the plan allows 8 and 1") != std::string::npos);
   // A pipelined plan benches with its stages in this process (--pp-local) or one per rank.
   const fs::path pp2 = dir / "pp2";
   REQUIRE(
