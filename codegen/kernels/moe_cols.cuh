@@ -49,6 +49,18 @@ template <int E, int KSEL> struct MoeColumns {
   }
 };
 
+/// A warp's sums (finish_cols: MMA rows g, g + 8 by columns 2c, 2c + 1) into the block's
+/// partials red[K part][column][row of the block's 16 RG].
+template <int KS, int RG>
+__device__ __forceinline__ void moe_cols_partials(float (&red)[KS][8][RG * 16], int ks, int rg,
+                                                  const float (&acc)[4]) {
+  const int lane = threadIdx.x % kWarp, g = lane / 4, c = lane % 4;
+  red[ks][2 * c][rg * 16 + g] = acc[0];
+  red[ks][2 * c + 1][rg * 16 + g] = acc[1];
+  red[ks][2 * c][rg * 16 + 8 + g] = acc[2];
+  red[ks][2 * c + 1][rg * 16 + 8 + g] = acc[3];
+}
+
 /// moe_gate_up_mx4_mma with the step's tokens as the MMA's columns: block (x, j) computes the
 /// (gate, up) pairs 8 RG x .. 8 RG x + 8 RG - 1 of the j-th expert the step routes to
 /// (MoeColumns) for every token that picked it, and writes act[t KSEL + slot] for each. The
@@ -73,7 +85,7 @@ moe_gate_up_mx4_cols(const float* __restrict__ x, const int* __restrict__ ids,
   __shared__ float red[KS][8][RG * 16];
   __shared__ float bias[RG * 8][2];
   const int tokens = gridDim.y / KSEL, warp = threadIdx.x / kWarp;
-  const int rg = warp / KS, ks = warp % KS, lane = threadIdx.x % kWarp, g = lane / 4, c = lane % 4;
+  const int rg = warp / KS, ks = warp % KS, g = (threadIdx.x % kWarp) / 4;
   MoeColumns<E, KSEL> cols;
   cols.find(ids, gridDim.y, blockIdx.y);
   if (cols.e < 0)
@@ -97,10 +109,7 @@ moe_gate_up_mx4_cols(const float* __restrict__ x, const int* __restrict__ ids,
   if (b0 < b1) // column g reads token g's row (a column past the tokens reads token 0's)
     rows.finish_cols(xs + (g < tokens ? g : 0) * kBlocks * 4, b0, b1, acc);
   // acc: pair row g (gate) and g + 8 (up) of the warp's group, columns 2c and 2c + 1
-  red[ks][2 * c][rg * 16 + g] = acc[0];
-  red[ks][2 * c + 1][rg * 16 + g] = acc[1];
-  red[ks][2 * c][rg * 16 + 8 + g] = acc[2];
-  red[ks][2 * c + 1][rg * 16 + 8 + g] = acc[3];
+  moe_cols_partials<KS, RG>(red, ks, rg, acc);
   __syncthreads();
   for (int w = threadIdx.x; w < tokens * RG * 8; w += kThreads) {
     const int t = w / (RG * 8), qp = w % (RG * 8), q = qp / 8, p = qp % 8;
@@ -138,7 +147,7 @@ moe_down_part_mx4_cols(const float* __restrict__ act, const float* __restrict__ 
   __shared__ float red[KS][8][RG * 16];
   __shared__ float bias[RG * 16];
   const int tokens = gridDim.y / KSEL, warp = threadIdx.x / kWarp;
-  const int rg = warp / KS, ks = warp % KS, lane = threadIdx.x % kWarp, g = lane / 4, c = lane % 4;
+  const int rg = warp / KS, ks = warp % KS, g = (threadIdx.x % kWarp) / 4;
   MoeColumns<E, KSEL> cols;
   cols.find(ids, gridDim.y, blockIdx.y); // the router's ids, written two kernels before
   if (cols.e < 0)
@@ -160,10 +169,7 @@ moe_down_part_mx4_cols(const float* __restrict__ act, const float* __restrict__ 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (b0 < b1)
     rows.finish_cols(xs + (g < tokens ? g : 0) * kBlocks * 4, b0, b1, acc);
-  red[ks][2 * c][rg * 16 + g] = acc[0];
-  red[ks][2 * c + 1][rg * 16 + g] = acc[1];
-  red[ks][2 * c][rg * 16 + 8 + g] = acc[2];
-  red[ks][2 * c + 1][rg * 16 + 8 + g] = acc[3];
+  moe_cols_partials<KS, RG>(red, ks, rg, acc);
   __syncthreads();
   for (int w = threadIdx.x; w < tokens * RG * 16; w += kThreads) {
     const int t = w / (RG * 16), r = w % (RG * 16);
