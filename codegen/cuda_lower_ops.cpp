@@ -603,6 +603,13 @@ void Lowerer::lower_moe(ValueId v) {
   const int gu = k_.add(codegen::emit_moe_gate_up(d, ir_lines(g_, v)));
   // Decode: gate_up + SwiGLU per (token, slot), the down rows per (token, slot), combine.
   const int dn = k_.add(codegen::emit_moe_down_part(d, ir_lines(g_, v)));
+  // Steps of 2 to 8 tokens: an expert a block and the tokens as the MMA's columns (each expert
+  // read once a step, not once a pair; the same bits), where they fit.
+  codegen::MoeDims dc = d;
+  dc.mma_cols = true;
+  const bool cols = codegen::moe_cols_fits(dc);
+  const int gu_cols = cols ? k_.add(codegen::emit_moe_gate_up(dc, ir_lines(g_, v))) : -1;
+  const int dn_cols = cols ? k_.add(codegen::emit_moe_down_part(dc, ir_lines(g_, v))) : -1;
   const int combine = k_.add(codegen::emit_moe_combine(d.hidden, d.k, d.residual, ir_lines(g_, v)));
   std::vector<LaunchArg> in;
   for (ValueId i : n.inputs)
@@ -674,8 +681,17 @@ void Lowerer::lower_moe(ValueId v) {
       a.name = runtime::mxfp4_copy_name(a.name);
     return a;
   };
-  emit(gu, Rows::Tokens, 0, dec_hi, {in[0], in[2], copy(in[3]), in[4], act});
-  emit(dn, Rows::Tokens, 0, dec_hi, {act, in[1], in[2], copy(in[5]), in[6], moe_part_});
+  const std::vector<LaunchArg> gu_args = {in[0], in[2], copy(in[3]), in[4], act};
+  const std::vector<LaunchArg> dn_args = {act, in[1], in[2], copy(in[5]), in[6], moe_part_};
+  if (cols && (dec_hi > 0 ? dec_hi : c_.max_tokens) <= kDecodeTokens) {
+    emit(gu, Rows::Tokens, 0, 1, gu_args);
+    emit(dn, Rows::Tokens, 0, 1, dn_args);
+    emit(gu_cols, Rows::Tokens, 2, dec_hi, gu_args);
+    emit(dn_cols, Rows::Tokens, 2, dec_hi, dn_args);
+  } else {
+    emit(gu, Rows::Tokens, 0, dec_hi, gu_args);
+    emit(dn, Rows::Tokens, 0, dec_hi, dn_args);
+  }
   if (d.residual)
     emit(combine, Rows::Tokens, 0, -1, {moe_part_, in[7], y});
   else

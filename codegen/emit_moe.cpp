@@ -88,8 +88,8 @@ bool moe_mma_kernel_fits(const MoeDims& d, bool gate_up) {
          d.inter % 32 == 0 &&
          (gate_up ? d.inter % (8 * t.groups) == 0 : d.hidden % (16 * t.groups) == 0) &&
          (t.stages == 0 || (t.stages >= 2 && ring_ok)) &&
-         (!t.chain || (t.stages >= 2 && d.hidden % 64 == 0 && d.inter % 64 == 0 &&
-                       (k / 64) % t.splits == 0));
+         (!t.chain ||
+          (t.stages >= 2 && d.hidden % 64 == 0 && d.inter % 64 == 0 && (k / 64) % t.splits == 0));
 }
 
 namespace {
@@ -144,6 +144,32 @@ bool moe_mma_fits(const MoeDims& d) {
   return moe_mma_kernel_fits(d, true) && moe_mma_kernel_fits(d, false);
 }
 
+bool moe_cols_fits(const MoeDims& d) {
+  MoeDims plain = d;
+  plain.mma_cols = false;
+  if (!d.mma || d.mma_chain || d.k < 1 || 8 * d.k > 32 || !moe_mma_fits(plain))
+    return false;
+  for (bool gate_up : {true, false}) {
+    const MoeMmaTiling t = moe_mma_tiling(d, gate_up);
+    if (t.ring_bytes() + size_t(8) * (gate_up ? d.hidden : d.inter) / 32 * 64 > 200 * 1024)
+      return false;
+  }
+  return true;
+}
+
+namespace {
+
+void check_moe_cols(const MoeDims& d) {
+  if (!moe_cols_fits(d))
+    throw Error(fmt::format("codegen: the MoE decode kernels with tokens as columns take the "
+                            "tensor-core kernels outside the canonical order, at most 4 experts "
+                            "a token (k = {}) and rows of 8 tokens beside the rings in shared "
+                            "memory (hidden {}, intermediate {})",
+                            d.k, d.hidden, d.inter));
+}
+
+} // namespace
+
 KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& ir_lines) {
   check_positive("moe_experts", {d.hidden, d.inter, d.experts, d.k});
   if (d.hidden % 8 != 0 || d.inter % 8 != 0)
@@ -176,6 +202,13 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
     name = fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}_mx4_a16", d.experts, d.k, d.hidden, d.inter,
                        attr_suffix("limit", d.limit, 7.0), attr_suffix("alpha", d.alpha, 1.702)) +
            moe_mma_suffix(t, d.min_blocks);
+    if (d.mma_cols) { // an expert a block, the tokens as columns: a staged row a token
+      check_moe_cols(d);
+      launch.smem_per_token = size_t(d.hidden) / 32 * 64;
+      call = fmt::format("moe_gate_up_mx4_cols<{}, {}, {}, {}, {}, {}, {}, {}>", d.hidden, d.inter,
+                         d.experts, d.k, t.groups, t.splits, t.chunk, t.stages);
+      return assemble(std::move(name) + "_cols", ir_lines, "moe_cols.cuh", call, params, launch);
+    }
     call = fmt::format("moe_gate_up_mx4_mma<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts, d.k,
                        moe_mma_args(t));
     return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch);
@@ -231,6 +264,14 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
     const MoeMmaTiling t = moe_mma_launch(d, false, launch);
     name = fmt::format("moe_down_part_e{}_k{}_d{}_i{}_mx4_a16", d.experts, d.k, d.hidden, d.inter) +
            moe_mma_suffix(t, d.min_blocks);
+    if (d.mma_cols) {
+      check_moe_cols(d);
+      launch.smem_per_token = size_t(d.inter) / 32 * 64;
+      call = fmt::format("moe_down_part_mx4_cols<{}, {}, {}, {}, {}, {}, {}, {}>", d.hidden,
+                         d.inter, d.experts, d.k, t.groups, t.splits, t.chunk, t.stages);
+      return assemble(std::move(name) + "_cols", ir_lines, "moe_cols.cuh", call, params, launch,
+                      DependencyWait::InCall);
+    }
     call = fmt::format("moe_down_part_mx4_mma<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts,
                        d.k, moe_mma_args(t));
     return assemble(std::move(name), ir_lines, "moe.cuh", call, params, launch,

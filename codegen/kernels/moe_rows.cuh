@@ -117,9 +117,24 @@ template <int K, int CH> struct Mx4MmaRows {
   /// The sums of rows A and B over [b0, b1) (after start with the same range).
   __device__ __forceinline__ void finish(const uint4* __restrict__ xs, int b0, int b1, float& acc_a,
                                          float& acc_b) {
+    float acc[2];
+    finish_cols(xs, b0, b1, acc);
+    acc_a = acc[0];
+    acc_b = acc[1];
+  }
+
+  /// NACC 2: the sums of rows A and B with column 0 (finish). NACC 4: every column its own
+  /// token (xs: the staging of the token of this lane's column g = lane / 4): acc = rows A, B
+  /// times columns 2c, 2c + 1 as (A 2c, A 2c + 1, B 2c, B 2c + 1), each column's sums the bits
+  /// its token alone would get.
+  template <int NACC>
+  __device__ __forceinline__ void finish_cols(const uint4* __restrict__ xs, int b0, int b1,
+                                              float (&acc)[NACC]) {
+    static_assert(NACC == 2 || NACC == 4, "column 0, or every column");
     const int c = threadIdx.x % 4;
-    acc_a = 0.0f;
-    acc_b = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NACC; ++i)
+      acc[i] = 0.0f;
 #pragma unroll 1
     for (int b = b0; b < b1; b += CH) {
       unsigned ua[CH], ub[CH], sca[kScaleRegs], scb[kScaleRegs];
@@ -154,8 +169,15 @@ template <int K, int CH> struct Mx4MmaRows {
           s_a = sca[i];
           s_b = scb[i];
         }
-        acc_a += mxfp4_block_sum_scale(d[0], s_a); // column 0: rows g and g + 8
-        acc_b += mxfp4_block_sum_scale(d[2], s_b);
+        if constexpr (NACC == 2) {
+          acc[0] += mxfp4_block_sum_scale(d[0], s_a); // column 0: rows g and g + 8
+          acc[1] += mxfp4_block_sum_scale(d[2], s_b);
+        } else {
+          acc[0] += mxfp4_block_sum_scale(d[0], s_a);
+          acc[1] += mxfp4_block_sum_scale(d[1], s_a);
+          acc[2] += mxfp4_block_sum_scale(d[2], s_b);
+          acc[3] += mxfp4_block_sum_scale(d[3], s_b);
+        }
       }
     }
   }
@@ -283,9 +305,9 @@ template <int K, int STAGES, bool PAIRS, int PER> struct Mx4MmaTileRows : Mx4Row
 
   /// The chunk at block b (k = b - b0 blocks into the split) from buffer `buf`: TAIL checks
   /// each block against b1.
-  template <bool TAIL>
+  template <bool TAIL, int NACC>
   __device__ __forceinline__ void chunk(const uint4* __restrict__ xs, const float4* __restrict__ fg,
-                                        int b, int b1, int buf, float& acc_a, float& acc_b) {
+                                        int b, int b1, int buf, float (&acc)[NACC]) {
     const int c = threadIdx.x % 4;
     const uint4* xb = xs + b * 4 + c;
 #pragma unroll
@@ -308,21 +330,40 @@ template <int K, int STAGES, bool PAIRS, int PER> struct Mx4MmaTileRows : Mx4Row
         float d[4];
         mx4_mma_pair(d, a, bx.x, bx.y, a2, bx.z, bx.w);
         // 2^(s - 65) (mxfp4_block_sum_scale's first case): the sum times it is exact.
-        acc_a = fmaf(d[0], h == 0 ? f.x : f.z, acc_a);
-        acc_b = fmaf(d[2], h == 0 ? f.y : f.w, acc_b);
+        if constexpr (NACC == 2) {
+          acc[0] = fmaf(d[0], h == 0 ? f.x : f.z, acc[0]);
+          acc[1] = fmaf(d[2], h == 0 ? f.y : f.w, acc[1]);
+        } else {
+          acc[0] = fmaf(d[0], h == 0 ? f.x : f.z, acc[0]);
+          acc[1] = fmaf(d[1], h == 0 ? f.x : f.z, acc[1]);
+          acc[2] = fmaf(d[2], h == 0 ? f.y : f.w, acc[2]);
+          acc[3] = fmaf(d[3], h == 0 ? f.y : f.w, acc[3]);
+        }
       }
     }
   }
 
   __device__ __forceinline__ void finish(const uint4* __restrict__ xs, int b0, int b1, float& acc_a,
                                          float& acc_b) {
-    acc_a = 0.0f;
-    acc_b = 0.0f;
+    float acc[2];
+    finish_cols(xs, b0, b1, acc);
+    acc_a = acc[0];
+    acc_b = acc[1];
+  }
+
+  /// finish for NACC 2 (column 0), or NACC 4: every column its own token, as
+  /// Mx4MmaRows::finish_cols.
+  template <int NACC>
+  __device__ __forceinline__ void finish_cols(const uint4* __restrict__ xs, int b0, int b1,
+                                              float (&acc)[NACC]) {
+#pragma unroll
+    for (int i = 0; i < NACC; ++i)
+      acc[i] = 0.0f;
     if (make_factors()) {     // scale bytes above 192: the exact path
       cp_async_wait<0>();     // no copy outlives the warp's use of its buffers
       Mx4MmaRows<K, 2> exact; // rare: few registers rather than loads in flight
       exact.start(w, scales, row0, PAIRS, b0, b1);
-      exact.finish(xs, b0, b1, acc_a, acc_b);
+      exact.finish_cols(xs, b0, b1, acc);
       return;
     }
     const float4* fg = factors + (threadIdx.x % kWarp) / 4; // slot 8 p + g
@@ -333,9 +374,9 @@ template <int K, int STAGES, bool PAIRS, int PER> struct Mx4MmaTileRows : Mx4Row
       __syncwarp(); // ... and every lane's; every lane is done with the previous chunk's buffer
       issue(b + (STAGES - 1) * CH, b1, buf == 0 ? STAGES - 1 : buf - 1);
       if (b + CH <= b1)
-        chunk<false>(xs, fg, b, b1, buf, acc_a, acc_b);
+        chunk<false>(xs, fg, b, b1, buf, acc);
       else
-        chunk<true>(xs, fg, b, b1, buf, acc_a, acc_b);
+        chunk<true>(xs, fg, b, b1, buf, acc);
       buf = buf == STAGES - 1 ? 0 : buf + 1;
     }
     cp_async_wait<0>(); // no copy outlives the warp's use of its buffers

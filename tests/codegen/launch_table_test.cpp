@@ -764,6 +764,8 @@ TEST_CASE("the 120b's decode kernels on sm_90 take the gemms' canonical order wh
                          [&](const std::string& n) { return n.find(part) != std::string::npos; });
   };
   const int layers = int(cfg.num_hidden_layers);
+  for (int tokens : {1, 2, 8}) // the default order: the MoE's tokens as columns from 2 tokens
+    CHECK(count(decode_kernel_names(fast, tokens), "_cols") == (tokens == 1 ? 0 : 2 * layers));
   CHECK(codegen::wg_splitk(4096, 2880) == 8);
   for (int tokens : {1, 8}) {
     CAPTURE(tokens);
@@ -771,6 +773,7 @@ TEST_CASE("the 120b's decode kernels on sm_90 take the gemms' canonical order wh
     CHECK(count(ns, "moe_gate_up_") == layers);
     CHECK(count(ns, "_mma_g4_s3_c8_t2_chain") == layers); // moe_gate_up (3 K ranges)
     CHECK(count(ns, "_mma_g2_s3_c8_t2_chain") == layers); // moe_down_part
+    CHECK(count(ns, "_cols") == 0); // the per-pair kernels' order is the chained one
     CHECK(count(ns, "linear_k2880_n201088_nobias_t8_mma_g2_s1_r4_a16_chain") == 1); // lm_head
     CHECK(count(ns, tokens == 1
                         ? "linear_residual_k4096_n2880_t1_smem_r24_a16_chain"
