@@ -62,6 +62,11 @@ struct LoweringContext {
   /// a token's sums do not depend on the step's size (docs/DESIGN.md, "The gemms' canonical
   /// order").
   bool canonical = false;
+  /// MoE decode steps of 2 to 8 tokens on the kernels with the step's tokens as the MMA's
+  /// columns (codegen/kernels/moe_cols.cuh: an expert a block, each routed expert's rows read
+  /// once a step; the per-pair kernels' bits), outside the canonical order. Not yet the
+  /// default: no GPU has timed them (docs/PERF.md).
+  bool moe_cols = false;
   /// The activation arena's layout (plan_memory of the graph for max_tokens and max_seqs):
   /// activation arguments are offsets into it.
   const compiler::MemoryPlan* memory = nullptr;

@@ -607,7 +607,7 @@ void Lowerer::lower_moe(ValueId v) {
   // read once a step, not once a pair; the same bits), where they fit.
   codegen::MoeDims dc = d;
   dc.mma_cols = true;
-  const bool cols = codegen::moe_cols_fits(dc);
+  const bool cols = c_.moe_cols && codegen::moe_cols_fits(dc);
   const int gu_cols = cols ? k_.add(codegen::emit_moe_gate_up(dc, ir_lines(g_, v))) : -1;
   const int dn_cols = cols ? k_.add(codegen::emit_moe_down_part(dc, ir_lines(g_, v))) : -1;
   const int combine = k_.add(codegen::emit_moe_combine(d.hidden, d.k, d.residual, ir_lines(g_, v)));
