@@ -3,6 +3,7 @@
 // back to back, weights cycled beyond the 50 MB L2. Part of kernels_bench (never run by ctest;
 // docs/PERF.md keeps the figures):
 //   build/tests/kernels_bench -tc="MXFP4 MoE decode*,o_proj decode GEMV*,lm_head decode GEMV*"
+// (and the MoE rows at 2-8 tokens, a block a pair against the tokens as columns).
 #include "tests/codegen/kernel_test_util.h"
 
 #include <algorithm>
@@ -79,19 +80,20 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
                         // `splits` ranges when set)
   };
   const std::vector<Variant> gu_variants = {
-      {0, 0, 2, 0, 0}, {2, 4, 2, 8, 0}, {2, 4, 2, 8, 3}, {2, 1, 4, 8, 0}, {2, 2, 4, 8, 0},
-      {2, 2, 2, 8, 0}, {3, 4, 2, 8, 0}, {3, 1, 4, 8, 0}, {4, 4, 2, 8, 0}, {2, 1, 8, 8, 0},
-      {3, 4, 1, 8, 0}, {4, 4, 1, 8, 0}, {8, 4, 1, 8, 0}, // whole-K warps, deeper rings
-      {2, 4, 0, 8, 0, true}, {2, 2, 0, 8, 0, true}, {3, 4, 0, 8, 0, true},
-      {2, 8, 0, 8, 0, true}, {2, 1, 0, 8, 0, true}, // and other canonical range counts
+      {0, 0, 2, 0, 0},       {2, 4, 2, 8, 0},       {2, 4, 2, 8, 3},       {2, 1, 4, 8, 0},
+      {2, 2, 4, 8, 0},       {2, 2, 2, 8, 0},       {3, 4, 2, 8, 0},       {3, 1, 4, 8, 0},
+      {4, 4, 2, 8, 0},       {2, 1, 8, 8, 0},       {3, 4, 1, 8, 0},       {4, 4, 1, 8, 0},
+      {8, 4, 1, 8, 0}, // whole-K warps, deeper rings
+      {2, 4, 0, 8, 0, true}, {2, 2, 0, 8, 0, true}, {3, 4, 0, 8, 0, true}, {2, 8, 0, 8, 0, true},
+      {2, 1, 0, 8, 0, true}, // and other canonical range counts
       {3, 4, 5, 8, 0, true}, {3, 2, 5, 8, 0, true}, {3, 2, 9, 8, 0, true}, {3, 1, 9, 8, 0, true},
       {2, 4, 5, 8, 0, true}};
   const std::vector<Variant> dn_variants = {
-      {0, 0, 2, 0, 0}, {2, 2, 4, 8, 0}, {2, 2, 4, 8, 3}, {2, 1, 4, 8, 0}, {2, 2, 2, 8, 0},
-      {2, 1, 8, 8, 0}, {3, 2, 4, 8, 0}, {3, 1, 4, 8, 0}, {4, 2, 4, 8, 0}, {2, 2, 3, 8, 0},
-      {3, 2, 1, 8, 0}, {4, 2, 1, 8, 0}, {8, 2, 1, 8, 0}, {3, 2, 2, 8, 0},
-      {2, 2, 0, 8, 0, true}, {2, 1, 0, 8, 0, true}, {3, 2, 0, 8, 0, true},
-      {2, 4, 0, 8, 0, true}, // and other canonical range counts
+      {0, 0, 2, 0, 0},       {2, 2, 4, 8, 0},       {2, 2, 4, 8, 3},       {2, 1, 4, 8, 0},
+      {2, 2, 2, 8, 0},       {2, 1, 8, 8, 0},       {3, 2, 4, 8, 0},       {3, 1, 4, 8, 0},
+      {4, 2, 4, 8, 0},       {2, 2, 3, 8, 0},       {3, 2, 1, 8, 0},       {4, 2, 1, 8, 0},
+      {8, 2, 1, 8, 0},       {3, 2, 2, 8, 0},       {2, 2, 0, 8, 0, true}, {2, 1, 0, 8, 0, true},
+      {3, 2, 0, 8, 0, true}, {2, 4, 0, 8, 0, true}, // and other canonical range counts
       {3, 2, 5, 8, 0, true}, {3, 4, 5, 8, 0, true}, {3, 2, 9, 8, 0, true}, {3, 1, 9, 8, 0, true},
       {2, 2, 5, 8, 0, true}, {4, 2, 5, 8, 0, true}};
   auto dims = [&](const Variant& v) {
@@ -160,6 +162,75 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
     MESSAGE("default tilings on " << 4 * bx << " blocks: gate_up " << ug << " us ("
                                   << mb_gu * bx / 90 / ug * 1e3 << " GB/s), down " << ud << " us ("
                                   << mb_dn * bx / 90 / ud * 1e3 << " GB/s)");
+  }
+  device_sync();
+}
+
+TEST_CASE("MXFP4 MoE decode at 2-8 tokens: a block a pair against tokens as columns, 20b "
+          "(informational)") {
+  XSERV_REQUIRE_GPU();
+  MoeDims d{2880, 2880, 32, 4, false};
+  d.mxfp4 = true;
+  d.round_act = true;
+  d.mma = true;
+  d.mma_stages = kMoeMmaStages;
+  MoeDims c = d;
+  c.mma_cols = true;
+  if (!moe_mma_fits(d) || !moe_cols_fits(c)) {
+    MESSAGE("skipped: the tensor-core MoE kernels do not fit");
+    return;
+  }
+  Rng rng{907};
+  auto mx = [&](int rows, int cols) { // MXFP4 experts of realistic scales, beyond L2
+    const size_t n = size_t(d.experts) * rows * cols;
+    std::vector<uint8_t> bytes(n / 2 + n / 32);
+    for (size_t i = 0; i < n / 2; ++i)
+      bytes[i] = uint8_t(int((rng.next(1.0f) + 1.0f) * 128.0f) & 0xff);
+    for (size_t b = 0; b < n / 32; ++b)
+      bytes[n / 2 + b] = uint8_t(118 + b % 8);
+    return upload(bytes);
+  };
+  auto gate_up = mx(2 * d.inter, d.hidden), down = mx(d.hidden, d.inter);
+  auto gub = upload(random_bf16(rng, {d.experts, 2 * d.inter}, 0.5f).bits);
+  auto dnb = upload(random_bf16(rng, {d.experts, d.hidden}, 0.5f).bits);
+  const Loaded& pgu = load(emit_moe_gate_up(d, {}));
+  const Loaded& pdn = load(emit_moe_down_part(d, {}));
+  const Loaded& cgu = load(emit_moe_gate_up(c, {}));
+  const Loaded& cdn = load(emit_moe_down_part(c, {}));
+  for (int tokens : {2, 4, 8}) {
+    const int pairs = tokens * d.k;
+    auto x = upload(random_f32(rng, {tokens, d.hidden}, 1.0f).f);
+    auto act = upload(random_f32(rng, {pairs, d.inter}, 1.0f).f);
+    auto act_out = poisoned(size_t(pairs) * d.inter), part = poisoned(size_t(pairs) * d.hidden);
+    auto w = upload(std::vector<float>(size_t(pairs), 0.25f));
+    // 8 random routings (4 distinct experts a token), cycled; their distinct experts counted.
+    std::vector<std::unique_ptr<DevBuf>> ids;
+    double distinct = 0;
+    for (int s = 0; s < 8; ++s) {
+      std::vector<int32_t> r;
+      std::vector<bool> used(size_t(d.experts), false);
+      for (int t = 0; t < tokens; ++t)
+        for (int k = 0; k < d.k;) {
+          const int e = int((rng.next(1.0f) + 1.0f) * 0.5f * float(d.experts)) % d.experts;
+          if (std::find(r.end() - k, r.end(), e) != r.end())
+            continue;
+          r.push_back(e);
+          used[size_t(e)] = true;
+          ++k;
+        }
+      distinct += double(std::count(used.begin(), used.end(), true)) / 8;
+      ids.push_back(upload(r));
+    }
+    auto time = [&](const Loaded& gu, const Loaded& dn) {
+      return back_to_back_us([&](int i) {
+        launch(gu, tokens, 1, x->p, ids[size_t(i % 8)]->p, gate_up->p, gub->p, act_out->p);
+        launch(dn, tokens, 1, act->p, w->p, ids[size_t(i % 8)]->p, down->p, dnb->p, part->p);
+      });
+    };
+    const double per_pair = time(pgu, pdn), columns = time(cgu, cdn);
+    MESSAGE(tokens << " tokens (" << distinct << " distinct experts of " << pairs
+                   << " pairs): gate_up + down a block a pair " << per_pair
+                   << " us, tokens as columns " << columns << " us");
   }
   device_sync();
 }
