@@ -156,9 +156,10 @@ private:
     /// The large (above kSmallGemmRows tokens) kernel splits K too (outputs of one 64-row
     /// weight tile: the router), through the same reduce.
     bool large_split = false;
-    /// Above kSmallGemmRows tokens: LaunchTable::library call `library` (cuBLAS) writes the raw
-    /// sums into `lib_part` ([rows, n] fp32 scratch) and `lib_reduce` adds bias and residual;
-    /// its activations come from `lib_act` (gemm_act in K order: cuBLAS reads the checkpoint's
+    /// Above kSmallGemmRows rows: LaunchTable::library call `library` (cuBLAS) writes the raw
+    /// sums into `lib_part` ([rows, n] fp32 scratch) and `lib_reduce` adds bias and residual
+    /// (without either, lib_reduce is -1 and the sums go straight to the output); its
+    /// activations come from `lib_act` (gemm_act in K order: cuBLAS reads the checkpoint's
     /// weight rows, not gemm_wg's K slots).
     int library = -1, lib_reduce = -1, lib_act = -1;
     LaunchArg lib_part;

@@ -79,7 +79,9 @@ void Lowerer::linear(int kernel, const DenseGemm& gemm, const codegen::LinearDim
            {wg_xh_, xl, w, null, null, gemm.part, null, null, null, rows_arg()});
       emit(gemm.reduce, rows, lo, kSmallGemmRows, {gemm.part, b, h, y, rows_arg()});
     }
-    if (gemm.library >= 0) { // cuBLAS's raw sums, then bias and residual
+    if (gemm.library >= 0 && gemm.lib_reduce < 0) { // cuBLAS's sums are the output
+      emit_library(gemm.library, rows, kSmallGemmRows + 1, -1, {wg_xh_, w, y});
+    } else if (gemm.library >= 0) { // cuBLAS's raw sums, then bias and residual
       emit_library(gemm.library, rows, kSmallGemmRows + 1, -1, {wg_xh_, w, gemm.lib_part});
       emit(gemm.lib_reduce, rows, kSmallGemmRows + 1, -1, {gemm.lib_part, b, h, y, rows_arg()});
     } else if (gemm.large_split) {

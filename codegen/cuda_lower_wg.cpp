@@ -12,8 +12,9 @@ namespace {
 /// SMs of the H200 the block counts are planned for.
 constexpr int kSms = 132;
 
-/// The widest output a library gemm serves: the projections (20b and 120b qkv 5120, o_proj
-/// 2880), not lm_head.
+/// The widest output a library gemm serves with a bias or a residual (through lib_part): the
+/// projections (20b and 120b qkv 5120, o_proj 2880). Wider ones (lm_head) write their sums
+/// straight into their output.
 constexpr int kLibraryMaxN = 16384;
 
 /// gemm_wg addresses its activation rows with 32-bit element offsets (row x K): a step of
@@ -39,12 +40,15 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   g.residual = d.residual;
   g.split = c_.gemm_split;
   k.splitk = codegen::wg_splitk(d.k, d.n, kSms);
-  // cuBLAS above kSmallGemmRows tokens (plain bf16 activations only: the split pair would need
+  // cuBLAS above kSmallGemmRows rows (plain bf16 activations only: the split pair would need
   // two calls): kernels_bench measured it 1.5-1.7x gemm_wg on the 20b's q and o_proj shapes from
-  // 512 tokens on, slower at 64 (docs/PERF.md, "Kernel figures"). Not the router (split K below)
-  // nor lm_head (vocabulary-wide, faster on gemm_wg, and its rows are sequences).
-  const bool use_library = library && c_.dense_cublas && !c_.gemm_split && d.n <= kLibraryMaxN &&
-                           c_.max_tokens > kSmallGemmRows;
+  // 512 tokens on, slower at 64 (docs/PERF.md, "Kernel figures"); lm_head at batched decode's
+  // 128 and 256 sequences 331 and 426 us against gemm_wg's 365 and 709 (H200), equal at 64.
+  // Not the router (split K below). Its rows are sequences where the step's logits are.
+  const int64_t max_rows = rows_kind(g_, v) == Rows::Seqs ? c_.max_seqs : c_.max_tokens;
+  const bool direct = !d.bias && !d.residual; // the library's sums are the output
+  const bool use_library = library && c_.dense_cublas && !c_.gemm_split &&
+                           (d.n <= kLibraryMaxN || direct) && max_rows > kSmallGemmRows;
   // Many tokens: 128-token tiles; two m64 tiles a block for wide outputs (20b qkv at 512
   // tokens: 86 -> 68 us), one for narrower ones (o_proj 2880: 62 against 73 us). Outputs of one
   // 64-row tile (the router's 32) would be a handful of blocks (4 at 512 tokens): 64-token tiles
@@ -76,12 +80,14 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   add_splitk_reduce(
       k, d, k.large_split ? std::max<int64_t>(kSmallGemmRows, c_.max_tokens) : kSmallGemmRows);
   k.small64 = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
-  if (use_library) { // cuBLAS's raw sums into lib_part, then bias and residual
+  if (use_library) { // cuBLAS's raw sums into lib_part, then bias and residual (or into y)
     k.library = static_cast<int>(t_.library.size());
     t_.library.push_back({runtime::PlanLibraryCall::Op::GemmBf16, d.n, d.k, false});
-    k.lib_reduce = k_.add(codegen::emit_gemm_splitk_reduce(
-        d.n, 1, d.bias, d.residual, {"adds bias and residual to a library gemm's sums"}));
-    k.lib_part = partials(size_t(c_.max_tokens) * size_t(d.n) * sizeof(float));
+    if (!direct) {
+      k.lib_reduce = k_.add(codegen::emit_gemm_splitk_reduce(
+          d.n, 1, d.bias, d.residual, {"adds bias and residual to a library gemm's sums"}));
+      k.lib_part = partials(size_t(c_.max_tokens) * size_t(d.n) * sizeof(float));
+    }
     codegen::GemmActDims a{d.k, d.norm, false, d.eps, 1};
     a.natural = true;
     k.lib_act = k_.add(codegen::emit_gemm_act(a, ir_lines(g_, v)));

@@ -1,7 +1,8 @@
 // compile --dense-gemm cublas (the default of plain bf16 sm_90 plans): the projections of
 // prompt steps as cuBLAS library calls (runtime::PlanLibraryCall; the library gemm itself:
-// tests/runtime/blas_gpu_test.cpp). A tiny plan compiled both ways: the same greedy tokens,
-// logits within the bound below.
+// tests/runtime/blas_gpu_test.cpp), and lm_head of steps of more than 64 sequences, whose
+// library sums are the logits themselves. A tiny plan compiled both ways: the same greedy
+// tokens, logits within the bound below.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -46,7 +47,7 @@ TEST_CASE("gpu: a --dense-gemm cublas plan gives the gemm_wg plan's tokens and l
   auto compile = [&](const char* name, const char* flags) {
     const fs::path plan = tmp.path / name;
     const auto r = run_binary(bin,
-                              fmt::format("compile {} -o {} --max-batch 3 --max-seq 512 {}",
+                              fmt::format("compile {} -o {} --max-batch 72 --max-seq 512 {}",
                                           model.string(), plan.string(), flags),
                               tmp.path);
     INFO(r.err);
@@ -55,7 +56,7 @@ TEST_CASE("gpu: a --dense-gemm cublas plan gives the gemm_wg plan's tokens and l
   };
   const fs::path wg_plan = compile("wg", "--dense-gemm wg"), lib_plan = compile("lib", "");
   auto load = [&](const fs::path& plan) {
-    return xserv::testing::plan_cuda_model(xserv::testing::read_opened_plan(plan, model), 3, 512);
+    return xserv::testing::plan_cuda_model(xserv::testing::read_opened_plan(plan, model), 72, 512);
   };
   const auto wg_model = load(wg_plan), lib_model = load(lib_plan);
   REQUIRE_FALSE(xserv::runtime::read_plan(lib_plan).stages.at(0).table.library.empty());
@@ -86,6 +87,29 @@ TEST_CASE("gpu: a --dense-gemm cublas plan gives the gemm_wg plan's tokens and l
       xserv::testing::keep_tables(next, step, b);
     }
     step = next;
+  }
+  // One token for each of 72 sequences: lm_head's rows are sequences, 72 of them, above 64.
+  {
+    xserv::models::StepInput wide;
+    std::vector<int32_t> seqs;
+    for (int b = 0; b < 72; ++b) {
+      wide.tokens.push_back({static_cast<int32_t>(3000 + 2741 * b)});
+      wide.ctx_lens.push_back(0);
+      seqs.push_back(b);
+    }
+    wg_model->reset();
+    lib_model->reset();
+    xserv::testing::use_rows(wide, seqs, wg_model->kv_geometry());
+    const auto want = wg_model->step(wide);
+    const auto got = lib_model->step(wide);
+    REQUIRE(got.size() == 72);
+    REQUIRE(want.size() == 72);
+    for (size_t b = 0; b < want.size(); ++b) {
+      ++rows;
+      worst = std::max(worst, xserv::testing::rel_l2(got[b], want[b]));
+      same_tokens += std::max_element(want[b].begin(), want[b].end()) - want[b].begin() ==
+                     std::max_element(got[b].begin(), got[b].end()) - got[b].begin();
+    }
   }
   MESSAGE("cuBLAS plan against gemm_wg plan: " << same_tokens << " of " << rows
                                                << " greedy tokens equal, worst logits rel L2 "
