@@ -67,6 +67,10 @@ struct LoweringContext {
   /// once a step; the per-pair kernels' bits), outside the canonical order. Not yet the
   /// default: no GPU has timed them (docs/PERF.md).
   bool moe_cols = false;
+  /// With dense_cublas: lm_head of steps above 64 rows as a cuBLAS call writing the logits
+  /// directly (kernels_bench, H200: 331 and 426 us at 128 and 256 rows against gemm_wg's 365
+  /// and 709), not gemm_wg's 128-row tiles. Not yet the default: no plan has run it on a GPU.
+  bool lm_head_library = false;
   /// The activation arena's layout (plan_memory of the graph for max_tokens and max_seqs):
   /// activation arguments are offsets into it.
   const compiler::MemoryPlan* memory = nullptr;

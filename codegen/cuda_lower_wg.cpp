@@ -46,9 +46,11 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   // 128 and 256 sequences 331 and 426 us against gemm_wg's 365 and 709 (H200), equal at 64.
   // Not the router (split K below). Its rows are sequences where the step's logits are.
   const int64_t max_rows = rows_kind(g_, v) == Rows::Seqs ? c_.max_seqs : c_.max_tokens;
-  const bool direct = !d.bias && !d.residual; // the library's sums are the output
+  // lm_head: no bias, no residual, so the library's sums are the output.
+  const bool direct = d.n > kLibraryMaxN && !d.bias && !d.residual;
   const bool use_library = library && c_.dense_cublas && !c_.gemm_split &&
-                           (d.n <= kLibraryMaxN || direct) && max_rows > kSmallGemmRows;
+                           (d.n <= kLibraryMaxN || (direct && c_.lm_head_library)) &&
+                           max_rows > kSmallGemmRows;
   // Many tokens: 128-token tiles; two m64 tiles a block for wide outputs (20b qkv at 512
   // tokens: 86 -> 68 us), one for narrower ones (o_proj 2880: 62 against 73 us). Outputs of one
   // 64-row tile (the router's 32) would be a handful of blocks (4 at 512 tokens): 64-token tiles

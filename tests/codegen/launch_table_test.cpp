@@ -504,7 +504,7 @@ namespace {
 /// gemms, its own memory plan, plain bf16 or split activations, cuBLAS projections or not.
 runtime::LaunchTable lower_for(const ir::Graph& g, int64_t tokens, bool split, bool cublas,
                                runtime::ExpertFormat experts = runtime::ExpertFormat::Bf16,
-                               bool canonical = false, bool moe_cols = false) {
+                               bool canonical = false) {
   const compiler::MemoryPlan mem =
       compiler::plan_memory(g, {{ir::dims::kTokens, tokens},
                                 {ir::dims::kSeqs, kMaxBatch},
@@ -518,7 +518,6 @@ runtime::LaunchTable lower_for(const ir::Graph& g, int64_t tokens, bool split, b
   ctx.dense_cublas = cublas;
   ctx.expert_format = experts;
   ctx.canonical = canonical;
-  ctx.moe_cols = moe_cols;
   ctx.memory = &mem;
   codegen::KernelSet ks;
   return codegen::lower_graph(g, ks, ctx);
@@ -765,9 +764,6 @@ TEST_CASE("the 120b's decode kernels on sm_90 take the gemms' canonical order wh
                          [&](const std::string& n) { return n.find(part) != std::string::npos; });
   };
   const int layers = int(cfg.num_hidden_layers);
-  const auto cols = lower_for(g, 64, false, true, runtime::ExpertFormat::Mxfp4, false, true);
-  for (int tokens : {1, 2, 8}) // asked for: the MoE's tokens as columns from 2 tokens
-    CHECK(count(decode_kernel_names(cols, tokens), "_cols") == (tokens == 1 ? 0 : 2 * layers));
   CHECK(codegen::wg_splitk(4096, 2880) == 8);
   for (int tokens : {1, 8}) {
     CAPTURE(tokens);

@@ -1,8 +1,9 @@
 // compile --dense-gemm cublas (the default of plain bf16 sm_90 plans): the projections of
 // prompt steps as cuBLAS library calls (runtime::PlanLibraryCall; the library gemm itself:
-// tests/runtime/blas_gpu_test.cpp), and lm_head of steps of more than 64 sequences, whose
-// library sums are the logits themselves. A tiny plan compiled both ways: the same greedy
-// tokens, logits within the bound below.
+// tests/runtime/blas_gpu_test.cpp), of prompt steps and of decode steps of more than 64
+// sequences (with LoweringContext::lm_head_library, lm_head's too: its library sums are the
+// logits themselves). A tiny plan compiled both ways: the same greedy tokens, logits within the
+// bound below.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -88,7 +89,7 @@ TEST_CASE("gpu: a --dense-gemm cublas plan gives the gemm_wg plan's tokens and l
     }
     step = next;
   }
-  // One token for each of 72 sequences: lm_head's rows are sequences, 72 of them, above 64.
+  // One token for each of 72 sequences: a decode step above 64 rows (lm_head's are sequences).
   {
     xserv::models::StepInput wide;
     std::vector<int32_t> seqs;
