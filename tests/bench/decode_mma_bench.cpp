@@ -42,6 +42,18 @@ template <typename F> double back_to_back_us(F&& run) {
   return per[per.size() / 2];
 }
 
+/// MXFP4 expert matrices [experts, rows, cols] of random codes and realistic scale bytes
+/// (118..125), uploaded: blocks, then scales.
+std::unique_ptr<DevBuf> mxfp4_experts(Rng& rng, int experts, int rows, int cols) {
+  const size_t n = size_t(experts) * rows * cols;
+  std::vector<uint8_t> bytes(n / 2 + n / 32);
+  for (size_t i = 0; i < n / 2; ++i)
+    bytes[i] = uint8_t(int((rng.next(1.0f) + 1.0f) * 128.0f) & 0xff);
+  for (size_t b = 0; b < n / 32; ++b)
+    bytes[n / 2 + b] = uint8_t(118 + b % 8);
+  return upload(bytes);
+}
+
 } // namespace
 
 TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informational)") {
@@ -51,15 +63,7 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
   d.round_act = true;
   Rng rng{905};
   // MXFP4 experts (gate_up 283 MB, down 142 MB: beyond L2), the 8 disjoint sets of 4 cycled.
-  auto mx = [&](int rows, int cols) {
-    const size_t n = size_t(d.experts) * rows * cols;
-    std::vector<uint8_t> bytes(n / 2 + n / 32);
-    for (size_t i = 0; i < n / 2; ++i)
-      bytes[i] = uint8_t(int((rng.next(1.0f) + 1.0f) * 128.0f) & 0xff);
-    for (size_t b = 0; b < n / 32; ++b)
-      bytes[n / 2 + b] = uint8_t(118 + b % 8);
-    return upload(bytes);
-  };
+  auto mx = [&](int rows, int cols) { return mxfp4_experts(rng, d.experts, rows, cols); };
   auto gate_up = mx(2 * d.inter, d.hidden), down = mx(d.hidden, d.inter);
   auto gub = upload(random_bf16(rng, {d.experts, 2 * d.inter}, 0.5f).bits);
   auto dnb = upload(random_bf16(rng, {d.experts, d.hidden}, 0.5f).bits);
@@ -181,15 +185,7 @@ TEST_CASE("MXFP4 MoE decode at 2-8 tokens: a block a pair against tokens as colu
     return;
   }
   Rng rng{907};
-  auto mx = [&](int rows, int cols) { // MXFP4 experts of realistic scales, beyond L2
-    const size_t n = size_t(d.experts) * rows * cols;
-    std::vector<uint8_t> bytes(n / 2 + n / 32);
-    for (size_t i = 0; i < n / 2; ++i)
-      bytes[i] = uint8_t(int((rng.next(1.0f) + 1.0f) * 128.0f) & 0xff);
-    for (size_t b = 0; b < n / 32; ++b)
-      bytes[n / 2 + b] = uint8_t(118 + b % 8);
-    return upload(bytes);
-  };
+  auto mx = [&](int rows, int cols) { return mxfp4_experts(rng, d.experts, rows, cols); };
   auto gate_up = mx(2 * d.inter, d.hidden), down = mx(d.hidden, d.inter);
   auto gub = upload(random_bf16(rng, {d.experts, 2 * d.inter}, 0.5f).bits);
   auto dnb = upload(random_bf16(rng, {d.experts, d.hidden}, 0.5f).bits);
