@@ -103,8 +103,8 @@ std::vector<OptSpec> options(std::initializer_list<std::vector<OptSpec>> parts) 
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {{"bench",
-        "PLAN_OR_MODEL [-p 512,2048] [-n 128] [-d 0,4096] [-b 1,8,32,64] [-r 5] [-o "
-        "md|json|csv]\n"
+        "PLAN_OR_MODEL [-p 512,2048] [-n 128] [-d 0,4096] [-b 1,8,32,64] [--mixed 128] [-r 5] "
+        "[-o md|json|csv]\n"
         "       xserv bench [PLAN_OR_MODEL | --endpoint URL] --requests N [--concurrency C] "
         "[--rate R] [--input-len I] [--output-len O]",
         "measure prefill and decode tokens/s on random token ids, as llama-bench does; with "
