@@ -463,7 +463,17 @@ void DeviceStage::print_timeline() const {
   std::vector<std::string> names;
   for (const Kernel& k : state_->kernels)
     names.push_back(k.name);
-  for (const std::string& line : timeline_lines(timeline_report(std::move(stamps), names)))
+  // A step ends with the table's last launch (the sampling epilogue), or its masked pick.
+  std::vector<int> ends;
+  const LaunchTable& table = state_->executor->table();
+  for (auto it = table.launches.rbegin(); it != table.launches.rend() && ends.empty(); ++it)
+    if (it->kernel >= 0)
+      ends.push_back(it->kernel);
+  for (const PlanLaunch& l : table.masked_pick)
+    if (l.kernel >= 0)
+      ends.push_back(l.kernel);
+  for (const std::string& line :
+       timeline_lines(timeline_report(std::move(stamps), names, 200.0, ends)))
     std::fprintf(stderr, "%s\n", line.c_str());
 }
 

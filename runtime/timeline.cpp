@@ -9,7 +9,8 @@
 namespace xserv::runtime {
 
 TimelineReport timeline_report(std::vector<TimelineStamp> stamps,
-                               const std::vector<std::string>& names, double idle_us) {
+                               const std::vector<std::string>& names, double idle_us,
+                               const std::vector<int>& step_ends) {
   std::erase_if(stamps, [&](const TimelineStamp& s) {
     return s.launch == 0 || s.kernel < 0 || size_t(s.kernel) >= names.size();
   });
@@ -36,7 +37,9 @@ TimelineReport timeline_report(std::vector<TimelineStamp> stamps,
   std::map<int, std::vector<double>> gaps;
   for (size_t i = 0; i + 1 < stamps.size(); ++i) {
     const double us = double(stamps[i + 1].ns - stamps[i].ns) / 1e3;
-    if (us > idle_us)
+    const bool ends =
+        std::find(step_ends.begin(), step_ends.end(), stamps[i].kernel) != step_ends.end();
+    if (step_ends.empty() ? us > idle_us : ends)
       r.idle_us += us;
     else
       gaps[stamps[i].kernel].push_back(us);

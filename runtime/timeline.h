@@ -33,16 +33,20 @@ struct TimelineRow {
 struct TimelineReport {
   std::vector<TimelineRow> rows; ///< by total, largest first
   double window_us = 0;          ///< first to last stamp counted
-  double idle_us = 0;            ///< gaps above the idle bound (between steps), not counted
+  double idle_us = 0;            ///< the gaps between steps, not counted
   int stamps = 0;                ///< launches in the window
 };
 
 /// The report of `stamps` (kernel indices into `names`; launch 0 marks an empty slot). Only the
 /// window in which every kernel's stamps survive counts (each kernel's module keeps its last
-/// kTimelineSlots launches): from the latest of the kernels' earliest stamps on. A gap longer
-/// than `idle_us` (the host between steps) is counted as idle, not as the kernel's.
+/// kTimelineSlots launches): from the latest of the kernels' earliest stamps on. The gaps
+/// between steps are idle, not a kernel's: with `step_ends` (the kernels that end a step: the
+/// launch table's last), the gap after each of their stamps (their own time and the host's
+/// until the next step), so that a long kernel elsewhere counts whole; without, every gap
+/// longer than `idle_us`.
 TimelineReport timeline_report(std::vector<TimelineStamp> stamps,
-                               const std::vector<std::string>& names, double idle_us = 200.0);
+                               const std::vector<std::string>& names, double idle_us = 200.0,
+                               const std::vector<int>& step_ends = {});
 
 /// The report as the lines `xserv bench` prints ("[timeline] ...").
 std::vector<std::string> timeline_lines(const TimelineReport& r);

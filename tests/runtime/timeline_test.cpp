@@ -68,6 +68,35 @@ TEST_CASE("timeline: many steps give each kernel's median and mean") {
   CHECK(r.idle_us == 0);
 }
 
+TEST_CASE("timeline: with the step's last kernel named, a long kernel counts whole") {
+  // Three steps of attention (300 us: past the 200 us bound), lm_head (900 us) and argmax (the
+  // step's last launch), the host 50 us between steps (under the bound).
+  const std::vector<std::string> names = {"attention", "lm_head", "argmax"};
+  std::vector<TimelineStamp> s;
+  uint64_t t = 1'000, id = 1;
+  for (int step = 0; step < 3; ++step)
+    for (auto [k, us] : {std::pair{0, 300}, std::pair{1, 900}, std::pair{2, 60}}) {
+      s.push_back({k, id++, t});
+      t += uint64_t(us) * 1000;
+    }
+  s.push_back({0, id++, t}); // the fourth step's first launch
+  // The window opens at the first argmax (the latest of the kernels' first stamps): steps 2 and
+  // 3's attention and lm_head count.
+  const TimelineReport by_kernel = timeline_report(s, names, 200.0, {2});
+  REQUIRE(by_kernel.rows.size() == 2);
+  CHECK(by_kernel.rows[0].name == "lm_head");
+  CHECK(by_kernel.rows[0].launches == 2);
+  CHECK(by_kernel.rows[0].mean_us == doctest::Approx(900.0));
+  CHECK(by_kernel.rows[1].name == "attention");
+  CHECK(by_kernel.rows[1].total_us == doctest::Approx(600.0));
+  CHECK(by_kernel.idle_us == doctest::Approx(3 * 60.0)); // after each argmax
+  // By the bound alone both long kernels would have been taken for the host.
+  const TimelineReport by_bound = timeline_report(s, names);
+  REQUIRE(by_bound.rows.size() == 1);
+  CHECK(by_bound.rows[0].name == "argmax");
+  CHECK(by_bound.idle_us == doctest::Approx(2 * 1200.0));
+}
+
 TEST_CASE("timeline: too few stamps give an empty report") {
   CHECK(timeline_report({}, {"a"}).rows.empty());
   CHECK(timeline_report({{0, 1, 10}}, {"a"}).rows.empty());
