@@ -88,6 +88,15 @@ TEST_CASE("every kernel of the tiny and 120b plans compiles for sm_90") {
   nlohmann::json pj = compile_plan(src / "examples/gpt-oss-120b", big, "--kv-dtype bf16");
   check_cubins(big, pj, 12);
   CHECK(pj["codegen"]["launches_per_decode_step"].get<int>() > 36 * 7);
+  // The other kernel families the options select: split activations on BF16 experts, and the
+  // gemms' canonical order (NVRTC accepts less than nvcc: a kernel only a GPU run would meet).
+  for (const auto& [dir, flags] :
+       {std::pair{"split", "--gemm-precision split --expert-format bf16"},
+        std::pair{"canonical", "--gemm-order canonical --dense-gemm wg"}}) {
+    CAPTURE(flags);
+    const fs::path plan = tmp.path / dir;
+    check_cubins(plan, compile_plan(src / "examples/tiny", plan, flags), 12);
+  }
 }
 
 TEST_CASE("compile --timeline: every kernel defines XSERV_TIMELINE and carries the stamps") {
