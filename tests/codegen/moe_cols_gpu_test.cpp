@@ -51,26 +51,27 @@ TEST_CASE("MoE decode kernels with tokens as columns give the per-pair kernels' 
     return;
   }
   uint64_t seed = 9400;
-  // The 20b's experts, the 120b's expert count, and a small model's sizes.
-  for (MoeDims d : {MoeDims{2880, 2880, 32, 4, false}, MoeDims{2880, 2880, 128, 4, false},
+  // The 20b's experts, the 120b's expert count (smaller matrices: four words of experts a
+  // step), and a small model's sizes; the weights made once a scale range, then both tilings.
+  for (MoeDims d : {MoeDims{2880, 2880, 32, 4, false}, MoeDims{256, 256, 128, 4, false},
                     MoeDims{128, 64, 8, 2, false}})
-    for (int stages : {kMoeMmaStages, 0}) // the ring (the lowering's), words into registers
-      for (auto [lo, hi] : {std::pair{117, 130}, std::pair{185, 200}}) {
-        d.mxfp4 = true;
-        d.round_act = true;
-        d.mma = true;
+    for (auto [lo, hi] : {std::pair{117, 130}, std::pair{185, 200}}) {
+      d.mxfp4 = true;
+      d.round_act = true;
+      d.mma = true;
+      Rng rng{++seed};
+      const Mxfp4Weight gu = random_mxfp4(rng, d.experts, 2 * d.inter, d.hidden, lo, hi);
+      const Mxfp4Weight dn = random_mxfp4(rng, d.experts, d.hidden, d.inter, lo, hi);
+      const Bf16Weight gub = random_bf16(rng, {d.experts, 2 * d.inter}, 0.5f);
+      const Bf16Weight dnb = random_bf16(rng, {d.experts, d.hidden}, 0.5f);
+      auto dgu = upload(gu.device), dgub = upload(gub.bits), ddn = upload(dn.device),
+           ddnb = upload(dnb.bits);
+      for (int stages : {kMoeMmaStages, 0}) { // the ring (the lowering's), words into registers
         d.mma_stages = stages;
         MoeDims c = d;
         c.mma_cols = true;
         if (!moe_mma_fits(d) || !moe_cols_fits(c))
           continue;
-        Rng rng{++seed};
-        const Mxfp4Weight gu = random_mxfp4(rng, d.experts, 2 * d.inter, d.hidden, lo, hi);
-        const Mxfp4Weight dn = random_mxfp4(rng, d.experts, d.hidden, d.inter, lo, hi);
-        const Bf16Weight gub = random_bf16(rng, {d.experts, 2 * d.inter}, 0.5f);
-        const Bf16Weight dnb = random_bf16(rng, {d.experts, d.hidden}, 0.5f);
-        auto dgu = upload(gu.device), dgub = upload(gub.bits), ddn = upload(dn.device),
-             ddnb = upload(dnb.bits);
         const Loaded& pair_gu = load(emit_moe_gate_up(d, {}));
         const Loaded& pair_dn = load(emit_moe_down_part(d, {}));
         const Loaded& cols_gu = load(emit_moe_gate_up(c, {}));
@@ -111,4 +112,5 @@ TEST_CASE("MoE decode kernels with tokens as columns give the per-pair kernels' 
             CHECK(same_bits(cp, pp));
           }
       }
+    }
 }
