@@ -68,6 +68,7 @@ bool Lowerer::row_rules(Rows rows, int lo, int hi, runtime::PlanLaunch& l) const
   l.min_rows = std::max(lo, outer_lo_);
   l.max_rows = outer_hi_ < 0 ? hi : hi < 0 ? outer_hi_ : std::min(hi, outer_hi_);
   l.one_per_seq = outer_per_seq_;
+  l.part = part_;
   const int capacity = rows == Rows::Tokens ? c_.max_tokens : c_.max_seqs;
   return !((l.max_rows >= 0 && l.min_rows > l.max_rows) || l.min_rows > capacity);
 }

@@ -38,6 +38,11 @@ private:
   std::vector<int> uses_;
 };
 
+/// MoE decode steps of at least this many tokens (up to 8, the decode kernels' most) take the
+/// kernels with the tokens as the MMA's columns (LoweringContext::moe_cols): kernels_bench on an
+/// H100 had them 1-4% slower at 2, 3, 5 and 6 tokens, even at 4, 4% faster at 7 and 7% at 8.
+inline constexpr int kMoeColsFrom = 7;
+
 /// What the lowering needs from the engine: capacities and where activations live.
 struct LoweringContext {
   int max_tokens = 8;  ///< T capacity of the activation arena and scratch buffers
@@ -62,15 +67,16 @@ struct LoweringContext {
   /// a token's sums do not depend on the step's size (docs/DESIGN.md, "The gemms' canonical
   /// order").
   bool canonical = false;
-  /// MoE decode steps of 2 to 8 tokens on the kernels with the step's tokens as the MMA's
-  /// columns (codegen/kernels/moe_cols.cuh: an expert a block, each routed expert's rows read
-  /// once a step; the per-pair kernels' bits), outside the canonical order. Not yet the
-  /// default: no GPU has timed them (docs/PERF.md).
-  bool moe_cols = false;
+  /// MoE decode steps of kMoeColsFrom to 8 tokens on the kernels with the step's tokens as the
+  /// MMA's columns (codegen/kernels/moe_cols.cuh: an expert a block, each routed expert's rows
+  /// read once a step; the per-pair kernels' bits), outside the canonical order. H100: B8 +5%
+  /// (1,485 -> 1,562 tok/s at depth 512); at 2 and 4 tokens 1-1.5% slower than the per-pair
+  /// kernels (kernels_bench "MXFP4 MoE decode at 2-8 tokens").
+  bool moe_cols = true;
   /// With dense_cublas: lm_head of steps above 64 rows as a cuBLAS call writing the logits
-  /// directly (kernels_bench, H200: 331 and 426 us at 128 and 256 rows against gemm_wg's 365
-  /// and 709), not gemm_wg's 128-row tiles. Not yet the default: no plan has run it on a GPU.
-  bool lm_head_library = false;
+  /// directly, not gemm_wg's 128-row tiles (kernels_bench, H200: 331 and 426 us at 128 and 256
+  /// rows against gemm_wg's 365 and 709; H100 B256 at depth 512 +2.4%, B128 within noise).
+  bool lm_head_library = true;
   /// The activation arena's layout (plan_memory of the graph for max_tokens and max_seqs):
   /// activation arguments are offsets into it.
   const compiler::MemoryPlan* memory = nullptr;

@@ -286,6 +286,7 @@ private:
   std::map<ValueId, int> cache_index_; ///< cache nodes in graph order
   std::string label_;                  ///< op of the node being lowered
   int outer_per_seq_ = 0;              ///< PlanLaunch::one_per_seq of every emitted entry
+  int part_ = 0;                       ///< PlanLaunch::part of every emitted entry
   int split_chunk_ = 0;                ///< PlanLaunch::split_chunk of every split entry
   std::set<ValueId> kv_in_rope_;       ///< kv_writes rope_yarn_qk_kv does in decode steps
   int outer_lo_ = 0, outer_hi_ = -1;   ///< row range every emitted entry is limited to

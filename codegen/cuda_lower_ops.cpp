@@ -445,20 +445,33 @@ void Lowerer::lower_attention(ValueId v) {
     std::vector<LaunchArg> dec_args = in;
     for (const LaunchArg& a : {out, part_ml_, part_o_})
       dec_args.push_back(a);
+    const std::vector<LaunchArg> comb_args = {part_ml_, part_o_, in[5], splits_arg(), out};
     split_chunk_ = d.chunk;
     emit(dec, Rows::Tokens, 0, kSplitTokens, dec_args, 0, window, 1, d.kv_heads);
+    emit(comb, Rows::Tokens, 0, kSplitTokens, comb_args, 0, window, 2, d.kv_heads);
     if (c_.max_tokens > kSplitTokens) {
       outer_per_seq_ = 1; // each block all its token's chunks (the combine serves up to 64)
       emit(dec, Rows::Tokens, kSplitTokens + 1, -1, dec_args);
+      // Steps mixing decodes (first) and prompt chunks: the decode kernel over the decodes, as
+      // in a step of them alone, and the prompt kernel over the chunks' rows, its per-token
+      // pointers advanced past the decodes. In the prompt kernel a decode would be a segment
+      // of a 16-token query tile walked after the tile's other sequences (H100, 64 decodes at
+      // depth 512 with a 64-token chunk: 440 us a full layer against 60 for 64 decodes alone).
       outer_per_seq_ = -1;
-      std::vector<LaunchArg> pre_args = in;
-      pre_args.push_back(out);
-      pre_args.push_back(rows_arg());
+      part_ = 1;
+      emit(dec, Rows::Tokens, kSplitTokens + 1, -1, dec_args, 0, window, 1, d.kv_heads);
+      emit(comb, Rows::Tokens, kSplitTokens + 1, -1, comb_args, 0, window, 2, d.kv_heads);
+      part_ = 2;
+      const uint64_t q_row = uint64_t(d.heads) * d.head_dim * sizeof(float),
+                     kv_row = uint64_t(d.kv_heads) * d.head_dim * sizeof(float);
+      std::vector<LaunchArg> pre_args = {
+          strided(in[0], q_row), strided(in[1], kv_row), strided(in[2], kv_row), in[3], in[4],
+          in[5], strided(in[6], sizeof(int32_t)), strided(in[7], sizeof(int32_t)), in[8], in[9],
+          strided(out, q_row), rows_arg()};
       emit(pre, Rows::Tokens, kSplitTokens + 1, -1, std::move(pre_args));
+      part_ = 0;
       outer_per_seq_ = 0;
     }
-    emit(comb, Rows::Tokens, 0, kSplitTokens, {part_ml_, part_o_, in[5], splits_arg(), out}, 0,
-         window, 2, d.kv_heads);
     split_chunk_ = 0;
     return;
   }
@@ -686,10 +699,10 @@ void Lowerer::lower_moe(ValueId v) {
   const std::vector<LaunchArg> gu_args = {in[0], in[2], copy(in[3]), in[4], act};
   const std::vector<LaunchArg> dn_args = {act, in[1], in[2], copy(in[5]), in[6], moe_part_};
   if (cols && (dec_hi > 0 ? dec_hi : c_.max_tokens) <= kDecodeTokens) {
-    emit(gu, Rows::Tokens, 0, 1, gu_args);
-    emit(dn, Rows::Tokens, 0, 1, dn_args);
-    emit(gu_cols, Rows::Tokens, 2, dec_hi, gu_args);
-    emit(dn_cols, Rows::Tokens, 2, dec_hi, dn_args);
+    emit(gu, Rows::Tokens, 0, kMoeColsFrom - 1, gu_args);
+    emit(dn, Rows::Tokens, 0, kMoeColsFrom - 1, dn_args);
+    emit(gu_cols, Rows::Tokens, kMoeColsFrom, dec_hi, gu_args);
+    emit(dn_cols, Rows::Tokens, kMoeColsFrom, dec_hi, dn_args);
   } else {
     emit(gu, Rows::Tokens, 0, dec_hi, gu_args);
     emit(dn, Rows::Tokens, 0, dec_hi, dn_args);

@@ -352,6 +352,9 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
   s.shape.seqs = seqs;
   for (int32_t pos : p.at(models::params::kPositions).i)
     s.shape.max_pos = std::max(s.shape.max_pos, pos);
+  // The leading sequences of one token each (the scheduler's decodes come first).
+  while (s.shape.decodes < seqs && step->tokens[size_t(s.shape.decodes)].size() == 1)
+    ++s.shape.decodes;
   // A pipeline stage's received activations: this sub-step's rows of each recv value.
   for (const auto& [name, full] : inputs) {
     const uint64_t base = recv(name).offset;

@@ -89,6 +89,10 @@ Executor::Executor(LaunchTable table, const Bindings& b, std::vector<LoadedKerne
       throw Error(fmt::format("launch table: a {} launch has key chunks of {}: not a multiple of "
                               "64 in 64..1048576 on a split launch",
                               l.label, l.split_chunk));
+    if (l.part < 0 || l.part > 2 || (l.part != 0 && l.library != -1))
+      throw Error(fmt::format("launch table: a {} launch serves part {} of the step's rows: parts "
+                              "are 0 (all), 1 (the decodes) and 2 (the rest), of kernels only",
+                              l.label, l.part));
     if (l.args.size() > kMaxArgs)
       throw Error(fmt::format("launch table: kernel '{}' takes {} arguments, at most {} supported",
                               table_.kernels[size_t(l.kernel)].name, l.args.size(), kMaxArgs));
@@ -144,11 +148,21 @@ size_t Executor::for_each(bool masked, const StepShape& s, size_t begin, size_t 
   end = std::min(end, launches.size());
   for (size_t e = begin; e < end; ++e) {
     const PlanLaunch& l = launches[e];
-    const int rows = l.seq_rows ? s.seqs : s.tokens;
+    int rows = l.seq_rows ? s.seqs : s.tokens;
     if (rows < l.min_rows || (l.max_rows >= 0 && rows > l.max_rows))
       continue;
     if (l.one_per_seq != 0 && (s.tokens == s.seqs) != (l.one_per_seq > 0))
       continue;
+    // A part of the rows: the leading decodes, or the rows after them (from row `first`).
+    int first = 0;
+    if (l.part != 0) {
+      XSERV_CHECK(s.decodes >= 0 && s.decodes <= s.tokens && s.decodes <= s.seqs,
+                  "a step's decodes within its tokens and sequences");
+      first = l.part == 2 ? s.decodes : 0;
+      rows = l.part == 1 ? s.decodes : rows - s.decodes;
+      if (rows <= 0)
+        continue;
+    }
     int splits = 1;
     if (l.splits_window >= 0) {
       // Splits from the bucketed key count, so that they stay fixed over a range of positions
@@ -195,7 +209,7 @@ size_t Executor::for_each(bool masked, const StepShape& s, size_t begin, size_t 
         case K::Null:
           break;
         default:
-          bytes[i] = a.base + a.row_stride * uint64_t(r0);
+          bytes[i] = a.base + a.row_stride * uint64_t(first + r0);
         }
       }
       for (int i = 0; i < times; ++i) {

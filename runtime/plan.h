@@ -174,6 +174,9 @@ struct StepShape {
   int tokens = 0;  ///< T: tokens in the step
   int seqs = 0;    ///< B: sequences in the step
   int max_pos = 0; ///< the largest position of any token (decides attention key splits)
+  /// The step's leading tokens that are each their sequence's only token (the scheduler puts
+  /// decodes first): PlanLaunch::part 1's rows; 0 when unknown (part 2 then takes every row).
+  int decodes = 0;
 };
 
 /// A generated kernel of the launch table and its launch rule (codegen::LaunchRule's fields):
@@ -264,6 +267,13 @@ struct PlanLaunch {
   /// 1: only steps with one token per sequence (tokens == seqs: decode); -1: only the other
   /// steps; 0: any (rope_yarn_qk_kv writes the KV caches itself in decode steps).
   int one_per_seq = 0;
+  /// Which of the step's rows (tokens) the launch serves, once min_rows, max_rows and
+  /// one_per_seq have chosen the step: 0 all of them; 1 its leading decodes (StepShape::decodes,
+  /// not launched when there are none); 2 the rows after them, pointer args advanced by
+  /// decodes * row_stride (not launched when there are none). Attention of a step mixing
+  /// decodes and prompt chunks: the decode kernel over the decodes, the prompt kernel over the
+  /// chunks (the same bits: the canonical order, docs/DESIGN.md).
+  int part = 0;
   std::vector<LaunchArg> args;
 
   bool operator==(const PlanLaunch&) const = default;

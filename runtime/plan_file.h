@@ -16,8 +16,9 @@ namespace xserv::runtime {
 /// The plan.json version this xserv writes and reads; a plan of another version is refused with
 /// "recompile the plan". 2: per-stage launch tables and layouts, options.gemm_precision and
 /// options.expert_format, named sends and receives; 3: paged KV caches (options.kv_block, block
-/// tables instead of cache rows).
-inline constexpr int64_t kPlanVersion = 3;
+/// tables instead of cache rows); 4: launches over a part of the step's rows (PlanLaunch::part:
+/// an older xserv would run them over every row).
+inline constexpr int64_t kPlanVersion = 4;
 
 /// The limits `xserv compile` enforces, which a plan must respect to be run.
 inline constexpr int64_t kPlanMaxBatch = 4096;

@@ -143,6 +143,8 @@ json launch_to_json(const PlanLaunch& l) {
     j["split_chunk"] = l.split_chunk;
   if (l.one_per_seq != 0)
     j["one_per_seq"] = l.one_per_seq;
+  if (l.part != 0)
+    j["part"] = l.part;
   json args = json::array();
   for (const LaunchArg& a : l.args)
     args.push_back(arg_to_json(a));
@@ -164,6 +166,7 @@ PlanLaunch launch_from_json(const json& l) {
   get_opt(l, "splits_heads", p.splits_heads);
   get_opt(l, "split_chunk", p.split_chunk);
   get_opt(l, "one_per_seq", p.one_per_seq);
+  get_opt(l, "part", p.part);
   for (const json& a : l.at("args"))
     p.args.push_back(arg_from_json(a));
   return p;

@@ -193,7 +193,7 @@ TEST_CASE("MXFP4 MoE decode at 2-8 tokens: a block a pair against tokens as colu
   const Loaded& pdn = load(emit_moe_down_part(d, {}));
   const Loaded& cgu = load(emit_moe_gate_up(c, {}));
   const Loaded& cdn = load(emit_moe_down_part(c, {}));
-  for (int tokens : {2, 4, 8}) {
+  for (int tokens = 2; tokens <= 8; ++tokens) {
     const int pairs = tokens * d.k;
     auto x = upload(random_f32(rng, {tokens, d.hidden}, 1.0f).f);
     auto act = upload(random_f32(rng, {pairs, d.inter}, 1.0f).f);

@@ -1,7 +1,7 @@
-// The lowering's options that are not yet defaults (codegen::LoweringContext::moe_cols and
+// The lowering's two speed options, on by default (codegen::LoweringContext::moe_cols and
 // lm_head_library): what each changes in a plain bf16 sm_90 plan's launch table (the tiny
-// config: MXFP4 experts on tensor cores, the whole vocabulary), and that off they change
-// nothing.
+// config: MXFP4 experts on tensor cores, the whole vocabulary) against both off, and that each
+// alone changes only its own launches.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -73,8 +73,8 @@ ir::Graph tiny_graph() {
 
 } // namespace
 
-TEST_CASE("lowering options: the MoE's tokens as columns from 2 to 8 tokens, lm_head as a "
-          "library call above 64 sequences, nothing when off") {
+TEST_CASE("lowering options: the MoE's tokens as columns from kMoeColsFrom to 8 tokens, lm_head "
+          "as a library call above 64 sequences, nothing when off") {
   const ir::Graph g = tiny_graph();
   const int layers =
       int(models::ModelConfig::load(testing::source_dir() / "examples/tiny/config.json")
@@ -82,16 +82,23 @@ TEST_CASE("lowering options: the MoE's tokens as columns from 2 to 8 tokens, lm_
   const runtime::LaunchTable plain = lower_with(g, {});
   const runtime::LaunchTable cols = lower_with(g, {true, false});
   const runtime::LaunchTable lm = lower_with(g, {false, true});
-  for (int seqs : {1, 2, 8, 9, 64, 65, kSeqs}) {
+  // The defaults are both options on.
+  const runtime::LaunchTable both = lower_with(g, {true, true});
+  codegen::LoweringContext defaults;
+  CHECK(defaults.moe_cols);
+  CHECK(defaults.lm_head_library);
+  for (int seqs : {1, 2, codegen::kMoeColsFrom - 1, codegen::kMoeColsFrom, 8, 9, 64, 65, kSeqs}) {
     CAPTURE(seqs);
     const auto p = decode_launches(plain, seqs), c = decode_launches(cols, seqs),
                l = decode_launches(lm, seqs);
     CHECK(count(p, "_cols") == 0);
     CHECK(count(l, "_cols") == 0);
     // gate_up and down of every layer, from 2 to 8 tokens, in place of the per-pair kernels
-    const bool columns = seqs >= 2 && seqs <= 8;
+    const bool columns = seqs >= codegen::kMoeColsFrom && seqs <= 8;
     CHECK(count(c, "_cols") == (columns ? 2 * layers : 0));
     CHECK(c.size() == p.size());
+    CHECK(count(decode_launches(both, seqs), "_cols") == count(c, "_cols"));
+    CHECK(count(decode_launches(both, seqs), "library") == count(l, "library"));
     // lm_head: one library call (its sums are the logits: no reduce after it) above 64 rows
     const int calls = count(p, "library");
     CHECK(count(l, "library") == calls + (seqs > 64 ? 1 : 0));

@@ -53,12 +53,31 @@ TEST_CASE("MoE decode kernels with tokens as columns give the per-pair kernels' 
   uint64_t seed = 9400;
   // The 20b's experts, the 120b's expert count (smaller matrices: four words of experts a
   // step), and a small model's sizes; the weights made once a scale range, then both tilings.
+  std::vector<MoeDims> dims;
   for (MoeDims d : {MoeDims{2880, 2880, 32, 4, false}, MoeDims{256, 256, 128, 4, false},
-                    MoeDims{128, 64, 8, 2, false}})
+                    MoeDims{128, 64, 8, 2, false}}) {
+    d.mxfp4 = true;
+    d.round_act = true;
+    d.mma = true;
+    dims.push_back(d);
+  }
+  // Every kernel compiled at once (24 NVRTC compiles one after the other take minutes).
+  std::vector<KernelSource> all;
+  for (MoeDims d : dims)
+    for (int stages : {kMoeMmaStages, 0}) {
+      d.mma_stages = stages;
+      MoeDims c = d;
+      c.mma_cols = true;
+      if (!moe_mma_fits(d) || !moe_cols_fits(c))
+        continue;
+      for (const MoeDims& v : {d, c}) {
+        all.push_back(emit_moe_gate_up(v, {}));
+        all.push_back(emit_moe_down_part(v, {}));
+      }
+    }
+  preload(std::move(all));
+  for (MoeDims d : dims)
     for (auto [lo, hi] : {std::pair{117, 130}, std::pair{185, 200}}) {
-      d.mxfp4 = true;
-      d.round_act = true;
-      d.mma = true;
       Rng rng{++seed};
       const Mxfp4Weight gu = random_mxfp4(rng, d.experts, 2 * d.inter, d.hidden, lo, hi);
       const Mxfp4Weight dn = random_mxfp4(rng, d.experts, d.hidden, d.inter, lo, hi);

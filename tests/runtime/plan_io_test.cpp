@@ -228,7 +228,7 @@ TEST_CASE("plan reader: a wrong field is refused naming plan.json and the field"
     std::string want;
   };
   const std::vector<Case> cases = {
-      {1, "/version", 1, "field 'version': 1, but this xserv reads version 3: recompile the plan"},
+      {1, "/version", 1, "field 'version': 1, but this xserv reads version 4: recompile the plan"},
       {1, "/format", "xserv", "field 'format': expected \"xserv-plan\""},
       {1, "/options/expert_format", "fp8",
        "field 'options.expert_format': must be \"bf16\", \"mxfp4\" or \"both\", found \"fp8\""},
