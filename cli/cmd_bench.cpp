@@ -140,7 +140,9 @@ int serving_bench(const ParsedArgs& args) {
        std::to_string(std::max(eo.max_tokens_per_step, st.kv_rows))}, // raised to max running
       {"prefill budget beside decodes", std::to_string(eo.prefill_budget)},
       {"inter-token latency target (ms)",
-       eo.itl_target_ms > 0 ? fmt::format("{:g}", eo.itl_target_ms) : std::string("off")},
+       eo.itl_target_ms > 0 ? fmt::format("{:g}", eo.itl_target_ms)
+       : eo.itl_factor > 0  ? fmt::format("{:g}x the decodes alone", eo.itl_factor)
+                            : std::string("off")},
       {"admit batch", std::to_string(eo.admit_batch)},
       {"KV blocks (full pool, used at the end)",
        fmt::format("{} of {} blocks of {}", st.kv_blocks_used, st.kv_blocks, st.kv_block_size)},

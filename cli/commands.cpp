@@ -35,7 +35,10 @@ const std::vector<OptSpec>& load_options() {
        "8; 0: the fixed budget only)"},
       {"--itl-target", "MS",
        "beside running decodes, prompt tokens stop where the step's expected time (learned "
-       "from the steps so far) reaches MS milliseconds (default 0: off)"}};
+       "from the steps so far) reaches MS milliseconds (default 0: off)"},
+      {"--itl-factor", "F",
+       "the same with the target F times the expected time of the step's decodes alone "
+       "(default 3 for serve, else 0: off)"}};
   return opts;
 }
 

@@ -85,6 +85,9 @@ void engine_kv_options(const ParsedArgs& args, engine::EngineOptions& o) {
   o.itl_target_ms = args.get_double("--itl-target", o.itl_target_ms);
   if (!(o.itl_target_ms >= 0 && o.itl_target_ms <= 1e6))
     throw UsageError("--itl-target must be a number of milliseconds in [0, 1000000]");
+  o.itl_factor = args.get_double("--itl-factor", o.itl_factor);
+  if (!(o.itl_factor == 0 || (o.itl_factor >= 1 && o.itl_factor <= 1000)))
+    throw UsageError("--itl-factor must be 0 (off) or a factor in [1, 1000]");
 }
 
 runtime::RunSettings run_settings() {

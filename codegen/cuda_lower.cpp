@@ -116,8 +116,8 @@ void Lowerer::allocate_scratch() {
   if (attn) {
     // Key splits only for steps of at most kSplitTokens tokens (see lower_attention); in the
     // canonical order at most kAttnChunkPartials (token, chunk) states.
-    const size_t states = std::max<size_t>(std::min<size_t>(t, kSplitTokens) * splits,
-                                           runtime::kAttnChunkPartials);
+    const size_t states =
+        std::max<size_t>(std::min<size_t>(t, kSplitTokens) * splits, runtime::kAttnChunkPartials);
     part_o_ = allocate(states * attn * sizeof(float));
     part_ml_ = allocate(states * attn * 2 * sizeof(float)); // per head: <= D
   }

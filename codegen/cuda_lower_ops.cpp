@@ -464,10 +464,11 @@ void Lowerer::lower_attention(ValueId v) {
       part_ = 2;
       const uint64_t q_row = uint64_t(d.heads) * d.head_dim * sizeof(float),
                      kv_row = uint64_t(d.kv_heads) * d.head_dim * sizeof(float);
-      std::vector<LaunchArg> pre_args = {
-          strided(in[0], q_row), strided(in[1], kv_row), strided(in[2], kv_row), in[3], in[4],
-          in[5], strided(in[6], sizeof(int32_t)), strided(in[7], sizeof(int32_t)), in[8], in[9],
-          strided(out, q_row), rows_arg()};
+      std::vector<LaunchArg> pre_args = in; // q, k, v, positions, token_seq: the step's rows
+      for (size_t i : {0, 1, 2, 6, 7})
+        pre_args[i] = strided(in[i], i == 0 ? q_row : i < 6 ? kv_row : sizeof(int32_t));
+      pre_args.push_back(strided(out, q_row));
+      pre_args.push_back(rows_arg());
       emit(pre, Rows::Tokens, kSplitTokens + 1, -1, std::move(pre_args));
       part_ = 0;
       outer_per_seq_ = 0;

@@ -80,13 +80,11 @@ struct CudaModel::Impl {
   /// (needs the sampling epilogue) and no logits come back; with `want` too, the sequences b
   /// with want[b] also get their logits rows back; with `masked` too, the sequences b with
   /// masked[b] get masked picks (on a stage with picks_masked(): Model::step_masked).
-  std::vector<std::vector<float>> run(const models::StepInput& in, bool all,
-                                      const StageInputs& inputs = {},
-                                      std::vector<int32_t>* greedy = nullptr,
-                                      const StageTransport* transport = nullptr,
-                                      const std::vector<bool>* want = nullptr,
-                                      const std::vector<bool>* masked = nullptr,
-                                      const MaskSource* mask_source = nullptr);
+  std::vector<std::vector<float>>
+  run(const models::StepInput& in, bool all, const StageInputs& inputs = {},
+      std::vector<int32_t>* greedy = nullptr, const StageTransport* transport = nullptr,
+      const std::vector<bool>* want = nullptr, const std::vector<bool>* masked = nullptr,
+      const MaskSource* mask_source = nullptr);
 };
 
 void CudaModel::Impl::upload_weights(const fs::path& cache_dir) {
@@ -373,7 +371,7 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
   s.keys = greedy != nullptr; // greedy is only set when the sampling epilogue exists
   if (greedy && masks)
     s.masks = *masks;
-  if (greedy && want_rows)    // the logits rows a sampling request needs
+  if (greedy && want_rows) // the logits rows a sampling request needs
     for (size_t b = 0; b < static_cast<size_t>(real); ++b)
       if ((*want_rows)[b])
         s.wanted.push_back(per_token ? static_cast<size_t>(last[b]) : b);
@@ -409,13 +407,11 @@ void CudaModel::Impl::run_substep(const models::StepInput& sub,
   }
 }
 
-std::vector<std::vector<float>> CudaModel::Impl::run(const models::StepInput& in, bool all,
-                                                     const StageInputs& inputs,
-                                                     std::vector<int32_t>* greedy,
-                                                     const StageTransport* transport,
-                                                     const std::vector<bool>* want,
-                                                     const std::vector<bool>* masked,
-                                                     const MaskSource* mask_source) {
+std::vector<std::vector<float>>
+CudaModel::Impl::run(const models::StepInput& in, bool all, const StageInputs& inputs,
+                     std::vector<int32_t>* greedy, const StageTransport* transport,
+                     const std::vector<bool>* want, const std::vector<bool>* masked,
+                     const MaskSource* mask_source) {
   Impl& m = *this;
   XSERV_CHECK(!masked || (greedy && mask_source && dev->picks_masked() && !per_token),
               "masked picks need the sampling epilogue's masked pick");
@@ -454,9 +450,9 @@ std::vector<std::vector<float>> CudaModel::Impl::run(const models::StepInput& in
       XSERV_CHECK(all_masks.size() == in.tokens.size(), "step_masked: one mask per sequence");
       for (size_t n = 0; n < masked_pieces.size(); ++n) {
         const std::vector<uint32_t>& mask = all_masks[pieces[masked_pieces[n]].seq];
-        XSERV_CHECK(mask.size() == words,
-                    fmt::format("a token mask of {} words; the vocabulary takes {}", mask.size(),
-                                words));
+        XSERV_CHECK(
+            mask.size() == words,
+            fmt::format("a token mask of {} words; the vocabulary takes {}", mask.size(), words));
         std::copy(mask.begin(), mask.end(), staging + n * words);
         rows_out[n] = static_cast<int32_t>(masked_pieces[n]);
       }

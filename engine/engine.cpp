@@ -88,6 +88,8 @@ EngineOptions resolved(EngineOptions o, int64_t rows) {
     throw Error(fmt::format("prefill_budget {} is negative", o.prefill_budget));
   if (!(o.itl_target_ms >= 0) || !std::isfinite(o.itl_target_ms))
     throw Error(fmt::format("itl_target_ms {} is not a non-negative number", o.itl_target_ms));
+  if (!(o.itl_factor == 0 || o.itl_factor >= 1) || !std::isfinite(o.itl_factor))
+    throw Error(fmt::format("itl_factor {} is neither 0 (off) nor at least 1", o.itl_factor));
   if (o.max_queue < 0)
     throw Error(fmt::format("max_queue {} is negative", o.max_queue));
   if (o.max_tokens_per_step < 1)

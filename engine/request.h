@@ -113,6 +113,9 @@ struct EngineOptions {
   /// block's worth a step, so that the running sequences' inter-token latency stays near it;
   /// also within prefill_budget when that is set. 0: off.
   double itl_target_ms = 0;
+  /// > 0 (and no itl_target_ms): the same with the target this many times the expected time
+  /// of the step's decodes alone, so that it follows the model, the GPU and the batch. 0: off.
+  double itl_factor = 0;
   /// Waiting requests join only when this many can join at once (free places), so that one
   /// prompt step serves several of them, unless nothing is running or the oldest has waited
   /// max_admit_wait steps. 1: each joins as soon as it can (the lowest time to first token);

@@ -293,9 +293,16 @@ void Scheduler::observe_time(const ScheduledStep& s, double ms) {
 }
 
 int64_t Scheduler::itl_budget(int64_t decodes) const {
-  if (options_.itl_target_ms <= 0)
+  double target = options_.itl_target_ms;
+  if (target <= 0 && options_.itl_factor > 0) {
+    const double alone = step_times_.decode_ms(decodes);
+    if (alone <= 0)
+      return -1;
+    target = options_.itl_factor * alone;
+  }
+  if (target <= 0)
     return -1;
-  return step_times_.prompt_budget(decodes, options_.itl_target_ms, kv_.geometry().block_size);
+  return step_times_.prompt_budget(decodes, target, kv_.geometry().block_size);
 }
 
 } // namespace xserv::engine

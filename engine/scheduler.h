@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "engine/constraint.h"
-#include "engine/step_time.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/request.h"
+#include "engine/step_time.h"
 #include "models/step.h"
 #include "runtime/sampler.h"
 
@@ -106,8 +106,8 @@ public:
   void step_failed(const ScheduledStep& s);
   /// The step took `ms` (for EngineOptions::itl_target_ms's prompt budget).
   void observe_time(const ScheduledStep& s, double ms);
-  /// Prompt tokens a step beside `decodes` decodes may take under itl_target_ms; -1 when off
-  /// or not yet known.
+  /// Prompt tokens a step beside `decodes` decodes may take under itl_target_ms (or
+  /// itl_factor times the decodes' expected time alone); -1 when off or not yet known.
   int64_t itl_budget(int64_t decodes) const;
   const StepTimeModel& step_times() const { return step_times_; }
   /// The choices of `parent` (a request with n > 1 whose prompt the last step finished): n - 1

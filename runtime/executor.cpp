@@ -168,10 +168,10 @@ size_t Executor::for_each(bool masked, const StepShape& s, size_t begin, size_t 
       // Splits from the bucketed key count, so that they stay fixed over a range of positions
       // (and one CUDA graph serves them all); a split past a token's keys stays empty.
       const int bucket = attention_key_bucket(s.max_pos + 1);
-      splits = l.split_chunk > 0 ? attention_chunk_splits(bucket, l.splits_window, rows,
-                                                          l.splits_heads, l.split_chunk)
-                                 : attention_step_splits(bucket, l.splits_window, rows,
-                                                         l.splits_heads);
+      splits =
+          l.split_chunk > 0
+              ? attention_chunk_splits(bucket, l.splits_window, rows, l.splits_heads, l.split_chunk)
+              : attention_step_splits(bucket, l.splits_window, rows, l.splits_heads);
     }
     if (splits < l.min_splits)
       continue;
@@ -254,7 +254,7 @@ size_t Executor::run_masked(int rows, cudaStream_t stream) const {
 }
 
 std::vector<LaunchRecord> Executor::record_launches(bool masked, const StepShape& shape,
-                                                     size_t begin, size_t end) const {
+                                                    size_t begin, size_t end) const {
   std::vector<LaunchRecord> out;
   for_each(
       masked, shape, begin, end,

@@ -11,14 +11,8 @@
 #include <vector>
 
 #include "base/error.h"
-#include "codegen/cuda_lower.h"
-#include "compiler/memory_plan.h"
-#include "compiler/pass_manager.h"
-#include "ir/dims.h"
-#include "models/config.h"
-#include "models/gpt_oss.h"
 #include "runtime/executor.h"
-#include "tests/test_util.h"
+#include "tests/codegen/tiny_lowering.h"
 
 using namespace xserv;
 
@@ -33,33 +27,17 @@ struct Tiny {
 };
 
 Tiny lower_tiny(bool split) {
-  Tiny t{models::ModelConfig::load(testing::source_dir() / "examples/tiny/config.json"), {}};
-  compiler::PassManager pm;
-  pm.add_passes(compiler::kDefaultPasses);
-  const ir::Graph g = pm.run(models::build_gpt_oss(t.cfg));
-  const int tokens = codegen::step_token_capacity(kSeqs, 512);
-  const compiler::MemoryPlan mem =
-      compiler::plan_memory(g, {{ir::dims::kTokens, tokens},
-                                {ir::dims::kSeqs, kSeqs},
-                                {ir::dims::kTableBlocks, (kMaxSeq + 15) / 16}});
+  Tiny t{testing::tiny_config(), {}};
   codegen::LoweringContext ctx;
-  ctx.max_tokens = tokens;
-  ctx.max_seqs = kSeqs;
-  ctx.max_seq = kMaxSeq;
   ctx.gemm_split = split;
-  ctx.wgmma = true;
   ctx.dense_cublas = !split;
-  ctx.expert_format = runtime::ExpertFormat::Mxfp4;
-  ctx.memory = &mem;
-  codegen::KernelSet ks;
-  t.table = codegen::lower_graph(g, ks, ctx);
+  t.table = testing::lower_tiny(testing::tiny_graph(), ctx, kSeqs, kMaxSeq);
   return t;
 }
 
 /// A step's launches of kernels whose name starts with `prefix`.
-std::vector<runtime::LaunchRecord> launches_of(const runtime::LaunchTable& t,
-                                               const runtime::StepShape& s,
-                                               const std::string& prefix) {
+std::vector<runtime::LaunchRecord>
+launches_of(const runtime::LaunchTable& t, const runtime::StepShape& s, const std::string& prefix) {
   const runtime::Executor ex(t, runtime::placeholder_bindings(t));
   std::vector<runtime::LaunchRecord> out;
   for (runtime::LaunchRecord& r : ex.record(s))
@@ -103,7 +81,7 @@ TEST_CASE("a step mixing decodes and prompt chunks: the decode kernel over the d
       CHECK(pre_all[size_t(l)].grid[1] == unsigned((200 + qt - 1) / qt));
       // q, k, v, k_cache, v_cache, sinks, positions, token_seq, ctx_lens, block_table, out,
       // tokens: the per-token ones advanced by 64 rows, the rest as in the whole step.
-      const std::vector<uint64_t> advance = {64 * q_row, 64 * kv_row, 64 * kv_row, 0, 0, 0,
+      const std::vector<uint64_t> advance = {64 * q_row, 64 * kv_row, 64 * kv_row, 0, 0,         0,
                                              64 * 4,     64 * 4,      0,           0, 64 * q_row};
       const auto& a = pre[size_t(l)];
       const auto& b = pre_all[size_t(l)];
@@ -121,8 +99,7 @@ TEST_CASE("a step mixing decodes and prompt chunks: the decode kernel over the d
     // A step of decodes alone launches no prompt kernel; steps of at most 64 tokens split
     // nothing (the decode kernel serves every token there).
     CHECK(launches_of(t.table, {80, 80, 700, 80}, "attention_prefill_mma").empty());
-    CHECK(launches_of(t.table, {80, 80, 700, 80}, "attention_decode_mma").size() ==
-          size_t(layers));
+    CHECK(launches_of(t.table, {80, 80, 700, 80}, "attention_decode_mma").size() == size_t(layers));
     CHECK(launches_of(t.table, {60, 9, 700, 8}, "attention_prefill_mma").empty());
     // Only prompt rows after the decodes: none of the decode part's launches.
     CHECK(launches_of(t.table, {200, 1, 700, 0}, "attention_decode_mma").empty());

@@ -8,14 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "codegen/cuda_lower.h"
-#include "compiler/memory_plan.h"
-#include "compiler/pass_manager.h"
-#include "ir/dims.h"
-#include "models/config.h"
-#include "models/gpt_oss.h"
 #include "runtime/executor.h"
-#include "tests/test_util.h"
+#include "tests/codegen/tiny_lowering.h"
 
 using namespace xserv;
 
@@ -29,24 +23,12 @@ struct Options {
 };
 
 runtime::LaunchTable lower_with(const ir::Graph& g, Options o) {
-  const int tokens = codegen::step_token_capacity(kSeqs, 512);
-  const compiler::MemoryPlan mem =
-      compiler::plan_memory(g, {{ir::dims::kTokens, tokens},
-                                {ir::dims::kSeqs, kSeqs},
-                                {ir::dims::kTableBlocks, (kMaxSeq + 15) / 16}});
   codegen::LoweringContext ctx;
-  ctx.max_tokens = tokens;
-  ctx.max_seqs = kSeqs;
-  ctx.max_seq = kMaxSeq;
   ctx.gemm_split = false;
-  ctx.wgmma = true;
   ctx.dense_cublas = true;
-  ctx.expert_format = runtime::ExpertFormat::Mxfp4;
   ctx.moe_cols = o.moe_cols;
   ctx.lm_head_library = o.lm_head_library;
-  ctx.memory = &mem;
-  codegen::KernelSet ks;
-  return codegen::lower_graph(g, ks, ctx);
+  return testing::lower_tiny(g, ctx, kSeqs, kMaxSeq);
 }
 
 /// The launches of a decode step of `seqs` sequences, by kernel name ("library" for a call).
@@ -64,21 +46,12 @@ int count(const std::vector<std::string>& names, const std::string& part) {
   }));
 }
 
-ir::Graph tiny_graph() {
-  compiler::PassManager pm;
-  pm.add_passes(compiler::kDefaultPasses);
-  return pm.run(models::build_gpt_oss(
-      models::ModelConfig::load(testing::source_dir() / "examples/tiny/config.json")));
-}
-
 } // namespace
 
 TEST_CASE("lowering options: the MoE's tokens as columns from kMoeColsFrom to 8 tokens, lm_head "
           "as a library call above 64 sequences, nothing when off") {
-  const ir::Graph g = tiny_graph();
-  const int layers =
-      int(models::ModelConfig::load(testing::source_dir() / "examples/tiny/config.json")
-              .num_hidden_layers);
+  const ir::Graph g = testing::tiny_graph();
+  const int layers = int(testing::tiny_config().num_hidden_layers);
   const runtime::LaunchTable plain = lower_with(g, {});
   const runtime::LaunchTable cols = lower_with(g, {true, false});
   const runtime::LaunchTable lm = lower_with(g, {false, true});

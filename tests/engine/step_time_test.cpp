@@ -58,7 +58,8 @@ TEST_CASE("step time: prompts alone and steps before a decode-only one teach not
   m.observe(0, 128, 9.0);
   CHECK(m.prompt_budget(8, 20.0, 16) == -1);
   m.observe(8, 0, 4.0);
-  for (const auto& [p, ms] : {std::pair{128, 4.0 + 2 + 0.05 * 128}, std::pair{256, 4.0 + 2 + 0.05 * 256}})
+  for (const auto& [p, ms] :
+       {std::pair{128, 4.0 + 2 + 0.05 * 128}, std::pair{256, 4.0 + 2 + 0.05 * 256}})
     m.observe(8, p, ms);
   CHECK(m.prompt_budget(8, 20.0, 16) == -1); // two such steps
   m.observe(8, 512, 4.0 + 2 + 0.05 * 512);
@@ -120,4 +121,19 @@ TEST_CASE("scheduler: under itl_target_ms a step's prompt tokens beside decodes 
   engine::Scheduler off(o, kv);
   off.observe_time(step_of({1}), 10.0);
   CHECK(off.itl_budget(1) == -1);
+  // A target relative to the decodes alone: 1.5 x 10 ms leaves 5 ms, 50 tokens; unknown before
+  // a decode-only step; an absolute target wins over the factor.
+  o.itl_factor = 1.5;
+  engine::Scheduler rel(o, kv);
+  CHECK(rel.itl_budget(1) == -1);
+  rel.observe_time(step_of({1}), 10.0);
+  for (size_t p : {50, 150, 250})
+    rel.observe_time(step_of({1, p}), 10.0 + 0.1 * double(p));
+  CHECK(rel.itl_budget(1) == 50);
+  o.itl_target_ms = 20;
+  engine::Scheduler both(o, kv);
+  both.observe_time(step_of({1}), 10.0);
+  for (size_t p : {50, 150, 250})
+    both.observe_time(step_of({1, p}), 10.0 + 0.1 * double(p));
+  CHECK(both.itl_budget(1) == 100);
 }
