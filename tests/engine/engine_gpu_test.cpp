@@ -7,8 +7,8 @@
 // prompts, the rows before the flip within 2.4e-5). Logits rows need not be bitwise in the
 // default (fast) order: a step of one sequence runs the GEMV kernels (<= 8 tokens) and a mixed
 // step the tensor-core gemms, which sum in another order (docs/DESIGN.md "Kernel selection by
-// step size"); how many rows are bitwise is reported. A plan in the gemms' canonical order must give every row bitwise,
-// in the mix and with the prompt prefilled in chunks of 64 or 17 tokens.
+// step size"); how many rows are bitwise is reported. A plan in the gemms' canonical order must
+// give every row bitwise, in the mix and with the prompt prefilled in chunks of 64 or 17 tokens.
 // XSERV_20B_CKPT (a synthetic gpt-oss-20b) adds the same check on the 20b.
 #include <doctest/doctest.h>
 
@@ -168,9 +168,10 @@ void check_invariance(const fs::path& model_dir, int steps, int64_t max_seq, boo
       diverged = diverged || mixed[i].tokens.at(t) != alone[i].tokens.at(t);
     }
   }
-  MESSAGE("batch invariance (" << model_dir.filename().string()
-                               << (split ? ", split gemms" : ", bf16 gemms, mxfp4")
-                               << (canonical ? ", canonical order" : "") << "): " << same_tokens
+  // doctest streams a const char* from a conditional as a pointer: strings, then.
+  const std::string mode = std::string(split ? ", split gemms" : ", bf16 gemms, mxfp4") +
+                           (canonical ? ", canonical order" : "");
+  MESSAGE("batch invariance (" << model_dir.filename().string() << mode << "): " << same_tokens
                                << " of 4 prompts with identical tokens over " << steps << " steps; "
                                << bitwise << " of " << rows
                                << " logits rows bitwise, worst relative L2 " << worst
