@@ -107,7 +107,9 @@ public:
   /// The step took `ms` (for EngineOptions::itl_target_ms's prompt budget).
   void observe_time(const ScheduledStep& s, double ms);
   /// Prompt tokens a step beside `decodes` decodes may take under itl_target_ms (or
-  /// itl_factor times the decodes' expected time alone); -1 when off or not yet known.
+  /// itl_factor times the decodes' expected time alone): 0 while no step of as many decodes
+  /// (their power-of-two bucket) ran alone, so that this one does; -1 when off or while the
+  /// prompt tokens' cost is not yet known.
   int64_t itl_budget(int64_t decodes) const;
   const StepTimeModel& step_times() const { return step_times_; }
   /// The choices of `parent` (a request with n > 1 whose prompt the last step finished): n - 1

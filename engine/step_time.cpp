@@ -25,12 +25,11 @@ void StepTimeModel::observe(int64_t decodes, int64_t prompt_tokens, double ms) {
   }
   // What the prompt tokens added to a step of decodes: its time less theirs. A step of prompts
   // alone says nothing of that (its time holds the weight reads every step pays, which a
-  // decode step's time already counts), and neither does one before a decode-only step.
-  if (decodes == 0)
+  // decode step's time already counts), and neither does one whose decodes' bucket was never
+  // seen alone (another bucket's time would put the difference on the prompt).
+  if (decodes == 0 || !decode_observed(decodes))
     return;
   const double base = decode_ms(decodes);
-  if (base < 0)
-    return;
   const double p = double(prompt_tokens), e = std::max(0.0, ms - base);
   const double keep = 1 - kAlpha;
   s0_ = keep * s0_ + kAlpha;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
 namespace xserv::engine {
@@ -18,6 +19,9 @@ public:
   /// The expected time of a step of `decodes` decodes alone: the observed bucket of `decodes`
   /// (powers of two), else the nearest observed one; -1 before any decode-only step.
   double decode_ms(int64_t decodes) const;
+  /// Whether a step of decodes alone of `decodes`' own bucket was seen (decode_ms is then not
+  /// another bucket's time).
+  bool decode_observed(int64_t decodes) const { return decode_[std::size_t(bucket(decodes))] > 0; }
   /// The prompt tokens a step with `decodes` decodes may take so that it stays within
   /// `target_ms`, at least `floor` (a prompt always makes progress); -1 while fewer than
   /// kMinPromptSteps steps of decodes and prompt tokens (after a decode-only one) were seen.

@@ -66,6 +66,12 @@ TEST_CASE("step time: prompts alone and steps before a decode-only one teach not
   CHECK(m.prompt_token_ms() == doctest::Approx(0.05).epsilon(1e-6));
   CHECK(m.prompt_fixed_ms() == doctest::Approx(2.0).epsilon(1e-6));
   CHECK(m.prompt_budget(8, 20.0, 16) == 280); // (20 - 4 - 2) / 0.05
+  // Decodes of a bucket never seen alone (64, where 8 stands in) teach nothing either: 8's time
+  // would put 64's extra cost on the prompt tokens.
+  CHECK(m.decode_observed(8));
+  CHECK(!m.decode_observed(64));
+  m.observe(64, 512, 500.0);
+  CHECK(m.prompt_token_ms() == doctest::Approx(0.05).epsilon(1e-6));
   // Prompt sizes within a few percent of each other (the budget's own chunks): no slope, the
   // mean cost a token, no fixed part.
   StepTimeModel same;
@@ -125,7 +131,7 @@ TEST_CASE("scheduler: under itl_target_ms a step's prompt tokens beside decodes 
   // a decode-only step; an absolute target wins over the factor.
   o.itl_factor = 1.5;
   engine::Scheduler rel(o, kv);
-  CHECK(rel.itl_budget(1) == -1);
+  CHECK(rel.itl_budget(1) == 0); // its decodes run alone first, to be timed
   rel.observe_time(step_of({1}), 10.0);
   for (size_t p : {50, 150, 250})
     rel.observe_time(step_of({1, p}), 10.0 + 0.1 * double(p));
@@ -136,4 +142,44 @@ TEST_CASE("scheduler: under itl_target_ms a step's prompt tokens beside decodes 
   for (size_t p : {50, 150, 250})
     both.observe_time(step_of({1, p}), 10.0 + 0.1 * double(p));
   CHECK(both.itl_budget(1) == 100);
+  // A batch whose bucket never ran alone (2 decodes: bucket 2) gets a decode-only step, then the
+  // budget again: a deep backlog cannot keep the bound from being learned.
+  CHECK(both.itl_budget(2) == 0);
+  both.observe_time(step_of({1, 1}), 12.0);
+  CHECK(both.itl_budget(2) == 80); // (20 - 12) / 0.1
+}
+
+TEST_CASE("scheduler: with a bound, a batch size never timed alone runs its decodes alone once") {
+  engine::EngineOptions o;
+  o.max_running = 4;
+  o.itl_factor = 3;
+  models::KvGeometry kv;
+  kv.block_size = 4;
+  kv.table_blocks = 64;
+  kv.blocks = 4 * 64 + 1;
+  engine::Scheduler s(o, kv);
+  auto request = [](int32_t first, size_t len) {
+    engine::Request r;
+    for (size_t i = 0; i < len; ++i)
+      r.prompt.push_back(first + int32_t(i));
+    r.max_tokens = 50;
+    return r;
+  };
+  s.enqueue(std::make_unique<engine::Sequence>(1, request(1, 8)));
+  engine::ScheduledStep first = s.schedule();
+  REQUIRE(first.seqs.size() == 1);
+  s.commit(first);
+  first.seqs[0]->tokens.push_back(7);
+  s.observe_time(first, 5.0);
+  s.enqueue(std::make_unique<engine::Sequence>(2, request(100, 40)));
+  engine::ScheduledStep probe = s.schedule(); // one decode, its bucket never timed alone
+  REQUIRE(probe.seqs.size() == 1);
+  CHECK(probe.input.tokens[0].size() == 1);
+  CHECK(probe.prompt_tokens == 0);
+  s.commit(probe);
+  probe.seqs[0]->tokens.push_back(8);
+  s.observe_time(probe, 10.0);
+  const engine::ScheduledStep next = s.schedule(); // timed: the prompt joins (no cost known yet)
+  REQUIRE(next.seqs.size() == 2);
+  CHECK(next.input.tokens[1].size() == 40);
 }
