@@ -13,6 +13,8 @@
 # With an old binary (.device/old/xserv, carried; OLD= another path) of a fixed-slot engine: its
 # c64 over HTTP first (a --max-seq 8192 --max-batch 64 plan, --max-running 64) and its decode
 # aggregate on a --max-seq 2304 --max-batch 256 plan, the baselines of the same call.
+# OLD_PLAN=default (an old binary with the paged pool): the old binary instead runs the same
+# PARTS c64 c256 c512 on its own default plan first (old_c64, ...), then the new one.
 # Needs .device/bin/xserv, .device/data/{gpt-oss-20b.json,o200k_base.tiktoken};
 # carry [".device/bin", ".device/data"].
 source "$(dirname "$0")/common.sh"
@@ -54,7 +56,19 @@ metrics() {
 }
 W="--input-len 512 --output-len 256"
 P="--shared-prefix 2048 --input-len 64 --output-len 128"
-if have_old; then
+if have_old && [ "${OLD_PLAN:-}" = default ]; then
+  $OLD compile /tmp/g20 -o /tmp/p_old ${KV_DTYPE:+--kv-dtype $KV_DTYPE} 2>&1 | tail -1
+  # shellcheck disable=SC2086
+  $OLD serve /tmp/p_old --port $PORT --tokenizer $D/o200k_base.tiktoken ${SERVE_FLAGS:-} \
+    > "$OUT/serve_old.log" 2>&1 &
+  pid=$!
+  if wait_health $PORT $pid 150; then
+    want c64 && load old_c64 120 --requests 256 --concurrency 64 $W
+    want c256 && load old_c256 150 --requests 1024 --concurrency 256 $W && metrics
+    want c512 && load old_c512 150 --requests 1024 --concurrency 512 $W && metrics
+  fi
+  stop_server $pid
+elif have_old; then
   $OLD compile /tmp/g20 -o /tmp/p_old64 --max-seq 8192 --max-batch 64 2>&1 | tail -1
   $OLD serve /tmp/p_old64 --port $PORT --tokenizer $D/o200k_base.tiktoken --max-running 64 \
     > "$OUT/serve_old.log" 2>&1 &
