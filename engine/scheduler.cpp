@@ -295,10 +295,11 @@ void Scheduler::observe_time(const ScheduledStep& s, double ms) {
 int64_t Scheduler::itl_budget(int64_t decodes) const {
   if (options_.itl_target_ms <= 0 && options_.itl_factor <= 0)
     return -1;
-  // A batch size whose bucket never ran alone: this step runs its decodes alone and so
-  // measures them (once a bucket, ~9 steps in a server's life). Without it a server whose
-  // prompts never run out (a deep backlog) would never learn the bound.
-  if (decodes > 0 && !step_times_.decode_observed(decodes))
+  // A batch size whose bucket never ran alone, or not for StepTimeModel::kRefreshSteps steps:
+  // this step runs its decodes alone and so measures them (a step in 512 at most). Without it
+  // a server whose prompts never run out (a deep backlog) would never learn the bound, or keep
+  // a time from shallower contexts.
+  if (decodes > 0 && step_times_.decode_age(decodes) > StepTimeModel::kRefreshSteps)
     return 0;
   double target = options_.itl_target_ms;
   if (target <= 0 && options_.itl_factor > 0) {

@@ -108,8 +108,8 @@ public:
   void observe_time(const ScheduledStep& s, double ms);
   /// Prompt tokens a step beside `decodes` decodes may take under itl_target_ms (or
   /// itl_factor times the decodes' expected time alone): 0 while no step of as many decodes
-  /// (their power-of-two bucket) ran alone, so that this one does; -1 when off or while the
-  /// prompt tokens' cost is not yet known.
+  /// (their power-of-two bucket) ran alone within StepTimeModel::kRefreshSteps steps, so that
+  /// this one does; -1 when off or while the prompt tokens' cost is not yet known.
   int64_t itl_budget(int64_t decodes) const;
   const StepTimeModel& step_times() const { return step_times_; }
   /// The choices of `parent` (a request with n > 1 whose prompt the last step finished): n - 1

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 
 namespace xserv::engine {
 
@@ -18,9 +19,11 @@ void StepTimeModel::observe(int64_t decodes, int64_t prompt_tokens, double ms) {
   if (!(ms >= 0) || !std::isfinite(ms) || decodes < 0 || prompt_tokens < 0 ||
       decodes + prompt_tokens == 0)
     return;
+  ++steps_;
   if (prompt_tokens == 0) {
-    double& d = decode_[size_t(bucket(decodes))];
-    d = d == 0 ? ms : (1 - kAlpha) * d + kAlpha * ms;
+    const size_t b = size_t(bucket(decodes));
+    decode_[b] = seen_at_[b] < 0 ? ms : (1 - kAlpha) * decode_[b] + kAlpha * ms;
+    seen_at_[b] = steps_;
     return;
   }
   // What the prompt tokens added to a step of decodes: its time less theirs. A step of prompts
@@ -42,15 +45,21 @@ void StepTimeModel::observe(int64_t decodes, int64_t prompt_tokens, double ms) {
 
 double StepTimeModel::decode_ms(int64_t decodes) const {
   const int b = bucket(decodes);
-  if (decode_[size_t(b)] > 0)
+  auto seen = [&](int i) { return i >= 0 && i < kBuckets && seen_at_[size_t(i)] >= 0; };
+  if (seen(b))
     return decode_[size_t(b)];
   for (int d = 1; d < kBuckets; ++d) { // the nearest observed bucket, larger first
-    if (b + d < kBuckets && decode_[size_t(b + d)] > 0)
+    if (seen(b + d))
       return decode_[size_t(b + d)];
-    if (b - d >= 0 && decode_[size_t(b - d)] > 0)
+    if (seen(b - d))
       return decode_[size_t(b - d)];
   }
   return -1;
+}
+
+int64_t StepTimeModel::decode_age(int64_t decodes) const {
+  const int64_t at = seen_at_[size_t(bucket(decodes))];
+  return at < 0 ? INT64_MAX : steps_ - at;
 }
 
 double StepTimeModel::prompt_token_ms() const {

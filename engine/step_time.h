@@ -21,7 +21,13 @@ public:
   double decode_ms(int64_t decodes) const;
   /// Whether a step of decodes alone of `decodes`' own bucket was seen (decode_ms is then not
   /// another bucket's time).
-  bool decode_observed(int64_t decodes) const { return decode_[std::size_t(bucket(decodes))] > 0; }
+  bool decode_observed(int64_t decodes) const {
+    return seen_at_[std::size_t(bucket(decodes))] >= 0;
+  }
+  /// Steps observed since the last step of decodes alone of `decodes`' bucket (INT64_MAX:
+  /// never): past kRefreshSteps its time is measured again (contexts grow, the batch moves
+  /// within its bucket).
+  int64_t decode_age(int64_t decodes) const;
   /// The prompt tokens a step with `decodes` decodes may take so that it stays within
   /// `target_ms`, at least `floor` (a prompt always makes progress); -1 while fewer than
   /// kMinPromptSteps steps of decodes and prompt tokens (after a decode-only one) were seen.
@@ -31,6 +37,7 @@ public:
   double prompt_token_ms() const;
 
   static constexpr int kMinPromptSteps = 3;
+  static constexpr int64_t kRefreshSteps = 512;
   /// Weight of the newest observation in the averages and the fit.
   static constexpr double kAlpha = 0.2;
 
@@ -39,7 +46,13 @@ private:
   static int bucket(int64_t decodes);
   /// Whether the weighted prompt sizes vary enough (10% of their mean) to fit a slope.
   bool spread() const;
-  std::array<double, kBuckets> decode_{}; ///< by bucket; 0: not observed
+  std::array<double, kBuckets> decode_{};       ///< by bucket
+  std::array<int64_t, kBuckets> seen_at_ = [] { ///< step of the bucket's last one; -1: never
+    std::array<int64_t, kBuckets> a{};
+    a.fill(-1);
+    return a;
+  }();
+  int64_t steps_ = 0;                                   ///< observations so far
   double s0_ = 0, sp_ = 0, spp_ = 0, se_ = 0, spe_ = 0; ///< the weighted fit's sums
   int64_t prompt_steps_ = 0;
 };

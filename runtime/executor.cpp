@@ -89,9 +89,10 @@ Executor::Executor(LaunchTable table, const Bindings& b, std::vector<LoadedKerne
       throw Error(fmt::format("launch table: a {} launch has key chunks of {}: not a multiple of "
                               "64 in 64..1048576 on a split launch",
                               l.label, l.split_chunk));
-    if (l.part < 0 || l.part > 2 || (l.part != 0 && l.library != -1))
+    if (l.part < 0 || l.part > 2 || (l.part != 0 && (l.library != -1 || l.seq_rows)))
       throw Error(fmt::format("launch table: a {} launch serves part {} of the step's rows: parts "
-                              "are 0 (all), 1 (the decodes) and 2 (the rest), of kernels only",
+                              "are 0 (all), 1 (the decodes) and 2 (the rest), of kernels over "
+                              "tokens only",
                               l.label, l.part));
     if (l.args.size() > kMaxArgs)
       throw Error(fmt::format("launch table: kernel '{}' takes {} arguments, at most {} supported",

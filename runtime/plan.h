@@ -84,9 +84,11 @@ inline bool parse_expert_format(const std::string& name, ExpertFormat& f) {
 
 /// The key count attention's split count is chosen for when a token sees at most `keys` keys:
 /// `keys` rounded up to a power of two, at least 64 and at most 2048 (where the split count
-/// saturates). Launches depend on a step only through (tokens, seqs, this bucket of
-/// max_pos + 1), so a CUDA graph captured for one step replays correctly for any step with the
-/// same three; attention_decode leaves the surplus splits of a smaller context empty.
+/// saturates). Launches of decode steps (tokens == seqs, the ones CUDA graphs capture) depend on
+/// a step only through (tokens, seqs, this bucket of max_pos + 1), so a graph captured for one
+/// replays correctly for any step with the same three; attention_decode leaves the surplus
+/// splits of a smaller context empty. Other steps' launches also follow StepShape::decodes
+/// (PlanLaunch::part): a graph of such steps would have to key on it too.
 inline int attention_key_bucket(int keys) {
   int b = 64;
   while (b < keys && b < 2048)
@@ -304,7 +306,8 @@ inline int32_t argmax_of_keys(const uint64_t* keys, int chunks) {
 
 /// Every launch of a step, in order, as data: what `compile` writes into plan.json and the
 /// executor (runtime/executor.h) replays. Launches depend on the step only through its
-/// StepShape, through tokens, seqs and attention_key_bucket(max_pos + 1).
+/// StepShape: tokens, seqs, attention_key_bucket(max_pos + 1) and, outside decode steps,
+/// decodes.
 struct LaunchTable {
   std::vector<PlanKernel> kernels;
   std::vector<PlanLibraryCall> library; ///< library routines the launches call

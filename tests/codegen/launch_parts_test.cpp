@@ -18,7 +18,7 @@ using namespace xserv;
 
 namespace {
 
-constexpr int kSeqs = 80;
+constexpr int kSeqs = 160;
 constexpr int64_t kMaxSeq = 4096;
 
 struct Tiny {
@@ -70,7 +70,9 @@ TEST_CASE("a step mixing decodes and prompt chunks: the decode kernel over the d
     const auto dec = launches_of(t.table, mixed, "attention_decode_mma");
     const auto pre = launches_of(t.table, mixed, "attention_prefill_mma");
     const auto pre_all = launches_of(t.table, unknown, "attention_prefill_mma");
+    const auto comb = launches_of(t.table, mixed, "attention_combine");
     REQUIRE(dec.size() == size_t(layers));
+    REQUIRE(comb.size() == size_t(layers));
     REQUIRE(pre.size() == size_t(layers));
     REQUIRE(pre_all.size() == size_t(layers));
     CHECK(launches_of(t.table, unknown, "attention_decode_mma").empty());
@@ -93,21 +95,40 @@ TEST_CASE("a step mixing decodes and prompt chunks: the decode kernel over the d
       int32_t rows = 0;
       std::memcpy(&rows, a.args.back().data(), 4);
       CHECK(rows == 136);
-      // The decode kernel's out is the step's (its rows come first).
+      // The decode kernel's out is the step's (its rows come first), its chunks a block each
+      // (64 x 2 kv heads is under 256 blocks), folded by the combine into the same rows.
       CHECK(pointer(dec[size_t(l)], 10) == pointer(b, 10));
+      CHECK(dec[size_t(l)].grid[2] > 1u);
+      const auto& c = comb.at(size_t(l));
+      int32_t splits = 0;
+      std::memcpy(&splits, c.args.at(3).data(), 4);
+      CHECK(unsigned(splits) == dec[size_t(l)].grid[2]);
+      CHECK(pointer(c, 4) == pointer(b, 10));
     }
     // A step of decodes alone launches no prompt kernel; steps of at most 64 tokens split
     // nothing (the decode kernel serves every token there).
     CHECK(launches_of(t.table, {80, 80, 700, 80}, "attention_prefill_mma").empty());
     CHECK(launches_of(t.table, {80, 80, 700, 80}, "attention_decode_mma").size() == size_t(layers));
-    CHECK(launches_of(t.table, {60, 9, 700, 8}, "attention_prefill_mma").empty());
+    for (const auto& r : launches_of(t.table, {60, 9, 700, 8}, "attention_decode_mma"))
+      CHECK(r.grid[1] == 60u);
+    // 128 decodes: 256 blocks a split, so each block all its token's chunks and no combine.
+    const runtime::StepShape many{400, 129, 700, 128};
+    const auto dec_many = launches_of(t.table, many, "attention_decode_mma");
+    REQUIRE(dec_many.size() == size_t(layers));
+    for (const auto& r : dec_many) {
+      CHECK(r.grid[1] == 128u);
+      CHECK(r.grid[2] == 1u);
+    }
+    CHECK(launches_of(t.table, many, "attention_combine").empty());
+    for (const auto& r : launches_of(t.table, many, "attention_prefill_mma"))
+      CHECK(r.grid[1] == unsigned((272 + qt - 1) / qt));
     // Only prompt rows after the decodes: none of the decode part's launches.
     CHECK(launches_of(t.table, {200, 1, 700, 0}, "attention_decode_mma").empty());
     CHECK(launches_of(t.table, {200, 1, 700, 0}, "attention_combine").empty());
   }
 }
 
-TEST_CASE("launch tables: a part outside 0..2, or on a library call, is refused") {
+TEST_CASE("launch tables: a part outside 0..2, on a library call or over sequences is refused") {
   const Tiny t = lower_tiny(false);
   runtime::LaunchTable bad = t.table;
   for (runtime::PlanLaunch& l : bad.launches)
@@ -127,5 +148,16 @@ TEST_CASE("launch tables: a part outside 0..2, or on a library call, is refused"
     }
   REQUIRE(found);
   CHECK_THROWS_WITH_AS(runtime::Executor(bad, runtime::placeholder_bindings(bad)),
-                       doctest::Contains("of kernels only"), Error);
+                       doctest::Contains("of kernels over tokens only"), Error);
+  bad = t.table;
+  found = false;
+  for (runtime::PlanLaunch& l : bad.launches)
+    if (l.seq_rows && l.library < 0) {
+      l.part = 2;
+      found = true;
+      break;
+    }
+  REQUIRE(found);
+  CHECK_THROWS_WITH_AS(runtime::Executor(bad, runtime::placeholder_bindings(bad)),
+                       doctest::Contains("serves part 2"), Error);
 }

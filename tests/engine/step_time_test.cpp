@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <memory>
 
@@ -29,6 +30,25 @@ TEST_CASE("step time: decode steps average by bucket, the nearest bucket stands 
   m.observe(1, 0, std::numeric_limits<double>::quiet_NaN());
   m.observe(1, 0, -1);
   CHECK(m.decode_ms(1) == 2.0);
+  // A step timed at 0 ms (a clock that did not move) is still a step seen.
+  StepTimeModel z;
+  CHECK(!z.decode_observed(4));
+  z.observe(4, 0, 0.0);
+  CHECK(z.decode_observed(4));
+  CHECK(z.decode_ms(4) == 0.0);
+}
+
+TEST_CASE("step time: a bucket's age counts the steps since its decodes last ran alone") {
+  StepTimeModel m;
+  CHECK(m.decode_age(64) == INT64_MAX);
+  m.observe(64, 0, 10.0);
+  CHECK(m.decode_age(64) == 0);
+  CHECK(m.decode_age(1) == INT64_MAX); // another bucket
+  for (int i = 0; i < 5; ++i)
+    m.observe(64, 100, 13.0);
+  CHECK(m.decode_age(64) == 5);
+  m.observe(40, 0, 9.0); // 33-64: the same bucket, timed again
+  CHECK(m.decode_age(64) == 0);
 }
 
 TEST_CASE("step time: the prompt tokens' fixed and per-token costs are fitted, and give a budget") {
@@ -147,6 +167,12 @@ TEST_CASE("scheduler: under itl_target_ms a step's prompt tokens beside decodes 
   CHECK(both.itl_budget(2) == 0);
   both.observe_time(step_of({1, 1}), 12.0);
   CHECK(both.itl_budget(2) == 80); // (20 - 12) / 0.1
+  // ... and again once its time is kRefreshSteps steps old (contexts have grown since).
+  for (int64_t i = 0; i < engine::StepTimeModel::kRefreshSteps; ++i)
+    both.observe_time(step_of({1, 1, 100}), 22.0);
+  CHECK(both.itl_budget(2) == 80);
+  both.observe_time(step_of({1, 1, 100}), 22.0);
+  CHECK(both.itl_budget(2) == 0);
 }
 
 TEST_CASE("scheduler: with a bound, a batch size never timed alone runs its decodes alone once") {
