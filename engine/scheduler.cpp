@@ -308,8 +308,6 @@ int64_t Scheduler::itl_budget(int64_t decodes) const {
       return -1;
     target = options_.itl_factor * alone;
   }
-  if (target <= 0)
-    return -1;
   return step_times_.prompt_budget(decodes, target, kv_.geometry().block_size);
 }
 

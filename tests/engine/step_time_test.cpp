@@ -14,6 +14,28 @@
 using namespace xserv;
 using engine::StepTimeModel;
 
+namespace {
+
+/// A pool of 4-position blocks for 4 sequences of 256 positions.
+models::KvGeometry small_kv() {
+  models::KvGeometry kv;
+  kv.block_size = 4;
+  kv.table_blocks = 64;
+  kv.blocks = 4 * 64 + 1;
+  return kv;
+}
+
+/// A request of `len` prompt ids from `first`, 50 tokens out.
+engine::Request request(int32_t first, size_t len) {
+  engine::Request r;
+  for (size_t i = 0; i < len; ++i)
+    r.prompt.push_back(first + int32_t(i));
+  r.max_tokens = 50;
+  return r;
+}
+
+} // namespace
+
 TEST_CASE("step time: decode steps average by bucket, the nearest bucket stands in") {
   StepTimeModel m;
   CHECK(m.decode_ms(64) == -1);
@@ -108,18 +130,8 @@ TEST_CASE("scheduler: under itl_target_ms a step's prompt tokens beside decodes 
   engine::EngineOptions o;
   o.max_running = 4;
   o.itl_target_ms = 20;
-  models::KvGeometry kv;
-  kv.block_size = 4;
-  kv.table_blocks = 64;
-  kv.blocks = 4 * 64 + 1;
+  const models::KvGeometry kv = small_kv();
   engine::Scheduler s(o, kv);
-  auto request = [](int32_t first, size_t len) {
-    engine::Request r;
-    for (size_t i = 0; i < len; ++i)
-      r.prompt.push_back(first + int32_t(i));
-    r.max_tokens = 50;
-    return r;
-  };
   // Teach it: a decode of 1 costs 10 ms, each prompt token 0.1 ms more: 100 tokens fit 20 ms.
   auto step_of = [](std::vector<size_t> lens) {
     engine::ScheduledStep st;
@@ -179,18 +191,8 @@ TEST_CASE("scheduler: with a bound, a batch size never timed alone runs its deco
   engine::EngineOptions o;
   o.max_running = 4;
   o.itl_factor = 3;
-  models::KvGeometry kv;
-  kv.block_size = 4;
-  kv.table_blocks = 64;
-  kv.blocks = 4 * 64 + 1;
+  const models::KvGeometry kv = small_kv();
   engine::Scheduler s(o, kv);
-  auto request = [](int32_t first, size_t len) {
-    engine::Request r;
-    for (size_t i = 0; i < len; ++i)
-      r.prompt.push_back(first + int32_t(i));
-    r.max_tokens = 50;
-    return r;
-  };
   s.enqueue(std::make_unique<engine::Sequence>(1, request(1, 8)));
   engine::ScheduledStep first = s.schedule();
   REQUIRE(first.seqs.size() == 1);
