@@ -143,6 +143,10 @@ int serving_bench(const ParsedArgs& args) {
        eo.itl_target_ms > 0 ? fmt::format("{:g}", eo.itl_target_ms)
        : eo.itl_factor > 0  ? fmt::format("{:g}x the decodes alone", eo.itl_factor)
                             : std::string("off")},
+      {"steps past that target allowed (share of decodes)",
+       eo.itl_tail > 0 && (eo.itl_target_ms > 0 || eo.itl_factor > 0)
+           ? fmt::format("{:g}", eo.itl_tail)
+           : std::string("none")},
       {"admit batch", std::to_string(eo.admit_batch)},
       {"KV blocks (full pool, used at the end)",
        fmt::format("{} of {} blocks of {}", st.kv_blocks_used, st.kv_blocks, st.kv_block_size)},

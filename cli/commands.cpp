@@ -38,7 +38,10 @@ const std::vector<OptSpec>& load_options() {
        "from the steps so far) reaches MS milliseconds (default 0: off)"},
       {"--itl-factor", "F",
        "the same with the target F times the expected time of the step's decodes alone "
-       "(default 3 for serve, else 0: off)"}};
+       "(default 3 for serve, else 0: off)"},
+      {"--itl-tail", "Q",
+       "with a target or factor: steps whose decodes stay within the share Q of all decodes "
+       "so far past their bound take prompts unbounded (default 0: every step bounded)"}};
   return opts;
 }
 

@@ -88,6 +88,9 @@ void engine_kv_options(const ParsedArgs& args, engine::EngineOptions& o) {
   o.itl_factor = args.get_double("--itl-factor", o.itl_factor);
   if (!(o.itl_factor == 0 || (o.itl_factor >= 1 && o.itl_factor <= 1000)))
     throw UsageError("--itl-factor must be 0 (off) or a factor in [1, 1000]");
+  o.itl_tail = args.get_double("--itl-tail", o.itl_tail);
+  if (!(o.itl_tail >= 0 && o.itl_tail <= 0.5))
+    throw UsageError("--itl-tail must be a fraction in [0, 0.5]");
 }
 
 runtime::RunSettings run_settings() {

@@ -90,6 +90,8 @@ EngineOptions resolved(EngineOptions o, int64_t rows) {
     throw Error(fmt::format("itl_target_ms {} is not a non-negative number", o.itl_target_ms));
   if (!(o.itl_factor == 0 || o.itl_factor >= 1) || !std::isfinite(o.itl_factor))
     throw Error(fmt::format("itl_factor {} is neither 0 (off) nor at least 1", o.itl_factor));
+  if (!(o.itl_tail >= 0 && o.itl_tail < 1))
+    throw Error(fmt::format("itl_tail {} is not a fraction in [0, 1)", o.itl_tail));
   if (o.max_queue < 0)
     throw Error(fmt::format("max_queue {} is negative", o.max_queue));
   if (o.max_tokens_per_step < 1)

@@ -116,6 +116,12 @@ struct EngineOptions {
   /// > 0 (and no itl_target_ms): the same with the target this many times the expected time
   /// of the step's decodes alone, so that it follows the model, the GPU and the batch. 0: off.
   double itl_factor = 0;
+  /// With an ITL bound (itl_target_ms or itl_factor): the share of decode tokens whose step may
+  /// run past it. While the decodes of past steps over their bound, and this step's, stay within
+  /// it, the step's prompts run unbounded: a burst of arrivals is taken in at full prompt speed
+  /// where few sequences decode, and the inter-token latency's percentiles above 1 - itl_tail
+  /// stay within the bound. 0: every step bounded.
+  double itl_tail = 0;
   /// Waiting requests join only when this many can join at once (free places), so that one
   /// prompt step serves several of them, unless nothing is running or the oldest has waited
   /// max_admit_wait steps. 1: each joins as soon as it can (the lowest time to first token);

@@ -289,7 +289,23 @@ void Scheduler::observe_time(const ScheduledStep& s, double ms) {
     decodes += t.size() == 1 ? 1 : 0;
     tokens += int64_t(t.size());
   }
+  if (decodes > 0) { // the decodes' share of steps past the bound (before this one teaches it)
+    const double bound = itl_bound_ms(decodes);
+    itl_samples_ += decodes;
+    if (bound > 0 && ms > bound)
+      itl_over_ += decodes;
+  }
   step_times_.observe(decodes, tokens - decodes, ms);
+}
+
+double Scheduler::itl_bound_ms(int64_t decodes) const {
+  if (options_.itl_target_ms > 0)
+    return options_.itl_target_ms;
+  if (options_.itl_factor > 0) {
+    const double alone = step_times_.decode_ms(decodes);
+    return alone > 0 ? options_.itl_factor * alone : -1;
+  }
+  return -1;
 }
 
 int64_t Scheduler::itl_budget(int64_t decodes) const {
@@ -301,13 +317,14 @@ int64_t Scheduler::itl_budget(int64_t decodes) const {
   // a time from shallower contexts.
   if (decodes > 0 && step_times_.decode_age(decodes) > StepTimeModel::kRefreshSteps)
     return 0;
-  double target = options_.itl_target_ms;
-  if (target <= 0 && options_.itl_factor > 0) {
-    const double alone = step_times_.decode_ms(decodes);
-    if (alone <= 0)
-      return -1;
-    target = options_.itl_factor * alone;
-  }
+  const double target = itl_bound_ms(decodes);
+  if (target <= 0)
+    return -1;
+  // The tail: while the decodes of steps past the bound, this one's included, stay within
+  // itl_tail of all the decodes seen, its prompts run unbounded (cheapest where few decode).
+  if (options_.itl_tail > 0 &&
+      double(itl_over_ + decodes) <= options_.itl_tail * double(itl_samples_ + decodes))
+    return -1;
   return step_times_.prompt_budget(decodes, target, kv_.geometry().block_size);
 }
 

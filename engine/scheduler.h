@@ -109,8 +109,15 @@ public:
   /// Prompt tokens a step beside `decodes` decodes may take under itl_target_ms (or
   /// itl_factor times the decodes' expected time alone): 0 while no step of as many decodes
   /// (their power-of-two bucket) ran alone within StepTimeModel::kRefreshSteps steps, so that
-  /// this one does; -1 when off or while the prompt tokens' cost is not yet known.
+  /// this one does; -1 when off, while the prompt tokens' cost is not yet known, or while the
+  /// decodes past their bound stay within EngineOptions::itl_tail (this step's included).
   int64_t itl_budget(int64_t decodes) const;
+  /// The ITL bound of a step of `decodes` decodes (ms): itl_target_ms, or itl_factor times
+  /// their expected time alone; -1 when off or not yet known.
+  double itl_bound_ms(int64_t decodes) const;
+  /// Decodes of the steps observed, and of those that ran past their ITL bound.
+  int64_t itl_samples() const { return itl_samples_; }
+  int64_t itl_over() const { return itl_over_; }
   const StepTimeModel& step_times() const { return step_times_; }
   /// The choices of `parent` (a request with n > 1 whose prompt the last step finished): n - 1
   /// new sequences sharing its blocks (a partly filled last block copied on write by the next
@@ -153,6 +160,7 @@ private:
   std::vector<models::StepInput::BlockCopy> copies_; ///< for the next step
   int64_t preemptions_ = 0;
   StepTimeModel step_times_;
+  int64_t itl_samples_ = 0, itl_over_ = 0; ///< see itl_samples(), itl_over()
 };
 
 } // namespace xserv::engine

@@ -5,7 +5,7 @@
 // params of every sub-step), which the GPU then waits for.
 //
 //   build/tests/engine_bench [REQUESTS [CONCURRENCY [INPUT OUTPUT [MAX_SEQ [PREP]]]]]
-//                            [--modeled] [--itl-factor F] [--itl-target MS]
+//                            [--modeled] [--itl-factor F] [--itl-target MS] [--itl-tail Q]
 //                            [--prefill-budget N] [--backlog-steps N]
 //
 // defaults 1024 256 512 256 8192 1: the c256 serving row's workload over a 20b-sized pool
@@ -130,6 +130,8 @@ Args parse(int argc, char** argv) {
       a.modeled = true;
     else if (f == "--itl-factor" && value)
       a.eo.itl_factor = std::strtod(argv[++i], nullptr);
+    else if (f == "--itl-tail" && value)
+      a.eo.itl_tail = std::strtod(argv[++i], nullptr);
     else if (f == "--itl-target" && value)
       a.eo.itl_target_ms = std::strtod(argv[++i], nullptr);
     else if (f == "--prefill-budget" && value)

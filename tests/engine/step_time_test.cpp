@@ -211,3 +211,52 @@ TEST_CASE("scheduler: with a bound, a batch size never timed alone runs its deco
   REQUIRE(next.seqs.size() == 2);
   CHECK(next.input.tokens[1].size() == 40);
 }
+
+TEST_CASE("scheduler: itl_tail lets a step's prompts run unbounded while the decodes of steps "
+          "past their bound stay within that share") {
+  engine::EngineOptions o;
+  o.max_running = 4;
+  o.itl_target_ms = 20;
+  o.itl_tail = 0.1;
+  const models::KvGeometry kv = small_kv();
+  auto step_of = [](std::vector<size_t> lens) {
+    engine::ScheduledStep st;
+    for (size_t n : lens)
+      st.input.tokens.push_back(std::vector<int32_t>(n, 1));
+    return st;
+  };
+  engine::Scheduler s(o, kv);
+  // A decode alone at 10 ms, prompt tokens 0.1 ms each beside it: 100 fit the 20 ms bound.
+  s.observe_time(step_of({1}), 10.0);
+  for (size_t p : {50, 150, 250})
+    s.observe_time(step_of({1, p}), 10.0 + 0.1 * double(p));
+  // 4 decodes seen, two of them (150 and 250 tokens: 25 and 35 ms) past the bound.
+  CHECK(s.itl_samples() == 4);
+  CHECK(s.itl_over() == 2);
+  CHECK(s.itl_budget(1) == 100); // 2 + 1 > 0.1 x (4 + 1)
+  // Steps within the bound: after 24 more, 2 + 1 > 0.1 x (28 + 1); after 25, 2 + 1 <= 0.1 x
+  // (29 + 1) and the next step's prompts run whole.
+  for (int i = 0; i < 24; ++i)
+    s.observe_time(step_of({1, 50}), 15.0);
+  CHECK(s.itl_budget(1) == 100);
+  s.observe_time(step_of({1, 50}), 15.0);
+  CHECK(s.itl_samples() == 29);
+  CHECK(s.itl_over() == 2);
+  CHECK(s.itl_budget(1) == -1);
+  // It ran past the bound (a 300-token prompt whole, 40 ms): bounded again until the share
+  // allows another.
+  s.observe_time(step_of({1, 300}), 40.0);
+  CHECK(s.itl_over() == 3);
+  CHECK(s.itl_budget(1) == 100);
+  // Two decodes a step count twice (their bucket first timed alone).
+  CHECK(s.itl_budget(2) == 0);
+  s.observe_time(step_of({1, 1}), 12.0);
+  CHECK(s.itl_samples() == 32);
+  CHECK(s.itl_budget(2) == 80); // 3 + 2 > 0.1 x (32 + 2): bounded, (20 - 12) / 0.1 tokens
+  // Without a bound the tail means nothing.
+  o.itl_target_ms = 0;
+  engine::Scheduler off(o, kv);
+  off.observe_time(step_of({1}), 10.0);
+  CHECK(off.itl_budget(1) == -1);
+  CHECK(off.itl_over() == 0);
+}
