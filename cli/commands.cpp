@@ -40,8 +40,9 @@ const std::vector<OptSpec>& load_options() {
        "the same with the target F times the expected time of the step's decodes alone "
        "(default 3 for serve, else 0: off)"},
       {"--itl-tail", "Q",
-       "with a target or factor: steps whose decodes stay within the share Q of all decodes "
-       "so far past their bound take prompts unbounded (default 0: every step bounded)"}};
+       "with a target or factor: a step takes its prompts without that bound while the decodes "
+       "of recent steps past it, its own included, stay within the share Q of all recent "
+       "decodes (0 to 0.5; default 0: every step bounded)"}};
   return opts;
 }
 

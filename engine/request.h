@@ -117,10 +117,12 @@ struct EngineOptions {
   /// of the step's decodes alone, so that it follows the model, the GPU and the batch. 0: off.
   double itl_factor = 0;
   /// With an ITL bound (itl_target_ms or itl_factor): the share of decode tokens whose step may
-  /// run past it. While the decodes of past steps over their bound, and this step's, stay within
-  /// it, the step's prompts run unbounded: a burst of arrivals is taken in at full prompt speed
-  /// where few sequences decode, and the inter-token latency's percentiles above 1 - itl_tail
-  /// stay within the bound. 0: every step bounded.
+  /// run past it. While the decodes of recent steps over their bound (Scheduler::itl_over, the
+  /// last ~1,000 steps), with this step's, stay within that share of all recent decodes, the
+  /// step's prompts go without the bound (prefill_budget and the token budget still hold): a
+  /// burst of arrivals is taken in at full prompt speed while few sequences decode, and the
+  /// inter-token latency up to about its 1 - itl_tail percentile keeps to the bound. 0: every
+  /// step bounded.
   double itl_tail = 0;
   /// Waiting requests join only when this many can join at once (free places), so that one
   /// prompt step serves several of them, unless nothing is running or the oldest has waited

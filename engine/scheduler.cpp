@@ -290,10 +290,12 @@ void Scheduler::observe_time(const ScheduledStep& s, double ms) {
     tokens += int64_t(t.size());
   }
   if (decodes > 0) { // the decodes' share of steps past the bound (before this one teaches it)
-    const double bound = itl_bound_ms(decodes);
-    itl_samples_ += decodes;
-    if (bound > 0 && ms > bound)
-      itl_over_ += decodes;
+    // A factor's bound counts only for a batch whose bucket was timed alone (else it would be
+    // another bucket's: the timing step itself).
+    const bool known = options_.itl_target_ms > 0 || step_times_.decode_observed(decodes);
+    const double bound = known ? itl_bound_ms(decodes) : -1;
+    itl_samples_ = kItlTailKeep * itl_samples_ + double(decodes);
+    itl_over_ = kItlTailKeep * itl_over_ + (bound > 0 && ms > bound ? double(decodes) : 0.0);
   }
   step_times_.observe(decodes, tokens - decodes, ms);
 }
@@ -321,9 +323,10 @@ int64_t Scheduler::itl_budget(int64_t decodes) const {
   if (target <= 0)
     return -1;
   // The tail: while the decodes of steps past the bound, this one's included, stay within
-  // itl_tail of all the decodes seen, its prompts run unbounded (cheapest where few decode).
+  // itl_tail of the decodes seen (counts that forget, so an idle stretch banks no burst), its
+  // prompts go without the bound.
   if (options_.itl_tail > 0 &&
-      double(itl_over_ + decodes) <= options_.itl_tail * double(itl_samples_ + decodes))
+      itl_over_ + double(decodes) <= options_.itl_tail * (itl_samples_ + double(decodes)))
     return -1;
   return step_times_.prompt_budget(decodes, target, kv_.geometry().block_size);
 }

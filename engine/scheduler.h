@@ -115,9 +115,11 @@ public:
   /// The ITL bound of a step of `decodes` decodes (ms): itl_target_ms, or itl_factor times
   /// their expected time alone; -1 when off or not yet known.
   double itl_bound_ms(int64_t decodes) const;
-  /// Decodes of the steps observed, and of those that ran past their ITL bound.
-  int64_t itl_samples() const { return itl_samples_; }
-  int64_t itl_over() const { return itl_over_; }
+  /// Decodes of the steps observed, and of those that ran past their ITL bound, each step's
+  /// weight kept kItlTailKeep a step after it (a memory of ~1,000 steps).
+  double itl_samples() const { return itl_samples_; }
+  double itl_over() const { return itl_over_; }
+  static constexpr double kItlTailKeep = 1.0 - 1.0 / 1024;
   const StepTimeModel& step_times() const { return step_times_; }
   /// The choices of `parent` (a request with n > 1 whose prompt the last step finished): n - 1
   /// new sequences sharing its blocks (a partly filled last block copied on write by the next
@@ -160,7 +162,7 @@ private:
   std::vector<models::StepInput::BlockCopy> copies_; ///< for the next step
   int64_t preemptions_ = 0;
   StepTimeModel step_times_;
-  int64_t itl_samples_ = 0, itl_over_ = 0; ///< see itl_samples(), itl_over()
+  double itl_samples_ = 0, itl_over_ = 0; ///< see itl_samples(), itl_over()
 };
 
 } // namespace xserv::engine

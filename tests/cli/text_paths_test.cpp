@@ -193,8 +193,8 @@ TEST_CASE("xserv run --json-schema / --regex / --grammar: the random model's tex
   CHECK(bad.code == 1);
   CHECK_MESSAGE(bad.err.find("--json-schema: #/uniqueItems") != std::string::npos, bad.err);
   CHECK(run("--json --regex a").code == 2);
-  CHECK(run_xserv("run " + tiny_model().string() + " --backend cpu --prompt-ids 1,2 --json").code ==
-        2);
+  CHECK(run_xserv("run " + tiny_model().string() + " --backend cpu --prompt-ids 1,2 --json")
+            .code == 2);
 }
 
 TEST_CASE("xserv bench --requests --regex --itl-target: every request of the serving run is "
@@ -226,18 +226,17 @@ TEST_CASE("xserv bench --requests --regex --itl-target: every request of the ser
   CHECK(run_xserv(common + "--endpoint http://127.0.0.1:9 --regex a").code == 2);
 }
 
-TEST_CASE(
-    "xserv run and chat --logit-bias and the penalties: a forced token, ranges named by flag") {
-  const std::string run =
-      "run " + tiny_model().string() + " --backend cpu --prompt-ids 1,2,3 " + "--max-tokens 4 ";
+TEST_CASE("xserv run and chat --logit-bias and the penalties: a forced token, ranges named by flag") {
+  const std::string run = "run " + tiny_model().string() + " --backend cpu --prompt-ids 1,2,3 " +
+                          "--max-tokens 4 ";
   const RunResult forced = run_xserv(run + "--logit-bias 42:100,7:-5", "", /*split_stderr=*/true);
   INFO(forced.err);
   REQUIRE(forced.code == 0);
   CHECK(forced.out == "42,42,42,42\n");
   // +3 makes 42 this model's first pick; once generated, the penalties (2, and 2 a use) leave
   // it 1 below where it started, and it does not come again.
-  const RunResult once =
-      run_xserv(run + "--logit-bias 42:3 --presence-penalty 2 --frequency-penalty 2", "", true);
+  const RunResult once = run_xserv(
+      run + "--logit-bias 42:3 --presence-penalty 2 --frequency-penalty 2", "", true);
   REQUIRE(once.code == 0);
   CHECK(once.out.rfind("42,", 0) == 0);
   CHECK(once.out.find(",42") == std::string::npos);

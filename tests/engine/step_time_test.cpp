@@ -212,12 +212,12 @@ TEST_CASE("scheduler: with a bound, a batch size never timed alone runs its deco
   CHECK(next.input.tokens[1].size() == 40);
 }
 
-TEST_CASE("scheduler: itl_tail lets a step's prompts run unbounded while the decodes of steps "
-          "past their bound stay within that share") {
+TEST_CASE("scheduler: itl_tail lets a step's prompts go without the bound while the decodes of "
+          "steps past it stay within that share") {
   engine::EngineOptions o;
   o.max_running = 4;
   o.itl_target_ms = 20;
-  o.itl_tail = 0.1;
+  o.itl_tail = 0.25;
   const models::KvGeometry kv = small_kv();
   auto step_of = [](std::vector<size_t> lens) {
     engine::ScheduledStep st;
@@ -225,37 +225,75 @@ TEST_CASE("scheduler: itl_tail lets a step's prompts run unbounded while the dec
       st.input.tokens.push_back(std::vector<int32_t>(n, 1));
     return st;
   };
+  constexpr double keep = engine::Scheduler::kItlTailKeep;
   engine::Scheduler s(o, kv);
   // A decode alone at 10 ms, prompt tokens 0.1 ms each beside it: 100 fit the 20 ms bound.
   s.observe_time(step_of({1}), 10.0);
   for (size_t p : {50, 150, 250})
     s.observe_time(step_of({1, p}), 10.0 + 0.1 * double(p));
-  // 4 decodes seen, two of them (150 and 250 tokens: 25 and 35 ms) past the bound.
-  CHECK(s.itl_samples() == 4);
-  CHECK(s.itl_over() == 2);
-  CHECK(s.itl_budget(1) == 100); // 2 + 1 > 0.1 x (4 + 1)
-  // Steps within the bound: after 24 more, 2 + 1 > 0.1 x (28 + 1); after 25, 2 + 1 <= 0.1 x
-  // (29 + 1) and the next step's prompts run whole.
-  for (int i = 0; i < 24; ++i)
+  // 4 decodes seen, two of them (150 and 250 tokens: 25 and 35 ms) past the bound; each step's
+  // weight kept `keep` a step after it.
+  CHECK(s.itl_samples() == doctest::Approx(1 + keep + keep * keep + keep * keep * keep));
+  CHECK(s.itl_over() == doctest::Approx(keep + 1));
+  CHECK(s.itl_budget(1) == 100); // 2 + 1 > 0.25 x (4 + 1)
+  // Steps within the bound: after 4, 3 > 0.25 x 9; after 12, 3 <= 0.25 x 17 and the next
+  // step's prompts go without the bound.
+  for (int i = 0; i < 4; ++i)
     s.observe_time(step_of({1, 50}), 15.0);
   CHECK(s.itl_budget(1) == 100);
-  s.observe_time(step_of({1, 50}), 15.0);
-  CHECK(s.itl_samples() == 29);
-  CHECK(s.itl_over() == 2);
+  for (int i = 0; i < 8; ++i)
+    s.observe_time(step_of({1, 50}), 15.0);
+  CHECK(s.itl_samples() == doctest::Approx(16).epsilon(0.01));
+  CHECK(s.itl_over() == doctest::Approx(2).epsilon(0.01));
   CHECK(s.itl_budget(1) == -1);
-  // It ran past the bound (a 300-token prompt whole, 40 ms): bounded again until the share
-  // allows another.
-  s.observe_time(step_of({1, 300}), 40.0);
-  CHECK(s.itl_over() == 3);
-  CHECK(s.itl_budget(1) == 100);
-  // Two decodes a step count twice (their bucket first timed alone).
+  // ... a batch size never timed alone still runs its decodes alone first.
   CHECK(s.itl_budget(2) == 0);
-  s.observe_time(step_of({1, 1}), 12.0);
-  CHECK(s.itl_samples() == 32);
-  CHECK(s.itl_budget(2) == 80); // 3 + 2 > 0.1 x (32 + 2): bounded, (20 - 12) / 0.1 tokens
+  // Two steps past the bound (300-token prompts whole, 40 ms): 4 + 1 > 0.25 x 19, bounded again.
+  s.observe_time(step_of({1, 300}), 40.0);
+  CHECK(s.itl_budget(1) == -1); // 3 + 1 <= 0.25 x 18
+  s.observe_time(step_of({1, 300}), 40.0);
+  CHECK(s.itl_over() == doctest::Approx(4).epsilon(0.01));
+  CHECK(s.itl_budget(1) == 100);
+  // The counts forget: ~1,000 steps later the two over steps weigh a third as much.
+  for (int i = 0; i < 1024; ++i)
+    s.observe_time(step_of({1, 50}), 15.0);
+  CHECK(s.itl_over() < 1.6);
+  CHECK(s.itl_samples() < 1 / (1 - keep)); // one decode a step tends to 1 / (1 - keep) = 1024
+
+  // Through schedule(): once the tail opens, a waiting 300-token prompt joins whole beside the
+  // decode (100 tokens under the bound alone).
+  engine::Scheduler t(o, kv);
+  t.observe_time(step_of({1}), 10.0);
+  for (size_t p : {50, 150, 250})
+    t.observe_time(step_of({1, p}), 10.0 + 0.1 * double(p));
+  for (int i = 0; i < 12; ++i)
+    t.observe_time(step_of({1, 50}), 15.0);
+  t.enqueue(std::make_unique<engine::Sequence>(1, request(1, 8)));
+  engine::ScheduledStep first = t.schedule();
+  REQUIRE(first.seqs.size() == 1);
+  t.commit(first);
+  first.seqs[0]->tokens.push_back(7);
+  t.enqueue(std::make_unique<engine::Sequence>(2, request(100, 300)));
+  const engine::ScheduledStep mixed = t.schedule();
+  REQUIRE(mixed.seqs.size() == 2);
+  CHECK(mixed.input.tokens[0].size() == 1);
+  CHECK(mixed.input.tokens[1].size() == 300);
+
+  // A factor's bound counts a step as over only for a batch whose bucket was timed alone: a
+  // step of 2 decodes (bucket never alone) at 30 ms is not over 2 x the 1-decode time.
+  engine::EngineOptions f = o;
+  f.itl_target_ms = 0;
+  f.itl_factor = 2;
+  engine::Scheduler u(f, kv);
+  u.observe_time(step_of({1}), 10.0);
+  u.observe_time(step_of({1, 1, 100}), 30.0);
+  CHECK(u.itl_over() == 0);
+  u.observe_time(step_of({1, 1}), 12.0); // now timed alone: 2 x 12 = 24
+  u.observe_time(step_of({1, 1, 100}), 30.0);
+  CHECK(u.itl_over() == doctest::Approx(2));
   // Without a bound the tail means nothing.
-  o.itl_target_ms = 0;
-  engine::Scheduler off(o, kv);
+  f.itl_factor = 0;
+  engine::Scheduler off(f, kv);
   off.observe_time(step_of({1}), 10.0);
   CHECK(off.itl_budget(1) == -1);
   CHECK(off.itl_over() == 0);
