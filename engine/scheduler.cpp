@@ -290,10 +290,7 @@ void Scheduler::observe_time(const ScheduledStep& s, double ms) {
     tokens += int64_t(t.size());
   }
   if (decodes > 0) { // the decodes' share of steps past the bound (before this one teaches it)
-    // A factor's bound counts only for a batch whose bucket was timed alone (else it would be
-    // another bucket's: the timing step itself).
-    const bool known = options_.itl_target_ms > 0 || step_times_.decode_observed(decodes);
-    const double bound = known ? itl_bound_ms(decodes) : -1;
+    const double bound = itl_bound_ms(decodes);
     itl_samples_ = kItlTailKeep * itl_samples_ + double(decodes);
     itl_over_ = kItlTailKeep * itl_over_ + (bound > 0 && ms > bound ? double(decodes) : 0.0);
   }
@@ -303,10 +300,10 @@ void Scheduler::observe_time(const ScheduledStep& s, double ms) {
 double Scheduler::itl_bound_ms(int64_t decodes) const {
   if (options_.itl_target_ms > 0)
     return options_.itl_target_ms;
-  if (options_.itl_factor > 0) {
-    const double alone = step_times_.decode_ms(decodes);
-    return alone > 0 ? options_.itl_factor * alone : -1;
-  }
+  // A factor's bound needs this batch's own bucket timed alone (another bucket's time would
+  // misjudge the timing step itself).
+  if (options_.itl_factor > 0 && step_times_.decode_observed(decodes))
+    return options_.itl_factor * step_times_.decode_ms(decodes);
   return -1;
 }
 

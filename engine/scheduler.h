@@ -113,7 +113,7 @@ public:
   /// decodes past their bound stay within EngineOptions::itl_tail (this step's included).
   int64_t itl_budget(int64_t decodes) const;
   /// The ITL bound of a step of `decodes` decodes (ms): itl_target_ms, or itl_factor times
-  /// their expected time alone; -1 when off or not yet known.
+  /// their expected time alone; -1 when off or while their bucket was never timed alone.
   double itl_bound_ms(int64_t decodes) const;
   /// Decodes of the steps observed, and of those that ran past their ITL bound, each step's
   /// weight kept kItlTailKeep a step after it (a memory of ~1,000 steps).
