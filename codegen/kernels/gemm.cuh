@@ -374,45 +374,95 @@ __device__ __forceinline__ void gemm_splitk_reduce(const float* __restrict__ par
 /// Groups a step's (token, slot) pairs by expert for the grouped gemm (one block of 256 threads):
 /// pair[] gets every p = t * KSEL + j with ids[p] == e, experts in order and p ascending within
 /// one, and tiles the list of (expert, begin, end) runs of at most BM sorted rows. ids int
-/// [tokens, KSEL]; at most MAX_PAIRS pairs.
+/// [tokens, KSEL]; at most MAX_PAIRS pairs (ids outside 0..E-1 are left out).
+///
+/// A stable counting sort over chunks of 256 pairs, one a thread: the lanes of a warp holding one
+/// expert find each other (match.any), their rank among them is the lanes below; the warps'
+/// counts of each expert, in shared memory, give a warp's place after the warps before it, and a
+/// chunk's after the chunks before it. Two passes: the counts (hence offsets and tiles), then the
+/// places.
 template <int E, int KSEL, int BM, int MAX_PAIRS>
 __device__ __forceinline__ void moe_sort(const int* __restrict__ ids, int* __restrict__ pair,
                                          int* __restrict__ tiles, int tokens) {
-  __shared__ int sid[MAX_PAIRS];
-  __shared__ int count[E], offset[E];
-  const int n = tokens * KSEL, tid = threadIdx.x;
-  if (n > MAX_PAIRS)
+  constexpr int kThreads = 256, kWarps = kThreads / kWarp;
+  __shared__ int count[E], offset[E], running[E];
+  __shared__ int wcount[kWarps][E]; // a chunk's pairs of expert e in warp w
+  const int n = tokens * KSEL, tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  if (n > MAX_PAIRS || blockDim.x != kThreads)
     __trap(); // the lowering never launches more tokens than the kernel was sized for
-  for (int i = tid; i < n; i += blockDim.x)
-    sid[i] = ids[i];
-  __syncthreads();
-  for (int e = tid; e < E; e += blockDim.x) {
-    int c = 0;
-    for (int i = 0; i < n; ++i)
-      c += sid[i] == e;
-    count[e] = c;
+  const unsigned below = (1u << lane) - 1u;
+  for (int e = tid; e < E; e += kThreads) {
+    count[e] = 0;
+    running[e] = 0;
   }
   __syncthreads();
-  if (tid == 0) {
-    int off = 0, nt = 0;
-    for (int e = 0; e < E; ++e) {
-      offset[e] = off;
-      for (int s = 0; s < count[e]; s += BM) {
-        GemmTile* t = reinterpret_cast<GemmTile*>(tiles + 1) + nt++;
-        t->expert = e;
-        t->begin = off + s;
-        t->end = off + min(s + BM, count[e]);
+  // Pass 1: how many pairs each expert gets (a group's first lane adds the group's size).
+  for (int base = 0; base < n; base += kThreads) {
+    const int i = base + tid;
+    const int e = i < n ? ids[i] : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (e >= 0 && e < E && (peers & below) == 0)
+      atomicAdd(&count[e], __popc(peers));
+  }
+  __syncthreads();
+  // Offsets and tiles: warp 0 scans the experts' pair counts and tile counts, 32 at a time.
+  if (warp == 0) {
+    int pairs_before = 0, tiles_before = 0;
+    for (int e0 = 0; e0 < E; e0 += kWarp) {
+      const int e = e0 + lane;
+      const int c = e < E ? count[e] : 0, t = (c + BM - 1) / BM;
+      int pc = c, tc = t; // inclusive scans over the lanes
+#pragma unroll
+      for (int d = 1; d < kWarp; d *= 2) {
+        const int pu = __shfl_up_sync(0xffffffffu, pc, d), tu = __shfl_up_sync(0xffffffffu, tc, d);
+        if (lane >= d) {
+          pc += pu;
+          tc += tu;
+        }
       }
-      off += count[e];
+      if (e < E) {
+        const int off = pairs_before + pc - c;
+        offset[e] = off;
+        GemmTile* tl = reinterpret_cast<GemmTile*>(tiles + 1) + tiles_before + tc - t;
+        for (int s = 0; s < c; s += BM, ++tl) {
+          tl->expert = e;
+          tl->begin = off + s;
+          tl->end = off + min(s + BM, c);
+        }
+      }
+      pairs_before += __shfl_sync(0xffffffffu, pc, kWarp - 1);
+      tiles_before += __shfl_sync(0xffffffffu, tc, kWarp - 1);
     }
-    tiles[0] = nt;
+    if (lane == 0)
+      tiles[0] = tiles_before;
   }
-  __syncthreads();
-  for (int e = tid; e < E; e += blockDim.x) {
-    int at = offset[e];
-    for (int i = 0; i < n; ++i)
-      if (sid[i] == e)
-        pair[at++] = i;
+  // Pass 2: each pair's place, chunk by chunk in order.
+  for (int base = 0; base < n; base += kThreads) {
+    for (int j = tid; j < kWarps * E; j += kThreads)
+      (&wcount[0][0])[j] = 0;
+    __syncthreads(); // also: offset[] and the previous chunk's running[] are in
+    const int i = base + tid;
+    const int e = i < n ? ids[i] : -1;
+    const bool live = e >= 0 && e < E;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (live && (peers & below) == 0)
+      wcount[warp][e] = __popc(peers);
+    __syncthreads();
+    if (live) {
+      int at = offset[e] + running[e] + __popc(peers & below);
+      for (int w = 0; w < warp; ++w)
+        at += wcount[w][e];
+      pair[at] = i;
+    }
+    __syncthreads();
+    for (int x = tid; x < E; x += kThreads) {
+      int c = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w)
+        c += wcount[w][x];
+      running[x] += c;
+    }
+    __syncthreads(); // the next chunk clears wcount
   }
 }
 

@@ -236,6 +236,39 @@ void check_grouped(const MoeDims& d, int tokens, int bm, bool split, bool skew, 
 
 } // namespace
 
+TEST_CASE("moe_sort groups a step's pairs by expert, in order, at the lowering's sizes") {
+  XSERV_REQUIRE_GPU();
+  struct Case {
+    int experts, k, tokens, bm;
+    bool skew;
+  };
+  // One token, a chunk's worth and many chunks of 256 pairs, ragged ends; the 20b's and the
+  // 120b's experts; skewed routing (a few experts get every token: long runs, many tiles).
+  const Case cases[] = {{32, 4, 1, 16, false},     {32, 4, 64, 16, false},
+                        {32, 4, 257, 64, false},   {32, 4, 2048, 128, false},
+                        {128, 4, 1000, 32, false}, {128, 4, 300, 16, true},
+                        {8, 2, 3001, 128, true},   {32, 4, 777, 64, true}};
+  uint64_t seed = 3500;
+  for (const Case& c : cases) {
+    CAPTURE(c.experts);
+    CAPTURE(c.tokens);
+    CAPTURE(c.bm);
+    Rng rng{++seed};
+    Tensor w, ids;
+    routing(rng, c.tokens, c.experts, c.k, c.skew, w, ids);
+    const int pairs = c.tokens * c.k;
+    const Loaded& sort = load(emit_moe_sort({c.experts, c.k, c.bm, pairs}, {}));
+    auto dids = upload(ids);
+    auto pair = upload(std::vector<int32_t>(size_t(pairs), -7));
+    const size_t tile_ints = moe_tiles_ints(pairs, c.experts, c.bm);
+    auto tiles = upload(std::vector<int32_t>(tile_ints, -7));
+    launch(sort, c.tokens, 1, dids->p, pair->p, tiles->p, c.tokens);
+    device_sync();
+    check_sort(ids, c.experts, c.bm, download_ints(*pair, size_t(pairs)),
+               download_ints(*tiles, tile_ints));
+  }
+}
+
 TEST_CASE("grouped MoE gemm kernels match ir::ref (every row tile, skewed routing)") {
   XSERV_REQUIRE_GPU();
   uint64_t seed = 3000;
