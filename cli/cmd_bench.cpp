@@ -141,7 +141,7 @@ int serving_bench(const ParsedArgs& args) {
       {"prefill budget beside decodes", std::to_string(eo.prefill_budget)},
       {"inter-token latency target (ms)",
        eo.itl_target_ms > 0 ? fmt::format("{:g}", eo.itl_target_ms)
-       : eo.itl_factor > 0  ? fmt::format("{:g}x the decodes alone", eo.itl_factor)
+       : eo.itl_factor > 0  ? fmt::format("{:g}x the heading batch alone", eo.itl_factor)
                             : std::string("off")},
       {"steps past that target allowed (share of decodes)",
        eo.itl_tail > 0 && (eo.itl_target_ms > 0 || eo.itl_factor > 0)

@@ -37,8 +37,8 @@ const std::vector<OptSpec>& load_options() {
        "beside running decodes, prompt tokens stop where the step's expected time (learned "
        "from the steps so far) reaches MS milliseconds (default 0: off)"},
       {"--itl-factor", "F",
-       "the same with the target F times the expected time of the step's decodes alone "
-       "(default 3 for serve, else 0: off)"},
+       "the same with the target F times the expected time alone of the batch the step heads "
+       "for, its running and queued sequences (default 3 for serve, else 0: off)"},
       {"--itl-tail", "Q",
        "with a target or factor: a step takes its prompts without that bound while the decodes "
        "of recent steps past it, its own included, stay within the share Q of all recent "

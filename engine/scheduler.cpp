@@ -147,7 +147,14 @@ ScheduledStep Scheduler::schedule() {
     }
     budget = std::min(budget, allowed);
   }
-  if (const int64_t itl = ndecode > 0 ? itl_budget(ndecode) : -1; itl >= 0)
+  // The ITL bound is judged at the batch the decodes are heading for (itl_budget).
+  int64_t heading = ndecode;
+  for (const auto& s : running_)
+    heading += one_token(*s, int64_t(s->cached)) ? 0 : 1;
+  for (const auto& s : waiting_)
+    heading += s->slots();
+  out.itl_batch = std::max(ndecode, std::min(heading, options_.max_running));
+  if (const int64_t itl = ndecode > 0 ? itl_budget(ndecode, out.itl_batch) : -1; itl >= 0)
     budget = std::min(budget, itl);
   // 1-2. Running sequences in admission order; each finds its blocks, preempting the newest
   //      others when the pools are dry (the newest may be itself: it then waits).
@@ -290,7 +297,7 @@ void Scheduler::observe_time(const ScheduledStep& s, double ms) {
     tokens += int64_t(t.size());
   }
   if (decodes > 0) { // the decodes' share of steps past the bound (before this one teaches it)
-    const double bound = itl_bound_ms(decodes);
+    const double bound = itl_bound_ms(std::max(decodes, s.itl_batch));
     itl_samples_ = kItlTailKeep * itl_samples_ + double(decodes);
     itl_over_ = kItlTailKeep * itl_over_ + (bound > 0 && ms > bound ? double(decodes) : 0.0);
   }
@@ -307,16 +314,18 @@ double Scheduler::itl_bound_ms(int64_t decodes) const {
   return -1;
 }
 
-int64_t Scheduler::itl_budget(int64_t decodes) const {
+int64_t Scheduler::itl_budget(int64_t decodes, int64_t heading) const {
   if (options_.itl_target_ms <= 0 && options_.itl_factor <= 0)
     return -1;
-  // A batch size whose bucket never ran alone, or not for StepTimeModel::kRefreshSteps steps:
-  // this step runs its decodes alone and so measures them (a step in 512 at most). Without it
-  // a server whose prompts never run out (a deep backlog) would never learn the bound, or keep
-  // a time from shallower contexts.
-  if (decodes > 0 && step_times_.decode_age(decodes) > StepTimeModel::kRefreshSteps)
+  heading = std::max(heading, decodes);
+  // The heading batch's bucket never ran alone, or not for StepTimeModel::kRefreshSteps
+  // steps, and the decodes are in it: this step runs them alone and so measures it (a step in
+  // 512 at most). Without it a server whose prompts never run out (a deep backlog) would never
+  // learn the bound, or keep a time from shallower contexts.
+  if (decodes > 0 && StepTimeModel::same_bucket(decodes, heading) &&
+      step_times_.decode_age(decodes) > StepTimeModel::kRefreshSteps)
     return 0;
-  const double target = itl_bound_ms(decodes);
+  const double target = itl_bound_ms(heading);
   if (target <= 0)
     return -1;
   // The tail: while the decodes of steps past the bound, this one's included, stay within

@@ -28,6 +28,8 @@ public:
   /// never): past kRefreshSteps its time is measured again (contexts grow, the batch moves
   /// within its bucket).
   int64_t decode_age(int64_t decodes) const;
+  /// Whether batches of `a` and `b` decodes share a bucket (decode_ms's powers of two).
+  static bool same_bucket(int64_t a, int64_t b) { return bucket(a) == bucket(b); }
   /// The prompt tokens a step with `decodes` decodes may take so that it stays within
   /// `target_ms`, at least `floor` (a prompt always makes progress); -1 while fewer than
   /// kMinPromptSteps steps of decodes and prompt tokens (after a decode-only one) were seen.

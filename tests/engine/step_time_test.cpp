@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <vector>
 
 #include "engine/scheduler.h"
 #include "engine/step_time.h"
@@ -32,6 +33,14 @@ engine::Request request(int32_t first, size_t len) {
     r.prompt.push_back(first + int32_t(i));
   r.max_tokens = 50;
   return r;
+}
+
+/// A step of sequences of these token counts (1: a decode).
+engine::ScheduledStep step_of(const std::vector<size_t>& lens) {
+  engine::ScheduledStep st;
+  for (size_t n : lens)
+    st.input.tokens.push_back(std::vector<int32_t>(n, 1));
+  return st;
 }
 
 } // namespace
@@ -133,12 +142,6 @@ TEST_CASE("scheduler: under itl_target_ms a step's prompt tokens beside decodes 
   const models::KvGeometry kv = small_kv();
   engine::Scheduler s(o, kv);
   // Teach it: a decode of 1 costs 10 ms, each prompt token 0.1 ms more: 100 tokens fit 20 ms.
-  auto step_of = [](std::vector<size_t> lens) {
-    engine::ScheduledStep st;
-    for (size_t n : lens)
-      st.input.tokens.push_back(std::vector<int32_t>(n, 1));
-    return st;
-  };
   s.observe_time(step_of({1}), 10.0);
   for (size_t p : {50, 150, 250})
     s.observe_time(step_of({1, p}), 10.0 + 0.1 * double(p));
@@ -187,29 +190,92 @@ TEST_CASE("scheduler: under itl_target_ms a step's prompt tokens beside decodes 
   CHECK(both.itl_budget(2) == 0);
 }
 
-TEST_CASE("scheduler: with a bound, a batch size never timed alone runs its decodes alone once") {
+TEST_CASE("scheduler: with a bound, the batch a step heads for is timed alone once its decodes "
+          "fill its bucket, and until it forms prompts go without the bound") {
   engine::EngineOptions o;
   o.max_running = 4;
   o.itl_factor = 3;
   const models::KvGeometry kv = small_kv();
   engine::Scheduler s(o, kv);
+  // Three sequences decode; a fourth waits: the step heads for 4 (bucket 3-4, the decodes'
+  // own), never timed alone, so its decodes run alone first.
+  std::vector<engine::Sequence*> seqs;
+  for (int32_t i = 0; i < 3; ++i)
+    s.enqueue(std::make_unique<engine::Sequence>(i + 1, request(100 * i + 1, 8)));
+  engine::ScheduledStep first = s.schedule();
+  REQUIRE(first.seqs.size() == 3);
+  s.commit(first);
+  for (engine::Sequence* q : first.seqs)
+    q->tokens.push_back(7);
+  s.observe_time(first, 5.0);
+  s.enqueue(std::make_unique<engine::Sequence>(4, request(1000, 40)));
+  engine::ScheduledStep probe = s.schedule();
+  CHECK(probe.itl_batch == 4);
+  REQUIRE(probe.seqs.size() == 3);
+  CHECK(probe.prompt_tokens == 0);
+  s.commit(probe);
+  for (engine::Sequence* q : probe.seqs)
+    q->tokens.push_back(8);
+  s.observe_time(probe, 10.0);
+  const engine::ScheduledStep next = s.schedule(); // timed: the prompt joins (no cost known yet)
+  REQUIRE(next.seqs.size() == 4);
+  CHECK(next.input.tokens[3].size() == 40);
+
+  // One decode and three prompts waiting: the step heads for 4, a bucket never timed alone that
+  // the one decode cannot time, so the prompts go without the bound (the burst of a cold start).
+  engine::Scheduler c(o, kv);
+  c.enqueue(std::make_unique<engine::Sequence>(1, request(1, 8)));
+  engine::ScheduledStep one = c.schedule();
+  REQUIRE(one.seqs.size() == 1);
+  c.commit(one);
+  one.seqs[0]->tokens.push_back(7);
+  c.observe_time(one, 5.0);
+  for (int32_t i = 0; i < 3; ++i)
+    c.enqueue(std::make_unique<engine::Sequence>(i + 2, request(100 * i + 100, 40)));
+  const engine::ScheduledStep burst = c.schedule();
+  CHECK(burst.itl_batch == 4);
+  CHECK(c.itl_budget(1, 4) == -1);
+  REQUIRE(burst.seqs.size() == 4);
+  CHECK(burst.prompt_tokens == 120);
+}
+
+TEST_CASE("scheduler: the ITL bound is judged at the batch the step heads for, the prompt "
+          "tokens' cost at its own decodes") {
+  engine::EngineOptions o;
+  o.max_running = 4;
+  o.itl_factor = 2;
+  const models::KvGeometry kv = small_kv();
+  engine::Scheduler s(o, kv);
+  // One decode alone 10 ms, four 20 ms; a prompt token 0.1 ms beside one decode.
+  s.observe_time(step_of({1, 1, 1, 1}), 20.0);
+  s.observe_time(step_of({1}), 10.0);
+  for (size_t p : {50, 150, 250})
+    s.observe_time(step_of({1, p}), 10.0 + 0.1 * double(p));
+  CHECK(s.itl_budget(1) == 100);    // 2 x 10 ms: 10 ms of prompt tokens
+  CHECK(s.itl_budget(1, 4) == 300); // 2 x 20 ms: 30 ms of prompt tokens beside 10 of decodes
+  CHECK(s.itl_budget(1, 2) == -1);  // 2 never ran alone
+  // Through schedule(): one sequence decodes, three 400-token prompts wait; the step heads for
+  // 4 and takes 300 prompt tokens.
   s.enqueue(std::make_unique<engine::Sequence>(1, request(1, 8)));
   engine::ScheduledStep first = s.schedule();
   REQUIRE(first.seqs.size() == 1);
   s.commit(first);
   first.seqs[0]->tokens.push_back(7);
-  s.observe_time(first, 5.0);
-  s.enqueue(std::make_unique<engine::Sequence>(2, request(100, 40)));
-  engine::ScheduledStep probe = s.schedule(); // one decode, its bucket never timed alone
-  REQUIRE(probe.seqs.size() == 1);
-  CHECK(probe.input.tokens[0].size() == 1);
-  CHECK(probe.prompt_tokens == 0);
-  s.commit(probe);
-  probe.seqs[0]->tokens.push_back(8);
-  s.observe_time(probe, 10.0);
-  const engine::ScheduledStep next = s.schedule(); // timed: the prompt joins (no cost known yet)
-  REQUIRE(next.seqs.size() == 2);
-  CHECK(next.input.tokens[1].size() == 40);
+  for (int32_t i = 0; i < 3; ++i)
+    s.enqueue(std::make_unique<engine::Sequence>(i + 2, request(1000 * i + 100, 400)));
+  const engine::ScheduledStep mixed = s.schedule();
+  CHECK(mixed.itl_batch == 4);
+  CHECK(mixed.prompt_tokens == 300);
+  // The tail counts a step as past the bound by the batch it headed for: 35 ms is within
+  // 2 x 20 (heading for 4), past 2 x 10 (its one decode).
+  engine::ScheduledStep over = step_of({1, 250});
+  over.itl_batch = 4;
+  const double before = s.itl_over();
+  s.observe_time(over, 35.0);
+  CHECK(s.itl_over() == doctest::Approx(before * engine::Scheduler::kItlTailKeep));
+  over.itl_batch = 0;
+  s.observe_time(over, 35.0);
+  CHECK(s.itl_over() > before * engine::Scheduler::kItlTailKeep * engine::Scheduler::kItlTailKeep);
 }
 
 TEST_CASE("scheduler: itl_tail lets a step's prompts go without the bound while the decodes of "
@@ -219,12 +285,6 @@ TEST_CASE("scheduler: itl_tail lets a step's prompts go without the bound while 
   o.itl_target_ms = 20;
   o.itl_tail = 0.25;
   const models::KvGeometry kv = small_kv();
-  auto step_of = [](std::vector<size_t> lens) {
-    engine::ScheduledStep st;
-    for (size_t n : lens)
-      st.input.tokens.push_back(std::vector<int32_t>(n, 1));
-    return st;
-  };
   constexpr double keep = engine::Scheduler::kItlTailKeep;
   engine::Scheduler s(o, kv);
   // A decode alone at 10 ms, prompt tokens 0.1 ms each beside it: 100 fit the 20 ms bound.
