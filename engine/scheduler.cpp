@@ -147,12 +147,22 @@ ScheduledStep Scheduler::schedule() {
     }
     budget = std::min(budget, allowed);
   }
-  // The ITL bound is judged at the batch the decodes are heading for (itl_budget).
+  // The ITL bound is judged at the batch the decodes are heading for (itl_budget): the running
+  // sequences and those queued that the free blocks hold whole (where the pool, not
+  // max_running, bounds the batch, a batch that cannot form is never timed).
   int64_t heading = ndecode;
   for (const auto& s : running_)
     heading += one_token(*s, int64_t(s->cached)) ? 0 : 1;
-  for (const auto& s : waiting_)
+  const kv::KvStats pool = kv_.stats();
+  const int64_t bs = kv_.geometry().block_size;
+  int64_t free_blocks = pool.blocks - pool.blocks_used;
+  for (const auto& s : waiting_) {
+    const int64_t need = (int64_t(s->tokens.size()) + bs - 1) / bs + s->slots() - 1;
+    if (need > free_blocks || heading >= options_.max_running)
+      break;
+    free_blocks -= need;
     heading += s->slots();
+  }
   out.itl_batch = std::max(ndecode, std::min(heading, options_.max_running));
   if (const int64_t itl = ndecode > 0 ? itl_budget(ndecode, out.itl_batch) : -1; itl >= 0)
     budget = std::min(budget, itl);

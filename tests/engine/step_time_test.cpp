@@ -239,6 +239,37 @@ TEST_CASE("scheduler: with a bound, the batch a step heads for is timed alone on
   CHECK(burst.prompt_tokens == 120);
 }
 
+TEST_CASE("scheduler: the batch a step heads for counts queued requests only while the free "
+          "blocks hold them") {
+  engine::EngineOptions o;
+  o.max_running = 4;
+  o.itl_factor = 2;
+  models::KvGeometry kv;
+  kv.block_size = 4;
+  kv.table_blocks = 16;
+  kv.blocks = 21; // 20 and the null block
+  engine::Scheduler s(o, kv);
+  for (int32_t i = 0; i < 2; ++i)
+    s.enqueue(std::make_unique<engine::Sequence>(i + 1, request(100 * i + 1, 30)));
+  engine::ScheduledStep first = s.schedule(); // 8 blocks each: 4 left
+  REQUIRE(first.seqs.size() == 2);
+  s.commit(first);
+  for (engine::Sequence* q : first.seqs)
+    q->tokens.push_back(7);
+  s.enqueue(std::make_unique<engine::Sequence>(3, request(1000, 30))); // 8 blocks: no room
+  CHECK(s.schedule().itl_batch == 2);
+  engine::Scheduler t(o, kv);
+  for (int32_t i = 0; i < 2; ++i)
+    t.enqueue(std::make_unique<engine::Sequence>(i + 1, request(100 * i + 1, 30)));
+  engine::ScheduledStep again = t.schedule();
+  t.commit(again);
+  for (engine::Sequence* q : again.seqs)
+    q->tokens.push_back(7);
+  t.enqueue(std::make_unique<engine::Sequence>(3, request(1000, 10))); // 3 blocks: it fits
+  t.enqueue(std::make_unique<engine::Sequence>(4, request(2000, 10))); // 3 more: not after it
+  CHECK(t.schedule().itl_batch == 3);
+}
+
 TEST_CASE("scheduler: the ITL bound is judged at the batch the step heads for, the prompt "
           "tokens' cost at its own decodes") {
   engine::EngineOptions o;
@@ -254,7 +285,7 @@ TEST_CASE("scheduler: the ITL bound is judged at the batch the step heads for, t
   CHECK(s.itl_budget(1) == 100);    // 2 x 10 ms: 10 ms of prompt tokens
   CHECK(s.itl_budget(1, 4) == 300); // 2 x 20 ms: 30 ms of prompt tokens beside 10 of decodes
   CHECK(s.itl_budget(1, 2) == -1);  // 2 never ran alone
-  // Through schedule(): one sequence decodes, three 400-token prompts wait; the step heads for
+  // Through schedule(): one sequence decodes, three 200-token prompts wait; the step heads for
   // 4 and takes 300 prompt tokens.
   s.enqueue(std::make_unique<engine::Sequence>(1, request(1, 8)));
   engine::ScheduledStep first = s.schedule();
@@ -262,7 +293,7 @@ TEST_CASE("scheduler: the ITL bound is judged at the batch the step heads for, t
   s.commit(first);
   first.seqs[0]->tokens.push_back(7);
   for (int32_t i = 0; i < 3; ++i)
-    s.enqueue(std::make_unique<engine::Sequence>(i + 2, request(1000 * i + 100, 400)));
+    s.enqueue(std::make_unique<engine::Sequence>(i + 2, request(1000 * i + 100, 200)));
   const engine::ScheduledStep mixed = s.schedule();
   CHECK(mixed.itl_batch == 4);
   CHECK(mixed.prompt_tokens == 300);
