@@ -119,6 +119,25 @@ Sequence* Scheduler::preempt_newest() {
   return p;
 }
 
+int64_t Scheduler::heading(int64_t decodes) const {
+  // The running sequences and those queued that the free blocks hold whole: where the pool, not
+  // max_running, bounds the batch, a batch that cannot form would never be timed.
+  int64_t n = decodes;
+  for (const auto& s : running_)
+    n += one_token(*s, int64_t(s->cached)) ? 0 : 1;
+  const kv::KvStats pool = kv_.stats();
+  const int64_t bs = kv_.geometry().block_size;
+  int64_t free_blocks = pool.blocks - pool.blocks_used;
+  for (const auto& s : waiting_) {
+    const int64_t need = (int64_t(s->tokens.size()) + bs - 1) / bs + s->slots() - 1;
+    if (need > free_blocks || n >= options_.max_running)
+      break;
+    free_blocks -= need;
+    n += s->slots();
+  }
+  return std::max(decodes, std::min(n, options_.max_running));
+}
+
 ScheduledStep Scheduler::schedule() {
   ScheduledStep out;
   out.input.copies = std::move(copies_);
@@ -147,23 +166,9 @@ ScheduledStep Scheduler::schedule() {
     }
     budget = std::min(budget, allowed);
   }
-  // The ITL bound is judged at the batch the decodes are heading for (itl_budget): the running
-  // sequences and those queued that the free blocks hold whole (where the pool, not
-  // max_running, bounds the batch, a batch that cannot form is never timed).
-  int64_t heading = ndecode;
-  for (const auto& s : running_)
-    heading += one_token(*s, int64_t(s->cached)) ? 0 : 1;
-  const kv::KvStats pool = kv_.stats();
-  const int64_t bs = kv_.geometry().block_size;
-  int64_t free_blocks = pool.blocks - pool.blocks_used;
-  for (const auto& s : waiting_) {
-    const int64_t need = (int64_t(s->tokens.size()) + bs - 1) / bs + s->slots() - 1;
-    if (need > free_blocks || heading >= options_.max_running)
-      break;
-    free_blocks -= need;
-    heading += s->slots();
-  }
-  out.itl_batch = std::max(ndecode, std::min(heading, options_.max_running));
+  // Under an ITL bound it is judged at the batch the decodes are heading for (itl_budget).
+  out.itl_batch =
+      options_.itl_target_ms > 0 || options_.itl_factor > 0 ? heading(ndecode) : ndecode;
   if (const int64_t itl = ndecode > 0 ? itl_budget(ndecode, out.itl_batch) : -1; itl >= 0)
     budget = std::min(budget, itl);
   // 1-2. Running sequences in admission order; each finds its blocks, preempting the newest

@@ -159,6 +159,9 @@ private:
   /// would have without the preemption; more are recomputed as a prompt chunk.
   bool one_token(const Sequence& s, int64_t cached) const;
   int64_t replay_limit() const;
+  /// The batch a step of `decodes` decodes heads for (itl_budget's `heading`): the running
+  /// sequences and the queued ones the free blocks hold whole, up to max_running.
+  int64_t heading(int64_t decodes) const;
   /// The tokens of a chunk of `s` from `cached` within `budget`: to its end, or to its prompt's
   /// end when its generated tokens will be fed back one a step.
   int64_t chunk(const Sequence& s, int64_t cached, int64_t budget) const;
