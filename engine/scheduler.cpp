@@ -333,14 +333,22 @@ int64_t Scheduler::itl_budget(int64_t decodes, int64_t heading) const {
   if (options_.itl_target_ms <= 0 && options_.itl_factor <= 0)
     return -1;
   heading = std::max(heading, decodes);
-  // The heading batch's bucket never ran alone, or not for StepTimeModel::kRefreshSteps
-  // steps, and the decodes are in it: this step runs them alone and so measures it (a step in
-  // 512 at most). Without it a server whose prompts never run out (a deep backlog) would never
-  // learn the bound, or keep a time from shallower contexts.
-  if (decodes > 0 && StepTimeModel::same_bucket(decodes, heading) &&
-      step_times_.decode_age(decodes) > StepTimeModel::kRefreshSteps)
+  // The reference: the largest batch from the decodes' bucket up to the heading one whose
+  // bucket ran alone (so that a wave joining running decodes keeps them to a time measured, not
+  // guessed); with none timed (a cold start's first wave), no bound.
+  int64_t judged = heading;
+  while (!StepTimeModel::same_bucket(judged, decodes) && !step_times_.decode_observed(judged))
+    judged = std::max(decodes, StepTimeModel::bucket_below(judged));
+  // That reference is the decodes' own bucket, and it never ran alone or not for
+  // StepTimeModel::kRefreshSteps steps (with the heading batch there too, or timed before):
+  // this step runs them alone and so measures it (a step in 512 at most). Without it a server
+  // whose prompts never run out (a deep backlog) would never learn the bound, or keep a time
+  // from shallower contexts.
+  if (decodes > 0 && StepTimeModel::same_bucket(judged, decodes) &&
+      step_times_.decode_age(decodes) > StepTimeModel::kRefreshSteps &&
+      (StepTimeModel::same_bucket(heading, decodes) || step_times_.decode_observed(decodes)))
     return 0;
-  const double target = itl_bound_ms(heading);
+  const double target = itl_bound_ms(judged);
   if (target <= 0)
     return -1;
   // The tail: while the decodes of steps past the bound, this one's included, stay within

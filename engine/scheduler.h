@@ -111,14 +111,15 @@ public:
   /// Prompt tokens a step beside `decodes` decodes may take under itl_target_ms (or
   /// itl_factor times the expected time alone of the batch they are heading for: `heading`,
   /// the running sequences and the queued ones the free blocks hold, up to max_running, at
-  /// least `decodes`). While prompts are being admitted the decodes already running would
-  /// otherwise hold them to a small batch's time and stretch the burst, though they decode at
-  /// the full batch's pace a few steps later. 0 while the decodes are in the heading batch's
-  /// power-of-two bucket and no step of that bucket ran alone within
-  /// StepTimeModel::kRefreshSteps steps, so that this one does; -1 when off, while the heading
-  /// batch was never timed alone (it has not formed yet), while the prompt tokens' cost is not
-  /// yet known, or while the decodes past their bound stay within EngineOptions::itl_tail
-  /// (this step's included).
+  /// least `decodes`; where that batch's power-of-two bucket never ran alone, the largest
+  /// batch down to the decodes' own that did). While prompts are being admitted the decodes
+  /// already running would otherwise hold them to a small batch's time and stretch the wave,
+  /// though they decode at the full batch's pace a few steps later. 0 while that reference is
+  /// the decodes' own bucket and it has not run alone within StepTimeModel::kRefreshSteps
+  /// steps (ran before, or the heading batch is in it too), so that this one does; -1 when
+  /// off, while no batch from the decodes' to the heading one was ever timed alone (a cold
+  /// start's first wave), while the prompt tokens' cost is not yet known, or while the decodes
+  /// past their bound stay within EngineOptions::itl_tail (this step's included).
   int64_t itl_budget(int64_t decodes, int64_t heading = 0) const;
   /// The ITL bound of a step of `decodes` decodes (ms): itl_target_ms, or itl_factor times
   /// their expected time alone; -1 when off or while their bucket was never timed alone.

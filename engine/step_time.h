@@ -30,6 +30,11 @@ public:
   int64_t decode_age(int64_t decodes) const;
   /// Whether batches of `a` and `b` decodes share a bucket (decode_ms's powers of two).
   static bool same_bucket(int64_t a, int64_t b) { return bucket(a) == bucket(b); }
+  /// The largest batch of the bucket below that of `decodes` (0 below the first).
+  static int64_t bucket_below(int64_t decodes) {
+    const int b = bucket(decodes);
+    return b == 0 ? 0 : int64_t(1) << (b - 1);
+  }
   /// The prompt tokens a step with `decodes` decodes may take so that it stays within
   /// `target_ms`, at least `floor` (a prompt always makes progress); -1 while fewer than
   /// kMinPromptSteps steps of decodes and prompt tokens (after a decode-only one) were seen.

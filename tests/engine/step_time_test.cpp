@@ -284,7 +284,14 @@ TEST_CASE("scheduler: the ITL bound is judged at the batch the step heads for, t
     s.observe_time(step_of({1, p}), 10.0 + 0.1 * double(p));
   CHECK(s.itl_budget(1) == 100);    // 2 x 10 ms: 10 ms of prompt tokens
   CHECK(s.itl_budget(1, 4) == 300); // 2 x 20 ms: 30 ms of prompt tokens beside 10 of decodes
-  CHECK(s.itl_budget(1, 2) == -1);  // 2 never ran alone
+  // Heading for a batch never timed alone: the largest timed one between it and the decodes.
+  CHECK(s.itl_budget(1, 8) == 300); // 5-8 never ran alone: 3-4's 20 ms
+  CHECK(s.itl_budget(1, 2) == 100); // 2 never ran alone: the decodes' own 10 ms
+  CHECK(s.itl_budget(2, 2) == 0);   // the decodes' bucket, the heading one too: timed first
+  // With nothing timed between them (a cold start's first wave), no bound.
+  engine::Scheduler cold(o, kv);
+  CHECK(cold.itl_budget(1, 4) == -1);
+  CHECK(cold.itl_budget(3, 4) == 0); // the decodes fill the heading bucket: timed first
   // Through schedule(): one sequence decodes, three 200-token prompts wait; the step heads for
   // 4 and takes 300 prompt tokens.
   s.enqueue(std::make_unique<engine::Sequence>(1, request(1, 8)));
