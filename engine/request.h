@@ -114,8 +114,8 @@ struct EngineOptions {
   /// also within prefill_budget when that is set. 0: off.
   double itl_target_ms = 0;
   /// > 0 (and no itl_target_ms): the same with the target this many times the expected time
-  /// alone of the batch the step heads for (its running and queued sequences, up to
-  /// max_running: Scheduler::itl_budget), so that it follows the model, the GPU and the batch.
+  /// alone of the batch the step heads for (its running sequences and the queued ones the
+  /// pool holds: Scheduler::itl_budget), so that it follows the model, the GPU and the batch.
   /// 0: off.
   double itl_factor = 0;
   /// With an ITL bound (itl_target_ms or itl_factor): the share of decode tokens whose step may

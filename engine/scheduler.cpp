@@ -124,13 +124,15 @@ int64_t Scheduler::heading(int64_t decodes) const {
   // max_running, bounds the batch, a batch that cannot form would never be timed.
   int64_t n = decodes;
   for (const auto& s : running_)
-    n += one_token(*s, int64_t(s->cached)) ? 0 : 1;
+    n += one_token(*s, int64_t(s->cached)) ? 0 : s->slots();
   const kv::KvStats pool = kv_.stats();
   const int64_t bs = kv_.geometry().block_size;
-  int64_t free_blocks = pool.blocks - pool.blocks_used;
+  // Less the watermark admission keeps for running decodes (schedule's `reserve`).
+  int64_t free_blocks = pool.blocks - pool.blocks_used -
+                        (running_.empty() ? 0 : std::max<int64_t>(1, pool.blocks / 100));
   for (const auto& s : waiting_) {
     const int64_t need = (int64_t(s->tokens.size()) + bs - 1) / bs + s->slots() - 1;
-    if (need > free_blocks || n >= options_.max_running)
+    if (need > free_blocks || n + s->slots() > options_.max_running) // as admission's room
       break;
     free_blocks -= need;
     n += s->slots();
@@ -166,11 +168,17 @@ ScheduledStep Scheduler::schedule() {
     }
     budget = std::min(budget, allowed);
   }
-  // Under an ITL bound it is judged at the batch the decodes are heading for (itl_budget).
+  // Under an ITL factor the bound is judged at the batch the decodes are heading for
+  // (itl_budget); the bound used is recorded for the tail's count (observe_time).
   out.itl_batch =
-      options_.itl_target_ms > 0 || options_.itl_factor > 0 ? heading(ndecode) : ndecode;
-  if (const int64_t itl = ndecode > 0 ? itl_budget(ndecode, out.itl_batch) : -1; itl >= 0)
-    budget = std::min(budget, itl);
+      options_.itl_target_ms <= 0 && options_.itl_factor > 0 ? heading(ndecode) : ndecode;
+  if (ndecode > 0) {
+    const ItlReference ref = itl_reference(ndecode, out.itl_batch);
+    wave_steps_ = ref.wave ? wave_steps_ + 1 : 0;
+    out.itl_bound = ref.bound_ms;
+    if (const int64_t itl = budget_under(ref, ndecode); itl >= 0)
+      budget = std::min(budget, itl);
+  }
   // 1-2. Running sequences in admission order; each finds its blocks, preempting the newest
   //      others when the pools are dry (the newest may be itself: it then waits).
   for (size_t i = 0; i < running_.size();) {
@@ -312,7 +320,8 @@ void Scheduler::observe_time(const ScheduledStep& s, double ms) {
     tokens += int64_t(t.size());
   }
   if (decodes > 0) { // the decodes' share of steps past the bound (before this one teaches it)
-    const double bound = itl_bound_ms(std::max(decodes, s.itl_batch));
+    // The bound the step was scheduled under (a step not from schedule(): its decodes' own).
+    const double bound = s.itl_bound ? *s.itl_bound : itl_bound_ms(decodes);
     itl_samples_ = kItlTailKeep * itl_samples_ + double(decodes);
     itl_over_ = kItlTailKeep * itl_over_ + (bound > 0 && ms > bound ? double(decodes) : 0.0);
   }
@@ -329,27 +338,46 @@ double Scheduler::itl_bound_ms(int64_t decodes) const {
   return -1;
 }
 
-int64_t Scheduler::itl_budget(int64_t decodes, int64_t heading) const {
+Scheduler::ItlReference Scheduler::itl_reference(int64_t decodes, int64_t heading) const {
+  ItlReference r;
   if (options_.itl_target_ms <= 0 && options_.itl_factor <= 0)
-    return -1;
+    return r;
   heading = std::max(heading, decodes);
-  // The reference: the largest batch from the decodes' bucket up to the heading one whose
-  // bucket ran alone (so that a wave joining running decodes keeps them to a time measured, not
-  // guessed); with none timed (a cold start's first wave), no bound.
-  int64_t judged = heading;
-  while (!StepTimeModel::same_bucket(judged, decodes) && !step_times_.decode_observed(judged))
+  auto fresh = [&](int64_t n) {
+    return step_times_.decode_observed(n) &&
+           step_times_.decode_age(n) <= StepTimeModel::kRefreshSteps;
+  };
+  // A factor's reference: the largest batch from the heading one down to the decodes' own
+  // whose bucket ran alone within kRefreshSteps steps, so that a wave joining running decodes
+  // keeps them to a time measured, not guessed (a target's is the decodes' own: the heading
+  // cannot move it).
+  int64_t judged = options_.itl_target_ms > 0 ? decodes : heading;
+  while (!StepTimeModel::same_bucket(judged, decodes) && !fresh(judged))
     judged = std::max(decodes, StepTimeModel::bucket_below(judged));
-  // That reference is the decodes' own bucket, and it never ran alone or not for
-  // StepTimeModel::kRefreshSteps steps (with the heading batch there too, or timed before):
-  // this step runs them alone and so measures it (a step in 512 at most). Without it a server
-  // whose prompts never run out (a deep backlog) would never learn the bound, or keep a time
-  // from shallower contexts.
-  if (decodes > 0 && StepTimeModel::same_bucket(judged, decodes) &&
-      step_times_.decode_age(decodes) > StepTimeModel::kRefreshSteps &&
-      (StepTimeModel::same_bucket(heading, decodes) || step_times_.decode_observed(decodes)))
+  if (StepTimeModel::same_bucket(judged, decodes) && !fresh(decodes)) {
+    // A cold start's wave: the heading batch forming and nothing from it down to the decodes
+    // ever timed alone; its prompts go without the bound for up to kWaveSteps steps (a batch
+    // that never forms, as beside requests of one token, is then bounded as below).
+    if (!step_times_.decode_observed(decodes) && !StepTimeModel::same_bucket(heading, decodes) &&
+        wave_steps_ < kWaveSteps) {
+      r.wave = true;
+      return r;
+    }
+    // The decodes' own bucket never ran alone, or not for kRefreshSteps steps: this step runs
+    // them alone and so measures it (a step in 512 at most). Without it a server whose prompts
+    // never run out (a deep backlog) would never learn the bound, or keep a time from
+    // shallower contexts.
+    r.time_decodes = decodes > 0;
+    return r;
+  }
+  r.bound_ms = itl_bound_ms(judged);
+  return r;
+}
+
+int64_t Scheduler::budget_under(const ItlReference& r, int64_t decodes) const {
+  if (r.time_decodes)
     return 0;
-  const double target = itl_bound_ms(judged);
-  if (target <= 0)
+  if (r.bound_ms <= 0)
     return -1;
   // The tail: while the decodes of steps past the bound, this one's included, stay within
   // itl_tail of the decodes seen (counts that forget, so an idle stretch banks no burst), its
@@ -357,7 +385,11 @@ int64_t Scheduler::itl_budget(int64_t decodes, int64_t heading) const {
   if (options_.itl_tail > 0 &&
       itl_over_ + double(decodes) <= options_.itl_tail * (itl_samples_ + double(decodes)))
     return -1;
-  return step_times_.prompt_budget(decodes, target, kv_.geometry().block_size);
+  return step_times_.prompt_budget(decodes, r.bound_ms, kv_.geometry().block_size);
+}
+
+int64_t Scheduler::itl_budget(int64_t decodes, int64_t heading) const {
+  return budget_under(itl_reference(decodes, heading), decodes);
 }
 
 } // namespace xserv::engine

@@ -73,8 +73,12 @@ struct ScheduledStep {
   int64_t prompt_tokens = 0; ///< tokens of the step that are not decodes (prompts, recomputes)
   int64_t admitted = 0;      ///< requests that joined from the queue in this step, first time
   int64_t preempted = 0;     ///< sequences preempted to find blocks for this step
-  /// The batch the step's ITL bound was judged at (Scheduler::itl_budget's `heading`).
+  /// The batch the step heads for (Scheduler::itl_budget's `heading`) under an ITL factor,
+  /// else its decodes.
   int64_t itl_batch = 0;
+  /// The ITL bound (ms) the step's prompts were held to, -1 for none (for the tail's count);
+  /// unset in a step not made by Scheduler::schedule.
+  std::optional<double> itl_bound;
   bool empty() const { return seqs.empty(); }
   /// Whether sequence b's step ends at its last token (the model's row for it is a new token).
   bool yields(size_t b) const {
@@ -108,18 +112,19 @@ public:
   void step_failed(const ScheduledStep& s);
   /// The step took `ms` (for EngineOptions::itl_target_ms's prompt budget).
   void observe_time(const ScheduledStep& s, double ms);
-  /// Prompt tokens a step beside `decodes` decodes may take under itl_target_ms (or
-  /// itl_factor times the expected time alone of the batch they are heading for: `heading`,
-  /// the running sequences and the queued ones the free blocks hold, up to max_running, at
-  /// least `decodes`; where that batch's power-of-two bucket never ran alone, the largest
-  /// batch down to the decodes' own that did). While prompts are being admitted the decodes
-  /// already running would otherwise hold them to a small batch's time and stretch the wave,
-  /// though they decode at the full batch's pace a few steps later. 0 while that reference is
-  /// the decodes' own bucket and it has not run alone within StepTimeModel::kRefreshSteps
-  /// steps (ran before, or the heading batch is in it too), so that this one does; -1 when
-  /// off, while no batch from the decodes' to the heading one was ever timed alone (a cold
-  /// start's first wave), while the prompt tokens' cost is not yet known, or while the decodes
-  /// past their bound stay within EngineOptions::itl_tail (this step's included).
+  /// Prompt tokens a step beside `decodes` decodes may take under itl_target_ms, or
+  /// itl_factor times the expected time alone of a reference batch: `heading` (the batch the
+  /// step heads for: the running sequences and the queued ones the free blocks hold, up to
+  /// max_running, at least `decodes`) or, where its power-of-two bucket has not run alone
+  /// within StepTimeModel::kRefreshSteps steps, the largest batch down to the decodes' own
+  /// that has. While prompts are being admitted, the decodes already running would otherwise
+  /// hold them to a small batch's time and stretch the wave, though they decode at the full
+  /// batch's pace a few steps later. 0 when the reference is the decodes' own bucket and it has
+  /// not run alone within kRefreshSteps steps, so that this one does; -1 when off, during a
+  /// cold start's wave (nothing from the heading batch down to the decodes ever timed alone:
+  /// at most kWaveSteps steps in a row), while the prompt tokens' cost is not yet known, or
+  /// while the decodes past their bound stay within EngineOptions::itl_tail (this step's
+  /// included).
   int64_t itl_budget(int64_t decodes, int64_t heading = 0) const;
   /// The ITL bound of a step of `decodes` decodes (ms): itl_target_ms, or itl_factor times
   /// their expected time alone; -1 when off or while their bucket was never timed alone.
@@ -129,6 +134,9 @@ public:
   double itl_samples() const { return itl_samples_; }
   double itl_over() const { return itl_over_; }
   static constexpr double kItlTailKeep = 1.0 - 1.0 / 1024;
+  /// Steps in a row a cold start's wave may take its prompts without the bound (a wave of up
+  /// to ~500k prompt tokens at 8,192 a step).
+  static constexpr int64_t kWaveSteps = 64;
   const StepTimeModel& step_times() const { return step_times_; }
   /// The choices of `parent` (a request with n > 1 whose prompt the last step finished): n - 1
   /// new sequences sharing its blocks (a partly filled last block copied on write by the next
@@ -161,8 +169,17 @@ private:
   bool one_token(const Sequence& s, int64_t cached) const;
   int64_t replay_limit() const;
   /// The batch a step of `decodes` decodes heads for (itl_budget's `heading`): the running
-  /// sequences and the queued ones the free blocks hold whole, up to max_running.
+  /// sequences (with their choices) and the queued ones the free blocks hold whole, less
+  /// admission's watermark, up to max_running.
   int64_t heading(int64_t decodes) const;
+  /// What itl_budget holds a step to: a bound in ms (-1: none), or a decode-only step to time
+  /// the decodes' bucket, or a cold start's wave.
+  struct ItlReference {
+    double bound_ms = -1;
+    bool time_decodes = false, wave = false;
+  };
+  ItlReference itl_reference(int64_t decodes, int64_t heading) const;
+  int64_t budget_under(const ItlReference& r, int64_t decodes) const;
   /// The tokens of a chunk of `s` from `cached` within `budget`: to its end, or to its prompt's
   /// end when its generated tokens will be fed back one a step.
   int64_t chunk(const Sequence& s, int64_t cached, int64_t budget) const;
@@ -175,6 +192,7 @@ private:
   int64_t preemptions_ = 0;
   StepTimeModel step_times_;
   double itl_samples_ = 0, itl_over_ = 0; ///< see itl_samples(), itl_over()
+  int64_t wave_steps_ = 0;                ///< steps in a row scheduled as a cold start's wave
 };
 
 } // namespace xserv::engine

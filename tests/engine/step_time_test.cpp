@@ -301,19 +301,76 @@ TEST_CASE("scheduler: the ITL bound is judged at the batch the step heads for, t
   first.seqs[0]->tokens.push_back(7);
   for (int32_t i = 0; i < 3; ++i)
     s.enqueue(std::make_unique<engine::Sequence>(i + 2, request(1000 * i + 100, 200)));
-  const engine::ScheduledStep mixed = s.schedule();
+  engine::ScheduledStep mixed = s.schedule();
   CHECK(mixed.itl_batch == 4);
   CHECK(mixed.prompt_tokens == 300);
-  // The tail counts a step as past the bound by the batch it headed for: 35 ms is within
-  // 2 x 20 (heading for 4), past 2 x 10 (its one decode).
-  engine::ScheduledStep over = step_of({1, 250});
-  over.itl_batch = 4;
+  REQUIRE(mixed.itl_bound.has_value());
+  CHECK(*mixed.itl_bound == doctest::Approx(40));
+  // The tail counts a step as past the bound it was scheduled under: at 35 ms this one is
+  // within its 40, where its one decode's own bound (20) would count it over.
+  constexpr double keep = engine::Scheduler::kItlTailKeep;
   const double before = s.itl_over();
-  s.observe_time(over, 35.0);
-  CHECK(s.itl_over() == doctest::Approx(before * engine::Scheduler::kItlTailKeep));
-  over.itl_batch = 0;
-  s.observe_time(over, 35.0);
-  CHECK(s.itl_over() > before * engine::Scheduler::kItlTailKeep * engine::Scheduler::kItlTailKeep);
+  s.observe_time(mixed, 35.0);
+  CHECK(s.itl_over() == doctest::Approx(before * keep));
+  mixed.itl_bound.reset();
+  s.observe_time(mixed, 35.0);
+  CHECK(s.itl_over() == doctest::Approx(before * keep * keep + 1));
+  // Heading for 8 (bucket 5-8 never timed): the largest timed batch below, 4's 20 ms.
+  CHECK(s.itl_budget(1, 8) == s.itl_budget(1, 4));
+}
+
+TEST_CASE("scheduler: a cold start's wave goes without the bound for at most kWaveSteps steps, "
+          "and a batch timed long ago stops being the reference") {
+  engine::EngineOptions o;
+  o.max_running = 5;
+  o.itl_factor = 2;
+  models::KvGeometry kv = small_kv();
+  kv.blocks = 5 * 64 + 1;
+  // Four sequences decode and a fifth place serves one-token requests: the batch of 5 it heads
+  // for never forms. Its prompts go without the bound for kWaveSteps steps, then the four are
+  // timed alone and bound the prompts.
+  engine::Scheduler s(o, kv);
+  for (int32_t i = 0; i < 4; ++i)
+    s.enqueue(std::make_unique<engine::Sequence>(i + 1, request(100 * i + 1, 8)));
+  engine::ScheduledStep first = s.schedule();
+  REQUIRE(first.seqs.size() == 4);
+  s.commit(first);
+  for (engine::Sequence* q : first.seqs)
+    q->tokens.push_back(7);
+  int64_t unbounded = 0, timing = -1;
+  for (int64_t step = 0; step < 2 * engine::Scheduler::kWaveSteps && timing < 0; ++step) {
+    s.enqueue(std::make_unique<engine::Sequence>(1000 + step, request(5000, 40)));
+    engine::ScheduledStep st = s.schedule();
+    if (st.prompt_tokens == 0)
+      timing = step;
+    else
+      unbounded += *st.itl_bound < 0 ? 1 : 0;
+    std::vector<bool> yields(st.seqs.size());
+    for (size_t b = 0; b < st.seqs.size(); ++b)
+      yields[b] = st.yields(b);
+    s.commit(st);
+    for (size_t b = 0; b < st.seqs.size(); ++b)
+      if (yields[b])
+        st.seqs[b]->tokens.push_back(7);
+    s.observe_time(st, st.prompt_tokens == 0 ? 10.0 : 10.0 + 0.1 * double(st.prompt_tokens));
+    for (engine::Sequence* q : st.seqs) // the one-token requests leave once they have a token
+      if (q->id >= 1000 && q->tokens.size() > q->prompt_len)
+        s.release(q);
+  }
+  CHECK(unbounded == engine::Scheduler::kWaveSteps);
+  CHECK(timing == engine::Scheduler::kWaveSteps);
+
+  // A batch of 8 timed alone once, then 600 steps of 2 decodes: 8 is no longer the reference.
+  o.max_running = 8;
+  engine::Scheduler t(o, kv);
+  t.observe_time(step_of({1, 1, 1, 1, 1, 1, 1, 1}), 30.0);
+  t.observe_time(step_of({1, 1}), 10.0);
+  for (size_t p : {50, 150, 250})
+    t.observe_time(step_of({1, 1, p}), 10.0 + 0.1 * double(p));
+  CHECK(t.itl_budget(2, 8) == 500); // 2 x 30 ms: 50 ms of prompt tokens beside 10 of decodes
+  for (int i = 0; i < 600; ++i)
+    t.observe_time(step_of({1, 1}), 10.0);
+  CHECK(t.itl_budget(2, 8) == 100); // 2 x 10 ms: the decodes' own, timed just now
 }
 
 TEST_CASE("scheduler: itl_tail lets a step's prompts go without the bound while the decodes of "
