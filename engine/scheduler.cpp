@@ -119,6 +119,10 @@ Sequence* Scheduler::preempt_newest() {
   return p;
 }
 
+int64_t Scheduler::admission_reserve() const {
+  return running_.empty() ? 0 : std::max<int64_t>(1, kv_.stats().blocks / 100);
+}
+
 int64_t Scheduler::heading(int64_t decodes) const {
   // The running sequences and those queued that the free blocks hold whole: where the pool, not
   // max_running, bounds the batch, a batch that cannot form would never be timed.
@@ -126,12 +130,9 @@ int64_t Scheduler::heading(int64_t decodes) const {
   for (const auto& s : running_)
     n += one_token(*s, int64_t(s->cached)) ? 0 : s->slots();
   const kv::KvStats pool = kv_.stats();
-  const int64_t bs = kv_.geometry().block_size;
-  // Less the watermark admission keeps for running decodes (schedule's `reserve`).
-  int64_t free_blocks = pool.blocks - pool.blocks_used -
-                        (running_.empty() ? 0 : std::max<int64_t>(1, pool.blocks / 100));
+  int64_t free_blocks = pool.blocks - pool.blocks_used - admission_reserve();
   for (const auto& s : waiting_) {
-    const int64_t need = (int64_t(s->tokens.size()) + bs - 1) / bs + s->slots() - 1;
+    const int64_t need = kv_.geometry().blocks_for(int64_t(s->tokens.size())) + s->slots() - 1;
     if (need > free_blocks || n + s->slots() > options_.max_running) // as admission's room
       break;
     free_blocks -= need;
@@ -223,7 +224,7 @@ ScheduledStep Scheduler::schedule() {
   for (auto& w : waiting_)
     ++w->waited;
   // A watermark of free blocks keeps newcomers from taking what running decodes need next.
-  const int64_t reserve = running_.empty() ? 0 : std::max<int64_t>(1, kv_.stats().blocks / 100);
+  const int64_t reserve = admission_reserve();
   while (join_now && budget > 0 && !waiting_.empty() && waiting_.front()->slots() <= room) {
     Sequence& w = *waiting_.front();
     const auto hit = kv_.match_prefix(w.blocks, w.tokens);

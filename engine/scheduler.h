@@ -172,6 +172,9 @@ private:
   /// sequences (with their choices) and the queued ones the free blocks hold whole, less
   /// admission's watermark, up to max_running.
   int64_t heading(int64_t decodes) const;
+  /// Free full blocks newcomers leave for the running decodes' next blocks (1%, at least one,
+  /// while anything runs).
+  int64_t admission_reserve() const;
   /// What itl_budget holds a step to: a bound in ms (-1: none), or a decode-only step to time
   /// the decodes' bucket, or a cold start's wave.
   struct ItlReference {
