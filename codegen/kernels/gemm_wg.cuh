@@ -111,16 +111,20 @@ template <bool SWIGLU> __device__ __forceinline__ int wg_a_row(int m) {
 /// the previous MMA runs. With PIPE a stage's MMAs are still running while the next stage's
 /// fragments are built (one batch left in flight; loads run STAGES - 2 stages ahead, so the
 /// stage they overwrite is two behind), else each stage's MMAs finish before the next barrier.
+///
+/// NC: the MMAs' columns, BN or fewer (gemm_wg picks it from the tile's tokens): the tile keeps
+/// BN rows of shared memory, but only its first NC rows are loaded and multiplied.
 template <int K, int N, int BN, int WM, int STAGES, bool MX4, bool SPLIT, bool GROUPED, bool GATHER,
-          int KSEL, int EPI, bool BIAS, bool RESIDUAL, int SPLITK = 1, int EXPERTS = 1,
-          int KSUB = 1, bool PIPE = false, int CHUNKS = 1>
+          int KSEL, int EPI, bool BIAS, bool RESIDUAL, int SPLITK, int EXPERTS, int KSUB, bool PIPE,
+          int CHUNKS, int NC>
 __device__ __forceinline__ void
-gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl,
-        const void* __restrict__ wv, const __nv_bfloat16* __restrict__ b, const float* h, float* y,
-        const int* __restrict__ pair, const int* __restrict__ tiles,
-        const float* __restrict__ route_w, float limit, float alpha, int tokens) {
+gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl,
+             const void* __restrict__ wv, const __nv_bfloat16* __restrict__ b, const float* h,
+             float* y, const int* __restrict__ pair, const int* __restrict__ tiles,
+             const float* __restrict__ route_w, float limit, float alpha, int tokens) {
   static_assert(K % 64 == 0, "K must be a multiple of the K tile");
   static_assert(BN % 8 == 0 && BN >= 8 && BN <= 256, "BN: 8..256 tokens, a multiple of 8");
+  static_assert(NC % 8 == 0 && NC >= 8 && NC <= BN, "NC: 8..BN MMA columns");
   static_assert(WM == 1 || WM == 2, "WM: 1 or 2 m64 tiles per warpgroup");
   static_assert(EPI != kGemmSwiglu || N % 16 == 0, "swiglu pairs rows within 16-row groups");
   static_assert(SPLITK == 1 || (EPI == kGemmStore && !GROUPED), "split K: dense stores only");
@@ -168,18 +172,18 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
   // at K 0 (a K tile adds 64 elements, or 32 MXFP4 bytes), where they land in a stage, and
   // whether they read anything (masked pieces zero-fill). Computed once, the loads of a stage
   // are one add and one cp.async each.
-  constexpr int kVB = (BN * 8 + kWgThreads - 1) / kWgThreads; // B pieces a thread
+  constexpr int kVB = (NC * 8 + kWgThreads - 1) / kWgThreads; // B pieces a thread
   constexpr int kVA = MX4 ? (BM * 2 + kWgThreads - 1) / kWgThreads : BM * 8 / kWgThreads;
   unsigned b_src[kVB], a_src[kVA];
   int b_dst[kVB], a_dst[kVA];
   bool b_ok[kVB], a_ok[kVA];
-  // B: BN rows x 8 chunks of 16 bytes, chunk j of row n at j ^ (n % 8).
+  // B: NC rows x 8 chunks of 16 bytes, chunk j of row n at j ^ (n % 8).
 #pragma unroll
   for (int v = 0; v < kVB; ++v) {
     const int piece = tid + v * kWgThreads, n = piece / 8, j = piece % 8;
-    const int ar = piece < BN * 8 ? rows_b[n] : -1;
+    const int ar = piece < NC * 8 ? rows_b[n] : -1;
     b_src[v] = unsigned(ar >= 0 ? ar : 0) * unsigned(K) + unsigned(j * 8);
-    b_dst[v] = piece < BN * 8 ? n * 128 + ((j ^ (n & 7)) << 4) : -1;
+    b_dst[v] = piece < NC * 8 ? n * 128 + ((j ^ (n & 7)) << 4) : -1;
     b_ok[v] = ar >= 0;
   }
 #pragma unroll
@@ -214,7 +218,7 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
       unsigned char* sb = st + sub * kBBytes;
 #pragma unroll
       for (int v = 0; v < kVB; ++v)
-        if ((BN * 8) % kWgThreads == 0 || b_dst[v] >= 0) {
+        if ((NC * 8) % kWgThreads == 0 || b_dst[v] >= 0) {
           cp_async16(sb + b_dst[v], xh + b_src[v] + k0, b_ok[v]);
           if (SPLIT)
             cp_async16(sb + kBOffLo + b_dst[v], xl + b_src[v] + k0, b_ok[v]);
@@ -249,18 +253,18 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
       s_at0[wm][hh] = int(reinterpret_cast<size_t>(mscales + row * (K / 32)) & 3);
     }
 
-  float acc[WM][BN / 2];
+  float acc[WM][NC / 2];
 #pragma unroll
   for (int wm = 0; wm < WM; ++wm)
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i)
+    for (int i = 0; i < NC / 2; ++i)
       acc[wm][i] = 0.0f;
   // CHUNKS > 1: K in that many equal ranges, each summed from zero, the sums added in order in
   // `total` (the canonical order of a dense linear: gemm_splitk_reduce's sum of SPLITK = CHUNKS
   // partials, without the partials' round trip through memory; of an expert's rows: the decode
   // kernels' K splits added in order).
   constexpr int kChunkStages = CHUNKS > 1 ? K / 64 / CHUNKS / KSUB : 1;
-  float total[CHUNKS > 1 ? WM : 1][CHUNKS > 1 ? BN / 2 : 1];
+  float total[CHUNKS > 1 ? WM : 1][CHUNKS > 1 ? NC / 2 : 1];
 
 #pragma unroll
   for (int st = 0; st < kAhead; ++st) {
@@ -340,9 +344,9 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
         wg_fence();
 #pragma unroll
         for (int wm = 0; wm < WM; ++wm) {
-          WgMma<BN>::mma(acc[wm], a[wm], wg_desc_sw128(bh + 32 * s));
+          WgMma<NC>::mma(acc[wm], a[wm], wg_desc_sw128(bh + 32 * s));
           if (SPLIT)
-            WgMma<BN>::mma(acc[wm], a[wm], wg_desc_sw128(bl + 32 * s));
+            WgMma<NC>::mma(acc[wm], a[wm], wg_desc_sw128(bl + 32 * s));
         }
       }
     }
@@ -357,7 +361,7 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
 #pragma unroll
         for (int wm = 0; wm < WM; ++wm)
 #pragma unroll
-          for (int i = 0; i < BN / 2; ++i) {
+          for (int i = 0; i < NC / 2; ++i) {
             wg_pin(acc[wm][i]);
             total[wm][i] = first ? acc[wm][i] : total[wm][i] + acc[wm][i];
             acc[wm][i] = 0.0f;
@@ -370,13 +374,13 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
 #pragma unroll
     for (int wm = 0; wm < WM; ++wm)
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i)
+      for (int i = 0; i < NC / 2; ++i)
         acc[wm][i] = total[wm][i];
   }
 #pragma unroll
   for (int wm = 0; wm < WM; ++wm)
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i)
+    for (int i = 0; i < NC / 2; ++i)
       wg_pin(acc[wm][i]);
   cp_async_wait<0>();
 
@@ -387,7 +391,7 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
   for (int wm = 0; wm < WM; ++wm) {
     const int rbase = m0 + wm * 64 + warp * 16; // first weight row of this warp's 16
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
+    for (int j = 0; j < NC / 8; ++j)
 #pragma unroll
       for (int e2 = 0; e2 < 2; ++e2) {
         const int rl = 8 * j + 2 * c + e2;
@@ -432,6 +436,51 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
         }
       }
   }
+}
+
+/// gemm_wg_cols with MMAs as wide as the tile's tokens (tiles of 64 tokens and more): the fewest
+/// quarters of BN with a WgMma shape (wg_mma_quarters) that cover its rows. A grouped tile of an
+/// expert's last few tokens (or a 256-sequence step's ~BN / 2) then multiplies no empty columns;
+/// a column's sums are the same whichever width computes them (its MMAs see the same K order).
+template <int K, int N, int BN, int WM, int STAGES, bool MX4, bool SPLIT, bool GROUPED, bool GATHER,
+          int KSEL, int EPI, bool BIAS, bool RESIDUAL, int SPLITK = 1, int EXPERTS = 1,
+          int KSUB = 1, bool PIPE = false, int CHUNKS = 1>
+__device__ __forceinline__ void
+gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl,
+        const void* __restrict__ wv, const __nv_bfloat16* __restrict__ b, const float* h, float* y,
+        const int* __restrict__ pair, const int* __restrict__ tiles,
+        const float* __restrict__ route_w, float limit, float alpha, int tokens) {
+  int expert, begin, end;
+  if (!gemm_tile<BN, GROUPED>(tiles, tokens, expert, begin, end))
+    return;
+  // Tiles of 64 tokens and more only: batched decode's 16- and 32-token tiles (up to ~190
+  // sequences) measured no faster narrowed, B64 -2.3% at 8 columns, B128 -0.6% at 16 and 24
+  // (H100, docs/PERF.md), so they stay whole.
+  const int q = BN >= 64 ? wg_mma_quarters<BN>(end - begin) : 4;
+#define XSERV_GEMM_WG_COLS(NC)                                                                     \
+  gemm_wg_cols<K, N, BN, WM, STAGES, MX4, SPLIT, GROUPED, GATHER, KSEL, EPI, BIAS, RESIDUAL,       \
+               SPLITK, EXPERTS, KSUB, PIPE, CHUNKS, NC>(xh, xl, wv, b, h, y, pair, tiles, route_w, \
+                                                        limit, alpha, tokens)
+  if constexpr (BN >= 64 && BN % 4 == 0 && wg_mma_has(BN / 4)) {
+    if (q == 1) {
+      XSERV_GEMM_WG_COLS(BN / 4);
+      return;
+    }
+  }
+  if constexpr (BN >= 64 && wg_mma_has(BN / 2)) {
+    if (q <= 2) {
+      XSERV_GEMM_WG_COLS(BN / 2);
+      return;
+    }
+  }
+  if constexpr (BN >= 64 && BN % 4 == 0 && wg_mma_has(3 * BN / 4)) {
+    if (q <= 3) {
+      XSERV_GEMM_WG_COLS(3 * BN / 4);
+      return;
+    }
+  }
+  XSERV_GEMM_WG_COLS(BN);
+#undef XSERV_GEMM_WG_COLS
 }
 
 } // namespace xserv_kernels

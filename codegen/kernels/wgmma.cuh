@@ -251,4 +251,21 @@ template <> struct WgMma<256> {
   }
 };
 
+/// Whether WgMma<N> exists.
+__host__ __device__ constexpr bool wg_mma_has(int n) {
+  return n == 8 || n == 16 || n == 24 || n == 32 || n == 48 || n == 64 || n == 96 || n == 128 ||
+         n == 192 || n == 256;
+}
+
+/// The quarters of a BN-column tile (1..4) whose MMAs cover `rows` valid columns: the fewest
+/// with a WgMma shape of q BN / 4 columns, 16 at least (block-uniform: gemm_wg branches on it
+/// once).
+template <int BN> __device__ __forceinline__ int wg_mma_quarters(int rows) {
+  int q = (rows * 4 + BN - 1) / BN;
+  q = q < 1 ? 1 : q > 4 ? 4 : q;
+  while (q < 4 && !(BN * q % 4 == 0 && BN * q / 4 >= 16 && wg_mma_has(BN * q / 4)))
+    ++q;
+  return q;
+}
+
 } // namespace xserv_kernels

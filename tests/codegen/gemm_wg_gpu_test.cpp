@@ -136,3 +136,43 @@ TEST_CASE("gemm_wg grouped MoE kernels match ir::ref, MXFP4 weights give the BF1
   const auto big = run_moe({g20, 300, 128, 2, false, true, true, 1, false, 3}, ++seed);
   CHECK(big[0] == big[1]);
 }
+
+TEST_CASE("gemm_wg's MMAs as wide as a tile's tokens give each token the same bits") {
+  XSERV_REQUIRE_GPU();
+  if (!sm90()) {
+    MESSAGE("skipped: gemm_wg needs sm_90");
+    return;
+  }
+  // A tile of 64 tokens or more with r of them multiplies only the quarters of its BN columns
+  // that cover them (wg_mma_quarters: 16, 32, 48 or 64 of a 64-token tile; 32, 64, 96 or 128 of
+  // a 128-token one; 32-token tiles stay whole). A token's row must not depend on which width
+  // computed it: its rows alone in the tile's first r against the same rows of a full tile.
+  struct Case {
+    int bn;
+    std::vector<int> tokens; // the last is a full tile
+  };
+  const Case cases[] = {
+      {32, {3, 12, 20, 32}}, {64, {1, 9, 17, 33, 49, 64}}, {128, {20, 40, 70, 100, 128}}};
+  Rng rng{7300};
+  const int k = 2880, n = 640;
+  const Tensor x = random_f32(rng, {128, k}, 2.0f);
+  const Bf16Weight w = random_bf16(rng, {n, k}, 1.0f / std::sqrt(float(k)));
+  const Bf16Weight b = random_bf16(rng, {n}, 0.5f);
+  const Tensor h = random_f32(rng, {128, n}, 1.0f);
+  auto dx = upload(x), dw = upload(w.bits), db = upload(b.bits), dh = upload(h);
+  const LinearDims d{k, n, false, true, true};
+  for (const Case& c : cases) {
+    CAPTURE(c.bn);
+    const std::vector<uint32_t> full =
+        dense_gemm_bits(d, 1, c.bn, c.tokens.back(), *dx, *dw, *db, *dh);
+    for (int t : c.tokens) {
+      CAPTURE(t);
+      const std::vector<uint32_t> got = dense_gemm_bits(d, 1, c.bn, t, *dx, *dw, *db, *dh);
+      REQUIRE(got.size() == size_t(t) * n);
+      size_t diff = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        diff += got[i] != full[i];
+      CHECK(diff == 0);
+    }
+  }
+}
