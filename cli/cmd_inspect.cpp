@@ -202,10 +202,14 @@ int cmd_inspect(const ParsedArgs& args) {
                    cfg.sliding_window, cfg.num_local_experts, cfg.num_experts_per_tok,
                    cfg.hidden_size, cfg.vocab_size);
   s += fmt::format("options: max batch {}, max sequence {}, prefill chunk {}, pp {}, arch {}, "
-                   "kv {}, gemm {}, experts {}{}{}{}\n\n",
+                   "kv {}, gemm {}, experts {}{}{}{}{}\n\n",
                    max_batch, max_seq, opt.prefill_chunk, opt.pp, opt.arch,
                    runtime::kv_dtype_name(opt.kv_dtype), opt.gemm_split ? "split" : "bf16",
                    runtime::expert_format_name(opt.expert_format),
+                   opt.mxfp4_max_scale >= 0
+                       ? fmt::format(" (MXFP4 scales up to {}: one multiply a pair)",
+                                     opt.mxfp4_max_scale)
+                       : std::string(),
                    opt.dense_cublas ? ", dense gemms of prompt steps on cuBLAS" : "",
                    opt.gemm_canonical ? ", decode kernels in the gemms' canonical order" : "",
                    opt.timeline ? ", timeline stamps in every kernel (diagnostic)" : "");

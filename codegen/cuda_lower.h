@@ -67,6 +67,10 @@ struct LoweringContext {
   /// a token's sums do not depend on the step's size (docs/DESIGN.md, "The gemms' canonical
   /// order").
   bool canonical = false;
+  /// Every MXFP4 scale byte is at most 128, so 2^(s - 1) is a bf16 factor: the grouped MoE
+  /// gemms scale a decoded pair with one multiply instead of two (the same bits; gemm_wg's
+  /// SMALL). Compile sets it from the checkpoint's scales; the upload refuses weights past it.
+  bool mxfp4_small_scales = false;
   /// MoE decode steps of kMoeColsFrom to 8 tokens on the kernels with the step's tokens as the
   /// MMA's columns (codegen/kernels/moe_cols.cuh: an expert a block, each routed expert's rows
   /// read once a step; the per-pair kernels' bits), outside the canonical order. H100: B8 +5%

@@ -131,6 +131,7 @@ void Lowerer::moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, 
   g.bn = bn;
   g.split = c_.gemm_split;
   g.mxfp4 = mx4;
+  g.small_scales = mx4 && c_.mxfp4_small_scales;
   // The 20b's MoE at 8, 64 and 256 rows per expert (kernels_bench): MXFP4 decodes better with
   // two m64 tiles a block (but for 96-token tiles); BF16 tiles below 128 tokens are as fast with
   // one (more blocks).

@@ -119,7 +119,7 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
   if (d.chunks > 1)
     name += fmt::format("_chunks{}", d.chunks);
   if (d.mxfp4)
-    name += "_mx4";
+    name += d.small_scales ? "_mx4s" : "_mx4";
   if (d.ksub > 1)
     name += fmt::format("_ks{}", d.ksub);
   if (d.pipe)
@@ -150,6 +150,8 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
       fmt::format("gemm_wg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
                   d.k, d.n, d.bn, d.wm, d.stages, d.mxfp4, d.split, d.grouped, d.gather, d.ksel,
                   epi, d.bias, d.residual, d.splitk, d.experts, d.ksub, d.pipe, d.chunks);
+  if (d.mxfp4 && d.small_scales) // the template's last argument, only where set
+    call.insert(call.size() - 1, ", true");
   return assemble(std::move(name), ir_lines, "gemm_wg.cuh", call, params, launch);
 }
 

@@ -53,6 +53,9 @@ struct GemmWgDims {
   int chunks = 1;
   double limit = 7.0, alpha = 1.702;
   bool mxfp4 = false;
+  /// MXFP4 weights whose scale bytes are all at most 128 (LoweringContext::mxfp4_small_scales):
+  /// one multiply a pair instead of two, the same bits.
+  bool small_scales = false;
 };
 KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& ir_lines);
 

@@ -32,6 +32,9 @@ struct StageOptions {
   /// The decode kernels in the gemms' canonical order (LoweringContext::canonical;
   /// --gemm-order canonical).
   bool canonical = false;
+  /// Every MXFP4 scale byte of the checkpoint is at most 128 (compile read them; the upload
+  /// checks): the MoE gemms scale a pair with one multiply (LoweringContext::mxfp4_small_scales).
+  bool mxfp4_small_scales = false;
   /// Debugging (xserv trace): every activation gets its own arena buffer, no reuse, so any
   /// value of a sub-step can be read back after it ran.
   bool keep_activations = false;

@@ -39,9 +39,10 @@ namespace fs = std::filesystem;
 namespace {
 
 /// Step 2: each safetensors file's name, size and digests (the one full read of the weights at
-/// compile: what `run --verify-weights` compares with).
-std::vector<runtime::PlanWeightFile> fingerprint_weights(const fs::path& model,
-                                                         Progress& progress) {
+/// compile: what `run --verify-weights` compares with), and the largest MXFP4 scale byte
+/// (`max_scale`; -1 without MXFP4 experts).
+std::vector<runtime::PlanWeightFile> fingerprint_weights(const fs::path& model, Progress& progress,
+                                                         int& max_scale) {
   std::vector<runtime::PlanWeightFile> files;
   progress.step("checking safetensors headers");
   models::Checkpoint ckpt = models::Checkpoint::open(model, {.map_data = false, .validate = true});
@@ -62,6 +63,14 @@ std::vector<runtime::PlanWeightFile> fingerprint_weights(const fs::path& model,
   for (size_t i = 0; i < digests.size(); ++i)
     files[i].sha256 = digests[i];
   progress.finish();
+  progress.step("reading the MXFP4 scales");
+  max_scale = models::Checkpoint::open(model, {.map_data = true, .validate = false})
+                  .max_mxfp4_scale();
+  progress.finish(max_scale < 0     ? std::string("none")
+                  : max_scale <= 128 ? fmt::format("largest {}: one multiply a decoded pair",
+                                                   max_scale)
+                                     : fmt::format("largest {} (past 128): two multiplies a pair",
+                                                   max_scale));
   return files;
 }
 
@@ -115,9 +124,14 @@ CompileResult compile_plan(const CompileOptions& o) {
   // 2. The weights, from their headers alone; a directory with only config.json compiles too
   //    and its weights are checked when the plan runs.
   std::vector<runtime::PlanWeightFile> weight_files;
+  int max_scale = -1; // the checkpoint's largest MXFP4 scale byte (-1: none, or no weights)
   if (fs::is_directory(model) && (fs::exists(model / "model.safetensors") ||
                                   fs::exists(model / "model.safetensors.index.json")))
-    weight_files = fingerprint_weights(model, progress);
+    weight_files = fingerprint_weights(model, progress, max_scale);
+  // Scale bytes of at most 128 make 2^(s - 1) a bf16 factor: the MoE gemms that decode MXFP4
+  // scale a pair with one multiply, and the plan promises no larger one (the upload checks).
+  const bool small_scales = max_scale >= 0 && max_scale <= 128 &&
+                            o.expert_format != runtime::ExpertFormat::Bf16;
 
   // 3. The graph.
   progress.step("building the graph");
@@ -202,7 +216,8 @@ CompileResult compile_plan(const CompileOptions& o) {
                 .expert_format = o.expert_format,
                 .dense_cublas = dense_cublas,
                 .gemm_canonical = o.gemm_canonical,
-                .timeline = o.timeline};
+                .timeline = o.timeline,
+                .mxfp4_max_scale = small_scales ? max_scale : -1};
   pf.weights = std::move(weight_files);
   pf.memory = {mem.arena_bytes, mem.peak_live, mem.unpacked,
                static_cast<int64_t>(mem.buffers.size())};
@@ -230,6 +245,7 @@ CompileResult compile_plan(const CompileOptions& o) {
   ko.wgmma = o.arch == "sm_90";
   ko.dense_cublas = dense_cublas;
   ko.canonical = o.gemm_canonical;
+  ko.mxfp4_small_scales = small_scales;
   ko.timeline = o.timeline;
   PlanKernelsResult whole = write_plan_kernels(g, writer.dir(), ko);
   pf.codegen = std::move(whole.codegen);
@@ -253,7 +269,10 @@ CompileResult compile_plan(const CompileOptions& o) {
     pf.stages[i].table = std::move(code.table);
   }
   for (runtime::PlanStage& st : pf.stages)
+  {
     st.layout.expert_format = o.expert_format; // the upload follows it (the lowering did too)
+    st.layout.mxfp4_max_scale = pf.options.mxfp4_max_scale; // and holds the scales to it
+  }
   progress.finish(fmt::format("{} kernels, {} launches per decode step", pf.codegen.kernels.size(),
                               pf.codegen.launches_per_decode_step));
 

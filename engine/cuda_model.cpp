@@ -93,6 +93,8 @@ void CudaModel::Impl::upload_weights(const fs::path& cache_dir) {
   // up by name and checked.
   runtime::UploadOptions o;
   o.cache_dir = cache_dir;
+  if (stage.mxfp4_max_scale >= 0) // the MoE gemms scale with one multiply up to it
+    o.max_scale = stage.mxfp4_max_scale;
   if (!quiet)
     o.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   std::vector<std::string> names;

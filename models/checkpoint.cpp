@@ -168,6 +168,19 @@ std::span<const uint8_t> Checkpoint::bytes(std::string_view name) const {
   return files_[tensors_.at(std::string(name)).file].bytes(t);
 }
 
+int Checkpoint::max_mxfp4_scale() const {
+  int most = -1;
+  for (const std::string& name : tensor_names()) {
+    if (!name.ends_with("_scales") || info(name).dtype != "U8")
+      continue;
+    uint8_t m = 0;
+    for (const uint8_t b : bytes(name))
+      m = std::max(m, b);
+    most = std::max(most, int(m));
+  }
+  return most;
+}
+
 std::vector<float> Checkpoint::read_bf16(std::string_view name) const {
   const TensorInfo& t = info(name);
   if (t.dtype != "BF16")

@@ -87,6 +87,9 @@ public:
   /// Tensor `name`, which must be BF16, converted to floats (row-major). Throws xserv::Error
   /// naming the file, tensor and element when one is NaN or infinite.
   std::vector<float> read_bf16(std::string_view name) const;
+  /// The largest scale byte of every MXFP4 expert weight (the `*_scales` tensors), or -1 when
+  /// the checkpoint has none. Needs a mapped checkpoint; reads 1/16 of the experts' bytes.
+  int max_mxfp4_scale() const;
   /// The MXFP4 expert weight `base` (`base`_blocks and `base`_scales), checked for consistency.
   Mxfp4Tensor mxfp4(std::string_view base) const;
   /// Expert `e` of `base` decoded to [rows, cols]; touches only that expert's bytes. Throws

@@ -60,8 +60,8 @@ json stage_layout_to_json(const StageLayout& l) {
         {{"block_shape", c.block_shape}, {"elem_bytes", c.elem_bytes}, {"window", c.window}});
   for (const auto& w : l.weights)
     weights.push_back({{"name", w.name}, {"shape", w.shape}});
-  return {{"max_batch", l.max_batch},
-          {"max_seq", l.max_seq},
+  json j = {{"max_batch", l.max_batch},
+            {"max_seq", l.max_seq},
           {"tokens", l.tokens},
           {"gemm_split", l.gemm_split},
           {"expert_format", expert_format_name(l.expert_format)},
@@ -78,6 +78,9 @@ json stage_layout_to_json(const StageLayout& l) {
           {"window", l.window},
           {"caches", caches},
           {"weights", weights}};
+  if (l.mxfp4_max_scale >= 0) // layouts whose kernels take any scale read as before
+    j["mxfp4_max_scale"] = l.mxfp4_max_scale;
+  return j;
 }
 
 StageLayout stage_layout_from_json(const json& j) {
@@ -91,6 +94,8 @@ StageLayout stage_layout_from_json(const json& j) {
     if (!f.is_string() || !parse_expert_format(f.get<std::string>(), l.expert_format))
       throw Error("layout: expert_format must be \"bf16\", \"mxfp4\" or \"both\"");
   }
+  if (j.contains("mxfp4_max_scale"))
+    l.mxfp4_max_scale = static_cast<int>(integer(j, "mxfp4_max_scale", "", 0, 128));
   l.arena_bytes = uint64_t(integer(j, "arena_bytes", "", 1, kMaxBytes));
   const json& o = field(j, "output", "");
   l.output.offset = uint64_t(integer(o, "offset", "output.", 0, kMaxBytes));

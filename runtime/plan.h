@@ -342,6 +342,8 @@ struct StageLayout {
   bool gemm_split = true;
   /// The expert matrices' device format: the weight upload and the MoE kernels both follow it.
   ExpertFormat expert_format = ExpertFormat::Bf16;
+  /// PlanOptions::mxfp4_max_scale, which the upload holds the MXFP4 scales to (-1: any).
+  int mxfp4_max_scale = -1;
   uint64_t arena_bytes = 0;
   /// The graph's first output: logits (one row per sequence, or per token with --all-logits),
   /// or the activation a pipeline stage sends on.

@@ -54,6 +54,10 @@ struct PlanOptions {
   /// --timeline: a diagnostic plan whose kernels stamp their launches (runtime/timeline.h).
   /// Absent in other plans.
   bool timeline = false;
+  /// The largest MXFP4 scale byte of the checkpoint compile read, when at most 128: the MoE
+  /// gemms then scale with one multiply (LoweringContext::mxfp4_small_scales) and the upload
+  /// refuses a scale byte past it. -1 (absent): no such promise, the kernels take any scale.
+  int mxfp4_max_scale = -1;
 
   bool operator==(const PlanOptions&) const = default;
 };

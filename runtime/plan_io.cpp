@@ -97,6 +97,8 @@ json plan_options_to_json(const PlanOptions& o) {
     j["gemm_order"] = "canonical";
   if (o.timeline) // a diagnostic plan; others read as before
     j["timeline"] = true;
+  if (o.mxfp4_max_scale >= 0) // plans whose kernels take any scale read as before
+    j["mxfp4_max_scale"] = o.mxfp4_max_scale;
   return j;
 }
 

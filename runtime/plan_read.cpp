@@ -204,6 +204,8 @@ PlanOptions read_options(const Checker& c, const json& doc) {
     p.gemm_canonical = c.choice(o, "options", "gemm_order", {"fast", "canonical"}) == 1;
   if (o.contains("timeline"))
     p.timeline = c.boolean(o, "options", "timeline");
+  if (o.contains("mxfp4_max_scale"))
+    p.mxfp4_max_scale = static_cast<int>(c.integer(o, "options", "mxfp4_max_scale", 0, 128));
   return p;
 }
 
@@ -263,6 +265,9 @@ void read_stage_code(const Checker& c, const json& obj, const std::string& path,
   if (l.kv_block != opts.kv_block)
     c.fail(lf + ".kv_block",
            fmt::format("{}, but options.kv_block is {}", l.kv_block, opts.kv_block));
+  if (l.mxfp4_max_scale != opts.mxfp4_max_scale)
+    c.fail(lf + ".mxfp4_max_scale", fmt::format("{}, but options.mxfp4_max_scale is {}",
+                                                l.mxfp4_max_scale, opts.mxfp4_max_scale));
   if (l.expert_format != opts.expert_format)
     c.fail(lf + ".expert_format", fmt::format("\"{}\", but options.expert_format is \"{}\"",
                                               expert_format_name(l.expert_format),

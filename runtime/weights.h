@@ -69,6 +69,10 @@ struct UploadOptions {
   /// read of the arena at memory bandwidth after the transfer. false only for tests
   /// of the dequantisation itself.
   bool check_values = true;
+  /// The largest MXFP4 scale byte the kernels take (StageLayout::mxfp4_max_scale: a plan whose
+  /// MoE gemms scale with one multiply); a larger one is refused on the host, naming the
+  /// tensor, whatever check_values says.
+  int max_scale = 254;
   /// Receives "[load] 12.3 / 38.9 GB, 3.1 GB/s" lines about every `progress_interval_s`
   /// seconds, and a final "[load] done: ..." summary; called on the uploading thread.
   std::function<void(const std::string&)> progress;

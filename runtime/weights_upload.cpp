@@ -349,13 +349,27 @@ Module load_dequant_module(const std::string& arch, const UploadOptions& options
   return Module::load(cubin, "xserv_mxfp4_to_bf16");
 }
 
-/// Throws when an MXFP4 scale byte is 0xFF, E8M0's NaN (1 byte per 32 weights: cheap on the host).
-void check_scales(const WeightSpec& spec, const uint8_t* scales) {
+/// Throws when an MXFP4 scale byte is 0xFF, E8M0's NaN, or above `most` (a plan's
+/// mxfp4_max_scale); 1 byte per 32 weights: cheap on the host.
+void check_scales(const WeightSpec& spec, const uint8_t* scales, int most) {
   const auto* hit = static_cast<const uint8_t*>(std::memchr(scales, 0xFF, spec.scales->bytes));
   if (hit)
     throw Error("weight '" + spec.name + "': scale byte 0xFF (E8M0 NaN) at index " +
                 std::to_string(hit - scales) + " of '" + spec.scales->name + "' in " +
                 spec.scales->file + ": the checkpoint is corrupt");
+  if (most >= 254)
+    return;
+  uint8_t largest = 0; // a max reduction the compiler vectorises; the index only on failure
+  for (uint64_t i = 0; i < spec.scales->bytes; ++i)
+    largest = std::max(largest, scales[i]);
+  if (largest <= most)
+    return;
+  for (uint64_t i = 0; i < spec.scales->bytes; ++i)
+    if (scales[i] > most)
+      throw Error("weight '" + spec.name + "': scale byte " + std::to_string(scales[i]) +
+                  " at index " + std::to_string(i) + " of '" + spec.scales->name + "' in " +
+                  spec.scales->file + " is past " + std::to_string(most) +
+                  ", the largest the plan was compiled for: recompile it from this checkpoint");
 }
 
 /// Throws when an MXFP4 value kept as MXFP4 on the device is infinite: a scale byte of 253 or
@@ -455,14 +469,14 @@ DeviceWeights DeviceWeights::upload(const std::vector<WeightSpec>& specs,
   // 1. Files: mapped and checked before the GPU is touched, so bad input fails fast anywhere.
   FileMaps files(specs);
   st.files = files.count();
-  if (options.check_values)
-    for (const WeightSpec& s : specs) {
-      if (s.transform == WeightSpec::Transform::Copy)
-        continue;
-      check_scales(s, files.bytes(*s.scales));
-      if (s.transform == WeightSpec::Transform::Mxfp4)
-        check_mxfp4_finite(s, files.bytes(s.data), files.bytes(*s.scales));
-    }
+  for (const WeightSpec& s : specs) {
+    if (s.transform == WeightSpec::Transform::Copy ||
+        (!options.check_values && options.max_scale >= 254))
+      continue;
+    check_scales(s, files.bytes(*s.scales), options.max_scale);
+    if (options.check_values && s.transform == WeightSpec::Transform::Mxfp4)
+      check_mxfp4_finite(s, files.bytes(s.data), files.bytes(*s.scales));
+  }
   st.map_s = seconds_since(t_start);
 
   // 2. The GPU: arena, staging buffers, stream.

@@ -114,9 +114,12 @@ template <bool SWIGLU> __device__ __forceinline__ int wg_a_row(int m) {
 ///
 /// NC: the MMAs' columns, BN or fewer (gemm_wg picks it from the tile's tokens): the tile keeps
 /// BN rows of shared memory, but only its first NC rows are loaded and multiplied.
+/// SMALL (MXFP4): every scale byte of the weights is at most 128, as compile found the
+/// checkpoint's and the upload checks: a pair is scaled by one multiply by 2^(s - 1), the two
+/// factors' bits (the second is 1).
 template <int K, int N, int BN, int WM, int STAGES, bool MX4, bool SPLIT, bool GROUPED, bool GATHER,
           int KSEL, int EPI, bool BIAS, bool RESIDUAL, int SPLITK, int EXPERTS, int KSUB, bool PIPE,
-          int CHUNKS, int NC>
+          int CHUNKS, bool SMALL, int NC>
 __device__ __forceinline__ void
 gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl,
              const void* __restrict__ wv, const __nv_bfloat16* __restrict__ b, const float* h,
@@ -309,7 +312,9 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
             // rows of K / 32 scale bytes start at even offsets, so a K tile's two bytes never
             // straddle a word.
             const int at = (s_at0[wm][hh] + 2 * ktile) & 3;
-            sc[wm][hh] = mxfp4_scale_factors((sw >> (8 * (at + c / 2))) & 0xffu);
+            const unsigned sb = (sw >> (8 * (at + c / 2))) & 0xffu;
+            sc[wm][hh] =
+                SMALL ? make_uint2(((sb + 126u) << 7) * 0x10001u, 0u) : mxfp4_scale_factors(sb);
           } else {
             const uint4 q0 =
                 *reinterpret_cast<const uint4*>(sa + sr * 128 + (((2 * c) ^ (sr & 7)) << 4));
@@ -326,7 +331,9 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
       // v = 8 (i / 4) + i % 4 of the row's 16.
       auto pair_of = [&](int wm, int hh, int i) -> unsigned {
         const int k = i % 4;
-        if constexpr (MX4)
+        if constexpr (MX4 && SMALL) // 2^(s - 1) alone: the second factor is 1
+          return bf16x2_mul(mx4_pair_raw(raw[wm][hh][i / 4], k), sc[wm][hh].x);
+        else if constexpr (MX4)
           return mxfp4_pair_scaled(mx4_pair_raw(raw[wm][hh][i / 4], k), sc[wm][hh]);
         else
           return wg_bf16_pair(raw[wm][hh], i);
@@ -444,7 +451,7 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
 /// a column's sums are the same whichever width computes them (its MMAs see the same K order).
 template <int K, int N, int BN, int WM, int STAGES, bool MX4, bool SPLIT, bool GROUPED, bool GATHER,
           int KSEL, int EPI, bool BIAS, bool RESIDUAL, int SPLITK = 1, int EXPERTS = 1,
-          int KSUB = 1, bool PIPE = false, int CHUNKS = 1>
+          int KSUB = 1, bool PIPE = false, int CHUNKS = 1, bool SMALL = false>
 __device__ __forceinline__ void
 gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl,
         const void* __restrict__ wv, const __nv_bfloat16* __restrict__ b, const float* h, float* y,
@@ -459,8 +466,8 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
   const int q = BN >= 64 ? wg_mma_quarters<BN>(end - begin) : 4;
 #define XSERV_GEMM_WG_COLS(NC)                                                                     \
   gemm_wg_cols<K, N, BN, WM, STAGES, MX4, SPLIT, GROUPED, GATHER, KSEL, EPI, BIAS, RESIDUAL,       \
-               SPLITK, EXPERTS, KSUB, PIPE, CHUNKS, NC>(xh, xl, wv, b, h, y, pair, tiles, route_w, \
-                                                        limit, alpha, tokens)
+               SPLITK, EXPERTS, KSUB, PIPE, CHUNKS, SMALL, NC>(xh, xl, wv, b, h, y, pair, tiles,   \
+                                                               route_w, limit, alpha, tokens)
   if constexpr (BN >= 64 && BN % 4 == 0 && wg_mma_has(BN / 4)) {
     if (q == 1) {
       XSERV_GEMM_WG_COLS(BN / 4);

@@ -176,3 +176,32 @@ TEST_CASE("gemm_wg's MMAs as wide as a tile's tokens give each token the same bi
     }
   }
 }
+
+TEST_CASE("gemm_wg's one-multiply MXFP4 scaling gives the BF16 weights' bits") {
+  XSERV_REQUIRE_GPU();
+  if (!sm90()) {
+    MESSAGE("skipped: gemm_wg needs sm_90");
+    return;
+  }
+  // Scale bytes up to 128 (a plan's mxfp4_max_scale): one multiply by 2^(s - 1) a pair, where
+  // the general form multiplies again by 1. The MXFP4 run against the same values as BF16
+  // weights, bit for bit, in every MoE tiling of the lowering and with scales right up to 128.
+  uint64_t seed = 7500;
+  const MoeDims small{256, 192, 8, 2, true};
+  for (const codegen::WgMoeTiling& t : codegen::kWgMoeTilings) {
+    CAPTURE(t.bn);
+    MoeCase c{small, 150, t.bn, t.wm, false, true, true, 1, false, t.stages};
+    c.small_scales = true;
+    const auto bits = run_moe(c, ++seed);
+    CHECK(bits[0] == bits[1]);
+    c.scale_lo = 124; // to 128, inclusive: the largest one multiply takes
+    c.check_accuracy = false;
+    const auto top = run_moe(c, ++seed);
+    CHECK(top[0] == top[1]);
+  }
+  const MoeDims g20{2880, 2880, 32, 4, true};
+  MoeCase b256{g20, 256, 64, 2, false, false, true};
+  b256.small_scales = true;
+  const auto b = run_moe(b256, ++seed);
+  CHECK(b[0] == b[1]);
+}

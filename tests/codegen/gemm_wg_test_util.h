@@ -179,6 +179,9 @@ struct MoeCase {
   /// The canonical order's chunks (moe_chain_splits of each matrix's K; one m64 tile a block
   /// where two would leave the totals no registers), as `compile --gemm-order canonical`.
   bool canonical = false;
+  /// The MXFP4 run in gemm_wg's one-multiply form (GemmWgDims::small_scales): scale bytes
+  /// must then stay at most 128.
+  bool small_scales = false;
 };
 
 /// The inputs of run_moe's MoE block (random, from its seed), for a run of other kernels on
@@ -270,6 +273,7 @@ inline std::vector<std::vector<uint32_t>> run_moe(const MoeCase& c, uint64_t see
     g.stages = c.stages;
     g.split = c.split;
     g.mxfp4 = mx == 1;
+    g.small_scales = g.mxfp4 && c.small_scales;
     g.k = d.hidden;
     g.n = 2 * d.inter;
     g.gather = true;

@@ -128,6 +128,50 @@ TEST_CASE("compile --timeline: every kernel defines XSERV_TIMELINE and carries t
           std::string::npos);
 }
 
+TEST_CASE("compile reads the MXFP4 scales: up to 128 the MoE gemms multiply once") {
+  // synth's default scale bytes 116..118 (real checkpoints' lie there too): the plan records
+  // the largest, in its options and each stage's layout, and its grouped MXFP4 gemms take
+  // gemm_wg's one-multiply form (names ending _mx4s); scales past 128: neither.
+  const xserv::testing::TempDir tmp("plan_scales");
+  const fs::path src = xserv::testing::source_dir();
+  struct Case {
+    std::string range;
+    bool small;
+  };
+  for (const Case& c : {Case{"", true}, Case{"120,140", false}}) {
+    CAPTURE(c.range);
+    const fs::path model = tmp.path / ("model" + c.range);
+    RunResult syn = run_xserv("synth --config " + (src / "examples/tiny/config.json").string() +
+                              " -o " + model.string() + " --seed 3" +
+                              (c.range.empty() ? "" : " --expert-scale-range " + c.range));
+    INFO(syn.out);
+    REQUIRE(syn.code == 0);
+    const fs::path plan = tmp.path / ("plan" + c.range);
+    const nlohmann::json pj = compile_plan(model, plan, "");
+    int grouped = 0, one_multiply = 0;
+    for (const auto& k : pj["codegen"]["kernels"]) {
+      const std::string name = k["name"].get<std::string>();
+      if (name.find("_mx4") == std::string::npos || name.rfind("gemmwg_", 0) != 0)
+        continue;
+      ++grouped;
+      one_multiply += name.ends_with("_mx4s") ? 1 : 0;
+      CHECK((read_file(plan / k["source"].get<std::string>()).find(", true>(") !=
+             std::string::npos) == c.small);
+    }
+    CHECK(grouped >= 2); // gate_up and down at least
+    if (c.small) {
+      CHECK(pj["options"]["mxfp4_max_scale"] == 118);
+      CHECK(one_multiply == grouped);
+      CHECK(pj["codegen"]["layout"]["mxfp4_max_scale"] == 118); // pp 1: the stage's layout
+      RunResult r = run_xserv("inspect " + plan.string());
+      CHECK(r.out.find("MXFP4 scales up to 118: one multiply a pair") != std::string::npos);
+    } else {
+      CHECK_FALSE(pj["options"].contains("mxfp4_max_scale"));
+      CHECK(one_multiply == 0);
+    }
+  }
+}
+
 TEST_CASE("every kernel of the 20b plan compiles for sm_90") {
   XSERV_REQUIRE_DATA(data);
   xserv::testing::TempDir cache("kernel_cache");

@@ -235,10 +235,10 @@ void patch_tensor(const fs::path& dir, const std::string& name, size_t index, si
 }
 
 /// The message of the upload of checkpoint `dir`, or "" when it succeeds.
-std::string upload_error(const fs::path& dir) {
+std::string upload_error(const fs::path& dir, const runtime::UploadOptions& o = {}) {
   auto ck = models::Checkpoint::open(dir, {.map_data = true});
   try {
-    runtime::DeviceWeights::upload(engine::weight_specs(ck), {});
+    runtime::DeviceWeights::upload(engine::weight_specs(ck), o);
   } catch (const Error& e) {
     return e.what();
   }
@@ -271,6 +271,19 @@ TEST_CASE("upload: non-finite weights and scale byte 0xFF are refused naming the
   e = upload_error(dir.path / "scale");
   CHECK(e.find("weight '" + experts + "': scale byte 0xFF (E8M0 NaN) at index 3 of '" + experts +
                "_scales'") != std::string::npos);
+
+  // A plan whose gemms scale with one multiply (options.mxfp4_max_scale) refuses a larger
+  // scale byte, even with the value checks off.
+  runtime::UploadOptions small;
+  small.max_scale = 120;
+  CHECK(upload_error(dir.path / "ck", small).empty()); // synth's scales: 116..118
+  models::synth_checkpoint(tiny(), dir.path / "past", {});
+  patch_tensor(dir.path / "past", experts + "_scales", 9, 1, {121});
+  small.check_values = false;
+  e = upload_error(dir.path / "past", small);
+  CHECK(e.find("weight '" + experts + "': scale byte 121 at index 9 of '" + experts + "_scales'") !=
+        std::string::npos);
+  CHECK(e.find("past 120, the largest the plan was compiled for") != std::string::npos);
 
   // Scale 0xFE with code 7 (6.0) is 6 * 2^127: infinite once dequantised.
   models::synth_checkpoint(tiny(), dir.path / "big", {});

@@ -205,6 +205,17 @@ TEST_CASE("plan round trip: write_plan then read_plan gives the same plan, pp 1 
   const runtime::Plan cback = runtime::read_plan(dir.path);
   CHECK(cback.options.gemm_canonical);
   CHECK(cback == c);
+  // And one compiled from a checkpoint whose MXFP4 scales are at most 128, in the options and
+  // the stage's layout (the upload holds the weights to it).
+  runtime::Plan m = sample_plan(1);
+  m.options.mxfp4_max_scale = 121;
+  m.stages[0].layout.mxfp4_max_scale = 121;
+  runtime::write_plan(dir.path, m);
+  std::ifstream min(dir.path / "plan.json");
+  const json mdoc = json::parse(min);
+  CHECK(mdoc["options"]["mxfp4_max_scale"] == 121);
+  CHECK(mdoc["codegen"]["layout"]["mxfp4_max_scale"] == 121);
+  CHECK(runtime::read_plan(dir.path) == m);
 }
 
 TEST_CASE("write_plan refuses a plan whose stages disagree with options.pp") {
@@ -288,6 +299,10 @@ TEST_CASE("plan reader: a wrong field is refused naming plan.json and the field"
        "field 'options.dense_gemm': must be \"wg\" or \"cublas\", found \"rocblas\""},
       {1, "/options/gemm_order", "exact",
        "field 'options.gemm_order': must be \"fast\" or \"canonical\", found \"exact\""},
+      {1, "/options/mxfp4_max_scale", 129,
+       "field 'options.mxfp4_max_scale': must be in [0, 128], found 129"},
+      {1, "/options/mxfp4_max_scale", 120,
+       "field 'codegen.layout.mxfp4_max_scale': -1, but options.mxfp4_max_scale is 120"},
       {1, "/config/num_hidden_layers", "2",
        "field 'config.num_hidden_layers': expected an integer"},
       {1, "/digests/graph.ir", "abc", "field 'digests.graph.ir': expected a SHA-256 in hex"},
