@@ -4,7 +4,7 @@
 //   1. Read config.json (ModelConfig) and check the flags against it.
 //   2. With weights present: read every safetensors header (the tensor bytes are never parsed)
 //      and hash each shard, sampled and whole, for run's checks (docs/DESIGN.md, "Checkpoint
-//      fingerprints").
+//      fingerprints"); the largest MXFP4 scale byte (up to 128: one multiply a decoded pair).
 //   3. Build the gpt-oss graph (models::build_gpt_oss).
 //   4. Run the passes (compiler::PassManager), verified at the end.
 //   5. Plan the activation arena for the largest step.
