@@ -45,7 +45,8 @@ std::vector<runtime::PlanWeightFile> fingerprint_weights(const fs::path& model, 
                                                          int& max_scale) {
   std::vector<runtime::PlanWeightFile> files;
   progress.step("checking safetensors headers");
-  models::Checkpoint ckpt = models::Checkpoint::open(model, {.map_data = false, .validate = true});
+  // Mapped (nothing read until touched): the scales are read from it after the hashes.
+  models::Checkpoint ckpt = models::Checkpoint::open(model, {.map_data = true, .validate = true});
   uint64_t total = 0;
   std::vector<fs::path> paths;
   for (const auto& f : ckpt.files()) {
@@ -64,13 +65,11 @@ std::vector<runtime::PlanWeightFile> fingerprint_weights(const fs::path& model, 
     files[i].sha256 = digests[i];
   progress.finish();
   progress.step("reading the MXFP4 scales");
-  max_scale = models::Checkpoint::open(model, {.map_data = true, .validate = false})
-                  .max_mxfp4_scale();
-  progress.finish(max_scale < 0     ? std::string("none")
-                  : max_scale <= 128 ? fmt::format("largest {}: one multiply a decoded pair",
-                                                   max_scale)
-                                     : fmt::format("largest {} (past 128): two multiplies a pair",
-                                                   max_scale));
+  max_scale = ckpt.max_mxfp4_scale();
+  progress.finish(max_scale < 0 ? std::string("none")
+                  : max_scale <= 128
+                      ? fmt::format("largest {}: one multiply a decoded pair", max_scale)
+                      : fmt::format("largest {} (past 128): two multiplies a pair", max_scale));
   return files;
 }
 
@@ -130,8 +129,8 @@ CompileResult compile_plan(const CompileOptions& o) {
     weight_files = fingerprint_weights(model, progress, max_scale);
   // Scale bytes of at most 128 make 2^(s - 1) a bf16 factor: the MoE gemms that decode MXFP4
   // scale a pair with one multiply, and the plan promises no larger one (the upload checks).
-  const bool small_scales = max_scale >= 0 && max_scale <= 128 &&
-                            o.expert_format != runtime::ExpertFormat::Bf16;
+  const bool small_scales =
+      max_scale >= 0 && max_scale <= 128 && o.expert_format != runtime::ExpertFormat::Bf16;
 
   // 3. The graph.
   progress.step("building the graph");
@@ -268,8 +267,7 @@ CompileResult compile_plan(const CompileOptions& o) {
     pf.stages[i].layout = std::move(code.layout);
     pf.stages[i].table = std::move(code.table);
   }
-  for (runtime::PlanStage& st : pf.stages)
-  {
+  for (runtime::PlanStage& st : pf.stages) {
     st.layout.expert_format = o.expert_format; // the upload follows it (the lowering did too)
     st.layout.mxfp4_max_scale = pf.options.mxfp4_max_scale; // and holds the scales to it
   }

@@ -314,7 +314,7 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
             const int at = (s_at0[wm][hh] + 2 * ktile) & 3;
             const unsigned sb = (sw >> (8 * (at + c / 2))) & 0xffu;
             sc[wm][hh] =
-                SMALL ? make_uint2(((sb + 126u) << 7) * 0x10001u, 0u) : mxfp4_scale_factors(sb);
+                SMALL ? make_uint2(mxfp4_small_scale_factor(sb), 0u) : mxfp4_scale_factors(sb);
           } else {
             const uint4 q0 =
                 *reinterpret_cast<const uint4*>(sa + sr * 128 + (((2 * c) ^ (sr & 7)) << 4));

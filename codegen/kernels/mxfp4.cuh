@@ -74,6 +74,10 @@ __device__ __forceinline__ uint2 mxfp4_scale_factors(unsigned s) {
   return make_uint2(((small ? s + 126u : 254u) << 7) * 0x10001u,
                     ((small ? 127u : s - 1u) << 7) * 0x10001u);
 }
+/// mxfp4_scale_factors(s).x for s <= 128, where .y is 1: 2^(s - 1) in both halves.
+__device__ __forceinline__ unsigned mxfp4_small_scale_factor(unsigned s) {
+  return ((s + 126u) << 7) * 0x10001u;
+}
 /// a * b on two bf16 pairs (mul.rn.bf16x2 on sm_90; elsewhere through fp32, the same bits when
 /// b is a power of two).
 __device__ __forceinline__ unsigned bf16x2_mul(unsigned a, unsigned b) {
