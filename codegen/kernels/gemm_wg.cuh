@@ -206,10 +206,11 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
   }
   // MXFP4: the scale word of row tid (BM <= 128 rows, one a thread): the aligned word holding a
   // K tile's two scale bytes.
-  const bool s_row = MX4 && tid < BM;
+  const bool s_row = MX4 && (BM >= kWgThreads || tid < BM); // (all threads at WM 2)
   const bool s_ok = s_row && m0 + tid < N;
   const size_t s_src = reinterpret_cast<size_t>(mscales) + size_t(s_ok ? m0 + tid : 0) * (K / 32);
-  const int s_dst = s_row ? BM * 32 + wg_a_row<kSwiglu>(tid) * 4 : 0;
+  int s_dst = s_row ? BM * 32 + wg_a_row<kSwiglu>(tid) * 4 : 0;
+  asm volatile("" : "+r"(s_dst)); // kept in a register, not recomputed from tid every K tile
   // Loads stage `kt`: its K tiles kt * KSUB .. (of this block's kTiles).
   auto issue = [&](int kt) {
     unsigned char* st = smem + (kt % STAGES) * kStage;
@@ -243,9 +244,11 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
     }
   };
 
-  // MXFP4: where this thread's fragment rows' scale bytes sit in their words, at K tile 0 (a
-  // K tile moves them 2 bytes on: K / 32 scale bytes a row, two a tile).
-  int s_at0[WM][2];
+  // MXFP4: where this thread's scale byte of each fragment row sits in an A tile, at even K
+  // tiles: the row's staged word, the place of the tile's first byte in it, then the thread's
+  // block of the two (c / 2). Rows of K / 32 scale bytes start at even offsets, so a tile's two
+  // bytes never straddle a word and an odd tile finds them at the other half (offset ^ 2).
+  int s_off[WM][2];
 #pragma unroll
   for (int wm = 0; wm < WM; ++wm)
 #pragma unroll
@@ -253,7 +256,8 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
       const int sr = wm * 64 + warp * 16 + g + 8 * hh, f = sr & 15;
       const int m = kSwiglu ? (sr & ~15) + (f < 8 ? 2 * f : 2 * (f - 8) + 1) : sr;
       const size_t row = m0 + m < N ? m0 + m : 0;
-      s_at0[wm][hh] = int(reinterpret_cast<size_t>(mscales + row * (K / 32)) & 3);
+      const int at0 = int(reinterpret_cast<size_t>(mscales + row * (K / 32)) & 3);
+      s_off[wm][hh] = BM * 32 + sr * 4 + at0 + c / 2;
     }
 
   float acc[WM][NC / 2];
@@ -294,6 +298,9 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
       const int ktile = kt0 + kt * KSUB + sub;
       const unsigned char* sa = st + kAOff + sub * kABytes;
       const unsigned bh = smem_u32(st + sub * kBBytes), bl = smem_u32(st + kBOffLo + sub * kBBytes);
+      // K step s's B descriptors: 32 bytes on is 2 on in the descriptor's address field (shared
+      // addresses stay below 2^18, so the field never carries)
+      const unsigned long long dh = wg_desc_sw128(bh), dl = wg_desc_sw128(bl);
       // This thread's two fragment rows per m64 tile: 16 K values each (bf16: 8 words; MXFP4: 2
       // words of nibbles and the blocks' scale byte), then per K step their A fragments.
       unsigned raw[WM][2][MX4 ? 2 : 8];
@@ -307,12 +314,7 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
             const uint2 q = *reinterpret_cast<const uint2*>(sa + sr * 32 + 8 * c);
             raw[wm][hh][0] = q.x;
             raw[wm][hh][1] = q.y;
-            const unsigned sw = *reinterpret_cast<const unsigned*>(sa + BM * 32 + sr * 4);
-            // The place of this row's scale byte in its word (the word as issue() aligned it):
-            // rows of K / 32 scale bytes start at even offsets, so a K tile's two bytes never
-            // straddle a word.
-            const int at = (s_at0[wm][hh] + 2 * ktile) & 3;
-            const unsigned sb = (sw >> (8 * (at + c / 2))) & 0xffu;
+            const unsigned sb = sa[s_off[wm][hh] ^ ((ktile & 1) << 1)]; // s_off's
             sc[wm][hh] =
                 SMALL ? make_uint2(mxfp4_small_scale_factor(sb), 0u) : mxfp4_scale_factors(sb);
           } else {
@@ -351,9 +353,9 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
         wg_fence();
 #pragma unroll
         for (int wm = 0; wm < WM; ++wm) {
-          WgMma<NC>::mma(acc[wm], a[wm], wg_desc_sw128(bh + 32 * s));
+          WgMma<NC>::mma(acc[wm], a[wm], dh + 2 * s);
           if (SPLIT)
-            WgMma<NC>::mma(acc[wm], a[wm], wg_desc_sw128(bl + 32 * s));
+            WgMma<NC>::mma(acc[wm], a[wm], dl + 2 * s);
         }
       }
     }
