@@ -424,7 +424,13 @@ template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows : Mx4RowStream<K, P
   static constexpr int kScaleSlots = (16 * kScaleRow + 15) / 16; ///< float4 slots a warp
   unsigned ring_base = 0;                                        // the warp's ring (shared address)
   const unsigned char* sc = nullptr; // the rows' scale copies: row m at m kScaleRow
-  int at_a = 0, at_b = 0;            // where rows g, g + 8's first byte sits in its copy
+  // Fixed over K, so that a tile adds only its chunk's place: this lane's words of row g in
+  // tile u of a buffer at w_off + 32 (u ^ w_sw) (row g + 8's 1,024 bytes on), its scale bytes
+  // of rows g and g + 8 at block 0 (then + b + 2 u), and its activation words at K tile 0.
+  unsigned w_off = 0, w_sw = 0;
+  const unsigned char* sc_a = nullptr;
+  const unsigned char* sc_b = nullptr;
+  int x_off = 0;
 
   /// Points at the warp's 16 rows (MMA row m is mx4_mma_row(row0, PAIRS, m)), copies their
   /// scale bytes and issues the first STAGES - 1 chunks. `factors_`: the warp's kScaleSlots.
@@ -445,29 +451,36 @@ template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows : Mx4RowStream<K, P
       cp_async4(copy + m * kScaleRow + 4 * j,
                 reinterpret_cast<const void*>(live ? word : first & ~size_t(3)), live);
     }
-    at_a = int(reinterpret_cast<size_t>(scales + mx4_mma_row(row0, PAIRS, g) * kBlocks) & 3);
-    at_b = int(reinterpret_cast<size_t>(scales + mx4_mma_row(row0, PAIRS, g + 8) * kBlocks) & 3);
+    const int at_a =
+        int(reinterpret_cast<size_t>(scales + mx4_mma_row(row0, PAIRS, g) * kBlocks) & 3);
+    const int at_b =
+        int(reinterpret_cast<size_t>(scales + mx4_mma_row(row0, PAIRS, g + 8) * kBlocks) & 3);
+    const int c = lane % 4;
+    // Tile u's words of row g: 16-byte slot j ^ g of the row's 8 (j = 2 u + c / 2), then half
+    // c % 2 of it; (2 u + c / 2) ^ g = 2 (u ^ (g / 2)) + (c / 2 ^ g % 2).
+    w_off = (g * 8 + ((c / 2) ^ (g % 2))) * 16 + (c % 2) * 8;
+    w_sw = g / 2;
+    sc_a = sc + g * kScaleRow + at_a + c / 2;
+    sc_b = sc + (g + 8) * kScaleRow + at_b + c / 2;
+    x_off = 8 * c;
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) // the scale copies join the first chunk's group
       issue(b0 + st * CH, b1, st);
   }
 
-  /// Tile u (0..3) of the chunk in buffer `buf`, at block b of K: its four MMAs into d.
+  /// Tile u (0..3) of the chunk in buffer `buf`, at block b of K: its four MMAs into d. BIG:
+  /// some scale byte of the warp's rows is past 128 (both factors), else one multiply a pair.
   template <bool BIG>
   __device__ __forceinline__ void tile(const unsigned* __restrict__ xw, int b, int u, int buf,
                                        float (&d)[4]) const {
-    const int lane = threadIdx.x % kWarp, g = lane / 4, c = lane % 4, j = 2 * u + c / 2;
-    const unsigned at = ring_base + buf * WarpRowRing::kChunkBytes + (c % 2) * 8;
+    const unsigned at = ring_base + buf * WarpRowRing::kChunkBytes + w_off + 32 * (u ^ w_sw);
     unsigned wa0, wa1, wb0, wb1; // values 16 c .. 16 c + 15 of rows g, g + 8
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
-                 : "=r"(wa0), "=r"(wa1)
-                 : "r"(at + (g * 8 + (j ^ g)) * 16));
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
-                 : "=r"(wb0), "=r"(wb1)
-                 : "r"(at + ((g + 8) * 8 + (j ^ g)) * 16));
-    const uint2 fa = mxfp4_scale_factors(sc[g * kScaleRow + at_a + b + j]);
-    const uint2 fb = mxfp4_scale_factors(sc[(g + 8) * kScaleRow + at_b + b + j]);
-    const uint4* xt = reinterpret_cast<const uint4*>(xw + 32 * (b / 2 + u) + 8 * c);
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(wa0), "=r"(wa1) : "r"(at));
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(wb0), "=r"(wb1) : "r"(at + 1024));
+    const unsigned sa = sc_a[b + 2 * u], sb = sc_b[b + 2 * u];
+    const uint2 fa = BIG ? mxfp4_scale_factors(sa) : make_uint2(mxfp4_small_scale_factor(sa), 0u);
+    const uint2 fb = BIG ? mxfp4_scale_factors(sb) : make_uint2(mxfp4_small_scale_factor(sb), 0u);
+    const uint4* xt = reinterpret_cast<const uint4*>(xw + 32 * (b / 2 + u) + x_off);
     const uint4 x0 = xt[0], x1 = xt[1];
     const unsigned xb[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
     // Pair i (= 2 s + h) of a row: values (v, v + 4), v = 8 (i / 4) + i % 4 (gemm_wg's pair_of).
