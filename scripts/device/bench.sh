@@ -12,6 +12,9 @@
 #                   (split+bf16-experts); docs/PERF.md "Compile options"
 #   ENVS="..."      also the new plan's rows under each environment setting, e.g.
 #                   "XSERV_PDL=0 XSERV_CUDA_GRAPHS=0" (programmatic dependent launch, CUDA graphs)
+#   BATCHED=1       also batched decode at depth 512 on default plans (decode graphs up to 256
+#                   sequences, KV from the pool): xserv bench P -p 0 -n 32 -d 512 -b 64,128,256,
+#                   old and new interleaved, each ROUNDS times (docs/PERF.md "At scale")
 #   MODEL=120b      the 120b on this one GPU instead (65 GB of shards: the 20b is not made):
 #                   -p 512 -n 64 -b 1,8 on a --max-seq 4096 --max-batch 8 plan, 32 greedy tokens
 # Needs .device/bin/xserv, .device/data/gpt-oss-20b.json; carry
@@ -59,6 +62,12 @@ model20b() {
     variants+=("$f")
   done
   $X compile /tmp/g20 -o /tmp/p_b1 --max-seq 8192 --max-batch 1 > /tmp/c_b1.log 2>&1 &
+  if [ "${BATCHED:-0}" = 1 ]; then # default plans for the batched rows
+    for v in new old; do
+      [ $v = old ] && ! have_old && continue
+      "$(bin_of $v)" compile /tmp/g20 -o /tmp/pd_$v > /tmp/cd_$v.log 2>&1 &
+    done
+  fi
   compile_pair # waits for every compile
   echo "== compiled at $(at): ${variants[*]}"
   for round in $(seq "${ROUNDS:-1}"); do
@@ -67,6 +76,12 @@ model20b() {
       rows "$v" "$(bin_of "$v")" "/tmp/p_$v" -p 512,2048 -n 128 -b 1 -d 0,4096 -r 2
       rows "$v" "$(bin_of "$v")" "/tmp/p_$v" -p 0 -n 128 -b 8,64 -r 2
     done
+    if [ "${BATCHED:-0}" = 1 ]; then
+      for v in new old; do
+        [ $v = old ] && ! have_old && continue
+        rows "$v default plan" "$(bin_of $v)" /tmp/pd_$v -p 0 -n 32 -d 512 -b 64,128,256 -r 1
+      done
+    fi
     for e in ${ENVS:-}; do
       (
         export "${e?}"
