@@ -422,15 +422,29 @@ KernelSource emit_attention_decode_mma(const AttentionDims& d,
   std::vector<Param> params = attention_params(d);
   for (const char* n : {"out", "part_ml", "part_o"})
     params.push_back({fmt::format("float* {}", n), n});
-  LaunchRule launch;
   const int pairs = d.head_dim / 16; // attention_decode_mma_warps
-  launch.block = 32 * (pairs % 4 == 0 ? 4 : pairs % 2 == 0 ? 2 : 1);
+  const int warps = d.decode_warps > 0 ? d.decode_warps
+                    : pairs % 4 == 0   ? 4
+                    : pairs % 2 == 0   ? 2
+                                       : 1;
+  if (pairs % warps != 0)
+    throw Error(fmt::format("codegen: attention_decode_mma's {} warps must divide head_dim / 16 "
+                            "({}): each takes whole pairs of output tiles",
+                            warps, pairs));
+  if (d.decode_warps > 0)
+    name += fmt::format("_wp{}", warps);
+  LaunchRule launch;
+  launch.block = 32 * warps;
   launch.blocks_x = d.kv_heads;
   launch.y_per_token = 1;
   launch.z_splits = true;
+  // SPLIT and WARPS only where set (the lowering's kernels keep their text)
+  const std::string tail = d.decode_warps > 0 ? fmt::format(", {}, {}", d.split, warps)
+                           : d.split          ? ", true"
+                                              : "";
   std::string call = fmt::format("attention_decode_mma<{}, {}, {}, {}, {}, {}, {}, {}{}>", d.heads,
                                  d.kv_heads, d.head_dim, d.block, d.table, d.window, d.chunk,
-                                 d.f32_cache ? "float" : "__nv_bfloat16", d.split ? ", true" : "");
+                                 d.f32_cache ? "float" : "__nv_bfloat16", tail);
   if (d.f32_cache)
     name += "_kvf32";
   if (d.split)

@@ -151,6 +151,10 @@ struct AttentionDims {
   /// The canonical kernels take every operand as an fp16 pair hi + lo (the split, fp32-grade
   /// plans). Name suffix "_x3" (three products a pair of operands).
   bool split = false;
+  /// Warps of a block of attention_decode_mma (0: attention_decode_mma_warps(head_dim), the
+  /// lowering's); they split the output dims, each computing the block's scores. Name suffix
+  /// "_wp<n>" when set.
+  int decode_warps = 0;
 };
 
 /// moe_experts(_residual) on bf16 experts, as moe_gate_up then moe_down.

@@ -541,9 +541,10 @@ __host__ __device__ constexpr int attention_decode_mma_warps(int D) {
 /// state for attention_combine_chunks: part_ml [T, H, Z] (max in log2 units, sum) and part_o
 /// [T, H, Z, D]. Keys below ctx_len come from the cache, the step's own from k and v as the
 /// cache would hold them (tokens of a sequence are contiguous with consecutive positions).
-/// SPLIT as the prompt kernel's.
+/// SPLIT as the prompt kernel's. WARPS (0: attention_decode_mma_warps(D)) splits the output
+/// dims; every warp computes the block's scores, so the bits do not depend on it.
 template <int H, int G, int D, int BS, int MB, int WINDOW, int CHUNK,
-          typename CacheT = __nv_bfloat16, bool SPLIT = false>
+          typename CacheT = __nv_bfloat16, bool SPLIT = false, int WARPS = 0>
 __device__ __forceinline__ void
 attention_decode_mma(const float* __restrict__ q, const float* __restrict__ k,
                      const float* __restrict__ v, const CacheT* __restrict__ k_cache,
@@ -560,7 +561,9 @@ attention_decode_mma(const float* __restrict__ q, const float* __restrict__ k,
   constexpr int KT = kMmaAttnKeys;
   static_assert(CHUNK % KT == 0, "a chunk is whole key tiles");
   constexpr int KD = D / 16;
-  constexpr int kWarps = attention_decode_mma_warps(D), kThreads = 32 * kWarps;
+  constexpr int kWarps = WARPS > 0 ? WARPS : attention_decode_mma_warps(D);
+  constexpr int kThreads = 32 * kWarps;
+  static_assert((D / 16) % kWarps == 0, "each warp whole pairs of output tiles");
   constexpr int NDT = D / 8 / kWarps; // output tiles a warp
 
   __shared__ __align__(16) unsigned short ks[(SPLIT ? 2 : 1) * kTilePlane<D>],

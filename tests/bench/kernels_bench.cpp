@@ -713,7 +713,56 @@ void attention_time(int seqs, int ctx, int slots, int window, int splits) {
                       seqs * d.kv_heads * splits, ms * 1e3, bytes / (ms * 1e-3) / 1e9));
 }
 
+/// attention_decode_mma (the plans' kernel, canonical order) for `seqs` one-token sequences at
+/// `ctx` cached positions, every chunk of a token in its block (the lowering's choice above 64
+/// tokens), the 20b's heads, a paged fp32 cache; `warps` a block (0: the lowering's).
+void attention_mma_time(int seqs, int ctx, int window, int warps) {
+  const int table = (ctx + 16) / 16;
+  AttentionDims d{64, 8, 64, 16, table, window, 0.125, true};
+  d.chunk = 128;
+  d.decode_warps = warps;
+  const Loaded& dec = load(emit_attention_decode_mma(d, {}));
+  const size_t cache = size_t(seqs) * table * 16 * d.kv_heads * d.head_dim;
+  DevBuf kc(cache * 4), vc(cache * 4);
+  cuda_ok(cudaMemset(kc.p, 0, kc.bytes), "memset");
+  cuda_ok(cudaMemset(vc.p, 0, vc.bytes), "memset");
+  Rng rng{951};
+  auto q = upload(random_f32(rng, {seqs, d.heads, d.head_dim}, 1.0f).f);
+  auto k = upload(random_f32(rng, {seqs, d.kv_heads, d.head_dim}, 1.0f).f);
+  auto v = upload(random_f32(rng, {seqs, d.kv_heads, d.head_dim}, 1.0f).f);
+  auto sinks = upload(random_bf16(rng, {d.heads}, 1.0f).bits);
+  std::vector<int32_t> pos(seqs, ctx), tseq(seqs), lens(seqs, ctx), rows(size_t(seqs) * table);
+  for (int b = 0; b < seqs; ++b) {
+    tseq[b] = b;
+    for (int i = 0; i < table; ++i)
+      rows[size_t(b) * table + i] = b * table + i;
+  }
+  auto dpos = upload(pos), dts = upload(tseq), dlen = upload(lens), drow = upload(rows);
+  auto out = poisoned(size_t(seqs) * d.heads * d.head_dim);
+  auto part_ml = poisoned(2), part_o = poisoned(d.head_dim);
+  const double ms = median_ms([&](int) {
+    launch(dec, seqs, 1, q->p, k->p, v->p, kc.p, vc.p, sinks->p, dpos->p, dts->p, dlen->p, drow->p,
+           out->p, part_ml->p, part_o->p);
+  });
+  device_sync();
+  const int keys = window ? std::min(ctx + 1, window) : ctx + 1;
+  const double bytes = double(seqs) * keys * d.kv_heads * d.head_dim * 2 * 4;
+  MESSAGE(fmt::format("attention_decode_mma B={} ctx {} {}: {} warps a block, {:.1f} us, {:.0f} "
+                      "GB/s of cache",
+                      seqs, ctx, window ? "sliding 128" : "full", warps ? warps : 4, ms * 1e3,
+                      bytes / (ms * 1e-3) / 1e9));
+}
+
 } // namespace
+
+TEST_CASE("attention_decode_mma at batched-decode sizes by warps a block, 20b heads, fp32 cache "
+          "(informational)") {
+  XSERV_REQUIRE_GPU();
+  for (int seqs : {1, 64, 128, 256})
+    for (int window : {0, 128})
+      for (int warps : {0, 2, 1})
+        attention_mma_time(seqs, 512, window, warps);
+}
 
 TEST_CASE("attention decode under key splits, 20b heads, fp32 cache (informational)") {
   XSERV_REQUIRE_GPU();

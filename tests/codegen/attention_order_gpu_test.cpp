@@ -315,6 +315,25 @@ void check_order(const AttentionDims& d, int n, uint64_t seed) {
                   "decode beside another sequence, "
                       << (splits_mode ? "a block a chunk" : "one block") << ": first " << first);
   }
+  // The decode kernel with fewer warps a block (each computes the block's scores and takes a
+  // share of the output dims): the same bits, one block a token and one a chunk.
+  for (int warps : {1, 2}) {
+    if ((d.head_dim / 16) % warps != 0)
+      continue;
+    AttentionDims dw = d;
+    dw.decode_warps = warps;
+    Rows rows(n), split(n);
+    for (int p : positions) {
+      StepBufs b = make_step(dw, pool, seqs, {{1, 250, 1}, {0, p, 1}});
+      collect(dw, b, run_decode(dw, pool, b, 1), 0, rows);
+      StepBufs c = make_step(dw, pool, seqs, {{0, p, 1}});
+      collect(dw, c, run_decode(dw, pool, c, all_chunks(dw, p)), 0, split);
+    }
+    CHECK_MESSAGE(differing(whole, rows, 0, first) == 0,
+                  "decode in " << warps << " warps a block: first differing position " << first);
+    CHECK_MESSAGE(differing(whole, split, 0, first) == 0,
+                  "decode in " << warps << " warps, a block a chunk: first " << first);
+  }
   // The decode kernel on steps of several tokens of the prompt (steps of up to 64 tokens run
   // it), against ir::ref too.
   {

@@ -241,6 +241,16 @@ TEST_CASE("decode tuning variants and the clustered router compile for sm_90, ba
   m.min_blocks = 5;
   ks.push_back(emit_moe_gate_up(m, {}));
   CHECK(ks.back().source.find("__launch_bounds__(256, 5)") != std::string::npos);
+  AttentionDims att{64, 8, 64, 16, 512, 128, 0.125, true};
+  att.chunk = 128;
+  CHECK(emit_attention_decode_mma(att, {}).launch.block == 128); // 4 warps: the lowering's
+  for (int warps : {1, 2}) {
+    att.decode_warps = warps;
+    ks.push_back(emit_attention_decode_mma(att, {}));
+    CHECK(ks.back().name == "attention_decode_mma_h64_g8_d64_b16_m512_w128_c128_wp" +
+                                std::to_string(warps) + "_kvf32");
+    CHECK(ks.back().launch.block == 32 * warps);
+  }
   for (const KernelSource& k : ks) {
     INFO(k.name);
     const runtime::CompileResult r = runtime::compile_cuda(k.source, k.name, opts);
@@ -257,6 +267,8 @@ TEST_CASE("decode tuning variants and the clustered router compile for sm_90, ba
   q.nk = q.nv = 510;
   CHECK(!qkv_decode_fits(q));
   CHECK_THROWS_WITH(emit_qkv_decode(q, {}), doctest::Contains("multiples of a block's rows"));
+  att.decode_warps = 3; // 4 pairs of output tiles do not split 3 ways
+  CHECK_THROWS_WITH(emit_attention_decode_mma(att, {}), doctest::Contains("3 warps must divide"));
   // Block 0 gathers one logit per thread: the lowering keeps larger routers unfused.
   CHECK_THROWS_WITH(emit_norm_router_topk(2880, {384, 4}, 1e-5, true, {}),
                     doctest::Contains("at most 256 experts"));
