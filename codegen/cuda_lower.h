@@ -81,6 +81,12 @@ struct LoweringContext {
   /// directly, not gemm_wg's 128-row tiles (kernels_bench, H200: 331 and 426 us at 128 and 256
   /// rows against gemm_wg's 365 and 709; H100 B256 at depth 512 +2.4%, B128 within noise).
   bool lm_head_library = true;
+  /// Warps a block of the canonical decode attention in steps of more than 64 tokens (0:
+  /// attention_decode_mma_warps, 4 at head_dim 64; AttentionDims::decode_warps). Fewer give the
+  /// same bits with fewer instructions a block, each warp computing the block's scores; the
+  /// lowering keeps 0 until kernels_bench ("attention_decode_mma at batched-decode sizes by
+  /// warps a block") and the batched rows say otherwise.
+  int many_token_decode_warps = 0;
   /// The activation arena's layout (plan_memory of the graph for max_tokens and max_seqs):
   /// activation arguments are offsets into it.
   const compiler::MemoryPlan* memory = nullptr;

@@ -450,8 +450,14 @@ void Lowerer::lower_attention(ValueId v) {
     emit(dec, Rows::Tokens, 0, kSplitTokens, dec_args, 0, window, 1, d.kv_heads);
     emit(comb, Rows::Tokens, 0, kSplitTokens, comb_args, 0, window, 2, d.kv_heads);
     if (c_.max_tokens > kSplitTokens) {
+      int dec_many = dec; // the same bits in many_token_decode_warps warps
+      if (c_.many_token_decode_warps > 0) {
+        codegen::AttentionDims dm = d;
+        dm.decode_warps = c_.many_token_decode_warps;
+        dec_many = k_.add(codegen::emit_attention_decode_mma(dm, ir_lines(g_, v)));
+      }
       outer_per_seq_ = 1; // each block all its token's chunks (the combine serves up to 64)
-      emit(dec, Rows::Tokens, kSplitTokens + 1, -1, dec_args);
+      emit(dec_many, Rows::Tokens, kSplitTokens + 1, -1, dec_args);
       // Steps mixing decodes (first) and prompt chunks: the decode kernel over the decodes, as
       // in a step of them alone, and the prompt kernel over the chunks' rows, its per-token
       // pointers advanced past the decodes. In the prompt kernel a decode would be a segment
@@ -459,7 +465,7 @@ void Lowerer::lower_attention(ValueId v) {
       // depth 512 with a 64-token chunk: 440 us a full layer against 60 for 64 decodes alone).
       outer_per_seq_ = -1;
       part_ = 1;
-      emit(dec, Rows::Tokens, kSplitTokens + 1, -1, dec_args, 0, window, 1, d.kv_heads);
+      emit(dec_many, Rows::Tokens, kSplitTokens + 1, -1, dec_args, 0, window, 1, d.kv_heads);
       emit(comb, Rows::Tokens, kSplitTokens + 1, -1, comb_args, 0, window, 2, d.kv_heads);
       part_ = 2;
       const uint64_t q_row = uint64_t(d.heads) * d.head_dim * sizeof(float),

@@ -161,3 +161,34 @@ TEST_CASE("launch tables: a part outside 0..2, on a library call or over sequenc
   CHECK_THROWS_WITH_AS(runtime::Executor(bad, runtime::placeholder_bindings(bad)),
                        doctest::Contains("serves part 2"), Error);
 }
+
+TEST_CASE("decode attention of steps above 64 tokens in other warps a block: their own kernel, "
+          "the same launches") {
+  Tiny base = lower_tiny(false);
+  Tiny t{testing::tiny_config(), {}};
+  codegen::LoweringContext ctx;
+  ctx.gemm_split = false;
+  ctx.dense_cublas = true;
+  ctx.many_token_decode_warps = 1; // head_dim 16: one pair of output tiles, one warp
+  t.table = testing::lower_tiny(testing::tiny_graph(), ctx, kSeqs, kMaxSeq);
+  const int layers = int(t.cfg.num_hidden_layers);
+  const auto name = [&](const runtime::LaunchRecord& r) {
+    return t.table.kernels.at(size_t(r.kernel)).name;
+  };
+  for (const runtime::StepShape& s :
+       {runtime::StepShape{128, 129, 700, 128}, runtime::StepShape{400, 129, 700, 128}}) {
+    const auto dec = launches_of(t.table, s, "attention_decode_mma");
+    const auto old = launches_of(base.table, s, "attention_decode_mma");
+    REQUIRE(dec.size() == size_t(layers));
+    REQUIRE(old.size() == dec.size());
+    for (size_t i = 0; i < dec.size(); ++i) {
+      CHECK(name(dec[i]).find("_wp1") != std::string::npos);
+      CHECK(dec[i].block == 32u);
+      CHECK(dec[i].grid == old[i].grid);
+      CHECK(dec[i].args == old[i].args);
+    }
+  }
+  // Steps of up to 64 tokens keep the lowering's kernel (split over chunks).
+  for (const auto& r : launches_of(t.table, {60, 9, 700, 8}, "attention_decode_mma"))
+    CHECK(name(r).find("_wp") == std::string::npos);
+}
