@@ -175,8 +175,9 @@ TEST_CASE("decode attention of steps above 64 tokens in other warps a block: the
   const auto name = [&](const runtime::LaunchRecord& r) {
     return t.table.kernels.at(size_t(r.kernel)).name;
   };
+  // 128 decodes alone (each block all its token's chunks), and the decode part of a mixed step
   for (const runtime::StepShape& s :
-       {runtime::StepShape{128, 129, 700, 128}, runtime::StepShape{400, 129, 700, 128}}) {
+       {runtime::StepShape{128, 128, 700, 128}, runtime::StepShape{400, 129, 700, 128}}) {
     const auto dec = launches_of(t.table, s, "attention_decode_mma");
     const auto old = launches_of(base.table, s, "attention_decode_mma");
     REQUIRE(dec.size() == size_t(layers));
