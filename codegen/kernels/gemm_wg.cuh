@@ -298,8 +298,8 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
       const int ktile = kt0 + kt * KSUB + sub;
       const unsigned char* sa = st + kAOff + sub * kABytes;
       const unsigned bh = smem_u32(st + sub * kBBytes), bl = smem_u32(st + kBOffLo + sub * kBBytes);
-      // K step s's B descriptors: 32 bytes on is 2 on in the descriptor's address field (shared
-      // addresses stay below 2^18, so the field never carries)
+      // K step s's B descriptors: 32 bytes on is 2 on in the descriptor's address field (a B
+      // tile is 1024-aligned: the field's low 6 bits are clear, so adding up to 6 never carries)
       const unsigned long long dh = wg_desc_sw128(bh), dl = wg_desc_sw128(bl);
       // This thread's two fragment rows per m64 tile: 16 K values each (bf16: 8 words; MXFP4: 2
       // words of nibbles and the blocks' scale byte), then per K step their A fragments.
