@@ -6,7 +6,7 @@
 #   TESTS="engine cli"   only the binaries whose names start with these words
 #   TEST_ARGS="..."      doctest options for every binary (e.g. -tc="*attention*")
 #   SHARDS=6 JOBS=6      shards a binary, shards at once
-#   RUN_TIMEOUT=300      seconds a shard (the call has 600 in all: the sweeps want a call of
+#   RUN_TIMEOUT=420      seconds a shard (the call has 600 in all: the sweeps want a call of
 #                        their own with a larger one)
 #   WITH_20B=1           synthesize the 20b first and set XSERV_20B_CKPT, so that the cases
 #                        that take it (the engine's batch invariance on the 20b) run too
@@ -65,11 +65,11 @@ run_shard() {
   local t=$1 first=$2 last=$3 n=$4 tag=$5 t0=$SECONDS rc status
   local log="/tmp/suite/$t.${tag%/*}.log"
   # shellcheck disable=SC2086
-  timeout "${RUN_TIMEOUT:-300}" "$B/$t" ${TEST_ARGS:-} --first="$first" --last="$last" \
+  timeout "${RUN_TIMEOUT:-420}" "$B/$t" ${TEST_ARGS:-} --first="$first" --last="$last" \
     > "$log" 2>&1
   rc=$?
   status=ok
-  [ $rc = 124 ] && status="TIMEOUT after ${RUN_TIMEOUT:-300} s"
+  [ $rc = 124 ] && status="TIMEOUT after ${RUN_TIMEOUT:-420} s"
   [ $rc != 0 ] && [ $rc != 124 ] && status="FAILED (rc $rc)"
   # doctest's test-case line counts the whole filtered set, not the range: the range instead.
   echo "| $t [$tag] | $status | $first-$last of $n | $(counts assertions "$log") |" \

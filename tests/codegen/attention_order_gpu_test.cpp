@@ -316,9 +316,11 @@ void check_order(const AttentionDims& d, int n, uint64_t seed) {
                       << (splits_mode ? "a block a chunk" : "one block") << ": first " << first);
   }
   // The decode kernel with fewer warps a block (each computes the block's scores and takes a
-  // share of the output dims): the same bits, one block a token and one a chunk.
+  // share of the output dims): the same bits, one block a token and one a chunk. On the sliding
+  // fp32-cache shapes only (the warps do not touch the cache or window paths; each variant is
+  // another compile in this binary's longest shard).
   for (int warps : {1, 2}) {
-    if ((d.head_dim / 16) % warps != 0)
+    if ((d.head_dim / 16) % warps != 0 || !d.f32_cache || d.window != 128)
       continue;
     AttentionDims dw = d;
     dw.decode_warps = warps;
