@@ -1,5 +1,6 @@
-// Instantiates attention_prefill_mma (codegen/kernels/attention_mma.cuh) for one attention op's
-// static dimensions, in the style of emit.cpp's emit_attention_decode.
+// Instantiates the tensor-core attention kernels of codegen/kernels/attention_mma.cuh
+// (attention_prefill_mma, attention_decode_mma) for one attention op's static dimensions, in the
+// style of emit.cpp's emit_attention_decode.
 #include "codegen/emit_prefill.h"
 
 #include "codegen/emit_detail.h"
@@ -55,6 +56,53 @@ KernelSource emit_attention_prefill_mma(const AttentionDims& d,
   if (d.split)
     name += "_x3";
   name += attr_suffix("scale", d.scale, 1.0 / std::sqrt(d.head_dim));
+  return assemble(std::move(name), ir_lines, "attention_mma.cuh", call, params, launch);
+}
+
+KernelSource emit_attention_decode_mma(const AttentionDims& d,
+                                       const std::vector<std::string>& ir_lines) {
+  check_positive("attention", {d.heads, d.kv_heads, d.head_dim, d.block, d.table});
+  check_chunk(d);
+  if (d.heads % d.kv_heads != 0 || d.heads / d.kv_heads > 16 || d.head_dim % 16 != 0)
+    throw Error(fmt::format("codegen: attention_decode_mma needs heads ({}) divisible by "
+                            "kv_heads ({}) with at most 16 a kv head, and head_dim ({}) "
+                            "divisible by 16",
+                            d.heads, d.kv_heads, d.head_dim));
+  std::string name =
+      fmt::format("attention_decode_mma_h{}_g{}_d{}_b{}_m{}{}_c{}", d.heads, d.kv_heads, d.head_dim,
+                  d.block, d.table, d.window ? fmt::format("_w{}", d.window) : "", d.chunk);
+  std::vector<Param> params = attention_params(d);
+  for (const char* n : {"out", "part_ml", "part_o"})
+    params.push_back({fmt::format("float* {}", n), n});
+  const int pairs = d.head_dim / 16; // attention_decode_mma_warps
+  const int warps = d.decode_warps > 0 ? d.decode_warps
+                    : pairs % 4 == 0   ? 4
+                    : pairs % 2 == 0   ? 2
+                                       : 1;
+  if (pairs % warps != 0)
+    throw Error(fmt::format("codegen: attention_decode_mma's {} warps must divide head_dim / 16 "
+                            "({}): each takes whole pairs of output tiles",
+                            warps, pairs));
+  if (d.decode_warps > 0)
+    name += fmt::format("_wp{}", warps);
+  LaunchRule launch;
+  launch.block = 32 * warps;
+  launch.blocks_x = d.kv_heads;
+  launch.y_per_token = 1;
+  launch.z_splits = true;
+  // SPLIT and WARPS only where set (the lowering's kernels keep their text)
+  const std::string tail = d.decode_warps > 0 ? fmt::format(", {}, {}", d.split, warps)
+                           : d.split          ? ", true"
+                                              : "";
+  std::string call = fmt::format("attention_decode_mma<{}, {}, {}, {}, {}, {}, {}, {}{}>", d.heads,
+                                 d.kv_heads, d.head_dim, d.block, d.table, d.window, d.chunk,
+                                 d.f32_cache ? "float" : "__nv_bfloat16", tail);
+  if (d.f32_cache)
+    name += "_kvf32";
+  if (d.split)
+    name += "_x3";
+  if (static_cast<float>(d.scale) != static_cast<float>(1.0 / std::sqrt(d.head_dim)))
+    name += attr_suffix("scale", d.scale, 1.0 / std::sqrt(d.head_dim));
   return assemble(std::move(name), ir_lines, "attention_mma.cuh", call, params, launch);
 }
 

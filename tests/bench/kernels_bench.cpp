@@ -670,39 +670,48 @@ TEST_CASE("k and v projection tiles at prompt steps, 20b (informational)") {
 
 namespace {
 
+/// A decode step's attention inputs: `seqs` sequences of one token each at `ctx` cached
+/// positions in a zeroed paged fp32 cache of `table` consecutive blocks of 16 each, the 20b's
+/// heads (random q, k, v and sinks), and the out buffer.
+struct DecodeInputs {
+  DevBuf kc, vc;
+  std::unique_ptr<DevBuf> q, k, v, sinks, pos, tseq, lens, rows, out;
+  DecodeInputs(const AttentionDims& d, int seqs, int ctx, uint64_t seed)
+      : kc(size_t(seqs) * d.table * 16 * d.kv_heads * d.head_dim * 4), vc(kc.bytes) {
+    cuda_ok(cudaMemset(kc.p, 0, kc.bytes), "memset");
+    cuda_ok(cudaMemset(vc.p, 0, vc.bytes), "memset");
+    Rng rng{seed};
+    q = upload(random_f32(rng, {seqs, d.heads, d.head_dim}, 1.0f).f);
+    k = upload(random_f32(rng, {seqs, d.kv_heads, d.head_dim}, 1.0f).f);
+    v = upload(random_f32(rng, {seqs, d.kv_heads, d.head_dim}, 1.0f).f);
+    sinks = upload(random_bf16(rng, {d.heads}, 1.0f).bits);
+    std::vector<int32_t> p(seqs, ctx), ts(seqs), ls(seqs, ctx), rs(size_t(seqs) * d.table);
+    for (int b = 0; b < seqs; ++b) {
+      ts[b] = b;
+      for (int i = 0; i < d.table; ++i)
+        rs[size_t(b) * d.table + i] = b * d.table + i;
+    }
+    pos = upload(p), tseq = upload(ts), lens = upload(ls), rows = upload(rs);
+    out = poisoned(size_t(seqs) * d.heads * d.head_dim);
+  }
+};
+
 /// attention_decode (+ attention_combine when split) for `seqs` sequences of one token each at
 /// `ctx` cached positions, the 20b's heads, a paged fp32 cache with `slots` positions for each
 /// sequence in consecutive blocks of 16 (window: the sliding layers' window), under `splits` key
 /// splits.
 void attention_time(int seqs, int ctx, int slots, int window, int splits) {
-  const int table = (slots + 15) / 16;
-  const AttentionDims d{64, 8, 64, 16, table, window, 0.125, true};
+  const AttentionDims d{64, 8, 64, 16, (slots + 15) / 16, window, 0.125, true};
   const Loaded& dec = load(emit_attention_decode(d, {}));
   const Loaded& comb = load(emit_attention_combine(d, {}));
-  const size_t cache = size_t(seqs) * slots * d.kv_heads * d.head_dim;
-  DevBuf kc(cache * 4), vc(cache * 4);
-  cuda_ok(cudaMemset(kc.p, 0, kc.bytes), "memset");
-  cuda_ok(cudaMemset(vc.p, 0, vc.bytes), "memset");
-  Rng rng{950};
-  auto q = upload(random_f32(rng, {seqs, d.heads, d.head_dim}, 1.0f).f);
-  auto k = upload(random_f32(rng, {seqs, d.kv_heads, d.head_dim}, 1.0f).f);
-  auto v = upload(random_f32(rng, {seqs, d.kv_heads, d.head_dim}, 1.0f).f);
-  auto sinks = upload(random_bf16(rng, {d.heads}, 1.0f).bits);
-  std::vector<int32_t> pos(seqs, ctx), tseq(seqs), lens(seqs, ctx), rows(size_t(seqs) * table);
-  for (int b = 0; b < seqs; ++b) {
-    tseq[b] = b;
-    for (int i = 0; i < table; ++i)
-      rows[size_t(b) * table + i] = b * table + i;
-  }
-  auto dpos = upload(pos), dts = upload(tseq), dlen = upload(lens), drow = upload(rows);
-  auto out = poisoned(size_t(seqs) * d.heads * d.head_dim);
+  DecodeInputs in(d, seqs, ctx, 950);
   const size_t th = size_t(seqs) * d.heads * splits;
   auto part_ml = poisoned(th * 2), part_o = poisoned(th * d.head_dim);
   const double ms = median_ms([&](int) {
-    launch(dec, seqs, splits, q->p, k->p, v->p, kc.p, vc.p, sinks->p, dpos->p, dts->p, dlen->p,
-           drow->p, out->p, part_ml->p, part_o->p);
+    launch(dec, seqs, splits, in.q->p, in.k->p, in.v->p, in.kc.p, in.vc.p, in.sinks->p, in.pos->p,
+           in.tseq->p, in.lens->p, in.rows->p, in.out->p, part_ml->p, part_o->p);
     if (splits > 1)
-      launch(comb, seqs, 1, part_ml->p, part_o->p, sinks->p, splits, out->p);
+      launch(comb, seqs, 1, part_ml->p, part_o->p, in.sinks->p, splits, in.out->p);
   });
   device_sync();
   const int keys = window ? std::min(ctx, window) : ctx;
@@ -717,32 +726,15 @@ void attention_time(int seqs, int ctx, int slots, int window, int splits) {
 /// `ctx` cached positions, every chunk of a token in its block (the lowering's choice above 64
 /// tokens), the 20b's heads, a paged fp32 cache; `warps` a block (0: the lowering's).
 void attention_mma_time(int seqs, int ctx, int window, int warps) {
-  const int table = (ctx + 16) / 16;
-  AttentionDims d{64, 8, 64, 16, table, window, 0.125, true};
+  AttentionDims d{64, 8, 64, 16, (ctx + 16) / 16, window, 0.125, true};
   d.chunk = 128;
   d.decode_warps = warps;
   const Loaded& dec = load(emit_attention_decode_mma(d, {}));
-  const size_t cache = size_t(seqs) * table * 16 * d.kv_heads * d.head_dim;
-  DevBuf kc(cache * 4), vc(cache * 4);
-  cuda_ok(cudaMemset(kc.p, 0, kc.bytes), "memset");
-  cuda_ok(cudaMemset(vc.p, 0, vc.bytes), "memset");
-  Rng rng{951};
-  auto q = upload(random_f32(rng, {seqs, d.heads, d.head_dim}, 1.0f).f);
-  auto k = upload(random_f32(rng, {seqs, d.kv_heads, d.head_dim}, 1.0f).f);
-  auto v = upload(random_f32(rng, {seqs, d.kv_heads, d.head_dim}, 1.0f).f);
-  auto sinks = upload(random_bf16(rng, {d.heads}, 1.0f).bits);
-  std::vector<int32_t> pos(seqs, ctx), tseq(seqs), lens(seqs, ctx), rows(size_t(seqs) * table);
-  for (int b = 0; b < seqs; ++b) {
-    tseq[b] = b;
-    for (int i = 0; i < table; ++i)
-      rows[size_t(b) * table + i] = b * table + i;
-  }
-  auto dpos = upload(pos), dts = upload(tseq), dlen = upload(lens), drow = upload(rows);
-  auto out = poisoned(size_t(seqs) * d.heads * d.head_dim);
+  DecodeInputs in(d, seqs, ctx, 951);
   auto part_ml = poisoned(2), part_o = poisoned(d.head_dim);
   const double ms = median_ms([&](int) {
-    launch(dec, seqs, 1, q->p, k->p, v->p, kc.p, vc.p, sinks->p, dpos->p, dts->p, dlen->p, drow->p,
-           out->p, part_ml->p, part_o->p);
+    launch(dec, seqs, 1, in.q->p, in.k->p, in.v->p, in.kc.p, in.vc.p, in.sinks->p, in.pos->p,
+           in.tseq->p, in.lens->p, in.rows->p, in.out->p, part_ml->p, part_o->p);
   });
   device_sync();
   const int keys = window ? std::min(ctx + 1, window) : ctx + 1;
