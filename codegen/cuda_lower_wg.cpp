@@ -137,6 +137,8 @@ void Lowerer::moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, 
   // one (more blocks).
   g.wm = mx4 || bn == 128 ? tiling.wm : 1;
   g.stages = tiling.stages;
+  g.ksub = tiling.ksub;
+  g.pipe = tiling.pipe;
   g.k = d.hidden;
   g.n = 2 * d.inter;
   g.gather = true;
@@ -149,6 +151,8 @@ void Lowerer::moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, 
   auto chunked = [&](int k) {
     g.chunks = c_.canonical ? codegen::moe_chain_splits(k) : 1;
     g.wm = g.chunks > 1 && wm * bn > 128 ? 1 : wm;
+    g.pipe = g.chunks > 1 ? false : tiling.pipe;
+    g.ksub = g.chunks > 1 && (k / 64) % (g.chunks * tiling.ksub) != 0 ? 1 : tiling.ksub;
   };
   chunked(g.k);
   const int gate_up = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));

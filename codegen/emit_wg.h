@@ -86,9 +86,13 @@ constexpr int wg_k_of_slot(int kappa) {
 }
 
 /// A tiling of the warpgroup-MMA MoE gemms: tokens a tile (the MMA's N side), m64 weight tiles a
-/// block (MXFP4 weights; BF16 ones take one below 128 tokens), K-tile stages.
+/// block (MXFP4 weights; BF16 ones take one below 128 tokens), stages, K tiles a stage and
+/// whether a stage's MMAs stay in flight (GemmWgDims::ksub, pipe; the canonical order's chunks
+/// take one K tile a stage where theirs do not divide, and no pipe).
 struct WgMoeTiling {
   int bn, wm, stages;
+  int ksub = 1;
+  bool pipe = false;
 };
 /// The tilings the lowering picks from, smallest first (wg_moe_tiling picks by the pairs an
 /// expert gets). The 32-token tile serves 13 to 24 pairs an expert: the 20b at 128 sequences

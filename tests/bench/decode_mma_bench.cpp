@@ -91,7 +91,8 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
       {2, 4, 0, 8, 0, true}, {2, 2, 0, 8, 0, true}, {3, 4, 0, 8, 0, true}, {2, 8, 0, 8, 0, true},
       {2, 1, 0, 8, 0, true}, // and other canonical range counts
       {3, 4, 5, 8, 0, true}, {3, 2, 5, 8, 0, true}, {3, 2, 9, 8, 0, true}, {3, 1, 9, 8, 0, true},
-      {2, 4, 5, 8, 0, true}};
+      {2, 4, 5, 8, 0, true}, {2, 4, 1, 8, 0, true}, {3, 4, 1, 8, 0, true}, {2, 8, 1, 8, 0, true},
+      {3, 8, 1, 8, 0, true}, {2, 2, 1, 8, 0, true}}; // (one chain over the whole of K)
   const std::vector<Variant> dn_variants = {
       {0, 0, 2, 0, 0},       {2, 2, 4, 8, 0},       {2, 2, 4, 8, 3},       {2, 1, 4, 8, 0},
       {2, 2, 2, 8, 0},       {2, 1, 8, 8, 0},       {3, 2, 4, 8, 0},       {3, 1, 4, 8, 0},
@@ -99,7 +100,8 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
       {8, 2, 1, 8, 0},       {3, 2, 2, 8, 0},       {2, 2, 0, 8, 0, true}, {2, 1, 0, 8, 0, true},
       {3, 2, 0, 8, 0, true}, {2, 4, 0, 8, 0, true}, // and other canonical range counts
       {3, 2, 5, 8, 0, true}, {3, 4, 5, 8, 0, true}, {3, 2, 9, 8, 0, true}, {3, 1, 9, 8, 0, true},
-      {2, 2, 5, 8, 0, true}, {4, 2, 5, 8, 0, true}};
+      {2, 2, 5, 8, 0, true}, {4, 2, 5, 8, 0, true}, {2, 2, 1, 8, 0, true}, {3, 2, 1, 8, 0, true},
+      {2, 4, 1, 8, 0, true}, {3, 4, 1, 8, 0, true}, {2, 1, 1, 8, 0, true}};
   auto dims = [&](const Variant& v) {
     MoeDims m = d;
     m.mma = v.mma > 0;

@@ -281,7 +281,7 @@ void report(const std::string& label, double ms, double flops, double bytes) {
 /// The MoE block's two gemms at T tokens through gemm_wg with one tile shape: gate_up + act +
 /// down in us (-1 in a dry run or when the shape does not fit).
 double moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx4, bool split,
-            int ksub = 1, bool pipe = false) {
+            int ksub = 1, bool pipe = false, bool small = false) {
   const MoeDims& d = *mb_dims(pmb);
   const int pairs = tokens * d.k;
   GemmWgDims g;
@@ -295,6 +295,7 @@ double moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool 
   g.pipe = pipe;
   g.split = split;
   g.mxfp4 = mx4;
+  g.small_scales = mx4 && small;
   g.k = d.hidden;
   g.n = 2 * d.inter;
   g.gather = true;
@@ -335,8 +336,9 @@ double moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool 
   const double wbytes = mx4 ? 17.0 / 32.0 : 2.0; // bytes per weight
   const double per = double(d.hidden) * d.inter; // weights per matrix row block
   const std::string tag =
-      fmt::format("T={} bn {} m{} stages {} ksub {}{} {} {}", tokens, bn, 64 * wm, stages, ksub,
-                  pipe ? " pipe" : "", mx4 ? "mxfp4" : "bf16", split ? "split" : "bf16-act");
+      fmt::format("T={} bn {} m{} stages {} ksub {}{} {}{} {}", tokens, bn, 64 * wm, stages, ksub,
+                  pipe ? " pipe" : "", mx4 ? "mxfp4" : "bf16", g.small_scales ? " (small)" : "",
+                  split ? "split" : "bf16-act");
   report("moe gate_up wg " + tag, ms_gu, 2.0 * pairs * 2 * per, d.experts * 2 * per * wbytes);
   report("moe down wg " + tag, ms_dn, 2.0 * pairs * per, d.experts * per * wbytes);
   MESSAGE("gemm moe wg " << tag << ": gate_up + act + down " << (ms_gu + ms_act + ms_dn) * 1e3
@@ -555,6 +557,34 @@ TEST_CASE("MoE grouped gemm tiles at batched-decode and mixed-step sizes, 20b MX
     }
   }
   MESSAGE("MoE gate_up + act + down, us a layer, best wm per tile:" << table);
+}
+
+TEST_CASE("MoE gemm pipelines at batched-decode sizes, 20b MXFP4 (informational)") {
+  XSERV_REQUIRE_GPU();
+  if (runtime::probe_device().arch() != "sm_90") {
+    MESSAGE("skipped: gemm_wg needs sm_90");
+    return;
+  }
+  // The plans' tiles of 128 and 256 sequences (32 and 64 tokens, two m64 tiles, 4 stages of one
+  // K tile, the one-multiply scales): each expert's weights come from DRAM once a step, so the
+  // bytes in flight a block (stages x K tiles a stage) may bound them where prompts (weights
+  // re-read from L2 by every token tile) did not.
+  std::unique_ptr<MoeBench> mb;
+  auto variants = [&] {
+    for (auto [t, bn] : {std::pair{256, 64}, std::pair{128, 32}})
+      for (auto [st, ks, pipe] :
+           {std::tuple{4, 1, false}, std::tuple{3, 1, false}, std::tuple{6, 1, false},
+            std::tuple{8, 1, false}, std::tuple{4, 1, true}, std::tuple{6, 1, true},
+            std::tuple{8, 1, true}, std::tuple{3, 2, false}, std::tuple{4, 2, false},
+            std::tuple{4, 2, true}})
+        moe_wg(mb.get(), t, bn, 2, st, true, false, ks, pipe, true);
+  };
+  g_dry = true;
+  variants();
+  g_dry = false;
+  preload(std::move(g_sources));
+  mb = std::make_unique<MoeBench>();
+  variants();
 }
 
 #if XSERV_HAVE_CUBLAS

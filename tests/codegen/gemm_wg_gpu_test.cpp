@@ -120,12 +120,12 @@ TEST_CASE("gemm_wg grouped MoE kernels match ir::ref, MXFP4 weights give the BF1
   const MoeDims small{256, 192, 8, 2, true};
   for (const codegen::WgMoeTiling& t : codegen::kWgMoeTilings) {
     CAPTURE(t.bn);
-    run_moe({small, 9, t.bn, t.wm, true, false, true, 1, false, t.stages}, ++seed);
+    run_moe({small, 9, t.bn, t.wm, true, false, true, t.ksub, t.pipe, t.stages}, ++seed);
     const auto bits =
-        run_moe({small, 150, t.bn, t.wm, t.bn == 64, true, true, 1, false, t.stages}, ++seed);
+        run_moe({small, 150, t.bn, t.wm, t.bn == 64, true, true, t.ksub, t.pipe, t.stages}, ++seed);
     CHECK(bits[0] == bits[1]);
     if (t.bn != 128)
-      run_moe({small, 150, t.bn, 1, false, false, false, 1, false, t.stages}, ++seed);
+      run_moe({small, 150, t.bn, 1, false, false, false, t.ksub, t.pipe, t.stages}, ++seed);
   }
   // The 20b's shape: few rows per expert (batched decode) and a prompt's share.
   const MoeDims g20{2880, 2880, 32, 4, true};
@@ -190,7 +190,7 @@ TEST_CASE("gemm_wg's one-multiply MXFP4 scaling gives the BF16 weights' bits") {
   const MoeDims small{256, 192, 8, 2, true};
   for (const codegen::WgMoeTiling& t : codegen::kWgMoeTilings) {
     CAPTURE(t.bn);
-    MoeCase c{small, 150, t.bn, t.wm, false, true, true, 1, false, t.stages};
+    MoeCase c{small, 150, t.bn, t.wm, false, true, true, t.ksub, t.pipe, t.stages};
     c.small_scales = true;
     const auto bits = run_moe(c, ++seed);
     CHECK(bits[0] == bits[1]);
