@@ -145,8 +145,9 @@ void Lowerer::moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, 
   g.epilogue = codegen::GemmEpilogue::Swiglu;
   g.limit = d.limit;
   g.alpha = d.alpha;
-  // The canonical order: the decode kernels' K ranges as chunks (one m64 tile a block where
-  // two would leave the totals no registers).
+  // The canonical order: the decode kernels' K ranges as chunks (moe_chain_splits: one today,
+  // so a canonical plan's grouped gemms are the default's; with more, one m64 tile a block
+  // where two would leave the totals no registers).
   const int wm = g.wm;
   auto chunked = [&](int k) {
     g.chunks = c_.canonical ? codegen::moe_chain_splits(k) : 1;

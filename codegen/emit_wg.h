@@ -68,8 +68,11 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
 int wg_splitk(int k, int n, int sms = 132);
 
 /// The K ranges of an expert matrix in the canonical order (the decode kernels' K splits, the
-/// grouped gemms' chunks): 3, else 2, equal ranges of at least 4 whole 64-value tiles, else 1.
-/// The 20b's and 120b's 2880: 3 ranges of 15 tiles.
+/// grouped gemms' chunks): one, a chain over all of K, so that the grouped gemms of a canonical
+/// plan are the default plan's. The decode kernels keep their warps with more row groups a
+/// block instead (moe_mma_tiling); 3 ranges of 15 tiles on the 20b bought them 1.8% (gate_up)
+/// and 8-10% (down) but cost the prompt gemms their chunked form (docs/PERF.md, "MoE
+/// decode kernels").
 int moe_chain_splits(int k);
 
 /// Dynamic shared memory of a gemm_wg launch (mirrors gemm_wg_smem_bytes in gemm_wg.cuh).
@@ -99,8 +102,10 @@ struct WgMoeTiling {
 /// (16 pairs an expert) 15.86 -> 15.36 ms a step, where 16-token tiles give many experts two
 /// tiles and so two reads of their weights (H200, old binary against new). 48- and 96-token
 /// tiles, faster in kernels_bench's "MoE grouped gemm tiles" on uniform routing, were slower in
-/// the model: B256 17.34 -> 18.33 ms, pp512 -2.6%.
+/// the model: B256 17.34 -> 18.33 ms, pp512 -2.6%. The 32-token tile takes 3 stages of two K tiles
+/// (one barrier a pair): gate_up + act + down at 128 tokens 280-282 -> 255-262 us (kernels_bench
+/// "MoE gemm pipelines", H100, two runs); other depths and the 64-token tile gained nothing.
 inline constexpr std::array<WgMoeTiling, 4> kWgMoeTilings = {
-    {{16, 2, 4}, {32, 2, 4}, {64, 2, 4}, {128, 2, 3}}};
+    {{16, 2, 4}, {32, 2, 3, 2}, {64, 2, 4}, {128, 2, 3}}};
 
 } // namespace xserv::codegen

@@ -353,12 +353,11 @@ TEST_CASE("tensor-core decode kernels: launch rules, ring sizes, and shapes they
   CHECK(dn.name == "moe_down_part_e32_k4_d2880_i2880_mx4_a16_mma_g2_s4_c8_t2");
   CHECK(dn.launch.blocks_x == 2880 / 32);
   CHECK(dn.launch.y_per_token == 4);
-  // The canonical order (compile --gemm-order canonical): the K splits are the canonical ranges
-  // (moe_chain_splits: 3 of 15 tiles for 2880; mma_splits, a benchmark's, sets other whole-tile
-  // ranges), each warp's ring then its 16 rows' scale bytes (24 words a row: 90 bytes from the
-  // aligned word holding the first).
-  CHECK(moe_chain_splits(2880) == 3);
-  CHECK(moe_chain_splits(2048) == 2);
+  // The canonical order (compile --gemm-order canonical): one chain over all of K
+  // (moe_chain_splits; mma_splits, a benchmark's, sets whole-tile ranges), twice the row groups
+  // a block where they divide the rows, each warp's ring then its 16 rows' scale bytes (24 words
+  // a row: 90 bytes from the aligned word holding the first).
+  CHECK(moe_chain_splits(2880) == 1);
   CHECK(moe_chain_splits(256) == 1);
   MoeDims c = m;
   c.mma_chain = true;
@@ -370,15 +369,15 @@ TEST_CASE("tensor-core decode kernels: launch rules, ring sizes, and shapes they
   c.mma_splits = 0;
   REQUIRE(moe_mma_fits(c));
   const KernelSource cgu = emit_moe_gate_up(c, {}), cdn = emit_moe_down_part(c, {});
-  CHECK(cgu.name == "moe_gate_up_e32_k4_d2880_i2880_mx4_a16_mma_g4_s3_c8_t2_chain");
-  CHECK(cgu.launch.block == 384);
-  CHECK(cgu.launch.blocks_x == 2880 / 32);
-  CHECK(cgu.launch.smem(1) == 12 * (2 * 2048 + 16 * 4 * 24));
-  CHECK(cgu.source.find("moe_gate_up_mx4_mma<2880, 2880, 32, 4, 4, 3, 8, 2, true>") !=
+  CHECK(cgu.name == "moe_gate_up_e32_k4_d2880_i2880_mx4_a16_mma_g8_s1_c8_t2_chain");
+  CHECK(cgu.launch.block == 256);
+  CHECK(cgu.launch.blocks_x == 2880 / 64);
+  CHECK(cgu.launch.smem(1) == 8 * (2 * 2048 + 16 * 4 * 24));
+  CHECK(cgu.source.find("moe_gate_up_mx4_mma<2880, 2880, 32, 4, 8, 1, 8, 2, true>") !=
         std::string::npos);
-  CHECK(cdn.name == "moe_down_part_e32_k4_d2880_i2880_mx4_a16_mma_g2_s3_c8_t2_chain");
-  CHECK(cdn.launch.block == 192);
-  CHECK(cdn.launch.smem(1) == 6 * (2 * 2048 + 16 * 4 * 24));
+  CHECK(cdn.name == "moe_down_part_e32_k4_d2880_i2880_mx4_a16_mma_g4_s1_c8_t2_chain");
+  CHECK(cdn.launch.block == 128);
+  CHECK(cdn.launch.smem(1) == 4 * (2 * 2048 + 16 * 4 * 24));
   c.mma_stages = 0; // ... through the ring only
   CHECK_FALSE(moe_mma_fits(c));
   CHECK_THROWS_WITH(emit_moe_gate_up(c, {}), doctest::Contains("canonical order"));

@@ -154,7 +154,7 @@ TEST_CASE("compile reads the MXFP4 scales: up to 128 the MoE gemms multiply once
       if (name.find("_mx4") == std::string::npos || name.rfind("gemmwg_", 0) != 0)
         continue;
       ++grouped;
-      one_multiply += name.ends_with("_mx4s") ? 1 : 0;
+      one_multiply += name.find("_mx4s") != std::string::npos ? 1 : 0;
       CHECK((read_file(plan / k["source"].get<std::string>()).find(", true>(") !=
              std::string::npos) == c.small);
     }
