@@ -136,9 +136,11 @@ void Lowerer::moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, 
   // two m64 tiles a block (but for 96-token tiles); BF16 tiles below 128 tokens are as fast with
   // one (more blocks).
   g.wm = mx4 || bn == 128 ? tiling.wm : 1;
-  g.stages = tiling.stages;
-  g.ksub = tiling.ksub;
-  g.pipe = tiling.pipe;
+  // K tiles a stage and pipe as measured for MXFP4; BF16 experts keep one K tile in 4 stages.
+  const bool deep = mx4 || tiling.ksub == 1;
+  g.stages = deep ? tiling.stages : 4;
+  const int ksub = deep ? tiling.ksub : 1;
+  const bool pipe = deep && tiling.pipe;
   g.k = d.hidden;
   g.n = 2 * d.inter;
   g.gather = true;
@@ -152,8 +154,8 @@ void Lowerer::moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, 
   auto chunked = [&](int k) {
     g.chunks = c_.canonical ? codegen::moe_chain_splits(k) : 1;
     g.wm = g.chunks > 1 && wm * bn > 128 ? 1 : wm;
-    g.pipe = g.chunks > 1 ? false : tiling.pipe;
-    g.ksub = g.chunks > 1 && (k / 64) % (g.chunks * tiling.ksub) != 0 ? 1 : tiling.ksub;
+    g.pipe = g.chunks > 1 ? false : pipe;
+    g.ksub = g.chunks > 1 && (k / 64) % (g.chunks * ksub) != 0 ? 1 : ksub;
   };
   chunked(g.k);
   const int gate_up = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));

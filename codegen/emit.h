@@ -190,16 +190,17 @@ struct MoeDims {
   /// moe_gate_up and moe_down_part on tensor cores (moe_gate_up_mx4_mma, moe_down_part_mx4_mma:
   /// MXFP4 and round_act only, moe_mma_fits) rather than the FMA kernels: mma.sync m16n8k16 per
   /// 16 rows and 32-value block. The tiling: 16-row groups per block (0: 4 for gate_up, 2 for
-  /// down), K splits per group (0: 2 for gate_up, 4 for down) and blocks per chunk of loads in
+  /// down; chained over all of K 8 and 4), K splits per group (0: 2 for gate_up, 4 for down;
+  /// chained moe_chain_splits) and blocks per chunk of loads in
   /// flight (0: 8, even); mma_stages > 1: the weights stream through a ring of that many
   /// chunks of 8 blocks in shared memory (cp.async, ldmatrix) rather than straight into
   /// registers a word at a time (0).
   bool mma = false;
   int mma_groups = 0, mma_splits = 0, mma_chunk = 0, mma_stages = 0;
   /// With mma: the canonical order (Mx4ChainRows), gemm_wg's K slots, exact bf16 dequantisation
-  /// and one chain a K range (moe_chain_splits of each matrix's K, mma_splits ignored), the
-  /// ranges added in order, so that a token's expert rows are the grouped gemms' bits; a shared
-  /// ring (mma_stages >= 2).
+  /// and one chain a K range (moe_chain_splits of each matrix's K: one; mma_splits, a
+  /// benchmark's, sets others), the ranges added in order, so that a token's expert rows are the
+  /// grouped gemms' bits; a shared ring (mma_stages >= 2).
   bool mma_chain = false;
   /// With mma (not chained): the kernels of steps of 2 to 8 tokens with an expert a block and
   /// the step's tokens as the MMA's columns (moe_gate_up_mx4_cols, moe_down_part_mx4_cols:

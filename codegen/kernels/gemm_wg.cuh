@@ -268,8 +268,8 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
       acc[wm][i] = 0.0f;
   // CHUNKS > 1: K in that many equal ranges, each summed from zero, the sums added in order in
   // `total` (the canonical order of a dense linear: gemm_splitk_reduce's sum of SPLITK = CHUNKS
-  // partials, without the partials' round trip through memory; of an expert's rows: the decode
-  // kernels' K splits added in order).
+  // partials, without the partials' round trip through memory; of an expert's rows when the
+  // decode kernels split K: codegen::moe_chain_splits, one today).
   constexpr int kChunkStages = CHUNKS > 1 ? K / 64 / CHUNKS / KSUB : 1;
   float total[CHUNKS > 1 ? WM : 1][CHUNKS > 1 ? NC / 2 : 1];
 

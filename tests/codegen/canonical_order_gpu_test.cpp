@@ -1,8 +1,8 @@
 // The gemms' canonical order (docs/DESIGN.md): the decode kernels in it give a token the same
 // output bits as gemm_wg in a larger step, whatever the step's size, the token tiles or the
 // experts' weight format. The MoE (MoeDims::mma_chain, Mx4ChainRows: gemm_wg's K slots, exact
-// bf16 dequantisation, a chain a K range, the ranges in order = the grouped gemms' chunks), on
-// the 20b's shapes and a small one, scale bytes below and above 128 (the one- and two-multiply
+// bf16 dequantisation, one chain over K: moe_chain_splits; the grouped gemms in the lowering's
+// pipelines, kWgMoeTilings), on the 20b's shapes and a small one, scale bytes below and above 128 (the one- and two-multiply
 // dequantisations); the dense linears (linear_decode_mma and linear_decode_smem with CHAIN)
 // against the gemm with K split over blocks and as chunks in registers.
 #include "tests/codegen/gemm_wg_test_util.h"
@@ -81,7 +81,12 @@ TEST_CASE("MoE decode kernels in the canonical order give the grouped gemms' bit
   };
   for (const Case& k : cases) {
     MoeCase c{k.d, k.tokens, k.bn, k.wm, false, k.skew, true};
-    c.stages = k.bn == 128 ? 3 : 4;
+    for (const codegen::WgMoeTiling& t : codegen::kWgMoeTilings)
+      if (t.bn == k.bn) { // the lowering's pipeline for this tile (MXFP4 experts)
+        c.stages = t.stages;
+        c.ksub = t.ksub;
+        c.pipe = t.pipe;
+      }
     c.scale_lo = k.lo;
     c.scale_hi = k.hi;
     c.check_accuracy = k.lo == 117 && k.hi == 128; // here the bits are the point

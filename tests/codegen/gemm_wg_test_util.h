@@ -283,6 +283,8 @@ inline std::vector<std::vector<uint32_t>> run_moe(const MoeCase& c, uint64_t see
     auto chunked = [&](int k) {
       g.chunks = c.canonical ? moe_chain_splits(k) : 1;
       g.wm = g.chunks > 1 && c.wm * c.bn > 128 ? 1 : c.wm;
+      g.pipe = g.chunks > 1 ? false : c.pipe; // as the lowering falls back
+      g.ksub = g.chunks > 1 && (k / 64) % (g.chunks * c.ksub) != 0 ? 1 : c.ksub;
     };
     chunked(g.k);
     const Loaded& kgu = load(emit_gemm_wg(g, {}));
