@@ -55,7 +55,7 @@ bool gemm_wg_fits(const GemmWgDims& d) {
          std::find(kWgShapes.begin(), kWgShapes.end(), d.bn) != kWgShapes.end() &&
          (d.wm == 1 || d.wm == 2) && d.stages >= (d.pipe ? 3 : 2) && d.ksub >= 1 && d.ksub <= 4 &&
          gemm_wg_smem_bytes(d) <= kSmemPerSm && d.splitk >= 1 && (d.k / 64) % d.splitk == 0 &&
-         d.chunks >= 1 &&
+         d.chunks >= 1 && !(d.natural && d.mxfp4) &&
          (d.chunks == 1 ||
           (d.splitk == 1 && !d.pipe && (d.k / 64) % (d.chunks * d.ksub) == 0));
 }
@@ -120,6 +120,8 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
     name += fmt::format("_ks{}", d.ksub);
   if (d.pipe)
     name += "_pipe";
+  if (d.natural)
+    name += "_natural";
   std::vector<Param> params = {{"const __nv_bfloat16* xh", "xh"},
                                {"const __nv_bfloat16* xl", "xl"},
                                {expert_param(d.mxfp4, "w"), "w"},
@@ -146,8 +148,10 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
       fmt::format("gemm_wg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
                   d.k, d.n, d.bn, d.wm, d.stages, d.mxfp4, d.split, d.grouped, d.gather, d.ksel,
                   epi, d.bias, d.residual, d.splitk, d.experts, d.ksub, d.pipe, d.chunks);
-  if (d.mxfp4 && d.small_scales) // the template's last argument, only where set
+  if (d.mxfp4 && d.small_scales) // the template's last arguments, only where set
     call.insert(call.size() - 1, ", true");
+  if (d.natural)
+    call.insert(call.size() - 1, ", false, true");
   return assemble(std::move(name), ir_lines, "gemm_wg.cuh", call, params, launch);
 }
 

@@ -56,6 +56,9 @@ struct GemmWgDims {
   /// MXFP4 weights whose scale bytes are all at most 128 (LoweringContext::mxfp4_small_scales):
   /// one multiply a pair instead of two, the same bits.
   bool small_scales = false;
+  /// K in its natural order (BF16 weights only): a K step multiplies 16 consecutive K values, as
+  /// a library gemm's chain does; the activations from gemm_act with GemmActDims::natural.
+  bool natural = false;
 };
 KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& ir_lines);
 

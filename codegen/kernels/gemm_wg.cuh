@@ -117,9 +117,12 @@ template <bool SWIGLU> __device__ __forceinline__ int wg_a_row(int m) {
 /// SMALL (MXFP4): every scale byte of the weights is at most 128, as compile found the
 /// checkpoint's and the upload checks: a pair is scaled by one multiply by 2^(s - 1), the two
 /// factors' bits (the second is 1).
+/// NATURAL (BF16 weights): K in its natural order, as a library gemm sums it: K step s of a tile
+/// multiplies K values 16 s .. 16 s + 15, the A fragments loaded by ldmatrix from the swizzled
+/// rows, the activations from gemm_act<.., NATURAL> (the order a chain over K takes in cuBLAS).
 template <int K, int N, int BN, int WM, int STAGES, bool MX4, bool SPLIT, bool GROUPED, bool GATHER,
           int KSEL, int EPI, bool BIAS, bool RESIDUAL, int SPLITK, int EXPERTS, int KSUB, bool PIPE,
-          int CHUNKS, bool SMALL, int NC>
+          int CHUNKS, bool SMALL, bool NATURAL, int NC>
 __device__ __forceinline__ void
 gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl,
              const void* __restrict__ wv, const __nv_bfloat16* __restrict__ b, const float* h,
@@ -129,6 +132,7 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
   static_assert(BN % 8 == 0 && BN >= 8 && BN <= 256, "BN: 8..256 tokens, a multiple of 8");
   static_assert(NC % 8 == 0 && NC >= 8 && NC <= BN, "NC: 8..BN MMA columns");
   static_assert(WM == 1 || WM == 2, "WM: 1 or 2 m64 tiles per warpgroup");
+  static_assert(!NATURAL || !MX4, "the natural K order is for BF16 weights");
   static_assert(EPI != kGemmSwiglu || N % 16 == 0, "swiglu pairs rows within 16-row groups");
   static_assert(SPLITK == 1 || (EPI == kGemmStore && !GROUPED), "split K: dense stores only");
   static_assert((K / 64) % SPLITK == 0, "split K must divide the K tiles");
@@ -303,12 +307,12 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
       const unsigned long long dh = wg_desc_sw128(bh), dl = wg_desc_sw128(bl);
       // This thread's two fragment rows per m64 tile: 16 K values each (bf16: 8 words; MXFP4: 2
       // words of nibbles and the blocks' scale byte), then per K step their A fragments.
-      unsigned raw[WM][2][MX4 ? 2 : 8];
+      unsigned raw[WM][2][MX4 ? 2 : 8]; // (NATURAL: unused, ldmatrix below)
       uint2 sc[WM][2]; // MXFP4: the rows' scale factors
 #pragma unroll
       for (int wm = 0; wm < WM; ++wm)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
+        for (int hh = 0; hh < 2 && !NATURAL; ++hh) {
           const int sr = wm * 64 + warp * 16 + g + 8 * hh;
           if constexpr (MX4) {
             const uint2 q = *reinterpret_cast<const uint2*>(sa + sr * 32 + 8 * c);
@@ -345,6 +349,14 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
         unsigned a[WM][4];
 #pragma unroll
         for (int wm = 0; wm < WM; ++wm) {
+          if constexpr (NATURAL) {
+            // ldmatrix.x4: lane l gives row l % 8 of matrix l / 8; matrices (rows 0-7, K 16 s ..
+            // 16 s + 7), (rows 8-15, the same K), then both with K 16 s + 8 .. 16 s + 15: the
+            // m16n8k16 A fragment's a0 .. a3. A K tile's 16-byte chunk j of row r is at j ^ (r % 8).
+            const int mi = lane / 8, sr = wm * 64 + warp * 16 + (mi & 1) * 8 + lane % 8;
+            ldmatrix_x4(a[wm], sa + sr * 128 + (((2 * s + (mi >> 1)) ^ (sr & 7)) << 4));
+            continue;
+          }
           a[wm][0] = pair_of(wm, 0, 2 * s);
           a[wm][1] = pair_of(wm, 1, 2 * s);
           a[wm][2] = pair_of(wm, 0, 2 * s + 1);
@@ -453,7 +465,7 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
 /// a column's sums are the same whichever width computes them (its MMAs see the same K order).
 template <int K, int N, int BN, int WM, int STAGES, bool MX4, bool SPLIT, bool GROUPED, bool GATHER,
           int KSEL, int EPI, bool BIAS, bool RESIDUAL, int SPLITK = 1, int EXPERTS = 1,
-          int KSUB = 1, bool PIPE = false, int CHUNKS = 1, bool SMALL = false>
+          int KSUB = 1, bool PIPE = false, int CHUNKS = 1, bool SMALL = false, bool NATURAL = false>
 __device__ __forceinline__ void
 gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl,
         const void* __restrict__ wv, const __nv_bfloat16* __restrict__ b, const float* h, float* y,
@@ -468,8 +480,8 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
   const int q = BN >= 64 ? wg_mma_quarters<BN>(end - begin) : 4;
 #define XSERV_GEMM_WG_COLS(NC)                                                                     \
   gemm_wg_cols<K, N, BN, WM, STAGES, MX4, SPLIT, GROUPED, GATHER, KSEL, EPI, BIAS, RESIDUAL,       \
-               SPLITK, EXPERTS, KSUB, PIPE, CHUNKS, SMALL, NC>(xh, xl, wv, b, h, y, pair, tiles,   \
-                                                               route_w, limit, alpha, tokens)
+               SPLITK, EXPERTS, KSUB, PIPE, CHUNKS, SMALL, NATURAL, NC>(                           \
+      xh, xl, wv, b, h, y, pair, tiles, route_w, limit, alpha, tokens)
   if constexpr (BN >= 64 && BN % 4 == 0 && wg_mma_has(BN / 4)) {
     if (q == 1) {
       XSERV_GEMM_WG_COLS(BN / 4);

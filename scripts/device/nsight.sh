@@ -14,7 +14,8 @@
 #   repeat    XSERV_PROFILE_REPEAT: each of KERNELS launched twice inside the graph, the
 #             step's growth is its in-graph cost (its second launch finds its weights in L2)
 #   gemms     Nsight Compute on NCU_COUNT (5) gemm launches of a 512-token prompt step
-#             (GEMM_STEP=prompt) or of a 64-sequence decode step (GEMM_STEP=b64)
+#             (GEMM_STEP=prompt), of a 64-sequence decode step (GEMM_STEP=b64) or of a
+#             256-sequence one (GEMM_STEP=b256: a default plan, decode graphs to 256)
 #   batched   batched decode: a timeline plan of the default 256 rows at B64, B128 and B256,
 #             depth 512 (BATCHES), each kernel's share; then kernels_bench's MoE tile sweep
 #             (gate_up + act + down a layer by tokens and tile; needs .device/bin/kernels_bench)
@@ -103,14 +104,19 @@ for mode in $MODES; do
       done
       ;;
     gemms)
-      step="-p 512 -n 1 -b 1"
+      step="-p 512 -n 1 -b 1" plan=/tmp/p_new
       [ "${GEMM_STEP:-prompt}" = b64 ] && step="-p 0 -n 4 -b 64"
+      if [ "${GEMM_STEP:-prompt}" = b256 ]; then
+        step="-p 0 -n 4 -b 256" plan=/tmp/pd
+        # shellcheck disable=SC2086
+        $X compile /tmp/g20 -o $plan ${NEW_FLAGS:-} > /tmp/c_pd.log 2>&1 || tail -3 /tmp/c_pd.log
+      fi
       # shellcheck disable=SC2086
       XSERV_CUDA_GRAPHS=0 timeout 300 ncu --clock-control none --kernel-name "regex:${NCU_KERNELS:-gemm}" \
         --launch-skip "${NCU_SKIP:-12}" --launch-count "${NCU_COUNT:-5}" --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats \
         --section MemoryWorkloadAnalysis \
-        $X bench /tmp/p_new --backend cuda $step -r 1 > /tmp/ncu_gemms.txt 2>&1
+        $X bench $plan --backend cuda $step -r 1 > /tmp/ncu_gemms.txt 2>&1
       echo "== gemms (${GEMM_STEP:-prompt}): ncu rc=$?"
       grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issued Warp Per Scheduler|No Eligible|Stall|L2 Hit" \
         /tmp/ncu_gemms.txt | cut -c1-160 | head -100

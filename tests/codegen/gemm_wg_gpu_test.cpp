@@ -5,6 +5,9 @@
 // code; MXFP4 and BF16 weights of equal values give equal bits. Every other tiling:
 // gemm_wg_sweep_gpu_test.cpp (label gpu-sweep). Tolerances: tests/codegen/gemm_wg_test_util.h.
 #include "tests/codegen/gemm_wg_test_util.h"
+#include "tests/codegen/order_chain.h"
+
+#include <cstring>
 
 using namespace xserv;
 using namespace xserv::codegen;
@@ -104,6 +107,59 @@ TEST_CASE("gemm_wg dense kernels match ir::ref (norm, bias, residual, tiles, spl
     o.splitk = 8;
     check_dense(o, false, tokens, ++seed);
   }
+}
+
+TEST_CASE("gemm_wg in the natural K order: one chain over K, as cuBLAS sums it, bit for bit") {
+  XSERV_REQUIRE_GPU();
+  if (!sm90()) {
+    MESSAGE("skipped: gemm_wg needs sm_90");
+    return;
+  }
+  // Accuracy with the epilogues (norm, bias, residual, split activations) against ir::ref ...
+  uint64_t seed = 7600;
+  for (auto [bn, wm] : {std::pair{128, 2}, std::pair{64, 1}}) {
+    GemmWgDims q = dense(2880, 5120, true, false, bn, wm, false);
+    q.natural = true;
+    check_dense(q, true, 70, ++seed);
+    GemmWgDims o = dense(4096, 2880, true, true, bn, wm, true);
+    o.natural = true;
+    check_dense(o, false, 33, ++seed);
+  }
+  // ... and the raw sums bit for bit against an mma.sync chain over K in natural order (the
+  // order cuBLAS takes for these shapes from 64 rows: kernels_bench "dense K order"), on the
+  // same bf16 activations; every tiling and token count of the lowering's.
+  for (auto [k, n] : {std::pair{2880, 5120}, std::pair{4096, 2880}}) {
+    Rng rng{++seed};
+    const int tokens = 300;
+    const Tensor x = random_f32(rng, {tokens, k}, 2.0f);
+    auto w = upload(random_bf16(rng, {n, k}, 1.0f / std::sqrt(float(k))).bits);
+    auto dx = upload(x.f);
+    GemmActDims ad{k, false, false, 1e-5, 1};
+    ad.natural = true;
+    const Act a = make_act(ad, tokens, dx->p, nullptr);
+    const std::vector<float> want = run_chain(*a.hi, *w, tokens, n, k, 0);
+    for (auto [bn, wm] : {std::pair{128, 2}, std::pair{128, 1}, std::pair{64, 1}})
+      for (int t : {9, 64, 200, 300}) {
+        GemmWgDims d = dense(k, n, false, false, bn, wm, false);
+        d.natural = true;
+        d.stages = wm == 2 ? 3 : 4;
+        const Loaded& l = load(emit_gemm_wg(d, {}));
+        auto y = poisoned(size_t(t) * n);
+        launch_wg(l, t, a, false, w->p, nullptr, nullptr, y->p, nullptr, nullptr, nullptr);
+        device_sync();
+        const std::vector<float> got = download(*y, size_t(t) * n);
+        int diff = 0;
+        for (size_t i = 0; i < got.size(); ++i)
+          diff += std::memcmp(&got[i], &want[i], 4) != 0;
+        CAPTURE(l.src.name);
+        CAPTURE(t);
+        CHECK(diff == 0);
+      }
+  }
+  // MXFP4 weights have no natural-order form.
+  GemmWgDims m = dense(2880, 5120, true, false, 128, 2, false);
+  m.natural = m.mxfp4 = true;
+  CHECK_FALSE(gemm_wg_fits(m));
 }
 
 TEST_CASE("gemm_wg grouped MoE kernels match ir::ref, MXFP4 weights give the BF16 bits") {

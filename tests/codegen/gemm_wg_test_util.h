@@ -73,7 +73,9 @@ inline void check_dense(GemmWgDims d, bool norm, int tokens, uint64_t seed) {
   auto dx = upload(x.f), dln = upload(ln.bits), dw = upload(w.bits), db = upload(b.bits);
   auto dh = upload(h.f);
   auto dy = poisoned(want.f.size());
-  const Act a = make_act({d.k, norm, d.split, eps, 1}, tokens, dx->p, dln->p);
+  GemmActDims ad{d.k, norm, d.split, eps, 1};
+  ad.natural = d.natural; // the activations in the gemm's K order
+  const Act a = make_act(ad, tokens, dx->p, dln->p);
   void* y = d.residual ? dh->p : dy->p; // in place over h, as the engine runs it
   std::string name;
   if (d.splitk == 1) {

@@ -568,3 +568,25 @@ TEST_CASE("prefill kernels compile for gpt-oss-20b: gemms, MoE sort and combine,
     CHECK(r.log.empty());
   }
 }
+
+TEST_CASE("gemm_wg in the natural K order compiles for sm_90 and refuses MXFP4 weights") {
+  runtime::CompileOptions opts;
+  opts.arch = "sm_90";
+  opts.headers = kernel_headers();
+  GemmWgDims d;
+  d.k = 2880;
+  d.n = 5120;
+  d.bn = 128;
+  d.wm = 2;
+  d.stages = 3;
+  d.natural = true;
+  const KernelSource k = emit_gemm_wg(d, {});
+  CHECK(k.name.ends_with("_natural"));
+  CHECK(k.source.find(", false, true>(") != std::string::npos); // SMALL off, NATURAL on
+  const runtime::CompileResult r = runtime::compile_cuda(k.source, k.name, opts);
+  CHECK(!r.cubin.empty());
+  CHECK_MESSAGE(r.log.empty(), r.log);
+  d.mxfp4 = true;
+  CHECK_FALSE(gemm_wg_fits(d));
+  CHECK_THROWS_WITH(emit_gemm_wg(d, {}), doctest::Contains("gemm_wg cannot take"));
+}
