@@ -393,10 +393,11 @@ void moe_mma(const MoeBench* pmb, int tokens, int bm, bool mx4, bool split) {
 
 /// A dense linear (qkv 2880 -> 5120 or o_proj 4096 -> 2880) at T tokens: gemm_wg and mma.sync.
 void dense_pair(int k, int n, int tokens, int bn, int wm, int stages, int splitk, bool split,
-                int ksub = 1, bool pipe = false) {
+                int ksub = 1, bool pipe = false, bool natural = false) {
   GemmWgDims g;
   g.ksub = ksub;
   g.pipe = pipe;
+  g.natural = natural;
   g.k = k;
   g.n = n;
   g.bn = bn;
@@ -407,7 +408,9 @@ void dense_pair(int k, int n, int tokens, int bn, int wm, int stages, int splitk
   g.bias = splitk == 1;
   if (!gemm_wg_fits(g))
     return;
-  const Loaded* pact = want(emit_gemm_act({k, false, split, 1e-5, 1}, {}));
+  GemmActDims ad{k, false, split, 1e-5, 1};
+  ad.natural = natural;
+  const Loaded* pact = want(emit_gemm_act(ad, {}));
   const Loaded* pl = want(emit_gemm_wg(g, {}));
   if (g_dry)
     return;
@@ -425,10 +428,10 @@ void dense_pair(int k, int n, int tokens, int bn, int wm, int stages, int splitk
            nullptr, nullptr, tokens);
   });
   device_sync();
-  report(fmt::format("dense wg {}x{} T={} bn {} m{} stages {} ksub {}{} splitk {} {} (act {:.1f} "
-                     "us)",
+  report(fmt::format("dense wg {}x{} T={} bn {} m{} stages {} ksub {}{} splitk {} {}{} (act "
+                     "{:.1f} us)",
                      k, n, tokens, bn, 64 * wm, stages, ksub, pipe ? " pipe" : "", splitk,
-                     split ? "split" : "bf16-act", ms_act * 1e3),
+                     split ? "split" : "bf16-act", natural ? " natural" : "", ms_act * 1e3),
          ms, 2.0 * tokens * k * n, double(k) * n * 2);
 }
 
@@ -636,6 +639,10 @@ TEST_CASE("dense gemms: cuBLAS against gemm_wg as the lowering picks it, 20b (in
           dense_pair(s.k, s.n, tokens, 64, 1, 4, s.splitk64, false);
         else
           dense_pair(s.k, s.n, tokens, 128, s.n >= 4096 ? 2 : 1, s.n >= 4096 ? 3 : 4, 1, false);
+        // the natural K order (one chain, as cuBLAS sums it): the same tiles, no K split
+        if (s.n < 100000 && s.n > 64)
+          dense_pair(s.k, s.n, tokens, tokens <= 64 ? 64 : 128, tokens > 64 && s.n >= 4096 ? 2 : 1,
+                     tokens > 64 && s.n >= 4096 ? 3 : 4, 1, false, 1, false, true);
         if (s.n > 100000 && tokens > 64) { // lm_head's other tiles at batched decode
           dense_pair(s.k, s.n, tokens, 64, 1, 4, 1, false);
           dense_pair(s.k, s.n, tokens, 64, 2, 3, 1, false);
