@@ -11,24 +11,12 @@
 #include "tests/codegen/kernel_test_util.h"
 #include "tests/codegen/order_chain.h"
 
-#include <cstring>
 #include <string>
 #include <vector>
 
 using namespace xserv;
 using namespace xserv::codegen;
 using namespace xserv::kernel_test;
-
-namespace {
-
-int differing(const std::vector<float>& a, const std::vector<float>& b, size_t count) {
-  int diff = 0;
-  for (size_t i = 0; i < count; ++i)
-    diff += std::memcmp(&a[i], &b[i], 4) != 0;
-  return diff;
-}
-
-} // namespace
 
 TEST_CASE("dense K order: positions inside an MMA, gemm_wg's grouping, cuBLAS (informational)") {
   XSERV_REQUIRE_GPU();

@@ -7,8 +7,6 @@
 #include "tests/codegen/gemm_wg_test_util.h"
 #include "tests/codegen/order_chain.h"
 
-#include <cstring>
-
 using namespace xserv;
 using namespace xserv::codegen;
 using namespace xserv::kernel_test;
@@ -148,12 +146,9 @@ TEST_CASE("gemm_wg in the natural K order: one chain over K, as cuBLAS sums it, 
         launch_wg(l, t, a, false, w->p, nullptr, nullptr, y->p, nullptr, nullptr, nullptr);
         device_sync();
         const std::vector<float> got = download(*y, size_t(t) * n);
-        int diff = 0;
-        for (size_t i = 0; i < got.size(); ++i)
-          diff += std::memcmp(&got[i], &want[i], 4) != 0;
         CAPTURE(l.src.name);
         CAPTURE(t);
-        CHECK(diff == 0);
+        CHECK(differing(got, want, got.size()) == 0);
       }
   }
   // MXFP4 weights have no natural-order form.

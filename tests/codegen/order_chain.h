@@ -4,6 +4,7 @@
 
 #include "tests/codegen/kernel_test_util.h"
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,14 @@ inline std::vector<float> run_chain(const DevBuf& x, const DevBuf& w, int t, int
                   t, n, k, mode);
   device_sync();
   return download(*d, size_t(t) * n);
+}
+
+/// How many of the first `count` values of a and b differ in their bits.
+inline int differing(const std::vector<float>& a, const std::vector<float>& b, size_t count) {
+  int diff = 0;
+  for (size_t i = 0; i < count; ++i)
+    diff += std::memcmp(&a[i], &b[i], 4) != 0;
+  return diff;
 }
 
 } // namespace xserv::kernel_test
