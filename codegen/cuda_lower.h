@@ -83,9 +83,9 @@ struct LoweringContext {
   bool lm_head_library = true;
   /// Warps a block of the canonical decode attention in steps of more than 64 tokens (0:
   /// attention_decode_mma_warps, 4 at head_dim 64; AttentionDims::decode_warps). Fewer give the
-  /// same bits with fewer instructions a block, each warp computing the block's scores; the
-  /// lowering keeps 0 until kernels_bench ("attention_decode_mma at batched-decode sizes by
-  /// warps a block") and the batched rows say otherwise.
+  /// same bits with fewer instructions a block, each warp computing the block's scores; 0 stays:
+  /// kernels_bench ("attention_decode_mma at batched-decode sizes by warps a block", H100) found
+  /// 4 warps best or equal from 1 to 256 sequences (docs/PERF.md, "Attention").
   int many_token_decode_warps = 0;
   /// The activation arena's layout (plan_memory of the graph for max_tokens and max_seqs):
   /// activation arguments are offsets into it.

@@ -194,14 +194,27 @@ const Loaded* want(KernelSource src) {
   return &load(std::move(src));
 }
 
-/// Runs `variants` dry (collecting their kernels), compiles those together, then runs them.
-template <typename F> void with_preloaded(F&& variants) {
+/// Whether the GPU runs gemm_wg (sm_90); if not, says the case is skipped.
+bool wg_arch() {
+  if (runtime::probe_device().arch() == "sm_90")
+    return true;
+  MESSAGE("skipped: gemm_wg needs sm_90");
+  return false;
+}
+
+/// Runs `variants` dry (collecting their kernels), compiles those together, then `setup` (the
+/// inputs the real run needs), then runs them.
+template <typename F, typename S> void with_preloaded(F&& variants, S&& setup) {
   g_dry = true;
   variants();
   g_dry = false;
   preload(std::move(g_sources));
   g_sources.clear();
+  setup();
   variants();
+}
+template <typename F> void with_preloaded(F&& variants) {
+  with_preloaded(variants, [] {});
 }
 
 /// One layer's MoE weights of the 20b in both formats (random codes, realistic scales) and a
@@ -463,10 +476,8 @@ void dense_mma(int k, int n, int tokens, bool split) {
 
 TEST_CASE("gemm throughput: mma.sync against warpgroup MMA, 20b shapes (informational)") {
   XSERV_REQUIRE_GPU();
-  if (runtime::probe_device().arch() != "sm_90") {
-    MESSAGE("skipped: gemm_wg needs sm_90");
+  if (!wg_arch())
     return;
-  }
   std::unique_ptr<MoeBench> mb;
   auto variants = [&] {
     const MoeBench* m = mb.get();
@@ -519,10 +530,8 @@ TEST_CASE("gemm throughput: mma.sync against warpgroup MMA, 20b shapes (informat
 TEST_CASE("MoE grouped gemm tiles at batched-decode and mixed-step sizes, 20b MXFP4 "
           "(informational)") {
   XSERV_REQUIRE_GPU();
-  if (runtime::probe_device().arch() != "sm_90") {
-    MESSAGE("skipped: gemm_wg needs sm_90");
+  if (!wg_arch())
     return;
-  }
   // 64 to 768 tokens: 8 to 96 (token, slot) pairs an expert. The lowering picks one tile (bn
   // tokens, wm m64 weight tiles a block) by pairs per expert; each extra tile an expert needs
   // reads its weights again, and a tile that is mostly empty does MMAs for nothing.
@@ -540,13 +549,10 @@ TEST_CASE("MoE grouped gemm tiles at batched-decode and mixed-step sizes, 20b MX
             b = {us, wm};
         }
   };
-  g_dry = true;
-  variants();
-  g_dry = false;
-  preload(std::move(g_sources));
-  mb = std::make_unique<MoeBench>();
-  best.clear();
-  variants();
+  with_preloaded(variants, [&] {
+    mb = std::make_unique<MoeBench>();
+    best.clear();
+  });
   std::string table = "\n| tokens |";
   for (int bn : bns)
     table += fmt::format(" bn {} |", bn);
@@ -564,10 +570,8 @@ TEST_CASE("MoE grouped gemm tiles at batched-decode and mixed-step sizes, 20b MX
 
 TEST_CASE("MoE gemm pipelines at batched-decode sizes, 20b MXFP4 (informational)") {
   XSERV_REQUIRE_GPU();
-  if (runtime::probe_device().arch() != "sm_90") {
-    MESSAGE("skipped: gemm_wg needs sm_90");
+  if (!wg_arch())
     return;
-  }
   // The plans' tiles of 128 and 256 sequences (32 and 64 tokens, two m64 tiles, 4 stages of one
   // K tile, the one-multiply scales): each expert's weights come from DRAM once a step, so the
   // bytes in flight a block (stages x K tiles a stage) may bound them where prompts (weights
@@ -582,12 +586,7 @@ TEST_CASE("MoE gemm pipelines at batched-decode sizes, 20b MXFP4 (informational)
             std::tuple{4, 2, true}})
         moe_wg(mb.get(), t, bn, 2, st, true, false, ks, pipe, true);
   };
-  g_dry = true;
-  variants();
-  g_dry = false;
-  preload(std::move(g_sources));
-  mb = std::make_unique<MoeBench>();
-  variants();
+  with_preloaded(variants, [&] { mb = std::make_unique<MoeBench>(); });
 }
 
 #if XSERV_HAVE_CUBLAS
@@ -619,10 +618,8 @@ void dense_cublas(cublasHandle_t h, int k, int n, int tokens) {
 
 TEST_CASE("dense gemms: cuBLAS against gemm_wg as the lowering picks it, 20b (informational)") {
   XSERV_REQUIRE_GPU();
-  if (runtime::probe_device().arch() != "sm_90") {
-    MESSAGE("skipped: gemm_wg needs sm_90");
+  if (!wg_arch())
     return;
-  }
   // gemm_wg as cuda_lower_wg.cpp lowers it: up to 64 tokens bn 64 with K split (qkv 3, o_proj 8,
   // lm_head none), else bn 128 with two m64 tiles for N >= 4096.
   struct Shape {
@@ -666,10 +663,8 @@ TEST_CASE("router gemm tiles at prompt steps, 20b (informational)") {
   // The router's logits (2880 -> 32) take one 128-token tile column today: 4 blocks at 512
   // tokens. Smaller token tiles and split K give more blocks (split K's reduce is not timed).
   XSERV_REQUIRE_GPU();
-  if (runtime::probe_device().arch() != "sm_90") {
-    MESSAGE("skipped: gemm_wg needs sm_90");
+  if (!wg_arch())
     return;
-  }
   auto variants = [] {
     for (int tokens : {512, 2048})
       for (auto [bn, splitk] :
@@ -685,10 +680,8 @@ TEST_CASE("k and v projection tiles at prompt steps, 20b (informational)") {
   // tiles: 32 blocks at 512 tokens, a quarter of the GPU. Smaller token tiles and split K give
   // more (split K's reduce is not timed); cuBLAS beside them for --dense-gemm cublas.
   XSERV_REQUIRE_GPU();
-  if (runtime::probe_device().arch() != "sm_90") {
-    MESSAGE("skipped: gemm_wg needs sm_90");
+  if (!wg_arch())
     return;
-  }
   auto variants = [] {
     for (int tokens : {512, 2048})
       for (auto [bn, splitk] : {std::pair{128, 1}, std::pair{64, 1}, std::pair{64, 3},
