@@ -202,7 +202,7 @@ struct MoeDims {
   /// benchmark's, sets others), the ranges added in order, so that a token's expert rows are the
   /// grouped gemms' bits; a shared ring (mma_stages >= 2).
   bool mma_chain = false;
-  /// With mma (not chained): the kernels of steps of 2 to 8 tokens with an expert a block and
+  /// With mma (chained or not): the kernels of steps of 2 to 8 tokens with an expert a block and
   /// the step's tokens as the MMA's columns (moe_gate_up_mx4_cols, moe_down_part_mx4_cols:
   /// each expert's rows read once a step), the same bits as the per-pair kernels; moe_cols_fits.
   bool mma_cols = false;
@@ -213,7 +213,7 @@ struct MoeDims {
 bool moe_mma_fits(const MoeDims& d);
 /// The same for one of the two kernels (gate_up or down).
 bool moe_mma_kernel_fits(const MoeDims& d, bool gate_up);
-/// Whether `d`'s tensor-core kernels (mma, not chained) also come as MoeDims::mma_cols for steps
+/// Whether `d`'s tensor-core kernels (mma, chained or not) also come as MoeDims::mma_cols for steps
 /// of up to 8 tokens: 8 tokens' (token, slot) pairs fit a warp (k <= 4), and the rings with 8
 /// staged rows fit a block's shared memory.
 bool moe_cols_fits(const MoeDims& d);

@@ -65,10 +65,10 @@ MoeMmaTiling moe_mma_tiling(const MoeDims& d, bool gate_up) {
 }
 
 /// Name suffix of a tensor-core MoE kernel.
-std::string moe_mma_suffix(const MoeMmaTiling& t, int min_blocks) {
-  return fmt::format("_mma_g{}_s{}_c{}{}{}{}", t.groups, t.splits, t.chunk,
+std::string moe_mma_suffix(const MoeMmaTiling& t, int min_blocks, bool cols) {
+  return fmt::format("_mma_g{}_s{}_c{}{}{}{}{}", t.groups, t.splits, t.chunk,
                      t.stages > 0 ? fmt::format("_t{}", t.stages) : "",
-                     min_blocks > 0 ? fmt::format("_m{}", min_blocks) : "",
+                     min_blocks > 0 ? fmt::format("_m{}", min_blocks) : "", cols ? "_cols" : "",
                      t.chain ? "_chain" : "");
 }
 
@@ -151,7 +151,7 @@ bool moe_mma_fits(const MoeDims& d) {
 bool moe_cols_fits(const MoeDims& d) {
   MoeDims plain = d;
   plain.mma_cols = false;
-  if (!d.mma || d.mma_chain || d.k < 1 || 8 * d.k > 32 || !moe_mma_fits(plain))
+  if (!d.mma || d.k < 1 || 8 * d.k > 32 || !moe_mma_fits(plain))
     return false;
   for (bool gate_up : {true, false}) {
     const MoeMmaTiling t = moe_mma_tiling(d, gate_up);
@@ -166,8 +166,8 @@ namespace {
 void check_moe_cols(const MoeDims& d) {
   if (!moe_cols_fits(d))
     throw Error(fmt::format("codegen: the MoE decode kernels with tokens as columns take the "
-                            "tensor-core kernels outside the canonical order, at most 4 experts "
-                            "a token (k = {}) and rows of 8 tokens beside the rings in shared "
+                            "tensor-core kernels, at most 4 experts a token (k = {}) and rows of 8 "
+                            "tokens beside the rings in shared "
                             "memory (hidden {}, intermediate {})",
                             d.k, d.hidden, d.inter));
 }
@@ -205,13 +205,13 @@ KernelSource emit_moe_gate_up(const MoeDims& d, const std::vector<std::string>& 
     const MoeMmaTiling t = moe_mma_launch(d, true, launch);
     name = fmt::format("moe_gate_up_e{}_k{}_d{}_i{}{}{}_mx4_a16", d.experts, d.k, d.hidden, d.inter,
                        attr_suffix("limit", d.limit, 7.0), attr_suffix("alpha", d.alpha, 1.702)) +
-           moe_mma_suffix(t, d.min_blocks);
+           moe_mma_suffix(t, d.min_blocks, d.mma_cols);
     if (d.mma_cols) { // an expert a block, the tokens as columns: a staged row a token
       check_moe_cols(d);
       launch.smem_per_token = size_t(d.hidden) / 32 * 64;
-      call = fmt::format("moe_gate_up_mx4_cols<{}, {}, {}, {}, {}, {}, {}, {}>", d.hidden, d.inter,
-                         d.experts, d.k, t.groups, t.splits, t.chunk, t.stages);
-      return assemble(std::move(name) + "_cols", ir_lines, "moe_cols.cuh", call, params, launch);
+      call = fmt::format("moe_gate_up_mx4_cols<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts,
+                         d.k, moe_mma_args(t));
+      return assemble(std::move(name), ir_lines, "moe_cols.cuh", call, params, launch);
     }
     call = fmt::format("moe_gate_up_mx4_mma<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts, d.k,
                        moe_mma_args(t));
@@ -267,13 +267,13 @@ KernelSource emit_moe_down_part(const MoeDims& d, const std::vector<std::string>
   if (d.mma) {
     const MoeMmaTiling t = moe_mma_launch(d, false, launch);
     name = fmt::format("moe_down_part_e{}_k{}_d{}_i{}_mx4_a16", d.experts, d.k, d.hidden, d.inter) +
-           moe_mma_suffix(t, d.min_blocks);
+           moe_mma_suffix(t, d.min_blocks, d.mma_cols);
     if (d.mma_cols) {
       check_moe_cols(d);
       launch.smem_per_token = size_t(d.inter) / 32 * 64;
-      call = fmt::format("moe_down_part_mx4_cols<{}, {}, {}, {}, {}, {}, {}, {}>", d.hidden,
-                         d.inter, d.experts, d.k, t.groups, t.splits, t.chunk, t.stages);
-      return assemble(std::move(name) + "_cols", ir_lines, "moe_cols.cuh", call, params, launch,
+      call = fmt::format("moe_down_part_mx4_cols<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts,
+                         d.k, moe_mma_args(t));
+      return assemble(std::move(name), ir_lines, "moe_cols.cuh", call, params, launch,
                       DependencyWait::InCall);
     }
     call = fmt::format("moe_down_part_mx4_mma<{}, {}, {}, {}, {}>", d.hidden, d.inter, d.experts,

@@ -4,7 +4,8 @@
 // routes to and every token that picked it, so each expert's rows are read once a step rather
 // than once a (token, slot) pair: 8 tokens x 4 slots on 32 random experts touch ~20 of them.
 // Every column is summed as the per-pair kernels sum their one token (MMA columns are
-// independent), so a pair's outputs are their bits.
+// independent), so a pair's outputs are their bits; with CHAIN in the canonical order
+// (Mx4ChainRows), as the per-pair kernels' chains.
 #pragma once
 
 #include "xserv_kernels/moe.cuh"
@@ -68,7 +69,7 @@ __device__ __forceinline__ void moe_cols_partials(float (&red)[KS][8][RG * 16], 
 /// KSEL: at least the step's distinct experts), block 32 RG KS threads; dynamic shared memory:
 /// the rings and scale factors of moe_gate_up_mx4_mma, then one staged activation row a token
 /// (mx4_stage_for: D / 32 x 64 bytes).
-template <int D, int I, int E, int KSEL, int RG, int KS, int CH, int STAGES = 0>
+template <int D, int I, int E, int KSEL, int RG, int KS, int CH, int STAGES = 0, bool CHAIN = false>
 __device__ __forceinline__ void
 moe_gate_up_mx4_cols(const float* __restrict__ x, const int* __restrict__ ids,
                      const unsigned char* __restrict__ gate_up,
@@ -77,7 +78,8 @@ moe_gate_up_mx4_cols(const float* __restrict__ x, const int* __restrict__ ids,
   static_assert(I % (8 * RG) == 0 && D % 32 == 0, "whole pair groups, whole blocks");
   constexpr int kThreads = kWarp * RG * KS, kBlocks = D / 32;
   constexpr int kPer = mx4_mma_split_blocks(kBlocks, KS);
-  using Rows = Mx4MmaPick<STAGES, D, CH, true, kPer, false>;
+  static_assert(!CHAIN || (kBlocks / 2) % KS == 0, "the canonical ranges: whole K tiles each");
+  using Rows = Mx4MmaPick<STAGES, D, CH, true, kPer, CHAIN>;
   extern __shared__ __align__(16) uint4 tiles[]; // rings, factors, then the tokens' rows
   float4* factors = reinterpret_cast<float4*>(tiles + RG * KS * STAGES * 16 * 8) +
                     (threadIdx.x / kWarp) * Rows::kScaleSlots;
@@ -103,7 +105,7 @@ moe_gate_up_mx4_cols(const float* __restrict__ x, const int* __restrict__ ids,
   }
   for (int t = 0; t < tokens; ++t)
     if (cols.slot(t) >= 0)
-      mx4_stage_for<D, kThreads, false>(x + (size_t)t * D, xs + t * kBlocks * 4);
+      mx4_stage_for<D, kThreads, CHAIN>(x + (size_t)t * D, xs + t * kBlocks * 4);
   __syncthreads();
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (b0 < b1) // column g reads token g's row (a column past the tokens reads token 0's)
@@ -131,7 +133,7 @@ moe_gate_up_mx4_cols(const float* __restrict__ x, const int* __restrict__ ids,
 /// picked it (column t: act row t KSEL + slot), part[tk, o] = w[tk] (sum + down_b[e][o]). The
 /// first weight loads go out before the wait on gate_up (ids from L2). Launch as
 /// moe_gate_up_mx4_cols (grid.x = D / (16 RG); the staged rows are I / 32 x 64 bytes).
-template <int D, int I, int E, int KSEL, int RG, int KS, int CH, int STAGES = 0>
+template <int D, int I, int E, int KSEL, int RG, int KS, int CH, int STAGES = 0, bool CHAIN = false>
 __device__ __forceinline__ void
 moe_down_part_mx4_cols(const float* __restrict__ act, const float* __restrict__ weights,
                        const int* __restrict__ ids, const unsigned char* __restrict__ down,
@@ -139,7 +141,8 @@ moe_down_part_mx4_cols(const float* __restrict__ act, const float* __restrict__ 
   static_assert(D % (16 * RG) == 0 && I % 32 == 0, "whole row groups, whole blocks");
   constexpr int kThreads = kWarp * RG * KS, kBlocks = I / 32;
   constexpr int kPer = mx4_mma_split_blocks(kBlocks, KS);
-  using Rows = Mx4MmaPick<STAGES, I, CH, false, kPer, false>;
+  static_assert(!CHAIN || (kBlocks / 2) % KS == 0, "the canonical ranges: whole K tiles each");
+  using Rows = Mx4MmaPick<STAGES, I, CH, false, kPer, CHAIN>;
   extern __shared__ __align__(16) uint4 tiles[];
   float4* factors = reinterpret_cast<float4*>(tiles + RG * KS * STAGES * 16 * 8) +
                     (threadIdx.x / kWarp) * Rows::kScaleSlots;
@@ -163,7 +166,7 @@ moe_down_part_mx4_cols(const float* __restrict__ act, const float* __restrict__ 
   grid_dependency_sync(); // ... and while gate_up finishes
   for (int t = 0; t < tokens; ++t)
     if (cols.slot(t) >= 0)
-      mx4_stage_for<I, kThreads, false>(act + (size_t)(t * KSEL + cols.slot(t)) * I,
+      mx4_stage_for<I, kThreads, CHAIN>(act + (size_t)(t * KSEL + cols.slot(t)) * I,
                                         xs + t * kBlocks * 4);
   __syncthreads();
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};

@@ -52,6 +52,18 @@ __device__ __forceinline__ size_t mx4_mma_row(size_t row0, bool pairs, int m) {
   return pairs ? row0 + 2 * (m % 8) + m / 8 : row0 + m;
 }
 
+/// finish(xs, b0, b1, acc_a, acc_b) of a warp's rows: column 0's sums of its two rows (A and B,
+/// or g and g + 8) through the derived type's finish_cols<2>.
+template <class Rows> struct Mx4FinishOne {
+  __device__ __forceinline__ void finish(const uint4* __restrict__ xs, int b0, int b1, float& acc_a,
+                                         float& acc_b) {
+    float acc[2];
+    static_cast<Rows*>(this)->finish_cols(xs, b0, b1, acc);
+    acc_a = acc[0];
+    acc_b = acc[1];
+  }
+};
+
 /// One warp's dot products of 16 MXFP4 rows of K values with one token's staged activations
 /// (mx4_mma_stage_x) on tensor cores, over the blocks [b0, b1) of K: rows A and B of thread
 /// (g = lane / 4, c = lane % 4) are the MMA's rows g and g + 8 (any 16 rows the caller picks).
@@ -62,7 +74,7 @@ __device__ __forceinline__ size_t mx4_mma_row(size_t row0, bool pairs, int m) {
 /// (exact products, one fp32 sum per block, then the blocks in order) with each block summed by
 /// the tensor cores. The loads go out CH blocks at a time, the next chunk's while this one's
 /// MMAs run. Every column of B holds the token, so every lane ends with its rows' sums.
-template <int K, int CH> struct Mx4MmaRows {
+template <int K, int CH> struct Mx4MmaRows : Mx4FinishOne<Mx4MmaRows<K, CH>> {
   static_assert(K % 32 == 0 && CH % 2 == 0, "whole blocks, chunks of block pairs");
   static constexpr int kBlocks = K / 32;
   /// Scale bytes two at a time (16-bit loads: rows of an even block count and even chunk
@@ -114,19 +126,10 @@ template <int K, int CH> struct Mx4MmaRows {
     load(b0, b1);
   }
 
-  /// The sums of rows A and B over [b0, b1) (after start with the same range).
-  __device__ __forceinline__ void finish(const uint4* __restrict__ xs, int b0, int b1, float& acc_a,
-                                         float& acc_b) {
-    float acc[2];
-    finish_cols(xs, b0, b1, acc);
-    acc_a = acc[0];
-    acc_b = acc[1];
-  }
-
-  /// NACC 2: the sums of rows A and B with column 0 (finish). NACC 4: every column its own
-  /// token (xs: the staging of the token of this lane's column g = lane / 4): acc = rows A, B
-  /// times columns 2c, 2c + 1 as (A 2c, A 2c + 1, B 2c, B 2c + 1), each column's sums the bits
-  /// its token alone would get.
+  /// NACC 2: the sums of rows A and B over [b0, b1) with column 0 (finish; after start with
+  /// the same range). NACC 4: every column its own token (xs: the staging of the token of this
+  /// lane's column g = lane / 4): acc = rows A, B times columns 2c, 2c + 1 as (A 2c, A 2c + 1,
+  /// B 2c, B 2c + 1), each column's sums the bits its token alone would get.
   template <int NACC>
   __device__ __forceinline__ void finish_cols(const uint4* __restrict__ xs, int b0, int b1,
                                               float (&acc)[NACC]) {
@@ -243,7 +246,9 @@ template <int K, bool PAIRS> struct Mx4RowStream {
 /// 2^65) computes its rows with Mx4MmaRows' exact two-step scaling instead. Full chunks run
 /// without bounds checks. The same products, block sums and order as Mx4MmaRows. PAIRS: MMA
 /// row m is mx4_mma_row(row0, true, m).
-template <int K, int STAGES, bool PAIRS, int PER> struct Mx4MmaTileRows : Mx4RowStream<K, PAIRS> {
+template <int K, int STAGES, bool PAIRS, int PER>
+struct Mx4MmaTileRows : Mx4RowStream<K, PAIRS>,
+                        Mx4FinishOne<Mx4MmaTileRows<K, STAGES, PAIRS, PER>> {
   using Mx4RowStream<K, PAIRS>::CH;
   using Mx4RowStream<K, PAIRS>::ring;
   using Mx4RowStream<K, PAIRS>::issue;
@@ -343,14 +348,6 @@ template <int K, int STAGES, bool PAIRS, int PER> struct Mx4MmaTileRows : Mx4Row
     }
   }
 
-  __device__ __forceinline__ void finish(const uint4* __restrict__ xs, int b0, int b1, float& acc_a,
-                                         float& acc_b) {
-    float acc[2];
-    finish_cols(xs, b0, b1, acc);
-    acc_a = acc[0];
-    acc_b = acc[1];
-  }
-
   /// finish for NACC 2 (column 0), or NACC 4: every column its own token, as
   /// Mx4MmaRows::finish_cols.
   template <int NACC>
@@ -414,7 +411,8 @@ __device__ __forceinline__ void mx4_chain_stage_x(const float* __restrict__ x,
 /// is 1); a warp with a larger byte takes both. Every column of B holds the token, so every lane
 /// ends with its rows' sums. Over a K range [b0, b1) of whole tiles (the kernels' K splits,
 /// added in order: the grouped gemms' chunks).
-template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows : Mx4RowStream<K, PAIRS> {
+template <int K, int STAGES, bool PAIRS>
+struct Mx4ChainRows : Mx4RowStream<K, PAIRS>, Mx4FinishOne<Mx4ChainRows<K, STAGES, PAIRS>> {
   using Mx4RowStream<K, PAIRS>::CH; // blocks a chunk: 4 K tiles
   using Mx4RowStream<K, PAIRS>::issue;
   static_assert(K % 64 == 0 && STAGES >= 2, "whole K tiles, two buffers or more");
@@ -519,10 +517,15 @@ template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows : Mx4RowStream<K, P
     }
   }
 
-  /// The sums of MMA rows g and g + 8 over blocks [b0, b1) (after start with the same range;
-  /// xs from mx4_chain_stage_x).
-  __device__ __forceinline__ void finish(const uint4* __restrict__ xs, int b0, int b1, float& acc_a,
-                                         float& acc_b) {
+  /// NACC 2: column 0's sums of MMA rows g and g + 8 over blocks [b0, b1) (finish; after start
+  /// with the same range; xs from mx4_chain_stage_x). NACC 4: every column its own token
+  /// (xs: the staging of the token of this lane's column g = lane / 4), acc = (g 2c, g 2c + 1,
+  /// g + 8 2c, g + 8 2c + 1), as Mx4MmaRows::finish_cols: a column's chain is the one its token
+  /// alone would get (MMA columns are independent).
+  template <int NACC>
+  __device__ __forceinline__ void finish_cols(const uint4* __restrict__ xs, int b0, int b1,
+                                              float (&acc)[NACC]) {
+    static_assert(NACC == 2 || NACC == 4, "column 0, or every column");
     cp_async_wait<STAGES - 2>(); // the scales and the first chunk (this lane's copies) ...
     __syncwarp();                // ... and every lane's
     const int lane = threadIdx.x % kWarp;
@@ -540,8 +543,14 @@ template <int K, int STAGES, bool PAIRS> struct Mx4ChainRows : Mx4RowStream<K, P
     else
       run<false>(xw, b0, b1, d);
     cp_async_wait<0>(); // no copy outlives the warp's use of its buffers
-    acc_a = d[0];       // column 0: rows g and g + 8
-    acc_b = d[2];
+    if constexpr (NACC == 2) {
+      acc[0] = d[0]; // column 0: rows g and g + 8
+      acc[1] = d[2];
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        acc[i] = d[i];
+    }
   }
 };
 

@@ -17,15 +17,18 @@ using namespace xserv::kernel_test::wg;
 namespace {
 
 /// The decode path of c's MoE block (gate_up + SwiGLU per (token, slot), the down rows per
-/// (token, slot), moe_combine) in the canonical order; the output's bits.
-std::vector<uint32_t> run_decode_chain(const MoeCase& c, uint64_t seed) {
+/// (token, slot), moe_combine) in the canonical order; the output's bits. `cols`: the kernels of
+/// 2-8 tokens with an expert a block and the tokens as the MMA's columns instead.
+std::vector<uint32_t> run_decode_chain(const MoeCase& c, uint64_t seed, bool cols = false) {
   MoeDims d = c.d;
   d.mxfp4 = true;
   d.round_act = true;
   d.mma = true;
   d.mma_chain = true;
   d.mma_stages = kMoeMmaStages;
+  d.mma_cols = cols;
   REQUIRE(moe_mma_fits(d));
+  REQUIRE((!cols || moe_cols_fits(d)));
   const MoeInputs in = moe_inputs(c, seed);
   const int pairs = c.tokens * d.k;
   const Loaded& kgu = load(emit_moe_gate_up(d, {}));
@@ -105,6 +108,10 @@ TEST_CASE("MoE decode kernels in the canonical order give the grouped gemms' bit
     MESSAGE("decode chain against gemm_wg (" << k.bn << "-token tiles): " << diff << " of "
                                              << decode.size() << " values differ");
     CHECK(diff == 0);
+    if (k.tokens >= 2 && k.tokens <= 8) { // the tokens-as-columns kernels of such steps too
+      const auto cols = run_decode_chain(c, seed, true);
+      CHECK(differing(cols, gemm[0]) == 0);
+    }
   }
 }
 

@@ -769,9 +769,11 @@ TEST_CASE("the 120b's decode kernels on sm_90 take the gemms' canonical order wh
     CAPTURE(tokens);
     const std::vector<std::string> ns = names(tokens);
     CHECK(count(ns, "moe_gate_up_") == layers);
-    CHECK(count(ns, "_mma_g8_s1_c8_t2_chain") == layers); // moe_gate_up (one chain over K)
-    CHECK(count(ns, "_mma_g4_s1_c8_t2_chain") == layers); // moe_down_part
-    CHECK(count(ns, "_cols") == 0); // the per-pair kernels' order is the chained one
+    CHECK(count(ns, "_mma_g8_s1_c8_t2_") == layers); // moe_gate_up (one chain over K)
+    CHECK(count(ns, "_mma_g4_s1_c8_t2_") == layers); // moe_down_part
+    CHECK(count(ns, "_chain") >= 2 * layers);
+    // from 7 tokens an expert a block with the tokens as columns, in the same chains
+    CHECK(count(ns, "_cols_chain") == (tokens >= codegen::kMoeColsFrom ? 2 * layers : 0));
     CHECK(count(ns, "linear_k2880_n201088_nobias_t8_mma_g2_s1_r4_a16_chain") == 1); // lm_head
     CHECK(count(ns, tokens == 1
                         ? "linear_residual_k4096_n2880_t1_smem_r24_a16_chain"
