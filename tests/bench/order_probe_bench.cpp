@@ -7,10 +7,20 @@
 //    gemm_wg's slot grouping (other K values share an instruction).
 // 2. cuBLAS (runtime::Blas, the plans' library call) at 1 to 2,048 rows: against the natural
 //    chain, and against its own rows at 2,048 (is it invariant in the rows it is given?).
+// 3. cublasLt without split K (kernels_bench -tc="dense K order: cublasLt*"): one algorithm at
+//    every row count against the natural chain, and its time against the plans' call.
 #include "runtime/blas.h"
 #include "tests/codegen/kernel_test_util.h"
 #include "tests/codegen/order_chain.h"
 
+#if XSERV_HAVE_CUBLASLT
+#include <cublasLt.h>
+#endif
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -57,3 +67,150 @@ TEST_CASE("dense K order: positions inside an MMA, gemm_wg's grouping, cuBLAS (i
     }
   }
 }
+
+#if XSERV_HAVE_CUBLASLT
+namespace {
+
+void lt_ok(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    FAIL(what << ": cuBLASLt status " << int(st));
+}
+
+/// y[rows, n] = x[rows, k] w[n, k]^T through cublasLt, as runtime::Blas lays it out (column-major
+/// y^T = op_T(w) x^T), fp32 out and accumulation; the algorithm picked by the heuristic with
+/// only the reductions in `mask` allowed (CUBLASLT_REDUCTION_SCHEME_NONE: no split K).
+struct LtGemm {
+  cublasLtHandle_t lt = nullptr;
+  cublasLtMatmulDesc_t op = nullptr;
+  std::unique_ptr<DevBuf> ws = poisoned(size_t(8) << 20); // 32 MiB
+  int n, k;
+  LtGemm(int n_, int k_) : n(n_), k(k_) {
+    lt_ok(cublasLtCreate(&lt), "create");
+    lt_ok(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    const cublasOperation_t t = CUBLAS_OP_T;
+    lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)), "transa");
+  }
+  ~LtGemm() {
+    cublasLtMatmulDescDestroy(op);
+    cublasLtDestroy(lt);
+  }
+  struct Layouts {
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    Layouts(int n, int k, int rows) {
+      lt_ok(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, n, k), "layout w");
+      lt_ok(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, rows, k), "layout x");
+      lt_ok(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, n, rows, n), "layout y");
+    }
+    ~Layouts() {
+      cublasLtMatrixLayoutDestroy(a);
+      cublasLtMatrixLayoutDestroy(b);
+      cublasLtMatrixLayoutDestroy(c);
+    }
+  };
+  /// The heuristic's first algorithm at `rows` under `mask`; false when it offers none.
+  bool pick(int rows, uint32_t mask, cublasLtMatmulAlgo_t& algo) {
+    Layouts l(n, k, rows);
+    cublasLtMatmulPreference_t pref = nullptr;
+    lt_ok(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    const uint64_t bytes = size_t(32) << 20;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes,
+                                         sizeof(bytes));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
+                                         sizeof(mask));
+    cublasLtMatmulHeuristicResult_t r{};
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt, op, l.a, l.b, l.c, l.c, pref, 1, &r, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+      return false;
+    algo = r.algo;
+    return true;
+  }
+  /// Runs `algo` at `rows` (false when it does not take them).
+  bool run(const cublasLtMatmulAlgo_t& algo, int rows, const void* x, const void* w, void* y) {
+    Layouts l(n, k, rows);
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(lt, op, l.a, l.b, l.c, l.c, &algo, &check) != CUBLAS_STATUS_SUCCESS)
+      return false;
+    const float one = 1.0f, zero = 0.0f;
+    lt_ok(cublasLtMatmul(lt, op, &one, w, l.a, x, l.b, &zero, y, l.c, y, l.c, &algo, ws->p,
+                         size_t(32) << 20, nullptr),
+          "matmul");
+    return true;
+  }
+};
+
+std::string algo_name(const cublasLtMatmulAlgo_t& a) {
+  int32_t id = -1, splitk = -1;
+  uint32_t tile = 0, scheme = 0;
+  size_t w = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk),
+                                       &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                       sizeof(scheme), &w);
+  return "algo " + std::to_string(id) + " tile " + std::to_string(tile) + " split K " +
+         std::to_string(splitk) + " reduction " + std::to_string(scheme);
+}
+
+} // namespace
+
+TEST_CASE("dense K order: cublasLt without split K, one algorithm at every row count "
+          "(informational)") {
+  XSERV_REQUIRE_GPU();
+  // Whether the dense canonical order can be the natural chain with cuBLAS serving prompts:
+  // the heuristic restricted to no reduction (CUBLASLT_REDUCTION_SCHEME_NONE), its pick at the
+  // largest step pinned and run at every row count, against the natural chain (bits) and the
+  // plans' cublasGemmEx (time); the per-count pick too.
+  struct Shape {
+    const char* name;
+    int k, n, max_t;
+  };
+  const Shape shapes[] = {{"20b qkv", 2880, 5120, 2048},
+                          {"20b o_proj", 4096, 2880, 2048},
+                          {"20b router", 2880, 32, 2048},
+                          {"20b lm_head", 2880, 201088, 256}};
+  for (const Shape& s : shapes) {
+    Rng rng{4343};
+    auto x = upload(random_bf16(rng, {s.max_t, s.k}, 1.0f).bits);
+    auto w = upload(random_bf16(rng, {s.n, s.k}, 1.0f / std::sqrt(float(s.k))).bits);
+    const std::vector<float> natural = run_chain(*x, *w, s.max_t, s.n, s.k, 0);
+    LtGemm g(s.n, s.k);
+    cublasLtMatmulAlgo_t pinned{};
+    REQUIRE(g.pick(s.max_t, CUBLASLT_REDUCTION_SCHEME_NONE, pinned));
+    MESSAGE(s.name << ": pinned " << algo_name(pinned) << " (the no-reduction pick at " << s.max_t
+                   << " rows)");
+    runtime::Blas blas;
+    for (int t : {1, 2, 8, 16, 64, 65, 128, 256, 512, 1000, 2048}) {
+      if (t > s.max_t)
+        continue;
+      auto y = poisoned(size_t(t) * s.n);
+      const size_t count = size_t(t) * s.n;
+      std::string line = fmt::format("{} at {} rows:", s.name, t);
+      if (g.run(pinned, t, x->p, w->p, y->p)) {
+        device_sync();
+        const double ms = median_ms([&](int) { g.run(pinned, t, x->p, w->p, y->p); });
+        line += fmt::format(" pinned {} of {} differ from the chain, {:.1f} us;",
+                            differing(download(*y, count), natural, count), count, ms * 1e3);
+      } else {
+        line += " pinned: does not take these rows;";
+      }
+      cublasLtMatmulAlgo_t own{};
+      if (g.pick(t, CUBLASLT_REDUCTION_SCHEME_NONE, own) && g.run(own, t, x->p, w->p, y->p)) {
+        device_sync();
+        const double ms = median_ms([&](int) { g.run(own, t, x->p, w->p, y->p); });
+        line += fmt::format(" own pick ({}) {} differ, {:.1f} us;", algo_name(own),
+                            differing(download(*y, count), natural, count), ms * 1e3);
+      }
+      blas.gemm_bf16(nullptr, s.n, s.k, t, false, x->p, w->p, y->p);
+      device_sync();
+      const int plain = differing(download(*y, count), natural, count);
+      const double ms =
+          median_ms([&](int) { blas.gemm_bf16(nullptr, s.n, s.k, t, false, x->p, w->p, y->p); });
+      MESSAGE(line << fmt::format(" cublasGemmEx {} differ, {:.1f} us", plain, ms * 1e3));
+    }
+  }
+}
+#endif
