@@ -207,7 +207,7 @@ bool linear_mma_fits(const LinearDims& d) {
   return !d.norm && d.round_act && d.k > 0 && d.k % 64 == 0 && d.n > 0 &&
          d.n % (16 * groups) == 0 && d.max_tokens >= 1 && d.max_tokens <= 8 && stages >= 2 &&
          32 * groups * splits <= 1024 && ring + xs <= 200 * 1024 &&
-         (!d.mma_chain || (d.k / 64) % splits == 0);
+         (!d.mma_chain || (d.k / 64) % splits == 0) && !(d.mma_chain && d.mma_natural);
 }
 
 bool linear_smem_chain_fits(const LinearDims& d) {
@@ -259,18 +259,20 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
     if (!linear_mma_fits(d))
       throw Error(fmt::format("codegen: the tensor-core linear takes bf16 activations, no norm, K "
                               "a multiple of 64 and N of its row groups (K {}, N {}; the "
-                              "canonical order: K splits dividing K / 64)",
+                              "canonical order: K splits dividing K / 64; one K order)",
                               d.k, d.n));
     const auto [groups, splits, stages] = linear_mma_tiling(d);
-    name = fmt::format("linear{}_k{}_n{}{}_t{}_mma_g{}_s{}_r{}_a16{}",
-                       d.residual ? "_residual" : "", d.k, d.n, d.bias ? "" : "_nobias",
-                       d.max_tokens, groups, splits, stages, d.mma_chain ? "_chain" : "");
+    name =
+        fmt::format("linear{}_k{}_n{}{}_t{}_mma_g{}_s{}_r{}_a16{}{}", d.residual ? "_residual" : "",
+                    d.k, d.n, d.bias ? "" : "_nobias", d.max_tokens, groups, splits, stages,
+                    d.mma_chain ? "_chain" : "", d.mma_natural ? "_natural" : "");
     launch.block = 32 * groups * splits;
     launch.blocks_x = d.n / (16 * groups);
     launch.smem_fixed = size_t(groups) * splits * stages * 2048;
     launch.smem_per_token = (size_t(d.k) / 2 + 4) * 4;
-    call = fmt::format("linear_decode_mma<{}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n,
-                       d.max_tokens, groups, splits, stages, d.bias, d.residual, d.mma_chain);
+    call = fmt::format("linear_decode_mma<{}, {}, {}, {}, {}, {}, {}, {}, {}{}>", d.k, d.n,
+                       d.max_tokens, groups, splits, stages, d.bias, d.residual, d.mma_chain,
+                       d.mma_natural ? ", true" : "");
     return assemble(std::move(name), ir_lines, "linear.cuh", call, params, launch,
                     DependencyWait::InCall);
   }

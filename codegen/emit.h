@@ -75,6 +75,10 @@ struct LinearDims {
   /// per K split, the splits added in order; mma_splits must divide K / 64 (the lowering gives
   /// the gemm's split, so that a token's outputs are the gemm's bits). Name suffix "_chain".
   bool mma_chain = false;
+  /// With mma: K in its natural order (linear_decode_mma's NATURAL), each K split one chain from
+  /// zero, the splits added in order; with mma_splits 1 a row's sum is a library gemm's chain
+  /// over K (cuBLAS without split K). Not with mma_chain. Name suffix "_natural".
+  bool mma_natural = false;
   /// linear_decode_smem (one token, no norm, sm_90): each block's rows copied whole into shared
   /// memory before the dependency wait, so the weights stream while the previous kernel runs
   /// (o_proj under attention_combine). Rows a block: linear_smem_rows.

@@ -370,14 +370,20 @@ __device__ __forceinline__ void wg_tile_mma(unsigned at, const unsigned* xc, flo
 /// its rows in each chunk, two 16-byte shared loads a row; the activations are staged in the
 /// same slots), the splits are added in order, then the bias, then the residual: the sums
 /// gemm_splitk_reduce gives the gemm's partials, so a token's outputs are the gemm's bits.
+///
+/// NATURAL: K in its natural order, each split one accumulator from zero over its chunks (MMA j
+/// of a chunk multiplies K values 16 j .. 16 j + 15, as a library gemm's chain does; the
+/// activations rounded and paired as gemm_act<.., NATURAL> writes them); with KS 1 a row's sum is
+/// the natural chain over all of K.
 template <int K, int N, int MAX_T, int RG, int KS, int STAGES, bool BIAS, bool RESIDUAL,
-          bool CHAIN = false>
+          bool CHAIN = false, bool NATURAL = false>
 __device__ __forceinline__ void
 linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__, float,
                   const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
                   const float* h, float* y, int tokens) {
   static_assert(K % 64 == 0 && N % (16 * RG) == 0 && MAX_T >= 1 && MAX_T <= 8 && STAGES >= 2,
                 "whole chunks of 64 values, whole row groups, at most 8 tokens, two stages");
+  static_assert(!(CHAIN && NATURAL), "one K order");
   constexpr int kWarps = RG * KS, kThreads = kWarp * kWarps;
   constexpr int kChunks = K / 64, kPer = (kChunks + KS - 1) / KS; // a warp's chunks
   constexpr int kXStride = K / 2 + 4;    // words a token: the 8 tokens' rows hit distinct banks
@@ -430,6 +436,9 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
       const int a = (k2 / 32) * 64 + wg_k_of_slot(2 * (k2 % 32));
       const float* xr = x + (size_t)t * K;
       xs[t * kXStride + k2] = pack_bf16x2(xr[a], xr[a + 4]);
+    } else if constexpr (NATURAL) { // K 2 k2 and 2 k2 + 1, as gemm_act<.., NATURAL> packs them
+      const float2 v = reinterpret_cast<const float2*>(x + (size_t)t * K)[k2];
+      xs[t * kXStride + k2] = pack_bf16x2(v.x, v.y);
     } else {
       const float2 v = reinterpret_cast<const float2*>(x + (size_t)t * K)[k2];
       xs[t * kXStride + k2] = __byte_perm(__float_as_uint(act_value<true>(v.x)),
@@ -453,8 +462,10 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
       continue;
     }
     // A chunk's 4 MMAs from zero, then one fp32 add each: the tensor cores' accumulation
-    // (which does not round like fp32 adds) stays 4 MMAs long whatever the K split.
-    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // (which does not round like fp32 adds) stays 4 MMAs long whatever the K split. NATURAL:
+    // straight into the split's chain.
+    float p0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float(&p)[4] = NATURAL ? d : p0;
 #pragma unroll
     for (int j = 0; j < 8; j += 2) {
       unsigned a[4]; // word c of rows g, g + 8 of slot j, then of slot j + 1
@@ -467,9 +478,10 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
                      "r"(xc[4 * j + 4]));
 #endif
     }
+    if constexpr (!NATURAL)
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
-      d[q] += p[q];
+      for (int q = 0; q < 4; ++q)
+        d[q] += p[q];
     buf = buf == STAGES - 1 ? 0 : buf + 1;
   }
   cp_async_wait<0>();

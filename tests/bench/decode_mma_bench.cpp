@@ -1,5 +1,6 @@
 // The tensor-core decode GEMVs against the FMA kernels they replace, on the 20b's shapes (the
-// MXFP4 MoE rows at one token, o_proj at 1 and 8 tokens, lm_head at 1, 2 and 8): us per launch
+// MXFP4 MoE rows at one token, o_proj at 1 and 8 tokens, lm_head at 1, 2 and 8; the dense ones
+// also in the canonical order and as one chain over natural K): us per launch
 // back to back, weights cycled beyond the 50 MB L2. Part of kernels_bench (never run by ctest;
 // docs/PERF.md keeps the figures):
 //   build/tests/kernels_bench -tc="MXFP4 MoE decode*,o_proj decode GEMV*,lm_head decode GEMV*"
@@ -236,10 +237,12 @@ TEST_CASE("MXFP4 MoE decode at 2-8 tokens: a block a pair against tokens as colu
 namespace {
 
 /// A decode linear's tuning in the sweep: FMA (unroll a, rows and K splits by default) or tensor
-/// cores (groups a, splits b, stages c), for steps of up to max_t tokens.
+/// cores (groups a, splits b, stages c), for steps of up to max_t tokens; order 1: gemm_wg's K
+/// slots in chains (the canonical order's), 2: the natural K order in chains (mma_natural).
 struct LinearVariant {
   bool mma;
   int max_t, a, b, c;
+  int order = 0;
 };
 
 /// us per launch of each variant of `base` at each of `tokens`, weights cycled beyond the L2.
@@ -265,6 +268,8 @@ void bench_linear(const char* label, LinearDims base, const std::vector<LinearVa
       d.mma_groups = v.a;
       d.mma_splits = v.b;
       d.mma_stages = v.c;
+      d.mma_chain = v.order == 1;
+      d.mma_natural = v.order == 2;
     } else {
       d.unroll = v.a;
     }
@@ -314,7 +319,16 @@ TEST_CASE("o_proj decode GEMV: FMA against tensor cores, 20b, 1 and 8 tokens (in
                 {true, 8, 1, 16, 4},
                 {true, 8, 2, 8, 4},
                 {true, 8, 1, 4, 8},
-                {true, 8, 4, 2, 8}},
+                {true, 8, 4, 2, 8},
+                // the canonical order as plans have it (8 K ranges in gemm_wg's slots), then one
+                // chain over natural K (cuBLAS's without split K) with more rows and deeper rings
+                {true, 8, 2, 8, 4, 1},
+                {true, 8, 2, 8, 4, 2},
+                {true, 8, 4, 1, 8, 2},
+                {true, 8, 4, 1, 16, 2},
+                {true, 8, 8, 1, 8, 2},
+                {true, 8, 2, 1, 24, 2},
+                {true, 8, 1, 1, 32, 2}},
                {1, 8});
 }
 
@@ -330,6 +344,10 @@ TEST_CASE("lm_head decode GEMV: FMA against tensor cores, 20b, 1, 2 and 8 tokens
                 {true, 8, 2, 4, 2},
                 {true, 8, 4, 4, 2},
                 {true, 8, 1, 8, 4},
-                {true, 8, 4, 2, 4}},
+                {true, 8, 4, 2, 4},
+                {true, 8, 2, 1, 4, 1}, // the canonical order's (one range: wg_splitk 1)
+                {true, 8, 2, 1, 4, 2}, // natural K
+                {true, 8, 4, 1, 8, 2},
+                {true, 8, 2, 1, 16, 2}},
                {1, 2, 8});
 }

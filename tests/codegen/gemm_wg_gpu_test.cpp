@@ -157,6 +157,50 @@ TEST_CASE("gemm_wg in the natural K order: one chain over K, as cuBLAS sums it, 
   CHECK_FALSE(gemm_wg_fits(m));
 }
 
+TEST_CASE("linear_decode_mma in the natural K order: one chain over K, the natural chain's bits") {
+  XSERV_REQUIRE_GPU();
+  // The decode kernel of 1-8 tokens with mma_natural and one K split against the mma.sync chain
+  // over natural K of gemm_act<.., NATURAL>'s bf16 activations: the order of a library gemm
+  // without split K, for a dense canonical order on cuBLAS (kernels_bench "dense K order").
+  uint64_t seed = 7700;
+  for (auto [k, n] : {std::pair{2880, 5120}, std::pair{4096, 2880}}) {
+    Rng rng{++seed};
+    const int tokens = 8;
+    const Tensor x = random_f32(rng, {tokens, k}, 2.0f);
+    auto w = upload(random_bf16(rng, {n, k}, 1.0f / std::sqrt(float(k))).bits);
+    auto dx = upload(x.f);
+    GemmActDims ad{k, false, false, 1e-5, 1};
+    ad.natural = true;
+    const Act a = make_act(ad, tokens, dx->p, nullptr);
+    const std::vector<float> want = run_chain(*a.hi, *w, tokens, n, k, 0);
+    for (auto [groups, stages] : {std::pair{4, 8}, std::pair{1, 16}}) {
+      LinearDims d{k, n, false, false, false};
+      d.round_act = true;
+      d.mma = true;
+      d.mma_natural = true;
+      d.mma_groups = groups;
+      d.mma_splits = 1;
+      d.mma_stages = stages;
+      d.max_tokens = 8;
+      REQUIRE(linear_mma_fits(d));
+      const Loaded& l = load(emit_linear(d, {}));
+      for (int t : {1, 3, 8}) {
+        auto y = poisoned(size_t(t) * n);
+        launch(l, t, 1, dx->p, w->p, y->p, t);
+        device_sync();
+        const std::vector<float> got = download(*y, size_t(t) * n);
+        CAPTURE(l.src.name);
+        CAPTURE(t);
+        CHECK(differing(got, want, got.size()) == 0);
+      }
+    }
+  }
+  LinearDims both{2880, 5120, false, false, false};
+  both.round_act = both.mma = both.mma_natural = both.mma_chain = true;
+  both.mma_splits = 1;
+  CHECK_FALSE(linear_mma_fits(both)); // one K order
+}
+
 TEST_CASE("gemm_wg grouped MoE kernels match ir::ref, MXFP4 weights give the BF16 bits") {
   XSERV_REQUIRE_GPU();
   if (!sm90()) {
