@@ -255,6 +255,8 @@ KernelSource emit_linear(const LinearDims& d, const std::vector<std::string>& ir
   std::string call =
       fmt::format("linear_decode<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k, d.n, d.max_tokens,
                   rows, d.norm, d.bias, d.residual, d.prefetch, d.unroll, d.ksplit);
+  if (d.mma_natural && !d.mma)
+    throw Error("codegen: the natural K order is the tensor-core linear's (mma)");
   if (d.mma) {
     if (!linear_mma_fits(d))
       throw Error(fmt::format("codegen: the tensor-core linear takes bf16 activations, no norm, K "

@@ -107,6 +107,31 @@ TEST_CASE("gemm_wg dense kernels match ir::ref (norm, bias, residual, tiles, spl
   }
 }
 
+namespace {
+
+/// `tokens` random fp32 rows of K and bf16 weights [n, k] on the GPU, gemm_act<.., NATURAL>'s
+/// bf16 activations of the rows, and the mma.sync chain over natural K of those (the sums a
+/// library gemm without split K gives: tests/codegen/order_chain.h).
+struct NaturalReference {
+  std::unique_ptr<DevBuf> x, w;
+  Act act;
+  std::vector<float> want;
+};
+NaturalReference natural_reference(int k, int n, int tokens, uint64_t seed) {
+  Rng rng{seed};
+  const Tensor x = random_f32(rng, {tokens, k}, 2.0f);
+  NaturalReference r;
+  r.w = upload(random_bf16(rng, {n, k}, 1.0f / std::sqrt(float(k))).bits);
+  r.x = upload(x.f);
+  GemmActDims ad{k, false, false, 1e-5, 1};
+  ad.natural = true;
+  r.act = make_act(ad, tokens, r.x->p, nullptr);
+  r.want = run_chain(*r.act.hi, *r.w, tokens, n, k, 0);
+  return r;
+}
+
+} // namespace
+
 TEST_CASE("gemm_wg in the natural K order: one chain over K, as cuBLAS sums it, bit for bit") {
   XSERV_REQUIRE_GPU();
   if (!sm90()) {
@@ -127,15 +152,7 @@ TEST_CASE("gemm_wg in the natural K order: one chain over K, as cuBLAS sums it, 
   // order cuBLAS takes for these shapes from 64 rows: kernels_bench "dense K order"), on the
   // same bf16 activations; every tiling and token count of the lowering's.
   for (auto [k, n] : {std::pair{2880, 5120}, std::pair{4096, 2880}}) {
-    Rng rng{++seed};
-    const int tokens = 300;
-    const Tensor x = random_f32(rng, {tokens, k}, 2.0f);
-    auto w = upload(random_bf16(rng, {n, k}, 1.0f / std::sqrt(float(k))).bits);
-    auto dx = upload(x.f);
-    GemmActDims ad{k, false, false, 1e-5, 1};
-    ad.natural = true;
-    const Act a = make_act(ad, tokens, dx->p, nullptr);
-    const std::vector<float> want = run_chain(*a.hi, *w, tokens, n, k, 0);
+    const NaturalReference r = natural_reference(k, n, 300, ++seed);
     for (auto [bn, wm] : {std::pair{128, 2}, std::pair{128, 1}, std::pair{64, 1}})
       for (int t : {9, 64, 200, 300}) {
         GemmWgDims d = dense(k, n, false, false, bn, wm, false);
@@ -143,12 +160,12 @@ TEST_CASE("gemm_wg in the natural K order: one chain over K, as cuBLAS sums it, 
         d.stages = wm == 2 ? 3 : 4;
         const Loaded& l = load(emit_gemm_wg(d, {}));
         auto y = poisoned(size_t(t) * n);
-        launch_wg(l, t, a, false, w->p, nullptr, nullptr, y->p, nullptr, nullptr, nullptr);
+        launch_wg(l, t, r.act, false, r.w->p, nullptr, nullptr, y->p, nullptr, nullptr, nullptr);
         device_sync();
         const std::vector<float> got = download(*y, size_t(t) * n);
         CAPTURE(l.src.name);
         CAPTURE(t);
-        CHECK(differing(got, want, got.size()) == 0);
+        CHECK(differing(got, r.want, got.size()) == 0);
       }
   }
   // MXFP4 weights have no natural-order form.
@@ -159,20 +176,16 @@ TEST_CASE("gemm_wg in the natural K order: one chain over K, as cuBLAS sums it, 
 
 TEST_CASE("linear_decode_mma in the natural K order: one chain over K, the natural chain's bits") {
   XSERV_REQUIRE_GPU();
+  if (!sm90()) {
+    MESSAGE("skipped: the reference activations come from gemm_act (gemm_wg.cuh, sm_90)");
+    return;
+  }
   // The decode kernel of 1-8 tokens with mma_natural and one K split against the mma.sync chain
   // over natural K of gemm_act<.., NATURAL>'s bf16 activations: the order of a library gemm
   // without split K, for a dense canonical order on cuBLAS (kernels_bench "dense K order").
   uint64_t seed = 7700;
   for (auto [k, n] : {std::pair{2880, 5120}, std::pair{4096, 2880}}) {
-    Rng rng{++seed};
-    const int tokens = 8;
-    const Tensor x = random_f32(rng, {tokens, k}, 2.0f);
-    auto w = upload(random_bf16(rng, {n, k}, 1.0f / std::sqrt(float(k))).bits);
-    auto dx = upload(x.f);
-    GemmActDims ad{k, false, false, 1e-5, 1};
-    ad.natural = true;
-    const Act a = make_act(ad, tokens, dx->p, nullptr);
-    const std::vector<float> want = run_chain(*a.hi, *w, tokens, n, k, 0);
+    const NaturalReference r = natural_reference(k, n, 8, ++seed);
     for (auto [groups, stages] : {std::pair{4, 8}, std::pair{1, 16}}) {
       LinearDims d{k, n, false, false, false};
       d.round_act = true;
@@ -186,12 +199,12 @@ TEST_CASE("linear_decode_mma in the natural K order: one chain over K, the natur
       const Loaded& l = load(emit_linear(d, {}));
       for (int t : {1, 3, 8}) {
         auto y = poisoned(size_t(t) * n);
-        launch(l, t, 1, dx->p, w->p, y->p, t);
+        launch(l, t, 1, r.x->p, r.w->p, y->p, t);
         device_sync();
         const std::vector<float> got = download(*y, size_t(t) * n);
         CAPTURE(l.src.name);
         CAPTURE(t);
-        CHECK(differing(got, want, got.size()) == 0);
+        CHECK(differing(got, r.want, got.size()) == 0);
       }
     }
   }

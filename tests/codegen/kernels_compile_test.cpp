@@ -32,6 +32,13 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
   om.mma_splits = wg_splitk(q, d);
   if (linear_mma_fits(om))
     out.push_back(emit_linear(om, {"o_proj + residual, canonical order"}));
+  om.mma_chain = false; // one chain over natural K (cuBLAS's order without split K)
+  om.mma_natural = true;
+  om.mma_splits = 1;
+  om.mma_groups = 4;
+  om.mma_stages = 8;
+  if (linear_mma_fits(om))
+    out.push_back(emit_linear(om, {"o_proj + residual, natural K order"}));
   for (bool round : {false, true}) { // one token, the rows resident in shared memory (sm_90)
     LinearDims os{q, d, false, true, true};
     os.max_tokens = 1;
@@ -133,6 +140,12 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
     if (moe_mma_fits(moe)) {
       out.push_back(emit_moe_gate_up(moe, {"moe gate_up, canonical order"}));
       out.push_back(emit_moe_down_part(moe, {"moe down part, canonical order"}));
+    }
+    MoeDims mc = moe; // ... with the tokens of 7-8-token steps as the MMA's columns
+    mc.mma_cols = true;
+    if (moe_cols_fits(mc)) {
+      out.push_back(emit_moe_gate_up(mc, {"moe gate_up, canonical order, tokens as columns"}));
+      out.push_back(emit_moe_down_part(mc, {"moe down part, canonical order, tokens as columns"}));
     }
   }
   moe.mma_chain = false;
@@ -378,6 +391,16 @@ TEST_CASE("tensor-core decode kernels: launch rules, ring sizes, and shapes they
   CHECK(cdn.name == "moe_down_part_e32_k4_d2880_i2880_mx4_a16_mma_g4_s1_c8_t2_chain");
   CHECK(cdn.launch.block == 128);
   CHECK(cdn.launch.smem(1) == 4 * (2 * 2048 + 16 * 4 * 24));
+  // ... and with the tokens as columns: the same rings, then a staged row a token (2 bytes a
+  // value, gemm_act's slots)
+  MoeDims cc = c;
+  cc.mma_cols = true;
+  REQUIRE(moe_cols_fits(cc));
+  const KernelSource ccg = emit_moe_gate_up(cc, {});
+  CHECK(ccg.name == "moe_gate_up_e32_k4_d2880_i2880_mx4_a16_mma_g8_s1_c8_t2_cols_chain");
+  CHECK(ccg.launch.smem(8) == cgu.launch.smem(1) + 8 * 2880 * 2);
+  CHECK(ccg.source.find("moe_gate_up_mx4_cols<2880, 2880, 32, 4, 8, 1, 8, 2, true>") !=
+        std::string::npos);
   c.mma_stages = 0; // ... through the ring only
   CHECK_FALSE(moe_mma_fits(c));
   CHECK_THROWS_WITH(emit_moe_gate_up(c, {}), doctest::Contains("canonical order"));
@@ -420,6 +443,22 @@ TEST_CASE("tensor-core decode kernels: launch rules, ring sizes, and shapes they
   CHECK_FALSE(linear_mma_fits(o));
   CHECK_THROWS_WITH(emit_linear(o, {}), doctest::Contains("tensor-core linear"));
   o.norm = false;
+  // One chain over natural K (mma_natural): its name and template argument; one K order only,
+  // and only on tensor cores.
+  LinearDims on = o;
+  on.mma_natural = true;
+  on.mma_splits = 1;
+  on.mma_groups = 4;
+  on.mma_stages = 8;
+  REQUIRE(linear_mma_fits(on));
+  const KernelSource ln = emit_linear(on, {});
+  CHECK(ln.name == "linear_residual_k4096_n2880_t8_mma_g4_s1_r8_a16_natural");
+  CHECK(ln.source.find("linear_decode_mma<4096, 2880, 8, 4, 1, 8, true, true, false, true>") !=
+        std::string::npos);
+  on.mma_chain = true;
+  CHECK_FALSE(linear_mma_fits(on));
+  on.mma_chain = on.mma = false;
+  CHECK_THROWS_WITH(emit_linear(on, {}), doctest::Contains("natural K order"));
   o.k = 2880 + 32;
   CHECK_FALSE(linear_mma_fits(o));
 }
