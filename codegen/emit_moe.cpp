@@ -166,9 +166,9 @@ namespace {
 void check_moe_cols(const MoeDims& d) {
   if (!moe_cols_fits(d))
     throw Error(fmt::format("codegen: the MoE decode kernels with tokens as columns take the "
-                            "tensor-core kernels, at most 4 experts a token (k = {}) and rows of 8 "
-                            "tokens beside the rings in shared "
-                            "memory (hidden {}, intermediate {})",
+                            "tensor-core kernels, at most 4 experts a token (k = {}) and rows of "
+                            "8 tokens beside the rings in shared memory (hidden {}, intermediate "
+                            "{})",
                             d.k, d.hidden, d.inter));
 }
 
