@@ -55,10 +55,20 @@ std::unique_ptr<DevBuf> mxfp4_experts(Rng& rng, int experts, int rows, int cols)
   return upload(bytes);
 }
 
-} // namespace
+/// A tiling of the MoE decode kernels (moe_one_token_bench).
+struct MoeVariant {
+  int mma; // 0 FMA, 1 tensor cores (words into registers), 2.. (a shared ring of that depth)
+  int groups, splits, chunk, min_blocks; // MMA tiling (0: default), or FMA rows, unroll
+  bool chain = false; // the canonical order (Mx4ChainRows: the canonical K ranges, or
+                      // `splits` ranges when set)
+};
 
-TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informational)") {
-  XSERV_REQUIRE_GPU();
+/// The 20b's MoE gate_up and down kernels at one token under `gu_variants` / `dn_variants`:
+/// us a launch, back to back, the experts beyond L2; with narrow_runs also the default tilings
+/// on fewer blocks.
+void moe_one_token_bench(const std::vector<MoeVariant>& gu_variants,
+                         const std::vector<MoeVariant>& dn_variants, bool narrow_runs) {
+  using Variant = MoeVariant;
   MoeDims d{2880, 2880, 32, 4, false};
   d.mxfp4 = true;
   d.round_act = true;
@@ -78,31 +88,6 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
   }
   const double mb_gu = 2.0 * d.k * d.hidden * d.inter * (0.5 + 1.0 / 32) / 1e6;
   const double mb_dn = mb_gu / 2;
-  struct Variant {
-    int mma; // 0 FMA, 1 tensor cores (words into registers), 2.. (a shared ring of that depth)
-    int groups, splits, chunk, min_blocks; // MMA tiling (0: default), or FMA rows, unroll
-    bool chain = false; // the canonical order (Mx4ChainRows: the canonical K ranges, or
-                        // `splits` ranges when set)
-  };
-  const std::vector<Variant> gu_variants = {
-      {0, 0, 2, 0, 0},       {2, 4, 2, 8, 0},       {2, 4, 2, 8, 3},       {2, 1, 4, 8, 0},
-      {2, 2, 4, 8, 0},       {2, 2, 2, 8, 0},       {3, 4, 2, 8, 0},       {3, 1, 4, 8, 0},
-      {4, 4, 2, 8, 0},       {2, 1, 8, 8, 0},       {3, 4, 1, 8, 0},       {4, 4, 1, 8, 0},
-      {8, 4, 1, 8, 0}, // whole-K warps, deeper rings
-      {2, 4, 3, 8, 0, true}, {2, 2, 3, 8, 0, true}, {3, 4, 3, 8, 0, true}, {2, 8, 3, 8, 0, true},
-      {2, 1, 3, 8, 0, true}, // 3 K ranges (the canonical order's before one chain), and others
-      {3, 4, 5, 8, 0, true}, {3, 2, 5, 8, 0, true}, {3, 2, 9, 8, 0, true}, {3, 1, 9, 8, 0, true},
-      {2, 4, 5, 8, 0, true}, {2, 4, 1, 8, 0, true}, {3, 4, 1, 8, 0, true}, {2, 8, 1, 8, 0, true},
-      {3, 8, 1, 8, 0, true}, {2, 2, 1, 8, 0, true}}; // (one chain over K with other row groups)
-  const std::vector<Variant> dn_variants = {
-      {0, 0, 2, 0, 0},       {2, 2, 4, 8, 0},       {2, 2, 4, 8, 3},       {2, 1, 4, 8, 0},
-      {2, 2, 2, 8, 0},       {2, 1, 8, 8, 0},       {3, 2, 4, 8, 0},       {3, 1, 4, 8, 0},
-      {4, 2, 4, 8, 0},       {2, 2, 3, 8, 0},       {3, 2, 1, 8, 0},       {4, 2, 1, 8, 0},
-      {8, 2, 1, 8, 0},       {3, 2, 2, 8, 0},       {2, 2, 3, 8, 0, true}, {2, 1, 3, 8, 0, true},
-      {3, 2, 3, 8, 0, true}, {2, 4, 3, 8, 0, true}, // 3 K ranges, and others
-      {3, 2, 5, 8, 0, true}, {3, 4, 5, 8, 0, true}, {3, 2, 9, 8, 0, true}, {3, 1, 9, 8, 0, true},
-      {2, 2, 5, 8, 0, true}, {4, 2, 5, 8, 0, true}, {2, 2, 1, 8, 0, true}, {3, 2, 1, 8, 0, true},
-      {2, 4, 1, 8, 0, true}, {3, 4, 1, 8, 0, true}, {2, 1, 1, 8, 0, true}};
   auto dims = [&](const Variant& v) {
     MoeDims m = d;
     m.mma = v.mma > 0;
@@ -149,6 +134,8 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
     MESSAGE("mxfp4 down_part " << k.src.name << ": " << us << " us, " << mb_dn / us * 1e3
                                << " GB/s of weights");
   }
+  if (!narrow_runs)
+    return;
   // The default tilings on fewer blocks (grid.x below its 90, the bytes in proportion): how
   // the time grows with the blocks an SM carries (docs/PERF.md, "Kernel figures").
   auto narrow = [](KernelSource k, int bx) {
@@ -171,6 +158,48 @@ TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informati
                                   << mb_dn * bx / 90 / ud * 1e3 << " GB/s)");
   }
   device_sync();
+}
+
+} // namespace
+
+TEST_CASE("MXFP4 MoE decode: FMA against tensor cores, 20b, one token (informational)") {
+  XSERV_REQUIRE_GPU();
+  using Variant = MoeVariant;
+  const std::vector<Variant> gu_variants = {
+      {0, 0, 2, 0, 0},       {2, 4, 2, 8, 0},       {2, 4, 2, 8, 3},       {2, 1, 4, 8, 0},
+      {2, 2, 4, 8, 0},       {2, 2, 2, 8, 0},       {3, 4, 2, 8, 0},       {3, 1, 4, 8, 0},
+      {4, 4, 2, 8, 0},       {2, 1, 8, 8, 0},       {3, 4, 1, 8, 0},       {4, 4, 1, 8, 0},
+      {8, 4, 1, 8, 0}, // whole-K warps, deeper rings
+      {2, 4, 3, 8, 0, true}, {2, 2, 3, 8, 0, true}, {3, 4, 3, 8, 0, true}, {2, 8, 3, 8, 0, true},
+      {2, 1, 3, 8, 0, true}, // 3 K ranges (the canonical order's before one chain), and others
+      {3, 4, 5, 8, 0, true}, {3, 2, 5, 8, 0, true}, {3, 2, 9, 8, 0, true}, {3, 1, 9, 8, 0, true},
+      {2, 4, 5, 8, 0, true}, {2, 4, 1, 8, 0, true}, {3, 4, 1, 8, 0, true}, {2, 8, 1, 8, 0, true},
+      {3, 8, 1, 8, 0, true}, {2, 2, 1, 8, 0, true}}; // (one chain over K with other row groups)
+  const std::vector<Variant> dn_variants = {
+      {0, 0, 2, 0, 0},       {2, 2, 4, 8, 0},       {2, 2, 4, 8, 3},       {2, 1, 4, 8, 0},
+      {2, 2, 2, 8, 0},       {2, 1, 8, 8, 0},       {3, 2, 4, 8, 0},       {3, 1, 4, 8, 0},
+      {4, 2, 4, 8, 0},       {2, 2, 3, 8, 0},       {3, 2, 1, 8, 0},       {4, 2, 1, 8, 0},
+      {8, 2, 1, 8, 0},       {3, 2, 2, 8, 0},       {2, 2, 3, 8, 0, true}, {2, 1, 3, 8, 0, true},
+      {3, 2, 3, 8, 0, true}, {2, 4, 3, 8, 0, true}, // 3 K ranges, and others
+      {3, 2, 5, 8, 0, true}, {3, 4, 5, 8, 0, true}, {3, 2, 9, 8, 0, true}, {3, 1, 9, 8, 0, true},
+      {2, 2, 5, 8, 0, true}, {4, 2, 5, 8, 0, true}, {2, 2, 1, 8, 0, true}, {3, 2, 1, 8, 0, true},
+      {2, 4, 1, 8, 0, true}, {3, 4, 1, 8, 0, true}, {2, 1, 1, 8, 0, true}};
+  moe_one_token_bench(gu_variants, dn_variants, true);
+}
+
+TEST_CASE("MXFP4 MoE decode in the canonical order: ring depths and row groups, 20b, one token "
+          "(informational)") {
+  XSERV_REQUIRE_GPU();
+  // One chain over K (the canonical experts): a warp's ring of 3 to 8 chunks (2 to 7 in
+  // flight), 2 to 8 row groups a block.
+  std::vector<MoeVariant> gu, dn;
+  for (int stages : {3, 4, 6, 8}) {
+    for (int groups : {4, 8})
+      gu.push_back({stages, groups, 1, 8, 0, true});
+    for (int groups : {2, 4, 8})
+      dn.push_back({stages, groups, 1, 8, 0, true});
+  }
+  moe_one_token_bench(gu, dn, false);
 }
 
 TEST_CASE("MXFP4 MoE decode at 2-8 tokens: a block a pair against tokens as columns, 20b "
