@@ -72,11 +72,16 @@ int cmd_compile(const ParsedArgs& args) {
     o.dense_cublas = dense == "cublas";
   }
   const std::string order = args.get("--gemm-order", "fast");
-  if (order != "fast" && order != "canonical")
-    throw UsageError(fmt::format("--gemm-order must be fast or canonical, got '{}'", order));
-  o.gemm_canonical = order == "canonical";
-  if (o.gemm_canonical && o.dense_cublas.value_or(false))
+  if (order != "fast" && order != "canonical" && order != "natural")
+    throw UsageError(
+        fmt::format("--gemm-order must be fast, canonical or natural, got '{}'", order));
+  o.gemm_canonical = order != "fast";
+  o.gemm_natural = order == "natural";
+  if (order == "canonical" && o.dense_cublas.value_or(false))
     throw UsageError("--gemm-order canonical takes gemm_wg's projections: not --dense-gemm cublas");
+  if (o.gemm_natural && (o.gemm_split || o.arch != "sm_90" || !o.dense_cublas.value_or(true)))
+    throw UsageError("--gemm-order natural needs --gemm-precision bf16, an sm_90 plan and cuBLAS's "
+                     "projections (not --dense-gemm wg)");
   const std::string kv = args.get("--kv-dtype", "f32");
   if (kv != "f32" && kv != "bf16")
     throw UsageError(fmt::format("--kv-dtype must be f32 or bf16, got '{}'", kv));

@@ -98,7 +98,8 @@ int cmd_inspect(const ParsedArgs& args) {
   // default): attention does when its launches split by key chunks (the canonical order of
   // attention_mma.cuh); the experts when every MoE decode kernel is a canonical one (its name
   // ends in _chain: gemm_wg's order, Mx4ChainRows); the dense linears when the plan is canonical
-  // (no library call) and no decode GEMV of theirs is outside that order (qkv and the router
+  // (no library call, or in the natural order: cuBLAS pinned) and no decode GEMV of theirs is
+  // outside that order (qkv and the router
   // fused in their chained kernels, qkv_rope_decode_chain and rmsnorm_router_topk_chain, or on
   // the gemms; the other linears' decode kernels chained).
   int attention_chunk = 0;
@@ -112,12 +113,13 @@ int cmd_inspect(const ParsedArgs& args) {
       if (!experts_canonical)
         break;
     }
-  bool linears_canonical = opt.gemm_canonical && !opt.dense_cublas;
+  bool linears_canonical = opt.gemm_canonical && (!opt.dense_cublas || opt.gemm_natural);
   for (const runtime::PlanKernelFile& k : plan.codegen.kernels)
     if (((k.name.starts_with("qkv") || k.name.starts_with("rmsnorm_router_topk")) &&
          k.name.find("_chain_") == std::string::npos) ||
         k.name.starts_with("rmsnorm_linear") ||
-        (k.name.starts_with("linear") && !k.name.ends_with("_chain")))
+        (k.name.starts_with("linear") && !k.name.ends_with("_chain") &&
+         !(opt.gemm_natural && k.name.ends_with("_natural"))))
       linears_canonical = false;
 
   if (args.has("--json")) {
@@ -201,18 +203,20 @@ int cmd_inspect(const ParsedArgs& args) {
                    cfg.num_hidden_layers, std::count(cfg.sliding.begin(), cfg.sliding.end(), true),
                    cfg.sliding_window, cfg.num_local_experts, cfg.num_experts_per_tok,
                    cfg.hidden_size, cfg.vocab_size);
-  s += fmt::format("options: max batch {}, max sequence {}, prefill chunk {}, pp {}, arch {}, "
-                   "kv {}, gemm {}, experts {}{}{}{}{}\n\n",
-                   max_batch, max_seq, opt.prefill_chunk, opt.pp, opt.arch,
-                   runtime::kv_dtype_name(opt.kv_dtype), opt.gemm_split ? "split" : "bf16",
-                   runtime::expert_format_name(opt.expert_format),
-                   opt.mxfp4_max_scale >= 0
-                       ? fmt::format(" (MXFP4 scales up to {}: one multiply a pair)",
-                                     opt.mxfp4_max_scale)
-                       : std::string(),
-                   opt.dense_cublas ? ", dense gemms of prompt steps on cuBLAS" : "",
-                   opt.gemm_canonical ? ", decode kernels in the gemms' canonical order" : "",
-                   opt.timeline ? ", timeline stamps in every kernel (diagnostic)" : "");
+  s += fmt::format(
+      "options: max batch {}, max sequence {}, prefill chunk {}, pp {}, arch {}, "
+      "kv {}, gemm {}, experts {}{}{}{}{}\n\n",
+      max_batch, max_seq, opt.prefill_chunk, opt.pp, opt.arch, runtime::kv_dtype_name(opt.kv_dtype),
+      opt.gemm_split ? "split" : "bf16", runtime::expert_format_name(opt.expert_format),
+      opt.mxfp4_max_scale >= 0
+          ? fmt::format(" (MXFP4 scales up to {}: one multiply a pair)", opt.mxfp4_max_scale)
+          : std::string(),
+      opt.dense_cublas ? ", dense gemms of prompt steps on cuBLAS" : "",
+      opt.gemm_natural     ? ", decode kernels in the gemms' canonical order (dense "
+                             "linears in the natural K order, cuBLAS pinned)"
+      : opt.gemm_canonical ? ", decode kernels in the gemms' canonical order"
+                           : "",
+      opt.timeline ? ", timeline stamps in every kernel (diagnostic)" : "");
   if (plan.pipelined()) {
     // Each stage's program, its share of the weights and KV, the cost model's estimate, and
     // the launch table the CUDA runtime replays for it.
@@ -262,9 +266,12 @@ int cmd_inspect(const ParsedArgs& args) {
                    gb(w.attention), gb(w.router), gb(w.experts), gb(w.embed), gb(w.lm_head));
   if (attention_chunk > 0 && experts_canonical && linears_canonical) {
     s += fmt::format("batch invariance: the whole step, attention (key chunks of {}), the experts "
-                     "and the linears (gemm_wg's K order in every kernel), in one order for every "
-                     "step (the same bits alone or batched, decode or prompt)\n",
-                     attention_chunk);
+                     "and the linears ({}), in one order for every step (the same bits alone or "
+                     "batched, decode or prompt)\n",
+                     attention_chunk,
+                     opt.gemm_natural ? "the natural K order: cuBLAS's fixed order and the decode "
+                                        "kernels"
+                                      : "gemm_wg's K order in every kernel");
   } else if (attention_chunk > 0 || experts_canonical) {
     std::vector<std::string> parts;
     if (attention_chunk > 0)

@@ -205,9 +205,10 @@ const std::vector<Command>& commands() {
          {"--dense-gemm", "wg|cublas",
           "dense projections of prompt steps on cuBLAS (default with bf16 gemms on sm_90) or "
           "our warpgroup gemm"},
-         {"--gemm-order", "fast|canonical",
+         {"--gemm-order", "fast|canonical|natural",
           "every step's sums in the prompt gemms' order (canonical: a token's logits are the "
-          "same bits alone, batched or chunked; projections on our warpgroup gemm, ~18% slower) "
+          "same bits alone, batched or chunked; projections on our warpgroup gemm, ~18% slower; "
+          "natural: the same guarantee with the projections in cuBLAS's K order, on cuBLAS) "
           "or the fastest kernels (default)"},
          {"--no-cubins", "", "write kernel sources only, skip NVRTC"},
          {"--timeline", "",

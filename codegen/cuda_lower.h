@@ -67,6 +67,12 @@ struct LoweringContext {
   /// a token's sums do not depend on the step's size (docs/DESIGN.md, "The gemms' canonical
   /// order").
   bool canonical = false;
+  /// With canonical: the dense linears' order is the natural K order, one chain over K (cuBLAS's
+  /// without split K): prompt steps above 64 rows call cuBLAS (its pinned algorithm: Blas's fixed
+  /// order), smaller gemm steps gemm_wg in the natural order without split K, and the decode
+  /// kernels chain that way (docs/DESIGN.md, "The gemms' canonical order"). The experts keep
+  /// gemm_wg's order.
+  bool natural = false;
   /// Every MXFP4 scale byte is at most 128, so 2^(s - 1) is a bf16 factor: the grouped MoE
   /// gemms scale a decoded pair with one multiply instead of two (the same bits; gemm_wg's
   /// SMALL). Compile sets it from the checkpoint's scales; the upload refuses weights past it.

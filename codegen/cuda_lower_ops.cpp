@@ -154,14 +154,20 @@ void Lowerer::lower_linear(ValueId v) {
   // steps above 8 tokens run gemm_wg: its K slots and its K splits, so that a token's outputs
   // are the same bits in a decode step as in the gemm of a larger one (docs/DESIGN.md, "The
   // gemms' canonical order").
+  // In the natural K order (--gemm-order natural): one chain over K a row group, so the bytes in
+  // flight come from the warps' rings alone: 16 chunks for the narrow o_proj (90 blocks of two
+  // warps), 4 for lm_head's thousands of blocks.
   codegen::LinearDims dm = d;
   dm.mma = true;
   if (c_.wgmma && c_.canonical && gemm_path()) {
-    dm.mma_chain = true;
-    dm.mma_splits = codegen::wg_splitk(d.k, d.n);
+    dm.mma_chain = !c_.natural;
+    dm.mma_natural = c_.natural;
+    dm.mma_splits = c_.natural ? 1 : codegen::wg_splitk(d.k, d.n);
+    if (c_.natural) // no deeper than the chain's K tiles need (small models)
+      dm.mma_stages = std::clamp(d.k / 64 + 1, 2, d.n <= 8192 ? 16 : 4);
     if (!codegen::linear_mma_fits(dm)) {
-      dm.mma_chain = false;
-      dm.mma_splits = 0;
+      dm.mma_chain = dm.mma_natural = false;
+      dm.mma_splits = dm.mma_stages = 0;
     }
   }
   const bool mma = c_.wgmma && codegen::linear_mma_fits(dm);
@@ -171,7 +177,7 @@ void Lowerer::lower_linear(ValueId v) {
   // the previous kernel's trigger lets them do while attention_combine runs; elsewhere 8 loads
   // in flight per lane (13.2 against 15.1 us for the 20b's o_proj in the bandwidth test).
   int kernel1 = -1;
-  if (residual) {
+  if (residual && !(dm.mma_natural && mma)) { // natural: the one chained kernel for any tokens
     codegen::LinearDims d1 = d;
     d1.max_tokens = 1;
     d1.unroll = 8;
@@ -269,9 +275,11 @@ void Lowerer::lower_qkv_rope(ValueId v) {
   // Canonical plans' decode steps: q, k, v, the rope and the cache writes in one launch that
   // sums in the gemms' order (their K splits); the gemms serve every other step.
   codegen::QkvDims qc = qr;
-  qc.chain_q = codegen::wg_splitk(qd.k, qd.nq);
-  qc.chain_kv = codegen::wg_splitk(qd.k, qd.nk);
-  const bool chain = gemm_always && kw >= 0 && codegen::wg_splitk(qd.k, qd.nv) == qc.chain_kv &&
+  qc.chain_q = c_.natural ? 1 : codegen::wg_splitk(qd.k, qd.nq);
+  qc.chain_kv = c_.natural ? 1 : codegen::wg_splitk(qd.k, qd.nk);
+  qc.chain_natural = c_.natural;
+  const bool chain = gemm_always && kw >= 0 &&
+                     (c_.natural || codegen::wg_splitk(qd.k, qd.nv) == qc.chain_kv) &&
                      codegen::qkv_chain_fits(qc);
   const bool rope_fused = (fused || chain) && kw >= 0 && (chain || codegen::qkv_decode_fits(qr));
   // The fused launches' arguments: x, ln, the weights and biases, q, k, v, the rows; with the
@@ -559,18 +567,22 @@ void Lowerer::lower_router(ValueId v) {
   const int kernel = gemv_used ? k_.add(codegen::emit_linear(d, ir_lines(g_, v))) : -1;
   if (gemm_always)
     d.max_tokens = 0;
-  linear(kernel, dense_gemm(d, v, false), d, Rows::Tokens, addr(n.inputs[0]), LaunchArg{},
+  // The router's gemm on cuBLAS too in the natural order (no split K for gemm_wg's small tiles).
+  linear(kernel, dense_gemm(d, v, c_.natural), d, Rows::Tokens, addr(n.inputs[0]), LaunchArg{},
          addr(n.inputs[1]), d.bias ? addr(n.inputs[2]) : LaunchArg{}, LaunchArg{}, router_logits_);
-  // The MoE after this router reads the same x: its gate_up takes these activations.
-  wg_act_valid_ = c_.wgmma;
+  // The MoE after this router reads the same x: its gate_up takes these activations (not in the
+  // natural order: the experts' gemms take gemm_wg's slots).
+  wg_act_valid_ = c_.wgmma && !c_.natural;
   topk(v, d.n, k, router_logits_);
   outer_lo_ = 0;
 }
 
 codegen::RouterTopKDims Lowerer::router_dims(int dim, int experts, int k) const {
   codegen::RouterTopKDims rd{experts, k, !c_.gemm_split};
-  if (canonical_gemms()) // the router gemm's K split (dense_gemm_wg)
-    rd.chain = codegen::wg_splitk(dim, experts);
+  if (canonical_gemms()) { // the router gemm's K split (dense_gemm_wg), or one natural chain
+    rd.chain = c_.natural ? 1 : codegen::wg_splitk(dim, experts);
+    rd.chain_natural = c_.natural;
+  }
   return rd;
 }
 

@@ -32,14 +32,19 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   DenseGemm k;
   k.wg = true;
   check_wg_rows(c_.max_tokens, d.k);
-  k.act = k_.add(codegen::emit_gemm_act({d.k, d.norm, c_.gemm_split, d.eps, 1}, ir_lines(g_, v)));
+  // The natural order (LoweringContext::natural): the activations in K order and one chain over
+  // K at every size, gemm_wg's natural form up to 64 rows and cuBLAS above.
+  codegen::GemmActDims ad{d.k, d.norm, c_.gemm_split, d.eps, 1};
+  ad.natural = c_.natural;
+  k.act = k_.add(codegen::emit_gemm_act(ad, ir_lines(g_, v)));
   codegen::GemmWgDims g;
   g.k = d.k;
   g.n = d.n;
   g.bias = d.bias;
   g.residual = d.residual;
   g.split = c_.gemm_split;
-  k.splitk = codegen::wg_splitk(d.k, d.n, kSms);
+  g.natural = c_.natural;
+  k.splitk = c_.natural ? 1 : codegen::wg_splitk(d.k, d.n, kSms);
   // cuBLAS above kSmallGemmRows rows (plain bf16 activations only: the split pair would need
   // two calls): kernels_bench measured it 1.5-1.7x gemm_wg on the 20b's q and o_proj shapes from
   // 512 tokens on, slower at 64 (docs/PERF.md, "Kernel figures"); lm_head at batched decode's
@@ -84,7 +89,10 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   k.small64 = k_.add(codegen::emit_gemm_wg(g, ir_lines(g_, v)));
   if (use_library) { // cuBLAS's raw sums into lib_part, then bias and residual (or into y)
     k.library = static_cast<int>(t_.library.size());
-    t_.library.push_back({runtime::PlanLibraryCall::Op::GemmBf16, d.n, d.k, false});
+    // The natural order: one algorithm without split K at every row count, pinned at the
+    // largest step (its sums the natural chain's; Blas's fixed order).
+    t_.library.push_back({runtime::PlanLibraryCall::Op::GemmBf16, d.n, d.k, false,
+                          c_.natural ? static_cast<int>(max_rows) : 0});
     if (!direct) {
       k.lib_reduce = k_.add(codegen::emit_gemm_splitk_reduce(
           d.n, 1, d.bias, d.residual, {"adds bias and residual to a library gemm's sums"}));

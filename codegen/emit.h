@@ -114,8 +114,10 @@ struct QkvDims {
   double attention_factor = 1.0;
   bool f32_cache = false;
   /// The canonical order (emit_qkv_rope_chain): q's K ranges and k's and v's (the lowering's
-  /// wg_splitk of each matrix); 0 elsewhere.
+  /// wg_splitk of each matrix); 0 elsewhere. chain_natural: the natural K order, one chain
+  /// over K (both 1): cuBLAS's sums without split K.
   int chain_q = 0, chain_kv = 0;
+  bool chain_natural = false;
 };
 bool qkv_decode_fits(const QkvDims& d);
 KernelSource emit_qkv_decode(const QkvDims& d, const std::vector<std::string>& ir_lines);
@@ -248,8 +250,10 @@ struct RouterTopKDims {
   int experts = 0, k = 0;
   bool round_act = false; ///< norm_router_topk: as LinearDims' (the router GEMV's input)
   /// > 0: norm_router_topk in the canonical order with this many K ranges (the router's
-  /// wg_splitk; emit_norm_router_topk_chain).
+  /// wg_splitk; emit_norm_router_topk_chain); chain_natural: in the natural K order, one chain
+  /// (chain 1).
   int chain = 0;
+  bool chain_natural = false;
 };
 
 /// rms_norm of fp32 rows of `dim` values. Parameters: x, w, y (may alias x); grid.y = rows.

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <vector>
 
 namespace xserv::codegen {
 
@@ -49,8 +50,13 @@ QkvChainTiling qkv_chain_tiling(const QkvDims& d) {
     return t;
   // Warp w of a group takes the ranges w, w + warps, ...: q's one each, k's and v's two.
   t.warps = std::min(std::max(d.chain_q, (d.chain_kv + 1) / 2), 1024 / (32 * t.groups));
-  // The deepest ring (4 to 2 tiles a warp) that keeps two blocks on an SM.
-  for (int s : {4, 3, 2}) {
+  // The deepest ring (4 to 2 tiles a warp) that keeps two blocks on an SM. One chain over K
+  // (natural): a warp a group, so the bytes in flight come from its ring alone: 12 to 2.
+  const std::vector<int> depths =
+      d.chain_natural ? std::vector<int>{12, 8, 6, 4, 3, 2} : std::vector<int>{4, 3, 2};
+  for (int s : depths) {
+    if (d.chain_natural && s > 2 && s > d.k / 64 + 1)
+      continue; // no deeper than the chain's tiles need (small models)
     t.stages = s;
     if (qkv_chain_smem(d, t) <= 113 * 1024)
       break;
@@ -64,7 +70,18 @@ int router_chain_blocks(int experts, int ranges) {
   return std::clamp(((experts + 15) / 16 * ranges + 7) / 8, 1, 8);
 }
 
-constexpr int kRouterChainStages = 3;
+/// norm_router_topk_chain's ring depth: 3 chunks a warp over the K ranges; in the natural order
+/// (one chain a row group, the 20b's two warps stream all of the router) 16, or the chain's
+/// tiles and one.
+int router_chain_stages(int dim, const RouterTopKDims& d) {
+  return d.chain_natural ? std::clamp(dim / 64 + 1, 2, 16) : 3;
+}
+
+/// Its dynamic shared memory: the rings of a block's warps that take a task.
+size_t router_chain_smem(int dim, const RouterTopKDims& d) {
+  const int tasks = (d.experts + 15) / 16 * d.chain;
+  return size_t(std::min(8, tasks)) * router_chain_stages(dim, d) * 2048;
+}
 
 } // namespace
 
@@ -73,25 +90,27 @@ bool qkv_chain_fits(const QkvDims& d) {
   const int tiles = d.k / 64, rows = 16 * t.groups;
   return t.groups > 0 && d.k > 0 && d.k % 64 == 0 && d.chain_q > 0 && d.chain_kv > 0 &&
          tiles % d.chain_q == 0 && tiles % d.chain_kv == 0 && d.round_act && d.nk == d.nv &&
-         d.nq > 0 && d.nk > 0 && d.nq % rows == 0 && d.nk % rows == 0 && d.nq % d.head_dim == 0 &&
-         d.nk % d.head_dim == 0 && d.max_tokens >= 1 && d.max_tokens <= 8 && d.block > 0 &&
-         d.table > 0 && qkv_chain_smem(d, t) <= 227 * 1024;
+         (!d.chain_natural || (d.chain_q == 1 && d.chain_kv == 1)) && d.nq > 0 && d.nk > 0 &&
+         d.nq % rows == 0 && d.nk % rows == 0 && d.nq % d.head_dim == 0 && d.nk % d.head_dim == 0 &&
+         d.max_tokens >= 1 && d.max_tokens <= 8 && d.block > 0 && d.table > 0 &&
+         qkv_chain_smem(d, t) <= 227 * 1024;
 }
 
 KernelSource emit_qkv_rope_chain(const QkvDims& d, const std::vector<std::string>& ir_lines) {
   if (!qkv_chain_fits(d))
     throw Error(fmt::format("codegen: qkv_rope_decode_chain needs K a multiple of 64 with q's "
-                            "({}) and k's and v's ({}) K ranges dividing K / 64, bf16 "
-                            "activations, k and v alike and whole heads in 16-row groups; got K "
-                            "{}, {}/{}/{}, head_dim {}",
+                            "({}) and k's and v's ({}) K ranges dividing K / 64 (one each in the "
+                            "natural order), bf16 activations, k and v alike and whole heads in "
+                            "16-row groups; got K {}, {}/{}/{}, head_dim {}",
                             d.chain_q, d.chain_kv, d.k, d.nq, d.nk, d.nv, d.head_dim));
   const QkvChainTiling t = qkv_chain_tiling(d);
   const std::string cache_t = d.f32_cache ? "float" : "__nv_bfloat16";
   std::string name =
-      fmt::format("qkv_rope_decode_chain_k{}_q{}_k{}_v{}{}_t{}_c{}x{}_g{}_w{}_r{}_d{}_b{}_m{}_kv{}",
-                  d.k, d.nq, d.nk, d.nv, attr_suffix("eps", d.eps, 1e-5), d.max_tokens, d.chain_q,
-                  d.chain_kv, t.groups, t.warps, t.stages, d.head_dim, d.block, d.table,
-                  d.f32_cache ? "f32" : "bf16") +
+      fmt::format(
+          "qkv_rope_decode_chain_k{}_q{}_k{}_v{}{}_t{}_c{}x{}_g{}_w{}_r{}_d{}_b{}_m{}_kv{}{}", d.k,
+          d.nq, d.nk, d.nv, attr_suffix("eps", d.eps, 1e-5), d.max_tokens, d.chain_q, d.chain_kv,
+          t.groups, t.warps, t.stages, d.head_dim, d.block, d.table, d.f32_cache ? "f32" : "bf16",
+          d.chain_natural ? "_natural" : "") +
       attr_suffix("att", d.attention_factor, 1.3465735902799727);
   const std::vector<Param> params = qkv_params(d);
   LaunchRule launch;
@@ -100,10 +119,10 @@ KernelSource emit_qkv_rope_chain(const QkvDims& d, const std::vector<std::string
   launch.smem_fixed = size_t(t.groups) * t.warps * t.stages * 2048;
   launch.smem_per_token = (size_t(d.k) / 2 + 4) * 4;
   launch.max_tokens = d.max_tokens;
-  const std::string call =
-      fmt::format("qkv_rope_decode_chain<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
-                  d.k, d.nq, d.nk, d.nv, d.head_dim, d.block, d.table, cache_t, d.max_tokens,
-                  d.chain_q, d.chain_kv, t.groups, t.warps, t.stages);
+  const std::string call = fmt::format(
+      "qkv_rope_decode_chain<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}{}>", d.k, d.nq,
+      d.nk, d.nv, d.head_dim, d.block, d.table, cache_t, d.max_tokens, d.chain_q, d.chain_kv,
+      t.groups, t.warps, t.stages, d.chain_natural ? ", true" : "");
   return assemble(std::move(name), ir_lines, "linear_chain.cuh", call, params, launch,
                   DependencyWait::InCall);
 }
@@ -111,7 +130,8 @@ KernelSource emit_qkv_rope_chain(const QkvDims& d, const std::vector<std::string
 bool norm_router_topk_chain_fits(int dim, const RouterTopKDims& d) {
   const int groups = (d.experts + 15) / 16;
   if (d.experts <= 0 || d.experts % 8 != 0 || d.experts > 256 || d.k <= 0 || d.k > d.experts ||
-      d.chain <= 0 || dim <= 0 || dim % 64 != 0 || (dim / 64) % d.chain != 0 || !d.round_act)
+      d.chain <= 0 || dim <= 0 || dim % 64 != 0 || (dim / 64) % d.chain != 0 || !d.round_act ||
+      (d.chain_natural && d.chain != 1))
     return false;
   // Every task a warp: one each, or a group's ranges in turn (with clusters and without).
   const int tasks = groups * d.chain;
@@ -125,7 +145,8 @@ KernelSource emit_norm_router_topk_chain(int dim, const RouterTopKDims& d, doubl
   if (!norm_router_topk_chain_fits(dim, d))
     throw Error(fmt::format("codegen: norm_router_topk_chain needs experts a multiple of 8 up "
                             "to 256, k <= experts, bf16 activations and K ranges dividing "
-                            "dim / 64 (got {} experts, k {}, dim {}, {} ranges)",
+                            "dim / 64, one in the natural order (got {} experts, k {}, dim {}, {} "
+                            "ranges)",
                             d.experts, d.k, dim, d.chain));
   const std::vector<Param> params = router_params(eps, bias);
   LaunchRule launch;
@@ -133,13 +154,14 @@ KernelSource emit_norm_router_topk_chain(int dim, const RouterTopKDims& d, doubl
   launch.y_per_token = 1;
   launch.blocks_x = router_chain_blocks(d.experts, d.chain);
   launch.cluster_x = launch.blocks_x;
-  launch.smem_fixed = size_t(8) * kRouterChainStages * 2048;
-  std::string name =
-      fmt::format("rmsnorm_router_topk_chain_d{}_e{}_k{}{}{}_c{}", dim, d.experts, d.k,
-                  bias ? "" : "_nobias", attr_suffix("eps", eps, 1e-5), d.chain);
+  launch.smem_fixed = router_chain_smem(dim, d);
+  std::string name = fmt::format("rmsnorm_router_topk_chain_d{}_e{}_k{}{}{}_c{}{}", dim, d.experts,
+                                 d.k, bias ? "" : "_nobias", attr_suffix("eps", eps, 1e-5), d.chain,
+                                 d.chain_natural ? "_natural" : "");
   const std::string call =
-      fmt::format("norm_router_topk_chain<{}, {}, {}, {}, {}, {}, {}>", dim, d.experts, d.k,
-                  bias ? "true" : "false", launch.blocks_x, d.chain, kRouterChainStages);
+      fmt::format("norm_router_topk_chain<{}, {}, {}, {}, {}, {}, {}{}>", dim, d.experts, d.k,
+                  bias ? "true" : "false", launch.blocks_x, d.chain, router_chain_stages(dim, d),
+                  d.chain_natural ? ", true" : "");
   return assemble(std::move(name), ir_lines, "linear_chain.cuh", call, params, launch,
                   DependencyWait::InCall);
 }

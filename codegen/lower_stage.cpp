@@ -17,6 +17,7 @@ LoweredStage lower_stage(const ir::Graph& g, const StageOptions& opts) {
   ctx.wgmma = opts.wgmma;
   ctx.dense_cublas = opts.dense_cublas;
   ctx.canonical = opts.canonical;
+  ctx.natural = opts.canonical && opts.natural;
   ctx.mxfp4_small_scales = opts.mxfp4_small_scales;
   const int64_t block = ir::kv_block_of(g);
   out.memory =

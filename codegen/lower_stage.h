@@ -32,6 +32,9 @@ struct StageOptions {
   /// The decode kernels in the gemms' canonical order (LoweringContext::canonical;
   /// --gemm-order canonical).
   bool canonical = false;
+  /// ... with the dense linears in the natural K order (LoweringContext::natural; --gemm-order
+  /// natural).
+  bool natural = false;
   /// Every MXFP4 scale byte of the checkpoint is at most 128 (compile read them; the upload
   /// checks): the MoE gemms scale a pair with one multiply (LoweringContext::mxfp4_small_scales).
   bool mxfp4_small_scales = false;

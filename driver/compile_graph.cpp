@@ -40,7 +40,9 @@ CompiledGraph compile_graph(const ir::Graph& g, int64_t max_batch, int64_t max_s
   so.expert_format = opts.expert_format;
   so.keep_activations = opts.keep_activations;
   so.canonical = opts.gemm_canonical;
+  so.natural = opts.gemm_natural;
   so.wgmma = dev.arch() == "sm_90";
+  so.dense_cublas = opts.dense_cublas && so.wgmma && !opts.gemm_split;
   codegen::LoweredStage lowered = codegen::lower_stage(out.graph, so);
   out.memory = std::move(lowered.memory);
   runtime::StageProgram& p = out.program;

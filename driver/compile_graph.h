@@ -21,6 +21,8 @@ struct GraphCompileOptions {
   bool gemm_split = true; ///< gemm activations as bf16 hi + lo pairs, else plain bf16
   runtime::ExpertFormat expert_format = runtime::ExpertFormat::Bf16;
   bool gemm_canonical = false; ///< --gemm-order canonical (StageOptions::canonical)
+  bool gemm_natural = false;   ///< --gemm-order natural (StageOptions::natural)
+  bool dense_cublas = false;   ///< --dense-gemm cublas (StageOptions::dense_cublas; sm_90)
   /// Every activation its own arena buffer (CompiledGraph::offset_of reads any value back).
   bool keep_activations = false;
   std::filesystem::path kernel_cache; ///< NVRTC's cubin cache; empty: no cache

@@ -102,10 +102,12 @@ CompileResult compile_plan(const CompileOptions& o) {
   const fs::path& model = o.model;
   const fs::path config_file = fs::is_directory(model) ? model / "config.json" : model;
   const int64_t chunk = o.prefill_chunk > 0 ? o.prefill_chunk : std::min<int64_t>(2048, o.max_seq);
-  // cuBLAS sums in an order of its own: a canonical plan keeps gemm_wg for the projections.
+  // cuBLAS sums in an order of its own: a canonical plan keeps gemm_wg for the projections;
+  // one in the natural order calls cuBLAS with a pinned algorithm, whose sums are that order's.
+  const bool natural = o.gemm_canonical && o.gemm_natural;
   const bool dense_cublas =
-      o.dense_cublas.value_or(!o.gemm_split && o.arch == "sm_90" && !o.gemm_canonical);
-  if (dense_cublas && o.gemm_canonical)
+      o.dense_cublas.value_or(!o.gemm_split && o.arch == "sm_90" && (!o.gemm_canonical || natural));
+  if (dense_cublas && o.gemm_canonical && !natural)
     throw Error("compile: --gemm-order canonical needs gemm_wg's projections (--dense-gemm wg): "
                 "cuBLAS sums in an order of its own");
   Progress progress("compile");
@@ -215,6 +217,7 @@ CompileResult compile_plan(const CompileOptions& o) {
                 .expert_format = o.expert_format,
                 .dense_cublas = dense_cublas,
                 .gemm_canonical = o.gemm_canonical,
+                .gemm_natural = natural,
                 .timeline = o.timeline,
                 .mxfp4_max_scale = small_scales ? max_scale : -1};
   pf.weights = std::move(weight_files);
@@ -244,6 +247,7 @@ CompileResult compile_plan(const CompileOptions& o) {
   ko.wgmma = o.arch == "sm_90";
   ko.dense_cublas = dense_cublas;
   ko.canonical = o.gemm_canonical;
+  ko.natural = natural;
   ko.mxfp4_small_scales = small_scales;
   ko.timeline = o.timeline;
   PlanKernelsResult whole = write_plan_kernels(g, writer.dir(), ko);

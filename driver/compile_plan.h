@@ -34,6 +34,9 @@ struct CompileOptions {
   std::optional<bool> dense_cublas;
   /// --gemm-order canonical (PlanOptions::gemm_canonical); its projections default to gemm_wg.
   bool gemm_canonical = false;
+  /// --gemm-order natural (PlanOptions::gemm_natural, with gemm_canonical): its projections
+  /// default to cuBLAS.
+  bool gemm_natural = false;
   ir::DType kv_dtype = ir::DType::F32; ///< --kv-dtype
   int64_t kv_block = 16;               ///< --kv-block: positions per KV-cache block
   bool all_logits = false;             ///< --all-logits: logits for every token

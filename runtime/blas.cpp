@@ -1,10 +1,14 @@
 // Blas over a dlopen'ed libcublas.so.13 (as NCCL is reached: binaries that never call a library
-// gemm need no cuBLAS, and CPU-only machines none at all).
+// gemm need no cuBLAS, and CPU-only machines none at all), and libcublasLt.so.13 for the fixed
+// order's pinned algorithms.
 #include "runtime/blas.h"
 
+#include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <fmt/format.h>
 
@@ -52,12 +56,150 @@ const Api& loaded() {
   return dl_loaded(api());
 }
 
+/// The cublasLt entry points of the fixed order.
+struct LtApi {
+  DlLibrary lib;
+  decltype(&cublasLtCreate) create = nullptr;
+  decltype(&cublasLtDestroy) destroy = nullptr;
+  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&cublasLtMatmulAlgoConfigGetAttribute) algo_get = nullptr;
+  decltype(&cublasLtMatmul) matmul = nullptr;
+};
+
+const LtApi& lt_api() {
+  static LtApi a;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    a.lib = dl_open_cuda_library("libcublasLt.so.13", "cuBLASLt for the plan's fixed-order gemms");
+    if (!a.lib.handle)
+      return;
+    dl_resolve(a.lib, a.create, "cublasLtCreate");
+    dl_resolve(a.lib, a.destroy, "cublasLtDestroy");
+    dl_resolve(a.lib, a.desc_create, "cublasLtMatmulDescCreate");
+    dl_resolve(a.lib, a.desc_destroy, "cublasLtMatmulDescDestroy");
+    dl_resolve(a.lib, a.desc_set, "cublasLtMatmulDescSetAttribute");
+    dl_resolve(a.lib, a.layout_create, "cublasLtMatrixLayoutCreate");
+    dl_resolve(a.lib, a.layout_destroy, "cublasLtMatrixLayoutDestroy");
+    dl_resolve(a.lib, a.pref_create, "cublasLtMatmulPreferenceCreate");
+    dl_resolve(a.lib, a.pref_destroy, "cublasLtMatmulPreferenceDestroy");
+    dl_resolve(a.lib, a.pref_set, "cublasLtMatmulPreferenceSetAttribute");
+    dl_resolve(a.lib, a.heuristic, "cublasLtMatmulAlgoGetHeuristic");
+    dl_resolve(a.lib, a.algo_get, "cublasLtMatmulAlgoConfigGetAttribute");
+    dl_resolve(a.lib, a.matmul, "cublasLtMatmul");
+  });
+  return dl_loaded(a);
+}
+
+void lt_ok(cublasStatus_t st, const std::string& what) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(fmt::format("cuBLASLt: {}: status {}", what, int(st)));
+}
+
+/// The three matrices of y^T [n, rows] = op_T(w [k, n]) x^T [k, rows] (column-major, as
+/// gemm_bf16 lays them out), destroyed with the scope.
+struct LtLayouts {
+  cublasLtMatrixLayout_t w = nullptr, x = nullptr, y = nullptr;
+  LtLayouts(int n, int k, int rows) {
+    const LtApi& a = lt_api();
+    const std::string what = fmt::format("layouts of a {} x {} -> {} gemm", rows, k, n);
+    lt_ok(a.layout_create(&w, CUDA_R_16BF, uint64_t(k), uint64_t(n), k), what);
+    lt_ok(a.layout_create(&x, CUDA_R_16BF, uint64_t(k), uint64_t(rows), k), what);
+    lt_ok(a.layout_create(&y, CUDA_R_32F, uint64_t(n), uint64_t(rows), n), what);
+  }
+  ~LtLayouts() {
+    const LtApi& a = lt_api();
+    for (cublasLtMatrixLayout_t l : {w, x, y})
+      if (l)
+        a.layout_destroy(l);
+  }
+  LtLayouts(const LtLayouts&) = delete;
+  LtLayouts& operator=(const LtLayouts&) = delete;
+};
+
 void blas_ok(cublasStatus_t st, const std::string& what) {
   if (st != CUBLAS_STATUS_SUCCESS)
     throw Error(fmt::format("cuBLAS: {}: {}", what, loaded().status_name(st)));
 }
 
 } // namespace
+
+/// The fixed order's state: a cublasLt handle, one matmul description (fp32 compute and
+/// scale, w transposed) and the algorithm kept for each (n, k, fixed_rows).
+struct Blas::Lt {
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  std::mutex mu;
+  std::map<std::tuple<int, int, int>, cublasLtMatmulAlgo_t> kept;
+
+  Lt() {
+    const LtApi& a = lt_api();
+    lt_ok(a.create(&handle), "creating a handle");
+    lt_ok(a.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "a matmul description");
+    const cublasOperation_t t = CUBLAS_OP_T;
+    lt_ok(a.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)), "op T for the weights");
+  }
+  ~Lt() {
+    const LtApi& a = lt_api();
+    if (desc)
+      a.desc_destroy(desc);
+    if (handle)
+      a.destroy(handle);
+  }
+
+  /// The algorithm of (n, k) kept for fixed_rows: the heuristic's first without a reduction
+  /// scheme (no split K) at fixed_rows rows.
+  cublasLtMatmulAlgo_t algorithm(int n, int k, int fixed_rows, size_t workspace_bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto key = std::make_tuple(n, k, fixed_rows);
+    if (auto it = kept.find(key); it != kept.end())
+      return it->second;
+    const LtApi& a = lt_api();
+    const LtLayouts l(n, k, fixed_rows);
+    cublasLtMatmulPreference_t pref = nullptr;
+    lt_ok(a.pref_create(&pref), "a preference");
+    const uint64_t bytes = workspace_bytes;
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    a.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes));
+    a.pref_set(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof(none));
+    cublasLtMatmulHeuristicResult_t r{};
+    int found = 0;
+    const cublasStatus_t st = a.heuristic(handle, desc, l.w, l.x, l.y, l.y, pref, 1, &r, &found);
+    a.pref_destroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+      throw Error(fmt::format("cuBLASLt offers no algorithm without split K for a {} x {} -> {} "
+                              "gemm (status {}): a plan in the natural order needs one",
+                              fixed_rows, k, n, int(st)));
+    kept.emplace(key, r.algo);
+    return r.algo;
+  }
+};
+
+Blas::Lt& Blas::lt() const {
+  if (!lt_)
+    lt_ = std::make_unique<Lt>();
+  return *lt_;
+}
+
+std::string Blas::fixed_algorithm(int n, int k, int fixed_rows) const {
+  const cublasLtMatmulAlgo_t algo = lt().algorithm(n, k, fixed_rows, workspace_bytes_);
+  const LtApi& a = lt_api();
+  int32_t id = -1, splitk = -1, stages = -1;
+  uint32_t tile = 0;
+  size_t w = 0;
+  a.algo_get(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &w);
+  a.algo_get(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
+  a.algo_get(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &w);
+  a.algo_get(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
+  return fmt::format("algo {} tile {} stages {} split K {}", id, tile, stages, splitk);
+}
 
 Blas::Blas(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
   const Api& a = loaded();
@@ -81,9 +223,23 @@ Blas::~Blas() {
 }
 
 void Blas::gemm_bf16(cudaStream_t stream, int n, int k, int rows, bool accumulate, const void* x,
-                     const void* w, void* y) const {
+                     const void* w, void* y, int fixed_rows) const {
   if (rows <= 0)
     return;
+  if (fixed_rows > 0) {
+    Lt& lt = this->lt();
+    const cublasLtMatmulAlgo_t algo = lt.algorithm(n, k, fixed_rows, workspace_bytes_);
+    const LtLayouts l(n, k, rows);
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const cublasStatus_t st =
+        lt_api().matmul(lt.handle, lt.desc, &one, w, l.w, x, l.x, &beta, y, l.y, y, l.y, &algo,
+                        workspace_, workspace_bytes_, stream);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      throw Error(fmt::format("cuBLASLt: the fixed-order gemm of {} rows x {} -> {} (its algorithm "
+                              "kept from {} rows) failed with status {}",
+                              rows, k, n, fixed_rows, int(st)));
+    return;
+  }
   const Api& a = loaded();
   auto h = static_cast<cublasHandle_t>(handle_);
   const auto what = [&] { return fmt::format("gemm of {} rows x {} -> {}", rows, k, n); };

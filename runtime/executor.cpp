@@ -239,9 +239,9 @@ size_t Executor::launch(bool masked, const StepShape& shape, cudaStream_t stream
       },
       [&](int lib, int rows, const uint64_t* ptrs, size_t) {
         const PlanLibraryCall& c = table_.library[size_t(lib)];
-        blas_->gemm_bf16(stream, c.n, c.k, rows, c.accumulate,
-                         reinterpret_cast<const void*>(ptrs[0]),
-                         reinterpret_cast<const void*>(ptrs[1]), reinterpret_cast<void*>(ptrs[2]));
+        blas_->gemm_bf16(
+            stream, c.n, c.k, rows, c.accumulate, reinterpret_cast<const void*>(ptrs[0]),
+            reinterpret_cast<const void*>(ptrs[1]), reinterpret_cast<void*>(ptrs[2]), c.fixed_rows);
       });
 }
 

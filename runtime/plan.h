@@ -239,6 +239,10 @@ struct PlanLibraryCall {
   Op op = Op::GemmBf16;
   int n = 0, k = 0;
   bool accumulate = false;
+  /// > 0: one algorithm at every row count, the one the library picks for this many rows
+  /// without split K (Blas's fixed order: plans in the natural K order); 0: its own pick each
+  /// call.
+  int fixed_rows = 0;
 
   bool operator==(const PlanLibraryCall&) const = default;
 };

@@ -51,6 +51,10 @@ struct PlanOptions {
   /// --gemm-order canonical: every step's sums in the gemms' canonical order (docs/DESIGN.md).
   /// Absent in other plans.
   bool gemm_canonical = false;
+  /// --gemm-order natural (with gemm_canonical): the dense linears' canonical order is the
+  /// natural K order, one chain, which cuBLAS keeps with a pinned algorithm (Blas's fixed
+  /// order) for the prompt steps.
+  bool gemm_natural = false;
   /// --timeline: a diagnostic plan whose kernels stamp their launches (runtime/timeline.h).
   /// Absent in other plans.
   bool timeline = false;

@@ -94,7 +94,7 @@ json plan_options_to_json(const PlanOptions& o) {
   if (o.dense_cublas) // plans with gemm_wg's dense gemms read as before
     j["dense_gemm"] = "cublas";
   if (o.gemm_canonical) // plans in the fast order read as before
-    j["gemm_order"] = "canonical";
+    j["gemm_order"] = o.gemm_natural ? "natural" : "canonical";
   if (o.timeline) // a diagnostic plan; others read as before
     j["timeline"] = true;
   if (o.mxfp4_max_scale >= 0) // plans whose kernels take any scale read as before

@@ -199,6 +199,8 @@ json launch_table_to_json(const LaunchTable& t) {
     json j = {{"op", "gemm_bf16"}, {"n", c.n}, {"k", c.k}};
     if (c.accumulate)
       j["accumulate"] = true;
+    if (c.fixed_rows > 0) // tables of other plans read as before
+      j["fixed_rows"] = c.fixed_rows;
     library.push_back(std::move(j));
   }
   json launches = json::array();
@@ -260,8 +262,12 @@ LaunchTable launch_table_from_json(const json& j) {
         p.n = c.at("n").get<int>();
         p.k = c.at("k").get<int>();
         get_opt(c, "accumulate", p.accumulate);
+        get_opt(c, "fixed_rows", p.fixed_rows);
         if (p.n < 1 || p.k < 1)
           throw Error(fmt::format("launch table: {} is a {} x {} gemm", at, p.n, p.k));
+        if (p.fixed_rows < 0 || p.fixed_rows > (1 << 24))
+          throw Error(
+              fmt::format("launch table: {}.fixed_rows {} is outside [0, 2^24]", at, p.fixed_rows));
         t.library.push_back(p);
       }
     for (const json& l : j.at("launches")) {

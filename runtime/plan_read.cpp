@@ -200,8 +200,11 @@ PlanOptions read_options(const Checker& c, const json& doc) {
   p.expert_format = formats[c.choice(o, "options", "expert_format", {"bf16", "mxfp4", "both"})];
   if (o.contains("dense_gemm"))
     p.dense_cublas = c.choice(o, "options", "dense_gemm", {"wg", "cublas"}) == 1;
-  if (o.contains("gemm_order"))
-    p.gemm_canonical = c.choice(o, "options", "gemm_order", {"fast", "canonical"}) == 1;
+  if (o.contains("gemm_order")) {
+    const int order = c.choice(o, "options", "gemm_order", {"fast", "canonical", "natural"});
+    p.gemm_canonical = order >= 1;
+    p.gemm_natural = order == 2;
+  }
   if (o.contains("timeline"))
     p.timeline = c.boolean(o, "options", "timeline");
   if (o.contains("mxfp4_max_scale"))

@@ -352,6 +352,20 @@ __device__ __forceinline__ void wg_tile_mma(unsigned at, const unsigned* xc, flo
   }
 }
 
+/// The four MMAs of a WarpRowRing chunk in `buf` (16 rows x 64 values) in the natural K order,
+/// into d: MMA j multiplies K values 16 j .. 16 j + 15 of rows g and g + 8 (ldmatrix.x4 of slots
+/// 2 j, 2 j + 1) with the activation words xc[8 j] and xc[8 j + 4] (pairs 2 i, 2 i + 1 of the
+/// chunk, as gemm_act<.., NATURAL> packs them; xc already at this lane's c).
+__device__ __forceinline__ void natural_tile_mma(const WarpRowRing& ring, int buf,
+                                                 const unsigned* xc, float (&d)[4]) {
+#pragma unroll
+  for (int j = 0; j < 8; j += 2) {
+    unsigned a[4]; // word c of rows g, g + 8 of slot j, then of slot j + 1
+    ring.load_pair(buf, j, a);
+    mma_bf16(d, a, xc[4 * j], xc[4 * j + 4]);
+  }
+}
+
 /// linear_decode without the norm on tensor cores, for plain bf16 activations: y[t, n] =
 /// (RESIDUAL ? h[t, n] : 0) + sum_k W[n, k] bf16(x[t, k]) + (BIAS ? b[n] : 0) for up to 8 tokens,
 /// the tokens being the columns of mma.sync m16n8k16 (token t's result never depends on the
@@ -466,18 +480,7 @@ linear_decode_mma(const float* __restrict__ x, const __nv_bfloat16* __restrict__
     // straight into the split's chain.
     float p0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float(&p)[4] = NATURAL ? d : p0;
-#pragma unroll
-    for (int j = 0; j < 8; j += 2) {
-      unsigned a[4]; // word c of rows g, g + 8 of slot j, then of slot j + 1
-      ring.load_pair(buf, j, a);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                   "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                   : "+f"(p[0]), "+f"(p[1]), "+f"(p[2]), "+f"(p[3])
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(xc[4 * j]),
-                     "r"(xc[4 * j + 4]));
-#endif
-    }
+    natural_tile_mma(ring, buf, xc, p);
     if constexpr (!NATURAL)
 #pragma unroll
       for (int q = 0; q < 4; ++q)

@@ -16,8 +16,9 @@ namespace xserv_kernels {
 /// the K ranges first, first + step, ... < ranges of `len` 64-value tiles each: the tiles stream
 /// through a WarpRowRing of STAGES chunks (issued from start(), which may run before the
 /// kernel's dependency wait), and each range is one mma.sync chain from zero in gemm_wg's K
-/// slots against the tokens' activations (staged by chain_stage_x).
-template <int K, int STAGES> struct ChainWarp {
+/// slots against the tokens' activations (staged by chain_stage_norm); NATURAL: in the natural
+/// K order (natural_tile_mma; the activations staged in natural pairs), cuBLAS's chain.
+template <int K, int STAGES, bool NATURAL = false> struct ChainWarp {
   static_assert(K % 64 == 0 && STAGES >= 2, "whole K tiles, two stages");
   WarpRowRing ring;
   unsigned base = 0;
@@ -78,7 +79,10 @@ template <int K, int STAGES> struct ChainWarp {
 #pragma unroll
         for (int q = 0; q < 4; ++q)
           d[q] = 0.0f;
-      wg_tile_mma(base + buf * WarpRowRing::kChunkBytes, xb + tile(j) * 32, d);
+      if constexpr (NATURAL)
+        natural_tile_mma(ring, buf, xb + tile(j) * 32, d);
+      else
+        wg_tile_mma(base + buf * WarpRowRing::kChunkBytes, xb + tile(j) * 32, d);
       if (j % len == len - 1)
         on_range(first + (j / len) * step, d);
       buf = buf == STAGES - 1 ? 0 : buf + 1;
@@ -90,9 +94,9 @@ template <int K, int STAGES> struct ChainWarp {
 /// Stages rms_norm(x[t], ln, eps) of `tokens` fp32 rows as gemm_act writes them: the sum of
 /// squares as 256 threads add it (linear_stage_x's and gemm_act's order; a smaller block's
 /// warps take the 8 warps' shares in turn), then
-/// bf16 pairs in gemm_wg's K slots, kXStride words a token. Every thread of the block calls it;
-/// it ends with a barrier.
-template <int K, int MAX_T, int THREADS, int kXStride>
+/// bf16 pairs in gemm_wg's K slots (NATURAL: K 2 p and 2 p + 1), kXStride words a token. Every
+/// thread of the block calls it; it ends with a barrier.
+template <int K, int MAX_T, int THREADS, int kXStride, bool NATURAL = false>
 __device__ __forceinline__ void chain_stage_norm(const float* __restrict__ x,
                                                  const __nv_bfloat16* __restrict__ ln, float eps,
                                                  unsigned* xs, int tokens) {
@@ -120,10 +124,11 @@ __device__ __forceinline__ void chain_stage_norm(const float* __restrict__ x,
   __syncthreads();
   for (int i = tid; i < tokens * (K / 2); i += THREADS) {
     const int t = i / (K / 2), p = i % (K / 2);
-    const int a = (p / 32) * 64 + wg_k_of_slot(2 * (p % 32));
+    const int a = NATURAL ? 2 * p : (p / 32) * 64 + wg_k_of_slot(2 * (p % 32));
+    const int b = NATURAL ? a + 1 : a + 4;
     const float* xr = x + (size_t)t * K;
-    xs[t * kXStride + p] = pack_bf16x2(xr[a] * inv[t] * bf16_to_float(ln[a]),
-                                       xr[a + 4] * inv[t] * bf16_to_float(ln[a + 4]));
+    xs[t * kXStride + p] =
+        pack_bf16x2(xr[a] * inv[t] * bf16_to_float(ln[a]), xr[b] * inv[t] * bf16_to_float(ln[b]));
   }
   __syncthreads();
 }
@@ -140,7 +145,7 @@ __device__ __forceinline__ void chain_stage_norm(const float* __restrict__ x,
 /// (NQ + NK + NV) / (16 RG), 32 RG KW threads; dynamic shared memory: the rings (RG KW STAGES
 /// 2 KB), then the activations (K / 2 + 4 words a token).
 template <int K, int NQ, int NK, int NV, int D, int BS, int MB, typename CacheT, int MAX_T, int KSQ,
-          int KSKV, int RG, int KW, int STAGES>
+          int KSKV, int RG, int KW, int STAGES, bool NATURAL = false>
 __device__ __forceinline__ void
 qkv_rope_decode_chain(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
                       const __nv_bfloat16* __restrict__ wq, const __nv_bfloat16* __restrict__ bq,
@@ -185,7 +190,7 @@ qkv_rope_decode_chain(const float* __restrict__ x, const __nv_bfloat16* __restri
       return first + lr;
     return head * D + j0 + (lr < kPairs ? lr : kHalf + lr - kPairs);
   };
-  ChainWarp<K, STAGES> chain; // the weights owe nothing to the previous kernel
+  ChainWarp<K, STAGES, NATURAL> chain; // the weights owe nothing to the previous kernel
   chain.start(smem_qkv_chain + warp * STAGES * 128, w + (size_t)row_of(16 * rg) * K, kw, KW, ks,
               kTiles / ks);
   // Before the wait, as the weights: the epilogue's biases, and its tokens' angles and cache
@@ -212,7 +217,7 @@ qkv_rope_decode_chain(const float* __restrict__ x, const __nv_bfloat16* __restri
       rope_cos_sin(p, inv_freq[j], att, cs[u], sn[u]);
   }
   grid_dependency_sync();
-  chain_stage_norm<K, MAX_T, kThreads, kXStride>(x, ln, eps, xs, tokens);
+  chain_stage_norm<K, MAX_T, kThreads, kXStride, NATURAL>(x, ln, eps, xs, tokens);
   chain.template run<kXStride>(xs, tokens, [&](int r, const float(&d)[4]) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -261,7 +266,7 @@ qkv_rope_decode_chain(const float* __restrict__ x, const __nv_bfloat16* __restri
 /// warp w takes tasks 8 b + w, + 8 C,
 /// ...), whose range sums land in block 0's shared memory; without clusters block 0 takes
 /// every task. 256 threads a block; dynamic shared memory 8 STAGES 2 KB.
-template <int D, int E, int KSEL, bool BIAS, int C, int KS, int STAGES>
+template <int D, int E, int KSEL, bool BIAS, int C, int KS, int STAGES, bool NATURAL = false>
 __device__ __forceinline__ void
 norm_router_topk_chain(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln, float eps,
                        const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
@@ -297,7 +302,7 @@ norm_router_topk_chain(const float* __restrict__ x, const __nv_bfloat16* __restr
   const int range = kTasks <= kAll ? task % KS : task / kGroups;
   const int step = kTasks <= kAll ? KS : kAll / kGroups;
   const bool active = kTasks <= kAll ? task < kTasks : true;
-  ChainWarp<D, STAGES> chain;
+  ChainWarp<D, STAGES, NATURAL> chain;
   if (active)
     chain.start(smem_router_chain + warp * STAGES * 128, w + (size_t)group * 16 * D, range, step,
                 KS, kTiles / KS, E - group * 16);
@@ -305,8 +310,8 @@ norm_router_topk_chain(const float* __restrict__ x, const __nv_bfloat16* __restr
   __shared__ float xf[D]; // the normalised row, then its slots
   router_norm_row<D, kThreads>(x, ln, eps, xn, rank == 0, t, [&](int i, float v) { xf[i] = v; });
   for (int p = threadIdx.x; p < D / 2; p += kThreads) { // gemm_act's slots and rounding
-    const int a = (p / 32) * 64 + wg_k_of_slot(2 * (p % 32));
-    xs[p] = pack_bf16x2(xf[a], xf[a + 4]);
+    const int a = NATURAL ? 2 * p : (p / 32) * 64 + wg_k_of_slot(2 * (p % 32));
+    xs[p] = pack_bf16x2(xf[a], xf[NATURAL ? a + 1 : a + 4]);
   }
   __syncthreads();
 #if XSERV_HAS_CLUSTERS

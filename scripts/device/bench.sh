@@ -8,8 +8,8 @@
 # interleaved, and the greedy tokens of both are compared.
 #   ROUNDS=1        rounds of the rows
 #   FORMATS="..."   also plans of the new binary with other compile flags, their rows in each
-#                   round: bf16-experts, both, split, wg, canonical, kv-bf16, joined with + for several
-#                   (split+bf16-experts); docs/PERF.md "Compile options"
+#                   round: bf16-experts, both, split, wg, canonical, natural, kv-bf16, joined
+#                   with + for several (split+bf16-experts); docs/PERF.md "Compile options"
 #   ENVS="..."      also the new plan's rows under each environment setting, e.g.
 #                   "XSERV_PDL=0 XSERV_CUDA_GRAPHS=0" (programmatic dependent launch, CUDA graphs)
 #   BATCHED=1       also batched decode at depth 512 on default plans (decode graphs up to 256
@@ -32,6 +32,7 @@ flags_of() {
       split) echo --gemm-precision split ;;
       wg) echo --dense-gemm wg ;;
       canonical) echo --gemm-order canonical ;;
+      natural) echo --gemm-order natural ;;
       kv-bf16) echo --kv-dtype bf16 ;;
       *) echo "unknown FORMATS entry $part" >&2; return 1 ;;
     esac

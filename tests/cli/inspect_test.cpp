@@ -279,5 +279,57 @@ TEST_CASE("compile --gemm-order canonical: decode kernels in the gemms' order, i
   RunResult bad2 = run_xserv("compile " + model + " -o " + (tmp.path / "bad2").string() +
                                  " --no-cubins --gemm-order exact");
   CHECK(bad2.code != 0);
-  CHECK(bad2.out.find("--gemm-order must be fast or canonical") != std::string::npos);
+  CHECK(bad2.out.find("--gemm-order must be fast, canonical or natural") != std::string::npos);
+}
+
+TEST_CASE(
+    "compile --gemm-order natural: the linears in cuBLAS's K order, pinned, and inspect says so") {
+  const xserv::testing::TempDir tmp("inspect_natural");
+  const fs::path plan = tmp.path / "plan";
+  const std::string model = (xserv::testing::source_dir() / "examples/tiny").string();
+  RunResult c = run_xserv("compile " + model + " -o " + plan.string() +
+                          " --max-seq 256 --max-batch 4 --no-cubins --gemm-order natural");
+  INFO(c.out);
+  REQUIRE(c.code == 0);
+  const runtime::Plan p = runtime::read_plan(plan);
+  CHECK(p.options.gemm_canonical);
+  CHECK(p.options.gemm_natural);
+  RunResult j = run_xserv("inspect " + plan.string() + " --json", "", true);
+  REQUIRE(j.code == 0);
+  const auto doc = nlohmann::json::parse(j.out);
+  CHECK(doc["options"]["gemm_order"] == "natural");
+  if (doc["options"]["arch"] != "sm_90")
+    return;                      // the natural order is sm_90's (cuBLAS and gemm_wg's natural form)
+  CHECK(p.options.dense_cublas); // the prompt projections on cuBLAS, pinned
+  CHECK(doc["batch_invariance"]["linears"] == true);
+  CHECK(doc["batch_invariance"]["experts"] == true);
+  // Every library call keeps one algorithm from the largest step; the decode kernels of the
+  // linears chain in natural K (qkv and the router fused, lm_head and o_proj on tensor cores).
+  size_t calls = 0;
+  for (const runtime::PlanStage& st : p.stages)
+    for (const runtime::PlanLibraryCall& l : st.table.library) {
+      ++calls;
+      CHECK(l.fixed_rows > 64);
+    }
+  CHECK(calls >= 5); // q, k, v, o_proj, the router (lm_head when a step's rows pass 64)
+  size_t natural = 0;
+  for (const auto& k : p.codegen.kernels) {
+    const bool nat = k.name.ends_with("_natural");
+    natural += nat;
+    if (k.name.starts_with("qkv") || k.name.starts_with("rmsnorm_router_topk"))
+      CHECK(nat);
+  }
+  CHECK(natural >= 4); // qkv, the router, o_proj, lm_head
+  RunResult t = run_xserv("inspect " + plan.string());
+  CHECK(t.out.find("dense linears in the natural K order, cuBLAS pinned") != std::string::npos);
+  CHECK(t.out.find("the linears (the natural K order: cuBLAS's fixed order and the decode "
+                   "kernels)") != std::string::npos);
+  // Refused with one clear line: without cuBLAS's projections, or with split activations.
+  for (const char* flags : {" --dense-gemm wg", " --gemm-precision split"}) {
+    RunResult bad = run_xserv("compile " + model + " -o " + (tmp.path / "bad").string() +
+                              " --no-cubins --gemm-order natural" + flags);
+    CHECK(bad.code != 0);
+    CHECK(bad.out.find("--gemm-order natural needs --gemm-precision bf16, an sm_90 plan and "
+                       "cuBLAS's projections") != std::string::npos);
+  }
 }

@@ -331,14 +331,19 @@ inline std::vector<std::vector<uint32_t>> run_moe(const MoeCase& c, uint64_t see
 /// gemm_splitk_reduce: the ranges in order, bias, residual) or one (the epilogue adds them);
 /// `bn` tokens a tile; `chunks`: one range a block, K in that many chunks summed in order in
 /// registers (as the lowering runs steps above 64 tokens). With a residual y is h's copy.
+/// natural: K in its natural order (GemmWgDims::natural, one range), the activations too.
 inline std::unique_ptr<DevBuf> dense_gemm_out(const LinearDims& d, int splitk, int bn, int tokens,
                                               const void* x, const void* ln, const void* w,
-                                              const void* b, const DevBuf* h, int chunks = 1) {
+                                              const void* b, const DevBuf* h, int chunks = 1,
+                                              bool natural = false) {
   GemmWgDims g = dense(d.k, d.n, d.bias, d.residual, bn, 1, false);
   g.splitk = splitk;
   g.chunks = chunks;
   g.stages = 4;
-  const Act a = make_act({d.k, ln != nullptr, false, 1e-5, 1}, tokens, x, ln);
+  g.natural = natural;
+  GemmActDims ad{d.k, ln != nullptr, false, 1e-5, 1};
+  ad.natural = natural;
+  const Act a = make_act(ad, tokens, x, ln);
   auto y = d.residual ? upload(download(*h, size_t(tokens) * d.n)) : poisoned(size_t(tokens) * d.n);
   if (splitk == 1) {
     const Loaded& l = load(emit_gemm_wg(g, {}));

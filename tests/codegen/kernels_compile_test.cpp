@@ -169,10 +169,23 @@ std::vector<KernelSource> model_kernels(const models::ModelConfig& c) {
       REQUIRE(qkv_chain_fits(qc));
       out.push_back(emit_qkv_rope_chain(qc, {"qkv_rope_decode, canonical order"}));
     }
+  // ... and as one chain over natural K each (cuBLAS's order without split K).
+  qc.chain_q = qc.chain_kv = 1;
+  qc.chain_natural = true;
+  for (int tokens : {1, 8}) {
+    qc.max_tokens = tokens;
+    REQUIRE(qkv_chain_fits(qc));
+    out.push_back(emit_qkv_rope_chain(qc, {"qkv_rope_decode, natural K order"}));
+  }
   rd.chain = wg_splitk(d, rd.experts);
   REQUIRE(norm_router_topk_chain_fits(d, rd));
   out.push_back(
       emit_norm_router_topk_chain(d, rd, c.rms_norm_eps, true, {"router, canonical order"}));
+  rd.chain = 1;
+  rd.chain_natural = true;
+  REQUIRE(norm_router_topk_chain_fits(d, rd));
+  out.push_back(
+      emit_norm_router_topk_chain(d, rd, c.rms_norm_eps, true, {"router, natural K order"}));
   return out;
 }
 
@@ -343,6 +356,34 @@ TEST_CASE("canonical plans' fused decode kernels: launch rules, and shapes they 
   CHECK_FALSE(norm_router_topk_chain_fits(2880, r));
   CHECK_THROWS_WITH(emit_norm_router_topk_chain(2880, r, 1e-5, true, {}),
                     doctest::Contains("2 ranges"));
+  // The natural K order: one chain a row group, one block (two active warps, rings of 16).
+  r.chain = 1;
+  r.chain_natural = true;
+  REQUIRE(norm_router_topk_chain_fits(2880, r));
+  const KernelSource rn = emit_norm_router_topk_chain(2880, r, 1e-5, true, {});
+  CHECK(rn.name == "rmsnorm_router_topk_chain_d2880_e32_k4_c1_natural");
+  CHECK(rn.launch.blocks_x == 1);
+  CHECK(rn.launch.smem(1) == 2 * 16 * 2048);
+  r.chain = 9; // the natural order has no K ranges
+  CHECK_FALSE(norm_router_topk_chain_fits(2880, r));
+  // qkv in the natural order: a warp a group (one chain over K), the ring as deep as two
+  // blocks an SM allow (12 at one token, 8 at 8 tokens).
+  QkvDims qn = q;
+  qn.chain_q = qn.chain_kv = 1;
+  qn.chain_natural = true;
+  qn.max_tokens = 1;
+  REQUIRE(qkv_chain_fits(qn));
+  const KernelSource kn = emit_qkv_rope_chain(qn, {});
+  CHECK(
+      kn.name ==
+      "qkv_rope_decode_chain_k2880_q4096_k512_v512_t1_c1x1_g2_w1_r12_d64_b16_m512_kvbf16_natural");
+  CHECK(kn.launch.block == 64);
+  CHECK(kn.launch.blocks_x == 5120 / 32);
+  qn.max_tokens = 8;
+  CHECK(emit_qkv_rope_chain(qn, {}).name.find("_t8_c1x1_g2_w1_r12_") != std::string::npos);
+  qn.chain_q = 5; // K ranges are the slot order's
+  CHECK_FALSE(qkv_chain_fits(qn));
+  CHECK_THROWS_WITH(emit_qkv_rope_chain(qn, {}), doctest::Contains("one each in the natural"));
 }
 
 TEST_CASE("tensor-core decode kernels: launch rules, ring sizes, and shapes they refuse") {

@@ -102,10 +102,14 @@ size_t first_near_tie(const Outcome& o) {
 /// activations (fp32-grade) or plain bf16 ones with MXFP4 experts (compile's defaults), whose
 /// decode kernels round their inputs alike (act_value).
 void check_invariance(const fs::path& model_dir, int steps, int64_t max_seq, bool split,
-                      bool tokens_bar = true, bool canonical = false) {
+                      bool tokens_bar = true, bool canonical = false, bool natural = false) {
   testing::GraphModelOptions opts = quiet();
   opts.gemm_split = split;
-  opts.gemm_canonical = canonical;
+  opts.gemm_canonical = canonical || natural;
+  // --gemm-order natural: the dense linears as one chain over natural K, cuBLAS's fixed order
+  // serving their prompt steps.
+  opts.gemm_natural = opts.dense_cublas = natural;
+  canonical = canonical || natural;
   if (!split)
     opts.expert_format = xserv::runtime::ExpertFormat::Mxfp4;
   const auto model_model = testing::graph_cuda_model(model_dir, 64, max_seq, nullptr, opts);
@@ -170,7 +174,9 @@ void check_invariance(const fs::path& model_dir, int steps, int64_t max_seq, boo
   }
   // doctest streams a const char* from a conditional as a pointer: strings, then.
   const std::string mode = std::string(split ? ", split gemms" : ", bf16 gemms, mxfp4") +
-                           (canonical ? ", canonical order" : "");
+                           (natural     ? ", natural order"
+                            : canonical ? ", canonical order"
+                                        : "");
   MESSAGE("batch invariance (" << model_dir.filename().string() << mode << "): " << same_tokens
                                << " of 4 prompts with identical tokens over " << steps << " steps; "
                                << bitwise << " of " << rows
@@ -219,6 +225,7 @@ TEST_CASE("gpu: engine batch invariance on the tiny model (4 prompts x 64 steps,
   check_invariance(tmp.path, 64, 512, true);
   check_invariance(tmp.path, 64, 512, false);
   check_invariance(tmp.path, 64, 512, false, true, true); // --gemm-order canonical
+  check_invariance(tmp.path, 64, 512, false, true, false, true); // --gemm-order natural
 }
 
 TEST_CASE("gpu: engine batch invariance on the 20b (XSERV_20B_CKPT)") {
@@ -231,6 +238,7 @@ TEST_CASE("gpu: engine batch invariance on the 20b (XSERV_20B_CKPT)") {
   check_invariance(ckpt, 64, 512, true);
   check_invariance(ckpt, 64, 512, false, false);
   check_invariance(ckpt, 64, 512, false, true, true); // --gemm-order canonical
+  check_invariance(ckpt, 64, 512, false, true, false, true); // --gemm-order natural
 }
 
 TEST_CASE("gpu: sampled and greedy requests share steps, the sampled ones follow their seeds") {

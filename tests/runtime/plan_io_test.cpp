@@ -55,7 +55,7 @@ runtime::LaunchTable sample_table() {
             {.kind = K::Int, .value = -3}};
   t.launches.push_back(l);
   // A library gemm (compile --dense-gemm cublas) over steps above 64 tokens.
-  t.library.push_back({runtime::PlanLibraryCall::Op::GemmBf16, 100, 64, true});
+  t.library.push_back({runtime::PlanLibraryCall::Op::GemmBf16, 100, 64, true, 0});
   runtime::PlanLaunch g;
   g.library = 0;
   g.label = "linear";
@@ -205,6 +205,19 @@ TEST_CASE("plan round trip: write_plan then read_plan gives the same plan, pp 1 
   const runtime::Plan cback = runtime::read_plan(dir.path);
   CHECK(cback.options.gemm_canonical);
   CHECK(cback == c);
+  // ... and one in the natural K order (--gemm-order natural), with a library call pinned to
+  // one algorithm (Blas's fixed order).
+  c.options.gemm_natural = true;
+  c.options.dense_cublas = true;
+  c.stages[0].table.library.push_back(
+      {runtime::PlanLibraryCall::Op::GemmBf16, 5120, 2880, false, 2048});
+  runtime::write_plan(dir.path, c);
+  std::ifstream nin(dir.path / "plan.json");
+  CHECK(json::parse(nin)["options"]["gemm_order"] == "natural");
+  const runtime::Plan nback = runtime::read_plan(dir.path);
+  CHECK(nback.options.gemm_natural);
+  CHECK(nback.stages[0].table.library.back().fixed_rows == 2048);
+  CHECK(nback == c);
   // And one compiled from a checkpoint whose MXFP4 scales are at most 128, in the options and
   // the stage's layout (the upload holds the weights to it).
   runtime::Plan m = sample_plan(1);
@@ -298,7 +311,8 @@ TEST_CASE("plan reader: a wrong field is refused naming plan.json and the field"
       {1, "/options/dense_gemm", "rocblas",
        "field 'options.dense_gemm': must be \"wg\" or \"cublas\", found \"rocblas\""},
       {1, "/options/gemm_order", "exact",
-       "field 'options.gemm_order': must be \"fast\" or \"canonical\", found \"exact\""},
+       "field 'options.gemm_order': must be \"fast\", \"canonical\" or \"natural\", found "
+       "\"exact\""},
       {1, "/options/mxfp4_max_scale", 129,
        "field 'options.mxfp4_max_scale': must be in [0, 128], found 129"},
       {1, "/options/mxfp4_max_scale", 120,
