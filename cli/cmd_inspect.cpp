@@ -114,6 +114,10 @@ int cmd_inspect(const ParsedArgs& args) {
         break;
     }
   bool linears_canonical = opt.gemm_canonical && (!opt.dense_cublas || opt.gemm_natural);
+  for (const runtime::PlanStage& st : plan.stages) // natural: every library call pinned
+    for (const runtime::PlanLibraryCall& c : st.table.library)
+      if (c.fixed_rows <= 0)
+        linears_canonical = false;
   for (const runtime::PlanKernelFile& k : plan.codegen.kernels)
     if (((k.name.starts_with("qkv") || k.name.starts_with("rmsnorm_router_topk")) &&
          k.name.find("_chain_") == std::string::npos) ||

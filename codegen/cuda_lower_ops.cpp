@@ -170,6 +170,16 @@ void Lowerer::lower_linear(ValueId v) {
       dm.mma_splits = dm.mma_stages = 0;
     }
   }
+  // A natural plan keeps its order where the chained kernel does not fit: the gemm from one row.
+  if (c_.natural && gemm_path() && codegen::gemm_fits(d.k) && !dm.mma_natural) {
+    codegen::LinearDims dg = d;
+    dg.max_tokens = 0;
+    linear(-1, dense_gemm(d, v), dg, rows_kind(g_, v), addr(n.inputs[0]),
+           norm ? addr(n.inputs[1]) : LaunchArg{}, addr(n.inputs[wi]),
+           d.bias ? addr(n.inputs[wi + 1]) : LaunchArg{},
+           residual ? addr(n.inputs.back()) : LaunchArg{}, addr(v), false, -1);
+    return;
+  }
   const bool mma = c_.wgmma && codegen::linear_mma_fits(dm);
   const int kernel = k_.add(codegen::emit_linear(mma ? dm : d, ir_lines(g_, v)));
   // The attention output projection of a one-token step: a 1-token kernel. On sm_90 its blocks

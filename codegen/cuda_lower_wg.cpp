@@ -49,7 +49,8 @@ Lowerer::DenseGemm Lowerer::dense_gemm_wg(const codegen::LinearDims& d, ValueId 
   // two calls): kernels_bench measured it 1.5-1.7x gemm_wg on the 20b's q and o_proj shapes from
   // 512 tokens on, slower at 64 (docs/PERF.md, "Kernel figures"); lm_head at batched decode's
   // 128 and 256 sequences 331 and 426 us against gemm_wg's 365 and 709 (H200), equal at 64.
-  // Not the router (split K below). Its rows are sequences where the step's logits are.
+  // Not the router (split K below), but in the natural order (no split K there). Its rows are
+  // sequences where the step's logits are.
   const int64_t max_rows = rows_kind(g_, v) == Rows::Seqs ? c_.max_seqs : c_.max_tokens;
   // lm_head: no bias, no residual, so the library's sums are the output.
   const bool direct = d.n > kLibraryMaxN && !d.bias && !d.residual;

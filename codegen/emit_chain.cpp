@@ -70,17 +70,24 @@ int router_chain_blocks(int experts, int ranges) {
   return std::clamp(((experts + 15) / 16 * ranges + 7) / 8, 1, 8);
 }
 
+/// The warps of a norm_router_topk_chain block that take a task (each with its ring).
+int router_chain_warps(const RouterTopKDims& d) {
+  return std::min(8, (d.experts + 15) / 16 * d.chain);
+}
+
 /// norm_router_topk_chain's ring depth: 3 chunks a warp over the K ranges; in the natural order
 /// (one chain a row group, the 20b's two warps stream all of the router) 16, or the chain's
-/// tiles and one.
+/// tiles and one, or what 160 KB of rings allow the block's warps (the 120b's 8: 10).
 int router_chain_stages(int dim, const RouterTopKDims& d) {
-  return d.chain_natural ? std::clamp(dim / 64 + 1, 2, 16) : 3;
+  if (!d.chain_natural)
+    return 3;
+  const int fit = 160 * 1024 / (std::max(1, router_chain_warps(d)) * 2048);
+  return std::clamp(std::min(dim / 64 + 1, fit), 2, 16);
 }
 
 /// Its dynamic shared memory: the rings of a block's warps that take a task.
 size_t router_chain_smem(int dim, const RouterTopKDims& d) {
-  const int tasks = (d.experts + 15) / 16 * d.chain;
-  return size_t(std::min(8, tasks)) * router_chain_stages(dim, d) * 2048;
+  return size_t(router_chain_warps(d)) * router_chain_stages(dim, d) * 2048;
 }
 
 } // namespace
@@ -137,7 +144,9 @@ bool norm_router_topk_chain_fits(int dim, const RouterTopKDims& d) {
   const int tasks = groups * d.chain;
   const int all = 8 * router_chain_blocks(d.experts, d.chain);
   return (tasks <= all || all % groups == 0) && (tasks <= 8 || 8 % groups == 0) &&
-         size_t(dim) * 4 + (size_t(dim) / 2 + 4) * 4 + size_t(d.chain) * d.experts * 4 <= 48 * 1024;
+         size_t(dim) * 4 + (size_t(dim) / 2 + 4) * 4 + size_t(d.chain) * d.experts * 4 <=
+             48 * 1024 &&
+         router_chain_smem(dim, d) <= 180 * 1024; // the rings beside the static 48 KB
 }
 
 KernelSource emit_norm_router_topk_chain(int dim, const RouterTopKDims& d, double eps, bool bias,

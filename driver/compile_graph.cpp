@@ -43,6 +43,10 @@ CompiledGraph compile_graph(const ir::Graph& g, int64_t max_batch, int64_t max_s
   so.natural = opts.gemm_natural;
   so.wgmma = dev.arch() == "sm_90";
   so.dense_cublas = opts.dense_cublas && so.wgmma && !opts.gemm_split;
+  if (opts.gemm_natural && (!opts.gemm_canonical || !so.dense_cublas))
+    throw Error(fmt::format("compile_graph: the natural K order needs the canonical order, plain "
+                            "bf16 gemms, cuBLAS's projections and an sm_90 GPU (this one is {})",
+                            dev.arch()));
   codegen::LoweredStage lowered = codegen::lower_stage(out.graph, so);
   out.memory = std::move(lowered.memory);
   runtime::StageProgram& p = out.program;

@@ -110,6 +110,9 @@ CompileResult compile_plan(const CompileOptions& o) {
   if (dense_cublas && o.gemm_canonical && !natural)
     throw Error("compile: --gemm-order canonical needs gemm_wg's projections (--dense-gemm wg): "
                 "cuBLAS sums in an order of its own");
+  if (natural && (o.gemm_split || o.arch != "sm_90" || !dense_cublas))
+    throw Error("compile: --gemm-order natural needs plain bf16 gemms, an sm_90 plan and cuBLAS's "
+                "projections (its prompt steps)");
   Progress progress("compile");
   CompileResult out;
 

@@ -71,6 +71,7 @@ struct LtApi {
   decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
   decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
   decltype(&cublasLtMatmulAlgoConfigGetAttribute) algo_get = nullptr;
+  decltype(&cublasLtMatmulAlgoCheck) algo_check = nullptr;
   decltype(&cublasLtMatmul) matmul = nullptr;
 };
 
@@ -93,6 +94,7 @@ const LtApi& lt_api() {
     dl_resolve(a.lib, a.pref_set, "cublasLtMatmulPreferenceSetAttribute");
     dl_resolve(a.lib, a.heuristic, "cublasLtMatmulAlgoGetHeuristic");
     dl_resolve(a.lib, a.algo_get, "cublasLtMatmulAlgoConfigGetAttribute");
+    dl_resolve(a.lib, a.algo_check, "cublasLtMatmulAlgoCheck");
     dl_resolve(a.lib, a.matmul, "cublasLtMatmul");
   });
   return dl_loaded(a);
@@ -109,16 +111,23 @@ struct LtLayouts {
   cublasLtMatrixLayout_t w = nullptr, x = nullptr, y = nullptr;
   LtLayouts(int n, int k, int rows) {
     const LtApi& a = lt_api();
-    const std::string what = fmt::format("layouts of a {} x {} -> {} gemm", rows, k, n);
-    lt_ok(a.layout_create(&w, CUDA_R_16BF, uint64_t(k), uint64_t(n), k), what);
-    lt_ok(a.layout_create(&x, CUDA_R_16BF, uint64_t(k), uint64_t(rows), k), what);
-    lt_ok(a.layout_create(&y, CUDA_R_32F, uint64_t(n), uint64_t(rows), n), what);
+    const cublasStatus_t sw = a.layout_create(&w, CUDA_R_16BF, uint64_t(k), uint64_t(n), k);
+    const cublasStatus_t sx = a.layout_create(&x, CUDA_R_16BF, uint64_t(k), uint64_t(rows), k);
+    const cublasStatus_t sy = a.layout_create(&y, CUDA_R_32F, uint64_t(n), uint64_t(rows), n);
+    for (cublasStatus_t st : {sw, sx, sy})
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        release();
+        lt_ok(st, fmt::format("layouts of a {} x {} -> {} gemm", rows, k, n));
+      }
   }
-  ~LtLayouts() {
+  ~LtLayouts() { release(); }
+  void release() {
     const LtApi& a = lt_api();
-    for (cublasLtMatrixLayout_t l : {w, x, y})
-      if (l)
-        a.layout_destroy(l);
+    for (cublasLtMatrixLayout_t* l : {&w, &x, &y})
+      if (*l) {
+        a.layout_destroy(*l);
+        *l = nullptr;
+      }
   }
   LtLayouts(const LtLayouts&) = delete;
   LtLayouts& operator=(const LtLayouts&) = delete;
@@ -154,37 +163,72 @@ struct Blas::Lt {
       a.destroy(handle);
   }
 
-  /// The algorithm of (n, k) kept for fixed_rows: the heuristic's first without a reduction
-  /// scheme (no split K) at fixed_rows rows.
+  /// The algorithm of (n, k) kept for fixed_rows: among the heuristic's picks at fixed_rows
+  /// rows with no reduction scheme allowed, the first whose configuration says so (split K 1,
+  /// reduction none) and that needs no workspace (a kernel that reduces across blocks would),
+  /// and that takes every row count a step can give it (checked at 1, 8, 64, 65 and
+  /// fixed_rows).
   cublasLtMatmulAlgo_t algorithm(int n, int k, int fixed_rows, size_t workspace_bytes) {
     std::lock_guard<std::mutex> lock(mu);
     const auto key = std::make_tuple(n, k, fixed_rows);
     if (auto it = kept.find(key); it != kept.end())
       return it->second;
     const LtApi& a = lt_api();
+    const std::string shape = fmt::format("a {} x {} -> {} gemm", fixed_rows, k, n);
     const LtLayouts l(n, k, fixed_rows);
     cublasLtMatmulPreference_t pref = nullptr;
     lt_ok(a.pref_create(&pref), "a preference");
     const uint64_t bytes = workspace_bytes;
     const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
-    a.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes));
-    a.pref_set(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof(none));
-    cublasLtMatmulHeuristicResult_t r{};
+    cublasStatus_t st =
+        a.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = a.pref_set(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof(none));
+    constexpr int kAsk = 8;
+    cublasLtMatmulHeuristicResult_t r[kAsk] = {};
     int found = 0;
-    const cublasStatus_t st = a.heuristic(handle, desc, l.w, l.x, l.y, l.y, pref, 1, &r, &found);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = a.heuristic(handle, desc, l.w, l.x, l.y, l.y, pref, kAsk, r, &found);
     a.pref_destroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-      throw Error(fmt::format("cuBLASLt offers no algorithm without split K for a {} x {} -> {} "
-                              "gemm (status {}): a plan in the natural order needs one",
-                              fixed_rows, k, n, int(st)));
-    kept.emplace(key, r.algo);
-    return r.algo;
+    lt_ok(st, "the heuristic's algorithms for " + shape);
+    for (int i = 0; i < found; ++i) {
+      int32_t splitk = 1;
+      uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+      size_t w = 0;
+      a.algo_get(&r[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
+      a.algo_get(&r[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme), &w);
+      if (r[i].state != CUBLAS_STATUS_SUCCESS || r[i].workspaceSize != 0 || splitk > 1 ||
+          scheme != CUBLASLT_REDUCTION_SCHEME_NONE ||
+          !takes_every_step(r[i].algo, n, k, fixed_rows))
+        continue;
+      kept.emplace(key, r[i].algo);
+      return r[i].algo;
+    }
+    throw Error(fmt::format("cuBLASLt offers no algorithm without split K or workspace that takes "
+                            "1 to {} rows for {} ({} candidates): a plan in the natural order "
+                            "needs one",
+                            fixed_rows, shape, found));
+  }
+
+  /// Whether `algo` takes the step sizes a plan's library call sees (it was picked for the
+  /// largest).
+  bool takes_every_step(const cublasLtMatmulAlgo_t& algo, int n, int k, int fixed_rows) const {
+    const LtApi& a = lt_api();
+    for (int rows : {1, 8, 64, 65, fixed_rows}) {
+      if (rows > fixed_rows)
+        continue;
+      const LtLayouts l(n, k, rows);
+      cublasLtMatmulHeuristicResult_t check{};
+      if (a.algo_check(handle, desc, l.w, l.x, l.y, l.y, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+          check.workspaceSize != 0)
+        return false;
+    }
+    return true;
   }
 };
 
 Blas::Lt& Blas::lt() const {
-  if (!lt_)
-    lt_ = std::make_unique<Lt>();
+  std::call_once(lt_once_, [this] { lt_ = std::make_unique<Lt>(); });
   return *lt_;
 }
 
@@ -192,13 +236,15 @@ std::string Blas::fixed_algorithm(int n, int k, int fixed_rows) const {
   const cublasLtMatmulAlgo_t algo = lt().algorithm(n, k, fixed_rows, workspace_bytes_);
   const LtApi& a = lt_api();
   int32_t id = -1, splitk = -1, stages = -1;
-  uint32_t tile = 0;
+  uint32_t tile = 0, scheme = 0;
   size_t w = 0;
   a.algo_get(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &w);
   a.algo_get(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
   a.algo_get(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &w);
   a.algo_get(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
-  return fmt::format("algo {} tile {} stages {} split K {}", id, tile, stages, splitk);
+  a.algo_get(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme), &w);
+  return fmt::format("algo {} tile {} stages {} split K {} reduction {}", id, tile, stages, splitk,
+                     scheme);
 }
 
 Blas::Blas(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace xserv::runtime {
@@ -44,6 +45,7 @@ private:
   size_t workspace_bytes_ = 0;
   /// The fixed order's handle and kept algorithms, made at its first use.
   mutable std::unique_ptr<Lt> lt_;
+  mutable std::once_flag lt_once_;
   Lt& lt() const;
 };
 

@@ -353,9 +353,9 @@ __device__ __forceinline__ void wg_tile_mma(unsigned at, const unsigned* xc, flo
 }
 
 /// The four MMAs of a WarpRowRing chunk in `buf` (16 rows x 64 values) in the natural K order,
-/// into d: MMA j multiplies K values 16 j .. 16 j + 15 of rows g and g + 8 (ldmatrix.x4 of slots
-/// 2 j, 2 j + 1) with the activation words xc[8 j] and xc[8 j + 4] (pairs 2 i, 2 i + 1 of the
-/// chunk, as gemm_act<.., NATURAL> packs them; xc already at this lane's c).
+/// into d: MMA m multiplies K values 16 m .. 16 m + 15 of rows g and g + 8 (ldmatrix.x4 of slots
+/// 2 m, 2 m + 1) with the activation words xc[8 m] and xc[8 m + 4] (word i holds the chunk's K
+/// values 2 i, 2 i + 1, as gemm_act<.., NATURAL> packs them; xc already at this lane's c).
 __device__ __forceinline__ void natural_tile_mma(const WarpRowRing& ring, int buf,
                                                  const unsigned* xc, float (&d)[4]) {
 #pragma unroll

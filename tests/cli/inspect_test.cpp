@@ -324,6 +324,17 @@ TEST_CASE(
   CHECK(t.out.find("dense linears in the natural K order, cuBLAS pinned") != std::string::npos);
   CHECK(t.out.find("the linears (the natural K order: cuBLAS's fixed order and the decode "
                    "kernels)") != std::string::npos);
+  // With every token's logits, lm_head takes the final norm: no chained kernel fits it, so the
+  // gemm serves it from one row and the guarantee stands.
+  RunResult all = run_xserv("compile " + model + " -o " + (tmp.path / "all").string() +
+                            " --max-seq 256 --max-batch 4 --no-cubins --gemm-order natural "
+                            "--all-logits");
+  REQUIRE(all.code == 0);
+  const auto adoc = nlohmann::json::parse(
+      run_xserv("inspect " + (tmp.path / "all").string() + " --json", "", true).out);
+  CHECK(adoc["batch_invariance"]["linears"] == true);
+  for (const auto& k : runtime::read_plan(tmp.path / "all").codegen.kernels)
+    CHECK_FALSE(k.name.starts_with("rmsnorm_linear"));
   // Refused with one clear line: without cuBLAS's projections, or with split activations.
   for (const char* flags : {" --dense-gemm wg", " --gemm-precision split"}) {
     RunResult bad = run_xserv("compile " + model + " -o " + (tmp.path / "bad").string() +

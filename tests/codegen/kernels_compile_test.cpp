@@ -364,6 +364,10 @@ TEST_CASE("canonical plans' fused decode kernels: launch rules, and shapes they 
   CHECK(rn.name == "rmsnorm_router_topk_chain_d2880_e32_k4_c1_natural");
   CHECK(rn.launch.blocks_x == 1);
   CHECK(rn.launch.smem(1) == 2 * 16 * 2048);
+  r.experts = 128; // the 120b's 8 row groups: 8 rings of 10 within 160 KB
+  REQUIRE(norm_router_topk_chain_fits(2880, r));
+  CHECK(emit_norm_router_topk_chain(2880, r, 1e-5, true, {}).launch.smem(1) == 8 * 10 * 2048);
+  r.experts = 32;
   r.chain = 9; // the natural order has no K ranges
   CHECK_FALSE(norm_router_topk_chain_fits(2880, r));
   // qkv in the natural order: a warp a group (one chain over K), the ring as deep as two
