@@ -141,10 +141,12 @@ TEST_CASE("gpu: synthetic 20b against HF transformers") {
   const xserv::ir::Graph all_kv_bf16 = models::build_gpt_oss(
       config, {.last_logits_only = false, .kv_dtype = xserv::ir::DType::BF16});
   // Split gemms, plain bf16 ones, plain bf16 ones in the gemms' canonical order (compile
-  // --gemm-order canonical: the same roundings, sums in another order) and plain bf16 ones
-  // over a bf16 KV cache (--kv-dtype bf16: keys and values rounded as HF's bf16 cache holds
-  // them); the last two held to the bf16 gates.
-  for (const char* mode : {"split", "bf16", "bf16, canonical order", "bf16, bf16 KV cache"}) {
+  // --gemm-order canonical: the same roundings, sums in another order; --gemm-order natural:
+  // the dense linears in cuBLAS's K order, pinned) and plain bf16 ones over a bf16 KV cache
+  // (--kv-dtype bf16: keys and values rounded as HF's bf16 cache holds them); all but split held
+  // to the bf16 gates (the bf16 cache to its own ratio).
+  for (const char* mode : {"split", "bf16", "bf16, canonical order", "bf16, natural order",
+                           "bf16, bf16 KV cache"}) {
     CAPTURE(mode);
     const bool split = mode == std::string_view("split");
     const bool kv_bf16 = mode == std::string_view("bf16, bf16 KV cache");
@@ -153,7 +155,9 @@ TEST_CASE("gpu: synthetic 20b against HF transformers") {
     xserv::testing::GraphModelOptions opts = xserv::testing::quiet();
     opts.quiet = true;
     opts.gemm_split = split;
-    opts.gemm_canonical = mode == std::string_view("bf16, canonical order");
+    const bool natural = mode == std::string_view("bf16, natural order");
+    opts.gemm_canonical = natural || mode == std::string_view("bf16, canonical order");
+    opts.gemm_natural = opts.dense_cublas = natural;
     const auto engine_model = xserv::testing::graph_cuda_model(
         ckpt, 1, static_cast<int64_t>(T + G + 8), kv_bf16 ? &all_kv_bf16 : &all, opts);
     engine::CudaModel& engine = *engine_model;
