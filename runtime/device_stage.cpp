@@ -256,6 +256,18 @@ void DeviceStage::load(LaunchTable table, const std::vector<std::vector<char>>& 
   const size_t kernel_count = table.kernels.size(), library_calls = table.library.size();
   if (library_calls > 0)
     st.blas = std::make_unique<Blas>();
+  // The fixed order's algorithms (plans in the natural K order), picked and checked now, not in
+  // a step that a CUDA graph may be capturing; one line each shape.
+  std::vector<std::string> fixed;
+  for (const PlanLibraryCall& c : table.library)
+    if (c.fixed_rows > 0) {
+      const std::string line = fmt::format("{} x {} -> {}: {}", c.fixed_rows, c.k, c.n,
+                                           st.blas->fixed_algorithm(c.n, c.k, c.fixed_rows));
+      if (std::find(fixed.begin(), fixed.end(), line) == fixed.end())
+        fixed.push_back(line);
+    }
+  for (const std::string& line : fixed)
+    log(fmt::format("{}: fixed-order gemm {}", source, line));
   st.executor =
       std::make_unique<Executor>(std::move(table), bind, loaded_kernels(st.modules, st.kernels));
   st.executor->set_blas(st.blas.get());
