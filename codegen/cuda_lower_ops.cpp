@@ -171,23 +171,18 @@ void Lowerer::lower_linear(ValueId v) {
     }
   }
   // A natural plan keeps its order where the chained kernel does not fit: the gemm from one row.
-  if (c_.natural && gemm_path() && codegen::gemm_fits(d.k) && !dm.mma_natural) {
-    codegen::LinearDims dg = d;
-    dg.max_tokens = 0;
-    linear(-1, dense_gemm(d, v), dg, rows_kind(g_, v), addr(n.inputs[0]),
-           norm ? addr(n.inputs[1]) : LaunchArg{}, addr(n.inputs[wi]),
-           d.bias ? addr(n.inputs[wi + 1]) : LaunchArg{},
-           residual ? addr(n.inputs.back()) : LaunchArg{}, addr(v), false, -1);
-    return;
-  }
+  const bool gemm_only = c_.natural && gemm_path() && codegen::gemm_fits(d.k) && !dm.mma_natural;
+  codegen::LinearDims dl = d;
+  if (gemm_only)
+    dl.max_tokens = 0;
   const bool mma = c_.wgmma && codegen::linear_mma_fits(dm);
-  const int kernel = k_.add(codegen::emit_linear(mma ? dm : d, ir_lines(g_, v)));
+  const int kernel = gemm_only ? -1 : k_.add(codegen::emit_linear(mma ? dm : d, ir_lines(g_, v)));
   // The attention output projection of a one-token step: a 1-token kernel. On sm_90 its blocks
   // copy their whole share of W into shared memory as they start (linear_decode_smem), which
   // the previous kernel's trigger lets them do while attention_combine runs; elsewhere 8 loads
   // in flight per lane (13.2 against 15.1 us for the 20b's o_proj in the bandwidth test).
   int kernel1 = -1;
-  if (residual && !(dm.mma_natural && mma)) { // natural: the one chained kernel for any tokens
+  if (residual && !gemm_only && !(dm.mma_natural && mma)) { // natural: the one chained kernel
     codegen::LinearDims d1 = d;
     d1.max_tokens = 1;
     d1.unroll = 8;
@@ -204,7 +199,7 @@ void Lowerer::lower_linear(ValueId v) {
     if (!(dm.mma_chain && mma && !ds.mma_chain))
       kernel1 = k_.add(codegen::emit_linear(smem ? ds : d1, ir_lines(g_, v)));
   }
-  linear(kernel, dense_gemm(d, v), d, rows_kind(g_, v), addr(n.inputs[0]),
+  linear(kernel, dense_gemm(d, v), dl, rows_kind(g_, v), addr(n.inputs[0]),
          norm ? addr(n.inputs[1]) : LaunchArg{}, addr(n.inputs[wi]),
          d.bias ? addr(n.inputs[wi + 1]) : LaunchArg{},
          residual ? addr(n.inputs.back()) : LaunchArg{}, addr(v), false, kernel1);
