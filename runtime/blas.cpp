@@ -165,9 +165,11 @@ struct Blas::Lt {
 
   /// The algorithm of (n, k) kept for fixed_rows: among the heuristic's picks at fixed_rows
   /// rows with no reduction scheme allowed, the first whose configuration says so (split K 1,
-  /// reduction none) and that needs no workspace (a kernel that reduces across blocks would),
-  /// and that takes every row count a step can give it (checked at 1, 8, 64, 65 and
-  /// fixed_rows).
+  /// reduction none) and that takes every row count a step can give it within the Blas's
+  /// workspace (checked at 1, 8, 64, 65 and fixed_rows). Such an algorithm's sums are the
+  /// natural chain over K at every row count, workspace or not (the 20b's lm_head picks one
+  /// that asks for some: tests/codegen/blas_order_gpu_test.cpp, docs/PERF.md "Batch
+  /// invariance").
   cublasLtMatmulAlgo_t algorithm(int n, int k, int fixed_rows, size_t workspace_bytes) {
     std::lock_guard<std::mutex> lock(mu);
     const auto key = std::make_tuple(n, k, fixed_rows);
@@ -197,22 +199,23 @@ struct Blas::Lt {
       size_t w = 0;
       a.algo_get(&r[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
       a.algo_get(&r[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme), &w);
-      if (r[i].state != CUBLAS_STATUS_SUCCESS || r[i].workspaceSize != 0 || splitk > 1 ||
-          scheme != CUBLASLT_REDUCTION_SCHEME_NONE ||
-          !takes_every_step(r[i].algo, n, k, fixed_rows))
+      if (r[i].state != CUBLAS_STATUS_SUCCESS || r[i].workspaceSize > workspace_bytes ||
+          splitk > 1 || scheme != CUBLASLT_REDUCTION_SCHEME_NONE ||
+          !takes_every_step(r[i].algo, n, k, fixed_rows, workspace_bytes))
         continue;
       kept.emplace(key, r[i].algo);
       return r[i].algo;
     }
-    throw Error(fmt::format("cuBLASLt offers no algorithm without split K or workspace that takes "
-                            "1 to {} rows for {} ({} candidates): a plan in the natural order "
-                            "needs one",
-                            fixed_rows, shape, found));
+    throw Error(fmt::format("cuBLASLt offers no algorithm without split K that takes 1 to {} "
+                            "rows for {} within its {} MiB workspace ({} candidates): a plan in "
+                            "the natural order needs one",
+                            fixed_rows, shape, workspace_bytes >> 20, found));
   }
 
   /// Whether `algo` takes the step sizes a plan's library call sees (it was picked for the
-  /// largest).
-  bool takes_every_step(const cublasLtMatmulAlgo_t& algo, int n, int k, int fixed_rows) const {
+  /// largest) within `workspace_bytes`.
+  bool takes_every_step(const cublasLtMatmulAlgo_t& algo, int n, int k, int fixed_rows,
+                        size_t workspace_bytes) const {
     const LtApi& a = lt_api();
     for (int rows : {1, 8, 64, 65, fixed_rows}) {
       if (rows > fixed_rows)
@@ -220,7 +223,7 @@ struct Blas::Lt {
       const LtLayouts l(n, k, rows);
       cublasLtMatmulHeuristicResult_t check{};
       if (a.algo_check(handle, desc, l.w, l.x, l.y, l.y, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
-          check.workspaceSize != 0)
+          check.workspaceSize > workspace_bytes)
         return false;
     }
     return true;

@@ -27,7 +27,8 @@ public:
   ///
   /// fixed_rows > 0 (the fixed order, PlanLibraryCall::fixed_rows): through cublasLt with one
   /// algorithm for the shape at every row count, the heuristic's pick for fixed_rows rows among
-  /// those without split K (no reduction scheme), chosen at the shape's first call and kept:
+  /// those without split K (no reduction scheme) that fit the workspace, chosen at the shape's
+  /// first call and kept:
   /// each output is then one chain over K whatever the step's rows (the natural K order of
   /// cuBLAS's kernels: docs/DESIGN.md, "The gemms' canonical order"). Throws when the library
   /// offers none, or the kept one refuses a row count.
