@@ -4,7 +4,9 @@
 // back to back, weights cycled beyond the 50 MB L2. Part of kernels_bench (never run by ctest;
 // docs/PERF.md keeps the figures):
 //   build/tests/kernels_bench -tc="MXFP4 MoE decode*,o_proj decode GEMV*,lm_head decode GEMV*"
-// (and the MoE rows at 2-8 tokens, a block a pair against the tokens as columns).
+// (and the MoE rows at 2-8 tokens, a block a pair against the tokens as columns; the natural
+// order's dense linears on gemm_wg at 1 and 8 tokens).
+#include "codegen/emit_wg.h"
 #include "tests/codegen/kernel_test_util.h"
 
 #include <algorithm>
@@ -379,4 +381,63 @@ TEST_CASE("lm_head decode GEMV: FMA against tensor cores, 20b, 1, 2 and 8 tokens
                 {true, 8, 4, 1, 8, 2},
                 {true, 8, 2, 1, 16, 2}},
                {1, 2, 8});
+}
+
+TEST_CASE("dense linears in the natural K order at 1 and 8 tokens: gemm_wg's wgmma chain, 20b "
+          "(informational)") {
+  XSERV_REQUIRE_GPU();
+  // The natural order's decode kernels chain mma.sync over all of K, one warp a 16-row group
+  // (o_proj 12.9 us in a timeline plan against the default's 4.5): each MMA waits for the last
+  // one's sums. gemm_wg's natural form gives the same bits (mma_order_gpu_test) with wgmma,
+  // whose dependent steps issue back to back: gemm_act + gemm_wg, no K split, small token
+  // tiles, weights cycled beyond the L2, against the o_proj / lm_head cases above.
+  if (runtime::probe_device().arch() != "sm_90") {
+    MESSAGE("skipped: gemm_wg needs sm_90");
+    return;
+  }
+  struct Shape {
+    const char* name;
+    int k, n;
+  };
+  for (const Shape& s :
+       {Shape{"o_proj", 4096, 2880}, Shape{"qkv", 2880, 5120}, Shape{"router", 2880, 32}}) {
+    Rng rng{908};
+    const Bf16Weight w = random_bf16(rng, {s.n, s.k}, 0.02f);
+    const int copies = int((256u << 20) / (w.bits.size() * 2) + 1);
+    std::vector<std::unique_ptr<DevBuf>> ws;
+    for (int c = 0; c < copies; ++c)
+      ws.push_back(upload(w.bits));
+    auto x = upload(random_f32(rng, {8, s.k}, 1.0f).f);
+    auto b = upload(random_bf16(rng, {s.n}, 0.5f).bits);
+    auto xh = poisoned(size_t(8) * s.k / 2), y = poisoned(size_t(8) * s.n);
+    GemmActDims ad{s.k, false, false, 1e-5, 1};
+    ad.natural = true;
+    const Loaded& act = load(emit_gemm_act(ad, {}));
+    for (int bn : {8, 16, 64})
+      for (int stages : {4, 8}) {
+        GemmWgDims g;
+        g.natural = true;
+        g.k = s.k;
+        g.n = s.n;
+        g.bn = bn;
+        g.wm = 1;
+        g.stages = stages;
+        g.bias = true;
+        if (!gemm_wg_fits(g))
+          continue;
+        const Loaded& l = load(emit_gemm_wg(g, {}));
+        for (int tokens : {1, 8}) {
+          if (tokens > bn)
+            continue;
+          const double us = back_to_back_us([&](int i) {
+            launch(act, tokens, 1, x->p, nullptr, xh->p, nullptr);
+            launch(l, tokens, 1, xh->p, nullptr, ws[i % copies]->p, b->p, nullptr, y->p, nullptr,
+                   nullptr, nullptr, tokens);
+          });
+          MESSAGE(s.name << " " << l.src.name << " T=" << tokens << ": gemm_act + gemm_wg " << us
+                         << " us");
+        }
+      }
+  }
+  device_sync();
 }

@@ -670,6 +670,22 @@ TEST_CASE("gemm_wg in the natural K order compiles for sm_90 and refuses MXFP4 w
   const runtime::CompileResult r = runtime::compile_cuda(k.source, k.name, opts);
   CHECK(!r.cubin.empty());
   CHECK_MESSAGE(r.log.empty(), r.log);
+  // The small token tiles of decode-sized steps (decode_mma_bench times them at 1 and 8 tokens).
+  for (int bn : {8, 16}) {
+    GemmWgDims s = d;
+    s.n = 2880;
+    s.k = 4096;
+    s.bn = bn;
+    s.wm = 1;
+    s.stages = 8;
+    s.bias = true;
+    CAPTURE(bn);
+    REQUIRE(gemm_wg_fits(s));
+    const KernelSource ks = emit_gemm_wg(s, {});
+    const runtime::CompileResult rs = runtime::compile_cuda(ks.source, ks.name, opts);
+    CHECK(!rs.cubin.empty());
+    CHECK_MESSAGE(rs.log.empty(), rs.log);
+  }
   d.mxfp4 = true;
   CHECK_FALSE(gemm_wg_fits(d));
   CHECK_THROWS_WITH(emit_gemm_wg(d, {}), doctest::Contains("gemm_wg cannot take"));
