@@ -399,8 +399,30 @@ TEST_CASE("dense linears in the natural K order at 1 and 8 tokens: gemm_wg's wgm
     const char* name;
     int k, n;
   };
-  for (const Shape& s :
-       {Shape{"o_proj", 4096, 2880}, Shape{"qkv", 2880, 5120}, Shape{"router", 2880, 32}}) {
+  const Shape shapes[] = {{"o_proj", 4096, 2880}, {"qkv", 2880, 5120}, {"router", 2880, 32}};
+  auto tiles = [](const Shape& s) { // no K split, 8- to 64-token tiles, rings of 4 and 8
+    std::vector<GemmWgDims> out;
+    for (int bn : {8, 16, 64})
+      for (int stages : {4, 8}) {
+        GemmWgDims g;
+        g.natural = true;
+        g.k = s.k;
+        g.n = s.n;
+        g.bn = bn;
+        g.wm = 1;
+        g.stages = stages;
+        g.bias = true;
+        if (gemm_wg_fits(g))
+          out.push_back(g);
+      }
+    return out;
+  };
+  std::vector<KernelSource> all;
+  for (const Shape& s : shapes)
+    for (const GemmWgDims& g : tiles(s))
+      all.push_back(emit_gemm_wg(g, {}));
+  preload(all);
+  for (const Shape& s : shapes) {
     Rng rng{908};
     const Bf16Weight w = random_bf16(rng, {s.n, s.k}, 0.02f);
     const int copies = int((256u << 20) / (w.bits.size() * 2) + 1);
@@ -413,31 +435,20 @@ TEST_CASE("dense linears in the natural K order at 1 and 8 tokens: gemm_wg's wgm
     GemmActDims ad{s.k, false, false, 1e-5, 1};
     ad.natural = true;
     const Loaded& act = load(emit_gemm_act(ad, {}));
-    for (int bn : {8, 16, 64})
-      for (int stages : {4, 8}) {
-        GemmWgDims g;
-        g.natural = true;
-        g.k = s.k;
-        g.n = s.n;
-        g.bn = bn;
-        g.wm = 1;
-        g.stages = stages;
-        g.bias = true;
-        if (!gemm_wg_fits(g))
+    for (const GemmWgDims& g : tiles(s)) {
+      const Loaded& l = load(emit_gemm_wg(g, {}));
+      for (int tokens : {1, 8}) {
+        if (tokens > g.bn)
           continue;
-        const Loaded& l = load(emit_gemm_wg(g, {}));
-        for (int tokens : {1, 8}) {
-          if (tokens > bn)
-            continue;
-          const double us = back_to_back_us([&](int i) {
-            launch(act, tokens, 1, x->p, nullptr, xh->p, nullptr);
-            launch(l, tokens, 1, xh->p, nullptr, ws[i % copies]->p, b->p, nullptr, y->p, nullptr,
-                   nullptr, nullptr, tokens);
-          });
-          MESSAGE(s.name << " " << l.src.name << " T=" << tokens << ": gemm_act + gemm_wg " << us
-                         << " us");
-        }
+        const double us = back_to_back_us([&](int i) {
+          launch(act, tokens, 1, x->p, nullptr, xh->p, nullptr);
+          launch(l, tokens, 1, xh->p, nullptr, ws[i % copies]->p, b->p, nullptr, y->p, nullptr,
+                 nullptr, nullptr, tokens);
+        });
+        MESSAGE(s.name << " " << l.src.name << " T=" << tokens << ": gemm_act + gemm_wg " << us
+                       << " us");
       }
+    }
   }
   device_sync();
 }
