@@ -5,7 +5,7 @@
 // docs/PERF.md keeps the figures):
 //   build/tests/kernels_bench -tc="MXFP4 MoE decode*,o_proj decode GEMV*,lm_head decode GEMV*"
 // (and the MoE rows at 2-8 tokens, a block a pair against the tokens as columns; the natural
-// order's dense linears on gemm_wg at 1 and 8 tokens).
+// order's dense linears and the canonical order's MoE on gemm_wg at 1 and 8 tokens).
 #include "codegen/emit_wg.h"
 #include "tests/codegen/kernel_test_util.h"
 
@@ -449,6 +449,112 @@ TEST_CASE("dense linears in the natural K order at 1 and 8 tokens: gemm_wg's wgm
                        << " us");
       }
     }
+  }
+  device_sync();
+}
+
+TEST_CASE("MXFP4 MoE at 1 and 8 tokens on gemm_wg's grouped tiles (the canonical order's wgmma "
+          "chain), 20b (informational)") {
+  XSERV_REQUIRE_GPU();
+  // The canonical order's decode MoE rows chain mma.sync over all of K, a warp a row group
+  // (gate_up 19.5 us, down 13.3 in a timeline plan against the default's 17.6 / 9.0). gemm_wg's
+  // grouped MXFP4 tiles are those rows' reference order (canonical_order_gpu_test) on wgmma:
+  // 8- and 16-token tiles at 1 and 8 tokens, each kernel timed alone as the decode kernels are,
+  // 8 routings cycled (the experts beyond the L2); moe_sort and the activations' conversions
+  // are the extra launches this form needs.
+  if (runtime::probe_device().arch() != "sm_90") {
+    MESSAGE("skipped: gemm_wg needs sm_90");
+    return;
+  }
+  const int hidden = 2880, inter = 2880, experts = 32, ksel = 4;
+  Rng rng{909};
+  auto gate_up = mxfp4_experts(rng, experts, 2 * inter, hidden);
+  auto down = mxfp4_experts(rng, experts, hidden, inter);
+  auto gub = upload(random_bf16(rng, {experts, 2 * inter}, 0.5f).bits);
+  auto dnb = upload(random_bf16(rng, {experts, hidden}, 0.5f).bits);
+  struct Tile {
+    int bn, wm, stages;
+  };
+  std::vector<Tile> tiles;
+  for (int bn : {8, 16})
+    for (int wm : {1, 2})
+      for (int stages : {4, 8})
+        tiles.push_back({bn, wm, stages});
+  auto dims = [&](const Tile& t, bool gu) {
+    GemmWgDims g;
+    g.grouped = true;
+    g.experts = experts;
+    g.ksel = ksel;
+    g.bn = t.bn;
+    g.wm = t.wm;
+    g.stages = t.stages;
+    g.mxfp4 = g.small_scales = true;
+    g.k = gu ? hidden : inter;
+    g.n = gu ? 2 * inter : hidden;
+    g.gather = gu;
+    g.epilogue = gu ? GemmEpilogue::Swiglu : GemmEpilogue::Scatter;
+    return g;
+  };
+  std::vector<KernelSource> all;
+  for (const Tile& t : tiles)
+    if (gemm_wg_fits(dims(t, true)) && gemm_wg_fits(dims(t, false))) {
+      all.push_back(emit_gemm_wg(dims(t, true), {}));
+      all.push_back(emit_gemm_wg(dims(t, false), {}));
+    }
+  preload(all);
+  const Loaded& xact = load(emit_gemm_act({hidden, false, false, 1e-5, 1}, {}));
+  const Loaded& aact = load(emit_gemm_act({inter, false, false, 1e-5, ksel}, {}));
+  for (int tokens : {1, 8}) {
+    const int pairs = tokens * ksel;
+    auto x = upload(random_f32(rng, {tokens, hidden}, 1.0f).f);
+    auto xh = poisoned(size_t(tokens) * hidden / 2);
+    auto act = poisoned(size_t(pairs) * inter), ah = poisoned(size_t(pairs) * inter / 2);
+    auto part = poisoned(size_t(pairs) * hidden);
+    auto w = upload(std::vector<float>(size_t(pairs), 0.25f));
+    launch(xact, tokens, 1, x->p, nullptr, xh->p, nullptr);
+    for (const Tile& t : tiles) {
+      if (t.bn < tokens || !gemm_wg_fits(dims(t, true)) || !gemm_wg_fits(dims(t, false)))
+        continue;
+      const Loaded& sort = load(emit_moe_sort({experts, ksel, t.bn, pairs}, {}));
+      // 8 routings (1 token: disjoint sets of 4; 8 tokens: random, 4 distinct a token), sorted.
+      std::vector<std::unique_ptr<DevBuf>> pair, tl;
+      for (int s = 0; s < 8; ++s) {
+        std::vector<int32_t> r;
+        for (int tk = 0; tk < tokens; ++tk)
+          for (int k = 0; k < ksel;) {
+            const int e = tokens == 1
+                              ? 4 * s + k
+                              : int((rng.next(1.0f) + 1.0f) * 0.5f * float(experts)) % experts;
+            if (std::find(r.end() - k, r.end(), e) != r.end())
+              continue;
+            r.push_back(e);
+            ++k;
+          }
+        auto ids = upload(r);
+        pair.push_back(poisoned(size_t(pairs)));
+        tl.push_back(poisoned(moe_tiles_ints(pairs, experts, t.bn)));
+        launch(sort, tokens, 1, ids->p, pair.back()->p, tl.back()->p, tokens);
+      }
+      const Loaded& gu = load(emit_gemm_wg(dims(t, true), {}));
+      const Loaded& dn = load(emit_gemm_wg(dims(t, false), {}));
+      const double us_gu = back_to_back_us([&](int i) {
+        launch(gu, tokens, 1, xh->p, nullptr, gate_up->p, gub->p, nullptr, act->p,
+               pair[size_t(i % 8)]->p, tl[size_t(i % 8)]->p, nullptr, tokens);
+      });
+      launch(aact, tokens, 1, act->p, nullptr, ah->p, nullptr);
+      const double us_dn = back_to_back_us([&](int i) {
+        launch(dn, tokens, 1, ah->p, nullptr, down->p, dnb->p, nullptr, part->p,
+               pair[size_t(i % 8)]->p, tl[size_t(i % 8)]->p, w->p, tokens);
+      });
+      MESSAGE("T=" << tokens << " bn " << t.bn << " m" << 64 * t.wm << " stages " << t.stages
+                   << ": gate_up " << us_gu << " us, down " << us_dn << " us");
+    }
+    const double us_x =
+        back_to_back_us([&](int) { launch(xact, tokens, 1, x->p, nullptr, xh->p, nullptr); });
+    const double us_a =
+        back_to_back_us([&](int) { launch(aact, tokens, 1, act->p, nullptr, ah->p, nullptr); });
+    MESSAGE("T=" << tokens << ": gemm_act of x " << us_x << " us, of the pairs' activations "
+                 << us_a << " us");
   }
   device_sync();
 }

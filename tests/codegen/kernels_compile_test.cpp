@@ -690,3 +690,31 @@ TEST_CASE("gemm_wg in the natural K order compiles for sm_90 and refuses MXFP4 w
   CHECK_FALSE(gemm_wg_fits(d));
   CHECK_THROWS_WITH(emit_gemm_wg(d, {}), doctest::Contains("gemm_wg cannot take"));
 }
+
+TEST_CASE("gemm_wg's grouped MXFP4 tiles of 8 tokens compile for sm_90") {
+  // The canonical order's MoE at decode sizes on wgmma (decode_mma_bench times them at 1 and 8
+  // tokens): gate_up (gathered, swiglu) and down (scattered), one m64 tile a block.
+  runtime::CompileOptions opts;
+  opts.arch = "sm_90";
+  opts.headers = kernel_headers();
+  for (bool gate_up : {true, false}) {
+    GemmWgDims g;
+    g.grouped = true;
+    g.experts = 32;
+    g.ksel = 4;
+    g.bn = 8;
+    g.wm = 1;
+    g.stages = 8;
+    g.mxfp4 = g.small_scales = true;
+    g.k = 2880;
+    g.n = gate_up ? 5760 : 2880;
+    g.gather = gate_up;
+    g.epilogue = gate_up ? GemmEpilogue::Swiglu : GemmEpilogue::Scatter;
+    CAPTURE(gate_up);
+    REQUIRE(gemm_wg_fits(g));
+    const KernelSource k = emit_gemm_wg(g, {});
+    const runtime::CompileResult r = runtime::compile_cuda(k.source, k.name, opts);
+    CHECK(!r.cubin.empty());
+    CHECK_MESSAGE(r.log.empty(), r.log);
+  }
+}
