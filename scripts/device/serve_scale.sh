@@ -5,11 +5,14 @@
 #   c64 256 x (512 + 256); c256 and c512 1,024 x (512 + 256) (preemptions from /metrics);
 #   a 2,048-token shared prefix + 64 unique, 128 out, at c64 and c1, with the prefix cache and
 #   again on a server started with --no-prefix-cache; an 8-turn chat replayed turn by turn
-#   (TTFT by turn); then the decode aggregate at depth 512 for B64, B128, B256.
+#   (TTFT by turn); then the decode aggregate at depth 512 for B64, B128, B256. Not in the
+#   default set: long (512 requests of 1,024 + 1,024 at c256 and c512, issue 35's moonshot
+#   workload, ~2 min).
 #   KV_DTYPE=bf16   compile the plan with --kv-dtype bf16 instead of the default
 #   SERVE_FLAGS=... flags for both servers (--prefill-budget N, --backlog-steps N,
 #                   --itl-target MS, ...)
-#   PARTS="..."     a subset of: c64 c256 c512 prefix turns nocache decode (default all)
+#   PARTS="..."     a subset of: c64 c256 c512 prefix turns nocache decode long (default all
+#                   but long)
 # With an old binary (.device/old/xserv, carried; OLD= another path) of a fixed-slot engine: its
 # c64 over HTTP first (a --max-seq 8192 --max-batch 64 plan, --max-running 64) and its decode
 # aggregate on a --max-seq 2304 --max-batch 256 plan, the baselines of the same call.
@@ -84,6 +87,10 @@ start_server serve.log
 want c64 && load c64 120 --requests 256 --concurrency 64 $W
 want c256 && load c256 150 --requests 1024 --concurrency 256 $W && metrics
 want c512 && load c512 150 --requests 1024 --concurrency 512 $W && metrics
+want long && load long_c256 200 --requests 512 --concurrency 256 --input-len 1024 \
+  --output-len 1024 && metrics
+want long && load long_c512 200 --requests 512 --concurrency 512 --input-len 1024 \
+  --output-len 1024 && metrics
 want prefix && load prefix_c64 90 --requests 256 --concurrency 64 $P && metrics
 want prefix && load prefix_c1 60 --requests 16 --concurrency 1 $P --seed 7
 want turns && load turns8 120 --requests 64 --turns 8 --concurrency 8 --input-len 256 \
