@@ -3,6 +3,8 @@
 // order's pinned algorithms.
 #include "runtime/blas.h"
 
+#include <cstring>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <string>
@@ -141,12 +143,17 @@ void blas_ok(cublasStatus_t st, const std::string& what) {
 } // namespace
 
 /// The fixed order's state: a cublasLt handle, one matmul description (fp32 compute and
-/// scale, w transposed) and the algorithm kept for each (n, k, fixed_rows).
+/// scale, w transposed) and the algorithms of each (n, k, fixed_rows): the kept one and the
+/// verified picks by bucket of rows (Blas::tune_fixed).
 struct Blas::Lt {
   cublasLtHandle_t handle = nullptr;
   cublasLtMatmulDesc_t desc = nullptr;
+  struct Picks {
+    cublasLtMatmulAlgo_t kept;
+    std::map<int, cublasLtMatmulAlgo_t> buckets; ///< by power of two of rows below fixed_rows
+  };
   std::mutex mu;
-  std::map<std::tuple<int, int, int>, cublasLtMatmulAlgo_t> kept;
+  std::map<std::tuple<int, int, int>, Picks> shapes;
 
   Lt() {
     const LtApi& a = lt_api();
@@ -163,21 +170,42 @@ struct Blas::Lt {
       a.destroy(handle);
   }
 
-  /// The algorithm of (n, k) kept for fixed_rows: among the heuristic's picks at fixed_rows
-  /// rows with no reduction scheme allowed, the first whose configuration says so (split K 1,
-  /// reduction none) and that takes every row count a step can give it within the Blas's
-  /// workspace (checked at 1, 8, 64, 65 and fixed_rows). Such an algorithm's sums are the
-  /// natural chain over K at every row count, workspace or not (the 20b's lm_head picks one
-  /// that asks for some: tests/codegen/blas_order_gpu_test.cpp, docs/PERF.md "Batch
-  /// invariance").
+  /// The kept algorithm of (n, k, fixed_rows), picked at its first use.
   cublasLtMatmulAlgo_t algorithm(int n, int k, int fixed_rows, size_t workspace_bytes) {
     std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(n, k, fixed_rows);
-    if (auto it = kept.find(key); it != kept.end())
+    return picks(n, k, fixed_rows, workspace_bytes).kept;
+  }
+
+  /// The algorithm a step of `rows` rows takes: its bucket's verified pick, else the kept one.
+  cublasLtMatmulAlgo_t algorithm_for(int n, int k, int fixed_rows, int rows,
+                                     size_t workspace_bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    const Picks& p = picks(n, k, fixed_rows, workspace_bytes);
+    if (const auto it = p.buckets.find(bucket_of(rows, fixed_rows)); it != p.buckets.end())
       return it->second;
+    return p.kept;
+  }
+
+  void set_buckets(int n, int k, int fixed_rows, std::map<int, cublasLtMatmulAlgo_t> buckets) {
+    std::lock_guard<std::mutex> lock(mu);
+    shapes.at(std::make_tuple(n, k, fixed_rows)).buckets = std::move(buckets);
+  }
+
+  /// The smallest power of two >= rows, or fixed_rows from there on (the kept algorithm's).
+  static int bucket_of(int rows, int fixed_rows) {
+    int b = 1;
+    while (b < rows)
+      b *= 2;
+    return b >= fixed_rows ? fixed_rows : b;
+  }
+
+  /// The heuristic's picks for `rows` rows of (n, k) with no reduction scheme allowed whose
+  /// configuration says so (split K 1, reduction none) within `workspace_bytes`, best first.
+  std::vector<cublasLtMatmulAlgo_t> candidates(int n, int k, int rows, size_t workspace_bytes,
+                                               int* offered = nullptr) const {
     const LtApi& a = lt_api();
-    const std::string shape = fmt::format("a {} x {} -> {} gemm", fixed_rows, k, n);
-    const LtLayouts l(n, k, fixed_rows);
+    const std::string shape = fmt::format("a {} x {} -> {} gemm", rows, k, n);
+    const LtLayouts l(n, k, rows);
     cublasLtMatmulPreference_t pref = nullptr;
     lt_ok(a.pref_create(&pref), "a preference");
     const uint64_t bytes = workspace_bytes;
@@ -193,40 +221,58 @@ struct Blas::Lt {
       st = a.heuristic(handle, desc, l.w, l.x, l.y, l.y, pref, kAsk, r, &found);
     a.pref_destroy(pref);
     lt_ok(st, "the heuristic's algorithms for " + shape);
+    if (offered)
+      *offered = found;
+    std::vector<cublasLtMatmulAlgo_t> out;
     for (int i = 0; i < found; ++i) {
       int32_t splitk = 1;
       uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
       size_t w = 0;
       a.algo_get(&r[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
       a.algo_get(&r[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme), &w);
-      if (r[i].state != CUBLAS_STATUS_SUCCESS || r[i].workspaceSize > workspace_bytes ||
-          splitk > 1 || scheme != CUBLASLT_REDUCTION_SCHEME_NONE ||
-          !takes_every_step(r[i].algo, n, k, fixed_rows, workspace_bytes))
-        continue;
-      kept.emplace(key, r[i].algo);
-      return r[i].algo;
+      if (r[i].state == CUBLAS_STATUS_SUCCESS && r[i].workspaceSize <= workspace_bytes &&
+          splitk <= 1 && scheme == CUBLASLT_REDUCTION_SCHEME_NONE)
+        out.push_back(r[i].algo);
     }
-    throw Error(fmt::format("cuBLASLt offers no algorithm without split K that takes 1 to {} "
-                            "rows for {} within its {} MiB workspace ({} candidates): a plan in "
-                            "the natural order needs one",
-                            fixed_rows, shape, workspace_bytes >> 20, found));
+    return out;
   }
 
-  /// Whether `algo` takes the step sizes a plan's library call sees (it was picked for the
-  /// largest) within `workspace_bytes`.
-  bool takes_every_step(const cublasLtMatmulAlgo_t& algo, int n, int k, int fixed_rows,
-                        size_t workspace_bytes) const {
+  /// Whether `algo` takes each of `rows` within `workspace_bytes`.
+  bool takes(const cublasLtMatmulAlgo_t& algo, int n, int k, std::initializer_list<int> rows,
+             size_t workspace_bytes) const {
     const LtApi& a = lt_api();
-    for (int rows : {1, 8, 64, 65, fixed_rows}) {
-      if (rows > fixed_rows)
-        continue;
-      const LtLayouts l(n, k, rows);
+    for (int r : rows) {
+      const LtLayouts l(n, k, r);
       cublasLtMatmulHeuristicResult_t check{};
       if (a.algo_check(handle, desc, l.w, l.x, l.y, l.y, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
           check.workspaceSize > workspace_bytes)
         return false;
     }
     return true;
+  }
+
+private:
+  /// The shape's picks, the kept algorithm chosen at its first call (mu held): among the
+  /// heuristic's picks at fixed_rows rows (candidates), the first that takes every row count a
+  /// step can give it within the Blas's workspace (checked at 1, 8, 64, 65 and fixed_rows).
+  /// Such an algorithm's sums are the natural chain over K at every row count, workspace or
+  /// not (the 20b's lm_head picks one that asks for some: tests/codegen/blas_order_gpu_test.cpp,
+  /// docs/PERF.md "Batch invariance").
+  Picks& picks(int n, int k, int fixed_rows, size_t workspace_bytes) {
+    const auto key = std::make_tuple(n, k, fixed_rows);
+    if (auto it = shapes.find(key); it != shapes.end())
+      return it->second;
+    int offered = 0;
+    for (const cublasLtMatmulAlgo_t& algo : candidates(n, k, fixed_rows, workspace_bytes, &offered))
+      if (takes(algo, n, k,
+                {1, std::min(8, fixed_rows), std::min(64, fixed_rows), std::min(65, fixed_rows),
+                 fixed_rows},
+                workspace_bytes))
+        return shapes.emplace(key, Picks{algo, {}}).first->second;
+    throw Error(fmt::format("cuBLASLt offers no algorithm without split K that takes 1 to {} "
+                            "rows for a {} x {} -> {} gemm within its {} MiB workspace ({} "
+                            "candidates): a plan in the natural order needs one",
+                            fixed_rows, fixed_rows, k, n, workspace_bytes >> 20, offered));
   }
 };
 
@@ -235,8 +281,10 @@ Blas::Lt& Blas::lt() const {
   return *lt_;
 }
 
-std::string Blas::fixed_algorithm(int n, int k, int fixed_rows) const {
-  const cublasLtMatmulAlgo_t algo = lt().algorithm(n, k, fixed_rows, workspace_bytes_);
+namespace {
+
+/// An algorithm as "algo A tile T stages S split K 1 reduction 0".
+std::string describe(const cublasLtMatmulAlgo_t& algo) {
   const LtApi& a = lt_api();
   int32_t id = -1, splitk = -1, stages = -1;
   uint32_t tile = 0, scheme = 0;
@@ -248,6 +296,108 @@ std::string Blas::fixed_algorithm(int n, int k, int fixed_rows) const {
   a.algo_get(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme), &w);
   return fmt::format("algo {} tile {} stages {} split K {} reduction {}", id, tile, stages, splitk,
                      scheme);
+}
+
+void cuda_ok(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess)
+    throw Error(fmt::format("cuBLASLt's fixed-order picks: {}: {}", what, cudaGetErrorString(e)));
+}
+
+} // namespace
+
+std::string Blas::fixed_algorithm(int n, int k, int fixed_rows) const {
+  return describe(lt().algorithm(n, k, fixed_rows, workspace_bytes_));
+}
+
+std::vector<std::string> Blas::tune_fixed(int n, int k, int fixed_rows, void* x, const void* w,
+                                          void* y) const {
+  Lt& lt = this->lt();
+  const cublasLtMatmulAlgo_t kept = lt.algorithm(n, k, fixed_rows, workspace_bytes_);
+  // Random bf16 rows (magnitudes 2^-7 .. 2, either sign): a different K order changes most
+  // sums' last bits on them (kernels_bench "dense K order").
+  std::vector<uint16_t> hx(size_t(fixed_rows) * size_t(k));
+  uint64_t s = 0x9e3779b97f4a7c15ull ^ (uint64_t(uint32_t(n)) << 32 | uint32_t(k));
+  for (uint16_t& v : hx) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    v = uint16_t((s >> 63) << 15 | (120 + (s >> 8) % 8) << 7 | (s & 0x7f));
+  }
+  cuda_ok(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), "staging rows");
+  const LtApi& a = lt_api();
+  const float one = 1.0f, zero = 0.0f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo, int rows) {
+    const LtLayouts l(n, k, rows);
+    return a.matmul(lt.handle, lt.desc, &one, w, l.w, x, l.x, &zero, y, l.y, y, l.y, &algo,
+                    workspace_, workspace_bytes_, nullptr) == CUBLAS_STATUS_SUCCESS;
+  };
+  auto fetch = [&](int rows) {
+    std::vector<float> out(size_t(rows) * size_t(n));
+    cuda_ok(cudaMemcpy(out.data(), y, out.size() * sizeof(float), cudaMemcpyDeviceToHost),
+            "reading sums");
+    return out;
+  };
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cuda_ok(cudaEventCreate(&e0), "an event");
+  if (const cudaError_t e = cudaEventCreate(&e1); e != cudaSuccess) {
+    cudaEventDestroy(e0);
+    cuda_ok(e, "an event");
+  }
+  auto time_us = [&](const cublasLtMatmulAlgo_t& algo, int rows) {
+    constexpr int kRuns = 5;
+    run(algo, rows);
+    cudaEventRecord(e0, nullptr);
+    for (int i = 0; i < kRuns; ++i)
+      run(algo, rows);
+    cudaEventRecord(e1, nullptr);
+    float ms = 0;
+    cuda_ok(cudaEventSynchronize(e1), "timing");
+    cudaEventElapsedTime(&ms, e0, e1);
+    return double(ms) * 1e3 / kRuns;
+  };
+  std::map<int, cublasLtMatmulAlgo_t> buckets;
+  std::vector<std::string> lines;
+  try {
+    for (int b = 1; b < fixed_rows; b *= 2) {
+      const int lo = b / 2 + 1;
+      if (!run(kept, b))
+        throw Error(fmt::format("cuBLASLt: the kept algorithm of a {} x {} -> {} gemm failed at "
+                                "{} rows",
+                                fixed_rows, k, n, b));
+      const std::vector<float> ref = fetch(b);
+      const double t_kept = time_us(kept, b);
+      double t_best = t_kept;
+      const cublasLtMatmulAlgo_t* best = nullptr;
+      const std::vector<cublasLtMatmulAlgo_t> cands = lt.candidates(n, k, b, workspace_bytes_);
+      for (const cublasLtMatmulAlgo_t& c : cands) {
+        if (std::memcmp(&c, &kept, sizeof(c)) == 0 || !lt.takes(c, n, k, {lo, b}, workspace_bytes_))
+          continue;
+        // The same bits as the kept algorithm at both ends of the bucket, or not at all.
+        if (!run(c, b) || std::memcmp(fetch(b).data(), ref.data(), ref.size() * 4) != 0 ||
+            !run(c, lo) || std::memcmp(fetch(lo).data(), ref.data(), size_t(lo) * n * 4) != 0)
+          continue;
+        if (const double t = time_us(c, b); t < t_best) {
+          t_best = t;
+          best = &c;
+        }
+      }
+      if (best && t_best < 0.95 * t_kept) { // a clear gain, not the timing's noise
+        buckets.emplace(b, *best);
+        lines.push_back(fmt::format("{} x {} -> {} at {} to {} rows: {}, {:.1f} us at {} rows "
+                                    "against the kept algorithm's {:.1f} (the same bits)",
+                                    fixed_rows, k, n, lo, b, describe(*best), t_best, b, t_kept));
+      }
+    }
+  } catch (...) {
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    throw;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cuda_ok(cudaGetLastError(), "the picks' gemms");
+  lt.set_buckets(n, k, fixed_rows, std::move(buckets));
+  return lines;
 }
 
 Blas::Blas(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
@@ -277,7 +427,7 @@ void Blas::gemm_bf16(cudaStream_t stream, int n, int k, int rows, bool accumulat
     return;
   if (fixed_rows > 0) {
     Lt& lt = this->lt();
-    const cublasLtMatmulAlgo_t algo = lt.algorithm(n, k, fixed_rows, workspace_bytes_);
+    const cublasLtMatmulAlgo_t algo = lt.algorithm_for(n, k, fixed_rows, rows, workspace_bytes_);
     const LtLayouts l(n, k, rows);
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     const cublasStatus_t st =

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace xserv::runtime {
 
@@ -38,6 +39,20 @@ public:
   /// The fixed order's algorithm of a shape, as "algo A tile T stages S" (for logs and
   /// benchmarks); picks it as gemm_bf16 would.
   std::string fixed_algorithm(int n, int k, int fixed_rows) const;
+
+  /// The fixed order's picks by step size: for each power of two of rows below fixed_rows, the
+  /// fastest of the heuristic's picks for that many rows (no split K, no reduction scheme,
+  /// within the workspace) whose sums equal the kept algorithm's bit for bit on random rows at
+  /// both ends of its bucket, else the kept one; gemm_bf16 then calls a step of r rows with the
+  /// pick of the bucket of the smallest power of two >= r. The kept algorithm's K order is the
+  /// guarantee; the picks only reach it faster (kernels_bench "dense K order: cublasLt": the
+  /// kept pick of 2,048 rows runs 1.5-2.7x slower at 1-512 rows than the per-count ones).
+  /// x, w, y: the call's own operands ([fixed_rows, k] bf16 scratch that this overwrites with
+  /// random rows, the weights, [fixed_rows, n] fp32 scratch), on the current device, outside
+  /// any graph capture (it synchronises). Returns one line per bucket whose pick is not the
+  /// kept one, with both timings.
+  std::vector<std::string> tune_fixed(int n, int k, int fixed_rows, void* x, const void* w,
+                                      void* y) const;
 
 private:
   struct Lt;

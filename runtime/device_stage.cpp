@@ -256,21 +256,25 @@ void DeviceStage::load(LaunchTable table, const std::vector<std::vector<char>>& 
   const size_t kernel_count = table.kernels.size(), library_calls = table.library.size();
   if (library_calls > 0)
     st.blas = std::make_unique<Blas>();
-  // The fixed order's algorithms (plans in the natural K order), picked and checked now, not in
-  // a step that a CUDA graph may be capturing; one line each shape.
-  std::vector<std::string> fixed;
-  for (const PlanLibraryCall& c : table.library)
-    if (c.fixed_rows > 0) {
-      const std::string line = fmt::format("{} x {} -> {}: {}", c.fixed_rows, c.k, c.n,
-                                           st.blas->fixed_algorithm(c.n, c.k, c.fixed_rows));
-      if (std::find(fixed.begin(), fixed.end(), line) == fixed.end())
-        fixed.push_back(line);
-    }
-  for (const std::string& line : fixed)
-    log(fmt::format("{}: fixed-order gemm {}", source, line));
   st.executor =
       std::make_unique<Executor>(std::move(table), bind, loaded_kernels(st.modules, st.kernels));
   st.executor->set_blas(st.blas.get());
+  // The fixed order's algorithms (plans in the natural K order), picked, checked and tuned by
+  // step size now, not in a step that a CUDA graph may be capturing (the call's own activation
+  // buffers are the tuning's scratch before any step); a line each shape and faster bucket.
+  std::set<std::tuple<int, int, int>> fixed;
+  const std::vector<PlanLibraryCall>& library = st.executor->table().library;
+  for (size_t i = 0; i < library.size(); ++i) {
+    const PlanLibraryCall& c = library[i];
+    if (c.fixed_rows <= 0 || !fixed.insert({c.n, c.k, c.fixed_rows}).second)
+      continue;
+    log(fmt::format("{}: fixed-order gemm {} x {} -> {}: {}", source, c.fixed_rows, c.k, c.n,
+                    st.blas->fixed_algorithm(c.n, c.k, c.fixed_rows)));
+    const auto [x, w, y] = st.executor->library_operands(int(i));
+    if (x && w && y)
+      for (const std::string& line : st.blas->tune_fixed(c.n, c.k, c.fixed_rows, x, w, y))
+        log(fmt::format("{}: fixed-order gemm {}", source, line));
+  }
   if (library_calls > 0)
     log(fmt::format("{}: {} library gemms of the launch table go to cuBLAS", source,
                     library_calls));

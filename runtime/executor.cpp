@@ -245,6 +245,14 @@ size_t Executor::launch(bool masked, const StepShape& shape, cudaStream_t stream
       });
 }
 
+std::array<void*, 3> Executor::library_operands(int lib) const {
+  for (size_t e = 0; e < table_.launches.size(); ++e)
+    if (table_.launches[e].library == lib)
+      return {reinterpret_cast<void*>(args_[e][0].base), reinterpret_cast<void*>(args_[e][1].base),
+              reinterpret_cast<void*>(args_[e][2].base)};
+  return {};
+}
+
 size_t Executor::run(const StepShape& shape, cudaStream_t stream, size_t begin, size_t end) const {
   return launch(false, shape, stream, begin, end);
 }

@@ -98,6 +98,9 @@ public:
   void set_blas(const Blas* blas) { blas_ = blas; }
 
   const LaunchTable& table() const { return table_; }
+  /// The (x, w, y) bases the table's first launch of library call `lib` binds (nulls when no
+  /// launch calls it): its operands at the largest step, for Blas::tune_fixed at load.
+  std::array<void*, 3> library_operands(int lib) const;
   /// Entries of the table (each launching zero or more kernels per step).
   size_t size() const { return table_.launches.size(); }
 

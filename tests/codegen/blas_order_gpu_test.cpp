@@ -1,6 +1,7 @@
 // runtime::Blas's fixed order (PlanLibraryCall::fixed_rows: plans in the natural K order) against
 // the natural chain on mma.sync (order_chain.h), bit for bit, at every row count a step can have:
-// the shapes of the 20b's projections, router and lm_head, the algorithm kept from the largest.
+// the shapes of the 20b's projections, router and lm_head, the algorithm kept from the largest,
+// then each size bucket's faster pick (Blas::tune_fixed).
 #include "runtime/blas.h"
 #include "tests/codegen/kernel_test_util.h"
 #include "tests/codegen/order_chain.h"
@@ -26,15 +27,26 @@ TEST_CASE("Blas's fixed order is the natural chain over K at every row count") {
     const std::vector<float> natural = run_chain(*x, *w, s.max_t, s.n, s.k, 0);
     runtime::Blas blas;
     MESSAGE(s.k << " -> " << s.n << ": " << blas.fixed_algorithm(s.n, s.k, s.max_t));
-    for (int t : {1, 2, 8, 9, 16, 64, 65, 100, 128, 256, 512, 1000, 2048}) {
-      if (t > s.max_t)
-        continue;
-      CAPTURE(t);
-      auto y = poisoned(size_t(t) * s.n);
-      blas.gemm_bf16(nullptr, s.n, s.k, t, false, x->p, w->p, y->p, s.max_t);
-      device_sync();
-      const size_t count = size_t(t) * s.n;
-      CHECK(differing(download(*y, count), natural, count) == 0);
+    auto check_rows = [&] {
+      for (int t : {1, 2, 3, 8, 9, 16, 33, 64, 65, 100, 128, 129, 256, 512, 1000, 2048}) {
+        if (t > s.max_t)
+          continue;
+        CAPTURE(t);
+        auto y = poisoned(size_t(t) * s.n);
+        blas.gemm_bf16(nullptr, s.n, s.k, t, false, x->p, w->p, y->p, s.max_t);
+        device_sync();
+        const size_t count = size_t(t) * s.n;
+        CHECK(differing(download(*y, count), natural, count) == 0);
+      }
+    };
+    check_rows(); // the kept algorithm at every row count
+    // Then each bucket's pick (tune_fixed: checked against the kept one's bits on its own random
+    // rows, in scratch of the largest step), against the chain on these rows.
+    {
+      auto sx = poisoned(size_t(s.max_t) * s.k / 2), sy = poisoned(size_t(s.max_t) * s.n);
+      for (const std::string& line : blas.tune_fixed(s.n, s.k, s.max_t, sx->p, w->p, sy->p))
+        MESSAGE(line);
     }
+    check_rows();
   }
 }
