@@ -430,9 +430,17 @@ void Blas::gemm_bf16(cudaStream_t stream, int n, int k, int rows, bool accumulat
     const cublasLtMatmulAlgo_t algo = lt.algorithm_for(n, k, fixed_rows, rows, workspace_bytes_);
     const LtLayouts l(n, k, rows);
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    const cublasStatus_t st =
+    cublasStatus_t st =
         lt_api().matmul(lt.handle, lt.desc, &one, w, l.w, x, l.x, &beta, y, l.y, y, l.y, &algo,
                         workspace_, workspace_bytes_, stream);
+    // A bucket's pick was checked at its bucket's ends: a row count between that it refuses
+    // (before launching anything) takes the kept algorithm, whose sums are the same.
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+      const cublasLtMatmulAlgo_t kept = lt.algorithm(n, k, fixed_rows, workspace_bytes_);
+      if (std::memcmp(&kept, &algo, sizeof(algo)) != 0)
+        st = lt_api().matmul(lt.handle, lt.desc, &one, w, l.w, x, l.x, &beta, y, l.y, y, l.y,
+                             &kept, workspace_, workspace_bytes_, stream);
+    }
     if (st != CUBLAS_STATUS_SUCCESS)
       throw Error(fmt::format("cuBLASLt: the fixed-order gemm of {} rows x {} -> {} (its algorithm "
                               "kept from {} rows) failed with status {}",
