@@ -162,6 +162,10 @@ private:
     /// activations come from `lib_act` (gemm_act in K order: cuBLAS reads the checkpoint's
     /// weight rows, not gemm_wg's K slots).
     int library = -1, lib_reduce = -1, lib_act = -1;
+    /// The first row count the library call serves: kSmallGemmRows + 1, or in the natural order
+    /// the first after the decode kernels' (its picks by step size beat gemm_wg's unsplit
+    /// natural form there: docs/PERF.md, "Batch invariance").
+    int lib_from = 0;
     LaunchArg lib_part;
     LaunchArg part; ///< [splitk, rows, n] fp32 partial sums
     bool wg = false;

@@ -63,27 +63,33 @@ void Lowerer::linear(int kernel, const DenseGemm& gemm, const codegen::LinearDim
   if (gemm.wg) { // the rows' bf16 activations (shared by the linears of one x), then the gemm
     const int lo = d.max_tokens + 1;
     const LaunchArg xl = c_.gemm_split ? wg_xl_ : null;
+    // gemm_wg's small tiles up to kSmallGemmRows rows, or up to the library's first row.
+    const int lib = gemm.library >= 0 ? gemm.lib_from : -1;
+    const int small_hi = lib > 0 ? std::min(kSmallGemmRows, lib - 1) : kSmallGemmRows;
     if (!inv_ready) { // a library gemm's rows in K order (its own act kernel)
       const std::vector<LaunchArg> act = {x, d.norm ? ln : null, wg_xh_, xl};
-      emit(gemm.act, rows, lo, gemm.library >= 0 ? kSmallGemmRows : -1, act);
-      if (gemm.library >= 0)
-        emit(gemm.lib_act, rows, kSmallGemmRows + 1, -1, act);
+      if (lib < 0 || lib > lo)
+        emit(gemm.act, rows, lo, lib > 0 ? lib - 1 : -1, act);
+      if (lib > 0)
+        emit(gemm.lib_act, rows, lib, -1, act);
     }
     wg_act_of_ = x;
     wg_act_normed_ = d.norm;
     const std::vector<LaunchArg> whole = {wg_xh_, xl, w, b, h, y, null, null, null, rows_arg()};
-    if (gemm.splitk == 1) {
-      emit(gemm.small64, rows, lo, kSmallGemmRows, whole);
+    if (small_hi < lo) {
+      // every gemm step on the library
+    } else if (gemm.splitk == 1) {
+      emit(gemm.small64, rows, lo, small_hi, whole);
     } else { // raw partial sums, then the reduce adds bias and residual
-      emit(gemm.small64, rows, lo, kSmallGemmRows,
+      emit(gemm.small64, rows, lo, small_hi,
            {wg_xh_, xl, w, null, null, gemm.part, null, null, null, rows_arg()});
-      emit(gemm.reduce, rows, lo, kSmallGemmRows, {gemm.part, b, h, y, rows_arg()});
+      emit(gemm.reduce, rows, lo, small_hi, {gemm.part, b, h, y, rows_arg()});
     }
-    if (gemm.library >= 0 && gemm.lib_reduce < 0) { // cuBLAS's sums are the output
-      emit_library(gemm.library, rows, kSmallGemmRows + 1, -1, {wg_xh_, w, y});
-    } else if (gemm.library >= 0) { // cuBLAS's raw sums, then bias and residual
-      emit_library(gemm.library, rows, kSmallGemmRows + 1, -1, {wg_xh_, w, gemm.lib_part});
-      emit(gemm.lib_reduce, rows, kSmallGemmRows + 1, -1, {gemm.lib_part, b, h, y, rows_arg()});
+    if (lib > 0 && gemm.lib_reduce < 0) { // cuBLAS's sums are the output
+      emit_library(gemm.library, rows, lib, -1, {wg_xh_, w, y});
+    } else if (lib > 0) { // cuBLAS's raw sums, then bias and residual
+      emit_library(gemm.library, rows, lib, -1, {wg_xh_, w, gemm.lib_part});
+      emit(gemm.lib_reduce, rows, lib, -1, {gemm.lib_part, b, h, y, rows_arg()});
     } else if (gemm.large_split) {
       emit(gemm.large, rows, kSmallGemmRows + 1, -1,
            {wg_xh_, xl, w, null, null, gemm.part, null, null, null, rows_arg()});

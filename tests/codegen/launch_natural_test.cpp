@@ -1,7 +1,7 @@
 // A plan in the natural K order (compile --gemm-order natural) as its launch table runs it: for
 // every step size, which kernels and library calls serve the dense linears, so that each is one
-// chain over natural K (the decode kernels up to 8 tokens a step, gemm_wg's natural form without
-// split K up to 64 rows, cuBLAS pinned above), and the experts keep the canonical chains.
+// chain over natural K (the decode kernels up to 8 tokens a step, cuBLAS pinned above), and the
+// experts keep the canonical chains.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -76,8 +76,9 @@ TEST_CASE("a natural plan's dense linears are one chain over natural K at every 
   compiler::MemoryPlan mem;
   int layers = 0;
   const runtime::LaunchTable t = natural_table(mem, layers);
+  // Every library call pinned at the largest step of its rows: tokens, or sequences (lm_head).
   for (const runtime::PlanLibraryCall& c : t.library)
-    CHECK(c.fixed_rows == kTokens); // every library call pinned at the largest step
+    CHECK(c.fixed_rows == (c.n > 16384 ? kSeqs : kTokens));
   // Decode steps: the fused qkv and router kernels and the linears, chained in natural K.
   for (int tokens : {1, 3, 8}) {
     CAPTURE(tokens);
@@ -92,26 +93,23 @@ TEST_CASE("a natural plan's dense linears are one chain over natural K at every 
     CHECK(count(ns, "gemmwg_") == 0);
     CHECK(count(ns, "splitk") == 0);
   }
-  // 9 to 64 rows: gemm_wg's natural form without split K, the activations in K order.
-  for (int tokens : {9, 64}) {
+  // From 9 rows: cuBLAS pinned for every dense linear (its picks by step size keep the pinned
+  // algorithm's sums), the activations in K order, bias and residual after the sums.
+  for (int tokens : {9, 64, 512}) {
     CAPTURE(tokens);
     const std::vector<std::string> ns = step_names(t, tokens, 1);
     CHECK(count(ns, "gemm_act_k2880_norm_bf16_natural") == layers);
-    CHECK(count(ns, "gemmwg_store_k2880_n4096_t64_m64_s4_bf16_natural") == layers); // q
-    CHECK(count(ns, "gemmwg_store_k2880_n512_t64_m64_s4_bf16_natural") == 2 * layers);
-    CHECK(count(ns, "gemmwg_store_residual_k4096_n2880_t64_m64_s4_bf16_natural") == layers);
-    CHECK(count(ns, "gemmwg_store_k2880_n128_t64_m64_s4_bf16_natural") == layers); // router
-    CHECK(count(ns, "splitk") == 0);
-    CHECK(count(ns, "library") == 0);
+    CHECK(count(ns, "library 4096 x 2880 fixed 2048") == layers); // q
+    CHECK(count(ns, "library 512 x 2880 fixed 2048") == 2 * layers);
+    CHECK(count(ns, "library 2880 x 4096 fixed 2048") == layers);
+    CHECK(count(ns, "library 128 x 2880 fixed 2048") == layers); // router
+    CHECK(count(ns, "gemm_splitk_reduce") >= 5 * layers);
+    CHECK(count(ns, "gemmwg_store_k2880_n") == 0); // no dense gemm_wg; the experts' grouped ones
+    CHECK(count(ns, "gemmwg_store_residual") == 0);
+    CHECK(count(ns, "splitk") == count(ns, "gemm_splitk_reduce"));
     CHECK(count(ns, "qkv_rope_decode") == 0);
   }
-  // Above 64 rows: cuBLAS pinned for every dense linear, its sums then bias and residual.
-  const std::vector<std::string> ns = step_names(t, 512, 1);
-  CHECK(count(ns, "library 4096 x 2880 fixed 2048") == layers);
-  CHECK(count(ns, "library 512 x 2880 fixed 2048") == 2 * layers);
-  CHECK(count(ns, "library 2880 x 4096 fixed 2048") == layers);
-  CHECK(count(ns, "library 128 x 2880 fixed 2048") == layers);
-  CHECK(count(ns, "gemm_splitk_reduce") >= 5 * layers);
-  CHECK(count(ns, "gemmwg_store_k2880_n") == 0); // no dense gemm_wg; the experts' grouped ones
-  CHECK(count(ns, "splitk") == count(ns, "gemm_splitk_reduce"));
+  // lm_head: the decode kernel up to 8 sequences, cuBLAS above.
+  CHECK(count(step_names(t, 8, 8), "library 201088") == 0);
+  CHECK(count(step_names(t, 9, 9), "library 201088 x 2880 fixed 64") == 1);
 }
