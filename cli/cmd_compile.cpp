@@ -79,6 +79,11 @@ int cmd_compile(const ParsedArgs& args) {
   o.gemm_natural = order == "natural";
   if (order == "canonical" && o.dense_cublas.value_or(false))
     throw UsageError("--gemm-order canonical takes gemm_wg's projections: not --dense-gemm cublas");
+  // Split activations (hi + lo pairs) have no decode kernels in the canonical order: such a plan
+  // would order only its attention (inspect's "batch invariance" line), so it is refused.
+  if (order == "canonical" && (o.gemm_split || o.arch != "sm_90"))
+    throw UsageError("--gemm-order canonical needs --gemm-precision bf16 and an sm_90 plan (split "
+                     "activations' decode kernels sum in the step's order)");
   if (o.gemm_natural && (o.gemm_split || o.arch != "sm_90" || !o.dense_cublas.value_or(true)))
     throw UsageError("--gemm-order natural needs --gemm-precision bf16, an sm_90 plan and cuBLAS's "
                      "projections (not --dense-gemm wg)");

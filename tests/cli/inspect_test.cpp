@@ -343,4 +343,9 @@ TEST_CASE(
     CHECK(bad.out.find("--gemm-order natural needs --gemm-precision bf16, an sm_90 plan and "
                        "cuBLAS's projections") != std::string::npos);
   }
+  RunResult split = run_xserv("compile " + model + " -o " + (tmp.path / "bad").string() +
+                              " --no-cubins --gemm-order canonical --gemm-precision split");
+  CHECK(split.code != 0);
+  CHECK(split.out.find("--gemm-order canonical needs --gemm-precision bf16") != std::string::npos);
+  CHECK_FALSE(fs::exists(tmp.path / "bad" / "plan.json"));
 }
