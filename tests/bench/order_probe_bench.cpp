@@ -9,6 +9,9 @@
 //    chain, and against its own rows at 2,048 (is it invariant in the rows it is given?).
 // 3. cublasLt without split K (kernels_bench -tc="dense K order: cublasLt*"): one algorithm at
 //    every row count against the natural chain, and its time against the plans' call.
+// 4. cublasLt with a fixed split K (out-of-place reductions): whether its sums are s natural
+//    chains over fixed K ranges added in a fixed order at every row count, an order whose
+//    decode kernels could split K as the canonical ones do while prompts stay on cuBLAS.
 #include "runtime/blas.h"
 #include "tests/codegen/kernel_test_util.h"
 #include "tests/codegen/order_chain.h"
@@ -19,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -127,11 +131,13 @@ struct LtGemm {
     algo = r.algo;
     return true;
   }
-  /// Runs `algo` at `rows` (false when it does not take them).
+  /// Runs `algo` at `rows` (false when it does not take them within the 32 MiB workspace).
   bool run(const cublasLtMatmulAlgo_t& algo, int rows, const void* x, const void* w, void* y) {
     Layouts l(n, k, rows);
     cublasLtMatmulHeuristicResult_t check{};
-    if (cublasLtMatmulAlgoCheck(lt, op, l.a, l.b, l.c, l.c, &algo, &check) != CUBLAS_STATUS_SUCCESS)
+    if (cublasLtMatmulAlgoCheck(lt, op, l.a, l.b, l.c, l.c, &algo, &check) !=
+            CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize > (size_t(32) << 20))
       return false;
     const float one = 1.0f, zero = 0.0f;
     lt_ok(cublasLtMatmul(lt, op, &one, w, l.a, x, l.b, &zero, y, l.c, y, l.c, &algo, ws->p,
@@ -210,6 +216,108 @@ TEST_CASE("dense K order: cublasLt without split K, one algorithm at every row c
       const double ms =
           median_ms([&](int) { blas.gemm_bf16(nullptr, s.n, s.k, t, false, x->p, w->p, y->p); });
       MESSAGE(line << fmt::format(" cublasGemmEx {} differ, {:.1f} us", plain, ms * 1e3));
+    }
+  }
+}
+
+TEST_CASE("dense K order: cublasLt with a fixed split K, against K ranges chained and added "
+          "(informational)") {
+  XSERV_REQUIRE_GPU();
+  // The no-split pick at 2,048 rows with CUBLASLT_ALGO_CONFIG_SPLITK_NUM set to s and an
+  // out-of-place reduction (or in place), run at 1 to 2,048 rows, against the natural chain over
+  // each of s K ranges (ranges of ceil(K / s) rounded up to g values, g 16 to 256) added in
+  // order, in reverse, or pairwise; and its time at 1 and 2,048 rows.
+  struct Shape {
+    const char* name;
+    int k, n;
+  };
+  const int kMaxT = 2048;
+  for (const Shape& s : {Shape{"20b o_proj", 4096, 2880}, Shape{"20b qkv", 2880, 5120}}) {
+    Rng rng{4444};
+    const Bf16Weight xb = random_bf16(rng, {kMaxT, s.k}, 1.0f);
+    const Bf16Weight wb = random_bf16(rng, {s.n, s.k}, 1.0f / std::sqrt(float(s.k)));
+    auto x = upload(xb.bits), w = upload(wb.bits);
+    LtGemm g(s.n, s.k);
+    cublasLtMatmulAlgo_t base{};
+    REQUIRE(g.pick(kMaxT, CUBLASLT_REDUCTION_SCHEME_NONE, base));
+    // The chain over K values [a, b) of every row: the slices uploaded on their own.
+    auto range_chain = [&](int a, int b) {
+      std::vector<uint16_t> xs(size_t(kMaxT) * (b - a)), ws(size_t(s.n) * (b - a));
+      for (int t = 0; t < kMaxT; ++t)
+        std::copy_n(xb.bits.begin() + std::ptrdiff_t(size_t(t) * s.k + a), b - a,
+                    xs.begin() + std::ptrdiff_t(size_t(t) * (b - a)));
+      for (int r = 0; r < s.n; ++r)
+        std::copy_n(wb.bits.begin() + std::ptrdiff_t(size_t(r) * s.k + a), b - a,
+                    ws.begin() + std::ptrdiff_t(size_t(r) * (b - a)));
+      auto dx = upload(xs), dw = upload(ws);
+      return run_chain(*dx, *dw, kMaxT, s.n, b - a, 0);
+    };
+    for (int32_t splits : {2, 4, 8}) {
+      // The reference sums of each range rule: forward, reverse, pairwise.
+      std::vector<std::pair<std::string, std::vector<float>>> refs;
+      for (int gran : {16, 32, 64, 128, 256}) {
+        const int chunk = (s.k / splits + gran - 1) / gran * gran;
+        if (chunk * (splits - 1) >= s.k)
+          continue;
+        std::vector<std::vector<float>> parts;
+        for (int i = 0; i < splits; ++i)
+          parts.push_back(range_chain(i * chunk, std::min(s.k, (i + 1) * chunk)));
+        std::vector<float> fwd = parts[0], rev = parts.back(), tree = parts[0];
+        for (int i = 1; i < splits; ++i)
+          for (size_t j = 0; j < fwd.size(); ++j) {
+            fwd[j] += parts[size_t(i)][j];
+            rev[j] += parts[size_t(splits - 1 - i)][j];
+          }
+        std::vector<std::vector<float>> level = parts;
+        while (level.size() > 1) {
+          std::vector<std::vector<float>> next;
+          for (size_t i = 0; i + 1 < level.size(); i += 2) {
+            next.push_back(level[i]);
+            for (size_t j = 0; j < next.back().size(); ++j)
+              next.back()[j] += level[i + 1][j];
+          }
+          if (level.size() % 2)
+            next.push_back(level.back());
+          level = std::move(next);
+        }
+        tree = level[0];
+        refs.push_back({fmt::format("ranges of {} forward", chunk), std::move(fwd)});
+        refs.push_back({fmt::format("ranges of {} reverse", chunk), std::move(rev)});
+        refs.push_back({fmt::format("ranges of {} pairwise", chunk), std::move(tree)});
+      }
+      for (uint32_t scheme : {uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE),
+                              uint32_t(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE),
+                              uint32_t(CUBLASLT_REDUCTION_SCHEME_INPLACE)}) {
+        cublasLtMatmulAlgo_t a = base;
+        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                             sizeof(splits));
+        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                             sizeof(scheme));
+        std::string line = fmt::format("{} split {} scheme {}:", s.name, splits, scheme);
+        for (int t : {1, 8, 64, 512, 2048}) {
+          auto y = poisoned(size_t(t) * s.n);
+          if (!g.run(a, t, x->p, w->p, y->p)) {
+            line += fmt::format(" {} rows refused;", t);
+            continue;
+          }
+          device_sync();
+          const std::vector<float> got = download(*y, size_t(t) * s.n);
+          const size_t count = got.size();
+          int best = int(count);
+          std::string best_name = "-";
+          for (const auto& [name, ref] : refs)
+            if (const int d = differing(got, ref, count); d < best) {
+              best = d;
+              best_name = name;
+            }
+          line += fmt::format(" {} rows: {} of {} differ from {}", t, best, count, best_name);
+          if (t == 1 || t == kMaxT)
+            line += fmt::format(" ({:.1f} us)",
+                                median_ms([&](int) { g.run(a, t, x->p, w->p, y->p); }) * 1e3);
+          line += ";";
+        }
+        MESSAGE(line);
+      }
     }
   }
 }
