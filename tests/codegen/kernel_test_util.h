@@ -226,6 +226,31 @@ template <typename F> double median_ms(F&& run) {
   return ms[ms.size() / 2];
 }
 
+/// Average us per launch of `run(i)` over 40 back-to-back launches (after 5 warm-ups), by CUDA
+/// events around the whole run: launch gaps amortised, as in a CUDA graph without PDL.
+template <typename F> double back_to_back_us(F&& run) {
+  for (int i = 0; i < 5; ++i)
+    run(i);
+  cudaEvent_t a, b;
+  cuda_ok(cudaEventCreate(&a), "event");
+  cuda_ok(cudaEventCreate(&b), "event");
+  std::vector<float> per;
+  for (int rep = 0; rep < 5; ++rep) {
+    cudaEventRecord(a);
+    for (int i = 0; i < 40; ++i)
+      run(i);
+    cudaEventRecord(b);
+    cuda_ok(cudaEventSynchronize(b), "timing");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    per.push_back(ms * 1e3f / 40);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(per.begin(), per.end());
+  return per[per.size() / 2];
+}
+
 /// Block tables of a paged KV cache for a test: each sequence's blocks are distinct random blocks
 /// of a pool larger than they need (so no two sequences' blocks are adjacent or in order), the
 /// first `shared` of every sequence's blocks the same as sequence 0's (a shared prefix), and with
