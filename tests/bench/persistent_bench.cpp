@@ -33,15 +33,16 @@ using namespace xserv_kernels;
 
 constexpr int kWarps = 8;
 
-// W[r, :] . x for one row (bf16 weights as 8-value pieces, x in shared memory, k8 <= 512): each
-// lane loads all its pieces first (up to 16 in flight), then sums them in order, then the warp's
-// sum. Every variant calls it: the same bits.
-__device__ __forceinline__ float row_dot(const uint4* w, const float* xs, int k8, int lane) {
-  uint4 p[16];
+// W[r, :] . x for one row (bf16 weights as 8-value pieces, k8 <= 512 of them): load_row puts a
+// lane's pieces in registers (up to 16 loads in flight), dot_row sums them in order against x in
+// shared memory, then the warp's sum. Every variant calls them: the same bits.
+__device__ __forceinline__ void load_row(uint4 (&p)[16], const uint4* w, int k8, int lane) {
 #pragma unroll
   for (int j = 0; j < 16; ++j)
     if (lane + 32 * j < k8)
       p[j] = w[lane + 32 * j];
+}
+__device__ __forceinline__ float dot_row(const uint4 (&p)[16], const float* xs, int k8, int lane) {
   float acc = 0.0f;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
@@ -68,22 +69,50 @@ __device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
   return v;
 }
 
-// y = W x, a warp a row (rows strided over the grid's warps); x staged in shared memory.
-extern "C" __global__ void __launch_bounds__(256) pb_gemv(const __nv_bfloat16* __restrict__ w,
-    const float* __restrict__ x, float* __restrict__ y, int rows, int k) {
-  grid_dependency_sync();
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* xs = reinterpret_cast<float*>(smem);
+// x (k floats) into shared memory by the block.
+__device__ __forceinline__ void stage_x(const float* x, float* xs, int k, bool from_l2) {
   for (int i = threadIdx.x; i < k; i += blockDim.x)
-    xs[i] = x[i];
-  __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = blockIdx.x * kWarps + warp; r < rows; r += gridDim.x * kWarps) {
-    const float v = row_dot(reinterpret_cast<const uint4*>(w) + (size_t)r * (k / 8), xs, k / 8,
-                            lane);
+    xs[i] = from_l2 ? __ldcg(x + i) : x[i];
+}
+
+// y[r] = W[r, :] x for rows r = first, first + stride, ... below rows, two rows' loads in
+// flight a warp (the next row's while the current one is summed).
+__device__ __forceinline__ void rows_dot(const uint4* w, const float* xs, float* y, int rows,
+                                         int k8, int first, int stride, int lane, uint4 (&p)[16]) {
+  uint4 q[16];
+  for (int r = first; r < rows; r += 2 * stride) {
+    const int n = r + stride;
+    if (n < rows)
+      load_row(q, w + (size_t)n * k8, k8, lane);
+    const float v = dot_row(p, xs, k8, lane);
     if (lane == 0)
       y[r] = v;
+    if (n >= rows)
+      break;
+    if (n + stride < rows)
+      load_row(p, w + (size_t)(n + stride) * k8, k8, lane);
+    const float u = dot_row(q, xs, k8, lane);
+    if (lane == 0)
+      y[n] = u;
   }
+}
+
+// y = W x, rows strided over the grid's warps; each warp's first row loads before x is staged
+// (and before the dependency wait: the weights owe nothing to the previous kernel).
+extern "C" __global__ void __launch_bounds__(256) pb_gemv(const __nv_bfloat16* __restrict__ w,
+    const float* __restrict__ x, float* __restrict__ y, int rows, int k) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* xs = reinterpret_cast<float*>(smem);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, k8 = k / 8;
+  const int first = blockIdx.x * kWarps + warp, stride = gridDim.x * kWarps;
+  const uint4* wv = reinterpret_cast<const uint4*>(w);
+  uint4 p[16];
+  if (first < rows)
+    load_row(p, wv + (size_t)first * k8, k8, lane);
+  grid_dependency_sync();
+  stage_x(x, xs, k, false);
+  __syncthreads();
+  rows_dot(wv, xs, y, rows, k8, first, stride, lane, p);
 }
 
 // y = W x with a block's `per` rows copied into shared memory before the dependency wait (the
@@ -99,16 +128,14 @@ extern "C" __global__ void __launch_bounds__(256) pb_gemv_smem(const __nv_bfloat
     cp_async16(rows_s + i, src + i, true);
   cp_async_commit();
   grid_dependency_sync();
-  for (int i = threadIdx.x; i < k; i += blockDim.x)
-    xs[i] = x[i];
+  stage_x(x, xs, k, false);
   cp_async_wait<0>();
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = r0 + warp; r < r1; r += kWarps) {
-    const float v = row_dot(rows_s + (size_t)(r - r0) * k8, xs, k8, lane);
-    if (lane == 0)
-      y[r] = v;
-  }
+  uint4 p[16];
+  if (r0 + warp < r1)
+    load_row(p, rows_s + (size_t)warp * k8, k8, lane);
+  rows_dot(rows_s, xs, y + r0, r1 - r0, k8, warp, kWarps, lane, p);
 }
 
 // Both: y1 = Wa x1 (rows strided over the grid's warps), then, after every block's y1 rows,
@@ -121,21 +148,20 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent(
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* rows_s = reinterpret_cast<uint4*>(smem);
   float* xs = reinterpret_cast<float*>(smem + (size_t)per * kb * 2);
-  const int r0 = blockIdx.x * per, r1 = min(rows_b, r0 + per), kb8 = kb / 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ka8 = ka / 8, kb8 = kb / 8;
+  const int first = blockIdx.x * kWarps + warp, stride = gridDim.x * kWarps;
+  const uint4* wav = reinterpret_cast<const uint4*>(wa);
+  uint4 p[16];
+  if (first < rows_a)
+    load_row(p, wav + (size_t)first * ka8, ka8, lane);
+  const int r0 = blockIdx.x * per, r1 = min(rows_b, r0 + per);
   const uint4* src = reinterpret_cast<const uint4*>(wb) + (size_t)r0 * kb8;
   for (int i = threadIdx.x; i < (r1 - r0) * kb8; i += blockDim.x)
     cp_async16(rows_s + i, src + i, true);
   cp_async_commit();
-  for (int i = threadIdx.x; i < ka; i += blockDim.x)
-    xs[i] = x1[i];
+  stage_x(x1, xs, ka, false);
   __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = blockIdx.x * kWarps + warp; r < rows_a; r += gridDim.x * kWarps) {
-    const float v = row_dot(reinterpret_cast<const uint4*>(wa) + (size_t)r * (ka / 8), xs, ka / 8,
-                            lane);
-    if (lane == 0)
-      y1[r] = v;
-  }
+  rows_dot(wav, xs, y1, rows_a, ka8, first, stride, lane, p);
   __syncthreads(); // the block's y1 rows are stored
   if (threadIdx.x == 0) {
     __threadfence();
@@ -145,15 +171,12 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent(
       __nanosleep(20);
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kb; i += blockDim.x)
-    xs[i] = __ldcg(y1 + i); // another block's store: from L2, not a stale L1 line
+  stage_x(y1, xs, kb, true); // other blocks' stores: from L2, not a stale L1 line
   cp_async_wait<0>();
   __syncthreads();
-  for (int r = r0 + warp; r < r1; r += kWarps) {
-    const float v = row_dot(rows_s + (size_t)(r - r0) * kb8, xs, kb8, lane);
-    if (lane == 0)
-      y2[r] = v;
-  }
+  if (r0 + warp < r1)
+    load_row(p, rows_s + (size_t)warp * kb8, kb8, lane);
+  rows_dot(rows_s, xs, y2 + r0, r1 - r0, kb8, warp, kWarps, lane, p);
 }
 )cuda";
 
