@@ -103,7 +103,9 @@ KernelSource emit_attention_decode_mma(const AttentionDims& d,
     name += "_x3";
   if (static_cast<float>(d.scale) != static_cast<float>(1.0 / std::sqrt(d.head_dim)))
     name += attr_suffix("scale", d.scale, 1.0 / std::sqrt(d.head_dim));
-  return assemble(std::move(name), ir_lines, "attention_mma.cuh", call, params, launch);
+  // The kernel waits for the previous one itself, after staging its first tile's cached keys.
+  return assemble(std::move(name), ir_lines, "attention_mma.cuh", call, params, launch,
+                  DependencyWait::InCall);
 }
 
 } // namespace xserv::codegen

@@ -342,15 +342,19 @@ __device__ __forceinline__ void store_operand8(unsigned short* dst, const float 
 /// caller's barriers around it): keys lo..hi as fp16 (store_operand8), zeros outside (zero
 /// weights stay zero, and a key no row sees is never read). Keys below ctx come from the
 /// sequence's cache blocks (`table`), the others from the step's k and v at row j + row_offset
-/// (load_step8).
-template <int G, int D, int BS, int THREADS, bool SPLIT, typename CacheT>
+/// (load_step8). PART splits the staging in two for a kernel that starts before the step's k
+/// and v exist: 1 stages the cached keys and the zeros, 2 the step's own keys; 0 stages all.
+template <int G, int D, int BS, int THREADS, bool SPLIT, typename CacheT, int PART = 0>
 __device__ __forceinline__ void stage_tile(unsigned short* ks, unsigned short* vs, int kt, int lo,
-                                           int hi, int ctx, const int* table, int g,
-                                           int row_offset, const float* k, const float* v,
-                                           const CacheT* k_cache, const CacheT* v_cache) {
+                                           int hi, int ctx, const int* table, int g, int row_offset,
+                                           const float* k, const float* v, const CacheT* k_cache,
+                                           const CacheT* v_cache) {
   constexpr int KS = kTileRow<D>;
   for (int c = threadIdx.x; c < kMmaAttnKeys * D / 8; c += THREADS) {
     const int jj = c / (D / 8), e = (c % (D / 8)) * 8, j = kt + jj;
+    const bool step_row = j >= lo && j <= hi && j >= ctx;
+    if ((PART == 1 && step_row) || (PART == 2 && !step_row))
+      continue;
     float kf[8], vf[8];
     if (j >= lo && j <= hi) {
       if (j < ctx) {
@@ -535,14 +539,15 @@ __host__ __device__ constexpr int attention_decode_mma_warps(int D) {
 /// order above: one block per (kv head g = blockIdx.x, token t = blockIdx.y, split z =
 /// blockIdx.z of Z = gridDim.z), attention_decode_mma_warps(D) warps. The block's rows are the
 /// token's H / G query heads (fragment rows 0 .. H/G - 1 of a 16-row tile; the rest are empty):
-/// every warp computes the same scores and weights and its share of the output dims. With Z = 1 the block runs every chunk of the
-/// token's keys, folds them and writes out [T, H, D]; else block z runs chunk first + z alone
-/// (first: the chunk of the token's first key; an empty state past its last) and writes its
-/// state for attention_combine_chunks: part_ml [T, H, Z] (max in log2 units, sum) and part_o
-/// [T, H, Z, D]. Keys below ctx_len come from the cache, the step's own from k and v as the
-/// cache would hold them (tokens of a sequence are contiguous with consecutive positions).
+/// every warp computes the same scores and weights and its share of the output dims. With Z = 1 the
+/// block runs every chunk of the token's keys, folds them and writes out [T, H, D]; else block z
+/// runs chunk first + z alone (first: the chunk of the token's first key; an empty state past its
+/// last) and writes its state for attention_combine_chunks: part_ml [T, H, Z] (max in log2 units,
+/// sum) and part_o [T, H, Z, D]. Keys below ctx_len come from the cache, the step's own from k and
+/// v as the cache would hold them (tokens of a sequence are contiguous with consecutive positions).
 /// SPLIT as the prompt kernel's. WARPS (0: attention_decode_mma_warps(D)) splits the output
-/// dims; every warp computes the block's scores, so the bits do not depend on it.
+/// dims; every warp computes the block's scores, so the bits do not depend on it. The kernel
+/// calls grid_dependency_sync itself (its wrapper does not).
 template <int H, int G, int D, int BS, int MB, int WINDOW, int CHUNK,
           typename CacheT = __nv_bfloat16, bool SPLIT = false, int WARPS = 0>
 __device__ __forceinline__ void
@@ -587,6 +592,19 @@ attention_decode_mma(const float* __restrict__ q, const float* __restrict__ k,
     lo_r[i] = live[i] ? lo : 1;
     hi_r[i] = live[i] ? p : 0;
   }
+  // The block's first key tile, its cached keys (written by earlier steps) and zeros staged
+  // before the wait for the previous kernel (qkv, which writes q and the step's k and v and,
+  // with one token a sequence, the cache slot of position p: never a key read from the cache
+  // here): the positions, the block table and the cache rows come off the critical path; after
+  // the wait only q and the step's own keys are read.
+  const int c_end = min(ce, c_last), kt0 = max(cb * CHUNK, lo / KT * KT);
+  if (cb <= c_end)
+    stage_tile<G, D, BS, kThreads, SPLIT, CacheT, 1>(ks, vs, kt0, lo, p, ctx, table, g, t - p, k, v,
+                                                     k_cache, v_cache);
+  grid_dependency_sync();
+  if (cb <= c_end)
+    stage_tile<G, D, BS, kThreads, SPLIT, CacheT, 2>(ks, vs, kt0, lo, p, ctx, table, g, t - p, k, v,
+                                                     k_cache, v_cache);
   QFrags<D, SPLIT> qf;
 #pragma unroll
   for (int kd = 0; kd < KD; ++kd)
@@ -606,12 +624,14 @@ attention_decode_mma(const float* __restrict__ q, const float* __restrict__ k,
   TotalState<NDT> tot;
   ch.reset();
   tot.reset();
-  for (int c = cb; c <= min(ce, c_last); ++c) {
+  for (int c = cb; c <= c_end; ++c) {
     const int kb = max(c * CHUNK, lo / KT * KT), kend = min((c + 1) * CHUNK, p + 1);
     for (int kt = kb; kt < kend; kt += KT) {
-      __syncthreads(); // the previous tile fully read
-      stage_tile<G, D, BS, kThreads, SPLIT>(ks, vs, kt, lo, p, ctx, table, g, t - p, k, v,
-                                            k_cache, v_cache);
+      if (kt != kt0) {   // the first tile is staged above
+        __syncthreads(); // the previous tile fully read
+        stage_tile<G, D, BS, kThreads, SPLIT>(ks, vs, kt, lo, p, ctx, table, g, t - p, k, v,
+                                              k_cache, v_cache);
+      }
       __syncthreads();
       tile_step<D, NDT, SPLIT>(qf, ks, vs, kt, lo_r, hi_r, ch, warp * NDT);
     }
