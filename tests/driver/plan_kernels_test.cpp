@@ -183,7 +183,7 @@ TEST_CASE("every kernel of the 20b plan compiles for sm_90") {
 
 TEST_CASE("the tiny plan's generated source is byte-stable (golden file)") {
   // An intended change to the generated code regenerates the golden file in the same commit:
-  //   XSERV_UPDATE_GOLDEN=1 build/tests/cli_tests -tc="*byte-stable*"
+  //   XSERV_UPDATE_GOLDEN=1 build/tests/driver_tests -tc="*byte-stable*"
   const fs::path src = xserv::testing::source_dir();
   const xserv::testing::TempDir tmp("plan_golden");
   const fs::path plan = tmp.path / "plan";
