@@ -48,6 +48,13 @@ __device__ __forceinline__ void grid_dependency_sync() {
   timeline_stamp();
 }
 
+/// grid_dependency_sync as a callable: the wait of a kernel body that takes one
+/// (linear_decode_smem), so that a kernel composing it with other work can wait for something else
+/// at the same point.
+struct GridDependencyWait {
+  __device__ __forceinline__ void operator()() const { grid_dependency_sync(); }
+};
+
 /// Thread-block clusters (sm_90+): XSERV_CLUSTER_X(n) on a kernel groups n consecutive blocks
 /// of grid.x into one cluster, whose blocks read each other's shared memory; it expands to
 /// nothing below sm_90, where kernels written for clusters take their one-block path.

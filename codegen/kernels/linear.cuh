@@ -182,6 +182,7 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
 /// their activations read once into registers; a row's partials are summed over lanes, then
 /// over the warps in order. grid.x = N / ROWS (at most an SM each: linear_smem_rows
 /// in the emitter), dynamic shared memory ROWS K bf16. Below sm_90 the threads copy the rows.
+/// `wait` is where the block waits for its inputs (the previous kernel by default).
 ///
 /// CHAIN (ROUND too): the canonical order of a dense linear with 8 K splits (gemm_wg's at
 /// wg_splitk 8, linear_decode_mma's CHAIN): warp w takes the w-th eighth of K and multiplies
@@ -189,11 +190,12 @@ linear_decode(const float* __restrict__ x, const __nv_bfloat16* __restrict__ ln,
 /// gemm_wg's K slots, one chain from zero; the eighths are added in order, then the bias and
 /// the residual. The token's activations are staged in the slots after the wait (K / 2 words
 /// after the rows).
-template <int K, int N, int ROWS, bool BIAS, bool RESIDUAL, bool ROUND = false, bool CHAIN = false>
+template <int K, int N, int ROWS, bool BIAS, bool RESIDUAL, bool ROUND = false, bool CHAIN = false,
+          class Wait = GridDependencyWait>
 __device__ __forceinline__ void
 linear_decode_smem(const float* __restrict__ x, const __nv_bfloat16* __restrict__, float,
                    const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
-                   const float* h, float* y, int tokens) {
+                   const float* h, float* y, int tokens, Wait wait = {}) {
   constexpr int kWarps = kLinearThreads / kWarp, kPieces = 8;
   static_assert(K % 8 == 0 && N % ROWS == 0 && ROWS % kPieces == 0 && ROWS <= kLinearThreads,
                 "whole 16-byte words, whole blocks of rows in 8 pieces, a thread a row");
@@ -224,7 +226,7 @@ linear_decode_smem(const float* __restrict__ x, const __nv_bfloat16* __restrict_
   const bool mine = threadIdx.x < ROWS; // thread r writes row row0 + r
   const float bias = BIAS && mine ? bf16_to_float(b[row0 + threadIdx.x]) : 0.0f;
   __syncthreads(); // the barriers are initialised before anyone waits on them
-  grid_dependency_sync();
+  wait();
   const float res = RESIDUAL && mine ? h[row0 + threadIdx.x] : 0.0f;
   if constexpr (CHAIN) { // the K eighths on tensor cores, into red
     static_assert(ROUND && K % (64 * kWarps) == 0, "bf16 activations, whole K tiles a warp");

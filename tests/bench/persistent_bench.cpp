@@ -1,13 +1,18 @@
 // The premise of a persistent decode kernel (issue: decode near the bandwidth limit), measured
-// before one is built: two dependent GEMVs of the 20b's widths (q, k, v's 2880 -> 5120, then
-// o_proj's 4096 -> 2880 on the first 4,096 outputs), weights cycled beyond the 50 MB L2, as
+// before one is built, on the plans' own one-token kernels: the 20b's q, k, v projection with its
+// norm (qkv_decode: 2880 -> 4096 + 512 + 512, 320 blocks of 8 warps x 2 rows), then o_proj on
+// the q output (linear_decode_smem, the plans' linear_residual_smem_r24: 4096 -> 2880 plus the
+// residual, 120 blocks each holding 24 rows in shared memory), weights cycled beyond the 50 MB
+// L2, as
 //   1. two kernels back to back (a boundary between them);
-//   2. two kernels with programmatic dependent launch, the second's blocks copying their rows of
-//      W into shared memory before they wait for the first (the plans' o_proj today);
-//   3. one persistent kernel, a block an SM: each block starts copying its rows of the second
-//      matrix into shared memory, computes its share of the first, meets the others at a counter
-//      in global memory (release / acquire), then computes its rows of the second.
-// The three give the same bits (one row_dot), checked, and a double reference checks the first.
+//   2. the same with programmatic dependent launch: o_proj's blocks bulk-copy their rows while
+//      qkv_decode runs, then wait for it (the plans today);
+//   3. one persistent kernel of o_proj's 120 blocks (an SM each): each block starts the bulk
+//      copy of its o_proj rows, computes the q, k, v row groups blockIdx.x, + 120, ... (32 rows
+//      a group, 8 loads a row and lane in flight) with qkv_decode's functions (norm, WarpGemv,
+//      stores), meets the others at a counter in global memory
+//      (release / acquire), then finishes o_proj (linear_decode_smem with that wait).
+// The three give the same bits, checked, and a double reference checks q.
 // Part of kernels_bench (never run by ctest):
 //   build/tests/kernels_bench -tc="persistent decode*"
 #include "tests/codegen/kernel_test_util.h"
@@ -26,41 +31,30 @@ using namespace xserv::kernel_test;
 
 namespace {
 
+constexpr int kKa = 2880, kNq = 4096, kNk = 512, kNv = 512, kKb = 4096, kNb = 2880, kRowsB = 24;
+
 const char* const kPersistentSource = R"cuda(
-#include <cuda_bf16.h>
-#include "xserv_kernels/common.cuh"
+#include "xserv_kernels/linear.cuh"
 using namespace xserv_kernels;
 
-constexpr int kWarps = 8;
+constexpr int KA = 2880, NQ = 4096, NK = 512, NV = 512, KB = 4096, NB = 2880, ROWS = 24;
+constexpr float kEps = 1e-5f;
+// The persistent kernel's row groups (qkv_decode's blocks: 8 warps x 2 rows): 8 warps x 4 rows, 8 loads a row and lane in flight (the
+// same sums: WarpGemv's order does not depend on R or UNROLL), so that its 120 blocks keep
+// about as many bytes in flight as qkv_decode's 320.
+constexpr int kPR = 4, kPGroups = (NQ + NK + NV) / (8 * kPR);
 
-// W[r, :] . x for one row (bf16 weights as 8-value pieces, k8 <= 512 of them): load_row puts a
-// lane's pieces in registers (up to 16 loads in flight), dot_row sums them in order against x in
-// shared memory, then the warp's sum. Every variant calls them: the same bits.
-__device__ __forceinline__ void load_row(uint4 (&p)[16], const uint4* w, int k8, int lane) {
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-    if (lane + 32 * j < k8)
-      p[j] = w[lane + 32 * j];
+typedef __nv_bfloat16 bf16;
+
+extern "C" __global__ void __launch_bounds__(256) pb_qkv(const float* x, const bf16* ln,
+    const bf16* wq, const bf16* bq, const bf16* wk, const bf16* bk, const bf16* wv,
+    const bf16* bv, float* yq, float* yk, float* yv) {
+  qkv_decode<KA, NQ, NK, NV, 1, 2>(x, ln, kEps, wq, bq, wk, bk, wv, bv, yq, yk, yv, 1);
 }
-__device__ __forceinline__ float dot_row(const uint4 (&p)[16], const float* xs, int k8, int lane) {
-  float acc = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int c = lane + 32 * j;
-    if (c >= k8)
-      break;
-    const float4 a = reinterpret_cast<const float4*>(xs)[2 * c];
-    const float4 b = reinterpret_cast<const float4*>(xs)[2 * c + 1];
-    acc = fmaf(__uint_as_float(p[j].x << 16), a.x, acc);
-    acc = fmaf(__uint_as_float(p[j].x & 0xffff0000u), a.y, acc);
-    acc = fmaf(__uint_as_float(p[j].y << 16), a.z, acc);
-    acc = fmaf(__uint_as_float(p[j].y & 0xffff0000u), a.w, acc);
-    acc = fmaf(__uint_as_float(p[j].z << 16), b.x, acc);
-    acc = fmaf(__uint_as_float(p[j].z & 0xffff0000u), b.y, acc);
-    acc = fmaf(__uint_as_float(p[j].w << 16), b.z, acc);
-    acc = fmaf(__uint_as_float(p[j].w & 0xffff0000u), b.w, acc);
-  }
-  return warp_sum(acc);
+
+extern "C" __global__ void __launch_bounds__(256) pb_oproj(const float* x, const bf16* w,
+    const float* h, float* y) {
+  linear_decode_smem<KB, NB, ROWS, false, true>(x, nullptr, 0.0f, w, nullptr, h, y, 1);
 }
 
 __device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
@@ -69,114 +63,67 @@ __device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
   return v;
 }
 
-// x (k floats) into shared memory by the block.
-__device__ __forceinline__ void stage_x(const float* x, float* xs, int k, bool from_l2) {
-  for (int i = threadIdx.x; i < k; i += blockDim.x)
-    xs[i] = from_l2 ? __ldcg(x + i) : x[i];
+// qkv_decode's rows of its block vb for this warp: the projection's weights, bias, output, row
+// stride and first row.
+struct QkvRows {
+  const bf16* w;
+  const bf16* b;
+  float* y;
+  int n, row;
+};
+__device__ __forceinline__ QkvRows qkv_rows(int vb, const bf16* wq, const bf16* bq,
+    const bf16* wk, const bf16* bk, const bf16* wv, const bf16* bv, float* yq, float* yk,
+    float* yv) {
+  QkvRows r{wq, bq, yq, NQ, vb * 8 * kPR};
+  if (r.row >= NQ + NK)
+    r = QkvRows{wv, bv, yv, NV, r.row - NQ - NK};
+  else if (r.row >= NQ)
+    r = QkvRows{wk, bk, yk, NK, r.row - NQ};
+  r.row += threadIdx.x / kWarp * kPR;
+  return r;
 }
 
-// y[r] = W[r, :] x for rows r = first, first + stride, ... below rows, two rows' loads in
-// flight a warp (the next row's while the current one is summed).
-__device__ __forceinline__ void rows_dot(const uint4* w, const float* xs, float* y, int rows,
-                                         int k8, int first, int stride, int lane, uint4 (&p)[16]) {
-  uint4 q[16];
-  for (int r = first; r < rows; r += 2 * stride) {
-    const int n = r + stride;
-    if (n < rows)
-      load_row(q, w + (size_t)n * k8, k8, lane);
-    const float v = dot_row(p, xs, k8, lane);
-    if (lane == 0)
-      y[r] = v;
-    if (n >= rows)
-      break;
-    if (n + stride < rows)
-      load_row(p, w + (size_t)(n + stride) * k8, k8, lane);
-    const float u = dot_row(q, xs, k8, lane);
-    if (lane == 0)
-      y[n] = u;
-  }
-}
-
-// y = W x, rows strided over the grid's warps; each warp's first row loads before x is staged
-// (and before the dependency wait: the weights owe nothing to the previous kernel).
-extern "C" __global__ void __launch_bounds__(256) pb_gemv(const __nv_bfloat16* __restrict__ w,
-    const float* __restrict__ x, float* __restrict__ y, int rows, int k) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* xs = reinterpret_cast<float*>(smem);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, k8 = k / 8;
-  const int first = blockIdx.x * kWarps + warp, stride = gridDim.x * kWarps;
-  const uint4* wv = reinterpret_cast<const uint4*>(w);
-  uint4 p[16];
-  if (first < rows)
-    load_row(p, wv + (size_t)first * k8, k8, lane);
-  grid_dependency_sync();
-  stage_x(x, xs, k, false);
-  __syncthreads();
-  rows_dot(wv, xs, y, rows, k8, first, stride, lane, p);
-}
-
-// y = W x with a block's `per` rows copied into shared memory before the dependency wait (the
-// previous kernel still running), x staged after it.
-extern "C" __global__ void __launch_bounds__(256) pb_gemv_smem(const __nv_bfloat16* __restrict__ w,
-    const float* __restrict__ x, float* __restrict__ y, int rows, int k, int per) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  uint4* rows_s = reinterpret_cast<uint4*>(smem);
-  float* xs = reinterpret_cast<float*>(smem + (size_t)per * k * 2);
-  const int r0 = blockIdx.x * per, r1 = min(rows, r0 + per), k8 = k / 8;
-  const uint4* src = reinterpret_cast<const uint4*>(w) + (size_t)r0 * k8;
-  for (int i = threadIdx.x; i < (r1 - r0) * k8; i += blockDim.x)
-    cp_async16(rows_s + i, src + i, true);
-  cp_async_commit();
-  grid_dependency_sync();
-  stage_x(x, xs, k, false);
-  cp_async_wait<0>();
-  __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  uint4 p[16];
-  if (r0 + warp < r1)
-    load_row(p, rows_s + (size_t)warp * k8, k8, lane);
-  rows_dot(rows_s, xs, y + r0, r1 - r0, k8, warp, kWarps, lane, p);
-}
-
-// Both: y1 = Wa x1 (rows strided over the grid's warps), then, after every block's y1 rows,
-// y2 = Wb y1[0:kb] over each block's `per` rows of Wb, copied into shared memory from the start.
 // `counter` only grows: launch `epoch` (1, 2, ...) waits for epoch x blocks arrivals.
-extern "C" __global__ void __launch_bounds__(256) pb_persistent(
-    const __nv_bfloat16* __restrict__ wa, const float* __restrict__ x1, float* y1, int rows_a,
-    int ka, const __nv_bfloat16* __restrict__ wb, float* __restrict__ y2, int rows_b, int kb,
-    int per, unsigned* counter, unsigned epoch) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  uint4* rows_s = reinterpret_cast<uint4*>(smem);
-  float* xs = reinterpret_cast<float*>(smem + (size_t)per * kb * 2);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ka8 = ka / 8, kb8 = kb / 8;
-  const int first = blockIdx.x * kWarps + warp, stride = gridDim.x * kWarps;
-  const uint4* wav = reinterpret_cast<const uint4*>(wa);
-  uint4 p[16];
-  if (first < rows_a)
-    load_row(p, wav + (size_t)first * ka8, ka8, lane);
-  const int r0 = blockIdx.x * per, r1 = min(rows_b, r0 + per);
-  const uint4* src = reinterpret_cast<const uint4*>(wb) + (size_t)r0 * kb8;
-  for (int i = threadIdx.x; i < (r1 - r0) * kb8; i += blockDim.x)
-    cp_async16(rows_s + i, src + i, true);
-  cp_async_commit();
-  stage_x(x1, xs, ka, false);
-  __syncthreads();
-  rows_dot(wav, xs, y1, rows_a, ka8, first, stride, lane, p);
-  __syncthreads(); // the block's y1 rows are stored
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1u);
-    const unsigned target = epoch * gridDim.x;
-    while (ld_acquire_u32(counter) < target)
-      __nanosleep(20);
-  }
-  __syncthreads();
-  stage_x(y1, xs, kb, true); // other blocks' stores: from L2, not a stale L1 line
-  cp_async_wait<0>();
-  __syncthreads();
-  if (r0 + warp < r1)
-    load_row(p, rows_s + (size_t)warp * kb8, kb8, lane);
-  rows_dot(rows_s, xs, y2 + r0, r1 - r0, kb8, warp, kWarps, lane, p);
+extern "C" __global__ void __launch_bounds__(256) pb_persistent(const float* x, const bf16* ln,
+    const bf16* wq, const bf16* bq, const bf16* wk, const bf16* bk, const bf16* wv,
+    const bf16* bv, float* yq, float* yk, float* yv, const bf16* wo, const float* h, float* y2,
+    unsigned* counter, unsigned epoch) {
+  extern __shared__ __align__(128) uint4 smem_linear_rows[]; // linear_decode_smem's rows first
+  float* xs = reinterpret_cast<float*>(smem_linear_rows + ROWS * (KB / 8));
+  auto qkv_then_meet = [&] {
+    int vb = blockIdx.x;
+    QkvRows r = qkv_rows(vb, wq, bq, wk, bk, wv, bv, yq, yk, yv);
+    WarpGemv<KA, kPR, 1, 8> gemv;
+    gemv.start(r.w + (size_t)r.row * KA);
+    linear_stage_x<KA, 1, true>(x, ln, kEps, xs, 1);
+    for (;;) {
+      float bias[kPR], res[kPR] = {}, acc[kPR][1];
+      load_row_bias<kPR, true>(r.b, r.row, true, bias);
+      gemv.finish(xs, 1, acc);
+      if (r.n == NQ)
+        linear_store<NQ, 1, kPR, true, false>(acc, bias, res, r.y, r.row, 1);
+      else if (r.n == NK)
+        linear_store<NK, 1, kPR, true, false>(acc, bias, res, r.y, r.row, 1);
+      else
+        linear_store<NV, 1, kPR, true, false>(acc, bias, res, r.y, r.row, 1);
+      vb += gridDim.x;
+      if (vb >= kPGroups)
+        break;
+      r = qkv_rows(vb, wq, bq, wk, bk, wv, bv, yq, yk, yv);
+      gemv.start(r.w + (size_t)r.row * KA);
+    }
+    __syncthreads(); // the block's q, k, v rows are stored
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(counter, 1u);
+      const unsigned target = epoch * gridDim.x;
+      while (ld_acquire_u32(counter) < target)
+        __nanosleep(20);
+    }
+    __syncthreads();
+  };
+  linear_decode_smem<KB, NB, ROWS, false, true, false, false, decltype(qkv_then_meet)>(
+      yq, nullptr, 0.0f, wo, nullptr, h, y2, 1, qkv_then_meet);
 }
 )cuda";
 
@@ -190,89 +137,115 @@ const Loaded& kernel(const char* name) {
 
 } // namespace
 
-TEST_CASE("persistent decode: two dependent GEMVs as two kernels, with PDL, and as one "
-          "persistent kernel (informational)") {
+TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as one persistent "
+          "kernel (informational)") {
   XSERV_REQUIRE_GPU();
   const runtime::DeviceInfo dev = runtime::probe_device();
-  if (dev.sm_major < 9) {
-    MESSAGE("skipped: programmatic dependent launch needs sm_90");
+  const int blocks_b = kNb / kRowsB, groups_a = (kNq + kNk + kNv) / 16;
+  if (dev.sm_major < 9 || dev.multiprocessors < blocks_b) {
+    MESSAGE("skipped: needs sm_90 (programmatic dependent launch, bulk copies) and an SM for "
+            "each of o_proj's "
+            << blocks_b << " blocks");
     return;
   }
-  const int ka = 2880, rows_a = 5120, kb = 4096, rows_b = 2880, sms = dev.multiprocessors;
-  const int per = (rows_b + sms - 1) / sms;
-  const size_t smem_b = size_t(per) * kb * 2 + size_t(std::max(ka, kb)) * 4;
+  const size_t smem_a = size_t(kKa) * 4, smem_b = size_t(kRowsB) * kKb * 2;
   Rng rng{915};
-  const Bf16Weight wa = random_bf16(rng, {rows_a, ka}, 1.0f / std::sqrt(float(ka)));
-  const Bf16Weight wb = random_bf16(rng, {rows_b, kb}, 1.0f / std::sqrt(float(kb)));
-  const Tensor x1 = random_f32(rng, {ka}, 1.0f);
-  constexpr int kSets = 4; // 4 x 53 MB: beyond the L2
-  std::vector<std::unique_ptr<DevBuf>> was, wbs;
+  const float sa = 1.0f / std::sqrt(float(kKa)), sb = 1.0f / std::sqrt(float(kKb));
+  const Bf16Weight wq = random_bf16(rng, {kNq, kKa}, sa), wk = random_bf16(rng, {kNk, kKa}, sa),
+                   wv = random_bf16(rng, {kNv, kKa}, sa), wo = random_bf16(rng, {kNb, kKb}, sb);
+  const Bf16Weight bq = random_bf16(rng, {kNq}, 0.5f), bk = random_bf16(rng, {kNk}, 0.5f),
+                   bv = random_bf16(rng, {kNv}, 0.5f), ln = random_bf16(rng, {kKa}, 1.0f);
+  const Tensor x = random_f32(rng, {kKa}, 1.0f), h = random_f32(rng, {kNb}, 1.0f);
+  constexpr int kSets = 4; // 4 x 53 MB of weights: beyond the L2
+  std::vector<std::unique_ptr<DevBuf>> wqs, wks, wvs, wos;
   for (int s = 0; s < kSets; ++s) {
-    was.push_back(upload(wa.bits));
-    wbs.push_back(upload(wb.bits));
+    wqs.push_back(upload(wq.bits));
+    wks.push_back(upload(wk.bits));
+    wvs.push_back(upload(wv.bits));
+    wos.push_back(upload(wo.bits));
   }
-  auto dx1 = upload(x1.f);
-  auto y1 = poisoned(size_t(rows_a)), y2 = poisoned(size_t(rows_b));
+  auto dbq = upload(bq.bits), dbk = upload(bk.bits), dbv = upload(bv.bits), dln = upload(ln.bits);
+  auto dx = upload(x.f), dh = upload(h.f);
+  auto yq = poisoned(size_t(kNq)), yk = poisoned(size_t(kNk)), yv = poisoned(size_t(kNv)),
+       y2 = poisoned(size_t(kNb));
   auto counter = upload(std::vector<int32_t>{0});
   unsigned epoch = 0;
-  const Loaded& gemv = kernel("pb_gemv");
-  const Loaded& gemv_smem = kernel("pb_gemv_smem");
+  const Loaded& qkv = kernel("pb_qkv");
+  const Loaded& oproj = kernel("pb_oproj");
   const Loaded& persistent = kernel("pb_persistent");
-  const int blocks_a = (rows_a + 7) / 8;
-  auto plain = [&](int i) {
-    const auto *pa = was[size_t(i % kSets)]->p, *pb = wbs[size_t(i % kSets)]->p;
-    gemv.module.launch(gemv.kernel, dim3(blocks_a), dim3(256), size_t(ka) * 4, nullptr, pa, dx1->p,
-                       y1->p, rows_a, ka);
-    gemv.module.launch(gemv.kernel, dim3((rows_b + 7) / 8), dim3(256), size_t(kb) * 4, nullptr, pb,
-                       y1->p, y2->p, rows_b, kb);
+  // parts: 1 qkv_decode, 2 o_proj, 3 both.
+  auto two = [&](int i, bool pdl, int parts = 3) {
+    const size_t s = size_t(i % kSets);
+    const void *x_ = dx->p, *ln_ = dln->p, *wq_ = wqs[s]->p, *bq_ = dbq->p, *wk_ = wks[s]->p,
+               *bk_ = dbk->p, *wv_ = wvs[s]->p, *bv_ = dbv->p, *wo_ = wos[s]->p, *h_ = dh->p;
+    void *yq_ = yq->p, *yk_ = yk->p, *yv_ = yv->p, *y2_ = y2->p;
+    void* a_args[] = {&x_, &ln_, &wq_, &bq_, &wk_, &bk_, &wv_, &bv_, &yq_, &yk_, &yv_};
+    const size_t a_sizes[] = {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8};
+    if (parts & 1)
+      qkv.module.launch_raw(qkv.kernel, dim3(groups_a), dim3(256), smem_a, nullptr, a_args, a_sizes,
+                            11, false);
+    if (!(parts & 2))
+      return;
+    void* b_args[] = {&yq_, &wo_, &h_, &y2_};
+    const size_t b_sizes[] = {8, 8, 8, 8};
+    oproj.module.launch_raw(oproj.kernel, dim3(blocks_b), dim3(256), smem_b, nullptr, b_args,
+                            b_sizes, 4, pdl);
   };
-  auto pdl = [&](int i) {
-    const void* pa = was[size_t(i % kSets)]->p;
-    const void* pb = wbs[size_t(i % kSets)]->p;
-    void* x = dx1->p;
-    void *ya = y1->p, *yb = y2->p;
-    int ra = rows_a, ka_ = ka, rb = rows_b, kb_ = kb, per_ = per;
-    void* a_args[] = {&pa, &x, &ya, &ra, &ka_};
-    const size_t a_sizes[] = {8, 8, 8, 4, 4};
-    gemv.module.launch_raw(gemv.kernel, dim3(blocks_a), dim3(256), size_t(ka) * 4, nullptr, a_args,
-                           a_sizes, 5, false);
-    void* b_args[] = {&pb, &ya, &yb, &rb, &kb_, &per_};
-    const size_t b_sizes[] = {8, 8, 8, 4, 4, 4};
-    gemv_smem.module.launch_raw(gemv_smem.kernel, dim3(sms), dim3(256), smem_b, nullptr, b_args,
-                                b_sizes, 6, true);
-  };
+  auto plain = [&](int i) { two(i, false); };
+  auto pdl = [&](int i) { two(i, true); };
   auto fused = [&](int i) {
+    const size_t s = size_t(i % kSets);
     ++epoch;
-    persistent.module.launch(persistent.kernel, dim3(sms), dim3(256), smem_b, nullptr,
-                             was[size_t(i % kSets)]->p, dx1->p, y1->p, rows_a, ka,
-                             wbs[size_t(i % kSets)]->p, y2->p, rows_b, kb, per, counter->p, epoch);
+    persistent.module.launch(persistent.kernel, dim3(blocks_b), dim3(256), smem_b + smem_a, nullptr,
+                             dx->p, dln->p, wqs[s]->p, dbq->p, wks[s]->p, dbk->p, wvs[s]->p, dbv->p,
+                             yq->p, yk->p, yv->p, wos[s]->p, dh->p, y2->p, counter->p, epoch);
   };
-  // The bits: each variant once on set 0, y1 against a double reference, y2 across variants.
+  // The bits: each variant once on set 0; q against a double reference; q, k, v and o_proj's
+  // output across the variants.
   std::vector<std::vector<float>> outs;
   const std::function<void(int)> variants[] = {plain, pdl, fused};
   for (const auto& v : variants) {
+    for (DevBuf* b : {yq.get(), yk.get(), yv.get(), y2.get()})
+      cuda_ok(cudaMemset(b->p, 0xff, b->bytes), "poison");
     v(0);
     device_sync();
-    outs.push_back(download(*y2, size_t(rows_b)));
+    std::vector<float> all = download(*yq, size_t(kNq));
+    for (const DevBuf* b : {yk.get(), yv.get()}) {
+      const std::vector<float> part = download(*b, b->bytes / 4);
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    const std::vector<float> o = download(*y2, size_t(kNb));
+    all.insert(all.end(), o.begin(), o.end());
+    outs.push_back(std::move(all));
   }
-  const std::vector<float> got_a = download(*y1, size_t(rows_a));
+  double ss = 0;
+  for (float v : x.f)
+    ss += double(v) * v;
+  const double inv = 1.0 / std::sqrt(ss / kKa + 1e-5);
   double worst = 0;
-  for (int r = 0; r < rows_a; ++r) {
-    double ref = 0;
-    for (int c = 0; c < ka; ++c)
-      ref += double(models::bf16_to_float(wa.bits[size_t(r) * ka + c])) * double(x1.f[size_t(c)]);
-    worst = std::max(worst, std::abs(double(got_a[size_t(r)]) - ref) / (std::abs(ref) + 1e-3));
+  for (int r = 0; r < kNq; ++r) {
+    double ref = double(bq.t.f[size_t(r)]);
+    for (int c = 0; c < kKa; ++c)
+      ref += double(wq.t.f[size_t(r) * kKa + c]) *
+             (double(x.f[size_t(c)]) * inv * double(ln.t.f[size_t(c)]));
+    worst = std::max(worst, std::abs(double(outs[0][size_t(r)]) - ref) / (std::abs(ref) + 1e-3));
   }
   CHECK(worst < 1e-4);
-  CHECK(differing(outs[0], outs[1], size_t(rows_b)) == 0);
-  CHECK(differing(outs[0], outs[2], size_t(rows_b)) == 0);
+  const size_t n = outs[0].size();
+  CHECK(differing(outs[0], outs[1], n) == 0);
+  CHECK(differing(outs[0], outs[2], n) == 0);
   const double us_plain = back_to_back_us(plain), us_pdl = back_to_back_us(pdl),
                us_fused = back_to_back_us(fused);
-  const double mb = (double(rows_a) * ka + double(rows_b) * kb) * 2 / 1e6;
-  MESSAGE("qkv-sized then o_proj-sized GEMV ("
-          << mb << " MB of weights a pair, " << sms << " SMs): two kernels " << us_plain
-          << " us, with PDL and o_proj's rows in shared "
-             "memory "
-          << us_pdl << " us, one persistent kernel " << us_fused << " us (" << mb / us_fused * 1e3
-          << " GB/s)");
+  const double us_qkv = back_to_back_us([&](int i) { two(i, false, 1); });
+  const double us_oproj = back_to_back_us([&](int i) { two(i, false, 2); });
+  const double mb_a = double(kNq + kNk + kNv) * kKa * 2 / 1e6, mb_b = double(kNb) * kKb * 2 / 1e6,
+               mb = mb_a + mb_b;
+  auto gbs = [](double mbytes, double us) { return mbytes / us * 1e3; };
+  MESSAGE("qkv_decode (" << mb_a << " MB) then o_proj (linear_decode_smem, " << mb_b << " MB), "
+                         << dev.multiprocessors << " SMs: alone " << us_qkv << " us ("
+                         << gbs(mb_a, us_qkv) << " GB/s) and " << us_oproj << " us ("
+                         << gbs(mb_b, us_oproj) << " GB/s); two kernels " << us_plain << " us ("
+                         << gbs(mb, us_plain) << " GB/s), with PDL " << us_pdl << " us ("
+                         << gbs(mb, us_pdl) << " GB/s), one persistent kernel " << us_fused
+                         << " us (" << gbs(mb, us_fused) << " GB/s)");
 }
