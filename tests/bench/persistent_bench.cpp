@@ -11,8 +11,14 @@
 //      copy of its o_proj rows, computes the q, k, v row groups blockIdx.x, + 120, ... (32 rows
 //      a group, 8 loads a row and lane in flight) with qkv_decode's functions (norm, WarpGemv,
 //      stores), meets the others at a counter in global memory
-//      (release / acquire), then finishes o_proj (linear_decode_smem with that wait).
-// The three give the same bits, checked, and a double reference checks q.
+//      (release / acquire), then finishes o_proj (linear_decode_smem with that wait);
+//   4. the same grid with one weight stream an SM through a ring of 8 shared-memory pages of 24
+//      KB (bulk copies, an mbarrier a page): the block's q, k, v rows 4 a page, then its 24
+//      o_proj rows 3 a page. Warp w owns page slot w: it multiplies each page of its slot and
+//      refills the slot with the slot's next page at once, so that o_proj's pages land while
+//      the other warps finish q, k, v and the blocks meet at the counter. The sums are
+//      qkv_decode's (a lane's words in order, then the warp) and linear_decode_smem's.
+// The four give the same bits, checked, and a double reference checks q.
 // Part of kernels_bench (never run by ctest):
 //   build/tests/kernels_bench -tc="persistent decode*"
 #include "tests/codegen/kernel_test_util.h"
@@ -32,6 +38,7 @@ using namespace xserv::kernel_test;
 namespace {
 
 constexpr int kKa = 2880, kNq = 4096, kNk = 512, kNv = 512, kKb = 4096, kNb = 2880, kRowsB = 24;
+constexpr int kRingSlots = 8, kRingPage = 24576; // pb_persistent_ring's kSlots, kPageBytes
 
 const char* const kPersistentSource = R"cuda(
 #include "xserv_kernels/linear.cuh"
@@ -125,6 +132,161 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent(const float* x, 
   linear_decode_smem<KB, NB, ROWS, false, true, false, false, decltype(qkv_then_meet)>(
       yq, nullptr, 0.0f, wo, nullptr, h, y2, 1, qkv_then_meet);
 }
+
+constexpr int kSlots = 8, kPageBytes = 24576, kQkvPageRows = 4, kOPageRows = 3;
+constexpr int kUnits = (NQ + NK + NV) / kQkvPageRows; // q, k, v pages over the grid
+
+__device__ __forceinline__ void page_copy(unsigned char* ring, unsigned long long* full, int slot,
+                                          const void* src, unsigned bytes) {
+  bulk_copy_g2s(ring + (size_t)slot * kPageBytes, src, bytes, &full[slot]);
+}
+
+// Page p of the block's stream: q, k, v unit u0 + p while p < nq, else o_proj's rows
+// 3 (p - nq) .. + 2 of the block's 24.
+__device__ __forceinline__ void issue_page(unsigned char* ring, unsigned long long* full, int p,
+    int u0, int nq, const bf16* wq, const bf16* wk, const bf16* wv, const bf16* wo) {
+  const int slot = p % kSlots;
+  if (p < nq) {
+    int row = (u0 + p) * kQkvPageRows;
+    const bf16* w = wq;
+    if (row >= NQ + NK)
+      w = wv, row -= NQ + NK;
+    else if (row >= NQ)
+      w = wk, row -= NQ;
+    page_copy(ring, full, slot, w + (size_t)row * KA, kQkvPageRows * KA * 2);
+  } else {
+    const int row = blockIdx.x * ROWS + (p - nq) * kOPageRows;
+    page_copy(ring, full, slot, wo + (size_t)row * KB, kOPageRows * KB * 2);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float* x,
+    const bf16* ln, const bf16* wq, const bf16* bq, const bf16* wk, const bf16* bk,
+    const bf16* wv, const bf16* bv, float* yq, float* yk, float* yv, const bf16* wo,
+    const float* h, float* y2, unsigned* counter, unsigned epoch) {
+  extern __shared__ __align__(128) unsigned char ring[];
+  float* xs = reinterpret_cast<float*>(ring + kSlots * kPageBytes);
+  __shared__ __align__(8) unsigned long long full[kSlots];
+  __shared__ float red[kSlots][ROWS];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int u0 = blockIdx.x * kUnits / gridDim.x, nq = (blockIdx.x + 1) * kUnits / gridDim.x - u0;
+  if (threadIdx.x == 0)
+    for (int s = 0; s < kSlots; ++s)
+      mbarrier_init(&full[s], 1);
+  __syncthreads();
+  if (lane == 0)
+    issue_page(ring, full, warp, u0, nq, wq, wk, wv, wo);
+  linear_stage_x<KA, 1, true>(x, ln, kEps, xs, 1);
+  // 1. q, k, v: warp w the pages of slot w, a lane's words in order as WarpGemv sums them.
+  constexpr int kWords = KA / 8;
+  int uses = 0;
+  for (int p = warp; p < nq; p += kSlots, ++uses) {
+    mbarrier_wait(&full[warp], uses & 1);
+    const uint4* page = reinterpret_cast<const uint4*>(ring + (size_t)warp * kPageBytes);
+    float acc[kQkvPageRows];
+#pragma unroll
+    for (int r = 0; r < kQkvPageRows; ++r)
+      acc[r] = 0.0f;
+    for (int c = lane; c < kWords; c += kWarp) {
+      const float4 xa = reinterpret_cast<const float4*>(xs)[2 * c];
+      const float4 xb = reinterpret_cast<const float4*>(xs)[2 * c + 1];
+#pragma unroll
+      for (int r = 0; r < kQkvPageRows; ++r) {
+        float wf[8];
+        unpack_bf16x8(page[r * kWords + c], wf);
+        float a = acc[r];
+        a = fmaf(wf[0], xa.x, a);
+        a = fmaf(wf[1], xa.y, a);
+        a = fmaf(wf[2], xa.z, a);
+        a = fmaf(wf[3], xa.w, a);
+        a = fmaf(wf[4], xb.x, a);
+        a = fmaf(wf[5], xb.y, a);
+        a = fmaf(wf[6], xb.z, a);
+        a = fmaf(wf[7], xb.w, a);
+        acc[r] = a;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kQkvPageRows; ++r)
+      acc[r] = warp_sum(acc[r]);
+    __syncwarp();
+    if (lane == 0) {
+      // The page's reads before the copy that overwrites it (generic, then async proxy).
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      issue_page(ring, full, p + kSlots < nq ? p + kSlots : nq + (warp - nq % kSlots + kSlots) % kSlots,
+                 u0, nq, wq, wk, wv, wo);
+      int row = (u0 + p) * kQkvPageRows;
+      const bf16* b = bq;
+      float* y = yq;
+      if (row >= NQ + NK)
+        b = bv, y = yv, row -= NQ + NK;
+      else if (row >= NQ)
+        b = bk, y = yk, row -= NQ;
+#pragma unroll
+      for (int r = 0; r < kQkvPageRows; ++r)
+        y[row + r] = acc[r] + bf16_to_float(b[row + r]);
+    }
+  }
+  // 2. The blocks meet: every q, k, v row stored.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1u);
+    const unsigned target = epoch * gridDim.x;
+    while (ld_acquire_u32(counter) < target)
+      __nanosleep(20);
+  }
+  __syncthreads();
+  // 3. o_proj as linear_decode_smem sums it: warp w the w-th eighth of each row's words.
+  constexpr int kOWords = KB / 8, kWarpWords = kOWords / 8, kLaneWords = kWarpWords / kWarp;
+  const int c0 = warp * kWarpWords;
+  float xr[kLaneWords][8];
+#pragma unroll
+  for (int j = 0; j < kLaneWords; ++j) {
+    const int c = c0 + lane + j * kWarp;
+    const float4 lo = __ldcg(reinterpret_cast<const float4*>(yq) + 2 * c);
+    const float4 hi = __ldcg(reinterpret_cast<const float4*>(yq) + 2 * c + 1);
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      xr[j][e] = v[e];
+  }
+  float acc[ROWS];
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) { // o_proj page j: rows 3 j .. 3 j + 2
+    const int slot = (nq + j) % kSlots, uses_of_slot = (nq - slot + kSlots - 1) / kSlots;
+    mbarrier_wait(&full[slot], uses_of_slot & 1);
+    const uint4* page = reinterpret_cast<const uint4*>(ring + (size_t)slot * kPageBytes);
+#pragma unroll
+    for (int q = 0; q < kOPageRows; ++q) {
+      float a = 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < kLaneWords; ++jj) {
+        float wf[8];
+        unpack_bf16x8(page[q * kOWords + c0 + lane + jj * kWarp], wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          a = fmaf(wf[e], xr[jj][e], a);
+      }
+      acc[j * kOPageRows + q] = a;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0)
+      red[warp][r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < ROWS) {
+    const int row = blockIdx.x * ROWS + threadIdx.x;
+    float v = red[0][threadIdx.x];
+#pragma unroll
+    for (int i = 1; i < kSlots; ++i)
+      v += red[i][threadIdx.x];
+    y2[row] = v + h[row];
+  }
+}
 )cuda";
 
 const Loaded& kernel(const char* name) {
@@ -138,7 +300,7 @@ const Loaded& kernel(const char* name) {
 } // namespace
 
 TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as one persistent "
-          "kernel (informational)") {
+          "kernel with and without a loader ring (informational)") {
   XSERV_REQUIRE_GPU();
   const runtime::DeviceInfo dev = runtime::probe_device();
   const int blocks_b = kNb / kRowsB, groups_a = (kNq + kNk + kNv) / 16;
@@ -173,6 +335,8 @@ TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as o
   const Loaded& qkv = kernel("pb_qkv");
   const Loaded& oproj = kernel("pb_oproj");
   const Loaded& persistent = kernel("pb_persistent");
+  const Loaded& ring = kernel("pb_persistent_ring");
+  const size_t smem_ring = size_t(kRingSlots) * kRingPage + smem_a;
   // parts: 1 qkv_decode, 2 o_proj, 3 both.
   auto two = [&](int i, bool pdl, int parts = 3) {
     const size_t s = size_t(i % kSets);
@@ -203,7 +367,14 @@ TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as o
   // The bits: each variant once on set 0; q against a double reference; q, k, v and o_proj's
   // output across the variants.
   std::vector<std::vector<float>> outs;
-  const std::function<void(int)> variants[] = {plain, pdl, fused};
+  auto ringed = [&](int i) {
+    const size_t s = size_t(i % kSets);
+    ++epoch;
+    ring.module.launch(ring.kernel, dim3(blocks_b), dim3(256), smem_ring, nullptr, dx->p, dln->p,
+                       wqs[s]->p, dbq->p, wks[s]->p, dbk->p, wvs[s]->p, dbv->p, yq->p, yk->p, yv->p,
+                       wos[s]->p, dh->p, y2->p, counter->p, epoch);
+  };
+  const std::function<void(int)> variants[] = {plain, pdl, fused, ringed};
   for (const auto& v : variants) {
     for (DevBuf* b : {yq.get(), yk.get(), yv.get(), y2.get()})
       cuda_ok(cudaMemset(b->p, 0xff, b->bytes), "poison");
@@ -234,8 +405,9 @@ TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as o
   const size_t n = outs[0].size();
   CHECK(differing(outs[0], outs[1], n) == 0);
   CHECK(differing(outs[0], outs[2], n) == 0);
+  CHECK(differing(outs[0], outs[3], n) == 0);
   const double us_plain = back_to_back_us(plain), us_pdl = back_to_back_us(pdl),
-               us_fused = back_to_back_us(fused);
+               us_fused = back_to_back_us(fused), us_ring = back_to_back_us(ringed);
   const double us_qkv = back_to_back_us([&](int i) { two(i, false, 1); });
   const double us_oproj = back_to_back_us([&](int i) { two(i, false, 2); });
   const double mb_a = double(kNq + kNk + kNv) * kKa * 2 / 1e6, mb_b = double(kNb) * kKb * 2 / 1e6,
@@ -247,5 +419,6 @@ TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as o
                          << gbs(mb_b, us_oproj) << " GB/s); two kernels " << us_plain << " us ("
                          << gbs(mb, us_plain) << " GB/s), with PDL " << us_pdl << " us ("
                          << gbs(mb, us_pdl) << " GB/s), one persistent kernel " << us_fused
-                         << " us (" << gbs(mb, us_fused) << " GB/s)");
+                         << " us (" << gbs(mb, us_fused) << " GB/s), with a loader ring " << us_ring
+                         << " us (" << gbs(mb, us_ring) << " GB/s)");
 }
