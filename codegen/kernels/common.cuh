@@ -354,6 +354,23 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4& u, float (&out)[8]) {
   }
 }
 
+/// a plus the products of a 16-byte word's 8 bf16 values with x[0..7], one fmaf after another
+/// in order: the decode GEMVs' multiply of a weight word.
+__device__ __forceinline__ float fma_bf16x8(const uint4& w, const float (&x)[8], float a) {
+  float wf[8];
+  unpack_bf16x8(w, wf);
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    a = fmaf(wf[e], x[e], a);
+  return a;
+}
+/// The same with x as two float4s: x[0..3] in xa, x[4..7] in xb.
+__device__ __forceinline__ float fma_bf16x8(const uint4& w, const float4& xa, const float4& xb,
+                                            float a) {
+  const float x[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+  return fma_bf16x8(w, x, a);
+}
+
 /// Eight consecutive KV-cache values as fp32, from a bf16 or an fp32 cache (16-byte aligned).
 __device__ __forceinline__ void load_cache8(const __nv_bfloat16* p, float (&out)[8]) {
   unpack_bf16x8(*reinterpret_cast<const uint4*>(p), out);
@@ -481,20 +498,8 @@ template <int K, int R, int MAX_T, int UNROLL = 4, int KS = 1, int APART = 1> st
           const float4 xa = reinterpret_cast<const float4*>(xs + t * K)[2 * (c0 + c)];
           const float4 xb = reinterpret_cast<const float4*>(xs + t * K)[2 * (c0 + c) + 1];
 #pragma unroll
-          for (int r = 0; r < R; ++r) {
-            float wf[8];
-            unpack_bf16x8(cur[u][r], wf);
-            float a = acc[r][t];
-            a = fmaf(wf[0], xa.x, a);
-            a = fmaf(wf[1], xa.y, a);
-            a = fmaf(wf[2], xa.z, a);
-            a = fmaf(wf[3], xa.w, a);
-            a = fmaf(wf[4], xb.x, a);
-            a = fmaf(wf[5], xb.y, a);
-            a = fmaf(wf[6], xb.z, a);
-            a = fmaf(wf[7], xb.w, a);
-            acc[r][t] = a;
-          }
+          for (int r = 0; r < R; ++r)
+            acc[r][t] = fma_bf16x8(cur[u][r], xa, xb, acc[r][t]);
         }
       }
     }

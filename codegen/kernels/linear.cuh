@@ -305,11 +305,7 @@ linear_decode_smem(const float* __restrict__ x, const __nv_bfloat16* __restrict_
           const int c = c0 + lane + j * kWarp;
           if (kLaneWords * kWarp > kWarpWords && c >= c1)
             break;
-          float wf[8];
-          unpack_bf16x8(smem_linear_rows[r * kWords + c], wf);
-#pragma unroll
-          for (int e = 0; e < 8; ++e)
-            a = fmaf(wf[e], xr[j][e], a);
+          a = fma_bf16x8(smem_linear_rows[r * kWords + c], xr[j], a);
         }
         acc[r] = a;
       }

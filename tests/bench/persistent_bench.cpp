@@ -70,6 +70,20 @@ __device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
   return v;
 }
 
+// The grid's blocks meet (every block's stores before it visible to all after it): `counter`
+// only grows, so launch `epoch` (1, 2, ...) waits for epoch x blocks arrivals.
+__device__ __forceinline__ void grid_meet(unsigned* counter, unsigned epoch) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1u);
+    const unsigned target = epoch * gridDim.x;
+    while (ld_acquire_u32(counter) < target)
+      __nanosleep(20);
+  }
+  __syncthreads();
+}
+
 // qkv_decode's rows of its block vb for this warp: the projection's weights, bias, output, row
 // stride and first row.
 struct QkvRows {
@@ -90,7 +104,6 @@ __device__ __forceinline__ QkvRows qkv_rows(int vb, const bf16* wq, const bf16* 
   return r;
 }
 
-// `counter` only grows: launch `epoch` (1, 2, ...) waits for epoch x blocks arrivals.
 extern "C" __global__ void __launch_bounds__(256) pb_persistent(const float* x, const bf16* ln,
     const bf16* wq, const bf16* bq, const bf16* wk, const bf16* bk, const bf16* wv,
     const bf16* bv, float* yq, float* yk, float* yv, const bf16* wo, const float* h, float* y2,
@@ -119,15 +132,7 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent(const float* x, 
       r = qkv_rows(vb, wq, bq, wk, bk, wv, bv, yq, yk, yv);
       gemv.start(r.w + (size_t)r.row * KA);
     }
-    __syncthreads(); // the block's q, k, v rows are stored
-    if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(counter, 1u);
-      const unsigned target = epoch * gridDim.x;
-      while (ld_acquire_u32(counter) < target)
-        __nanosleep(20);
-    }
-    __syncthreads();
+    grid_meet(counter, epoch); // every block's q, k, v rows stored
   };
   linear_decode_smem<KB, NB, ROWS, false, true, false, false, decltype(qkv_then_meet)>(
       yq, nullptr, 0.0f, wo, nullptr, h, y2, 1, qkv_then_meet);
@@ -191,20 +196,8 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float
       const float4 xa = reinterpret_cast<const float4*>(xs)[2 * c];
       const float4 xb = reinterpret_cast<const float4*>(xs)[2 * c + 1];
 #pragma unroll
-      for (int r = 0; r < kQkvPageRows; ++r) {
-        float wf[8];
-        unpack_bf16x8(page[r * kWords + c], wf);
-        float a = acc[r];
-        a = fmaf(wf[0], xa.x, a);
-        a = fmaf(wf[1], xa.y, a);
-        a = fmaf(wf[2], xa.z, a);
-        a = fmaf(wf[3], xa.w, a);
-        a = fmaf(wf[4], xb.x, a);
-        a = fmaf(wf[5], xb.y, a);
-        a = fmaf(wf[6], xb.z, a);
-        a = fmaf(wf[7], xb.w, a);
-        acc[r] = a;
-      }
+      for (int r = 0; r < kQkvPageRows; ++r)
+        acc[r] = fma_bf16x8(page[r * kWords + c], xa, xb, acc[r]);
     }
 #pragma unroll
     for (int r = 0; r < kQkvPageRows; ++r)
@@ -228,15 +221,7 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float
     }
   }
   // 2. The blocks meet: every q, k, v row stored.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1u);
-    const unsigned target = epoch * gridDim.x;
-    while (ld_acquire_u32(counter) < target)
-      __nanosleep(20);
-  }
-  __syncthreads();
+  grid_meet(counter, epoch);
   // 3. o_proj as linear_decode_smem sums it: warp w the w-th eighth of each row's words.
   constexpr int kOWords = KB / 8, kWarpWords = kOWords / 8, kLaneWords = kWarpWords / kWarp;
   const int c0 = warp * kWarpWords;
@@ -261,13 +246,8 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float
     for (int q = 0; q < kOPageRows; ++q) {
       float a = 0.0f;
 #pragma unroll
-      for (int jj = 0; jj < kLaneWords; ++jj) {
-        float wf[8];
-        unpack_bf16x8(page[q * kOWords + c0 + lane + jj * kWarp], wf);
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          a = fmaf(wf[e], xr[jj][e], a);
-      }
+      for (int jj = 0; jj < kLaneWords; ++jj)
+        a = fma_bf16x8(page[q * kOWords + c0 + lane + jj * kWarp], xr[jj], a);
       acc[j * kOPageRows + q] = a;
     }
   }
