@@ -13,12 +13,17 @@
 //      stores), meets the others at a counter in global memory
 //      (release / acquire), then finishes o_proj (linear_decode_smem with that wait);
 //   4. the same grid with one weight stream an SM through a ring of 8 shared-memory pages of 24
-//      KB (bulk copies, an mbarrier a page): the block's q, k, v rows 4 a page, then its 24
-//      o_proj rows 3 a page. Warp w owns page slot w: it multiplies each page of its slot and
-//      refills the slot with the slot's next page at once, so that o_proj's pages land while
-//      the other warps finish q, k, v and the blocks meet at the counter. The sums are
-//      qkv_decode's (a lane's words in order, then the warp) and linear_decode_smem's.
-// The four give the same bits, checked, and a double reference checks q.
+//      KB (bulk copies, a full and an empty mbarrier a page): the block's q, k, v rows 4 a page,
+//      then its 24 o_proj rows 3 a page. Warp w multiplies the pages of slot w; having read page
+//      p it issues q, k, v page p + `ahead` (1-8 pages in flight) into that page's slot once the
+//      slot is free, and after its slot's last q, k, v page the slot's o_proj page, so that
+//      o_proj's pages land while the other warps finish q, k, v and the blocks meet at the
+//      counter. The sums are qkv_decode's (a lane's words in order, then the warp) and
+//      linear_decode_smem's. Each block stamps the global clock as it starts, as its first page
+//      lands, as its q, k, v rows are done, past the meet and at its end.
+// and the floors: the same bytes read by a plain streaming kernel, and through the ring alone.
+// Every form gives the same bits (checked; a double reference checks q) and is timed launched
+// back to back and as one CUDA graph of 40 launches (the plans replay graphs).
 // Part of kernels_bench (never run by ctest):
 //   build/tests/kernels_bench -tc="persistent decode*"
 #include "tests/codegen/kernel_test_util.h"
@@ -84,6 +89,47 @@ __device__ __forceinline__ void grid_meet(unsigned* counter, unsigned epoch) {
   __syncthreads();
 }
 
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
+// Stamp k of this block, when the kernel was given somewhere to leave them (5 a block).
+__device__ __forceinline__ void stamp(unsigned long long* stamps, int k) {
+  if (stamps != nullptr)
+    stamps[blockIdx.x * 5 + k] = now_ns();
+}
+
+// The floor: the same bytes read and nothing else, 16 bytes a load, 8 loads a thread in flight,
+// grid-stride over each weight in turn (any grid); out gets each warp's xor (never the same).
+__device__ __forceinline__ unsigned stream_xor(const uint4* src, unsigned n, unsigned acc) {
+  const unsigned stride = gridDim.x * blockDim.x;
+  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + 7 * stride < n; i += 8 * stride) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+      v[u] = __ldcs(src + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+      acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 v = __ldcs(src + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  return acc;
+}
+extern "C" __global__ void __launch_bounds__(256) pb_stream(const uint4* a, unsigned na,
+    const uint4* b, unsigned nb, const uint4* c, unsigned nc, const uint4* d, unsigned nd,
+    unsigned* out) {
+  unsigned acc = stream_xor(d, nd, stream_xor(c, nc, stream_xor(b, nb, stream_xor(a, na, 0))));
+  for (int o = 16; o > 0; o /= 2)
+    acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
+  if (threadIdx.x % kWarp == 0)
+    out[(blockIdx.x * blockDim.x + threadIdx.x) / kWarp] = acc;
+}
+
 // qkv_decode's rows of its block vb for this warp: the projection's weights, bias, output, row
 // stride and first row.
 struct QkvRows {
@@ -141,6 +187,10 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent(const float* x, 
 constexpr int kSlots = 8, kPageBytes = 24576, kQkvPageRows = 4, kOPageRows = 3;
 constexpr int kUnits = (NQ + NK + NV) / kQkvPageRows; // q, k, v pages over the grid
 
+__device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
 __device__ __forceinline__ void page_copy(unsigned char* ring, unsigned long long* full, int slot,
                                           const void* src, unsigned bytes) {
   bulk_copy_g2s(ring + (size_t)slot * kPageBytes, src, bytes, &full[slot]);
@@ -165,21 +215,50 @@ __device__ __forceinline__ void issue_page(unsigned char* ring, unsigned long lo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float* x,
-    const bf16* ln, const bf16* wq, const bf16* bq, const bf16* wk, const bf16* bk,
-    const bf16* wv, const bf16* bv, float* yq, float* yk, float* yv, const bf16* wo,
-    const float* h, float* y2, unsigned* counter, unsigned epoch) {
+// The ring's bytes alone: the block's pages as pb_persistent_ring lists them (q, k, v, then its
+// 8 o_proj pages), page p in slot p % 8, warp w waiting on its slot and refilling it at once.
+extern "C" __global__ void __launch_bounds__(256) pb_ring_stream(const bf16* wq, const bf16* wk,
+    const bf16* wv, const bf16* wo) {
   extern __shared__ __align__(128) unsigned char ring[];
-  float* xs = reinterpret_cast<float*>(ring + kSlots * kPageBytes);
   __shared__ __align__(8) unsigned long long full[kSlots];
-  __shared__ float red[kSlots][ROWS];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int u0 = blockIdx.x * kUnits / gridDim.x, nq = (blockIdx.x + 1) * kUnits / gridDim.x - u0;
+  const int pages = nq + ROWS / kOPageRows;
   if (threadIdx.x == 0)
     for (int s = 0; s < kSlots; ++s)
       mbarrier_init(&full[s], 1);
   __syncthreads();
-  if (lane == 0)
+  if (lane == 0) {
+    int uses = 0;
+    for (int p = warp; p < pages; p += kSlots, ++uses) {
+      if (uses > 0)
+        mbarrier_wait(&full[warp], (uses - 1) & 1);
+      issue_page(ring, full, p, u0, nq, wq, wk, wv, wo);
+    }
+    mbarrier_wait(&full[warp], (uses - 1) & 1);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float* x,
+    const bf16* ln, const bf16* wq, const bf16* bq, const bf16* wk, const bf16* bk,
+    const bf16* wv, const bf16* bv, float* yq, float* yk, float* yv, const bf16* wo,
+    const float* h, float* y2, unsigned* counter, unsigned epoch, int ahead,
+    unsigned long long* stamps) {
+  extern __shared__ __align__(128) unsigned char ring[];
+  float* xs = reinterpret_cast<float*>(ring + kSlots * kPageBytes);
+  __shared__ __align__(8) unsigned long long full[kSlots], empty[kSlots];
+  __shared__ float red[kSlots][ROWS];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int u0 = blockIdx.x * kUnits / gridDim.x, nq = (blockIdx.x + 1) * kUnits / gridDim.x - u0;
+  if (threadIdx.x == 0) {
+    stamp(stamps, 0);
+    for (int s = 0; s < kSlots; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], 1);
+    }
+  }
+  __syncthreads();
+  if (lane == 0 && warp < ahead)
     issue_page(ring, full, warp, u0, nq, wq, wk, wv, wo);
   linear_stage_x<KA, 1, true>(x, ln, kEps, xs, 1);
   // 1. q, k, v: warp w the pages of slot w, a lane's words in order as WarpGemv sums them.
@@ -187,6 +266,8 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float
   int uses = 0;
   for (int p = warp; p < nq; p += kSlots, ++uses) {
     mbarrier_wait(&full[warp], uses & 1);
+    if (threadIdx.x == 0 && uses == 0)
+      stamp(stamps, 1);
     const uint4* page = reinterpret_cast<const uint4*>(ring + (size_t)warp * kPageBytes);
     float acc[kQkvPageRows];
 #pragma unroll
@@ -206,8 +287,18 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float
     if (lane == 0) {
       // The page's reads before the copy that overwrites it (generic, then async proxy).
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      issue_page(ring, full, p + kSlots < nq ? p + kSlots : nq + (warp - nq % kSlots + kSlots) % kSlots,
-                 u0, nq, wq, wk, wv, wo);
+      mbarrier_arrive(&empty[warp]); // page p read
+      // q, k, v page p + ahead, into its slot once the slot's page before it has been read
+      // (page p + ahead - 8 < p: its slot's phase cannot have moved on);
+      const int a = p + ahead, before = a - kSlots;
+      if (a < nq) {
+        if (before >= 0)
+          mbarrier_wait(&empty[before % kSlots], (before / kSlots) & 1);
+        issue_page(ring, full, a, u0, nq, wq, wk, wv, wo);
+      }
+      // after the slot's last q, k, v page, its o_proj page at once.
+      if (p + kSlots >= nq)
+        issue_page(ring, full, p + kSlots, u0, nq, wq, wk, wv, wo);
       int row = (u0 + p) * kQkvPageRows;
       const bf16* b = bq;
       float* y = yq;
@@ -221,7 +312,12 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float
     }
   }
   // 2. The blocks meet: every q, k, v row stored.
+  __syncthreads();
+  if (threadIdx.x == 0)
+    stamp(stamps, 2);
   grid_meet(counter, epoch);
+  if (threadIdx.x == 0)
+    stamp(stamps, 3);
   // 3. o_proj as linear_decode_smem sums it: warp w the w-th eighth of each row's words.
   constexpr int kOWords = KB / 8, kWarpWords = kOWords / 8, kLaneWords = kWarpWords / kWarp;
   const int c0 = warp * kWarpWords;
@@ -266,6 +362,8 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float
       v += red[i][threadIdx.x];
     y2[row] = v + h[row];
   }
+  if (threadIdx.x == 0)
+    stamp(stamps, 4);
 }
 )cuda";
 
@@ -312,6 +410,7 @@ TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as o
        y2 = poisoned(size_t(kNb));
   auto counter = upload(std::vector<int32_t>{0});
   unsigned epoch = 0;
+  cudaStream_t st = nullptr; // the launches' stream: a capturing one inside graph_us
   const Loaded& qkv = kernel("pb_qkv");
   const Loaded& oproj = kernel("pb_oproj");
   const Loaded& persistent = kernel("pb_persistent");
@@ -326,35 +425,43 @@ TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as o
     void* a_args[] = {&x_, &ln_, &wq_, &bq_, &wk_, &bk_, &wv_, &bv_, &yq_, &yk_, &yv_};
     const size_t a_sizes[] = {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8};
     if (parts & 1)
-      qkv.module.launch_raw(qkv.kernel, dim3(groups_a), dim3(256), smem_a, nullptr, a_args, a_sizes,
-                            11, false);
+      qkv.module.launch_raw(qkv.kernel, dim3(groups_a), dim3(256), smem_a, st, a_args, a_sizes, 11,
+                            false);
     if (!(parts & 2))
       return;
     void* b_args[] = {&yq_, &wo_, &h_, &y2_};
     const size_t b_sizes[] = {8, 8, 8, 8};
-    oproj.module.launch_raw(oproj.kernel, dim3(blocks_b), dim3(256), smem_b, nullptr, b_args,
-                            b_sizes, 4, pdl);
+    oproj.module.launch_raw(oproj.kernel, dim3(blocks_b), dim3(256), smem_b, st, b_args, b_sizes, 4,
+                            pdl);
   };
   auto plain = [&](int i) { two(i, false); };
   auto pdl = [&](int i) { two(i, true); };
   auto fused = [&](int i) {
     const size_t s = size_t(i % kSets);
     ++epoch;
-    persistent.module.launch(persistent.kernel, dim3(blocks_b), dim3(256), smem_b + smem_a, nullptr,
+    persistent.module.launch(persistent.kernel, dim3(blocks_b), dim3(256), smem_b + smem_a, st,
                              dx->p, dln->p, wqs[s]->p, dbq->p, wks[s]->p, dbk->p, wvs[s]->p, dbv->p,
                              yq->p, yk->p, yv->p, wos[s]->p, dh->p, y2->p, counter->p, epoch);
   };
   // The bits: each variant once on set 0; q against a double reference; q, k, v and o_proj's
   // output across the variants.
   std::vector<std::vector<float>> outs;
+  unsigned long long* stamps = nullptr;
+  int ahead = 8;
   auto ringed = [&](int i) {
     const size_t s = size_t(i % kSets);
     ++epoch;
-    ring.module.launch(ring.kernel, dim3(blocks_b), dim3(256), smem_ring, nullptr, dx->p, dln->p,
+    ring.module.launch(ring.kernel, dim3(blocks_b), dim3(256), smem_ring, st, dx->p, dln->p,
                        wqs[s]->p, dbq->p, wks[s]->p, dbk->p, wvs[s]->p, dbv->p, yq->p, yk->p, yv->p,
-                       wos[s]->p, dh->p, y2->p, counter->p, epoch);
+                       wos[s]->p, dh->p, y2->p, counter->p, epoch, ahead, stamps);
   };
-  const std::function<void(int)> variants[] = {plain, pdl, fused, ringed};
+  constexpr int kAheads[] = {2, 3, 4, 8}; // the ring's pages in flight
+  std::vector<std::function<void(int)>> variants = {plain, pdl, fused};
+  for (int k : kAheads)
+    variants.push_back([&, k](int i) {
+      ahead = k;
+      ringed(i);
+    });
   for (const auto& v : variants) {
     for (DevBuf* b : {yq.get(), yk.get(), yv.get(), y2.get()})
       cuda_ok(cudaMemset(b->p, 0xff, b->bytes), "poison");
@@ -383,22 +490,112 @@ TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as o
   }
   CHECK(worst < 1e-4);
   const size_t n = outs[0].size();
-  CHECK(differing(outs[0], outs[1], n) == 0);
-  CHECK(differing(outs[0], outs[2], n) == 0);
-  CHECK(differing(outs[0], outs[3], n) == 0);
-  const double us_plain = back_to_back_us(plain), us_pdl = back_to_back_us(pdl),
-               us_fused = back_to_back_us(fused), us_ring = back_to_back_us(ringed);
-  const double us_qkv = back_to_back_us([&](int i) { two(i, false, 1); });
-  const double us_oproj = back_to_back_us([&](int i) { two(i, false, 2); });
+  for (size_t v = 1; v < outs.size(); ++v)
+    CHECK_MESSAGE(differing(outs[0], outs[v], n) == 0, "variant " << v);
   const double mb_a = double(kNq + kNk + kNv) * kKa * 2 / 1e6, mb_b = double(kNb) * kKb * 2 / 1e6,
                mb = mb_a + mb_b;
   auto gbs = [](double mbytes, double us) { return mbytes / us * 1e3; };
+  // Launches of f(0..39) as one CUDA graph (as the plans replay a step), the counter zeroed
+  // first and the epochs 1..40 inside: us a launch, the median of 5 replays.
+  auto graph_us = [&](const std::function<void(int)>& f) {
+    cudaStream_t cs;
+    cuda_ok(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking), "stream");
+    cuda_ok(cudaStreamBeginCapture(cs, cudaStreamCaptureModeRelaxed), "capture");
+    st = cs;
+    cuda_ok(cudaMemsetAsync(counter->p, 0, 4, cs), "counter");
+    epoch = 0;
+    for (int i = 0; i < 40; ++i)
+      f(i);
+    st = nullptr;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    cuda_ok(cudaStreamEndCapture(cs, &g), "capture");
+    cuda_ok(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+    cudaEvent_t a, b;
+    cuda_ok(cudaEventCreate(&a), "event");
+    cuda_ok(cudaEventCreate(&b), "event");
+    std::vector<float> per;
+    for (int rep = 0; rep < 6; ++rep) {
+      cudaEventRecord(a, cs);
+      cuda_ok(cudaGraphLaunch(ge, cs), "graph");
+      cudaEventRecord(b, cs);
+      cuda_ok(cudaEventSynchronize(b), "timing");
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      if (rep > 0)
+        per.push_back(ms * 1e3f / 40);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(cs);
+    // the host's epoch goes on from the graph's last, and the counter with it
+    cuda_ok(cudaMemset(counter->p, 0, 4), "counter");
+    epoch = 0;
+    std::sort(per.begin(), per.end());
+    return double(per[per.size() / 2]);
+  };
+  auto timed = [&](const char* what, double mbytes, const std::function<void(int)>& f) {
+    const double us = back_to_back_us(f), in_graph = graph_us(f);
+    return std::string(what) + " " + std::to_string(us).substr(0, 5) + " us (" +
+           std::to_string(int(gbs(mbytes, us))) + " GB/s; in a graph " +
+           std::to_string(in_graph).substr(0, 5) + ")";
+  };
+  std::string report = timed("qkv_decode alone", mb_a, [&](int i) { two(i, false, 1); }) + ", " +
+                       timed("o_proj alone", mb_b, [&](int i) { two(i, false, 2); }) + "; " +
+                       timed("two kernels", mb, plain) + ", " + timed("with PDL", mb, pdl) + ", " +
+                       timed("one persistent kernel", mb, fused);
+  // The floors: the same 53 MB read (4 blocks an SM), and streamed through the ring alone.
+  const Loaded& stream = kernel("pb_stream");
+  const Loaded& ring_stream = kernel("pb_ring_stream");
+  auto sink = std::make_unique<DevBuf>(size_t(dev.multiprocessors) * 4 * 8 * 4);
+  report += "; the bytes alone: " +
+            timed("read", mb,
+                  [&](int i) {
+                    const size_t s = size_t(i % kSets);
+                    stream.module.launch(stream.kernel, dim3(dev.multiprocessors * 4), dim3(256), 0,
+                                         st, wqs[s]->p, unsigned(wqs[s]->bytes / 16), wks[s]->p,
+                                         unsigned(wks[s]->bytes / 16), wvs[s]->p,
+                                         unsigned(wvs[s]->bytes / 16), wos[s]->p,
+                                         unsigned(wos[s]->bytes / 16), sink->p);
+                  }) +
+            ", " + timed("through the ring", mb, [&](int i) {
+              const size_t s = size_t(i % kSets);
+              ring_stream.module.launch(ring_stream.kernel, dim3(blocks_b), dim3(256),
+                                        size_t(kRingSlots) * kRingPage, st, wqs[s]->p, wks[s]->p,
+                                        wvs[s]->p, wos[s]->p);
+            });
+  // The loader ring at each depth, and where its time goes: each block's stamps (start, its first
+  // page landed, its q, k, v rows done, past the meet, end) in the 10th launch of a run, from the
+  // earliest start: first / median / last block.
+  auto stamp_buf = std::make_unique<DevBuf>(size_t(blocks_b) * 5 * 8);
+  for (int k : kAheads) {
+    ahead = k;
+    report += "\nloader ring, " + std::to_string(k) + " pages in flight: " + timed("", mb, ringed) +
+              "; blocks (us, first / median / last):";
+    stamps = static_cast<unsigned long long*>(stamp_buf->p);
+    for (int i = 0; i < 10; ++i)
+      ringed(i);
+    device_sync();
+    stamps = nullptr;
+    std::vector<unsigned long long> st(size_t(blocks_b) * 5);
+    cuda_ok(cudaMemcpy(st.data(), stamp_buf->p, st.size() * 8, cudaMemcpyDeviceToHost), "stamps");
+    unsigned long long t0 = st[0];
+    for (int b = 0; b < blocks_b; ++b)
+      t0 = std::min(t0, st[size_t(b) * 5]);
+    const char* const stage[] = {"start", "first page", "q, k, v done", "past the meet", "end"};
+    for (int j = 0; j < 5; ++j) {
+      std::vector<double> us;
+      for (int b = 0; b < blocks_b; ++b)
+        us.push_back(double(st[size_t(b) * 5 + size_t(j)] - t0) / 1e3);
+      std::sort(us.begin(), us.end());
+      report += std::string(j ? ";" : "") + " " + stage[j] + " " +
+                std::to_string(us.front()).substr(0, 4) + " / " +
+                std::to_string(us[us.size() / 2]).substr(0, 4) + " / " +
+                std::to_string(us.back()).substr(0, 4);
+    }
+  }
   MESSAGE("qkv_decode (" << mb_a << " MB) then o_proj (linear_decode_smem, " << mb_b << " MB), "
-                         << dev.multiprocessors << " SMs: alone " << us_qkv << " us ("
-                         << gbs(mb_a, us_qkv) << " GB/s) and " << us_oproj << " us ("
-                         << gbs(mb_b, us_oproj) << " GB/s); two kernels " << us_plain << " us ("
-                         << gbs(mb, us_plain) << " GB/s), with PDL " << us_pdl << " us ("
-                         << gbs(mb, us_pdl) << " GB/s), one persistent kernel " << us_fused
-                         << " us (" << gbs(mb, us_fused) << " GB/s), with a loader ring " << us_ring
-                         << " us (" << gbs(mb, us_ring) << " GB/s)");
+                         << dev.multiprocessors << " SMs: " << report);
 }
