@@ -21,6 +21,9 @@
 //      counter. The sums are qkv_decode's (a lane's words in order, then the warp) and
 //      linear_decode_smem's. Each block stamps the global clock as it starts, as its first page
 //      lands, as its q, k, v rows are done, past the meet and at its end.
+//   5. the ring with q, k, v pages taken from a global counter instead of dealt (each warp
+//      refills its own slot with the next page it takes, then with its o_proj page), so that
+//      the blocks reach the meet within a page of each other;
 // and the floors: the same bytes read by a plain streaming kernel, and through the ring alone.
 // Every form gives the same bits (checked; a double reference checks q) and is timed launched
 // back to back and as one CUDA graph of 40 launches (the plans replay graphs).
@@ -365,6 +368,149 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float
   if (threadIdx.x == 0)
     stamp(stamps, 4);
 }
+// Form 5: the ring with q, k, v pages taken from a global counter (counter[1], from
+// page_base: it grows by kUnits + 8 x blocks a launch, every warp's last take coming back past
+// the end) rather than dealt, so that the blocks finish within a page of each other. Warp w refills its own slot:
+// with the next page it takes, or, once they are all taken, with o_proj page w (its 3 rows of
+// the block's 24), which phase 3 reads after the meet.
+extern "C" __global__ void __launch_bounds__(256) pb_persistent_dyn(const float* x,
+    const bf16* ln, const bf16* wq, const bf16* bq, const bf16* wk, const bf16* bk,
+    const bf16* wv, const bf16* bv, float* yq, float* yk, float* yv, const bf16* wo,
+    const float* h, float* y2, unsigned* counter, unsigned epoch, unsigned page_base,
+    unsigned long long* stamps) {
+  extern __shared__ __align__(128) unsigned char ring[];
+  float* xs = reinterpret_cast<float*>(ring + kSlots * kPageBytes);
+  __shared__ __align__(8) unsigned long long full[kSlots];
+  __shared__ int page_of[kSlots];      // the q, k, v page in each slot (-1: its o_proj page)
+  __shared__ unsigned o_use[kSlots];   // the use of each slot that holds its o_proj page
+  __shared__ float red[kSlots][ROWS];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  unsigned* pages = counter + 1;
+  // lane 0: takes the next page and issues it into slot `warp` (or the o_proj page); true while
+  // q, k, v pages last.
+  auto refill = [&]() {
+    const unsigned p = atomicAdd(pages, 1u) - page_base;
+    if (p < unsigned(kUnits)) {
+      page_of[warp] = int(p);
+      int row = int(p) * kQkvPageRows;
+      const bf16* w = wq;
+      if (row >= NQ + NK)
+        w = wv, row -= NQ + NK;
+      else if (row >= NQ)
+        w = wk, row -= NQ;
+      page_copy(ring, full, warp, w + (size_t)row * KA, kQkvPageRows * KA * 2);
+      return true;
+    }
+    page_of[warp] = -1;
+    page_copy(ring, full, warp, wo + ((size_t)blockIdx.x * ROWS + warp * kOPageRows) * KB,
+              kOPageRows * KB * 2);
+    return false;
+  };
+  if (threadIdx.x == 0) {
+    stamp(stamps, 0);
+    for (int s = 0; s < kSlots; ++s)
+      mbarrier_init(&full[s], 1);
+  }
+  __syncthreads();
+  bool more = false;
+  if (lane == 0)
+    more = refill();
+  more = __shfl_sync(0xffffffffu, more, 0);
+  linear_stage_x<KA, 1, true>(x, ln, kEps, xs, 1);
+  constexpr int kWords = KA / 8;
+  unsigned uses = 0;
+  while (more) {
+    mbarrier_wait(&full[warp], uses & 1);
+    if (threadIdx.x == 0 && uses == 0)
+      stamp(stamps, 1);
+    const int p = *reinterpret_cast<volatile int*>(&page_of[warp]);
+    const uint4* page = reinterpret_cast<const uint4*>(ring + (size_t)warp * kPageBytes);
+    float acc[kQkvPageRows];
+#pragma unroll
+    for (int r = 0; r < kQkvPageRows; ++r)
+      acc[r] = 0.0f;
+    for (int c = lane; c < kWords; c += kWarp) {
+      const float4 xa = reinterpret_cast<const float4*>(xs)[2 * c];
+      const float4 xb = reinterpret_cast<const float4*>(xs)[2 * c + 1];
+#pragma unroll
+      for (int r = 0; r < kQkvPageRows; ++r)
+        acc[r] = fma_bf16x8(page[r * kWords + c], xa, xb, acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < kQkvPageRows; ++r)
+      acc[r] = warp_sum(acc[r]);
+    __syncwarp();
+    ++uses;
+    if (lane == 0) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      more = refill();
+      int row = p * kQkvPageRows;
+      const bf16* b = bq;
+      float* y = yq;
+      if (row >= NQ + NK)
+        b = bv, y = yv, row -= NQ + NK;
+      else if (row >= NQ)
+        b = bk, y = yk, row -= NQ;
+#pragma unroll
+      for (int r = 0; r < kQkvPageRows; ++r)
+        y[row + r] = acc[r] + bf16_to_float(b[row + r]);
+    }
+    more = __shfl_sync(0xffffffffu, more, 0);
+  }
+  if (lane == 0)
+    o_use[warp] = uses;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    stamp(stamps, 2);
+  grid_meet(counter, epoch);
+  if (threadIdx.x == 0)
+    stamp(stamps, 3);
+  // 3. o_proj as linear_decode_smem sums it (pb_persistent_ring's phase 3, page j in slot j).
+  constexpr int kOWords = KB / 8, kWarpWords = kOWords / 8, kLaneWords = kWarpWords / kWarp;
+  const int c0 = warp * kWarpWords;
+  float xr[kLaneWords][8];
+#pragma unroll
+  for (int j = 0; j < kLaneWords; ++j) {
+    const int c = c0 + lane + j * kWarp;
+    const float4 lo = __ldcg(reinterpret_cast<const float4*>(yq) + 2 * c);
+    const float4 hi = __ldcg(reinterpret_cast<const float4*>(yq) + 2 * c + 1);
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      xr[j][e] = v[e];
+  }
+  float acc[ROWS];
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    mbarrier_wait(&full[j], o_use[j] & 1);
+    const uint4* page = reinterpret_cast<const uint4*>(ring + (size_t)j * kPageBytes);
+#pragma unroll
+    for (int q = 0; q < kOPageRows; ++q) {
+      float a = 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < kLaneWords; ++jj)
+        a = fma_bf16x8(page[q * kOWords + c0 + lane + jj * kWarp], xr[jj], a);
+      acc[j * kOPageRows + q] = a;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0)
+      red[warp][r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < ROWS) {
+    const int row = blockIdx.x * ROWS + threadIdx.x;
+    float v = red[0][threadIdx.x];
+#pragma unroll
+    for (int i = 1; i < kSlots; ++i)
+      v += red[i][threadIdx.x];
+    y2[row] = v + h[row];
+  }
+  if (threadIdx.x == 0)
+    stamp(stamps, 4);
+}
 )cuda";
 
 const Loaded& kernel(const char* name) {
@@ -408,7 +554,7 @@ TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as o
   auto dx = upload(x.f), dh = upload(h.f);
   auto yq = poisoned(size_t(kNq)), yk = poisoned(size_t(kNk)), yv = poisoned(size_t(kNv)),
        y2 = poisoned(size_t(kNb));
-  auto counter = upload(std::vector<int32_t>{0});
+  auto counter = upload(std::vector<int32_t>{0, 0}); // the meets', pb_persistent_dyn's pages
   unsigned epoch = 0;
   cudaStream_t st = nullptr; // the launches' stream: a capturing one inside graph_us
   const Loaded& qkv = kernel("pb_qkv");
@@ -455,8 +601,18 @@ TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as o
                        wqs[s]->p, dbq->p, wks[s]->p, dbk->p, wvs[s]->p, dbv->p, yq->p, yk->p, yv->p,
                        wos[s]->p, dh->p, y2->p, counter->p, epoch, ahead, stamps);
   };
+  const Loaded& dyn = kernel("pb_persistent_dyn");
+  unsigned dyn_launches = 0; // pb_persistent_dyn's since counter[1] was zeroed
+  auto dynamic = [&](int i) {
+    const size_t s = size_t(i % kSets);
+    ++epoch;
+    const unsigned page_base = dyn_launches++ * unsigned((kNq + kNk + kNv) / 4 + 8 * blocks_b);
+    dyn.module.launch(dyn.kernel, dim3(blocks_b), dim3(256), smem_ring, st, dx->p, dln->p,
+                      wqs[s]->p, dbq->p, wks[s]->p, dbk->p, wvs[s]->p, dbv->p, yq->p, yk->p, yv->p,
+                      wos[s]->p, dh->p, y2->p, counter->p, epoch, page_base, stamps);
+  };
   constexpr int kAheads[] = {2, 3, 4, 8}; // the ring's pages in flight
-  std::vector<std::function<void(int)>> variants = {plain, pdl, fused};
+  std::vector<std::function<void(int)>> variants = {plain, pdl, fused, dynamic};
   for (int k : kAheads)
     variants.push_back([&, k](int i) {
       ahead = k;
@@ -502,8 +658,9 @@ TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as o
     cuda_ok(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking), "stream");
     cuda_ok(cudaStreamBeginCapture(cs, cudaStreamCaptureModeRelaxed), "capture");
     st = cs;
-    cuda_ok(cudaMemsetAsync(counter->p, 0, 4, cs), "counter");
+    cuda_ok(cudaMemsetAsync(counter->p, 0, 8, cs), "counter");
     epoch = 0;
+    dyn_launches = 0;
     for (int i = 0; i < 40; ++i)
       f(i);
     st = nullptr;
@@ -531,8 +688,9 @@ TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as o
     cudaGraphDestroy(g);
     cudaStreamDestroy(cs);
     // the host's epoch goes on from the graph's last, and the counter with it
-    cuda_ok(cudaMemset(counter->p, 0, 4), "counter");
+    cuda_ok(cudaMemset(counter->p, 0, 8), "counter");
     epoch = 0;
+    dyn_launches = 0;
     std::sort(per.begin(), per.end());
     return double(per[per.size() / 2]);
   };
@@ -570,13 +728,15 @@ TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as o
   // page landed, its q, k, v rows done, past the meet, end) in the 10th launch of a run, from the
   // earliest start: first / median / last block.
   auto stamp_buf = std::make_unique<DevBuf>(size_t(blocks_b) * 5 * 8);
-  for (int k : kAheads) {
+  for (int k : {0, 2, 3, 4, 8}) { // 0: pb_persistent_dyn
     ahead = k;
-    report += "\nloader ring, " + std::to_string(k) + " pages in flight: " + timed("", mb, ringed) +
-              "; blocks (us, first / median / last):";
+    const std::function<void(int)> f = k ? std::function<void(int)>(ringed) : dynamic;
+    report += (k ? "\nloader ring, " + std::to_string(k) + " pages in flight: "
+                 : std::string("\nloader ring, pages taken from a counter: ")) +
+              timed("", mb, f) + "; blocks (us, first / median / last):";
     stamps = static_cast<unsigned long long*>(stamp_buf->p);
     for (int i = 0; i < 10; ++i)
-      ringed(i);
+      f(i);
     device_sync();
     stamps = nullptr;
     std::vector<unsigned long long> st(size_t(blocks_b) * 5);
