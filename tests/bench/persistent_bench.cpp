@@ -199,22 +199,135 @@ __device__ __forceinline__ void page_copy(unsigned char* ring, unsigned long lon
   bulk_copy_g2s(ring + (size_t)slot * kPageBytes, src, bytes, &full[slot]);
 }
 
-// Page p of the block's stream: q, k, v unit u0 + p while p < nq, else o_proj's rows
-// 3 (p - nq) .. + 2 of the block's 24.
+// Every q, k, v row of the block stored: stamp 2, meet the other blocks, stamp 3.
+__device__ __forceinline__ void meet_stamped(unsigned* counter, unsigned epoch,
+                                             unsigned long long* stamps) {
+  __syncthreads();
+  if (threadIdx.x == 0)
+    stamp(stamps, 2);
+  grid_meet(counter, epoch);
+  if (threadIdx.x == 0)
+    stamp(stamps, 3);
+}
+
+// Where q, k, v unit u's 4 rows are: their projection's weights, bias and output, and the
+// first row's index in it.
+struct QkvUnit {
+  const bf16* w;
+  const bf16* b;
+  float* y;
+  int row;
+};
+__device__ __forceinline__ QkvUnit qkv_unit(int u, const bf16* wq, const bf16* bq,
+    const bf16* wk, const bf16* bk, const bf16* wv, const bf16* bv, float* yq, float* yk,
+    float* yv) {
+  const int row = u * kQkvPageRows;
+  if (row >= NQ + NK)
+    return QkvUnit{wv, bv, yv, row - NQ - NK};
+  if (row >= NQ)
+    return QkvUnit{wk, bk, yk, row - NQ};
+  return QkvUnit{wq, bq, yq, row};
+}
+__device__ __forceinline__ void copy_qkv_page(unsigned char* ring, unsigned long long* full,
+                                              int slot, const QkvUnit& u) {
+  page_copy(ring, full, slot, u.w + (size_t)u.row * KA, kQkvPageRows * KA * 2);
+}
+// o_proj page j of the block: its rows 3 j .. 3 j + 2 of the block's 24.
+__device__ __forceinline__ void copy_oproj_page(unsigned char* ring, unsigned long long* full,
+                                                int slot, int j, const bf16* wo) {
+  page_copy(ring, full, slot, wo + ((size_t)blockIdx.x * ROWS + j * kOPageRows) * KB,
+            kOPageRows * KB * 2);
+}
+
+// Page p of the block's stream: q, k, v unit u0 + p while p < nq, else o_proj page p - nq.
 __device__ __forceinline__ void issue_page(unsigned char* ring, unsigned long long* full, int p,
     int u0, int nq, const bf16* wq, const bf16* wk, const bf16* wv, const bf16* wo) {
-  const int slot = p % kSlots;
-  if (p < nq) {
-    int row = (u0 + p) * kQkvPageRows;
-    const bf16* w = wq;
-    if (row >= NQ + NK)
-      w = wv, row -= NQ + NK;
-    else if (row >= NQ)
-      w = wk, row -= NQ;
-    page_copy(ring, full, slot, w + (size_t)row * KA, kQkvPageRows * KA * 2);
-  } else {
-    const int row = blockIdx.x * ROWS + (p - nq) * kOPageRows;
-    page_copy(ring, full, slot, wo + (size_t)row * KB, kOPageRows * KB * 2);
+  if (p < nq)
+    copy_qkv_page(ring, full, p % kSlots,
+                  qkv_unit(u0 + p, wq, nullptr, wk, nullptr, wv, nullptr, nullptr, nullptr,
+                           nullptr));
+  else
+    copy_oproj_page(ring, full, p % kSlots, p - nq, wo);
+}
+
+// A q, k, v page in a slot times the staged x (a lane's words in order, as WarpGemv sums
+// them), summed over the warp: every lane gets the page's 4 dot products.
+__device__ __forceinline__ void qkv_page_dot(const unsigned char* ring, int slot, const float* xs,
+                                             float (&acc)[kQkvPageRows]) {
+  constexpr int kWords = KA / 8;
+  const int lane = threadIdx.x % kWarp;
+  const uint4* page = reinterpret_cast<const uint4*>(ring + (size_t)slot * kPageBytes);
+#pragma unroll
+  for (int r = 0; r < kQkvPageRows; ++r)
+    acc[r] = 0.0f;
+  for (int c = lane; c < kWords; c += kWarp) {
+    const float4 xa = reinterpret_cast<const float4*>(xs)[2 * c];
+    const float4 xb = reinterpret_cast<const float4*>(xs)[2 * c + 1];
+#pragma unroll
+    for (int r = 0; r < kQkvPageRows; ++r)
+      acc[r] = fma_bf16x8(page[r * kWords + c], xa, xb, acc[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < kQkvPageRows; ++r)
+    acc[r] = warp_sum(acc[r]);
+}
+__device__ __forceinline__ void store_qkv_page(const QkvUnit& u,
+                                               const float (&acc)[kQkvPageRows]) {
+#pragma unroll
+  for (int r = 0; r < kQkvPageRows; ++r)
+    u.y[u.row + r] = acc[r] + bf16_to_float(u.b[u.row + r]);
+}
+
+// After the meet: o_proj as linear_decode_smem sums it, warp w the w-th eighth of each row's
+// words, from the ring's 8 o_proj pages (page j in slot where(j).x, landed at the end of that
+// slot's phase where(j).y), then y2 = o_proj(yq) + h for the block's 24 rows.
+template <class Where>
+__device__ __forceinline__ void oproj_from_ring(const unsigned char* ring,
+    unsigned long long* full, Where where, const float* yq, const float* h, float* y2) {
+  __shared__ float red[kSlots][ROWS];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  constexpr int kOWords = KB / 8, kWarpWords = kOWords / 8, kLaneWords = kWarpWords / kWarp;
+  const int c0 = warp * kWarpWords;
+  float xr[kLaneWords][8];
+#pragma unroll
+  for (int j = 0; j < kLaneWords; ++j) {
+    const int c = c0 + lane + j * kWarp;
+    const float4 lo = __ldcg(reinterpret_cast<const float4*>(yq) + 2 * c);
+    const float4 hi = __ldcg(reinterpret_cast<const float4*>(yq) + 2 * c + 1);
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      xr[j][e] = v[e];
+  }
+  float acc[ROWS];
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) { // o_proj page j: rows 3 j .. 3 j + 2
+    const int2 at = where(j);
+    mbarrier_wait(&full[at.x], unsigned(at.y) & 1);
+    const uint4* page = reinterpret_cast<const uint4*>(ring + (size_t)at.x * kPageBytes);
+#pragma unroll
+    for (int q = 0; q < kOPageRows; ++q) {
+      float a = 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < kLaneWords; ++jj)
+        a = fma_bf16x8(page[q * kOWords + c0 + lane + jj * kWarp], xr[jj], a);
+      acc[j * kOPageRows + q] = a;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0)
+      red[warp][r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < ROWS) {
+    const int row = blockIdx.x * ROWS + threadIdx.x;
+    float v = red[0][threadIdx.x];
+#pragma unroll
+    for (int i = 1; i < kSlots; ++i)
+      v += red[i][threadIdx.x];
+    y2[row] = v + h[row];
   }
 }
 
@@ -250,7 +363,6 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float
   extern __shared__ __align__(128) unsigned char ring[];
   float* xs = reinterpret_cast<float*>(ring + kSlots * kPageBytes);
   __shared__ __align__(8) unsigned long long full[kSlots], empty[kSlots];
-  __shared__ float red[kSlots][ROWS];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int u0 = blockIdx.x * kUnits / gridDim.x, nq = (blockIdx.x + 1) * kUnits / gridDim.x - u0;
   if (threadIdx.x == 0) {
@@ -264,28 +376,14 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float
   if (lane == 0 && warp < ahead)
     issue_page(ring, full, warp, u0, nq, wq, wk, wv, wo);
   linear_stage_x<KA, 1, true>(x, ln, kEps, xs, 1);
-  // 1. q, k, v: warp w the pages of slot w, a lane's words in order as WarpGemv sums them.
-  constexpr int kWords = KA / 8;
+  // 1. q, k, v: warp w the pages of slot w.
   int uses = 0;
   for (int p = warp; p < nq; p += kSlots, ++uses) {
     mbarrier_wait(&full[warp], uses & 1);
     if (threadIdx.x == 0 && uses == 0)
       stamp(stamps, 1);
-    const uint4* page = reinterpret_cast<const uint4*>(ring + (size_t)warp * kPageBytes);
     float acc[kQkvPageRows];
-#pragma unroll
-    for (int r = 0; r < kQkvPageRows; ++r)
-      acc[r] = 0.0f;
-    for (int c = lane; c < kWords; c += kWarp) {
-      const float4 xa = reinterpret_cast<const float4*>(xs)[2 * c];
-      const float4 xb = reinterpret_cast<const float4*>(xs)[2 * c + 1];
-#pragma unroll
-      for (int r = 0; r < kQkvPageRows; ++r)
-        acc[r] = fma_bf16x8(page[r * kWords + c], xa, xb, acc[r]);
-    }
-#pragma unroll
-    for (int r = 0; r < kQkvPageRows; ++r)
-      acc[r] = warp_sum(acc[r]);
+    qkv_page_dot(ring, warp, xs, acc);
     __syncwarp();
     if (lane == 0) {
       // The page's reads before the copy that overwrites it (generic, then async proxy).
@@ -302,77 +400,28 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent_ring(const float
       // after the slot's last q, k, v page, its o_proj page at once.
       if (p + kSlots >= nq)
         issue_page(ring, full, p + kSlots, u0, nq, wq, wk, wv, wo);
-      int row = (u0 + p) * kQkvPageRows;
-      const bf16* b = bq;
-      float* y = yq;
-      if (row >= NQ + NK)
-        b = bv, y = yv, row -= NQ + NK;
-      else if (row >= NQ)
-        b = bk, y = yk, row -= NQ;
-#pragma unroll
-      for (int r = 0; r < kQkvPageRows; ++r)
-        y[row + r] = acc[r] + bf16_to_float(b[row + r]);
+      store_qkv_page(qkv_unit(u0 + p, wq, bq, wk, bk, wv, bv, yq, yk, yv), acc);
     }
   }
   // 2. The blocks meet: every q, k, v row stored.
-  __syncthreads();
-  if (threadIdx.x == 0)
-    stamp(stamps, 2);
-  grid_meet(counter, epoch);
-  if (threadIdx.x == 0)
-    stamp(stamps, 3);
-  // 3. o_proj as linear_decode_smem sums it: warp w the w-th eighth of each row's words.
-  constexpr int kOWords = KB / 8, kWarpWords = kOWords / 8, kLaneWords = kWarpWords / kWarp;
-  const int c0 = warp * kWarpWords;
-  float xr[kLaneWords][8];
-#pragma unroll
-  for (int j = 0; j < kLaneWords; ++j) {
-    const int c = c0 + lane + j * kWarp;
-    const float4 lo = __ldcg(reinterpret_cast<const float4*>(yq) + 2 * c);
-    const float4 hi = __ldcg(reinterpret_cast<const float4*>(yq) + 2 * c + 1);
-    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      xr[j][e] = v[e];
-  }
-  float acc[ROWS];
-#pragma unroll
-  for (int j = 0; j < kSlots; ++j) { // o_proj page j: rows 3 j .. 3 j + 2
-    const int slot = (nq + j) % kSlots, uses_of_slot = (nq - slot + kSlots - 1) / kSlots;
-    mbarrier_wait(&full[slot], uses_of_slot & 1);
-    const uint4* page = reinterpret_cast<const uint4*>(ring + (size_t)slot * kPageBytes);
-#pragma unroll
-    for (int q = 0; q < kOPageRows; ++q) {
-      float a = 0.0f;
-#pragma unroll
-      for (int jj = 0; jj < kLaneWords; ++jj)
-        a = fma_bf16x8(page[q * kOWords + c0 + lane + jj * kWarp], xr[jj], a);
-      acc[j * kOPageRows + q] = a;
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const float v = warp_sum(acc[r]);
-    if (lane == 0)
-      red[warp][r] = v;
-  }
-  __syncthreads();
-  if (threadIdx.x < ROWS) {
-    const int row = blockIdx.x * ROWS + threadIdx.x;
-    float v = red[0][threadIdx.x];
-#pragma unroll
-    for (int i = 1; i < kSlots; ++i)
-      v += red[i][threadIdx.x];
-    y2[row] = v + h[row];
-  }
+  meet_stamped(counter, epoch, stamps);
+  // 3. o_proj: page j is page nq + j of the stream, the slot's use after its q, k, v pages.
+  oproj_from_ring(
+      ring, full,
+      [&](int j) {
+        const int slot = (nq + j) % kSlots;
+        return make_int2(slot, (nq - slot + kSlots - 1) / kSlots);
+      },
+      yq, h, y2);
   if (threadIdx.x == 0)
     stamp(stamps, 4);
 }
+
 // Form 5: the ring with q, k, v pages taken from a global counter (counter[1], from
 // page_base: it grows by kUnits + 8 x blocks a launch, every warp's last take coming back past
-// the end) rather than dealt, so that the blocks finish within a page of each other. Warp w refills its own slot:
-// with the next page it takes, or, once they are all taken, with o_proj page w (its 3 rows of
-// the block's 24), which phase 3 reads after the meet.
+// the end) rather than dealt, so that the blocks finish within a page of each other. Warp w
+// refills its own slot with the next page it takes, or, once they are all taken, with o_proj
+// page w (its 3 rows of the block's 24), which phase 3 reads after the meet.
 extern "C" __global__ void __launch_bounds__(256) pb_persistent_dyn(const float* x,
     const bf16* ln, const bf16* wq, const bf16* bq, const bf16* wk, const bf16* bk,
     const bf16* wv, const bf16* bv, float* yq, float* yk, float* yv, const bf16* wo,
@@ -381,29 +430,20 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent_dyn(const float*
   extern __shared__ __align__(128) unsigned char ring[];
   float* xs = reinterpret_cast<float*>(ring + kSlots * kPageBytes);
   __shared__ __align__(8) unsigned long long full[kSlots];
-  __shared__ int page_of[kSlots];      // the q, k, v page in each slot (-1: its o_proj page)
-  __shared__ unsigned o_use[kSlots];   // the use of each slot that holds its o_proj page
-  __shared__ float red[kSlots][ROWS];
+  __shared__ int page_of[kSlots];    // the q, k, v unit in each slot
+  __shared__ unsigned o_use[kSlots]; // the use of each slot that holds its o_proj page
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  unsigned* pages = counter + 1;
-  // lane 0: takes the next page and issues it into slot `warp` (or the o_proj page); true while
-  // q, k, v pages last.
+  // lane 0: takes the next unit and issues its page into slot `warp`, or, past the last, the
+  // slot's o_proj page; true while q, k, v pages last.
   auto refill = [&]() {
-    const unsigned p = atomicAdd(pages, 1u) - page_base;
-    if (p < unsigned(kUnits)) {
-      page_of[warp] = int(p);
-      int row = int(p) * kQkvPageRows;
-      const bf16* w = wq;
-      if (row >= NQ + NK)
-        w = wv, row -= NQ + NK;
-      else if (row >= NQ)
-        w = wk, row -= NQ;
-      page_copy(ring, full, warp, w + (size_t)row * KA, kQkvPageRows * KA * 2);
+    const unsigned u = atomicAdd(counter + 1, 1u) - page_base;
+    if (u < unsigned(kUnits)) {
+      page_of[warp] = int(u);
+      copy_qkv_page(ring, full, warp,
+                    qkv_unit(int(u), wq, bq, wk, bk, wv, bv, yq, yk, yv));
       return true;
     }
-    page_of[warp] = -1;
-    page_copy(ring, full, warp, wo + ((size_t)blockIdx.x * ROWS + warp * kOPageRows) * KB,
-              kOPageRows * KB * 2);
+    copy_oproj_page(ring, full, warp, warp, wo);
     return false;
   };
   if (threadIdx.x == 0) {
@@ -417,97 +457,28 @@ extern "C" __global__ void __launch_bounds__(256) pb_persistent_dyn(const float*
     more = refill();
   more = __shfl_sync(0xffffffffu, more, 0);
   linear_stage_x<KA, 1, true>(x, ln, kEps, xs, 1);
-  constexpr int kWords = KA / 8;
   unsigned uses = 0;
   while (more) {
     mbarrier_wait(&full[warp], uses & 1);
     if (threadIdx.x == 0 && uses == 0)
       stamp(stamps, 1);
-    const int p = *reinterpret_cast<volatile int*>(&page_of[warp]);
-    const uint4* page = reinterpret_cast<const uint4*>(ring + (size_t)warp * kPageBytes);
+    const int u = *reinterpret_cast<volatile int*>(&page_of[warp]);
     float acc[kQkvPageRows];
-#pragma unroll
-    for (int r = 0; r < kQkvPageRows; ++r)
-      acc[r] = 0.0f;
-    for (int c = lane; c < kWords; c += kWarp) {
-      const float4 xa = reinterpret_cast<const float4*>(xs)[2 * c];
-      const float4 xb = reinterpret_cast<const float4*>(xs)[2 * c + 1];
-#pragma unroll
-      for (int r = 0; r < kQkvPageRows; ++r)
-        acc[r] = fma_bf16x8(page[r * kWords + c], xa, xb, acc[r]);
-    }
-#pragma unroll
-    for (int r = 0; r < kQkvPageRows; ++r)
-      acc[r] = warp_sum(acc[r]);
+    qkv_page_dot(ring, warp, xs, acc);
     __syncwarp();
     ++uses;
     if (lane == 0) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       more = refill();
-      int row = p * kQkvPageRows;
-      const bf16* b = bq;
-      float* y = yq;
-      if (row >= NQ + NK)
-        b = bv, y = yv, row -= NQ + NK;
-      else if (row >= NQ)
-        b = bk, y = yk, row -= NQ;
-#pragma unroll
-      for (int r = 0; r < kQkvPageRows; ++r)
-        y[row + r] = acc[r] + bf16_to_float(b[row + r]);
+      store_qkv_page(qkv_unit(u, wq, bq, wk, bk, wv, bv, yq, yk, yv), acc);
     }
     more = __shfl_sync(0xffffffffu, more, 0);
   }
   if (lane == 0)
     o_use[warp] = uses;
-  __syncthreads();
-  if (threadIdx.x == 0)
-    stamp(stamps, 2);
-  grid_meet(counter, epoch);
-  if (threadIdx.x == 0)
-    stamp(stamps, 3);
-  // 3. o_proj as linear_decode_smem sums it (pb_persistent_ring's phase 3, page j in slot j).
-  constexpr int kOWords = KB / 8, kWarpWords = kOWords / 8, kLaneWords = kWarpWords / kWarp;
-  const int c0 = warp * kWarpWords;
-  float xr[kLaneWords][8];
-#pragma unroll
-  for (int j = 0; j < kLaneWords; ++j) {
-    const int c = c0 + lane + j * kWarp;
-    const float4 lo = __ldcg(reinterpret_cast<const float4*>(yq) + 2 * c);
-    const float4 hi = __ldcg(reinterpret_cast<const float4*>(yq) + 2 * c + 1);
-    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      xr[j][e] = v[e];
-  }
-  float acc[ROWS];
-#pragma unroll
-  for (int j = 0; j < kSlots; ++j) {
-    mbarrier_wait(&full[j], o_use[j] & 1);
-    const uint4* page = reinterpret_cast<const uint4*>(ring + (size_t)j * kPageBytes);
-#pragma unroll
-    for (int q = 0; q < kOPageRows; ++q) {
-      float a = 0.0f;
-#pragma unroll
-      for (int jj = 0; jj < kLaneWords; ++jj)
-        a = fma_bf16x8(page[q * kOWords + c0 + lane + jj * kWarp], xr[jj], a);
-      acc[j * kOPageRows + q] = a;
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const float v = warp_sum(acc[r]);
-    if (lane == 0)
-      red[warp][r] = v;
-  }
-  __syncthreads();
-  if (threadIdx.x < ROWS) {
-    const int row = blockIdx.x * ROWS + threadIdx.x;
-    float v = red[0][threadIdx.x];
-#pragma unroll
-    for (int i = 1; i < kSlots; ++i)
-      v += red[i][threadIdx.x];
-    y2[row] = v + h[row];
-  }
+  meet_stamped(counter, epoch, stamps);
+  oproj_from_ring(
+      ring, full, [&](int j) { return make_int2(j, int(o_use[j])); }, yq, h, y2);
   if (threadIdx.x == 0)
     stamp(stamps, 4);
 }
@@ -687,7 +658,7 @@ TEST_CASE("persistent decode: qkv then o_proj as two kernels, with PDL, and as o
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
     cudaStreamDestroy(cs);
-    // the host's epoch goes on from the graph's last, and the counter with it
+    // launches outside the graph start again from zeroed counters
     cuda_ok(cudaMemset(counter->p, 0, 8), "counter");
     epoch = 0;
     dyn_launches = 0;
