@@ -55,9 +55,8 @@ bool gemm_wg_fits(const GemmWgDims& d) {
          std::find(kWgShapes.begin(), kWgShapes.end(), d.bn) != kWgShapes.end() &&
          (d.wm == 1 || d.wm == 2) && d.stages >= (d.pipe ? 3 : 2) && d.ksub >= 1 && d.ksub <= 4 &&
          gemm_wg_smem_bytes(d) <= kSmemPerSm && d.splitk >= 1 && (d.k / 64) % d.splitk == 0 &&
-         d.chunks >= 1 && !(d.natural && d.mxfp4) &&
-         (d.chunks == 1 ||
-          (d.splitk == 1 && !d.pipe && (d.k / 64) % (d.chunks * d.ksub) == 0));
+         d.chunks >= 1 && !(d.natural && d.mxfp4) && d.min_blocks >= 0 && d.min_blocks <= 16 &&
+         (d.chunks == 1 || (d.splitk == 1 && !d.pipe && (d.k / 64) % (d.chunks * d.ksub) == 0));
 }
 
 KernelSource emit_gemm_act(const GemmActDims& d, const std::vector<std::string>& ir_lines) {
@@ -122,6 +121,8 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
     name += "_pipe";
   if (d.natural)
     name += "_natural";
+  if (d.min_blocks > 0)
+    name += fmt::format("_mb{}", d.min_blocks);
   std::vector<Param> params = {{"const __nv_bfloat16* xh", "xh"},
                                {"const __nv_bfloat16* xl", "xl"},
                                {expert_param(d.mxfp4, "w"), "w"},
@@ -136,6 +137,7 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
                                {"int tokens", "tokens"}};
   LaunchRule launch;
   launch.block = 128;
+  launch.min_blocks_per_sm = d.min_blocks;
   launch.blocks_x = (d.n + 64 * d.wm - 1) / (64 * d.wm);
   launch.y_tile = d.bn;
   if (d.grouped) {

@@ -59,6 +59,9 @@ struct GemmWgDims {
   /// K in its natural order (BF16 weights only): a K step multiplies 16 consecutive K values, as
   /// a library gemm's chain does; the activations from gemm_act with GemmActDims::natural.
   bool natural = false;
+  /// Blocks an SM the compiler must fit (__launch_bounds__'s second argument; 0: none), which
+  /// caps the registers a thread at 65,536 / (128 min_blocks).
+  int min_blocks = 0;
 };
 KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& ir_lines);
 

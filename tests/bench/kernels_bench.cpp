@@ -294,7 +294,7 @@ void report(const std::string& label, double ms, double flops, double bytes) {
 /// The MoE block's two gemms at T tokens through gemm_wg with one tile shape: gate_up + act +
 /// down in us (-1 in a dry run or when the shape does not fit).
 double moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx4, bool split,
-            int ksub = 1, bool pipe = false, bool small = false) {
+              int ksub = 1, bool pipe = false, bool small = false, int min_blocks = 0) {
   const MoeDims& d = *mb_dims(pmb);
   const int pairs = tokens * d.k;
   GemmWgDims g;
@@ -309,6 +309,7 @@ double moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool 
   g.split = split;
   g.mxfp4 = mx4;
   g.small_scales = mx4 && small;
+  g.min_blocks = min_blocks;
   g.k = d.hidden;
   g.n = 2 * d.inter;
   g.gather = true;
@@ -349,9 +350,10 @@ double moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool 
   const double wbytes = mx4 ? 17.0 / 32.0 : 2.0; // bytes per weight
   const double per = double(d.hidden) * d.inter; // weights per matrix row block
   const std::string tag =
-      fmt::format("T={} bn {} m{} stages {} ksub {}{} {}{} {}", tokens, bn, 64 * wm, stages, ksub,
+      fmt::format("T={} bn {} m{} stages {} ksub {}{} {}{} {}{}", tokens, bn, 64 * wm, stages, ksub,
                   pipe ? " pipe" : "", mx4 ? "mxfp4" : "bf16", g.small_scales ? " (small)" : "",
-                  split ? "split" : "bf16-act");
+                  split ? "split" : "bf16-act",
+                  min_blocks > 0 ? fmt::format(" {} blocks an SM", min_blocks) : "");
   report("moe gate_up wg " + tag, ms_gu, 2.0 * pairs * 2 * per, d.experts * 2 * per * wbytes);
   report("moe down wg " + tag, ms_dn, 2.0 * pairs * per, d.experts * per * wbytes);
   MESSAGE("gemm moe wg " << tag << ": gate_up + act + down " << (ms_gu + ms_act + ms_dn) * 1e3
@@ -585,6 +587,15 @@ TEST_CASE("MoE gemm pipelines at batched-decode sizes, 20b MXFP4 (informational)
             std::tuple{8, 1, true}, std::tuple{3, 2, false}, std::tuple{4, 2, false},
             std::tuple{4, 2, true}})
         moe_wg(mb.get(), t, bn, 2, st, true, false, ks, pipe, true);
+    // The registers a thread capped so that one more block fits an SM: the plans' 64-token
+    // (138 registers: 3 an SM) and 32-token (132) tiles at 4, the prompts' 128-token tile (223:
+    // 2 an SM) at 3; ptxas spills a few words of the loads' precomputed offsets.
+    moe_wg(mb.get(), 256, 64, 2, 4, true, false, 1, false, true, 4);
+    moe_wg(mb.get(), 128, 32, 2, 3, true, false, 2, true, true, 4);
+    moe_wg(mb.get(), 512, 128, 2, 3, true, false, 1, false, true, 0);
+    moe_wg(mb.get(), 512, 128, 2, 3, true, false, 1, false, true, 3);
+    moe_wg(mb.get(), 2048, 128, 2, 3, true, false, 1, false, true, 0);
+    moe_wg(mb.get(), 2048, 128, 2, 3, true, false, 1, false, true, 3);
   };
   with_preloaded(variants, [&] { mb = std::make_unique<MoeBench>(); });
 }
