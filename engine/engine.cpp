@@ -37,14 +37,15 @@ bool all_finite(const std::vector<float>& row) {
 }
 
 /// The log-probability of `token` and the `n` most likely tokens (ties to the lower id) under
-/// softmax(logits).
-void fill_logprobs(const std::vector<float>& logits, int32_t token, int n, Event& ev) {
+/// softmax(logits), into `logprob` and `top`.
+void fill_logprobs(const std::vector<float>& logits, int32_t token, int n, float& logprob,
+                   std::vector<TokenLogprob>& top_logprobs) {
   const float top = *std::max_element(logits.begin(), logits.end());
   double sum = 0;
   for (float x : logits)
     sum += std::exp(double(x) - double(top));
   const double log_z = double(top) + std::log(sum);
-  ev.logprob = static_cast<float>(double(logits[size_t(token)]) - log_z);
+  logprob = static_cast<float>(double(logits[size_t(token)]) - log_z);
   if (n <= 0)
     return;
   std::vector<int32_t> ids(logits.size());
@@ -56,7 +57,7 @@ void fill_logprobs(const std::vector<float>& logits, int32_t token, int n, Event
                              (logits[size_t(a)] == logits[size_t(b)] && a < b);
                     });
   for (size_t i = 0; i < k; ++i)
-    ev.top_logprobs.push_back({ids[i], static_cast<float>(double(logits[size_t(ids[i])]) - log_z)});
+    top_logprobs.push_back({ids[i], static_cast<float>(double(logits[size_t(ids[i])]) - log_z)});
 }
 
 } // namespace
@@ -122,6 +123,8 @@ RequestId Engine::add(Request request) {
     throw Error(fmt::format("max_tokens {} is below 1", request.max_tokens));
   if (request.top_logprobs < -1 || request.top_logprobs > 20)
     throw Error(fmt::format("top_logprobs {} is outside [0, 20]", request.top_logprobs));
+  if (request.prompt_logprobs < -1 || request.prompt_logprobs > 20)
+    throw Error(fmt::format("prompt_logprobs {} is outside [0, 20]", request.prompt_logprobs));
   runtime::validate(request.sampling);
   check_adjustments(request.adjust, cfg.vocab_size);
   for (int32_t id : request.stop_ids)
@@ -291,7 +294,9 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
   ev.token = tok;
   ev.generated_tokens = static_cast<int64_t>(q.generated());
   if (q.req.top_logprobs >= 0)
-    fill_logprobs(row, tok, q.req.top_logprobs, ev);
+    fill_logprobs(row, tok, q.req.top_logprobs, ev.logprob, ev.top_logprobs);
+  if (q.generated() == 1) // its first token: the prompt's log-probabilities, where asked for
+    ev.prompt_logprobs = std::move(q.prompt_scores);
   if (q.req.return_logits)
     ev.logits = row;
   if (std::find(q.req.stop_ids.begin(), q.req.stop_ids.end(), tok) != q.req.stop_ids.end())
@@ -309,6 +314,32 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
   return done;
 }
 
+bool Engine::score_prompt(Sequence& q, const std::vector<float>& row, int64_t step_index,
+                          std::vector<Event>& events, int64_t finished[3]) {
+  const size_t p = q.prompt_scores.size(); // the position whose row this is
+  if (!all_finite(row)) { // the request ends, each of its choices (none forked yet)
+    for (int c = 0; c < std::max(q.req.n, 1); ++c) {
+      Event ev;
+      ev.id = q.id;
+      ev.choice = c;
+      ev.prompt_tokens = static_cast<int64_t>(q.prompt_len);
+      ev.finish = FinishReason::Error;
+      ev.error = fmt::format("non-finite logits (NaN or infinity) at engine step {}, prompt "
+                             "position {}: the model's numbers broke down, no log-probability "
+                             "is taken from them",
+                             step_index, p);
+      ++finished[2];
+      events.push_back(std::move(ev));
+    }
+    return false;
+  }
+  PromptLogprob lp;
+  lp.token = q.tokens[p + 1];
+  fill_logprobs(row, lp.token, q.req.prompt_logprobs, lp.logprob, lp.top);
+  q.prompt_scores.push_back(std::move(lp));
+  return true;
+}
+
 void Engine::update_from_output(const ScheduledStep& s, const std::vector<bool>& yields,
                                 const std::vector<bool>& need, const std::vector<bool>& masked,
                                 const StepOutput& out,
@@ -317,9 +348,13 @@ void Engine::update_from_output(const ScheduledStep& s, const std::vector<bool>&
                                 int64_t finished[3]) {
   std::vector<const Sequence*> done;
   for (size_t b = 0; b < s.seqs.size(); ++b) {
-    if (!yields[b])
-      continue; // a chunk that does not reach the sequence's end: no token yet
     Sequence& q = *s.seqs[b];
+    if (!yields[b]) { // no token yet: a chunk short of the sequence's end, or a scored position
+      if (need[b] && q.scores_at(q.cached - 1) &&
+          !score_prompt(q, out.logits[b], step_index, events, finished))
+        done.push_back(&q);
+      continue;
+    }
     const std::vector<float>& row = out.logits[b];
     // A request's choices part here, at its first token, each drawing from the same row.
     std::vector<Sequence*> choices = {&q};

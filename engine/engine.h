@@ -110,6 +110,10 @@ private:
                           const StepOutput& out, const std::vector<std::vector<uint32_t>>& masks,
                           int64_t step_index, std::vector<Event>& events, int64_t& generated,
                           int64_t finished[3]);
+  /// Records a scored prompt position's log-probability from its row (Sequence::scores_at);
+  /// false when the row is not finite: the request's choices then end in errors (events).
+  bool score_prompt(Sequence& q, const std::vector<float>& row, int64_t step_index,
+                    std::vector<Event>& events, int64_t finished[3]);
   /// The next token of `q` from its step's row (`greedy`: the model's pick, over its mask when
   /// `masked`; `mask`: its constraint's, computed during the step, or empty), its event and its
   /// finish; true when it finished.

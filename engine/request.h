@@ -46,6 +46,12 @@ struct Request {
   /// distribution's logits at temperature 1, as OpenAI reports them) and the `top_logprobs`
   /// most likely alternatives.
   int top_logprobs = -1;
+  /// -1: none; 0..20: the log-probability of every prompt token after the first given the
+  /// tokens before it (and that many most likely alternatives at each position), as an echoed
+  /// completion reports them for lm-evaluation-harness's loglikelihood tasks. The prompt is
+  /// then computed one token a step, each position's logits row coming back, and never from a
+  /// cached prefix: about the speed of decoding, not of a prompt chunk.
+  int prompt_logprobs = -1;
   /// Every generated token's event carries the full logits row it was picked from.
   bool return_logits = false;
   /// Choices generated from the prompt (1..kMaxChoices): the prompt is computed once and its
@@ -68,6 +74,14 @@ struct TokenLogprob {
   float logprob = 0;
 };
 
+/// A prompt token's log-probability given the tokens before it, and the most likely tokens at
+/// its position (Request::prompt_logprobs).
+struct PromptLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<TokenLogprob> top;
+};
+
 /// What a step reports for one request: a new token, its end, or both.
 struct Event {
   RequestId id = 0;
@@ -81,6 +95,8 @@ struct Event {
   float logprob = 0;            ///< of `token` (top_logprobs >= 0)
   std::vector<TokenLogprob> top_logprobs;
   std::vector<float> logits; ///< return_logits: the row `token` was picked from
+  /// Request::prompt_logprobs >= 0, on each choice's first token: prompt tokens 1.. in order.
+  std::vector<PromptLogprob> prompt_logprobs;
   std::string error;         ///< finish Error: what went wrong, naming the step and position
 };
 

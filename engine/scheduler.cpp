@@ -95,7 +95,8 @@ int64_t Scheduler::replay_limit() const {
 
 bool Scheduler::one_token(const Sequence& s, int64_t cached) const {
   const auto size = int64_t(s.tokens.size()), prompt = int64_t(s.prompt_len);
-  return size - cached == 1 || (cached >= prompt && size - cached <= replay_limit());
+  return size - cached == 1 || (cached >= prompt && size - cached <= replay_limit()) ||
+         (cached < prompt && s.scoring());
 }
 
 int64_t Scheduler::chunk(const Sequence& s, int64_t cached, int64_t budget) const {
@@ -227,7 +228,12 @@ ScheduledStep Scheduler::schedule() {
   const int64_t reserve = admission_reserve();
   while (join_now && budget > 0 && !waiting_.empty() && waiting_.front()->slots() <= room) {
     Sequence& w = *waiting_.front();
-    const auto hit = kv_.match_prefix(w.blocks, w.tokens);
+    // A sequence scoring its prompt computes every position whose row it still reads: a hit
+    // may cover only those scored already (before a preemption).
+    const std::span<const int32_t> lookup =
+        w.scoring() ? std::span<const int32_t>(w.tokens).first(w.prompt_scores.size() + 1)
+                    : std::span<const int32_t>(w.tokens);
+    const auto hit = kv_.match_prefix(w.blocks, lookup);
     const bool decode = one_token(w, hit);
     const int64_t want = decode ? 1 : chunk(w, hit, budget);
     const int64_t n = kv_.fit(w.blocks, hit, want, reserve);
@@ -259,13 +265,15 @@ ScheduledStep Scheduler::schedule() {
       if (kv_.geometry().window > 0)
         out.input.window_tables.push_back(std::move(window));
       out.seqs.push_back(&s);
-      if (list == &chunks)
+      if (list == &chunks || s.scoring())
         out.prompt_tokens += int64_t(e.n);
     }
-  // Logits rows only where a token comes of the step and the request samples or reports them.
+  // Logits rows only where a token comes of the step and the request samples or reports them,
+  // or a scored prompt position's.
   out.need_logits.resize(out.seqs.size());
   for (size_t b = 0; b < out.seqs.size(); ++b)
-    out.need_logits[b] = out.yields(b) && out.seqs[b]->needs_logits();
+    out.need_logits[b] = (out.yields(b) && out.seqs[b]->needs_logits()) ||
+                         out.seqs[b]->scores_at(out.seqs[b]->cached);
   return out;
 }
 
@@ -295,6 +303,7 @@ std::vector<Sequence*> Scheduler::fork(Sequence& parent) {
     kid->forked = true;
     kid->tokens = parent.tokens;
     kid->prompt_len = parent.prompt_len;
+    kid->prompt_scores = parent.prompt_scores;
     if (parent.constraint)
       kid->constraint = parent.constraint->fork();
     out.push_back(kid.get());

@@ -45,6 +45,9 @@ struct Sequence {
   kv::SeqBlocks blocks;
   /// Where its output stands in the request's constraint (structured output), if it has one.
   std::optional<ConstraintState> constraint;
+  /// Request::prompt_logprobs: the prompt tokens' log-probabilities so far (token p + 1's from
+  /// position p's row).
+  std::vector<PromptLogprob> prompt_scores;
 
   Sequence(RequestId i, Request r, int c = 0);
   size_t generated() const { return tokens.size() - prompt_len; }
@@ -57,6 +60,14 @@ struct Sequence {
   /// adjustments, or a
   /// constraint that binds the next token: the pick is made over the ids it allows), not from
   /// the model's greedy pick alone.
+  /// Whether it still reads prompt positions' rows for prompt_logprobs: positions are then
+  /// computed one a step until every prompt token but the first has its log-probability (or a
+  /// token was generated: its choices inherit the scores).
+  bool scoring() const {
+    return req.prompt_logprobs >= 0 && generated() == 0 && prompt_scores.size() + 1 < prompt_len;
+  }
+  /// Whether the row of position p, computed alone, gives the next prompt log-probability.
+  bool scores_at(size_t p) const { return scoring() && p == prompt_scores.size(); }
   bool needs_logits() const {
     return req.sampling.temperature > 0 || req.top_logprobs >= 0 || req.return_logits ||
            req.adjust.any() || (constraint && constraint->bound());
@@ -162,7 +173,8 @@ private:
   /// Places taken against max_running: running sequences and the choices of unforked ones.
   int64_t slots_in_use() const;
   /// Whether `s`, `cached` positions in, computes one token next, in a sub-step of one-token
-  /// sequences: its decode, or a generated token it recomputes after a preemption. Up to
+  /// sequences: its decode, a prompt position it scores (Sequence::scoring), or a generated
+  /// token it recomputes after a preemption. Up to
   /// replay_limit() such tokens (those past its cached blocks) are fed back one a step, through
   /// the same kernels as when they were first decoded, so that its next tokens come out as they
   /// would have without the preemption; more are recomputed as a prompt chunk.

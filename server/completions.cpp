@@ -256,14 +256,17 @@ Reply handle_completion(const Api& api, const HttpRequest& req) {
       auto ids = api.tok.encode(*cr.prompt_text, models::AllowedSpecial::all());
       prompt.assign(ids.begin(), ids.end());
     }
+    const std::vector<int32_t> echo = cr.echo ? prompt : std::vector<int32_t>{};
     engine::Request er =
         make_request(api, std::move(prompt), cr.params, api.jobs.model()->config().eos_ids());
+    if (cr.echo) // the prompt's tokens scored too (one a step), where log-probabilities are asked
+      er.prompt_logprobs = cr.params.top_logprobs;
     auto x = std::make_shared<Exchange>(api.log.make_id("cmpl-"));
     x->job = api.jobs.submit(std::move(er), arrival, "prompt");
     x->stream = cr.params.stream;
     auto sessions = std::make_shared<std::vector<CompletionSession>>();
     for (int c = 0; c < cr.params.n; ++c)
-      sessions->emplace_back(api.tok, cr.params);
+      sessions->emplace_back(api.tok, cr.params, echo);
     const int64_t created = now_s();
     auto chunk = [id = x->id, created, model = api.options.model_name](
                      size_t index, std::string text, Json logprobs, Json finish) {

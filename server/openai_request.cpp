@@ -495,8 +495,8 @@ CompletionRequest parse_completion_request(const Json& body) {
   parse_common(f, r.params, r.model);
   if (auto k = f.integer("logprobs", 0, 20))
     r.params.top_logprobs = static_cast<int>(*k);
-  if (auto echo = f.boolean("echo"); echo && *echo)
-    bad("echo", "is not supported");
+  if (auto echo = f.boolean("echo"))
+    r.echo = *echo;
   f.integer("best_of", 1, 1);
   if (auto suffix = f.string("suffix"); suffix && !suffix->empty())
     bad("suffix", "is not supported");

@@ -44,6 +44,9 @@ struct CompletionRequest {
   std::optional<std::string> prompt_text;
   std::vector<int32_t> prompt_ids; ///< when the prompt was given as ids
   GenParams params;
+  /// The prompt's text leads the completion's; with logprobs, its tokens' log-probabilities
+  /// lead theirs (the first null).
+  bool echo = false;
 };
 
 /// Parses and validates a chat completion body. Every field is typed and range-checked; fields

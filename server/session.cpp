@@ -134,29 +134,67 @@ Json ChatSession::message() const {
   return m;
 }
 
-CompletionSession::CompletionSession(models::Tokenizer tok, const openai::GenParams& params)
-    : tok_(tok), decoder_(tok), stop_(params.stop), top_logprobs_(params.top_logprobs) {}
+CompletionSession::CompletionSession(models::Tokenizer tok, const openai::GenParams& params,
+                                     std::vector<int32_t> echo)
+    : tok_(tok), decoder_(tok), stop_(params.stop), top_logprobs_(params.top_logprobs),
+      echo_(std::move(echo)), echoed_(!echo_.empty()) {}
+
+namespace {
+
+/// The legacy completions logprobs object, its arrays empty.
+Json legacy_logprobs() {
+  return {{"tokens", Json::array()},
+          {"token_logprobs", Json::array()},
+          {"top_logprobs", Json::array()},
+          {"text_offset", Json::array()}};
+}
+
+} // namespace
 
 std::string CompletionSession::on_event(const engine::Event& ev, Json& logprobs) {
   std::string text;
+  if (!echo_.empty()) { // the prompt as its tokens spell it, each token's bytes at its offset
+    if (top_logprobs_ >= 0 && logprobs.is_null())
+      logprobs = legacy_logprobs();
+    for (size_t i = 0; i < echo_.size(); ++i) {
+      const auto id = static_cast<models::TokenId>(echo_[i]);
+      const std::string_view bytes = tok_.id_to_token(id);
+      if (top_logprobs_ >= 0) {
+        const engine::PromptLogprob* lp =
+            i >= 1 && i <= ev.prompt_logprobs.size() ? &ev.prompt_logprobs[i - 1] : nullptr;
+        Json top = nullptr;
+        if (lp) {
+          top = Json::object();
+          for (const auto& t : lp->top)
+            top[std::string(tok_.id_to_token(static_cast<models::TokenId>(t.token)))] = t.logprob;
+        }
+        logprobs["tokens"].push_back(std::string(bytes));
+        logprobs["token_logprobs"].push_back(lp ? Json(lp->logprob) : Json(nullptr));
+        logprobs["top_logprobs"].push_back(std::move(top));
+        logprobs["text_offset"].push_back(text_.size() + text.size());
+      }
+      text += bytes;
+    }
+    echo_.clear();
+  }
+  // A stop id adds no text; an echoed completion lists it among the tokens all the same, so
+  // that a scoring client finds one entry per prompt token, then one per generated token.
   const bool stop_id = ev.finish == engine::FinishReason::Stop;
-  if (ev.token >= 0 && !stop_id && !stop_.matched()) {
+  if (ev.token >= 0 && (!stop_id || echoed_) && !stop_.matched()) {
     const auto id = static_cast<models::TokenId>(ev.token);
-    if (!tok_.is_special(id))
-      text = stop_.push(decoder_.push(id));
+    const size_t offset = text_.size() + text.size();
+    if (!tok_.is_special(id) && !stop_id)
+      text += stop_.push(decoder_.push(id));
     if (top_logprobs_ >= 0) {
       if (logprobs.is_null())
-        logprobs = {{"tokens", Json::array()},
-                    {"token_logprobs", Json::array()},
-                    {"top_logprobs", Json::array()},
-                    {"text_offset", Json::array()}};
+        logprobs = legacy_logprobs();
       Json top = Json::object();
       for (const auto& t : ev.top_logprobs)
         top[std::string(tok_.id_to_token(static_cast<models::TokenId>(t.token)))] = t.logprob;
       logprobs["tokens"].push_back(std::string(tok_.id_to_token(id)));
       logprobs["token_logprobs"].push_back(ev.logprob);
       logprobs["top_logprobs"].push_back(top);
-      logprobs["text_offset"].push_back(text_.size());
+      logprobs["text_offset"].push_back(offset);
     }
   }
   if (ev.finish != engine::FinishReason::None) {

@@ -44,9 +44,14 @@ private:
 };
 
 /// The same for a text completion: generated text without specials, stop strings applied.
+/// With `echo` (the prompt's ids) the first event's text starts with the prompt's, and with
+/// logprobs its tokens lead the arrays: the first with a null log-probability, the others with
+/// those of the event's Event::prompt_logprobs (null where it has none); a stop id then has
+/// its entry too (no text).
 class CompletionSession {
 public:
-  CompletionSession(models::Tokenizer tok, const openai::GenParams& params);
+  CompletionSession(models::Tokenizer tok, const openai::GenParams& params,
+                    std::vector<int32_t> echo = {});
   /// The text an event adds; `logprobs` (legacy completions format, an object of arrays)
   /// receives its tokens.
   std::string on_event(const engine::Event& ev, openai::Json& logprobs);
@@ -60,6 +65,8 @@ private:
   openai::StopMatcher stop_;
   int top_logprobs_;
   std::string text_, finish_;
+  std::vector<int32_t> echo_; ///< the prompt still to echo (emptied by the first event)
+  bool echoed_;               ///< an echoed completion
 };
 
 /// OpenAI's name for an engine finish: "stop", "length", "abort".

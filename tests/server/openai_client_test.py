@@ -67,6 +67,13 @@ def run_checks(openai, base_url: str) -> None:
     assert comp.usage.completion_tokens == 5
     ids = client.completions.create(model="tiny", prompt=[1000, 2000, 3000], max_tokens=3)
     assert ids.usage.prompt_tokens == 3
+    # A loglikelihood request as lm-evaluation-harness's local-completions sends it.
+    scored = client.completions.create(model="tiny", prompt=[1000, 2000, 3000, 4000],
+                                       max_tokens=1, temperature=0, logprobs=1, echo=True)
+    lp = scored.choices[0].logprobs
+    assert len(lp.tokens) == 5 and lp.token_logprobs[0] is None, lp
+    assert all(x <= 0 for x in lp.token_logprobs[1:]), lp.token_logprobs
+    assert lp.top_logprobs[0] is None and all(len(t) == 1 for t in lp.top_logprobs[1:])
 
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "Current weather in a city",

@@ -231,6 +231,99 @@ TEST_CASE("serve: completions from text and ids, streamed, then tokenize and det
   CHECK(Json::parse(events[events.size() - 2])["usage"]["total_tokens"] == 7);
 }
 
+TEST_CASE("serve: an echoed completion scores its prompt as loglikelihood clients read it") {
+  XSERV_REQUIRE_DATA(data);
+  TinyServer s;
+  // lm-evaluation-harness's local-completions loglikelihood request: the context and the
+  // continuation as one prompt, one token, echo and logprobs; it reads the continuation's
+  // entries of token_logprobs (and top_logprobs for is_greedy).
+  const std::string prompt = "The quick brown fox jumps over";
+  HttpResponse a = s.post("/v1/completions", Json{{"prompt", prompt},
+                                                  {"max_tokens", 1},
+                                                  {"temperature", 0},
+                                                  {"logprobs", 2},
+                                                  {"echo", true}}
+                                                 .dump());
+  REQUIRE(a.status == 200);
+  const Json ja = Json::parse(a.body);
+  const Json& lp = ja["choices"][0]["logprobs"];
+  const size_t n = ja["usage"]["prompt_tokens"].get<size_t>();
+  REQUIRE(n >= 4);
+  CHECK(ja["usage"]["completion_tokens"] == 1);
+  const std::string text = ja["choices"][0]["text"].get<std::string>();
+  CHECK(text.rfind(prompt, 0) == 0);
+  REQUIRE(lp["tokens"].size() == n + 1);
+  REQUIRE(lp["token_logprobs"].size() == n + 1);
+  REQUIRE(lp["top_logprobs"].size() == n + 1);
+  REQUIRE(lp["text_offset"].size() == n + 1);
+  CHECK(lp["token_logprobs"][0].is_null());
+  CHECK(lp["top_logprobs"][0].is_null());
+  std::string spelled;
+  for (size_t i = 0; i <= n; ++i) {
+    CAPTURE(i);
+    CHECK(lp["text_offset"][i] == spelled.size());
+    spelled += lp["tokens"][i].get<std::string>();
+    if (i == 0)
+      continue;
+    const double v = lp["token_logprobs"][i].get<double>();
+    CHECK(v <= 0.0);
+    CHECK(lp["top_logprobs"][i].size() >= 1);
+    CHECK(lp["top_logprobs"][i].size() <= 2);
+    double best = -INFINITY;
+    for (const auto& [tok, x] : lp["top_logprobs"][i].items())
+      best = std::max(best, x.get<double>());
+    CHECK(v <= best + 1e-6);
+    const std::string tok = lp["tokens"][i].get<std::string>();
+    if (lp["top_logprobs"][i].contains(tok))
+      CHECK(lp["top_logprobs"][i][tok].get<double>() == doctest::Approx(v));
+  }
+  CHECK(spelled == text);
+  // Position p's row, reached as the last token of a prompt of the first p + 1 tokens: its
+  // first token's alternatives are the echoed ones of token p + 1.
+  const Json ids = Json::parse(s.post("/tokenize", Json{{"prompt", prompt}}.dump()).body)["tokens"];
+  REQUIRE(ids.size() == n);
+  for (size_t p : {size_t(0), n / 2, n - 2}) {
+    CAPTURE(p);
+    Json head = Json::array();
+    for (size_t i = 0; i <= p; ++i)
+      head.push_back(ids[i]);
+    HttpResponse b = s.post("/v1/completions", Json{{"prompt", head},
+                                                    {"max_tokens", 1},
+                                                    {"temperature", 0},
+                                                    {"logprobs", 2},
+                                                    {"ignore_eos", true}}
+                                                   .dump());
+    REQUIRE(b.status == 200);
+    const Json jb = Json::parse(b.body);
+    const Json& top = jb["choices"][0]["logprobs"]["top_logprobs"][0];
+    REQUIRE(top.size() == lp["top_logprobs"][p + 1].size());
+    for (const auto& [tok, x] : top.items())
+      CHECK(lp["top_logprobs"][p + 1].at(tok).get<double>() ==
+            doctest::Approx(x.get<double>()).epsilon(1e-4));
+  }
+  // Echo alone: the prompt's text leads, no scores; streamed, it comes with the first chunk.
+  HttpResponse c = s.post(
+      "/v1/completions",
+      Json{{"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0}, {"echo", true}}.dump());
+  REQUIRE(c.status == 200);
+  const Json jc = Json::parse(c.body);
+  CHECK(jc["choices"][0]["text"].get<std::string>().rfind(prompt, 0) == 0);
+  CHECK(jc["choices"][0]["logprobs"].is_null());
+  HttpResponse d = s.post("/v1/completions", Json{{"prompt", prompt},
+                                                  {"max_tokens", 3},
+                                                  {"temperature", 0},
+                                                  {"echo", true},
+                                                  {"stream", true}}
+                                                 .dump());
+  const auto events = sse_data(d.body);
+  REQUIRE(events.size() >= 2);
+  CHECK(Json::parse(events[0])["choices"][0]["text"].get<std::string>().rfind(prompt, 0) == 0);
+  std::string streamed;
+  for (size_t i = 0; i + 1 < events.size(); ++i)
+    streamed += Json::parse(events[i])["choices"][0]["text"].get<std::string>();
+  CHECK(streamed == jc["choices"][0]["text"].get<std::string>());
+}
+
 TEST_CASE("serve: rejections carry the OpenAI error body") {
   XSERV_REQUIRE_DATA(data);
   server::ServeOptions opt;
