@@ -119,8 +119,13 @@ Engine::~Engine() = default;
 RequestId Engine::add(Request request) {
   const models::ModelConfig& cfg = model_.config();
   check_prompt(request.prompt, model_.max_seq(), cfg.vocab_size);
-  if (request.max_tokens < 1)
-    throw Error(fmt::format("max_tokens {} is below 1", request.max_tokens));
+  if (request.max_tokens == 0 && request.prompt_logprobs >= 0) {
+    if (request.prompt.size() < 2)
+      throw Error("max_tokens 0 scores the prompt alone, which needs at least 2 tokens");
+  } else if (request.max_tokens < 1) {
+    throw Error(
+        fmt::format("max_tokens {} is below 1 (0 only with prompt_logprobs)", request.max_tokens));
+  }
   if (request.top_logprobs < -1 || request.top_logprobs > 20)
     throw Error(fmt::format("top_logprobs {} is outside [0, 20]", request.top_logprobs));
   if (request.prompt_logprobs < -1 || request.prompt_logprobs > 20)
@@ -337,7 +342,20 @@ bool Engine::score_prompt(Sequence& q, const std::vector<float>& row, int64_t st
   lp.token = q.tokens[p + 1];
   fill_logprobs(row, lp.token, q.req.prompt_logprobs, lp.logprob, lp.top);
   q.prompt_scores.push_back(std::move(lp));
-  return true;
+  if (q.req.max_tokens > 0 || q.scoring())
+    return true;
+  // max_tokens 0: the scores are the answer; each choice ends with them and no token.
+  for (int c = 0; c < std::max(q.req.n, 1); ++c) {
+    Event ev;
+    ev.id = q.id;
+    ev.choice = c;
+    ev.prompt_tokens = static_cast<int64_t>(q.prompt_len);
+    ev.finish = FinishReason::Length;
+    ev.prompt_logprobs = q.prompt_scores;
+    ++finished[1];
+    events.push_back(std::move(ev));
+  }
+  return false;
 }
 
 void Engine::update_from_output(const ScheduledStep& s, const std::vector<bool>& yields,

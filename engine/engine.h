@@ -111,7 +111,8 @@ private:
                           int64_t step_index, std::vector<Event>& events, int64_t& generated,
                           int64_t finished[3]);
   /// Records a scored prompt position's log-probability from its row (Sequence::scores_at);
-  /// false when the row is not finite: the request's choices then end in errors (events).
+  /// false when that ends the request, each of its choices with an event: a row not finite (an
+  /// error), or the last score of a max_tokens 0 request (length, the scores with it).
   bool score_prompt(Sequence& q, const std::vector<float>& row, int64_t step_index,
                     std::vector<Event>& events, int64_t finished[3]);
   /// The next token of `q` from its step's row (`greedy`: the model's pick, over its mask when

@@ -38,7 +38,9 @@ std::string_view finish_name(FinishReason r);
 /// One generation request.
 struct Request {
   std::vector<int32_t> prompt; ///< token ids: at least one, at most the model's max_seq
-  int64_t max_tokens = 128;    ///< at most this many generated tokens (>= 1)
+  /// At most this many generated tokens (>= 1; 0 with prompt_logprobs: the prompt's scores
+  /// alone, the request ending once they are in).
+  int64_t max_tokens = 128;
   SamplerOptions sampling;
   /// Generation ends after emitting one of these (the id is reported as the last token).
   std::vector<int32_t> stop_ids;

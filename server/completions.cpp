@@ -24,7 +24,9 @@ engine::Request make_request(const Api& api, std::vector<int32_t> prompt,
   openai::check_stop_token_ids(p, api.jobs.model()->config().vocab_size);
   engine::Request r;
   const int64_t room = api.max_seq() - static_cast<int64_t>(prompt.size());
-  r.max_tokens = std::max<int64_t>(1, p.max_tokens ? std::min(*p.max_tokens, room) : room);
+  r.max_tokens = p.max_tokens == 0 // an echoed completion's scores alone
+                     ? 0
+                     : std::max<int64_t>(1, p.max_tokens ? std::min(*p.max_tokens, room) : room);
   r.prompt = std::move(prompt);
   r.sampling = p.sampling;
   if (!p.ignore_eos)

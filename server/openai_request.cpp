@@ -63,7 +63,7 @@ void parse_common(Fields& f, GenParams& p, std::string& model) {
     p.sampling.seed = static_cast<uint64_t>(*s);
   else
     p.sampling.seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
-  if (auto n = f.integer("max_tokens", 1, INT32_MAX))
+  if (auto n = f.integer("max_tokens", 0, INT32_MAX)) // 0: completions' echo alone (below)
     p.max_tokens = *n;
   if (auto n = f.integer("max_completion_tokens", 1, INT32_MAX)) {
     if (p.max_tokens && *p.max_tokens != *n)
@@ -389,6 +389,8 @@ ChatRequest parse_chat_request(const Json& body) {
   Fields f(body, "");
   ChatRequest r;
   parse_common(f, r.params, r.model);
+  if (r.params.max_tokens == 0)
+    bad("max_tokens", "must be at least 1 (0 is for an echoed completion that scores its prompt)");
   if (auto lp = f.boolean("logprobs"); lp && *lp)
     r.params.top_logprobs = 0;
   if (auto k = f.integer("top_logprobs", 0, 20)) {
@@ -497,6 +499,8 @@ CompletionRequest parse_completion_request(const Json& body) {
     r.params.top_logprobs = static_cast<int>(*k);
   if (auto echo = f.boolean("echo"))
     r.echo = *echo;
+  if (r.params.max_tokens == 0 && !(r.echo && r.params.top_logprobs >= 0))
+    bad("max_tokens", "0 needs echo and logprobs: it scores the prompt and generates nothing");
   f.integer("best_of", 1, 1);
   if (auto suffix = f.string("suffix"); suffix && !suffix->empty())
     bad("suffix", "is not supported");

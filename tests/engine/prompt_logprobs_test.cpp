@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "engine/engine.h"
 #include "tests/engine/fake_model.h"
@@ -202,4 +203,36 @@ TEST_CASE("engine: prompt log-probabilities refused out of range, and a broken r
   }
   CHECK(events.at({healthy, 0}).back().finish == FinishReason::Length);
   check_scores(events.at({healthy, 0}).front().prompt_logprobs, prompt_of(6, 1), 0);
+}
+
+TEST_CASE("engine: max_tokens 0 with prompt log-probabilities ends with the scores alone") {
+  FakeModel m(4, 64);
+  Engine e(m);
+  const std::vector<int32_t> prompt = prompt_of(10, 9);
+  Request r = make_request(prompt, 0, 3);
+  r.n = 2;
+  const auto id = e.add(r);
+  const auto events = drain(e);
+  for (int c = 0; c < 2; ++c) {
+    CAPTURE(c);
+    const auto& ev = events.at({id, c});
+    REQUIRE(ev.size() == 1);
+    CHECK(ev[0].token == -1);
+    CHECK(ev[0].finish == FinishReason::Length);
+    CHECK(ev[0].generated_tokens == 0);
+    check_scores(ev[0].prompt_logprobs, prompt, 3);
+  }
+  CHECK(m.steps().size() == prompt.size() - 1); // the last position is never computed
+  CHECK(e.stats().finished_length == 2);
+  CHECK(e.idle());
+  for (auto [max_tokens, lp, n] : {std::tuple{0, -1, 3}, std::tuple{0, 2, 1}}) {
+    try {
+      e.add(make_request(prompt_of(n, 1), max_tokens, lp));
+      FAIL("accepted");
+    } catch (const std::exception& ex) {
+      CHECK(std::string(ex.what()).find(lp < 0 ? "max_tokens 0 is below 1 (0 only with "
+                                                 "prompt_logprobs)"
+                                               : "needs at least 2 tokens") != std::string::npos);
+    }
+  }
 }

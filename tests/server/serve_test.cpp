@@ -301,6 +301,21 @@ TEST_CASE("serve: an echoed completion scores its prompt as loglikelihood client
       CHECK(lp["top_logprobs"][p + 1].at(tok).get<double>() ==
             doctest::Approx(x.get<double>()).epsilon(1e-4));
   }
+  // max_tokens 0: the prompt's entries alone, as OpenAI's scoring requests had them.
+  HttpResponse z =
+      s.post("/v1/completions",
+             Json{{"prompt", prompt}, {"max_tokens", 0}, {"logprobs", 2}, {"echo", true}}.dump());
+  REQUIRE(z.status == 200);
+  const Json jz = Json::parse(z.body);
+  CHECK(jz["choices"][0]["text"] == prompt);
+  CHECK(jz["choices"][0]["finish_reason"] == "length");
+  CHECK(jz["usage"]["completion_tokens"] == 0);
+  const Json& zl = jz["choices"][0]["logprobs"];
+  REQUIRE(zl["token_logprobs"].size() == n);
+  for (size_t i = 1; i < n; ++i)
+    CHECK(zl["token_logprobs"][i].get<double>() == lp["token_logprobs"][i].get<double>());
+  CHECK(s.post("/v1/completions", Json{{"prompt", prompt}, {"max_tokens", 0}}.dump()).status ==
+        400);
   // Echo alone: the prompt's text leads, no scores; streamed, it comes with the first chunk.
   HttpResponse c = s.post(
       "/v1/completions",
