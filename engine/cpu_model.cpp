@@ -22,6 +22,12 @@ CpuModel::CpuModel(const std::filesystem::path& model_dir, int64_t max_batch, in
   for (size_t i = 0; i < stages.size(); ++i)
     ir::verify_or_throw(stages[i], fmt::format("of pipeline stage {}", i));
   stages_ = std::move(stages);
+  // Logits of every token: the graph selects no rows (it reads no logit_rows parameter).
+  all_rows_ = stages_.empty() &&
+              std::none_of(graph_.nodes.begin(), graph_.nodes.end(), [](const ir::Node& n) {
+                return n.op == ir::Op::Param && n.has_attr("name") &&
+                       n.attr_str("name") == models::params::kLogitRows;
+              });
   auto cache = std::make_shared<std::map<std::string, std::shared_ptr<const ir::Tensor>>>();
   const models::Checkpoint* ck = &ckpt_;
   env_.weights = [ck, cache](const std::string& name,
@@ -119,6 +125,20 @@ std::vector<std::vector<float>> CpuModel::step(const models::StepInput& in) {
   std::vector<ir::Tensor> out =
       stages_.empty() ? ir::interpret(graph_, env_) : ir::interpret_stages(stages_, env_);
   return sequence_logits(out.at(0), in.tokens.size(), env_.params.at(models::params::kLogitRows));
+}
+
+std::vector<std::vector<float>> CpuModel::step_all(const models::StepInput& in) {
+  if (!all_rows_)
+    return Model::step_all(in); // throws
+  validate_step(in, max_batch_, max_seq_, ckpt_.config().vocab_size, kv_);
+  copy_blocks(in.copies);
+  env_.params = models::step_params(in);
+  const ir::Tensor logits = ir::interpret(graph_, env_).at(0);
+  const int64_t v = logits.shape.back(), rows = logits.numel() / v;
+  std::vector<std::vector<float>> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    out[size_t(r)].assign(logits.f.begin() + r * v, logits.f.begin() + (r + 1) * v);
+  return out;
 }
 
 std::vector<std::vector<float>> sequence_logits(const ir::Tensor& logits, size_t seqs,

@@ -36,6 +36,9 @@ public:
   const models::KvGeometry& kv_geometry() const override { return kv_; }
   std::string backend() const override { return "cpu"; }
   std::vector<std::vector<float>> step(const models::StepInput& in) override;
+  /// A graph without the logits' row selection (--all-logits) and no pipeline stages.
+  bool all_rows() const override { return all_rows_; }
+  std::vector<std::vector<float>> step_all(const models::StepInput& in) override;
   void reset() override { env_.state.clear(); }
   /// Runs `g` (a pipeline stage) on `params` with this engine's weights and KV caches.
   std::vector<ir::Tensor> run_graph(const ir::Graph& g, std::map<std::string, ir::Tensor> params);
@@ -51,6 +54,7 @@ private:
   models::KvGeometry kv_;
   ir::InterpretEnv env_;
   std::map<std::string, bool> window_cache_; ///< cache name: pages from the window pool
+  bool all_rows_ = false;
 };
 
 /// One row of `logits` per sequence: row b, or row logit_rows[b] when the graph returned every

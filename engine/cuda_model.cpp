@@ -555,6 +555,10 @@ std::vector<std::vector<float>> CudaModel::step_stage_device(const models::StepI
   return impl_->run(in, false, {}, greedy, &transport);
 }
 
+bool CudaModel::all_rows() const {
+  return impl_->per_token;
+}
+
 std::vector<std::vector<float>> CudaModel::step_all(const models::StepInput& in) {
   if (!impl_->per_token)
     throw Error("step_all needs a graph that returns every token's logits");

@@ -57,7 +57,8 @@ public:
   bool picks_masked() const override;
   /// Every row the graph returns, sub-steps concatenated: one per token, in the step's
   /// flattened order, for a graph built with last_logits_only = false.
-  std::vector<std::vector<float>> step_all(const models::StepInput& in);
+  std::vector<std::vector<float>> step_all(const models::StepInput& in) override;
+  bool all_rows() const override;
   /// For a pipeline stage's graph: runs the step with `inputs` (per recv name, one row per token
   /// of the step in its flattened order) in the recv buffers, and returns every token's row of
   /// the output (what the stage sends on), or one row per sequence for the last stage's logits.

@@ -108,7 +108,7 @@ EngineOptions resolved(EngineOptions o, int64_t rows) {
 
 Engine::Engine(Model& model, EngineOptions options)
     : model_(model), options_(resolved(options, model.max_batch())),
-      scheduler_(options_, model.kv_geometry()) {
+      scheduler_(options_, model.kv_geometry(), model.all_rows()) {
   stats_.kv_rows = options_.max_running;
   model_.reset();
   refresh_stats();
@@ -319,6 +319,26 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
   return done;
 }
 
+StepOutput Engine::all_rows_output(std::vector<std::vector<float>> rows,
+                                   const models::StepInput& in, const std::vector<bool>& need) {
+  StepOutput out;
+  out.row_begin.resize(in.tokens.size());
+  size_t r = 0;
+  for (size_t b = 0; b < in.tokens.size(); ++b) {
+    out.row_begin[b] = r;
+    r += in.tokens[b].size();
+  }
+  XSERV_CHECK(rows.size() == r, "the model returned another number of rows than the step has "
+                                "tokens");
+  for (size_t b = 0; b < in.tokens.size(); ++b) {
+    const std::vector<float>& last = rows[out.row_begin[b] + in.tokens[b].size() - 1];
+    out.greedy.push_back(greedy_pick(last));
+    out.logits.push_back(need[b] ? last : std::vector<float>{});
+  }
+  out.rows = std::move(rows);
+  return out;
+}
+
 bool Engine::score_prompt(Sequence& q, const std::vector<float>& row, int64_t step_index,
                           std::vector<Event>& events, int64_t finished[3]) {
   const size_t p = q.prompt_scores.size(); // the position whose row this is
@@ -367,12 +387,23 @@ void Engine::update_from_output(const ScheduledStep& s, const std::vector<bool>&
   std::vector<const Sequence*> done;
   for (size_t b = 0; b < s.seqs.size(); ++b) {
     Sequence& q = *s.seqs[b];
-    if (!yields[b]) { // no token yet: a chunk short of the sequence's end, or a scored position
-      if (need[b] && q.scores_at(q.cached - 1) &&
-          !score_prompt(q, out.logits[b], step_index, events, finished))
-        done.push_back(&q);
+    // Scored prompt positions: every row of the step's chunk, or the one row of a position
+    // computed alone.
+    bool alive = true;
+    if (!out.rows.empty()) {
+      const size_t n = s.input.tokens[b].size(), first = q.cached - n;
+      for (size_t i = 0; i < n && alive; ++i)
+        if (q.scores_at(first + i))
+          alive = score_prompt(q, out.rows[out.row_begin[b] + i], step_index, events, finished);
+    } else if (!yields[b] && need[b] && q.scores_at(q.cached - 1)) {
+      alive = score_prompt(q, out.logits[b], step_index, events, finished);
+    }
+    if (!alive) {
+      done.push_back(&q);
       continue;
     }
+    if (!yields[b])
+      continue; // a chunk short of the sequence's end, or a scored position: no token yet
     const std::vector<float>& row = out.logits[b];
     // A request's choices part here, at its first token, each drawing from the same row.
     std::vector<Sequence*> choices = {&q};
@@ -453,9 +484,18 @@ std::vector<Event> Engine::step() {
     };
     StepOutput out;
     try {
-      out = std::find(masked.begin(), masked.end(), true) != masked.end()
-                ? model_.step_masked(sched.input, need, masked, mask_source)
-                : model_.step_mixed(sched.input, need);
+      if (sched.all_rows) {
+        // A prompt scored from its chunk: every token's row comes back, the picks are made on
+        // the host from each sequence's last (a constrained one's over its mask, take_token).
+        std::fill(masked.begin(), masked.end(), false);
+        for (size_t b : bound)
+          need[b] = true;
+        out = all_rows_output(model_.step_all(sched.input), sched.input, need);
+      } else {
+        out = std::find(masked.begin(), masked.end(), true) != masked.end()
+                  ? model_.step_masked(sched.input, need, masked, mask_source)
+                  : model_.step_mixed(sched.input, need);
+      }
     } catch (...) {
       try { // the masks' threads still read this step's sequences
         masks_done();

@@ -110,6 +110,10 @@ private:
                           const StepOutput& out, const std::vector<std::vector<uint32_t>>& masks,
                           int64_t step_index, std::vector<Event>& events, int64_t& generated,
                           int64_t finished[3]);
+  /// A step_all step's output: each sequence's greedy pick and (where `need`) its row from its
+  /// last token's row, every row kept for the scores.
+  static StepOutput all_rows_output(std::vector<std::vector<float>> rows,
+                                    const models::StepInput& in, const std::vector<bool>& need);
   /// Records a scored prompt position's log-probability from its row (Sequence::scores_at);
   /// false when that ends the request, each of its choices with an event: a row not finite (an
   /// error), or the last score of a max_tokens 0 request (length, the scores with it).

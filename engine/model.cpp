@@ -45,6 +45,12 @@ int32_t greedy_pick(const std::vector<float>& row) {
   return runtime::argmax(row);
 }
 
+std::vector<std::vector<float>> Model::step_all(const models::StepInput&) {
+  throw Error(fmt::format("the {} model returns no logits row for every token (compile with "
+                          "--all-logits)",
+                          backend()));
+}
+
 std::vector<int32_t> Model::step_greedy(const models::StepInput& in) {
   std::vector<int32_t> ids;
   for (const std::vector<float>& row : step(in))

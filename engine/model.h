@@ -47,6 +47,9 @@ int32_t greedy_pick(const std::vector<float>& row);
 struct StepOutput {
   std::vector<int32_t> greedy;
   std::vector<std::vector<float>> logits;
+  /// A Model::step_all step's: every token's row, sequence b's from row_begin[b] (empty else).
+  std::vector<std::vector<float>> rows;
+  std::vector<size_t> row_begin;
 };
 
 /// Runs forward steps of one model for up to max_batch sequences a step of up to max_seq tokens
@@ -84,6 +87,12 @@ public:
                                  const std::vector<bool>& masked, const MaskSource& masks);
   /// Whether step_masked picks on the device, so a masked sequence's logits need not come back.
   virtual bool picks_masked() const { return false; }
+  /// Whether step_all is there: the graph returns every token's logits row (a plan compiled
+  /// with --all-logits), so that a prompt can be scored in chunks.
+  virtual bool all_rows() const { return false; }
+  /// One step returning every token's logits row: the step's tokens in order, sequence by
+  /// sequence. Throws unless all_rows().
+  virtual std::vector<std::vector<float>> step_all(const models::StepInput& in);
   /// Forgets every cached sequence (clears the pools).
   virtual void reset() = 0;
   /// Waits until queued work is done, so host timers bracket it (a no-op on the CPU).

@@ -51,8 +51,9 @@ struct Request {
   /// -1: none; 0..20: the log-probability of every prompt token after the first given the
   /// tokens before it (and that many most likely alternatives at each position), as an echoed
   /// completion reports them for lm-evaluation-harness's loglikelihood tasks. The prompt is
-  /// then computed one token a step, each position's logits row coming back, and never from a
-  /// cached prefix: about the speed of decoding, not of a prompt chunk.
+  /// then computed one token a step, each position's logits row coming back (about the speed
+  /// of decoding), or in chunks on a model that returns every token's row (a plan compiled
+  /// with --all-logits: Model::all_rows), and never from a cached prefix.
   int prompt_logprobs = -1;
   /// Every generated token's event carries the full logits row it was picked from.
   bool return_logits = false;

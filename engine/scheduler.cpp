@@ -30,8 +30,8 @@ Sequence::Sequence(RequestId i, Request r, int c)
     constraint.emplace(req.constraint);
 }
 
-Scheduler::Scheduler(const EngineOptions& options, const models::KvGeometry& kv)
-    : options_(options), kv_(kv, options.prefix_caching) {}
+Scheduler::Scheduler(const EngineOptions& options, const models::KvGeometry& kv, bool score_chunks)
+    : options_(options), kv_(kv, options.prefix_caching), score_chunks_(score_chunks) {}
 
 void Scheduler::enqueue(std::unique_ptr<Sequence> s) {
   waiting_.push_back(std::move(s));
@@ -96,7 +96,7 @@ int64_t Scheduler::replay_limit() const {
 bool Scheduler::one_token(const Sequence& s, int64_t cached) const {
   const auto size = int64_t(s.tokens.size()), prompt = int64_t(s.prompt_len);
   return size - cached == 1 || (cached >= prompt && size - cached <= replay_limit()) ||
-         (cached < prompt && s.scoring());
+         (cached < prompt && s.scoring() && !score_chunks_);
 }
 
 int64_t Scheduler::chunk(const Sequence& s, int64_t cached, int64_t budget) const {
@@ -267,6 +267,8 @@ ScheduledStep Scheduler::schedule() {
       out.seqs.push_back(&s);
       if (list == &chunks || s.scoring())
         out.prompt_tokens += int64_t(e.n);
+      if (list == &chunks && s.scoring()) // its chunk's rows score it
+        out.all_rows = true;
     }
   // Logits rows only where a token comes of the step and the request samples or reports them,
   // or a scored prompt position's.

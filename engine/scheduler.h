@@ -61,8 +61,9 @@ struct Sequence {
   /// constraint that binds the next token: the pick is made over the ids it allows), not from
   /// the model's greedy pick alone.
   /// Whether it still reads prompt positions' rows for prompt_logprobs: positions are then
-  /// computed one a step until every prompt token but the first has its log-probability (or a
-  /// token was generated: its choices inherit the scores).
+  /// computed one a step (or in chunks, on a model that returns every token's row) until every
+  /// prompt token but the first has its log-probability (or a token was generated: its choices
+  /// inherit the scores).
   bool scoring() const {
     return req.prompt_logprobs >= 0 && generated() == 0 && prompt_scores.size() + 1 < prompt_len;
   }
@@ -90,6 +91,9 @@ struct ScheduledStep {
   /// The ITL bound (ms) the step's prompts were held to, -1 for none (for the tail's count);
   /// unset in a step not made by Scheduler::schedule.
   std::optional<double> itl_bound;
+  /// A sequence scores its prompt from this step's chunk: the step wants every token's row
+  /// (Model::step_all).
+  bool all_rows = false;
   bool empty() const { return seqs.empty(); }
   /// Whether sequence b's step ends at its last token (the model's row for it is a new token).
   bool yields(size_t b) const {
@@ -99,8 +103,10 @@ struct ScheduledStep {
 
 class Scheduler {
 public:
-  /// `options` as the Engine resolved them; `kv` is the model's paging.
-  Scheduler(const EngineOptions& options, const models::KvGeometry& kv);
+  /// `options` as the Engine resolved them; `kv` is the model's paging. With `score_chunks` (a
+  /// model whose steps can return every token's row: Model::all_rows) a prompt being scored
+  /// goes in chunks like any other, else one position a step.
+  Scheduler(const EngineOptions& options, const models::KvGeometry& kv, bool score_chunks = false);
 
   /// Queues a new sequence behind the waiting ones.
   void enqueue(std::unique_ptr<Sequence> s);
@@ -208,6 +214,7 @@ private:
   StepTimeModel step_times_;
   double itl_samples_ = 0, itl_over_ = 0; ///< see itl_samples(), itl_over()
   int64_t wave_steps_ = 0;                ///< steps in a row scheduled as a cold start's wave
+  bool score_chunks_ = false;
 };
 
 } // namespace xserv::engine

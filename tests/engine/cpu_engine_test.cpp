@@ -8,6 +8,7 @@
 #include "engine/cpu_model.h"
 #include "engine/engine.h"
 #include "models/config.h"
+#include "models/gpt_oss.h"
 #include "models/synth.h"
 #include "tests/test_util.h"
 
@@ -144,4 +145,64 @@ TEST_CASE("engine on the interpreter: a reused row gives a fresh run's tokens") 
   auto got = run(e, {{0, {first, second}}}, &ids);
   CHECK(got[ids[0]].tokens == alone(first).tokens);
   CHECK(got[ids[1]].tokens == alone(second).tokens);
+}
+
+TEST_CASE("engine on the interpreter: an all-logits graph scores a prompt in chunks, bit for bit "
+          "the scores of one position a step") {
+  // Request::prompt_logprobs on a model whose steps return every token's row (--all-logits):
+  // the scored prompts go in chunks (the token budget cuts them), and each position's scores
+  // are those of the one-position steps a last-token graph takes.
+  const ir::Graph all = models::build_gpt_oss(models::ModelConfig::load(tiny() / "config.json"),
+                                              {.last_logits_only = false});
+  engine::CpuModel chunked(tiny(), 4, 64, &all), alone(tiny(), 4, 64);
+  CHECK(chunked.all_rows());
+  CHECK_FALSE(alone.all_rows());
+  std::map<std::string, std::vector<std::vector<engine::PromptLogprob>>> scores;
+  std::map<std::string, std::vector<std::vector<int32_t>>> tokens;
+  for (auto [name, model] : {std::pair{"chunks", &chunked}, std::pair{"alone", &alone}}) {
+    EngineOptions o;
+    o.max_tokens_per_step = 16; // 23- and 30-token prompts in two chunks each
+    Engine e(*model, o);
+    std::vector<engine::RequestId> ids;
+    for (size_t len : {23, 30}) {
+      Request r = request(len, int32_t(len), 3);
+      r.prompt_logprobs = 2;
+      r.return_logits = false;
+      ids.push_back(e.add(std::move(r)));
+    }
+    std::map<engine::RequestId, std::vector<engine::PromptLogprob>> got;
+    std::map<engine::RequestId, std::vector<int32_t>> toks;
+    int64_t steps = 0;
+    while (!e.idle()) {
+      ++steps;
+      for (Event& ev : e.step()) {
+        if (!ev.prompt_logprobs.empty())
+          got[ev.id] = std::move(ev.prompt_logprobs);
+        if (ev.token >= 0)
+          toks[ev.id].push_back(ev.token);
+      }
+    }
+    for (engine::RequestId id : ids) {
+      scores[name].push_back(got[id]);
+      tokens[name].push_back(toks[id]);
+    }
+    CHECK(steps <= (std::string(name) == "chunks" ? 6 : 32));
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    CAPTURE(i);
+    const auto &a = scores["chunks"][i], &b = scores["alone"][i];
+    REQUIRE(a.size() == (i == 0 ? 22u : 29u));
+    REQUIRE(a.size() == b.size());
+    for (size_t p = 0; p < a.size(); ++p) {
+      CAPTURE(p);
+      CHECK(a[p].token == b[p].token);
+      CHECK(a[p].logprob == b[p].logprob);
+      REQUIRE(a[p].top.size() == 2);
+      for (size_t k = 0; k < 2; ++k) {
+        CHECK(a[p].top[k].token == b[p].top[k].token);
+        CHECK(a[p].top[k].logprob == b[p].top[k].logprob);
+      }
+    }
+    CHECK(tokens["chunks"][i] == tokens["alone"][i]);
+  }
 }

@@ -343,6 +343,58 @@ std::vector<int32_t> some_ids(size_t n, int32_t vocab, int32_t seed) {
 
 } // namespace
 
+TEST_CASE("cuda engine: an all-logits plan scores prompts in chunks, the CPU engine's scores "
+          "one position a step") {
+  // Request::prompt_logprobs (an echoed completion's scores): on a plan that returns every
+  // token's row the scored prompts go in chunks (Model::step_all), against the CPU engine's
+  // one-position steps of a last-token graph. The CUDA model's logits are within kFixtureTol
+  // (5e-6 relative L2) of the CPU's: ~5e-6 a logit's RMS error on the tiny model's rows, and
+  // about as much in a row's log-sum-exp, so a log-probability within 1e-4 (~10x).
+  XSERV_REQUIRE_GPU();
+  TempDir tmp("tiny_scores");
+  synthesize(source_dir() / "examples/tiny/config.json", 9, tmp.path);
+  const auto config = models::ModelConfig::load(tmp.path / "config.json");
+  const xserv::ir::Graph all = models::build_gpt_oss(config, {.last_logits_only = false});
+  const auto gpu = xserv::testing::graph_cuda_model(tmp.path, 4, kMaxSeq, &all, quiet());
+  REQUIRE(gpu->all_rows());
+  engine::CpuModel cpu(tmp.path, 4, kMaxSeq);
+  std::vector<std::vector<int32_t>> prompts = {{11, 22, 33, 44, 55, 66, 77, 88, 99, 111},
+                                               {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}};
+  std::vector<std::vector<std::vector<engine::PromptLogprob>>> got(2);
+  int64_t gpu_steps = 0;
+  for (int m = 0; m < 2; ++m) {
+    engine::Engine e(m == 0 ? static_cast<engine::Model&>(*gpu) : cpu);
+    std::vector<engine::RequestId> ids;
+    for (const auto& p : prompts) {
+      engine::Request r;
+      r.prompt = p;
+      r.max_tokens = 2;
+      r.prompt_logprobs = 1;
+      ids.push_back(e.add(r));
+    }
+    got[size_t(m)].resize(prompts.size());
+    while (!e.idle()) {
+      gpu_steps += m == 0;
+      for (engine::Event& ev : e.step())
+        for (size_t i = 0; i < ids.size(); ++i)
+          if (ev.id == ids[i] && !ev.prompt_logprobs.empty())
+            got[size_t(m)][i] = std::move(ev.prompt_logprobs);
+    }
+  }
+  CHECK(gpu_steps <= 3); // the prompts in one step, then the decodes
+  double worst = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    REQUIRE(got[0][i].size() == prompts[i].size() - 1);
+    REQUIRE(got[1][i].size() == prompts[i].size() - 1);
+    for (size_t p = 0; p + 1 < prompts[i].size(); ++p) {
+      CHECK(got[0][i][p].token == prompts[i][p + 1]);
+      worst = std::max(worst, double(std::abs(got[0][i][p].logprob - got[1][i][p].logprob)));
+    }
+  }
+  MESSAGE("prompt scores, CUDA chunks vs CPU one position a step: worst |difference| " << worst);
+  CHECK(worst <= 1e-4);
+}
+
 TEST_CASE("gpu: the engine's stopwatch times steps on the GPU timeline") {
   XSERV_REQUIRE_GPU();
   TempDir tmp("stopwatch");
