@@ -556,7 +556,7 @@ std::vector<std::vector<float>> CudaModel::step_stage_device(const models::StepI
 }
 
 bool CudaModel::all_rows() const {
-  return impl_->per_token;
+  return impl_->per_token && !impl_->sends; // logits, not a stage's activations
 }
 
 std::vector<std::vector<float>> CudaModel::step_all(const models::StepInput& in) {

@@ -70,9 +70,10 @@ public:
 
   /// Queues a request; it joins at the next step that has room, budget and KV blocks. Throws
   /// xserv::Error naming the field or limit for a request the model cannot run (empty prompt,
-  /// prompt longer than max_seq, an id outside the vocabulary, max_tokens < 1, top_logprobs
-  /// above 20, n outside [1, min(kMaxChoices, max_running)], sampling options out of range)
-  /// and QueueFull when max_queue are waiting.
+  /// prompt longer than max_seq, an id outside the vocabulary, max_tokens < 1 (0 only with
+  /// prompt_logprobs and a prompt of 2+ tokens), top_logprobs or prompt_logprobs above 20, n
+  /// outside [1, min(kMaxChoices, max_running)], sampling options out of range) and QueueFull when
+  /// max_queue are waiting.
   RequestId add(Request request);
   /// The request leaves at the next step: each of its unfinished choices' last event has finish
   /// Abort and its blocks are free for that step's newcomers. Unknown or finished ids are

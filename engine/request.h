@@ -53,7 +53,8 @@ struct Request {
   /// completion reports them for lm-evaluation-harness's loglikelihood tasks. The prompt is
   /// then computed one token a step, each position's logits row coming back (about the speed
   /// of decoding), or in chunks on a model that returns every token's row (a plan compiled
-  /// with --all-logits: Model::all_rows), and never from a cached prefix.
+  /// with --all-logits: Model::all_rows), and from a cached prefix only as far as it has
+  /// scored (after a preemption).
   int prompt_logprobs = -1;
   /// Every generated token's event carries the full logits row it was picked from.
   bool return_logits = false;

@@ -96,14 +96,17 @@ int64_t Scheduler::replay_limit() const {
 bool Scheduler::one_token(const Sequence& s, int64_t cached) const {
   const auto size = int64_t(s.tokens.size()), prompt = int64_t(s.prompt_len);
   return size - cached == 1 || (cached >= prompt && size - cached <= replay_limit()) ||
-         (cached < prompt && s.scoring() && !score_chunks_);
+         (s.scoring() && !score_chunks_ && cached == int64_t(s.prompt_scores.size()));
 }
 
 int64_t Scheduler::chunk(const Sequence& s, int64_t cached, int64_t budget) const {
   const auto size = int64_t(s.tokens.size()), prompt = int64_t(s.prompt_len);
   // Few generated tokens to recompute: the chunk stops at the prompt's end, and they are fed
   // back one a step after it.
-  const int64_t end = cached < prompt && size - prompt <= replay_limit() ? prompt : size;
+  int64_t end = cached < prompt && size - prompt <= replay_limit() ? prompt : size;
+  // Positions a scoring sequence scored before a preemption: a chunk up to the next it scores.
+  if (s.scoring() && !score_chunks_)
+    end = std::min(end, int64_t(s.prompt_scores.size()));
   return std::min(end - cached, budget);
 }
 
@@ -249,7 +252,7 @@ ScheduledStep Scheduler::schedule() {
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     (decode ? decodes : chunks).push_back({running_.back().get(), size_t(n)});
-    if (!decode)
+    if (!decode || running_.back()->scoring()) // a scored position is a prompt token
       budget -= n;
   }
   // The step: decodes first (a sub-step of them alone can replay a decode graph), then chunks.
@@ -265,9 +268,9 @@ ScheduledStep Scheduler::schedule() {
       if (kv_.geometry().window > 0)
         out.input.window_tables.push_back(std::move(window));
       out.seqs.push_back(&s);
-      if (list == &chunks || s.scoring())
+      if (list == &chunks || (s.req.prompt_logprobs >= 0 && s.cached < s.prompt_len))
         out.prompt_tokens += int64_t(e.n);
-      if (list == &chunks && s.scoring()) // its chunk's rows score it
+      if (list == &chunks && s.scoring() && score_chunks_) // its chunk's rows score it
         out.all_rows = true;
     }
   // Logits rows only where a token comes of the step and the request samples or reports them,

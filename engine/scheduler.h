@@ -56,19 +56,18 @@ struct Sequence {
   size_t pending() const { return tokens.size() - cached; }
   /// Sequences of the engine's running limit this one stands for (its choices, before a fork).
   int64_t slots() const { return forked ? 1 : std::max<int64_t>(req.n, 1); }
-  /// Its tokens come from its logits row (sampling, log-probabilities or logits asked for, logit
-  /// adjustments, or a
-  /// constraint that binds the next token: the pick is made over the ids it allows), not from
-  /// the model's greedy pick alone.
   /// Whether it still reads prompt positions' rows for prompt_logprobs: positions are then
   /// computed one a step (or in chunks, on a model that returns every token's row) until every
   /// prompt token but the first has its log-probability (or a token was generated: its choices
-  /// inherit the scores).
+  /// inherit the scores). Positions scored before a preemption are recomputed as a chunk.
   bool scoring() const {
     return req.prompt_logprobs >= 0 && generated() == 0 && prompt_scores.size() + 1 < prompt_len;
   }
   /// Whether the row of position p, computed alone, gives the next prompt log-probability.
   bool scores_at(size_t p) const { return scoring() && p == prompt_scores.size(); }
+  /// Its tokens come from its logits row (sampling, log-probabilities or logits asked for, logit
+  /// adjustments, or a constraint that binds the next token: the pick is made over the ids it
+  /// allows), not from the model's greedy pick alone.
   bool needs_logits() const {
     return req.sampling.temperature > 0 || req.top_logprobs >= 0 || req.return_logits ||
            req.adjust.any() || (constraint && constraint->bound());

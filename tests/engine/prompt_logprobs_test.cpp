@@ -116,7 +116,7 @@ TEST_CASE("engine: prompt log-probabilities come from each position's row, one p
   Engine plain(plain_model);
   const auto pid = plain.add(make_request(prompt, 3));
   CHECK(tokens_of(events) == tokens_of(drain(plain).at({pid, 0})));
-  CHECK(e.stats().prompt_tokens == int64_t(prompt.size()) - 1); // the last position: a decode
+  CHECK(e.stats().prompt_tokens == int64_t(prompt.size()));
 }
 
 TEST_CASE("engine: a scored prompt is computed whole even when its prefix is cached") {
@@ -235,4 +235,28 @@ TEST_CASE("engine: max_tokens 0 with prompt log-probabilities ends with the scor
                                                : "needs at least 2 tokens") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("engine: scored positions spend the step's token budget") {
+  // Newcomers scoring their prompts join one position each; with a 30-token prompt waiting too,
+  // no step goes past max_tokens_per_step.
+  FakeModel m(6, 64);
+  EngineOptions o;
+  o.max_tokens_per_step = 8;
+  Engine e(m, o);
+  std::vector<std::pair<engine::RequestId, std::vector<int32_t>>> scored;
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<int32_t> p = prompt_of(6 + i, i + 2);
+    scored.push_back({e.add(make_request(p, 2, 0)), p});
+  }
+  e.add(make_request(prompt_of(30, 40), 2));
+  const auto events = drain(e);
+  for (const auto& s : m.steps()) {
+    size_t n = 0;
+    for (const auto& t : s.tokens)
+      n += t.size();
+    CHECK(n <= 8);
+  }
+  for (const auto& [id, p] : scored)
+    check_scores(events.at({id, 0}).front().prompt_logprobs, p, 0);
 }
