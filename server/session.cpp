@@ -1,6 +1,10 @@
 // Engine events -> chat deltas, messages, completion text and logprobs.
 #include "server/session.h"
 
+#include <fmt/format.h>
+
+#include "base/utf8.h"
+
 namespace xserv::server {
 
 using openai::Json;
@@ -141,6 +145,19 @@ CompletionSession::CompletionSession(models::Tokenizer tok, const openai::GenPar
 
 namespace {
 
+/// A token as the legacy logprobs arrays name it: its text, or "bytes:\\xNN..." where its bytes
+/// are a piece of a character (OpenAI's completions write them so), so that distinct tokens keep
+/// distinct names in top_logprobs' keys.
+std::string legacy_token(const models::Tokenizer& tok, int32_t id) {
+  const std::string_view b = tok.id_to_token(static_cast<models::TokenId>(id));
+  if (valid_utf8(b))
+    return std::string(b);
+  std::string out = "bytes:";
+  for (unsigned char c : b)
+    out += fmt::format("\\x{:02x}", c);
+  return out;
+}
+
 /// The legacy completions logprobs object, its arrays empty.
 Json legacy_logprobs() {
   return {{"tokens", Json::array()},
@@ -166,9 +183,9 @@ std::string CompletionSession::on_event(const engine::Event& ev, Json& logprobs)
         if (lp) {
           top = Json::object();
           for (const auto& t : lp->top)
-            top[std::string(tok_.id_to_token(static_cast<models::TokenId>(t.token)))] = t.logprob;
+            top[legacy_token(tok_, t.token)] = t.logprob;
         }
-        logprobs["tokens"].push_back(std::string(bytes));
+        logprobs["tokens"].push_back(legacy_token(tok_, echo_[i]));
         logprobs["token_logprobs"].push_back(lp ? Json(lp->logprob) : Json(nullptr));
         logprobs["top_logprobs"].push_back(std::move(top));
         logprobs["text_offset"].push_back(text_.size() + text.size());
@@ -190,8 +207,8 @@ std::string CompletionSession::on_event(const engine::Event& ev, Json& logprobs)
         logprobs = legacy_logprobs();
       Json top = Json::object();
       for (const auto& t : ev.top_logprobs)
-        top[std::string(tok_.id_to_token(static_cast<models::TokenId>(t.token)))] = t.logprob;
-      logprobs["tokens"].push_back(std::string(tok_.id_to_token(id)));
+        top[legacy_token(tok_, t.token)] = t.logprob;
+      logprobs["tokens"].push_back(legacy_token(tok_, ev.token));
       logprobs["token_logprobs"].push_back(ev.logprob);
       logprobs["top_logprobs"].push_back(top);
       logprobs["text_offset"].push_back(offset);

@@ -301,6 +301,26 @@ TEST_CASE("serve: an echoed completion scores its prompt as loglikelihood client
     for (const auto& [tok, x] : top.items())
       CHECK(lp["top_logprobs"][p + 1].at(tok).get<double>() == x.get<double>());
   }
+  // Tokens that are pieces of a character are named by their bytes ("bytes:\\xNN..."), so that
+  // no name is a replacement character and distinct alternatives keep distinct keys.
+  HttpResponse u = s.post("/v1/completions", Json{{"prompt", "\u9ce5\u7378\u6232\u756b "
+                                                             "\U0001f99c\U0001fab8 \u0f00"},
+                                                  {"max_tokens", 2},
+                                                  {"temperature", 0},
+                                                  {"logprobs", 3},
+                                                  {"echo", true}}
+                                                 .dump());
+  REQUIRE(u.status == 200);
+  const Json ju = Json::parse(u.body)["choices"][0]["logprobs"];
+  bool pieces = false;
+  for (size_t i = 0; i < ju["tokens"].size(); ++i) {
+    const std::string t = ju["tokens"][i].get<std::string>();
+    CHECK(t.find("\xef\xbf\xbd") == std::string::npos); // U+FFFD
+    pieces = pieces || t.rfind("bytes:\\x", 0) == 0;
+    if (i > 0)
+      CHECK(ju["top_logprobs"][i].size() == 3);
+  }
+  CHECK(pieces); // the prompt's rare characters are split into byte tokens
   // max_tokens 0: the prompt's entries alone, as OpenAI's scoring requests had them.
   HttpResponse z =
       s.post("/v1/completions",
