@@ -118,22 +118,22 @@ std::vector<ir::Tensor> CpuModel::run_graph(const ir::Graph& g,
   return ir::interpret(g, env_);
 }
 
-std::vector<std::vector<float>> CpuModel::step(const models::StepInput& in) {
+std::vector<ir::Tensor> CpuModel::run_step(const models::StepInput& in) {
   validate_step(in, max_batch_, max_seq_, ckpt_.config().vocab_size, kv_);
   copy_blocks(in.copies);
   env_.params = models::step_params(in);
-  std::vector<ir::Tensor> out =
-      stages_.empty() ? ir::interpret(graph_, env_) : ir::interpret_stages(stages_, env_);
+  return stages_.empty() ? ir::interpret(graph_, env_) : ir::interpret_stages(stages_, env_);
+}
+
+std::vector<std::vector<float>> CpuModel::step(const models::StepInput& in) {
+  const std::vector<ir::Tensor> out = run_step(in);
   return sequence_logits(out.at(0), in.tokens.size(), env_.params.at(models::params::kLogitRows));
 }
 
 std::vector<std::vector<float>> CpuModel::step_all(const models::StepInput& in) {
   if (!all_rows_)
     return Model::step_all(in); // throws
-  validate_step(in, max_batch_, max_seq_, ckpt_.config().vocab_size, kv_);
-  copy_blocks(in.copies);
-  env_.params = models::step_params(in);
-  const ir::Tensor logits = ir::interpret(graph_, env_).at(0);
+  const ir::Tensor logits = run_step(in).at(0);
   const int64_t v = logits.shape.back(), rows = logits.numel() / v;
   std::vector<std::vector<float>> out(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r)

@@ -44,6 +44,8 @@ public:
   std::vector<ir::Tensor> run_graph(const ir::Graph& g, std::map<std::string, ir::Tensor> params);
 
 private:
+  /// Checks the step, makes its block copies and runs the graph (or the stages) over it.
+  std::vector<ir::Tensor> run_step(const models::StepInput& in);
   /// The step's block copies, in the caches of each copy's pool.
   void copy_blocks(const std::vector<models::StepInput::BlockCopy>& copies);
 

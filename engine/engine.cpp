@@ -342,40 +342,35 @@ StepOutput Engine::all_rows_output(std::vector<std::vector<float>> rows,
 bool Engine::score_prompt(Sequence& q, const std::vector<float>& row, int64_t step_index,
                           std::vector<Event>& events, int64_t finished[3]) {
   const size_t p = q.prompt_scores.size(); // the position whose row this is
-  if (!all_finite(row)) { // the request ends, each of its choices (none forked yet)
+  // The request ends before its first token: an event for each of its choices (none forked).
+  auto end_all = [&](FinishReason why, const std::string& error) {
     for (int c = 0; c < std::max(q.req.n, 1); ++c) {
       Event ev;
       ev.id = q.id;
       ev.choice = c;
       ev.prompt_tokens = static_cast<int64_t>(q.prompt_len);
-      ev.finish = FinishReason::Error;
-      ev.error = fmt::format("non-finite logits (NaN or infinity) at engine step {}, prompt "
-                             "position {}: the model's numbers broke down, no log-probability "
-                             "is taken from them",
-                             step_index, p);
-      ++finished[2];
+      ev.finish = why;
+      ev.error = error;
+      if (why == FinishReason::Length)
+        ev.prompt_logprobs = q.prompt_scores;
+      ++finished[why == FinishReason::Error ? 2 : 1];
       events.push_back(std::move(ev));
     }
     return false;
-  }
+  };
+  if (!all_finite(row))
+    return end_all(FinishReason::Error,
+                   fmt::format("non-finite logits (NaN or infinity) at engine step {}, prompt "
+                               "position {}: the model's numbers broke down, no log-probability "
+                               "is taken from them",
+                               step_index, p));
   PromptLogprob lp;
   lp.token = q.tokens[p + 1];
   fill_logprobs(row, lp.token, q.req.prompt_logprobs, lp.logprob, lp.top);
   q.prompt_scores.push_back(std::move(lp));
   if (q.req.max_tokens > 0 || q.scoring())
     return true;
-  // max_tokens 0: the scores are the answer; each choice ends with them and no token.
-  for (int c = 0; c < std::max(q.req.n, 1); ++c) {
-    Event ev;
-    ev.id = q.id;
-    ev.choice = c;
-    ev.prompt_tokens = static_cast<int64_t>(q.prompt_len);
-    ev.finish = FinishReason::Length;
-    ev.prompt_logprobs = q.prompt_scores;
-    ++finished[1];
-    events.push_back(std::move(ev));
-  }
-  return false;
+  return end_all(FinishReason::Length, ""); // max_tokens 0: the scores are the answer
 }
 
 void Engine::update_from_output(const ScheduledStep& s, const std::vector<bool>& yields,

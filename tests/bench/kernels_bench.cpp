@@ -16,9 +16,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
-#include <map>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -518,15 +517,7 @@ TEST_CASE("gemm throughput: mma.sync against warpgroup MMA, 20b shapes (informat
       dense_pair(4096, 2880, 64, 64, 1, st, 8, false, ks, pipe);
     }
   };
-  g_dry = true;
-  variants();
-  g_dry = false;
-  const auto t0 = std::chrono::steady_clock::now();
-  preload(std::move(g_sources));
-  MESSAGE("gemm variants compiled in "
-          << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s");
-  mb = std::make_unique<MoeBench>();
-  variants();
+  with_preloaded(variants, [&] { mb = std::make_unique<MoeBench>(); });
 }
 
 TEST_CASE("MoE grouped gemm tiles at batched-decode and mixed-step sizes, 20b MXFP4 "
@@ -587,15 +578,13 @@ TEST_CASE("MoE gemm pipelines at batched-decode sizes, 20b MXFP4 (informational)
             std::tuple{8, 1, true}, std::tuple{3, 2, false}, std::tuple{4, 2, false},
             std::tuple{4, 2, true}})
         moe_wg(mb.get(), t, bn, 2, st, true, false, ks, pipe, true);
-    // The registers a thread capped so that one more block fits an SM: the plans' 64-token
-    // (138 registers: 3 an SM) and 32-token (132) tiles at 4, the prompts' 128-token tile (223:
-    // 2 an SM) at 3; ptxas spills a few words of the loads' precomputed offsets.
-    moe_wg(mb.get(), 256, 64, 2, 4, true, false, 1, false, true, 4);
-    moe_wg(mb.get(), 128, 32, 2, 3, true, false, 2, true, true, 4);
-    moe_wg(mb.get(), 512, 128, 2, 3, true, false, 1, false, true, 0);
-    moe_wg(mb.get(), 512, 128, 2, 3, true, false, 1, false, true, 3);
-    moe_wg(mb.get(), 2048, 128, 2, 3, true, false, 1, false, true, 0);
-    moe_wg(mb.get(), 2048, 128, 2, 3, true, false, 1, false, true, 3);
+    // Registers capped so that one more block fits an SM (ptxas spills a few words of offsets):
+    // the plans' 64- and 32-token tiles 3 -> 4 an SM, the prompts' 128-token tile 2 -> 3.
+    for (auto [t, bn, st, ks, mbk] :
+         {std::tuple{256, 64, 4, 1, 4}, std::tuple{128, 32, 3, 2, 4}, std::tuple{512, 128, 3, 1, 0},
+          std::tuple{512, 128, 3, 1, 3}, std::tuple{2048, 128, 3, 1, 0},
+          std::tuple{2048, 128, 3, 1, 3}})
+      moe_wg(mb.get(), t, bn, 2, st, true, false, ks, ks == 2, true, mbk);
   };
   with_preloaded(variants, [&] { mb = std::make_unique<MoeBench>(); });
 }
