@@ -1,8 +1,6 @@
-// Bandwidth of the 20b's decode kernels on the GPU (qkv, o_proj, lm_head GEMVs under tuning
-// variants; the MoE decode path): median of 20 timed launches after 3 warm-ups, by CUDA events,
-// weights cycled through more than the 50 MB L2. A benchmark, built with the tests and never
-// run by ctest (speed asserts nothing; docs/PERF.md keeps the figures):
-//   build/tests/kernels_bench            (needs a GPU; prints MESSAGE lines per variant)
+// The 20b's kernels on the GPU under tuning variants: median of 20 timed launches after 3
+// warm-ups, by CUDA events, weights cycled beyond the 50 MB L2. Never run by ctest (speed asserts
+// nothing; docs/PERF.md keeps the figures): build/tests/kernels_bench (MESSAGE lines a variant).
 #include "tests/codegen/kernel_test_util.h"
 
 #include "codegen/emit_wg.h"
@@ -17,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -88,9 +87,8 @@ void qkv_bandwidth(QkvDims d) {
 
 TEST_CASE("bandwidth of the 20b's decode GEMVs under tuning variants (informational)") {
   XSERV_REQUIRE_GPU();
-  // (rows per warp, loads in flight per lane and row, most tokens per launch, K splits);
-  // {0, 4, 8, 1} is the default the lowering used before split-K.
-  // K splits: 2, 4 or 8 warps share a row group, each over that part of K.
+  // (rows per warp, loads in flight per lane and row, most tokens per launch, K splits: 2, 4 or
+  // 8 warps share a row group, each over that part of K); {0, 4, 8, 1}: before split-K.
   const std::vector<std::tuple<int, int, int, int>> variants = {
       {0, 4, 8, 1}, {0, 4, 1, 1}, {0, 4, 1, 2}, {0, 4, 1, 4}, {0, 2, 1, 4}, {0, 2, 1, 8},
       {1, 4, 1, 4}, {1, 2, 1, 8}, {4, 2, 1, 4}, {0, 4, 8, 4}, {0, 2, 8, 8}};
@@ -176,9 +174,7 @@ TEST_CASE("bandwidth of the 20b-shaped decode GEMV and MoE (informational)") {
   }
 }
 
-// ---- prefill / batched-decode gemms: mma.sync (gemm.cuh) against warpgroup MMA (gemm_wg.cuh) ----
-
-namespace {
+namespace { // prefill and batched-decode gemms: mma.sync (gemm.cuh), warpgroup MMA (gemm_wg.cuh)
 
 /// Dry runs collect the variants' kernels (compiled together by preload) instead of running.
 bool g_dry = false;
@@ -565,27 +561,33 @@ TEST_CASE("MoE gemm pipelines at batched-decode sizes, 20b MXFP4 (informational)
   XSERV_REQUIRE_GPU();
   if (!wg_arch())
     return;
-  // The plans' tiles of 128 and 256 sequences (32 and 64 tokens, two m64 tiles, 4 stages of one
-  // K tile, the one-multiply scales): each expert's weights come from DRAM once a step, so the
-  // bytes in flight a block (stages x K tiles a stage) may bound them where prompts (weights
-  // re-read from L2 by every token tile) did not.
+  // The tiles of 128 and 256 sequences (32 and 64 tokens, two m64 tiles): each expert's weights
+  // come from DRAM once a step, so the bytes in flight a block may bound them.
   std::unique_ptr<MoeBench> mb;
-  auto variants = [&] {
-    for (auto [t, bn] : {std::pair{256, 64}, std::pair{128, 32}})
-      for (auto [st, ks, pipe] :
-           {std::tuple{4, 1, false}, std::tuple{3, 1, false}, std::tuple{6, 1, false},
-            std::tuple{8, 1, false}, std::tuple{4, 1, true}, std::tuple{6, 1, true},
-            std::tuple{8, 1, true}, std::tuple{3, 2, false}, std::tuple{4, 2, false},
-            std::tuple{4, 2, true}})
-        moe_wg(mb.get(), t, bn, 2, st, true, false, ks, pipe, true);
-    // Registers capped so that one more block fits an SM (ptxas spills a few words of offsets):
-    // the plans' 64- and 32-token tiles 3 -> 4 an SM, the prompts' 128-token tile 2 -> 3.
-    for (auto [t, bn, st, ks, mbk] :
-         {std::tuple{256, 64, 4, 1, 4}, std::tuple{128, 32, 3, 2, 4}, std::tuple{512, 128, 3, 1, 0},
-          std::tuple{512, 128, 3, 1, 3}, std::tuple{2048, 128, 3, 1, 0},
-          std::tuple{2048, 128, 3, 1, 3}})
-      moe_wg(mb.get(), t, bn, 2, st, true, false, ks, ks == 2, true, mbk);
-  };
+  std::function<void()> variants;
+  SUBCASE("stages and K tiles") {
+    variants = [&] {
+      for (auto [t, bn] : {std::pair{256, 64}, std::pair{128, 32}})
+        for (auto [st, ks, pipe] :
+             {std::tuple{4, 1, false}, std::tuple{3, 1, false}, std::tuple{6, 1, false},
+              std::tuple{8, 1, false}, std::tuple{4, 1, true}, std::tuple{6, 1, true},
+              std::tuple{8, 1, true}, std::tuple{3, 2, false}, std::tuple{4, 2, false},
+              std::tuple{4, 2, true}})
+          moe_wg(mb.get(), t, bn, 2, st, true, false, ks, pipe, true);
+    };
+  }
+  SUBCASE("registers capped") {
+    // Registers capped so that one more block fits an SM, each beside its uncapped form: the
+    // 64- and 32-token tiles 3 -> 4 an SM, the prompts' 128-token tile 2 -> 3.
+    variants = [&] {
+      for (auto [t, bn, st, ks, mbk] :
+           {std::tuple{256, 64, 4, 1, 0}, std::tuple{256, 64, 4, 1, 4},
+            std::tuple{128, 32, 3, 2, 0}, std::tuple{128, 32, 3, 2, 4},
+            std::tuple{512, 128, 3, 1, 0}, std::tuple{512, 128, 3, 1, 3},
+            std::tuple{2048, 128, 3, 1, 0}, std::tuple{2048, 128, 3, 1, 3}})
+        moe_wg(mb.get(), t, bn, 2, st, true, false, ks, false, true, mbk);
+    };
+  }
   with_preloaded(variants, [&] { mb = std::make_unique<MoeBench>(); });
 }
 
@@ -726,10 +728,9 @@ struct DecodeInputs {
   }
 };
 
-/// attention_decode (+ attention_combine when split) for `seqs` sequences of one token each at
-/// `ctx` cached positions, the 20b's heads, a paged fp32 cache with `slots` positions for each
-/// sequence in consecutive blocks of 16 (window: the sliding layers' window), under `splits` key
-/// splits.
+/// attention_decode (+ attention_combine when split) for `seqs` one-token sequences at `ctx`
+/// cached positions, the 20b's heads, a paged fp32 cache of `slots` positions a sequence in
+/// consecutive blocks of 16 (window: the sliding layers'), under `splits` key splits.
 void attention_time(int seqs, int ctx, int slots, int window, int splits) {
   const AttentionDims d{64, 8, 64, 16, (slots + 15) / 16, window, 0.125, true};
   const Loaded& dec = load(emit_attention_decode(d, {}));
