@@ -718,3 +718,49 @@ TEST_CASE("gemm_wg's grouped MXFP4 tiles of 8 tokens compile for sm_90") {
     CHECK_MESSAGE(r.log.empty(), r.log);
   }
 }
+
+TEST_CASE("gemm_wg_coop: two warpgroups a block compile for sm_90; shapes it refuses") {
+  // Grouped MXFP4 tiles of 128 and 256 tokens whose K tiles are decoded once into shared
+  // memory for both warpgroups (GemmWgDims::wgs); gemm_wg_sweep_gpu_test runs them.
+  runtime::CompileOptions opts;
+  opts.arch = "sm_90";
+  opts.headers = kernel_headers();
+  GemmWgDims g;
+  g.grouped = true;
+  g.experts = 32;
+  g.ksel = 4;
+  g.wm = 2;
+  g.mxfp4 = g.small_scales = true;
+  g.wgs = 2;
+  g.k = 2880;
+  for (int bn : {128, 256})
+    for (bool gate_up : {true, false}) {
+      g.bn = bn;
+      g.n = gate_up ? 5760 : 2880;
+      g.gather = gate_up;
+      g.epilogue = gate_up ? GemmEpilogue::Swiglu : GemmEpilogue::Scatter;
+      CAPTURE(bn);
+      CAPTURE(gate_up);
+      REQUIRE(gemm_wg_fits(g));
+      const KernelSource k = emit_gemm_wg(g, {});
+      CHECK(k.name.find("_coop") != std::string::npos);
+      CHECK(k.launch.block == 256);
+      // 4 stages of the tile's token rows and MXFP4 rows (1 KB-rounded), two decoded A tiles.
+      const size_t stage = (size_t(bn) * 128 + 128 * 36 + 1023) / 1024 * 1024;
+      CHECK(k.launch.smem_fixed == 4 * stage + 2 * 2 * 8192 + 1024);
+      const runtime::CompileResult r = runtime::compile_cuda(k.source, k.name, opts);
+      CHECK(!r.cubin.empty());
+    }
+  auto refused = [&](auto&& change) {
+    GemmWgDims d = g;
+    change(d);
+    CHECK_FALSE(gemm_wg_fits(d));
+  };
+  refused([](GemmWgDims& d) { d.mxfp4 = false; });
+  refused([](GemmWgDims& d) { d.grouped = d.gather = false, d.epilogue = GemmEpilogue::Store; });
+  refused([](GemmWgDims& d) { d.bn = 64; });
+  refused([](GemmWgDims& d) { d.split = true; });
+  refused([](GemmWgDims& d) { d.ksub = 2; });
+  refused([](GemmWgDims& d) { d.stages = 2; });
+  refused([](GemmWgDims& d) { d.wgs = 3; });
+}
