@@ -19,8 +19,6 @@ constexpr std::array<int, 10> kWgShapes = {8, 16, 24, 32, 48, 64, 96, 128, 192, 
 constexpr size_t kSmemPerSm = 227 * 1024;
 
 size_t stage_bytes(const GemmWgDims& d) {
-  if (d.wgs == 2) // gemm_wg_coop_stage_bytes
-    return (size_t(d.bn) * 128 + size_t(64) * d.wm * 36 + 1023) / 1024 * 1024;
   const size_t b = size_t(d.bn) * 128 * (d.split ? 2 : 1);
   const size_t a = size_t(64) * d.wm * (d.mxfp4 ? 36 : 128);
   return (size_t(d.ksub) * (b + a) + 1023) / 1024 * 1024;
@@ -48,7 +46,7 @@ int wg_splitk(int k, int n, int sms) {
 }
 
 size_t gemm_wg_smem_bytes(const GemmWgDims& d) {
-  return size_t(d.stages) * stage_bytes(d) + (d.wgs == 2 ? size_t(2) * d.wm * 8192 : 0) + 1024;
+  return size_t(d.stages) * stage_bytes(d) + 1024;
 }
 
 bool gemm_wg_fits(const GemmWgDims& d) {
@@ -58,10 +56,7 @@ bool gemm_wg_fits(const GemmWgDims& d) {
          (d.wm == 1 || d.wm == 2) && d.stages >= (d.pipe ? 3 : 2) && d.ksub >= 1 && d.ksub <= 4 &&
          gemm_wg_smem_bytes(d) <= kSmemPerSm && d.splitk >= 1 && (d.k / 64) % d.splitk == 0 &&
          d.chunks >= 1 && !(d.natural && d.mxfp4) && d.min_blocks >= 0 && d.min_blocks <= 16 &&
-         (d.chunks == 1 || (d.splitk == 1 && !d.pipe && (d.k / 64) % (d.chunks * d.ksub) == 0)) &&
-         (d.wgs == 1 || (d.wgs == 2 && d.grouped && d.mxfp4 && (d.bn == 128 || d.bn == 256) &&
-                         d.ksub == 1 && !d.pipe && !d.split && d.chunks == 1 && d.stages >= 3 &&
-                         d.epilogue != GemmEpilogue::Store));
+         (d.chunks == 1 || (d.splitk == 1 && !d.pipe && (d.k / 64) % (d.chunks * d.ksub) == 0));
 }
 
 KernelSource emit_gemm_act(const GemmActDims& d, const std::vector<std::string>& ir_lines) {
@@ -128,8 +123,6 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
     name += "_natural";
   if (d.min_blocks > 0)
     name += fmt::format("_mb{}", d.min_blocks);
-  if (d.wgs == 2)
-    name += "_coop";
   std::vector<Param> params = {{"const __nv_bfloat16* xh", "xh"},
                                {"const __nv_bfloat16* xl", "xl"},
                                {expert_param(d.mxfp4, "w"), "w"},
@@ -143,7 +136,7 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
                                {"", float_literal(d.alpha)},
                                {"int tokens", "tokens"}};
   LaunchRule launch;
-  launch.block = 128 * d.wgs;
+  launch.block = 128;
   launch.min_blocks_per_sm = d.min_blocks;
   launch.blocks_x = (d.n + 64 * d.wm - 1) / (64 * d.wm);
   launch.y_tile = d.bn;
@@ -153,12 +146,6 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
   }
   launch.smem_fixed = gemm_wg_smem_bytes(d);
   launch.blocks_z = d.splitk;
-  if (d.wgs == 2)
-    return assemble(std::move(name), ir_lines, "gemm_wg_coop.cuh",
-                    fmt::format("gemm_wg_coop<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>", d.k,
-                                d.n, d.bn, d.wm, d.stages, d.gather, d.ksel, epi, d.bias, d.experts,
-                                d.small_scales),
-                    params, launch);
   std::string call =
       fmt::format("gemm_wg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
                   d.k, d.n, d.bn, d.wm, d.stages, d.mxfp4, d.split, d.grouped, d.gather, d.ksel,

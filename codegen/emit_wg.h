@@ -62,10 +62,6 @@ struct GemmWgDims {
   /// Blocks an SM the compiler must fit (__launch_bounds__'s second argument; 0: none), which
   /// caps the registers a thread at 65,536 / (128 min_blocks).
   int min_blocks = 0;
-  /// Warpgroups a block (gemm_wg_coop.cuh when 2: grouped MXFP4 weights only, bn 128 or 256,
-  /// one K tile a stage, no pipe, split, chunks or split K): each K tile's weights decoded once
-  /// into shared memory and multiplied by both, each by its bn / 2 tokens.
-  int wgs = 1;
 };
 KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& ir_lines);
 

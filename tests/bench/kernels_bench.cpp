@@ -289,8 +289,7 @@ void report(const std::string& label, double ms, double flops, double bytes) {
 /// The MoE block's two gemms at T tokens through gemm_wg with one tile shape: gate_up + act +
 /// down in us (-1 in a dry run or when the shape does not fit).
 double moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx4, bool split,
-              int ksub = 1, bool pipe = false, bool small = false, int min_blocks = 0,
-              int wgs = 1) {
+              int ksub = 1, bool pipe = false, bool small = false, int min_blocks = 0) {
   const MoeDims& d = *mb_dims(pmb);
   const int pairs = tokens * d.k;
   GemmWgDims g;
@@ -306,7 +305,6 @@ double moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool 
   g.mxfp4 = mx4;
   g.small_scales = mx4 && small;
   g.min_blocks = min_blocks;
-  g.wgs = wgs;
   g.k = d.hidden;
   g.n = 2 * d.inter;
   g.gather = true;
@@ -350,8 +348,7 @@ double moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool 
       fmt::format("T={} bn {} m{} stages {} ksub {}{} {}{} {}{}", tokens, bn, 64 * wm, stages, ksub,
                   pipe ? " pipe" : "", mx4 ? "mxfp4" : "bf16", g.small_scales ? " (small)" : "",
                   split ? "split" : "bf16-act",
-                  min_blocks > 0 ? fmt::format(" {} blocks an SM", min_blocks) : "") +
-      (wgs > 1 ? " two warpgroups" : "");
+                  min_blocks > 0 ? fmt::format(" {} blocks an SM", min_blocks) : "");
   report("moe gate_up wg " + tag, ms_gu, 2.0 * pairs * 2 * per, d.experts * 2 * per * wbytes);
   report("moe down wg " + tag, ms_dn, 2.0 * pairs * per, d.experts * per * wbytes);
   MESSAGE("gemm moe wg " << tag << ": gate_up + act + down " << (ms_gu + ms_act + ms_dn) * 1e3
@@ -589,15 +586,6 @@ TEST_CASE("MoE gemm pipelines at batched-decode sizes, 20b MXFP4 (informational)
             std::tuple{512, 128, 3, 1, 0}, std::tuple{512, 128, 3, 1, 3},
             std::tuple{2048, 128, 3, 1, 0}, std::tuple{2048, 128, 3, 1, 3}})
         moe_wg(mb.get(), t, bn, 2, st, true, false, ks, false, true, mbk);
-    };
-  }
-  SUBCASE("two warpgroups") { // gemm_wg_coop against the plans' tiles
-    variants = [&] {
-      for (int t : {1024, 2048, 4096}) {
-        moe_wg(mb.get(), t, 128, 2, 3, true, false, 1, false, true);
-        for (auto [bn, wm, st] : {std::tuple{256, 2, 4}, std::tuple{128, 2, 4}})
-          moe_wg(mb.get(), t, bn, wm, st, true, false, 1, false, true, 0, 2);
-      }
     };
   }
   with_preloaded(variants, [&] { mb = std::make_unique<MoeBench>(); });

@@ -184,9 +184,6 @@ struct MoeCase {
   /// The MXFP4 run in gemm_wg's one-multiply form (GemmWgDims::small_scales): scale bytes
   /// must then stay at most 128.
   bool small_scales = false;
-  /// The MXFP4 run on gemm_wg_coop (GemmWgDims::wgs 2; the BF16 run keeps gemm_wg, one m64
-  /// tile a block).
-  int wgs = 1;
 };
 
 /// The inputs of run_moe's MoE block (random, from its seed), for a run of other kernels on
@@ -279,9 +276,6 @@ inline std::vector<std::vector<uint32_t>> run_moe(const MoeCase& c, uint64_t see
     g.split = c.split;
     g.mxfp4 = mx == 1;
     g.small_scales = g.mxfp4 && c.small_scales;
-    g.wgs = g.mxfp4 ? c.wgs : 1;
-    if (c.wgs > 1 && !g.mxfp4)
-      g.wm = 1;
     g.k = d.hidden;
     g.n = 2 * d.inter;
     g.gather = true;
@@ -290,7 +284,7 @@ inline std::vector<std::vector<uint32_t>> run_moe(const MoeCase& c, uint64_t see
     g.alpha = d.alpha;
     auto chunked = [&](int k) {
       g.chunks = c.canonical ? moe_chain_splits(k) : 1;
-      g.wm = g.chunks > 1 && c.wm * c.bn > 128 ? 1 : g.wm;
+      g.wm = g.chunks > 1 && c.wm * c.bn > 128 ? 1 : c.wm;
       g.pipe = g.chunks > 1 ? false : c.pipe; // as the lowering falls back
       g.ksub = g.chunks > 1 && (k / 64) % (g.chunks * c.ksub) != 0 ? 1 : c.ksub;
     };
