@@ -62,6 +62,15 @@ struct GemmWgDims {
   /// Blocks an SM the compiler must fit (__launch_bounds__'s second argument; 0: none), which
   /// caps the registers a thread at 65,536 / (128 min_blocks).
   int min_blocks = 0;
+  /// Each K step's MMAs a batch of their own, waited for one step later: the next step's
+  /// fragments are built while they run (the compiler otherwise builds a K tile's fragments
+  /// before most of its MMAs issue), and the next stage's loads go out after the first step's
+  /// MMAs. The same products in the same order: the same bits.
+  bool steps = false;
+  /// Warpgroups a block (1 or 2): each takes 64 wm weight rows of its own, both multiply the
+  /// same token tile (loaded once a block), so that a tile's activations are read from L2
+  /// once for 128 wm rows instead of 64 wm.
+  int wgs = 1;
 };
 KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& ir_lines);
 
@@ -102,6 +111,8 @@ struct WgMoeTiling {
   int bn, wm, stages;
   int ksub = 1;
   bool pipe = false;
+  bool steps = false; ///< GemmWgDims::steps
+  int wgs = 1;        ///< GemmWgDims::wgs (MXFP4 experts)
 };
 /// The tilings the lowering picks from, smallest first (wg_moe_tiling picks by the pairs an
 /// expert gets). The 32-token tile serves 13 to 24 pairs an expert: the 20b at 128 sequences
@@ -111,7 +122,9 @@ struct WgMoeTiling {
 /// the model: B256 17.34 -> 18.33 ms, pp512 -2.6%. The 32-token tile takes 3 stages of two K tiles
 /// (one barrier a pair): gate_up + act + down at 128 tokens 280-282 -> 255-262 us (kernels_bench
 /// "MoE gemm pipelines", H100, two runs); other depths and the 64-token tile gained nothing.
-inline constexpr std::array<WgMoeTiling, 4> kWgMoeTilings = {
-    {{16, 2, 4}, {32, 2, 3, 2}, {64, 2, 4}, {128, 2, 3}}};
+inline constexpr std::array<WgMoeTiling, 4> kWgMoeTilings = {{{16, 2, 4, 1, false, true},
+                                                              {32, 2, 3, 2, false, false},
+                                                              {64, 2, 4, 1, false, true},
+                                                              {128, 2, 3, 1, false, true}}};
 
 } // namespace xserv::codegen

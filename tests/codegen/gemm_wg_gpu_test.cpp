@@ -313,3 +313,49 @@ TEST_CASE("gemm_wg's one-multiply MXFP4 scaling gives the BF16 weights' bits") {
   const auto b = run_moe(b256, ++seed);
   CHECK(b[0] == b[1]);
 }
+
+TEST_CASE("gemm_wg's K steps as MMA batches of their own, two warpgroups a block: the same bits") {
+  XSERV_REQUIRE_GPU();
+  if (!sm90()) {
+    MESSAGE("skipped: gemm_wg needs sm_90");
+    return;
+  }
+  // GemmWgDims::steps changes when the MMAs issue and are waited for, and wgs which block
+  // computes a weight row, not what is multiplied: both weight formats' outputs equal those of
+  // one warpgroup a block with the batched schedule bit for bit, in every MoE tiling of the
+  // lowering (with their stages and K tiles a stage) and at the 20b's shape.
+  uint64_t seed = 7700;
+  auto same = [&](MoeCase c) {
+    c.steps = false;
+    c.wgs = 1;
+    const auto want = run_moe(c, seed);
+    for (auto [steps, wgs] : {std::pair{true, 1}, std::pair{false, 2}, std::pair{true, 2}}) {
+      CAPTURE(steps);
+      CAPTURE(wgs);
+      c.steps = steps;
+      c.wgs = wgs;
+      const auto got = run_moe(c, seed);
+      REQUIRE(got.size() == want.size());
+      for (size_t i = 0; i < got.size(); ++i)
+        CHECK(got[i] == want[i]);
+    }
+    ++seed;
+  };
+  const MoeDims small{256, 192, 8, 2, true};
+  for (const codegen::WgMoeTiling& t : codegen::kWgMoeTilings) {
+    CAPTURE(t.bn);
+    MoeCase c{small, 150, t.bn, t.wm, false, true, true, t.ksub, false, t.stages};
+    c.small_scales = true;
+    same(c);
+    c.small_scales = false;
+    c.tokens = 9;
+    same(c);
+  }
+  const MoeDims g20{2880, 2880, 32, 4, true};
+  MoeCase b256{g20, 256, 64, 2, false, false, true};
+  b256.small_scales = true;
+  same(b256);
+  MoeCase prompt{g20, 300, 128, 2, false, true, true, 1, false, 3};
+  prompt.small_scales = true;
+  same(prompt);
+}

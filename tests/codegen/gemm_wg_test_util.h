@@ -184,6 +184,8 @@ struct MoeCase {
   /// The MXFP4 run in gemm_wg's one-multiply form (GemmWgDims::small_scales): scale bytes
   /// must then stay at most 128.
   bool small_scales = false;
+  bool steps = false; ///< GemmWgDims::steps
+  int wgs = 1;        ///< GemmWgDims::wgs
 };
 
 /// The inputs of run_moe's MoE block (random, from its seed), for a run of other kernels on
@@ -276,6 +278,8 @@ inline std::vector<std::vector<uint32_t>> run_moe(const MoeCase& c, uint64_t see
     g.split = c.split;
     g.mxfp4 = mx == 1;
     g.small_scales = g.mxfp4 && c.small_scales;
+    g.steps = c.steps;
+    g.wgs = c.wgs;
     g.k = d.hidden;
     g.n = 2 * d.inter;
     g.gather = true;

@@ -3,6 +3,7 @@
 // sources recompile with the headers it carries, and plan.json's launch table is the lowering's.
 #include <doctest/doctest.h>
 
+#include <sstream>
 #include <string>
 
 #include <cstdlib>
@@ -155,8 +156,15 @@ TEST_CASE("compile reads the MXFP4 scales: up to 128 the MoE gemms multiply once
         continue;
       ++grouped;
       one_multiply += name.find("_mx4s") != std::string::npos ? 1 : 0;
-      CHECK((read_file(plan / k["source"].get<std::string>()).find(", true>(") !=
-             std::string::npos) == c.small);
+      // gemm_wg's SMALL: its 19th template argument, written only where it or one after it is set
+      const std::string text = read_file(plan / k["source"].get<std::string>());
+      const size_t at = text.find("gemm_wg<"), end = text.find(">(", at);
+      REQUIRE(end != std::string::npos);
+      std::vector<std::string> args;
+      std::stringstream list(text.substr(at + 8, end - at - 8));
+      for (std::string a; std::getline(list, a, ',');)
+        args.push_back(a.substr(a.find_first_not_of(' ')));
+      CHECK((args.size() > 18 && args[18] == "true") == c.small);
     }
     CHECK(grouped >= 2); // gate_up and down at least
     if (c.small) {
