@@ -157,7 +157,6 @@ void Lowerer::moe_gemms_wg(ValueId v, const codegen::MoeDims& d, int i, int lo, 
   const int ksub = deep ? tiling.ksub : 1;
   const bool pipe = deep && tiling.pipe;
   g.steps = deep && tiling.steps && !pipe;
-  g.wgs = mx4 ? tiling.wgs : 1;
   g.k = d.hidden;
   g.n = 2 * d.inter;
   g.gather = true;

@@ -20,7 +20,7 @@ constexpr size_t kSmemPerSm = 227 * 1024;
 
 size_t stage_bytes(const GemmWgDims& d) {
   const size_t b = size_t(d.bn) * 128 * (d.split ? 2 : 1);
-  const size_t a = size_t(64) * d.wm * (d.mxfp4 ? 36 : 128) * d.wgs;
+  const size_t a = size_t(64) * d.wm * (d.mxfp4 ? 36 : 128);
   return (size_t(d.ksub) * (b + a) + 1023) / 1024 * 1024;
 }
 
@@ -56,7 +56,6 @@ bool gemm_wg_fits(const GemmWgDims& d) {
          (d.wm == 1 || d.wm == 2) && d.stages >= (d.pipe ? 3 : 2) && d.ksub >= 1 && d.ksub <= 4 &&
          gemm_wg_smem_bytes(d) <= kSmemPerSm && d.splitk >= 1 && (d.k / 64) % d.splitk == 0 &&
          d.chunks >= 1 && !(d.natural && d.mxfp4) && d.min_blocks >= 0 && d.min_blocks <= 16 &&
-         (d.wgs == 1 || (d.wgs == 2 && d.splitk == 1)) &&
          (d.chunks == 1 || (d.splitk == 1 && !d.pipe && (d.k / 64) % (d.chunks * d.ksub) == 0));
 }
 
@@ -126,8 +125,6 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
     name += fmt::format("_mb{}", d.min_blocks);
   if (d.steps)
     name += "_steps";
-  if (d.wgs > 1)
-    name += fmt::format("_wg{}", d.wgs);
   std::vector<Param> params = {{"const __nv_bfloat16* xh", "xh"},
                                {"const __nv_bfloat16* xl", "xl"},
                                {expert_param(d.mxfp4, "w"), "w"},
@@ -141,9 +138,9 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
                                {"", float_literal(d.alpha)},
                                {"int tokens", "tokens"}};
   LaunchRule launch;
-  launch.block = 128 * d.wgs;
+  launch.block = 128;
   launch.min_blocks_per_sm = d.min_blocks;
-  launch.blocks_x = (d.n + 64 * d.wm * d.wgs - 1) / (64 * d.wm * d.wgs);
+  launch.blocks_x = (d.n + 64 * d.wm - 1) / (64 * d.wm);
   launch.y_tile = d.bn;
   if (d.grouped) {
     launch.y_per_token = d.ksel;
@@ -155,15 +152,13 @@ KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& i
       fmt::format("gemm_wg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
                   d.k, d.n, d.bn, d.wm, d.stages, d.mxfp4, d.split, d.grouped, d.gather, d.ksel,
                   epi, d.bias, d.residual, d.splitk, d.experts, d.ksub, d.pipe, d.chunks);
-  // The template's last arguments (SMALL, NATURAL, STEPS, WGS), up to the last one set.
-  const std::string last[] = {d.mxfp4 && d.small_scales ? "true" : "", d.natural ? "true" : "",
-                              d.steps ? "true" : "", d.wgs > 1 ? std::to_string(d.wgs) : ""};
-  const char* unset[] = {"false", "false", "false", "1"};
-  int given = 4;
-  while (given > 0 && last[given - 1].empty())
+  // The template's last arguments (SMALL, NATURAL, STEPS), up to the last one set.
+  const bool last[] = {d.mxfp4 && d.small_scales, d.natural, d.steps};
+  int given = 3;
+  while (given > 0 && !last[given - 1])
     --given;
   for (int i = 0; i < given; ++i)
-    call.insert(call.size() - 1, ", " + (last[i].empty() ? std::string(unset[i]) : last[i]));
+    call.insert(call.size() - 1, last[i] ? ", true" : ", false");
   return assemble(std::move(name), ir_lines, "gemm_wg.cuh", call, params, launch);
 }
 

@@ -67,10 +67,6 @@ struct GemmWgDims {
   /// before most of its MMAs issue), and the next stage's loads go out after the first step's
   /// MMAs. The same products in the same order: the same bits.
   bool steps = false;
-  /// Warpgroups a block (1 or 2): each takes 64 wm weight rows of its own, both multiply the
-  /// same token tile (loaded once a block), so that a tile's activations are read from L2
-  /// once for 128 wm rows instead of 64 wm.
-  int wgs = 1;
 };
 KernelSource emit_gemm_wg(const GemmWgDims& d, const std::vector<std::string>& ir_lines);
 
@@ -112,7 +108,6 @@ struct WgMoeTiling {
   int ksub = 1;
   bool pipe = false;
   bool steps = false; ///< GemmWgDims::steps
-  int wgs = 1;        ///< GemmWgDims::wgs (MXFP4 experts)
 };
 /// The tilings the lowering picks from, smallest first (wg_moe_tiling picks by the pairs an
 /// expert gets). The 32-token tile serves 13 to 24 pairs an expert: the 20b at 128 sequences
@@ -122,6 +117,10 @@ struct WgMoeTiling {
 /// the model: B256 17.34 -> 18.33 ms, pp512 -2.6%. The 32-token tile takes 3 stages of two K tiles
 /// (one barrier a pair): gate_up + act + down at 128 tokens 280-282 -> 255-262 us (kernels_bench
 /// "MoE gemm pipelines", H100, two runs); other depths and the 64-token tile gained nothing.
+/// The 16-, 64- and 128-token tiles issue each K step's MMAs as a batch of their own (steps;
+/// `kernels_bench -tc="MoE gemm pipelines*" -sc=steps`, H100, two calls, gate_up + act + down
+/// at 64 / 256 / 512 / 2,048 tokens): 267-270 / 281-285 / 405-414 / 1,131-1,142 -> 262-266 /
+/// 278-283 / 394-400 / 1,047-1,071 us; the 32-token tile lost (251-262 -> 279-285).
 inline constexpr std::array<WgMoeTiling, 4> kWgMoeTilings = {{{16, 2, 4, 1, false, true},
                                                               {32, 2, 3, 2, false, false},
                                                               {64, 2, 4, 1, false, true},

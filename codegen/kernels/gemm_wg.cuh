@@ -79,9 +79,8 @@ constexpr int kWgThreads = 128;
 /// A tiles of 64 WM weight rows (bf16: 128 bytes a row; MXFP4: 32 block bytes a row, then a
 /// 4-byte scale word a row), rounded to 1024.
 __host__ __device__ constexpr int gemm_wg_stage_bytes(int bn, int wm, bool mx4, bool split,
-                                                      int ksub = 1, int wgs = 1) {
-  return (ksub * (bn * 128 * (split ? 2 : 1) + wgs * 64 * wm * (mx4 ? 36 : 128)) + 1023) / 1024 *
-         1024;
+                                                      int ksub = 1) {
+  return (ksub * (bn * 128 * (split ? 2 : 1) + 64 * wm * (mx4 ? 36 : 128)) + 1023) / 1024 * 1024;
 }
 /// Dynamic shared memory of gemm_wg: its stages and 1024 bytes to align the first.
 __host__ __device__ constexpr int gemm_wg_smem_bytes(int bn, int wm, int stages, bool mx4,
@@ -123,7 +122,7 @@ template <bool SWIGLU> __device__ __forceinline__ int wg_a_row(int m) {
 /// rows, the activations from gemm_act<.., NATURAL> (the order a chain over K takes in cuBLAS).
 template <int K, int N, int BN, int WM, int STAGES, bool MX4, bool SPLIT, bool GROUPED, bool GATHER,
           int KSEL, int EPI, bool BIAS, bool RESIDUAL, int SPLITK, int EXPERTS, int KSUB, bool PIPE,
-          int CHUNKS, bool SMALL, bool NATURAL, bool STEPS, int WGS, int NC>
+          int CHUNKS, bool SMALL, bool NATURAL, bool STEPS, int NC>
 __device__ __forceinline__ void
 gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl,
              const void* __restrict__ wv, const __nv_bfloat16* __restrict__ b, const float* h,
@@ -133,7 +132,6 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
   static_assert(BN % 8 == 0 && BN >= 8 && BN <= 256, "BN: 8..256 tokens, a multiple of 8");
   static_assert(NC % 8 == 0 && NC >= 8 && NC <= BN, "NC: 8..BN MMA columns");
   static_assert(WM == 1 || WM == 2, "WM: 1 or 2 m64 tiles per warpgroup");
-  static_assert(WGS == 1 || (WGS == 2 && SPLITK == 1), "WGS: 1 or 2 warpgroups a block");
   static_assert(!NATURAL || !MX4, "the natural K order is for BF16 weights");
   static_assert(EPI != kGemmSwiglu || N % 16 == 0, "swiglu pairs rows within 16-row groups");
   static_assert(SPLITK == 1 || (EPI == kGemmStore && !GROUPED), "split K: dense stores only");
@@ -147,8 +145,7 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
   constexpr int kTiles = K / 64 / SPLITK;                // K tiles of 64 of this block's range
   constexpr int kKT = (kTiles + KSUB - 1) / KSUB;        // stages of them (the last may be short)
   constexpr int kAhead = PIPE ? STAGES - 2 : STAGES - 1; // stages loaded ahead of the MMAs
-  constexpr int kStage = gemm_wg_stage_bytes(BN, WM, MX4, SPLIT, KSUB, WGS);
-  constexpr int kThreads = kWgThreads * WGS;
+  constexpr int kStage = gemm_wg_stage_bytes(BN, WM, MX4, SPLIT, KSUB);
   constexpr int kBBytes = BN * 128;
   constexpr int kBOffLo = kBBytes * KSUB;                 // the lo tiles after the hi ones
   constexpr int kAOff = kBBytes * KSUB * (SPLIT ? 2 : 1); // then the A tiles
@@ -162,12 +159,9 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
   int expert, begin, end;
   if (!gemm_tile<BN, GROUPED>(tiles, tokens, expert, begin, end))
     return;
-  // wtid, warp: this thread's place in its warpgroup `wg`, which takes weight rows m0.. of the
-  // block's WGS * BM (the A tiles are the warpgroups' own; the B tile is the block's).
-  const int tid = threadIdx.x, lane = tid % kWarp, wg = WGS > 1 ? tid / kWgThreads : 0;
-  const int wtid = tid % kWgThreads, warp = wtid / kWarp;
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const int g = lane / 4, c = lane % 4;
-  const int m0 = (blockIdx.x * WGS + wg) * BM;
+  const int m0 = blockIdx.x * BM;
   const int rows = end - begin;
   const __nv_bfloat16* we = static_cast<const __nv_bfloat16*>(wv) + (size_t)expert * N * K;
   const unsigned char* mblocks =
@@ -176,7 +170,7 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
       mxfp4_scales<EXPERTS * N, K>(static_cast<const unsigned char*>(wv)) +
       (size_t)expert * N * (K / 32);
 
-  for (int i = tid; i < BN; i += kThreads)
+  for (int i = tid; i < BN; i += kWgThreads)
     rows_b[i] = i < rows ? (GATHER ? pair[begin + i] / KSEL : begin + i) : -1;
   __syncthreads();
 
@@ -185,7 +179,7 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
   // at K 0 (a K tile adds 64 elements, or 32 MXFP4 bytes), where they land in a stage, and
   // whether they read anything (masked pieces zero-fill). Computed once, the loads of a stage
   // are one add and one cp.async each.
-  constexpr int kVB = (NC * 8 + kThreads - 1) / kThreads; // B pieces a thread
+  constexpr int kVB = (NC * 8 + kWgThreads - 1) / kWgThreads; // B pieces a thread
   constexpr int kVA = MX4 ? (BM * 2 + kWgThreads - 1) / kWgThreads : BM * 8 / kWgThreads;
   unsigned b_src[kVB], a_src[kVA];
   int b_dst[kVB], a_dst[kVA];
@@ -193,7 +187,7 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
   // B: NC rows x 8 chunks of 16 bytes, chunk j of row n at j ^ (n % 8).
 #pragma unroll
   for (int v = 0; v < kVB; ++v) {
-    const int piece = tid + v * kThreads, n = piece / 8, j = piece % 8;
+    const int piece = tid + v * kWgThreads, n = piece / 8, j = piece % 8;
     const int ar = piece < NC * 8 ? rows_b[n] : -1;
     b_src[v] = unsigned(ar >= 0 ? ar : 0) * unsigned(K) + unsigned(j * 8);
     b_dst[v] = piece < NC * 8 ? n * 128 + ((j ^ (n & 7)) << 4) : -1;
@@ -201,7 +195,7 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
   }
 #pragma unroll
   for (int v = 0; v < kVA; ++v) {
-    const int piece = wtid + v * kWgThreads;
+    const int piece = tid + v * kWgThreads;
     if constexpr (MX4) { // per row: 2 x 16 block bytes
       const int m = piece / 2, q = piece % 2, sr = wg_a_row<kSwiglu>(m);
       a_ok[v] = piece < BM * 2 && m0 + m < N;
@@ -214,12 +208,12 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
       a_dst[v] = sr * 128 + ((j ^ (sr & 7)) << 4);
     }
   }
-  // MXFP4: the scale word of row wtid (BM <= 128 rows, one a thread): the aligned word holding a
+  // MXFP4: the scale word of row tid (BM <= 128 rows, one a thread): the aligned word holding a
   // K tile's two scale bytes.
-  const bool s_row = MX4 && (BM >= kWgThreads || wtid < BM); // (all threads at WM 2)
-  const bool s_ok = s_row && m0 + wtid < N;
-  const size_t s_src = reinterpret_cast<size_t>(mscales) + size_t(s_ok ? m0 + wtid : 0) * (K / 32);
-  int s_dst = s_row ? BM * 32 + wg_a_row<kSwiglu>(wtid) * 4 : 0;
+  const bool s_row = MX4 && (BM >= kWgThreads || tid < BM); // (all threads at WM 2)
+  const bool s_ok = s_row && m0 + tid < N;
+  const size_t s_src = reinterpret_cast<size_t>(mscales) + size_t(s_ok ? m0 + tid : 0) * (K / 32);
+  int s_dst = s_row ? BM * 32 + wg_a_row<kSwiglu>(tid) * 4 : 0;
   asm volatile("" : "+r"(s_dst)); // kept in a register, not recomputed from tid every K tile
   // Loads stage `kt`: its K tiles kt * KSUB .. (of this block's kTiles).
   auto issue = [&](int kt) {
@@ -232,12 +226,12 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
       unsigned char* sb = st + sub * kBBytes;
 #pragma unroll
       for (int v = 0; v < kVB; ++v)
-        if ((NC * 8) % kThreads == 0 || b_dst[v] >= 0) {
+        if ((NC * 8) % kWgThreads == 0 || b_dst[v] >= 0) {
           cp_async16(sb + b_dst[v], xh + b_src[v] + k0, b_ok[v]);
           if (SPLIT)
             cp_async16(sb + kBOffLo + b_dst[v], xl + b_src[v] + k0, b_ok[v]);
         }
-      unsigned char* sa = st + kAOff + (sub * WGS + wg) * kABytes;
+      unsigned char* sa = st + kAOff + sub * kABytes;
       if constexpr (MX4) {
 #pragma unroll
         for (int v = 0; v < kVA; ++v)
@@ -308,7 +302,7 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
       if (kt * KSUB + sub >= kTiles) // the last stage's missing tiles (uniform over the block)
         break;
       const int ktile = kt0 + kt * KSUB + sub;
-      const unsigned char* sa = st + kAOff + (sub * WGS + wg) * kABytes;
+      const unsigned char* sa = st + kAOff + sub * kABytes;
       const unsigned bh = smem_u32(st + sub * kBBytes), bl = smem_u32(st + kBOffLo + sub * kBBytes);
       // K step s's B descriptors: 32 bytes on is 2 on in the descriptor's address field (a B
       // tile is 1024-aligned: the field's low 6 bits are clear, so adding up to 6 never carries)
@@ -488,7 +482,7 @@ gemm_wg_cols(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restri
 template <int K, int N, int BN, int WM, int STAGES, bool MX4, bool SPLIT, bool GROUPED, bool GATHER,
           int KSEL, int EPI, bool BIAS, bool RESIDUAL, int SPLITK = 1, int EXPERTS = 1,
           int KSUB = 1, bool PIPE = false, int CHUNKS = 1, bool SMALL = false, bool NATURAL = false,
-          bool STEPS = false, int WGS = 1>
+          bool STEPS = false>
 __device__ __forceinline__ void
 gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl,
         const void* __restrict__ wv, const __nv_bfloat16* __restrict__ b, const float* h, float* y,
@@ -503,7 +497,7 @@ gemm_wg(const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ 
   const int q = BN >= 64 ? wg_mma_quarters<BN>(end - begin) : 4;
 #define XSERV_GEMM_WG_COLS(NC)                                                                     \
   gemm_wg_cols<K, N, BN, WM, STAGES, MX4, SPLIT, GROUPED, GATHER, KSEL, EPI, BIAS, RESIDUAL,       \
-               SPLITK, EXPERTS, KSUB, PIPE, CHUNKS, SMALL, NATURAL, STEPS, WGS, NC>(               \
+               SPLITK, EXPERTS, KSUB, PIPE, CHUNKS, SMALL, NATURAL, STEPS, NC>(                    \
       xh, xl, wv, b, h, y, pair, tiles, route_w, limit, alpha, tokens)
   if constexpr (BN >= 64 && BN % 4 == 0 && wg_mma_has(BN / 4)) {
     if (q == 1) {

@@ -290,7 +290,7 @@ void report(const std::string& label, double ms, double flops, double bytes) {
 /// down in us (-1 in a dry run or when the shape does not fit).
 double moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool mx4, bool split,
               int ksub = 1, bool pipe = false, bool small = false, int min_blocks = 0,
-              bool steps = false, int wgs = 1) {
+              bool steps = false) {
   const MoeDims& d = *mb_dims(pmb);
   const int pairs = tokens * d.k;
   GemmWgDims g;
@@ -307,7 +307,6 @@ double moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool 
   g.small_scales = mx4 && small;
   g.min_blocks = min_blocks;
   g.steps = steps;
-  g.wgs = wgs;
   g.k = d.hidden;
   g.n = 2 * d.inter;
   g.gather = true;
@@ -348,9 +347,8 @@ double moe_wg(const MoeBench* pmb, int tokens, int bn, int wm, int stages, bool 
   const double wbytes = mx4 ? 17.0 / 32.0 : 2.0; // bytes per weight
   const double per = double(d.hidden) * d.inter; // weights per matrix row block
   const std::string tag =
-      fmt::format("T={} bn {} m{}{} stages {} ksub {}{}{} {}{} {}{}", tokens, bn, 64 * wm,
-                  wgs > 1 ? fmt::format(" x{} warpgroups", wgs) : "", stages, ksub,
-                  pipe ? " pipe" : "", steps ? " steps" : "", mx4 ? "mxfp4" : "bf16",
+      fmt::format("T={} bn {} m{} stages {} ksub {}{}{} {}{} {}{}", tokens, bn, 64 * wm, stages,
+                  ksub, pipe ? " pipe" : "", steps ? " steps" : "", mx4 ? "mxfp4" : "bf16",
                   g.small_scales ? " (small)" : "", split ? "split" : "bf16-act",
                   min_blocks > 0 ? fmt::format(" {} blocks an SM", min_blocks) : "");
   report("moe gate_up wg " + tag, ms_gu, 2.0 * pairs * 2 * per, d.experts * 2 * per * wbytes);
@@ -592,17 +590,16 @@ TEST_CASE("MoE gemm pipelines at batched-decode sizes, 20b MXFP4 (informational)
         moe_wg(mb.get(), t, bn, 2, st, true, false, ks, false, true, mbk);
     };
   }
-  SUBCASE("steps and warpgroups") {
-    // The lowering's tilings (codegen::kWgMoeTilings) at the token counts that pick them: their
-    // K steps' MMAs batched together (the compiler's schedule) or as batches of their own
-    // (GemmWgDims::steps), with one warpgroup a block or two sharing the token tile.
+  SUBCASE("steps") {
+    // The lowering's tilings (codegen::kWgMoeTilings) at the token counts that pick them, their
+    // K steps' MMAs batched together (the compiler's schedule) and as batches of their own
+    // (GemmWgDims::steps), interleaved.
     variants = [&] {
       for (auto [t, bn, st, ks] :
            {std::tuple{64, 16, 4, 1}, std::tuple{128, 32, 3, 2}, std::tuple{256, 64, 4, 1},
             std::tuple{512, 128, 3, 1}, std::tuple{2048, 128, 3, 1}})
-        for (auto [steps, wgs] :
-             {std::pair{false, 1}, std::pair{true, 1}, std::pair{true, 2}, std::pair{false, 2}})
-          moe_wg(mb.get(), t, bn, 2, st, true, false, ks, false, true, 0, steps, wgs);
+        for (bool steps : {false, true})
+          moe_wg(mb.get(), t, bn, 2, st, true, false, ks, false, true, 0, steps);
     };
   }
   with_preloaded(variants, [&] { mb = std::make_unique<MoeBench>(); });

@@ -185,7 +185,6 @@ struct MoeCase {
   /// must then stay at most 128.
   bool small_scales = false;
   bool steps = false; ///< GemmWgDims::steps
-  int wgs = 1;        ///< GemmWgDims::wgs
 };
 
 /// The inputs of run_moe's MoE block (random, from its seed), for a run of other kernels on
@@ -279,7 +278,6 @@ inline std::vector<std::vector<uint32_t>> run_moe(const MoeCase& c, uint64_t see
     g.mxfp4 = mx == 1;
     g.small_scales = g.mxfp4 && c.small_scales;
     g.steps = c.steps;
-    g.wgs = c.wgs;
     g.k = d.hidden;
     g.n = 2 * d.inter;
     g.gather = true;
