@@ -21,25 +21,28 @@ import sys
 import tempfile
 
 # name: gemm_wg<K, N, BN, WM, STAGES, MX4, SPLIT, GROUPED, GATHER, KSEL, EPI, BIAS, RESIDUAL,
-#               SPLITK, EXPERTS, KSUB, PIPE>
-CONFIGS = {
-    "moe gate_up, 16 tokens x 128 rows, mxfp4":
-        "2880, 5760, 16, 2, 4, true, false, true, true, 4, 1, true, false, 1, 32, 1, false",
-    "moe down, 16 x 128, mxfp4":
-        "2880, 2880, 16, 2, 4, true, false, true, false, 4, 2, true, false, 1, 32, 1, false",
-    "moe gate_up, 64 x 128, mxfp4":
-        "2880, 5760, 64, 2, 4, true, false, true, true, 4, 1, true, false, 1, 32, 1, false",
-    "moe gate_up, 128 x 128, mxfp4":
-        "2880, 5760, 128, 2, 3, true, false, true, true, 4, 1, true, false, 1, 32, 1, false",
+#               SPLITK, EXPERTS, KSUB, PIPE, CHUNKS, SMALL, NATURAL, STEPS>; the MoE tiles as
+# the lowering takes them for the 20b (codegen::kWgMoeTilings: one-multiply MXFP4 scales, K
+# steps as MMA batches of their own but at 32 tokens), then the same without the steps.
+MOE = ("true, false, true, {gather}, 4, {epi}, true, false, 1, 32, {ksub}, false, 1, true, false, "
+       "{steps}")
+CONFIGS = {}
+for bn, stages, ksub, steps in ((16, 4, 1, "true"), (32, 3, 2, "false"), (64, 4, 1, "true"),
+                                (128, 3, 1, "true")):
+    for what, n, gather, epi in (("gate_up", 5760, "true", 1), ("down", 2880, "false", 2)):
+        CONFIGS[f"moe {what}, {bn} tokens x 128 rows, mxfp4"] = (
+            f"2880, {n}, {bn}, 2, {stages}, " +
+            MOE.format(gather=gather, epi=epi, ksub=ksub, steps=steps))
+CONFIGS["moe gate_up, 128 x 128, mxfp4, batched MMAs"] = (
+    "2880, 5760, 128, 2, 3, " + MOE.format(gather="true", epi=1, ksub=1, steps="false"))
+CONFIGS.update({
     "qkv, 128 x 128, bf16":
         "2880, 5120, 128, 2, 3, false, false, false, false, 1, 0, true, false, 1, 1, 1, false",
     "o_proj, 64 x 64, bf16":
         "4096, 2880, 64, 1, 4, false, false, false, false, 1, 0, true, true, 1, 1, 1, false",
     "qkv split K 5, 64 x 64":
         "2880, 5120, 64, 1, 4, false, false, false, false, 1, 0, false, false, 5, 1, 1, false",
-    "moe gate_up, 16 x 128, mxfp4, split":
-        "2880, 5760, 16, 2, 4, true, true, true, true, 4, 1, true, false, 1, 32, 1, false",
-}
+})
 
 SOURCE = """#include "xserv_kernels/gemm_wg.cuh"
 extern "C" __global__ void __launch_bounds__(128) k(
