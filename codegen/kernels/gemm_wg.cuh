@@ -111,6 +111,9 @@ template <bool SWIGLU> __device__ __forceinline__ int wg_a_row(int m) {
 /// the previous MMA runs. With PIPE a stage's MMAs are still running while the next stage's
 /// fragments are built (one batch left in flight; loads run STAGES - 2 stages ahead, so the
 /// stage they overwrite is two behind), else each stage's MMAs finish before the next barrier.
+/// With STEPS each K step's MMAs are a batch of their own, waited for a step later, and the next
+/// stage's loads go out after the first step's MMAs (GemmWgDims::steps; the two places that
+/// issue them stay written out: a shared lambda cost the K loop 3 instructions).
 ///
 /// NC: the MMAs' columns, BN or fewer (gemm_wg picks it from the tile's tokens): the tile keeps
 /// BN rows of shared memory, but only its first NC rows are loaded and multiplied.
