@@ -120,10 +120,12 @@ struct WgMoeTiling {
 /// The 16-, 64- and 128-token tiles issue each K step's MMAs as a batch of their own (steps;
 /// `kernels_bench -tc="MoE gemm pipelines*" -sc=steps`, H100, two calls, gate_up + act + down
 /// at 64 / 256 / 512 / 2,048 tokens): 267-270 / 281-285 / 405-414 / 1,131-1,142 -> 262-266 /
-/// 278-283 / 394-400 / 1,047-1,071 us; the 32-token tile lost (251-262 -> 279-285).
+/// 278-283 / 394-400 / 1,047-1,071 us; the 32-token tile lost (251-262 -> 279-285). With
+/// steps the 128-token tile takes 4 stages (two blocks an SM still fit): 512 / 2,048 tokens
+/// 401-403 / 1,079-1,081 -> 383-384 / 1,052-1,061 us (`-sc="steps: stages"`, H100, three runs).
 inline constexpr std::array<WgMoeTiling, 4> kWgMoeTilings = {{{16, 2, 4, 1, false, true},
                                                               {32, 2, 3, 2, false, false},
                                                               {64, 2, 4, 1, false, true},
-                                                              {128, 2, 3, 1, false, true}}};
+                                                              {128, 2, 4, 1, false, true}}};
 
 } // namespace xserv::codegen

@@ -602,6 +602,17 @@ TEST_CASE("MoE gemm pipelines at batched-decode sizes, 20b MXFP4 (informational)
           moe_wg(mb.get(), t, bn, 2, st, true, false, ks, false, true, 0, steps);
     };
   }
+  SUBCASE("steps: stages") {
+    // The tilings with steps (kWgMoeTilings) at the stages the batched schedule chose and one
+    // more: the loads go out a K step later with steps, so a deeper ring may pay where two
+    // blocks an SM still fit (the 128-token tile's 4 stages of 21.5 KB).
+    variants = [&] {
+      for (auto [t, bn] :
+           {std::pair{64, 16}, std::pair{256, 64}, std::pair{512, 128}, std::pair{2048, 128}})
+        for (int st : {3, 4, 5})
+          moe_wg(mb.get(), t, bn, 2, st, true, false, 1, false, true, 0, true);
+    };
+  }
   with_preloaded(variants, [&] { mb = std::make_unique<MoeBench>(); });
 }
 
