@@ -28,7 +28,7 @@ MOE = ("true, false, true, {gather}, 4, {epi}, true, false, 1, 32, {ksub}, false
        "{steps}")
 CONFIGS = {}
 for bn, stages, ksub, steps in ((16, 4, 1, "true"), (32, 3, 2, "false"), (64, 4, 1, "true"),
-                                (128, 3, 1, "true")):
+                                (128, 4, 1, "true")):
     for what, n, gather, epi in (("gate_up", 5760, "true", 1), ("down", 2880, "false", 2)):
         CONFIGS[f"moe {what}, {bn} tokens x 128 rows, mxfp4"] = (
             f"2880, {n}, {bn}, 2, {stages}, " +
