@@ -611,6 +611,12 @@ TEST_CASE("MoE gemm pipelines at batched-decode sizes, 20b MXFP4 (informational)
            {std::pair{64, 16}, std::pair{256, 64}, std::pair{512, 128}, std::pair{2048, 128}})
         for (int st : {3, 4, 5})
           moe_wg(mb.get(), t, bn, 2, st, true, false, 1, false, true, 0, true);
+      // One m64 tile a block at 128 tokens: 150 registers, so three blocks an SM where two of
+      // the two-tile block run (the warps a scheduler that Nsight found too few), at twice the
+      // token tile's reads from L2 a weight row.
+      for (int t : {512, 2048})
+        for (int st : {3, 4})
+          moe_wg(mb.get(), t, 128, 1, st, true, false, 1, false, true, 0, true);
     };
   }
   with_preloaded(variants, [&] { mb = std::make_unique<MoeBench>(); });
