@@ -34,7 +34,7 @@ for bn, stages, ksub, steps in ((16, 4, 1, "true"), (32, 3, 2, "false"), (64, 4,
             f"2880, {n}, {bn}, 2, {stages}, " +
             MOE.format(gather=gather, epi=epi, ksub=ksub, steps=steps))
 CONFIGS["moe gate_up, 128 x 128, mxfp4, batched MMAs"] = (
-    "2880, 5760, 128, 2, 3, " + MOE.format(gather="true", epi=1, ksub=1, steps="false"))
+    "2880, 5760, 128, 2, 4, " + MOE.format(gather="true", epi=1, ksub=1, steps="false"))
 CONFIGS.update({
     "qkv, 128 x 128, bf16":
         "2880, 5120, 128, 2, 3, false, false, false, false, 1, 0, true, false, 1, 1, 1, false",

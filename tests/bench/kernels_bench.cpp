@@ -595,11 +595,14 @@ TEST_CASE("MoE gemm pipelines at batched-decode sizes, 20b MXFP4 (informational)
     // K steps' MMAs batched together (the compiler's schedule) and as batches of their own
     // (GemmWgDims::steps), interleaved.
     variants = [&] {
-      for (auto [t, bn, st, ks] :
-           {std::tuple{64, 16, 4, 1}, std::tuple{128, 32, 3, 2}, std::tuple{256, 64, 4, 1},
-            std::tuple{512, 128, 3, 1}, std::tuple{2048, 128, 3, 1}})
-        for (bool steps : {false, true})
-          moe_wg(mb.get(), t, bn, 2, st, true, false, ks, false, true, 0, steps);
+      const std::array<std::vector<int>, kWgMoeTilings.size()> tokens = {
+          {{64}, {128}, {256}, {512, 2048}}};
+      for (size_t i = 0; i < kWgMoeTilings.size(); ++i)
+        for (int t : tokens[i])
+          for (bool steps : {false, true}) {
+            const WgMoeTiling& w = kWgMoeTilings[i];
+            moe_wg(mb.get(), t, w.bn, w.wm, w.stages, true, false, w.ksub, w.pipe, true, 0, steps);
+          }
     };
   }
   SUBCASE("steps: stages") {
