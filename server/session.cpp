@@ -49,7 +49,7 @@ ChatSession::ChatSession(models::Tokenizer tok, const openai::GenParams& params,
                          const std::string& id)
     : tok_(tok), out_(tok, "call_" + id.substr(id.size() > 12 ? id.size() - 12 : 0) + "_"),
       stop_(params.stop), top_logprobs_(params.top_logprobs), call_id_(tok.special_id("<|call|>")),
-      start_id_(tok.special_id("<|start|>")) {}
+      start_id_(tok.special_id("<|start|>")), message_id_(tok.special_id("<|message|>")) {}
 
 void ChatSession::add_pieces(std::vector<OutputPiece> pieces, std::vector<Json>& deltas) {
   for (OutputPiece& p : pieces) {
@@ -84,24 +84,63 @@ void ChatSession::add_pieces(std::vector<OutputPiece> pieces, std::vector<Json>&
   }
 }
 
+void ChatSession::take(const engine::Event& ev, std::vector<Json>& deltas, Json& logprobs) {
+  if (stop_.matched())
+    return;
+  if (top_logprobs_ >= 0)
+    logprobs.push_back(chat_logprob(tok_, ev));
+  const bool reasoning = out_.in_reasoning();
+  add_pieces(out_.push(static_cast<models::TokenId>(ev.token)), deltas);
+  if (reasoning || out_.in_reasoning())
+    ++reasoning_tokens_;
+}
+
+bool ChatSession::next_call_header() const {
+  // pending_: <|start|>, the header's ids, <|message|>.
+  std::vector<models::TokenId> ids;
+  for (size_t i = 1; i + 1 < pending_.size(); ++i)
+    ids.push_back(static_cast<models::TokenId>(pending_[i].token));
+  const std::string header = tok_.decode(ids);
+  const size_t to = header.find("to=");
+  return header.starts_with("assistant") && to != std::string::npos &&
+         header.compare(to + 3, 10, "functions.") == 0;
+}
+
 std::vector<Json> ChatSession::on_event(const engine::Event& ev, Json& logprobs) {
   std::vector<Json> deltas;
   // The id that ended a Stop finish is a stop id: it closes the output, it is not text.
   const bool stop_id = ev.finish == engine::FinishReason::Stop;
-  if (ev.token >= 0 && !stop_id && after_call_) { // what follows a tool call
-    after_call_ = false;
-    if (ev.token != static_cast<int32_t>(start_id_))
-      calls_done_ = true; // not another call: the turn ends here, without this id
+  if (ev.token >= 0 && !stop_id && !calls_done_) {
+    if (after_call_) { // what follows a tool call: <|start|> may begin another
+      after_call_ = false;
+      if (ev.token == static_cast<int32_t>(start_id_))
+        pending_.push_back(ev);
+      else // not another message: the turn ends here, without this id
+        calls_done_ = true;
+    } else if (!pending_.empty()) { // the next message's header, held back
+      pending_.push_back(ev);
+      if (ev.token == static_cast<int32_t>(message_id_)) {
+        if (next_call_header()) {
+          for (const engine::Event& held : pending_)
+            take(held, deltas, logprobs);
+        } else {
+          calls_done_ = true; // anything but the assistant's next call (a tool's reply the
+                              // model made up, a final answer without the result) ends it
+        }
+        pending_.clear();
+      } else if (pending_.size() > kMaxCallHeader) {
+        calls_done_ = true;
+        pending_.clear();
+      }
+    } else {
+      take(ev, deltas, logprobs);
+    }
+    if (ev.token == static_cast<int32_t>(call_id_) && !calls_done_ && pending_.empty())
+      after_call_ = true;
   }
-  if (ev.token == static_cast<int32_t>(call_id_) && !stop_id)
-    after_call_ = true;
-  if (ev.token >= 0 && !stop_id && !stop_.matched() && !calls_done_) {
-    if (top_logprobs_ >= 0)
-      logprobs.push_back(chat_logprob(tok_, ev));
-    const bool reasoning = out_.in_reasoning();
-    add_pieces(out_.push(static_cast<models::TokenId>(ev.token)), deltas);
-    if (reasoning || out_.in_reasoning())
-      ++reasoning_tokens_;
+  if (ev.finish != engine::FinishReason::None && !pending_.empty()) {
+    calls_done_ = true; // the output ended inside the next message's header
+    pending_.clear();
   }
   if (ev.finish != engine::FinishReason::None) {
     add_pieces(out_.finish(), deltas);

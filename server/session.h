@@ -30,16 +30,26 @@ public:
 
 private:
   void add_pieces(std::vector<openai::OutputPiece> pieces, std::vector<openai::Json>& deltas);
+  /// One generated id into the message: its logprobs entry, its deltas.
+  void take(const engine::Event& ev, std::vector<openai::Json>& deltas, openai::Json& logprobs);
+  /// pending_ holds a whole header: the assistant's message to functions.NAME.
+  bool next_call_header() const;
   models::Tokenizer tok_;
   openai::HarmonyOutput out_;
   openai::StopMatcher stop_;
   int top_logprobs_;
   std::string content_, finish_;
   // Several tool calls in one turn: when <|call|> is not a stop id (a request with tools), a
-  // <|call|> closes one call; a <|start|> right after it begins another, anything else ends
-  // the turn (calls_done_: the id is dropped and the request is aborted).
-  models::TokenId call_id_, start_id_;
+  // <|call|> closes one call; a <|start|> right after it may begin another. Its header is held
+  // back (pending_) until its <|message|>: the assistant's message to functions.NAME goes on
+  // as the next call; any other message (a tool's reply or a final answer the model wrote
+  // without the call's result), another id after <|call|>, a header longer than
+  // kMaxCallHeader ids or the output's end ends the turn (calls_done_: what was held back is
+  // dropped and the request is aborted).
+  static constexpr size_t kMaxCallHeader = 64;
+  models::TokenId call_id_, start_id_, message_id_;
   bool after_call_ = false, calls_done_ = false;
+  std::vector<engine::Event> pending_;
   int64_t reasoning_tokens_ = 0;
 };
 

@@ -288,6 +288,70 @@ TEST_CASE("serve: chat session finish reasons, stop strings and usage") {
     CHECK(m2["content"].is_null());
   }
 
+  // After a call only the assistant's next call goes on. A message the model writes in the
+  // tool's name (its made-up result), a final answer without the result, or an output that
+  // ends inside the header ends the turn where that header began: nothing of it reaches the
+  // client, as text or in a delta, and the turn's one call stands.
+  {
+    const std::string first = "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                              "<|message|>{\"city\":\"Paris\"}<|call|>";
+    struct Case {
+      std::string after;
+      bool another;                             // the assistant's next call
+      FinishReason finish = FinishReason::Stop; // unless the server aborts first
+    };
+    const Case cases[] = {
+        {"<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+         "{\"celsius\":21}<|end|><|start|>assistant<|channel|>final<|message|>It is 21 C.",
+         false},
+        {"<|start|>assistant<|channel|>final<|message|>It is 21 C.", false},
+        {"<|start|>assistant<|channel|>analysis<|message|>The tool said 21.", false},
+        {"<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}"
+         "<|call|>",
+         true},
+        {"<|start|>assistant<|channel|>commentary to=functions", false, FinishReason::Length}};
+    for (const Case& c : cases) {
+      CAPTURE(c.after);
+      auto session = std::make_unique<ChatSession>(tokenizer(), GenParams{}, "chatcmpl-0123");
+      const auto toks = ids(first + c.after);
+      const auto message = tokenizer().special_id("<|message|>");
+      Json lp = Json::array();
+      std::string streamed;
+      int calls_started = 0;
+      bool ended = false;
+      for (size_t i = 0; i < toks.size() && !ended; ++i) {
+        Event ev;
+        ev.token = int32_t(toks[i]);
+        for (const Json& d : session->on_event(ev, lp)) {
+          if (d.contains("content"))
+            streamed += d["content"].get<std::string>();
+          if (d.contains("reasoning"))
+            streamed += d["reasoning"].get<std::string>();
+          if (d.contains("tool_calls") && d["tool_calls"][0].contains("id"))
+            ++calls_started;
+        }
+        if (session->stop_hit()) { // the server aborts: no more ids come
+          CHECK_FALSE(c.another);
+          CHECK(toks[i] == message); // decided at the header's end, not before
+          ended = true;
+        }
+      }
+      Event end;
+      end.finish = ended ? FinishReason::Abort : c.finish;
+      session->on_event(end, lp);
+      CHECK(session->finish_reason() == "tool_calls");
+      const Json m = session->message();
+      CHECK(streamed == "");
+      CHECK(m["content"].is_null());
+      CHECK_FALSE(m.contains("reasoning"));
+      REQUIRE(m["tool_calls"].size() == (c.another ? 2u : 1u));
+      CHECK(calls_started == int(m["tool_calls"].size()));
+      CHECK(m["tool_calls"][0]["function"]["arguments"] == "{\"city\":\"Paris\"}");
+      if (c.another)
+        CHECK(m["tool_calls"][1]["function"]["name"] == "get_time");
+    }
+  }
+
   auto length = run("<|channel|>analysis<|message|>thinking hard", FinishReason::Length);
   CHECK(length->finish_reason() == "length");
   CHECK(length->message()["reasoning"] == "thinking hard");
