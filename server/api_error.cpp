@@ -14,6 +14,10 @@ Json error_body(const ApiError& e) {
   err["type"] = e.type;
   err["param"] = e.param.empty() ? Json(nullptr) : Json(e.param);
   err["code"] = e.code.empty() ? Json(nullptr) : Json(e.code);
+  if (e.details.is_object())
+    for (const auto& [k, v] : e.details.items())
+      if (!err.contains(k))
+        err[k] = v;
   Json out = Json::object();
   out["error"] = std::move(err);
   return out;

@@ -27,6 +27,9 @@ public:
   std::string type;  ///< invalid_request_error, authentication_error, ...
   std::string param; ///< the offending field ("" when none)
   std::string code;  ///< a machine-readable code ("" when none)
+  /// Fields the error object carries besides those four (an object, or null for none): a
+  /// context overflow's n_prompt_tokens and n_ctx, as llama.cpp's server names them.
+  Json details;
 };
 
 /// The error object's JSON (an `error` member holding message, type, param and code; param

@@ -163,12 +163,15 @@ std::unique_ptr<Job> Jobs::submit(engine::Request req, Clock::time_point arrival
   }
   const int64_t n = static_cast<int64_t>(req.prompt.size());
   const int64_t max_seq = model_->max_seq();
-  if (n >= max_seq)
-    throw ApiError(400,
-                   fmt::format("the prompt has {} tokens; the model's context (max-seq) is {} "
-                               "tokens, so at most {} prompt tokens leave room for output",
-                               n, max_seq, max_seq - 1),
-                   param, "invalid_request_error", "context_length_exceeded");
+  if (n >= max_seq) {
+    ApiError e(400,
+               fmt::format("the prompt has {} tokens; the model's context (max-seq) is {} "
+                           "tokens, so at most {} prompt tokens leave room for output",
+                           n, max_seq, max_seq - 1),
+               param, "invalid_request_error", "context_length_exceeded");
+    e.details = {{"n_prompt_tokens", n}, {"n_ctx", max_seq}};
+    throw e;
+  }
   const int choices = std::max(req.n, 1);
   if (const int64_t most = std::min<int64_t>(engine::kMaxChoices, engine_->options().max_running);
       choices > most)

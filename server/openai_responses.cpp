@@ -322,7 +322,9 @@ ApiError as_responses_error(const ApiError& e) {
     s = replace_all(std::move(s), "tool_choice.function.name", "tool_choice.name");
     return replace_all(std::move(s), "messages", "input");
   };
-  return ApiError(e.status, rename(e.what()), rename(e.param), e.type, e.code);
+  ApiError out(e.status, rename(e.what()), rename(e.param), e.type, e.code);
+  out.details = e.details;
+  return out;
 }
 
 ChatRequest parse_responses_chat(const ResponsesRequest& r) {

@@ -272,6 +272,8 @@ TEST_CASE("serve: rejections carry the OpenAI error body") {
   CHECK(msg.find("70") != std::string::npos);
   CHECK(msg.find("64") != std::string::npos);
   CHECK(error_of(over)["code"] == "context_length_exceeded");
+  CHECK(error_of(over)["n_prompt_tokens"] == 70); // llama.cpp's fields, for its clients
+  CHECK(error_of(over)["n_ctx"] == 64);
   HttpResponse vocab = s.post("/v1/completions", R"({"prompt": [999999999]})", auth);
   CHECK(vocab.status == 400);
   CHECK(error_of(vocab)["param"] == "prompt");
