@@ -60,6 +60,11 @@ TEST_CASE("serve: request validation names the field") {
   CHECK(chat("{" + msgs + R"(, "temperature": 2.5})").param == "temperature");
   CHECK(chat("{" + msgs + R"(, "temperature": "hot"})").param == "temperature");
   CHECK(chat("{" + msgs + R"(, "top_p": 0})").param == "top_p");
+  CHECK(chat("{" + msgs + R"(, "top_p": 1.5})").param == "top_p");
+  CHECK(chat("{" + msgs + R"(, "top_k": -2})").param == "top_k"); // -1 and 0 are off
+  CHECK(chat("{" + msgs + R"(, "top_k": 2.5})").param == "top_k");
+  CHECK(chat("{" + msgs + R"(, "min_p": 1.5})").param == "min_p");
+  CHECK(chat("{" + msgs + R"(, "min_p": -0.1})").param == "min_p");
   CHECK(chat("{" + msgs + R"(, "max_tokens": 0})").param == "max_tokens");
   CHECK(chat("{" + msgs + R"(, "max_tokens": 1.5})").param == "max_tokens");
   CHECK(chat("{" + msgs + R"(, "n": 0})").param == "n");
