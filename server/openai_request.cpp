@@ -376,12 +376,21 @@ std::vector<models::Message> chat_to_harmony(const Json& messages, const Json& t
     }
     f.reject_unknown();
   }
+  // Harmony keeps the chain of thought only across the tool calls of the turn still open: the
+  // analysis of every turn that ended with a final message goes (the renderer alone drops it
+  // only before the first final, so a second finished turn's would stay).
+  size_t last_final = 0;
+  for (size_t i = 0; i < turns.size(); ++i)
+    if (turns[i].role == models::Role::Assistant && turns[i].channel == "final")
+      last_final = i + 1;
   std::vector<Message> out;
   out.push_back(Message::make_system(std::move(sys)));
   if (!dev.instructions.empty() || !dev.tools.empty())
     out.push_back(Message::make_developer(std::move(dev)));
-  for (auto& m : turns)
-    out.push_back(std::move(m));
+  for (size_t i = 0; i < turns.size(); ++i)
+    if (i + 1 >= last_final || turns[i].role != models::Role::Assistant ||
+        turns[i].channel != "analysis")
+      out.push_back(std::move(turns[i]));
   return out;
 }
 

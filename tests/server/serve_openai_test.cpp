@@ -178,6 +178,46 @@ TEST_CASE("serve: chat messages render as harmony, tools and a tool round trip i
   CHECK(text.ends_with("<|start|>assistant"));
 }
 
+TEST_CASE("serve: chat history keeps only the open turn's reasoning") {
+  // Two finished turns, each with its reasoning, then a third that made a call and has its
+  // result: the finished turns' analysis goes (both, not only the first's), the open turn's
+  // stays in front of its call.
+  XSERV_REQUIRE_DATA(data);
+  const Json body = parse_body(R"({
+    "messages": [
+      {"role": "user", "content": "One?"},
+      {"role": "assistant", "reasoning": "THINK-ONE", "content": "1"},
+      {"role": "user", "content": "Two?"},
+      {"role": "assistant", "reasoning_content": "THINK-TWO", "content": "2"},
+      {"role": "user", "content": "Weather?"},
+      {"role": "assistant", "reasoning": "THINK-THREE", "content": null,
+       "tool_calls": [{"id": "c1", "type": "function",
+                       "function": {"name": "get_weather", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+    ],
+    "tools": [{"type": "function", "function": {"name": "get_weather"}}]})");
+  const std::string text = tokenizer().decode(
+      xserv::models::render_for_completion(tokenizer(), parse_chat_request(body).messages));
+  CHECK(text.find("THINK-ONE") == std::string::npos);
+  CHECK(text.find("THINK-TWO") == std::string::npos);
+  CHECK(text.find("<|start|>assistant<|channel|>final<|message|>1<|end|>") != std::string::npos);
+  CHECK(text.find("<|start|>assistant<|channel|>final<|message|>2<|end|>") != std::string::npos);
+  CHECK(text.find("<|start|>assistant<|channel|>analysis<|message|>THINK-THREE<|end|>"
+                  "<|start|>assistant to=functions.get_weather") != std::string::npos);
+  // Without a final message yet, nothing is dropped.
+  const Json open = parse_body(R"({"messages": [
+      {"role": "user", "content": "Weather?"},
+      {"role": "assistant", "reasoning": "THINK-A", "content": null,
+       "tool_calls": [{"id": "c1", "type": "function",
+                       "function": {"name": "get_weather", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather"}}]})");
+  CHECK(tokenizer()
+            .decode(xserv::models::render_for_completion(tokenizer(),
+                                                         parse_chat_request(open).messages))
+            .find("THINK-A") != std::string::npos);
+}
+
 TEST_CASE("serve: harmony output becomes content, reasoning and tool calls") {
   XSERV_REQUIRE_DATA(data);
   HarmonyOutput a = parse_output("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant"
