@@ -144,7 +144,7 @@ RequestId Engine::add(Request request) {
   if (stats_.waiting >= options_.max_queue)
     throw QueueFull(fmt::format("the queue is full ({} requests waiting)", stats_.waiting));
   const RequestId id = next_id_++;
-  pending_.emplace_back(id, std::move(request));
+  pending_.push_back({id, std::move(request), std::chrono::steady_clock::now()});
   ++stats_.waiting;
   work_.notify_all();
   return id;
@@ -195,8 +195,11 @@ void Engine::take_in(std::vector<Event>& events, int64_t& aborted_waiting,
   std::vector<std::pair<RequestId, int>> aborts;
   {
     std::lock_guard lock(mu_);
-    for (auto& [id, req] : pending_)
-      scheduler_.enqueue(std::make_unique<Sequence>(id, std::move(req)));
+    for (Pending& p : pending_) {
+      auto seq = std::make_unique<Sequence>(p.id, std::move(p.req));
+      seq->added = p.added; // its time in the queue counts from add()
+      scheduler_.enqueue(std::move(seq));
+    }
     pending_.clear();
     aborts.swap(aborts_);
   }
@@ -300,8 +303,10 @@ bool Engine::take_token(Sequence& q, int32_t greedy, const std::vector<float>& r
   ev.generated_tokens = static_cast<int64_t>(q.generated());
   if (q.req.top_logprobs >= 0)
     fill_logprobs(row, tok, q.req.top_logprobs, ev.logprob, ev.top_logprobs);
-  if (q.generated() == 1) // its first token: the prompt's log-probabilities, where asked for
+  if (q.generated() == 1) { // its first token: the prompt's log-probabilities, where asked for
     ev.prompt_logprobs = std::move(q.prompt_scores);
+    ev.queue_s = q.queue_s;
+  }
   if (q.req.return_logits)
     ev.logits = row;
   if (std::find(q.req.stop_ids.begin(), q.req.stop_ids.end(), tok) != q.req.stop_ids.end())

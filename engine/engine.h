@@ -135,7 +135,12 @@ private:
   mutable std::mutex mu_; ///< guards pending_, aborts_, next_id_, stats_ and the counts
   std::condition_variable work_;
   RequestId next_id_ = 1;
-  std::deque<std::pair<RequestId, Request>> pending_; ///< added, not yet seen by step()
+  struct Pending {
+    RequestId id;
+    Request req;
+    std::chrono::steady_clock::time_point added;
+  };
+  std::deque<Pending> pending_;                       ///< added, not yet seen by step()
   std::vector<std::pair<RequestId, int>> aborts_;     ///< (id, choice or -1 for all)
   EngineStats stats_;
   // Owned by step():

@@ -102,6 +102,9 @@ struct Event {
   /// Request::prompt_logprobs >= 0, on each choice's first token: prompt tokens 1.. in order.
   std::vector<PromptLogprob> prompt_logprobs;
   std::string error;         ///< finish Error: what went wrong, naming the step and position
+  /// On a choice's first token: seconds from Engine::add to the step that first admitted the
+  /// request (its time in the queue); -1 on other events.
+  double queue_s = -1;
 };
 
 /// How an Engine schedules.

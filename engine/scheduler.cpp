@@ -248,6 +248,8 @@ ScheduledStep Scheduler::schedule() {
     w.cached = size_t(hit);
     if (w.preemptions == 0 && w.generated() == 0)
       ++out.admitted;
+    if (w.queue_s < 0)
+      w.queue_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w.added).count();
     room -= w.slots();
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -309,6 +311,8 @@ std::vector<Sequence*> Scheduler::fork(Sequence& parent) {
     kid->tokens = parent.tokens;
     kid->prompt_len = parent.prompt_len;
     kid->prompt_scores = parent.prompt_scores;
+    kid->added = parent.added;
+    kid->queue_s = parent.queue_s;
     if (parent.constraint)
       kid->constraint = parent.constraint->fork();
     out.push_back(kid.get());

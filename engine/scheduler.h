@@ -12,6 +12,7 @@
 // oldest always goes on and no request fails for memory.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -38,6 +39,10 @@ struct Sequence {
   size_t prompt_len = 0;
   size_t cached = 0;  ///< positions whose KV the blocks hold (tokens[0, cached))
   int64_t waited = 0; ///< steps spent waiting
+  /// When Engine::add took its request, and the seconds until a step first admitted it (-1
+  /// before).
+  std::chrono::steady_clock::time_point added = std::chrono::steady_clock::now();
+  double queue_s = -1;
   int64_t preemptions = 0;
   /// A request with n > 1 forks into its choices when its prompt is done; until then this one
   /// sequence holds their places.

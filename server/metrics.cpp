@@ -36,7 +36,9 @@ ServeMetrics::ServeMetrics()
       itl_({0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
             0.1,   0.15,   0.2,   0.3,  0.4,   0.5,  0.75,  1.0,  2.5,  5.0}),
       e2e_({0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0,  15.0,
-            20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0}) {
+            20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0}),
+      queue_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,  0.75,
+              1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0}) {
   for (const char* r : {"stop", "length", "tool_calls", "abort", "error"})
     finished_[r] = 0;
 }
@@ -45,6 +47,8 @@ void ServeMetrics::record(const RequestRecord& r) {
   std::lock_guard<std::mutex> lock(mu_);
   if (r.ttft_s >= 0)
     ttft_.observe(r.ttft_s);
+  if (r.queue_s >= 0)
+    queue_.observe(r.queue_s);
   for (double x : r.itl_s)
     itl_.observe(x);
   e2e_.observe(r.e2e_s);
@@ -111,6 +115,8 @@ std::string ServeMetrics::render(const engine::EngineStats& st) const {
   out += ttft_.render("xserv:time_to_first_token_seconds", "Time to first token.");
   out += itl_.render("xserv:inter_token_latency_seconds", "Time between consecutive tokens.");
   out += e2e_.render("xserv:e2e_request_latency_seconds", "Request latency, arrival to end.");
+  out += queue_.render("xserv:request_queue_time_seconds",
+                       "Time a request waited before a step first took it.");
   return out;
 }
 

@@ -30,6 +30,7 @@ private:
 /// What one finished request contributes to the metrics.
 struct RequestRecord {
   double ttft_s = -1;        ///< time to first token; < 0 when none came
+  double queue_s = -1;       ///< time queued before a step first took it; < 0 when unknown
   std::vector<double> itl_s; ///< gaps between consecutive tokens
   double e2e_s = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;
@@ -45,6 +46,7 @@ public:
   void count_disconnect();
   /// The Prometheus text exposition (version 0.0.4): xserv:time_to_first_token_seconds,
   /// xserv:inter_token_latency_seconds, xserv:e2e_request_latency_seconds,
+  /// xserv:request_queue_time_seconds,
   /// xserv:num_requests_running / _waiting, the KV pools (xserv:kv_blocks_total /
   /// _in_use, the window pool's, cached free blocks, xserv:kv_cache_usage_perc), the prefix
   /// cache (xserv:prefix_cache_queries_total / _hits_total / _evictions_total),
@@ -55,7 +57,7 @@ public:
 
 private:
   mutable std::mutex mu_;
-  Histogram ttft_, itl_, e2e_;
+  Histogram ttft_, itl_, e2e_, queue_;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
   std::map<std::string, int64_t> finished_;
   int64_t disconnects_ = 0;

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <random>
@@ -163,6 +164,38 @@ TEST_CASE("engine: max_running caps the rows in use and the rest wait in order")
   CHECK(st.finished_length == 5);
   CHECK(st.prompt_tokens == 15);
   CHECK(st.generated_tokens == 20);
+}
+
+TEST_CASE("engine: a choice's first token reports how long its request waited to be admitted") {
+  // One running sequence at a time: the second request is admitted only once the first has
+  // finished, so its time in the queue is at least from its add() to the start of the step
+  // that finished the first; the first token's event carries it, no other event does.
+  using Clock = std::chrono::steady_clock;
+  FakeModel m(4, 64);
+  EngineOptions o;
+  o.max_running = 1;
+  Engine e(m, o);
+  const auto a = e.add(make_request(iota_prompt(3, 1), 3));
+  const auto b = e.add(make_request(iota_prompt(3, 2), 3));
+  const Clock::time_point added = Clock::now();
+  Clock::time_point a_last_step{};
+  std::map<engine::RequestId, std::vector<double>> queue; // per event
+  while (!e.idle()) {
+    const Clock::time_point start = Clock::now();
+    for (const Event& ev : e.step()) {
+      queue[ev.id].push_back(ev.queue_s);
+      if (ev.id == a && ev.finish != FinishReason::None)
+        a_last_step = start;
+    }
+  }
+  for (const auto id : {a, b}) {
+    REQUIRE(queue[id].size() == 3);
+    CHECK(queue[id][0] >= 0);
+    CHECK(queue[id][1] == -1);
+    CHECK(queue[id][2] == -1);
+  }
+  CHECK(queue[b][0] >= std::chrono::duration<double>(a_last_step - added).count());
+  CHECK(queue[b][0] > queue[a][0]);
 }
 
 TEST_CASE("engine: the queue limit refuses requests beyond it") {

@@ -44,11 +44,11 @@ TEST_CASE("serve: health before and after loading, models, metrics") {
   CHECK(met.status == 200);
   for (const char* name :
        {"xserv:time_to_first_token_seconds_bucket", "xserv:inter_token_latency_seconds_bucket",
-        "xserv:e2e_request_latency_seconds_count", "xserv:num_requests_running 0",
-        "xserv:num_requests_waiting 0", "xserv:kv_blocks_in_use 0", "xserv:kv_block_size 16",
-        "xserv:kv_cache_usage_perc 0", "xserv:prefix_cache_queries_total 0",
-        "xserv:num_preemptions_total 0", "xserv:prompt_tokens_total 0",
-        "xserv:generation_tokens_total 0",
+        "xserv:e2e_request_latency_seconds_count", "xserv:request_queue_time_seconds_count 0",
+        "xserv:num_requests_running 0", "xserv:num_requests_waiting 0", "xserv:kv_blocks_in_use 0",
+        "xserv:kv_block_size 16", "xserv:kv_cache_usage_perc 0",
+        "xserv:prefix_cache_queries_total 0", "xserv:num_preemptions_total 0",
+        "xserv:prompt_tokens_total 0", "xserv:generation_tokens_total 0",
         "xserv:request_success_total{finished_reason=\"stop\"} 0"})
     CHECK_MESSAGE(met.body.find(name) != std::string::npos, name);
   server.drain(std::chrono::milliseconds(0));
