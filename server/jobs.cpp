@@ -96,10 +96,10 @@ std::optional<ApiError> Job::take(std::vector<TimedEvent>& out) {
         const double dt = std::chrono::duration<double>(t.at - last_token_).count();
         if (record_.ttft_s < 0)
           record_.ttft_s = dt;
-        if (t.event.queue_s >= 0)
-          record_.queue_s = t.event.queue_s;
         else
           record_.itl_s.push_back(dt);
+        if (t.event.queue_s >= 0)
+          record_.queue_s = t.event.queue_s;
         last_token_ = t.at;
       }
       generated_[c] = t.event.generated_tokens;
